@@ -1,0 +1,294 @@
+"""Interpretability quantities behind every picture (DESIGN.md §3). The app only draws these.
+
+All functions take a model (eval mode is set for the duration) and tensors, run under
+``torch.inference_mode``, and return plain tensors or small dataclasses:
+
+* :func:`head_fields` — per layer: each head's field over relative position, atoms, gate scales, stats;
+* :func:`steering_offsets` — per layer: how content moved every token's atoms;
+* :func:`attention_maps` — the exact per-layer, per-head attention matrices for an input, obtained by
+  running each layer's own operator on an identity basis (so the picture is the computation);
+* :func:`export_maps` — pull-in / pull-out / net export per layer and accumulated, and attention rollout;
+* :func:`head_stats` — attention entropy and effective radius per head.
+
+Prefix (register) tokens: maps cover the patch tokens only. Their columns are removed from each
+attention matrix and every patch row is renormalised to sum to 1; the removed mass is reported as
+``prefix_share`` so nothing is hidden.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ssog_core.attention import SSOGAttention
+from ssog_core.field import Field, attention_matrix, displacement_density
+
+DEFAULT_ALPHA = 0.5  # residual mixing Â = α·Ā + (1 − α)·I: half of a block's output is its own residual
+
+
+@contextlib.contextmanager
+def _eval(model: nn.Module) -> Iterator[None]:
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def _grid_positions(grid: tuple[int, int], device: torch.device, dtype: torch.dtype) -> Tensor:
+    gh, gw = grid
+    ys, xs = torch.meshgrid(torch.arange(gh, device=device), torch.arange(gw, device=device), indexing="ij")
+    return torch.stack([ys.reshape(-1), xs.reshape(-1)], dim=-1).to(dtype)  # (N, 2)
+
+
+def head_stats(attn: Tensor, grid: tuple[int, int]) -> dict[str, Tensor]:
+    """Per-head summaries of patch attention ``attn`` (``(..., H, N, N)``, rows sum to 1), averaged over queries
+    (and any leading dimensions):
+
+    * ``entropy``: mean over queries of ``−Σ_k A log A`` (nats; ``log N`` is uniform attention);
+    * ``radius``: mean over queries of the RMS query–key distance ``sqrt(Σ_k A ‖p_q − p_k‖²)`` in grid cells.
+    """
+    pos = _grid_positions(grid, attn.device, attn.dtype)
+    dist2 = torch.cdist(pos, pos).square()
+    entropy = -(attn * torch.log(attn.clamp_min(1e-30))).sum(-1)
+    radius = (attn * dist2).sum(-1).clamp_min(0).sqrt()
+    lead = tuple(range(attn.dim() - 3))
+    return {"entropy": entropy.mean(dim=(*lead, -1)), "radius": radius.mean(dim=(*lead, -1))}
+
+
+def ssog_layers(model: nn.Module) -> list[SSOGAttention]:
+    """The SSOG attention module of every block (empty for dot / RBF models)."""
+    return [b.attn for b in model.blocks if isinstance(b.attn, SSOGAttention)]
+
+
+@dataclass
+class LayerField:
+    """One layer's learned geometry (all tensors on CPU, float32).
+
+    Attributes:
+        density: ``(H, 2E_y+1, 2E_x+1)`` attention of a centre query over key offsets ``key − query``
+            (index ``[h, E_y + oy, E_x + ox]``), computed with the layer's own kernels.
+        extent: ``(E_y, E_x)``.
+        mu: ``(H, R, 2)`` atom centres (query − key); an atom looks at offset ``−μ``.
+        sigma: ``(H, R, 2)`` atom widths σ in grid cells (the softmax width is ``σ·√τ``).
+        lam: ``(H, R)`` atom weights λ.
+        tau: the layer temperature.
+        gates: positive scale ``s`` of each enabled tap (``{"mu": .., "sigma": .., "lambda": ..}``).
+        entropy, radius: ``(H,)`` stats of the fixed field on the model's grid (:func:`head_stats`).
+    """
+
+    density: Tensor
+    extent: tuple[int, int]
+    mu: Tensor
+    sigma: Tensor
+    lam: Tensor
+    tau: float
+    gates: dict[str, float]
+    entropy: Tensor
+    radius: Tensor
+
+
+def layer_field(attn: SSOGAttention, grid: tuple[int, int], extent: tuple[int, int] | None = None) -> LayerField:
+    """Geometry of one SSOG layer; ``extent`` defaults to the farthest offset on ``grid``."""
+    gh, gw = grid
+    extent = extent or (gh - 1, gw - 1)
+    field = attn.fixed_field()
+    stats = head_stats(attention_matrix(field, grid, attn.mode)[0], grid)
+    return LayerField(
+        density=displacement_density(field, extent, attn.mode).float().cpu(),
+        extent=extent,
+        mu=field.mu.float().cpu(),
+        sigma=field.sigma.float().cpu(),
+        lam=field.lam().float().cpu(),
+        tau=float(field.tau),
+        gates={k: float(v) for k, v in attn.gate_scales().items()},
+        entropy=stats["entropy"].float().cpu(),
+        radius=stats["radius"].float().cpu(),
+    )
+
+
+def head_fields(model: nn.Module, extent: tuple[int, int] | None = None) -> list[LayerField]:
+    """Geometry of every SSOG layer of ``model`` on its training grid (empty list for other models)."""
+    with _eval(model):
+        return [layer_field(a, model.config.grid, extent) for a in ssog_layers(model)]
+
+
+def _layer_inputs(model: nn.Module, img: Tensor) -> tuple[list[Tensor], tuple[int, int], Tensor]:
+    """LayerNormed input of every block's attention, the patch grid and the logits."""
+    inputs: list[Tensor] = []
+    feats = model.forward_features(img, attn_inputs=inputs)
+    logits = model.head(feats.mean(dim=1))
+    return inputs, model.grid_for(img.shape[-2], img.shape[-1]), logits
+
+
+@dataclass
+class SteeringOffsets:
+    """How content moved the atoms, per layer (lists over SSOG layers; tensors on CPU).
+
+    Attributes:
+        dmu: ``(B, Gh, Gw, H, R, 2)`` change of μ (query − key convention) per token and atom.
+        shift: ``(B, Gh, Gw, H, 2)`` λ-weighted mean change of *where the head looks*, ``−Σ_r λ_r Δμ_r``
+            (key-space direction: draw arrows with it).
+        sigma_ratio: ``(B, Gh, Gw, H, R, 2)`` steered σ / fixed σ.
+        dlam: ``(B, Gh, Gw, H, R)`` steered λ − fixed λ.
+        logits: ``(B, classes)`` the model's output on the same input.
+    """
+
+    dmu: list[Tensor]
+    shift: list[Tensor]
+    sigma_ratio: list[Tensor]
+    dlam: list[Tensor]
+    logits: Tensor
+
+
+def steering_offsets(model: nn.Module, img: Tensor) -> SteeringOffsets:
+    """Per token, head and atom: the μ, σ and λ changes content made (zero for untapped parts)."""
+    with _eval(model):
+        inputs, grid, logits = _layer_inputs(model, img)
+        out = SteeringOffsets([], [], [], [], logits.float().cpu())
+        for block, x in zip(model.blocks, inputs, strict=True):
+            attn = block.attn
+            if not isinstance(attn, SSOGAttention):
+                continue
+            fixed, steered = attn.fixed_field(), attn.field(x, grid)
+            if not steered.per_token:  # fixed-field layer: content moves nothing
+                b, (gh, gw) = x.shape[0], grid
+                steered = Field(
+                    *(t.expand(b, gh, gw, *t.shape) for t in (fixed.mu, fixed.sigma, fixed.log_lam)), fixed.tau
+                )
+            dmu = steered.mu - fixed.mu
+            lam = steered.lam()
+            out.dmu.append(dmu.float().cpu())
+            out.shift.append((-(lam[..., None] * dmu).sum(-2)).float().cpu())
+            out.sigma_ratio.append((steered.sigma / fixed.sigma).float().cpu())
+            out.dlam.append((lam - fixed.lam()).float().cpu())
+        return out
+
+
+@dataclass
+class AttentionMaps:
+    """Exact attention of every layer for an input.
+
+    Attributes:
+        attn: per layer ``(B, H, N, N)`` over patch tokens (prefix columns removed, rows renormalised).
+        prefix_share: per layer ``(B, H, N)`` mass each patch query put on prefix tokens (zeros if none).
+        grid: the patch grid ``(Gh, Gw)``.
+        logits: ``(B, classes)``.
+    """
+
+    attn: list[Tensor]
+    prefix_share: list[Tensor]
+    grid: tuple[int, int]
+    logits: Tensor
+
+
+def _patch_block(a: Tensor, prefix: int) -> tuple[Tensor, Tensor]:
+    """Patch-to-patch part of ``a`` (``(B, H, P+N, P+N)``), rows renormalised, and the prefix share."""
+    rows = a[..., prefix:, :]
+    share = rows[..., :prefix].sum(-1)
+    patch = rows[..., prefix:]
+    return patch / patch.sum(-1, keepdim=True).clamp_min(1e-30), share
+
+
+def attention_maps(model: nn.Module, img: Tensor, steered: bool = True) -> AttentionMaps:
+    """Per-layer, per-head attention matrices for ``img`` (``(B, C, H, W)``).
+
+    ``steered=False`` gives what the fixed field alone would do on the same input (SSOG layers only).
+    """
+    prefix = model.num_prefix_tokens
+    with _eval(model):
+        inputs, grid, logits = _layer_inputs(model, img)
+        maps, shares = [], []
+        for block, x in zip(model.blocks, inputs, strict=True):
+            if isinstance(block.attn, SSOGAttention):
+                a = block.attn.attention_matrix(x, grid, steered=steered)
+            else:
+                a = block.attn.attention_matrix(x, grid)
+            patch, share = _patch_block(a.float(), prefix)
+            maps.append(patch)
+            shares.append(share)
+        return AttentionMaps(maps, shares, grid, logits.float())
+
+
+@dataclass
+class ExportMaps:
+    """The information economy of a forward pass (all arrays ``(B, L, Gh, Gw)`` unless noted).
+
+    Attributes:
+        pull_in: ``1 − Â_ii``: how much patch i reads from the others.
+        pull_out: ``Σ_j Â_ji − Â_ii``: how much the others read from patch i.
+        net: ``pull_out − pull_in``; positive = source (exporter), negative = gatherer. Sums to 0 per layer.
+        accumulated: ``(B, Gh, Gw)`` net summed over layers.
+        rollout: ``(B, Gh, Gw)`` attention rollout (Abnar & Zuidema 2020) on the same Â: the mean-pooled
+            output's share of each input patch (sums to 1).
+        alpha: the residual mixing used.
+        stats: per-layer per-head entropy / radius ``(L, H)``.
+        prefix_share: ``(B, L)`` mean attention mass patch queries put on prefix tokens.
+    """
+
+    pull_in: Tensor
+    pull_out: Tensor
+    net: Tensor
+    accumulated: Tensor
+    rollout: Tensor
+    alpha: float
+    grid: tuple[int, int]
+    stats: dict[str, Tensor]
+    prefix_share: Tensor
+    logits: Tensor
+
+    def summary(self) -> dict[str, float]:
+        """Range of the accumulated map and the share of net exporters (per image, then averaged)."""
+        acc = self.accumulated
+        return {
+            "acc_min": float(acc.amin(dim=(-2, -1)).mean()),
+            "acc_max": float(acc.amax(dim=(-2, -1)).mean()),
+            "exporter_share": float((acc > 0).float().mean()),
+        }
+
+
+def residual_mix(mean_attn: Tensor, alpha: float = DEFAULT_ALPHA) -> Tensor:
+    """``Â = α·Ā + (1 − α)·I`` for ``Ā`` of shape ``(..., N, N)``."""
+    eye = torch.eye(mean_attn.shape[-1], device=mean_attn.device, dtype=mean_attn.dtype)
+    return alpha * mean_attn + (1.0 - alpha) * eye
+
+
+def export_maps(model: nn.Module, img: Tensor, alpha: float = DEFAULT_ALPHA) -> ExportMaps:
+    """Pull-in / pull-out / net export per layer, accumulated, and rollout for ``img`` (``(B, C, H, W)``)."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    maps = attention_maps(model, img)
+    gh, gw = maps.grid
+    pull_in, pull_out, rollout = [], [], None
+    entropy, radius = [], []
+    for a in maps.attn:
+        a_hat = residual_mix(a.double().mean(dim=1), alpha)  # (B, N, N), float64 so Σ net = 0 stays exact
+        diag = torch.diagonal(a_hat, dim1=-2, dim2=-1)
+        pull_in.append(1.0 - diag)
+        pull_out.append(a_hat.sum(dim=-2) - diag)
+        rollout = a_hat if rollout is None else a_hat @ rollout
+        s = head_stats(a, maps.grid)
+        entropy.append(s["entropy"])
+        radius.append(s["radius"])
+    b = img.shape[0]
+    pin = torch.stack(pull_in, 1).view(b, -1, gh, gw)
+    pout = torch.stack(pull_out, 1).view(b, -1, gh, gw)
+    net = pout - pin
+    return ExportMaps(
+        pull_in=pin.float().cpu(),
+        pull_out=pout.float().cpu(),
+        net=net.float().cpu(),
+        accumulated=net.sum(1).float().cpu(),
+        rollout=rollout.mean(dim=-2).float().view(b, gh, gw).cpu(),
+        alpha=alpha,
+        grid=maps.grid,
+        stats={"entropy": torch.stack(entropy).cpu(), "radius": torch.stack(radius).cpu()},
+        prefix_share=torch.stack([s.mean(dim=(1, 2)) for s in maps.prefix_share], 1).cpu(),
+        logits=maps.logits.cpu(),
+    )

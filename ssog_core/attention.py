@@ -1,0 +1,155 @@
+"""Attention modules: SSOG (Gaussian field, content steers) and its dot-product twin.
+
+Every module has the same interface, so one :class:`~ssog_core.vit.Block` serves them all:
+``forward(x, grid)`` maps ``(B, N, dim)`` to ``(B, N, dim)``, and ``attention_matrix(x, grid)`` returns the
+exact ``(B, H, N, N)`` weights by running the module's own operator on an identity basis of values.
+
+Parameter names and layouts match the reference implementation's PyTorch ViT, so its state dicts load
+without renaming (DESIGN.md §4).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ssog_core.config import ViTConfig
+from ssog_core.field import TAPS, Field, base_field, check_grid, positive, steer
+from ssog_core.ops import ssog_apply
+
+# tap → (probe layer name, gate parameter name, probe outputs per atom)
+_TAP_PARAMS = {
+    "mu": ("mu_delta", "raw_mu_delta_scale", 2),
+    "sigma": ("sigma_delta", "raw_sigma_delta_scale", 2),
+    "lambda": ("lambda_gate", "raw_lambda_gate_scale", 1),
+}
+COLD_GATE, WARM_GATE = -8.0, -2.0  # softplus(-8) ≈ 3e-4 (geometry starts frozen), softplus(-2) ≈ 0.13
+
+
+def _identity_values(x: Tensor, num_heads: int) -> Tensor:
+    """Values ``(B, N, H, N)`` whose channel c is the indicator of token c: the operator's output is A."""
+    b, n, _ = x.shape
+    eye = torch.eye(n, device=x.device, dtype=x.dtype)
+    return eye[None, :, None, :].expand(b, n, num_heads, n)
+
+
+class SSOGAttention(nn.Module):
+    """A few Gaussian atoms per head over relative position; content may only steer them.
+
+    Args:
+        dim: token width; ``dim = num_heads · head_dim``.
+        num_heads: heads, each with its own atoms.
+        num_atoms: Gaussians per head (1–8).
+        field: ``"factorized"`` (per-atom separable passes) or ``"axial"`` (atoms mixed per axis).
+        steer: enabled content taps, any subset of ``("mu", "sigma", "lambda")``.
+        max_offset: bound on content's shift of an atom, in grid cells.
+        sigma_floor: narrowest atom width, in grid cells.
+        cold_init: gates start at −8 (cold) instead of −2 (warm).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        num_atoms: int = 4,
+        field: str = "factorized",
+        steer: tuple[str, ...] = TAPS,
+        max_offset: float = 4.0,
+        sigma_floor: float = 0.25,
+        cold_init: bool = True,
+    ):
+        super().__init__()
+        self.dim, self.num_heads, self.num_atoms = dim, num_heads, num_atoms
+        self.head_dim = dim // num_heads
+        self.mode = field
+        self.taps = tuple(t for t in TAPS if t in steer)
+        self.max_offset, self.sigma_floor = max_offset, sigma_floor
+
+        self.v = nn.Linear(dim, dim, bias=False)
+        self.out = nn.Linear(dim, dim, bias=False)
+        self.mu = nn.Parameter(torch.randn(num_heads, num_atoms, 2) * 0.5)
+        self.raw_sigma = nn.Parameter(torch.full((num_heads, num_atoms, 2), -0.5))
+        self.log_lambda = nn.Parameter(torch.zeros(num_heads, num_atoms))
+        self.raw_temperature = nn.Parameter(torch.tensor(-1.0))
+        gate0 = COLD_GATE if cold_init else WARM_GATE
+        for tap in self.taps:
+            probe, gate, per_atom = _TAP_PARAMS[tap]
+            layer = nn.Linear(dim, num_heads * num_atoms * per_atom)
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+            self.add_module(probe, layer)
+            self.register_parameter(gate, nn.Parameter(torch.tensor(gate0)))
+
+    def fixed_field(self) -> Field:
+        """The content-free field ``(H, R)``: what every query does before content steers it."""
+        return base_field(self.mu, self.raw_sigma, self.log_lambda, self.raw_temperature, self.sigma_floor)
+
+    def gate_scales(self) -> dict[str, Tensor]:
+        """The positive scale ``s`` of each enabled tap."""
+        return {tap: positive(getattr(self, _TAP_PARAMS[tap][1])) for tap in self.taps}
+
+    def field(self, x: Tensor, grid: tuple[int, int], steered: bool = True) -> Field:
+        """The field each query of ``x`` (``(B, N, dim)``, LayerNormed block input) applies."""
+        fixed = self.fixed_field()
+        if not (steered and self.taps):
+            return fixed
+        b = x.shape[0]
+        gh, gw = grid
+        h, r = self.num_heads, self.num_atoms
+        probes = {}
+        for tap in self.taps:
+            probe, _, per_atom = _TAP_PARAMS[tap]
+            shape = (b, gh, gw, h, r, 2) if per_atom == 2 else (b, gh, gw, h, r)
+            probes[tap] = getattr(self, probe)(x).view(shape)
+        return steer(fixed, probes, self.gate_scales(), self.max_offset)
+
+    def forward(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
+        check_grid(x.shape[1], grid)
+        b, n, _ = x.shape
+        v = self.v(x).view(b, n, self.num_heads, self.head_dim)
+        y = ssog_apply(v, self.field(x, grid), grid, self.mode)
+        return self.out(y.reshape(b, n, self.dim))
+
+    def attention_matrix(self, x: Tensor, grid: tuple[int, int], steered: bool = True) -> Tensor:
+        """Exact ``(B, H, N, N)`` weights for input ``x``; ``steered=False`` gives the fixed field's."""
+        check_grid(x.shape[1], grid)
+        field = self.field(x, grid, steered)
+        return ssog_apply(_identity_values(x, self.num_heads), field, grid, self.mode).permute(0, 2, 1, 3)
+
+
+class DotAttention(nn.Module):
+    """Scaled dot-product attention, the matched baseline (fused SDPA backends on GPU)."""
+
+    def __init__(self, dim: int, num_heads: int):
+        super().__init__()
+        self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.out = nn.Linear(dim, dim, bias=False)
+
+    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        return q, k, v  # each (B, H, N, hd)
+
+    def forward(self, x: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
+        b, n, _ = x.shape
+        q, k, v = self._qkv(x)
+        y = F.scaled_dot_product_attention(q, k, v)
+        return self.out(y.transpose(1, 2).reshape(b, n, self.dim))
+
+    def attention_matrix(self, x: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
+        """Exact ``(B, H, N, N)`` weights: the same SDPA call applied to identity values."""
+        q, k, _ = self._qkv(x)
+        return F.scaled_dot_product_attention(q, k, _identity_values(x, self.num_heads).transpose(1, 2))
+
+
+def build_attention(cfg: ViTConfig) -> nn.Module:
+    """The attention module a config asks for."""
+    if cfg.attn == "ssog":
+        return SSOGAttention(
+            cfg.dim, cfg.num_heads, cfg.num_atoms, cfg.field, cfg.steer, cfg.max_offset, cfg.sigma_floor, cfg.cold_init
+        )
+    if cfg.attn == "dot":
+        return DotAttention(cfg.dim, cfg.num_heads)
+    raise ValueError(f"attention {cfg.attn!r} is not available in this build")

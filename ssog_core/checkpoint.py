@@ -1,0 +1,163 @@
+"""Checkpoints: safetensors weights with the model config and metadata in the header (DESIGN.md §4).
+
+Nothing here ever unpickles. Loading validates everything a file could get wrong (format, config,
+missing / unexpected / mis-shaped tensors, non-finite values) and reports all of it in one message.
+Saving writes a temporary file beside the target and renames it, so an interrupted save leaves the
+previous checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+from ssog_core.config import ViTConfig
+
+FORMAT = "ssog-lab/1"
+MAX_CHECKPOINT_BYTES = 2 * 1024**3  # far above any ViT this project trains; refuses absurd uploads early
+WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used, with a message meant for a person."""
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain module behind ``torch.compile`` and DistributedDataParallel wrappers."""
+    while True:
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
+
+
+def software_versions() -> dict[str, str]:
+    from ssog_core import __version__
+
+    return {"ssog_lab": __version__, "torch": torch.__version__, "python": platform.python_version()}
+
+
+def atomic_write(path: str | Path, write: Any) -> Path:
+    """Call ``write(tmp_path)`` and move the result onto ``path`` only once it is complete."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def save_checkpoint(
+    path: str | Path, model: nn.Module, meta: Mapping[str, Any] | None = None, dtype: torch.dtype | None = None
+) -> Path:
+    """Write ``model`` (its config, weights and ``meta``) to ``path`` atomically.
+
+    Args:
+        meta: JSON-serialisable metadata (class names, normalisation, training command, data, epochs,
+            accuracy, ...); software versions are added.
+        dtype: store floating-point weights in this dtype (e.g. ``torch.float16`` for shipping).
+    """
+    model = unwrap(model)
+    config: ViTConfig = model.config
+    state = {}
+    for name, t in model.state_dict().items():
+        t = t.detach().to("cpu")
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        state[name] = t.contiguous()
+    full_meta = {"software": software_versions(), **(meta or {})}
+    header = {"format": FORMAT, "config": json.dumps(config.to_dict()), "meta": json.dumps(full_meta)}
+    return atomic_write(path, lambda tmp: save_file(state, tmp, metadata=header))
+
+
+def state_dict_problems(model: nn.Module, state: Mapping[str, Tensor]) -> list[str]:
+    """Every missing, unexpected, mis-shaped or non-finite tensor of ``state`` for ``model``."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    problems = []
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    if missing:
+        problems.append(f"missing tensors: {', '.join(missing)}")
+    if unexpected:
+        problems.append(f"unexpected tensors: {', '.join(unexpected)}")
+    for k, shape in expected.items():
+        if k in state and tuple(state[k].shape) != shape:
+            problems.append(f"{k} has shape {tuple(state[k].shape)}, expected {shape}")
+    for k, t in state.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            problems.append(f"{k} contains NaN or infinite values")
+        elif t.is_floating_point() and t.dtype not in WEIGHT_DTYPES:
+            problems.append(f"{k} has dtype {t.dtype}; expected one of float32/float16/bfloat16")
+    return problems
+
+
+def build_model(config: ViTConfig, state: Mapping[str, Tensor], source: str = "checkpoint") -> nn.Module:
+    """A ``ViT`` holding ``state`` (float32), after checking that every tensor fits."""
+    from ssog_core.vit import ViT
+
+    with torch.device("meta"):
+        model = ViT(config)
+    problems = state_dict_problems(model, state)
+    if problems:
+        raise CheckpointError(f"{source} does not match its config ({config.attn}): " + "; ".join(problems))
+    model.load_state_dict({k: v.float() for k, v in state.items()}, assign=True)
+    return model.eval()
+
+
+def read_checkpoint(path: str | Path) -> tuple[ViTConfig, dict[str, Tensor], dict[str, Any]]:
+    """Config, raw tensors and metadata of a checkpoint file, with clear errors for bad files."""
+    path = Path(path)
+    name = path.name
+    if not path.is_file():
+        raise CheckpointError(f"{name}: no such checkpoint file")
+    size = path.stat().st_size
+    if size == 0:
+        raise CheckpointError(f"{name} is empty (0 bytes)")
+    if size > MAX_CHECKPOINT_BYTES:
+        raise CheckpointError(f"{name} is {size / 1e9:.1f} GB, over the {MAX_CHECKPOINT_BYTES / 1e9:.0f} GB limit")
+    if path.suffix in (".pt", ".pth", ".bin", ".ckpt", ".pkl"):
+        raise CheckpointError(
+            f"{name} is a pickle-based file; SSOG Lab never unpickles. Convert a reference-implementation "
+            "state dict with `python -m ssog_core.convert REF.pt --config '{...}' OUT.safetensors`"
+        )
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            header = f.metadata() or {}
+            state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{name} is not a readable safetensors file (truncated or corrupt?): {e}") from None
+    if header.get("format") != FORMAT or "config" not in header:
+        raise CheckpointError(
+            f"{name} has no SSOG Lab header (format {header.get('format')!r}); if it holds a reference-"
+            "implementation state dict, convert it with `python -m ssog_core.convert`"
+        )
+    try:
+        config = ViTConfig.from_dict(json.loads(header["config"]))
+        meta = json.loads(header.get("meta", "{}"))
+    except (json.JSONDecodeError, ValueError, TypeError) as e:
+        raise CheckpointError(f"{name} has an unusable model config: {e}") from None
+    return config, state, meta
+
+
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, dict[str, Any]]:
+    """Load a checkpoint as an eval-mode float32 ``ViT`` plus its metadata (``meta["config"]`` added)."""
+    config, state, meta = read_checkpoint(path)
+    model = build_model(config, state, source=Path(path).name).to(device)
+    return model, {**meta, "config": config.to_dict()}
