@@ -8,7 +8,7 @@ All functions take a model (eval mode is set for the duration) and tensors, run 
 * :func:`attention_maps` — the exact per-layer, per-head attention matrices for an input, obtained by
   running each layer's own operator on an identity basis (so the picture is the computation);
 * :func:`export_maps` — pull-in / pull-out / net export per layer and accumulated, and attention rollout;
-* :func:`head_stats` — attention entropy and effective radius per head.
+* :func:`head_stats` — attention entropy and effective radius per head (:func:`query_stats` for one query).
 
 Prefix (register) tokens: maps cover the patch tokens only. Their columns are removed from each
 attention matrix and every patch row is renormalised to sum to 1; the removed mass is reported as
@@ -56,10 +56,27 @@ def head_stats(attn: Tensor, grid: tuple[int, int]) -> dict[str, Tensor]:
     """
     pos = _grid_positions(grid, attn.device, attn.dtype)
     dist2 = torch.cdist(pos, pos).square()
-    entropy = -(attn * torch.log(attn.clamp_min(1e-30))).sum(-1)
-    radius = (attn * dist2).sum(-1).clamp_min(0).sqrt()
+    entropy, radius = _entropy_radius(attn, dist2)
     lead = tuple(range(attn.dim() - 3))
     return {"entropy": entropy.mean(dim=(*lead, -1)), "radius": radius.mean(dim=(*lead, -1))}
+
+
+def _entropy_radius(attn: Tensor, dist2: Tensor) -> tuple[Tensor, Tensor]:
+    """``−Σ_k A log A`` and ``sqrt(Σ_k A d²)`` over the last axis (keys)."""
+    entropy = -(attn * torch.log(attn.clamp_min(1e-30))).sum(-1)
+    radius = (attn * dist2).sum(-1).clamp_min(0).sqrt()
+    return entropy, radius
+
+
+def query_stats(row: Tensor, query: tuple[int, int]) -> dict[str, Tensor]:
+    """:func:`head_stats` for one query: entropy (nats) and effective radius (grid cells) of its attention
+    ``row`` (``(..., Gh, Gw)``, sums to 1 over the grid), e.g. a :func:`~ssog_core.field.query_field`."""
+    gh, gw = row.shape[-2:]
+    pos = _grid_positions((gh, gw), row.device, row.dtype)
+    q = torch.tensor(query, device=row.device, dtype=row.dtype)
+    dist2 = (pos - q).square().sum(-1)  # (N,)
+    entropy, radius = _entropy_radius(row.reshape(*row.shape[:-2], gh * gw), dist2)
+    return {"entropy": entropy, "radius": radius}
 
 
 def ssog_layers(model: nn.Module) -> list[SSOGAttention]:
