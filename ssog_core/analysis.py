@@ -120,7 +120,7 @@ def layer_field(attn: SSOGAttention, grid: tuple[int, int], extent: tuple[int, i
     return LayerField(
         density=displacement_density(field, extent, attn.mode).float().cpu(),
         extent=extent,
-        mu=field.mu.float().cpu(),
+        mu=field.mu.detach().float().cpu(),  # detached: .float() on a float32 parameter returns the parameter
         sigma=field.sigma.float().cpu(),
         lam=field.lam().float().cpu(),
         tau=float(field.tau),
