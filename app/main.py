@@ -14,7 +14,7 @@ import atexit
 import os
 import shutil
 from collections.abc import Callable, Sequence
-from functools import partial
+from functools import partial, wraps
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,10 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # air-gapped by defa
 import gradio as gr  # noqa: E402
 import torch  # noqa: E402
 
-from app.common import error_text, warn, write_downloads  # noqa: E402
+from app.common import EXPECTED_ERRORS, error_text, warn, write_downloads  # noqa: E402
 from app.state import AppContext, AppError, default_image  # noqa: E402
 from app.tabs import compare, export, geometry, playground, session, steering  # noqa: E402
+from ssog_core import report  # noqa: E402
 
 MAX_UPLOAD = "64mb"  # checkpoints of the size this project trains fit; anything larger is refused by Gradio
 QUEUE_SIZE = 64  # requests waiting beyond this are told the server is busy
@@ -365,12 +366,25 @@ def restore_session(ctx: AppContext, path: Any) -> tuple:
 
 
 def register_api(ctx: AppContext) -> None:
-    """Typed endpoints for scripts (gradio_client): the same computations the tabs draw."""
+    """Typed endpoints for scripts (gradio_client): the same computations the tabs draw. Expected failures
+    (a bad name, a path outside the folder, an unusable head) come back as a readable error message."""
 
+    def api(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @wraps(fn)
+        def call(*args: Any) -> Any:
+            try:
+                return fn(*args)
+            except EXPECTED_ERRORS as e:
+                raise gr.Error(error_text(e)) from None
+
+        return call
+
+    @api
     def checkpoints() -> list[str]:
         """Checkpoint names the app can open."""
         return ctx.checkpoint_names()
 
+    @api
     def head_field(head: dict) -> dict:
         """A playground head (JSON as in a session file) → its query's field, kernels and statistics."""
         _, spec, view = playground.render({**head, "sel": 0})
@@ -383,19 +397,19 @@ def register_api(ctx: AppContext) -> None:
             "radius": view.radius,
         }
 
+    @api
     def geometry_summary(checkpoint: str) -> dict:
-        """Gate scales, τ and per-head statistics of a checkpoint's layers (its model card too)."""
+        """Model card, gate scales and τ per layer, and the atom table of a checkpoint."""
         lm = ctx.model(checkpoint)
-        from ssog_core import report
-
         return {
             "card": report.model_card(lm.model, lm.meta, flops=False),
             "layers": report.gate_rows(lm.fields),
             "atoms": report.atom_rows(lm.fields),
         }
 
+    @api
     def export_summary(checkpoint: str, image: str, alpha: float = 0.5) -> dict:
-        """Export-map summary of a checkpoint on a bundled image (by name) or an uploaded one (by SHA-256)."""
+        """Export-map summary of a checkpoint on a bundled image (by name) or a seen one (by SHA-256)."""
         stored = ctx.open_bundled(image) if image in ctx.bundled_images() else ctx.image(image)
         maps = export.maps_for(ctx.model(checkpoint), stored, float(alpha))
         return {

@@ -160,6 +160,15 @@ def safe_token(text: str) -> str:
     return keep.strip("-.") or "x"
 
 
+def backdrop(image: Image.Image, px: int, dim: float = 1.0) -> np.ndarray:
+    """The picture shrunk to about the size it is drawn at (matplotlib would resample it for every panel
+    otherwise, which dominates drawing time), optionally darkened so an overlay stands out."""
+    small = image.convert("RGB").copy()
+    small.thumbnail((px, px), Image.Resampling.LANCZOS)
+    a = np.asarray(small)
+    return a if dim == 1.0 else (a * dim).astype(np.uint8)
+
+
 def _no_ticks(ax) -> None:
     ax.set_xticks([])
     ax.set_yticks([])
@@ -176,7 +185,7 @@ def _show_map(ax, image: np.ndarray | None, a: np.ndarray, cmap: str, vmin: floa
     gh, gw = a.shape
     extent = (-0.5, gw - 0.5, gh - 0.5, -0.5)
     if image is not None:
-        ax.imshow(image, extent=extent, interpolation="bilinear")
+        ax.imshow(image, extent=extent, interpolation="nearest")
     im = ax.imshow(
         a,
         cmap=cmap,
@@ -351,7 +360,7 @@ def steering_figure(
     rows = math.ceil(heads / cols)
     fig = new_figure(3.3 * cols + 0.4, 3.1 * rows * gh / gw + 0.8)
     axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
-    faded = (np.asarray(image.convert("RGB")) * 0.55).astype(np.uint8)
+    faded = backdrop(image, 330, 0.55)
     vmax = max(float(mag.max()), 1e-6)
     yy, xx = np.mgrid[0:gh, 0:gw]
     for h, ax in enumerate(axes):
@@ -388,12 +397,12 @@ def query_field_figure(
     rows = [("attention", steered)] if fixed is None else [("fixed field", fixed), ("steered by content", steered)]
     fig = new_figure(2.6 * heads + 0.6, 2.5 * len(rows) * gh / gw + 0.9)
     axes = fig.subplots(len(rows), heads, squeeze=False)
-    faded = (np.asarray(image.convert("RGB")) * 0.45).astype(np.uint8)
+    faded = backdrop(image, 260, 0.45)
     extent = (-0.5, gw - 0.5, gh - 0.5, -0.5)
     for r, (name, maps) in enumerate(rows):
         for h in range(heads):
             ax = axes[r, h]
-            ax.imshow(faded, extent=extent)
+            ax.imshow(faded, extent=extent, interpolation="nearest")
             ax.imshow(density_rgba(maps[h]), extent=extent, interpolation="nearest")
             _star(ax, query[0], query[1], size=120, color="cyan")
             ax.set_xlim(-0.5, gw - 0.5)
@@ -413,12 +422,12 @@ def attention_grid_figure(image: Image.Image, rows: np.ndarray, query: tuple[int
     layers, heads, gh, gw = rows.shape
     fig = new_figure(1.9 * layers + 0.8, 1.9 * heads * gh / gw + 1.2)
     axes = fig.subplots(heads, layers, squeeze=False)
-    faded = (np.asarray(image.convert("RGB")) * 0.45).astype(np.uint8)
+    faded = backdrop(image, 190, 0.45)
     extent = (-0.5, gw - 0.5, gh - 0.5, -0.5)
     for l in range(layers):
         for h in range(heads):
             ax = axes[h, l]
-            ax.imshow(faded, extent=extent)
+            ax.imshow(faded, extent=extent, interpolation="nearest")
             ax.imshow(density_rgba(rows[l, h]), extent=extent, interpolation="nearest")
             _star(ax, query[0], query[1], size=70, color="cyan")
             ax.set_xlim(-0.5, gw - 0.5)
@@ -442,7 +451,7 @@ def export_figure(image: Image.Image, models: Sequence[tuple[str, ExportMaps]], 
     cols = max(6, depth)
     fig = new_figure(2.3 * cols, 2.5 * 2 * len(models) + 0.9)
     gs = fig.add_gridspec(2 * len(models), cols)
-    img = np.asarray(image.convert("RGB"))
+    img = backdrop(image, 230)
     for b, (label, m) in enumerate(models):
         l = min(layer, m.net.shape[1] - 1)
         pin, pout, net = (x[0, l].numpy() for x in (m.pull_in, m.pull_out, m.net))
@@ -450,7 +459,7 @@ def export_figure(image: Image.Image, models: Sequence[tuple[str, ExportMaps]], 
         s = m.summary()
         top = 2 * b
         ax = fig.add_subplot(gs[top, 0])
-        ax.imshow(img)
+        ax.imshow(img, interpolation="nearest")
         _no_ticks(ax)
         ax.set_title(f"{label}\ninput", fontsize=8)
         panels = [
@@ -496,7 +505,7 @@ def compare_figure(
     (la, ma), (lb, mb) = a, b
     fig = new_figure(12.0, 6.4)
     axes = fig.subplots(2, 3)
-    img = np.asarray(image.convert("RGB"))
+    img = backdrop(image, 320)
     rows = [
         (
             f"layer {layer} net export",

@@ -125,7 +125,7 @@ def write_images(folder: Path) -> dict[str, Path]:
     rgba.save(paths["rgba"])
     paths["16bit"] = folder / "sixteen.png"
     arr16 = (np.asarray(rgb.convert("L"), dtype=np.uint16) * 257).astype(np.uint16)
-    Image.fromarray(arr16, mode="I;16").save(paths["16bit"])
+    Image.fromarray(arr16).save(paths["16bit"])  # uint16 → mode I;16
     return paths
 
 

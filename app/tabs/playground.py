@@ -89,23 +89,35 @@ def _outputs(value: Any, overlay: bool, extra: dict[str, Any] | None = None, new
 
 
 def _sliders(value: dict[str, Any]):
+    """Slider values of the selected atom (rounded for display) and whether atoms can be added / removed."""
     a = value["atoms"][value.get("sel", 0)]
     return (
-        gr.update(value=a["sy"]),
-        gr.update(value=a["sx"]),
-        gr.update(value=a["w"]),
+        gr.update(value=round(a["sy"], 3)),
+        gr.update(value=round(a["sx"], 3)),
+        gr.update(value=round(a["w"], 3)),
         gr.update(interactive=len(value["atoms"]) < MAX_ATOMS),
         gr.update(interactive=len(value["atoms"]) > 1),
     )
 
 
 def on_release(value: Any, bg: bool, evt: gr.EventData):
-    """Authoritative update after a drag: the canvas (with the release time as ``ack``), plot and readout."""
+    """Authoritative canvas update after a drag, carrying the release time as ``ack`` (the page shows the round
+    trip). Only the canvas: the kernel plot and readout follow in :func:`on_details`, so this stays fast."""
     t = (evt._data or {}).get("t", 0)
     try:
-        return _outputs(value, bg, {"ack": t})
+        props, _, _ = render(value, bg)
+        return gr.update(**props, ack=t, err="")
     except Exception as e:
-        return gr.update(err=error_text(e)), gr.skip(), gr.skip()
+        return gr.update(err=error_text(e))
+
+
+def on_details(value: Any):
+    """Kernel plot and readout of the current head."""
+    try:
+        _, spec, view = render(value)
+        return plots.kernel_plot(spec, view), readout(spec, view)
+    except Exception:
+        return gr.skip(), gr.skip()
 
 
 def on_pick(value: Any, evt: gr.EventData):
@@ -184,7 +196,7 @@ def on_remove(value: Any, bg: bool):
 
 
 def head_controls(v: dict[str, Any]):
-    return gr.update(value=v["tau"]), gr.update(value=v["grid"][0]), gr.update(value=v["mode"])
+    return gr.update(value=round(v["tau"], 3)), gr.update(value=v["grid"][0]), gr.update(value=v["mode"])
 
 
 def on_reset(bg: bool):
@@ -329,7 +341,9 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
     fast = dict(show_progress="hidden", trigger_mode="always_last", api_visibility="private")
     main_out = [canvas, kernels, table]
     atom_controls = [sy, sx, w, add, remove]
-    canvas.release(on_release, [canvas, underlay], main_out, queue=False, **fast)
+    canvas.release(on_release, [canvas, underlay], [canvas], queue=False, **fast).then(
+        on_details, [canvas], [kernels, table], **fast
+    )
     canvas.pick(on_pick, [canvas], atom_controls, queue=False, **fast)
     canvas.addatom(on_add, [canvas, underlay], main_out + atom_controls, **fast)
     for s in (sy, sx, w):
