@@ -196,7 +196,7 @@ def map_plot(a: np.ndarray, title: str, colorbar: str, symmetric: bool = True) -
         )
     )
     fig.update_yaxes(autorange="reversed", scaleanchor="x", title="patch row")
-    fig.update_xaxes(title="patch col")
+    fig.update_xaxes(title="patch col", constrain="domain")
     fig.update_layout(
         **_LAYOUT, height=380, margin=dict(l=50, r=10, t=50, b=45), title=dict(text=title, font=dict(size=14))
     )

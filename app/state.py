@@ -201,6 +201,7 @@ class AppContext:
         return [p.name for p in list_images(self.assets_dir)] if self.assets_dir.is_dir() else []
 
     def _remember(self, data: bytes, name: str) -> StoredImage:
+        """Decode (safely, with the pixel cap) and keep an image under the SHA-256 of its file."""
         sha = hashlib.sha256(data).hexdigest()
         with self._images_lock:
             if sha in self._images:
@@ -208,8 +209,8 @@ class AppContext:
                 return self._images[sha]
         try:
             img = load_image(data, max_pixels=self.max_pixels)
-        except ImageError as e:
-            raise AppError(f"{name}: {e}") from None
+        except ImageError as e:  # the core names in-memory data "image": name the user's file instead
+            raise AppError(str(e).replace("image", name, 1)) from None
         img.thumbnail((DISPLAY_SIDE, DISPLAY_SIDE), Image.Resampling.LANCZOS)
         stored = StoredImage(sha, name, img)
         with self._images_lock:

@@ -15,6 +15,7 @@ import base64
 import io
 import json
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -262,12 +263,13 @@ def geometry_figure(fields: Sequence[LayerField], title: str = "", layers: Seque
                 ax.set_ylabel(f"head {h}", fontsize=9)
             if h == 0:
                 ax.set_title(f"layer {layer}\n{gate_text(lf)}", fontsize=8, linespacing=1.15)
-    fig.suptitle(
-        (title + "\n" if title else "")
-        + "λ-weighted density over key offset (per panel normalised); + atom centres (brightness = λ); ★ query\n"
-        "H = attention entropy (nats), r = effective radius (cells); s(·) = gate scale of each content tap",
-        fontsize=9,
+    legend = (
+        "λ-weighted density over key offset (per panel normalised); + atom centres (brightness = λ); ★ query. "
+        "H = attention entropy (nats), r = effective radius (cells); s(·) = gate scale of each content tap."
     )
+    width_chars = int(fig.get_figwidth() * 100 / 6.2)  # about 6 px per character at 9 pt
+    lines = textwrap.wrap(legend, width_chars)
+    fig.suptitle("\n".join([title, *lines] if title else lines), fontsize=9)
     return fig
 
 
@@ -356,7 +358,7 @@ def steering_figure(
     shift = offsets.shift[layer][0].numpy()  # (Gh, Gw, H, 2), key-space direction (dy, dx)
     mag = offset_magnitude(offsets, layer)
     heads, gh, gw = mag.shape
-    cols = min(heads, 4)
+    cols = min(heads, max(2, math.ceil(math.sqrt(heads))))
     rows = math.ceil(heads / cols)
     fig = new_figure(3.3 * cols + 0.4, 3.1 * rows * gh / gw + 0.8)
     axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
@@ -445,51 +447,48 @@ def attention_grid_figure(image: Image.Image, rows: np.ndarray, query: tuple[int
 
 
 def export_figure(image: Image.Image, models: Sequence[tuple[str, ExportMaps]], layer: int, title: str = "") -> Figure:
-    """Per model (a row block): the input, layer ``layer``'s pull-in / pull-out / net export, the accumulated
-    net export with its range and exporter share, and attention rollout; then net export for every layer."""
+    """Per model (a block of rows): the input, layer ``layer``'s pull-in / pull-out / net export, the accumulated
+    net export with its range and exporter share, and attention rollout; below, net export of every layer on
+    one shared colour scale (six panels per row)."""
     depth = max(m.net.shape[1] for _, m in models)
-    cols = max(6, depth)
-    fig = new_figure(2.3 * cols, 2.5 * 2 * len(models) + 0.9)
-    gs = fig.add_gridspec(2 * len(models), cols)
+    strip_rows = math.ceil(depth / 6)
+    fig = new_figure(15.0, (2.7 + 2.35 * strip_rows) * len(models) + 0.8)
+    blocks = np.atleast_1d(fig.subfigures(len(models), 1))
     img = backdrop(image, 230)
-    for b, (label, m) in enumerate(models):
+    for block, (label, m) in zip(blocks, models, strict=True):
         l = min(layer, m.net.shape[1] - 1)
         pin, pout, net = (x[0, l].numpy() for x in (m.pull_in, m.pull_out, m.net))
         acc, roll = m.accumulated[0].numpy(), m.rollout[0].numpy()
         s = m.summary()
-        top = 2 * b
-        ax = fig.add_subplot(gs[top, 0])
-        ax.imshow(img, interpolation="nearest")
-        _no_ticks(ax)
-        ax.set_title(f"{label}\ninput", fontsize=8)
+        top, bottom = block.subfigures(2, 1, height_ratios=[2.7, 2.35 * strip_rows])
+        axes = top.subplots(1, 6)
+        axes[0].imshow(img, interpolation="nearest")
+        _no_ticks(axes[0])
+        axes[0].set_title(f"{label}\ninput", fontsize=8, fontweight="bold")
+        acc_title = (
+            f"accumulated net export\n[{s['acc_min']:.2f}, {s['acc_max']:.2f}] · {s['exporter_share']:.0%} export"
+        )
         panels = [
-            (pin, PULL_IN_CMAP, 0.0, max(float(pin.max()), 1e-12), f"layer {l} pull-in\n(reads from others)", "share"),
-            (pout, PULL_OUT_CMAP, 0.0, max(float(pout.max()), 1e-12), f"layer {l} pull-out\n(read by others)", "share"),
-            (net, NET_CMAP, None, None, f"layer {l} net export\nred source · blue gatherer", "net"),
-            (
-                acc,
-                NET_CMAP,
-                None,
-                None,
-                f"accumulated net, range\n[{s['acc_min']:.2f}, {s['acc_max']:.2f}] · {s['exporter_share']:.0%} export",
-                "Σ net",
-            ),
-            (roll, "viridis", 0.0, float(roll.max()), "attention rollout\n(share of pooled output)", "share"),
+            (pin, PULL_IN_CMAP, False, f"layer {l} pull-in\n(reads from others)", "share"),
+            (pout, PULL_OUT_CMAP, False, f"layer {l} pull-out\n(read by others)", "share"),
+            (net, NET_CMAP, True, f"layer {l} net export\nred source · blue gatherer", "net"),
+            (acc, NET_CMAP, True, acc_title, "Σ net"),
+            (roll, "viridis", False, "attention rollout\n(share of pooled output)", "share"),
         ]
-        for c, (a, cmap, lo, hi, name, unit) in enumerate(panels, start=1):
-            ax = fig.add_subplot(gs[top, c])
-            if lo is None:
-                hi = symmetric_limit(a)
-                lo = -hi
-            im = _show_map(ax, img, a, cmap, lo, hi)
+        for ax, (a, cmap, centred, name, unit) in zip(axes[1:], panels, strict=True):
+            hi = symmetric_limit(a) if centred else max(float(a.max()), 1e-12)
+            im = _show_map(ax, img, a, cmap, -hi if centred else 0.0, hi)
             ax.set_title(name, fontsize=8)
-            _colorbar(fig, im, ax, unit)
+            _colorbar(top, im, ax, unit)
         lim = symmetric_limit(m.net[0].numpy())
-        for k in range(m.net.shape[1]):
-            ax = fig.add_subplot(gs[top + 1, k])
+        strip = np.atleast_1d(bottom.subplots(strip_rows, 6, squeeze=False)).ravel()
+        for k, ax in enumerate(strip):
+            if k >= m.net.shape[1]:
+                ax.axis("off")
+                continue
             im = _show_map(ax, img, m.net[0, k].numpy(), NET_CMAP, -lim, lim)
-            ax.set_title(f"net, layer {k}", fontsize=8)
-        _colorbar(fig, im, ax, "net (shared scale)")
+            ax.set_title(f"{label}: net, layer {k}", fontsize=8)
+        _colorbar(bottom, im, list(strip[: m.net.shape[1]]), "net export (shared scale)")
     fig.suptitle(
         (title + "\n" if title else "")
         + f"Export maps with residual mixing Â = α·Ā + (1−α)·I, α = {models[0][1].alpha:.2f}",

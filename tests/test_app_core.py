@@ -260,10 +260,11 @@ def test_figures_cli_writes_every_figure_with_settings(tmp_path, capsys):
     export_npz = next(out.glob("export_maps_ssog_test_*.npz"))
     settings = json.loads(str(np.load(export_npz)["settings"]))
     assert settings["alpha"] == 0.25 and settings["image"] == "scene.png" and len(settings["image_sha256"]) == 64
-    # a session file restores the same view headless
+    # a session file restores the same view headless (its image is found by hash; here it is elsewhere)
+    assert figures._find_image(settings["image_sha256"], [tmp_path / "nowhere", tmp_path]) == image
     session = {
         "format": "ssog-lab-session/1", "checkpoint": "ssog_test.safetensors",
-        "image": {"sha256": settings["image_sha256"], "name": "scene.png"},
+        "image": {"sha256": "0" * 64, "name": "lost.png"},
         "playground": {"head": DEFAULT_SPEC.to_dict(), "image_underlay": True},
         "export": {"twin": "(none)", "alpha": 0.75, "layer": 0}, "steering": {"query": [1, 1]},
     }  # fmt: skip
@@ -271,9 +272,9 @@ def test_figures_cli_writes_every_figure_with_settings(tmp_path, capsys):
     out2 = tmp_path / "out2"
     rc = figures.main(["--session", str(tmp_path / "s.json"), "--checkpoint-dir", str(tmp_path / "ckpt"),
                        "--assets-dir", str(tmp_path), "--out-dir", str(out2)])  # fmt: skip
-    assert rc == 0
+    assert rc == 0 and "pass it with --image" in capsys.readouterr().err
     names2 = {p.name for p in out2.iterdir()}
-    assert any(n.startswith("playground_3atoms") for n in names2) and any("alpha0.75" in n for n in names2)
+    assert "geometry_ssog_test.svg" in names2 and any(n.startswith("playground_3atoms_tau1.00") for n in names2)
     assert figures.main(["--checkpoint", str(tmp_path / "missing.safetensors"), "--out-dir", str(out2)]) == 2
     assert "no such checkpoint" in capsys.readouterr().err
 

@@ -57,6 +57,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
         type="numpy",
         interactive=False,
         elem_id="cmp-figure",
+        show_label=False,
         buttons=["download", "fullscreen"],
     )
     with gr.Accordion("Download the figure (PNG + SVG) and the maps of both (.npz)", open=False):

@@ -125,7 +125,12 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
         )
     text = gr.Markdown(elem_id="ex-summary")
     figure = gr.Image(
-        label="Export maps", type="numpy", interactive=False, elem_id="ex-figure", buttons=["download", "fullscreen"]
+        label="Export maps",
+        type="numpy",
+        interactive=False,
+        elem_id="ex-figure",
+        show_label=False,
+        buttons=["download", "fullscreen"],
     )
     with gr.Row(equal_height=False):
         acc = gr.Plot(show_label=False, label="Accumulated net export (interactive)", elem_id="ex-acc")

@@ -35,7 +35,7 @@ _FIGURES = LRU(8)
 
 def card_markdown(lm: LoadedModel) -> str:
     card = _CARDS.get(lm.key, lambda: report.model_card(lm.model, lm.meta))
-    lines = [f"### {lm.name}", "", "| | |", "|---|---|"]
+    lines = [f"### {lm.name}", "", "| model card | |", "|---|---|"]
     for k, v in card.items():
         if k == "parameters":
             v = f"{v:,}"
@@ -85,7 +85,7 @@ def render(ctx: AppContext, ckpt: str | None, layer: float, sha: str | None):
             plots.gates_plot(lm.fields, init),
             plots.layer_density_plot(lm.fields[layer], layer),
             plots.stats_plot(entropy, radius, "Per-head attention entropy and effective radius (fixed field)"),
-            report.atom_rows(lm.fields),
+            [[round(v, 4) if isinstance(v, float) else v for v in row] for row in report.atom_rows(lm.fields)],
             gr.update(maximum=max(len(lm.fields) - 1, 1), value=layer),
         )
     except Exception as e:
@@ -146,6 +146,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
                 type="numpy",
                 interactive=False,
                 elem_id="geo-figure",
+                show_label=False,
                 buttons=["download", "fullscreen"],
             )
         with gr.Column(scale=2, min_width=300):

@@ -150,6 +150,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
                 type="numpy",
                 interactive=False,
                 elem_id="st-steer",
+                show_label=False,
                 buttons=["download", "fullscreen"],
             )
             qfig = gr.Image(
@@ -157,6 +158,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
                 type="numpy",
                 interactive=False,
                 elem_id="st-qfig",
+                show_label=False,
                 buttons=["download", "fullscreen"],
             )
     outputs = [note, click, pred, steer, qfig, layer]
