@@ -85,8 +85,9 @@ CSS_TEMPLATE = """
 
 # Event names appear in quotes here, which is how gr.HTML finds custom events ('pick', 'release', 'addatom').
 JS_ON_LOAD = """
-let drag = null, busy = false, again = false;
-const stats = { frames: 0, ms: [] };
+let drag = null, inflight = 0, pending = false, sent = 0, shown = 0;
+const MAX_INFLIGHT = 2;  // two previews overlap: one computes while the other travels or renders
+const stats = { frames: 0, moves: 0, ms: [], release: [] };  // read by benchmarks/app_latency.py
 window.ssogCanvasStats = stats;
 const clone = v => JSON.parse(JSON.stringify(v));
 function pos(e) {
@@ -96,29 +97,30 @@ function pos(e) {
   const clip = (v, n) => Math.min(Math.max(v, -0.5), n - 0.5);
   return [Math.round(clip(y, gh) * 10) / 10, Math.round(clip(x, gw) * 10) / 10];
 }
-async function pump() {
+// Live preview: ask the server function for the field of the latest positions; never more than MAX_INFLIGHT
+// requests at once, the newest positions are always sent next, and a late answer never replaces a newer one.
+function pump() {
   if (props.live !== 'server') return;
-  if (busy) { again = true; return; }
-  busy = true;
-  try {
-    do {
-      again = false;
-      const t = performance.now();
-      const r = await server.preview({ value: props.value, overlay: !!props.bg });
-      if (r && r.img) {
-        props.img = r.img; props.ky = r.ky; props.kx = r.kx; props.wid = r.wid; props.lam = r.lam;
-        props.info = r.info; props.err = '';
-        stats.frames += 1; stats.ms.push(performance.now() - t);
-      } else if (r && r.error) { props.err = r.error; }
-    } while (again);
-  } catch (err) { props.err = 'preview failed: ' + err; }
-  finally { busy = false; }
+  if (inflight >= MAX_INFLIGHT) { pending = true; return; }
+  inflight += 1;
+  const id = ++sent, t = performance.now();
+  server.preview({ value: props.value, overlay: !!props.bg }).then(r => {
+    if (id < shown || !r) return;
+    shown = id;
+    if (r.error) { props.err = r.error; return; }
+    props.img = r.img; props.ky = r.ky; props.kx = r.kx; props.wid = r.wid; props.lam = r.lam;
+    props.info = r.info; props.err = '';
+    stats.frames += 1; stats.ms.push(performance.now() - t);
+  }).catch(err => { props.err = 'preview failed: ' + err; }).finally(() => {
+    inflight -= 1;
+    if (pending) { pending = false; pump(); }
+  });
 }
 element.addEventListener('pointerdown', e => {
   const a = e.target.closest('.atom'), s = e.target.closest('.star');
   if (!a && !s) return;
   e.preventDefault();
-  (a || s).setPointerCapture(e.pointerId);
+  try { (a || s).setPointerCapture(e.pointerId); } catch (_) { /* synthetic events have no capturable pointer */ }
   if (a) {
     drag = { kind: 'atom', i: +a.dataset.i };
     if (props.value.sel !== drag.i) {
@@ -131,6 +133,7 @@ element.addEventListener('pointerdown', e => {
 });
 element.addEventListener('pointermove', e => {
   if (!drag) return;
+  stats.moves += 1;
   const [y, x] = pos(e);
   let v;
   if (drag.kind === 'atom') {
@@ -159,7 +162,10 @@ element.addEventListener('dblclick', e => {
   trigger('addatom', { y, x });
 });
 watch('ack', () => {
-  if (props.ack) props.lat = `release → update ${(performance.now() - props.ack).toFixed(0)} ms`;
+  if (!props.ack) return;
+  const ms = performance.now() - props.ack;
+  stats.release.push(ms);
+  props.lat = `release → update ${ms.toFixed(0)} ms`;
 });
 """
 
