@@ -5,8 +5,10 @@ each axis (the standard deviation of key offsets under the density, in grid cell
 sits from the query. Four shapes the seed's figures show are then picked, each from a different head:
 
 * **tight local blob** — the smallest spread with its mass near the query (layer 0 is "a convolution in disguise");
-* **vertical strip** / **horizontal strip** — the largest ratio of the spreads along the two axes;
-* **broad global field** — the largest area ``spread_y · spread_x``.
+* **vertical strip** / **horizontal strip** — the largest ratio of the spreads along the two axes, if that ratio
+  is at least :data:`STRIP_RATIO` (a model whose heads are all round has no strip to offer);
+* **broad global field** — the largest area ``spread_y · spread_x``, if its mean spread is at least
+  :data:`BROAD_FACTOR` times the blob's.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import torch
 from ssog_core.analysis import LayerField
 
 KINDS = ("tight local blob", "vertical strip", "horizontal strip", "broad global field")
+STRIP_RATIO = 1.5  # spread along one axis over the other: below this a field reads as a blob, not a strip
+BROAD_FACTOR = 1.5  # geometric-mean spread relative to the tight blob's
 
 
 @dataclass(frozen=True)
@@ -71,20 +75,25 @@ def head_shapes(fields: list[LayerField]) -> list[HeadShape]:
 
 
 def find_presets(fields: list[LayerField]) -> list[Preset]:
-    """Up to four presets (one per kind in :data:`KINDS`), each from a different head."""
+    """Up to four presets (in the order of :data:`KINDS`), each from a different head; a kind no head fits
+    (e.g. no strip in a model whose fields are all round) is left out rather than mislabelled."""
     shapes = head_shapes(fields)
-    scores = {
-        "tight local blob": lambda s: -(math.hypot(s.spread_y, s.spread_x) + s.distance),
-        "vertical strip": lambda s: math.log((s.spread_y + 1e-3) / (s.spread_x + 1e-3)),
-        "horizontal strip": lambda s: math.log((s.spread_x + 1e-3) / (s.spread_y + 1e-3)),
-        "broad global field": lambda s: s.spread_y * s.spread_x,
+    if not shapes:
+        return []
+    blob = min(shapes, key=lambda s: math.hypot(s.spread_y, s.spread_x) + s.distance)
+    blob_size = math.sqrt(blob.spread_y * blob.spread_x)
+    kinds = {
+        "vertical strip": (lambda s: s.spread_y / max(s.spread_x, 1e-3), lambda v: v >= STRIP_RATIO),
+        "horizontal strip": (lambda s: s.spread_x / max(s.spread_y, 1e-3), lambda v: v >= STRIP_RATIO),
+        "broad global field": (lambda s: math.sqrt(s.spread_y * s.spread_x), lambda v: v >= BROAD_FACTOR * blob_size),
     }
-    presets, used = [], set()
-    for kind in KINDS:
+    presets, used = [Preset("tight local blob", blob)], {(blob.layer, blob.head)}
+    for kind, (score, fits) in kinds.items():
         free = [s for s in shapes if (s.layer, s.head) not in used]
         if not free:
             break
-        best = max(free, key=scores[kind])
-        used.add((best.layer, best.head))
-        presets.append(Preset(kind, best))
+        best = max(free, key=score)
+        if fits(score(best)):
+            used.add((best.layer, best.head))
+            presets.append(Preset(kind, best))
     return presets

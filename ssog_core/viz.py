@@ -170,6 +170,13 @@ def backdrop(image: Image.Image, px: int, dim: float = 1.0) -> np.ndarray:
     return a if dim == 1.0 else (a * dim).astype(np.uint8)
 
 
+def suptitle(fig: Figure, title: str, legend: str, fontsize: float = 9) -> None:
+    """A figure title (kept as is) over a legend wrapped to the figure's width, so neither is clipped."""
+    chars = max(30, int(fig.get_figwidth() * 72 / (0.6 * fontsize)))  # about 0.6 em per character
+    lines = [line for part in legend.split("\n") for line in textwrap.wrap(part, chars)]
+    fig.suptitle("\n".join([title, *lines] if title else lines), fontsize=fontsize)
+
+
 def _no_ticks(ax) -> None:
     ax.set_xticks([])
     ax.set_yticks([])
@@ -267,9 +274,7 @@ def geometry_figure(fields: Sequence[LayerField], title: str = "", layers: Seque
         "λ-weighted density over key offset (per panel normalised); + atom centres (brightness = λ); ★ query. "
         "H = attention entropy (nats), r = effective radius (cells); s(·) = gate scale of each content tap."
     )
-    width_chars = int(fig.get_figwidth() * 100 / 6.2)  # about 6 px per character at 9 pt
-    lines = textwrap.wrap(legend, width_chars)
-    fig.suptitle("\n".join([title, *lines] if title else lines), fontsize=9)
+    suptitle(fig, title, legend)
     return fig
 
 
@@ -377,10 +382,11 @@ def steering_figure(
         ax.set_title(f"head {h}: max |μδ| {mag[h].max():.2f}", fontsize=9)
         if h % cols == cols - 1 or h == heads - 1:
             _colorbar(fig, im, ax, "|μδ| (grid cells)")
-    fig.suptitle(
-        (title + "\n" if title else "") + f"layer {layer}: how far content moves where each head looks "
+    suptitle(
+        fig,
+        title,
+        f"layer {layer}: how far content moves where each head looks "
         f"(λ-weighted mean shift; arrows to scale, bound ±{max_offset:g} cells per atom)",
-        fontsize=9,
     )
     return fig
 
@@ -411,10 +417,10 @@ def query_field_figure(
             ax.set_ylim(gh - 0.5, -0.5)
             _no_ticks(ax)
             ax.set_title(f"head {h} · {name}\npeak {maps[h].max():.2f}", fontsize=8)
-    fig.suptitle(
-        (title + "\n" if title else "") + f"layer {layer}: attention of query patch ★ {query} "
-        "(row of the exact matrix; brighter = more weight)",
-        fontsize=9,
+    suptitle(
+        fig,
+        title,
+        f"layer {layer}: attention of query patch ★ {query} (row of the exact matrix; brighter = more weight)",
     )
     return fig
 
@@ -439,7 +445,7 @@ def attention_grid_figure(image: Image.Image, rows: np.ndarray, query: tuple[int
                 ax.set_title(f"layer {l}", fontsize=8)
             if l == 0:
                 ax.set_ylabel(f"head {h}", fontsize=9)
-    fig.suptitle((title + "\n" if title else "") + f"attention of query patch ★ {query} per layer × head", fontsize=9)
+    suptitle(fig, title, f"attention of query patch ★ {query} per layer × head")
     return fig
 
 
@@ -489,11 +495,7 @@ def export_figure(image: Image.Image, models: Sequence[tuple[str, ExportMaps]], 
             im = _show_map(ax, img, m.net[0, k].numpy(), NET_CMAP, -lim, lim)
             ax.set_title(f"{label}: net, layer {k}", fontsize=8)
         _colorbar(bottom, im, list(strip[: m.net.shape[1]]), "net export (shared scale)")
-    fig.suptitle(
-        (title + "\n" if title else "")
-        + f"Export maps with residual mixing Â = α·Ā + (1−α)·I, α = {models[0][1].alpha:.2f}",
-        fontsize=10,
-    )
+    suptitle(fig, title, f"Export maps with residual mixing Â = α·Ā + (1−α)·I, α = {models[0][1].alpha:.2f}", 10)
     return fig
 
 
@@ -523,8 +525,5 @@ def compare_figure(
             im = _show_map(ax, img, arr, NET_CMAP, -lim_c, lim_c)
             ax.set_title(f"{name}\n{lab}", fontsize=8)
             _colorbar(fig, im, ax, "difference" if c == 2 else "net")
-    fig.suptitle(
-        (title + "\n" if title else "") + "Two checkpoints on the same image (shared colour scale for A, B)",
-        fontsize=10,
-    )
+    suptitle(fig, title, "Two checkpoints on the same image (shared colour scale for A, B)", 10)
     return fig

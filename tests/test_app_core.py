@@ -170,6 +170,16 @@ def test_presets_pick_the_designed_shapes():
     assert "layer" in presets["vertical strip"].label and "head" in presets["vertical strip"].label
 
 
+def test_presets_never_call_a_round_field_a_strip():
+    model = designed_ssog(depth=1, heads=2)
+    with torch.no_grad():  # every head round and local: only the blob kind fits
+        attn = model.blocks[0].attn
+        attn.raw_sigma.fill_(0.0)
+        attn.mu.zero_()
+    presets = find_presets(head_fields(model))
+    assert [p.kind for p in presets] == ["tight local blob"]
+
+
 def test_head_shapes_moments_against_numpy():
     fields = head_fields(designed_ssog(img_size=20, patch=4, dim=16, depth=1, heads=4))  # 5×5 grid
     shapes = head_shapes(fields)

@@ -16,6 +16,7 @@ from app.common import error_text, warn, write_downloads
 from app.state import AppContext, AppError
 from ssog_core import figures, viz
 from ssog_core.playground import DEFAULT_SPEC, MAX_ATOMS, HeadSpec, HeadView, evaluate, spec_from_head
+from ssog_core.presets import KINDS
 
 CANVAS_SIZE = 440  # px of the canvas' longer side
 READOUT_HEADERS = ["atom", "looks at (y, x)", "μ = ★ − key", "σ (y, x)", "width σ√τ", "λ"]
@@ -214,7 +215,11 @@ def preset_choices(ctx: AppContext, ckpt: str | None) -> tuple[list[str], str]:
         return [], f"Presets unavailable: {e}"
     if not lm.is_ssog:
         return [], f"{ckpt} is a {lm.config.attn} model: it has no field, so it gives no presets."
-    return [p.label for p in lm.presets], f"Presets are heads of **{ckpt}** (by the shape of their field)."
+    missing = [k for k in KINDS if k not in {p.kind for p in lm.presets}]
+    note = f"Presets are heads of **{ckpt}** (by the shape of their field)."
+    if missing:
+        note += f" No head of this model is a {' or '.join(missing)}."
+    return [p.label for p in lm.presets], note
 
 
 def on_checkpoint(ctx: AppContext, ckpt: str | None):
