@@ -227,10 +227,10 @@ def attention_maps(model: nn.Module, img: Tensor, steered: bool = True) -> Atten
                 a = block.attn.attention_matrix(x, grid, steered=steered)
             else:
                 a = block.attn.attention_matrix(x, grid)
-            patch, share = _patch_block(a.float(), prefix)
+            patch, share = _patch_block(a.to(torch.promote_types(a.dtype, torch.float32)), prefix)
             maps.append(patch)
             shares.append(share)
-        return AttentionMaps(maps, shares, grid, logits.float())
+        return AttentionMaps(maps, shares, grid, logits)
 
 
 @dataclass
