@@ -15,14 +15,14 @@ import gradio as gr
 import numpy as np
 import pytest
 import torch
-from app_fixtures import dot_twin, write_bad_checkpoints, write_bad_files, write_checkpoints, write_images
 
 from app import main as app_main
-from app.state import UPLOADED, AppContext, AppError
+from app.state import UPLOADED, AppContext, AppError, default_image
 from app.tabs import compare, export, geometry, playground, session, steering
 from ssog_core.analysis import export_maps
 from ssog_core.images import model_input
 from ssog_core.playground import MAX_ATOMS, HeadSpec, evaluate
+from tests.app_fixtures import dot_twin, write_bad_checkpoints, write_bad_files, write_checkpoints, write_images
 
 
 @pytest.fixture(scope="module")
@@ -351,3 +351,30 @@ def test_build_app_without_checkpoints_serves_the_playground(tmp_path):
     config = demo.get_config_file()
     names = {c.get("props", {}).get("elem_id") for c in config["components"]}
     assert {"pg-canvas", "ckpt", "ex-figure", "st-click", "geo-figure"} <= names
+
+
+def test_caches_stay_bounded():
+    from app.common import LRU
+    from app.tabs.export import _MAPS
+    from app.tabs.steering import _ANALYSES
+
+    cache, made = LRU(2), []
+    for key in [1, 2, 1, 3, 4, 1]:
+        cache.get(key, lambda k=key: made.append(k) or k)
+    assert len(cache) == 2 and made == [1, 2, 3, 4, 1]
+    assert _MAPS.size <= 8 and _ANALYSES.size <= 3 and len(_MAPS) <= _MAPS.size
+
+
+DEMO = Path(__file__).resolve().parents[1] / "checkpoints"
+
+
+@pytest.mark.skipif(not (DEMO / "ssog_shapes.safetensors").is_file(), reason="demo checkpoints not in checkpoints/")
+def test_demo_checkpoints_open_in_every_tab(tmp_path):
+    demo = AppContext(DEMO, DEMO.parent / "assets", upload_dir=tmp_path)
+    stored = default_image(demo) or demo.open_upload(str(write_images(tmp_path / "img")["rgb"]))
+    note, card, fig, *_ = geometry.render(demo, "ssog_shapes.safetensors", 0, stored.sha256)
+    assert fig is not None and "accuracy" in card
+    twin = export.default_twin(demo, "ssog_shapes.safetensors")
+    text, fig, _, _ = export.render(demo, "ssog_shapes.safetensors", twin, stored.sha256, 0.5, 0)
+    assert fig is not None and "net exporters" in text
+    assert steering.render(demo, "ssog_shapes.safetensors", stored.sha256, 0, [1, 1])[4] is not None

@@ -5,12 +5,12 @@ from __future__ import annotations
 import socket
 
 import pytest
-from app_fixtures import write_checkpoints, write_images
 from gradio_client import Client
 
 from app.main import CONCURRENCY, QUEUE_SIZE, build_app
 from app.state import AppContext
 from ssog_core.playground import DEFAULT_SPEC
+from tests.app_fixtures import write_checkpoints, write_images
 
 
 def free_port() -> int:

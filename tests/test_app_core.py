@@ -14,7 +14,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from app_fixtures import CLASS_NAMES, designed_ssog, dot_twin, shapes_image, write_checkpoints
 from PIL import Image
 
 from ssog_core import figures, report, viz
@@ -23,6 +22,7 @@ from ssog_core.field import attention_matrix
 from ssog_core.info import count_params
 from ssog_core.playground import DEFAULT_SPEC, Atom, HeadSpec, evaluate, spec_from_head
 from ssog_core.presets import find_presets, head_shapes
+from tests.app_fixtures import CLASS_NAMES, designed_ssog, dot_twin, shapes_image, write_checkpoints
 
 
 def numpy_head(spec: HeadSpec) -> np.ndarray:

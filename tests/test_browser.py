@@ -16,7 +16,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-from app_fixtures import write_bad_files, write_checkpoints, write_images
+
+from tests.app_fixtures import write_bad_files, write_checkpoints, write_images
 
 playwright = pytest.importorskip("playwright.sync_api")
 
