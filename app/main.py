@@ -217,8 +217,11 @@ def build_app(ctx: AppContext) -> gr.Blocks:
             )
             ckpt.change(run, [active, last, *inputs], [last, *outputs], **hidden)
             image_sha.change(run, [active, last, *inputs], [last, *outputs], **hidden)
-        for tab_id, tab in (("playground", t_pg), ("session", t_ses)):
-            tab.select(lambda t=tab_id: t, None, active, **hidden)
+        t_ses.select(lambda: "session", None, active, **hidden)
+        # plots drawn while their tab was hidden come out narrow: redraw the playground's when it is shown
+        t_pg.select(lambda: "playground", None, active, **hidden).then(
+            playground.on_details, [pg["canvas"]], pg["main_out"][1:], show_progress="hidden", **hidden
+        )
 
         # ---- global pickers ------------------------------------------------------------------------------
         ckpt.change(

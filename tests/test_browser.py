@@ -6,6 +6,7 @@ pytest-xdist cannot split it over workers. Screenshots of every step go to ``art
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -44,6 +45,8 @@ def server(tmp_path_factory):
     write_checkpoints(root / "ckpt", depth=2)
     images = write_images(root / "assets")
     bad = write_bad_files(root / "bad")
+    bad_ckpt = root / "bad" / "half.safetensors"
+    bad_ckpt.write_bytes((root / "ckpt" / "ssog_test.safetensors").read_bytes()[:5000])
     port = free_port()
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "GRADIO_TEMP_DIR": str(root / "gradio")}
     cmd = [sys.executable, "-m", "app", "--port", str(port), "--checkpoint-dir", str(root / "ckpt"),
@@ -61,7 +64,7 @@ def server(tmp_path_factory):
                     if proc.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError("app did not start:\n" + (root / "app.log").read_text()) from None
                     time.sleep(0.3)
-            yield {"url": url, "images": images, "bad": bad, "log": root / "app.log"}
+            yield {"url": url, "images": images, "bad": bad, "bad_ckpt": bad_ckpt, "log": root / "app.log"}
         finally:
             proc.terminate()
             try:
@@ -108,6 +111,8 @@ def test_browser_tour(server):
             export_tab_upload(page, server["images"]["rgba"])
             steering_tab_click(page)
             bad_upload_keeps_serving(page, server["bad"]["text"])
+            bad_checkpoint_upload(page, server["bad_ckpt"])
+            session_save_and_restore(page, server["log"].parent)
         except Exception:
             shot(page, "failure")
             print(server["log"].read_text()[-4000:])
@@ -200,3 +205,34 @@ def bad_upload_keeps_serving(page, bad: Path) -> None:
     page.fill("#pg-tau input[type=number]", "2")
     page.press("#pg-tau input[type=number]", "Enter")
     wait_src_change(page, "#pg-canvas img.fld", before)  # still serving
+
+
+def bad_checkpoint_upload(page, bad: Path) -> None:
+    with page.expect_file_chooser() as chooser:
+        page.click("#ckpt-upload")
+    chooser.value.set_files(str(bad))
+    page.wait_for_function("() => document.querySelector('#status').innerText.includes('truncated or corrupt')")
+    assert page.input_value("#ckpt input") == "ssog_test.safetensors"  # the selection did not change
+
+
+def session_save_and_restore(page, folder: Path) -> None:
+    """Save the view, change it, restore the file: the playground comes back as it was."""
+    open_tab(page, "session")
+    page.click("#ses-save")
+    link = page.wait_for_selector("#ses-file a[href]", state="attached")
+    with page.expect_download() as download:
+        link.click()
+    path = folder / download.value.suggested_filename
+    download.value.save_as(path)
+    saved = json.loads(path.read_text())
+    assert saved["format"] == "ssog-lab-session/1" and saved["playground"]["head"]["tau"] == 2.0
+    open_tab(page, "playground")
+    page.fill("#pg-tau input[type=number]", "3")
+    page.press("#pg-tau input[type=number]", "Enter")
+    page.wait_for_function("() => document.querySelector('#pg-canvas .info').innerText.length > 0")
+    open_tab(page, "session")
+    page.set_input_files("#ses-upload input[type=file]", str(path))
+    page.wait_for_function("() => document.querySelector('#ses-status').innerText.includes('Session restored')")
+    open_tab(page, "playground")
+    assert page.input_value("#pg-tau input[type=number]") == "2"
+    shot(page, "07_session_restored")
