@@ -241,7 +241,7 @@ def build_app(ctx: AppContext) -> gr.Blocks:
         image_sha.change(
             partial(refresh_underlay, ctx),
             [pg["canvas"], pg["underlay"], image_sha],
-            pg["main_out"] + [pg["status"]],
+            pg["main_out"] + [pg["underlay"], pg["status"]],
             show_progress="hidden",
             **hidden,
         )
@@ -297,7 +297,7 @@ def build_app(ctx: AppContext) -> gr.Blocks:
 
 def refresh_underlay(ctx: AppContext, canvas: Any, show: bool, sha: str | None) -> tuple:
     if not show:
-        return (gr.skip(),) * 4
+        return (gr.skip(),) * 5
     return playground.on_underlay(ctx, canvas, show, sha)
 
 
@@ -428,7 +428,7 @@ def register_api(ctx: AppContext) -> None:
         gr.api(fn, api_name=fn.__name__)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m app", description="SSOG Lab web app")
     ap.add_argument("--host", default="127.0.0.1", help="interface to bind (default: this machine only)")
     ap.add_argument("--port", type=int, default=7860)
@@ -440,19 +440,28 @@ def main(argv: list[str] | None = None) -> None:
         default=1,
         help="torch threads per request (1 keeps concurrent requests from fighting over the cores)",
     )
-    args = ap.parse_args(argv)
-    torch.set_num_threads(max(1, args.threads))
-    ctx = AppContext(args.checkpoint_dir, args.assets_dir)
-    atexit.register(shutil.rmtree, ctx.upload_dir, True)
-    demo = build_app(ctx)
+    return ap.parse_args(argv)
+
+
+def launch(demo: gr.Blocks, host: str, port: int, **extra: Any) -> None:
+    """Queue (bursts wait rather than fail) and serve with the upload cap, the offline theme and no share link."""
     demo.queue(default_concurrency_limit=CONCURRENCY, max_size=QUEUE_SIZE)
     demo.launch(
-        server_name=args.host,
-        server_port=args.port,
+        server_name=host,
+        server_port=port,
         share=False,
         max_file_size=MAX_UPLOAD,
         theme=theme(),
         css=CSS,
         show_error=False,
         footer_links=["api"],
+        **extra,
     )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(max(1, args.threads))
+    ctx = AppContext(args.checkpoint_dir, args.assets_dir)
+    atexit.register(shutil.rmtree, ctx.upload_dir, True)
+    launch(build_app(ctx), args.host, args.port)

@@ -214,10 +214,10 @@ def test_presets_underlay_and_figure(ctx, sha):
     )
     assert f"layer {s.layer}, head {s.head}" in out[-1] and out[-2]["value"] == "factorized"
     assert "not a head" in playground.on_preset(ctx, "ssog_test.safetensors", "nonsense", False)[-1]
-    canvas, fig, rows, status = playground.on_underlay(ctx, v, True, sha)
-    assert canvas["bg"].startswith("data:image/jpeg;base64,") and status == ""
-    canvas, fig, rows, status = playground.on_underlay(ctx, v, True, None)
-    assert canvas["bg"] == "" and "pick or upload an image" in status
+    canvas, fig, rows, box, status = playground.on_underlay(ctx, v, True, sha)
+    assert canvas["bg"].startswith("data:image/jpeg;base64,") and box["value"] is True and status == ""
+    canvas, fig, rows, box, status = playground.on_underlay(ctx, v, True, None)
+    assert canvas["bg"] == "" and box["value"] is False and "pick or upload an image" in status
     files, status = playground.export_figure(ctx, v, True, sha)
     assert sorted(Path(f).suffix for f in files) == [".png", ".svg"] and "grid15x15" in files[0]
 

@@ -7,7 +7,7 @@ import socket
 import pytest
 from gradio_client import Client
 
-from app.main import CONCURRENCY, QUEUE_SIZE, build_app
+from app.main import CONCURRENCY, QUEUE_SIZE, build_app, launch, parse_args
 from app.state import AppContext
 from ssog_core.playground import DEFAULT_SPEC
 from tests.app_fixtures import write_checkpoints, write_images
@@ -20,18 +20,28 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
+def demo(tmp_path_factory):
     root = tmp_path_factory.mktemp("api")
     write_checkpoints(root / "ckpt", depth=2)
     write_images(root / "assets")
     ctx = AppContext(root / "ckpt", root / "assets", upload_dir=tmp_path_factory.mktemp("uploads"))
     demo = build_app(ctx)
-    demo.queue(default_concurrency_limit=CONCURRENCY, max_size=QUEUE_SIZE)
-    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    launch(demo, "127.0.0.1", free_port(), prevent_thread_lock=True, quiet=True)
     try:
-        yield Client(demo.local_url, verbose=False)
+        yield demo
     finally:
         demo.close()
+
+
+@pytest.fixture(scope="module")
+def client(demo):
+    return Client(demo.local_url, verbose=False)
+
+
+def test_server_settings(demo):
+    assert parse_args([]).host == "127.0.0.1" and parse_args([]).port == 7860
+    assert demo.max_file_size == 64 * 1024**2 and demo.share is False
+    assert demo._queue.max_size == QUEUE_SIZE and demo._queue.default_concurrency_limit == CONCURRENCY
 
 
 def test_api_lists_checkpoints_and_evaluates_a_head(client):

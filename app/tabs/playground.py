@@ -20,7 +20,6 @@ from ssog_core.presets import KINDS
 
 CANVAS_SIZE = 440  # px of the canvas' longer side
 READOUT_HEADERS = ["atom", "looks at (y, x)", "μ = ★ − key", "σ (y, x)", "width σ√τ", "λ"]
-NO_PRESETS = "(no SSOG checkpoint: presets need a trained model)"
 
 
 def initial_value() -> dict[str, Any]:
@@ -123,10 +122,10 @@ def on_details(value: Any):
 
 def on_pick(value: Any, evt: gr.EventData):
     """An atom was selected on the canvas: its σ and weight go to the sliders."""
-    i = (evt._data or {}).get("i", value.get("sel", 0))
-    spec = _spec(value)
-    v = _value(spec, i)
-    return _sliders(v)
+    try:
+        return _sliders(_value(_spec(value), (evt._data or {}).get("i", value.get("sel", 0))))
+    except Exception:
+        return (gr.skip(),) * 5
 
 
 def on_atom_param(value: Any, sy: float, sx: float, w: float, bg: bool):
@@ -269,10 +268,10 @@ def on_underlay(ctx: AppContext, value: Any, show: bool, sha: str | None):
     try:
         bg = underlay_url(ctx, sha, value) if show else ""
         canvas, fig, rows = _outputs(value, bool(bg), {"bg": bg})
-        return canvas, fig, rows, ""
-    except Exception as e:
+        return canvas, fig, rows, gr.update(value=bool(bg)), ""
+    except Exception as e:  # no picture: the checkbox goes back off so the field is drawn opaque again
         canvas, fig, rows = _outputs(value, False, {"bg": ""})
-        return canvas, fig, rows, warn(error_text(e))
+        return canvas, fig, rows, gr.update(value=False), warn(error_text(e))
 
 
 def export_figure(ctx: AppContext, value: Any, show: bool, sha: str | None):
@@ -367,7 +366,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
     underlay.input(
         partial(on_underlay, ctx),
         [canvas, underlay, shared["image_sha"]],
-        main_out + [pg_status],
+        main_out + [underlay, pg_status],
         **fast,
     )
     fig_btn.click(
