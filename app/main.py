@@ -35,6 +35,7 @@ FONTS = ["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto", "s
 MONO = ["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"]
 CSS = """
 .hint { font-size: 13px; color: var(--body-text-color-subdued); }
+#geo-card table { width: 100%; }
 #geo-card td:first-child { white-space: nowrap; }
 #geo-card td { overflow-wrap: anywhere; }
 #thumb img { object-fit: contain; }

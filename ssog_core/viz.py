@@ -227,6 +227,21 @@ def gate_text(lf: LayerField) -> str:
     return "\n".join(lines) if lines else "fixed field"
 
 
+def visible_extent(fields: Sequence[LayerField], floor: float = 0.02, pad: float = 1.5) -> tuple[float, float]:
+    """Half-width (y, x) in cells that shows every head's field (values ≥ ``floor`` of its peak) and atom
+    centre: the geometry panels zoom to it, so local heads are not specks in a mostly empty square."""
+    vy = vx = 3.0
+    for lf in fields:
+        ey, ex = lf.extent
+        dy, dx = np.mgrid[-ey : ey + 1, -ex : ex + 1]
+        for d, mu in zip(lf.density.numpy(), lf.mu.numpy(), strict=True):
+            seen = d >= floor * d.max()
+            vy = max(vy, float(np.abs(dy[seen]).max()) + pad, float(np.abs(mu[:, 0]).max()) + pad)
+            vx = max(vx, float(np.abs(dx[seen]).max()) + pad, float(np.abs(mu[:, 1]).max()) + pad)
+    v = max(vy, vx)  # the same zoom on both axes keeps a round field round
+    return min(v, fields[0].extent[0] + 0.5), min(v, fields[0].extent[1] + 0.5)
+
+
 def geometry_figure(fields: Sequence[LayerField], title: str = "", layers: Sequence[int] | None = None) -> Figure:
     """Layers × heads grid of each head's field over relative position (like the seed's figure).
 
@@ -236,6 +251,7 @@ def geometry_figure(fields: Sequence[LayerField], title: str = "", layers: Seque
     """
     layers = list(range(len(fields))) if layers is None else list(layers)
     heads = fields[layers[0]].density.shape[0]
+    vy, vx = visible_extent([fields[l] for l in layers])
     fig = new_figure(1.9 * len(layers) + 0.8, 1.9 * heads + 1.6)
     axes = fig.subplots(heads, len(layers), squeeze=False)
     for c, layer in enumerate(layers):
@@ -253,8 +269,8 @@ def geometry_figure(fields: Sequence[LayerField], title: str = "", layers: Seque
                 look[:, 1], look[:, 0], marker="+", s=60, linewidths=1.6, c=[(1, 1, 1, b) for b in brightness], zorder=4
             )
             _star(ax, 0, 0, size=90)
-            ax.set_xlim(-ex - 0.5, ex + 0.5)
-            ax.set_ylim(ey + 0.5, -ey - 0.5)
+            ax.set_xlim(-vx, vx)
+            ax.set_ylim(vy, -vy)
             _no_ticks(ax)
             ax.text(
                 0.03,
@@ -271,8 +287,9 @@ def geometry_figure(fields: Sequence[LayerField], title: str = "", layers: Seque
             if h == 0:
                 ax.set_title(f"layer {layer}\n{gate_text(lf)}", fontsize=8, linespacing=1.15)
     legend = (
-        "λ-weighted density over key offset (per panel normalised); + atom centres (brightness = λ); ★ query. "
-        "H = attention entropy (nats), r = effective radius (cells); s(·) = gate scale of each content tap."
+        f"λ-weighted density over key offset, panels ±{vy:g} × ±{vx:g} cells (per panel normalised); "
+        "+ atom centres (brightness = λ); ★ query. H = attention entropy (nats), r = effective radius (cells); "
+        "s(·) = gate scale of each content tap."
     )
     suptitle(fig, title, legend)
     return fig
