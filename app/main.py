@@ -149,7 +149,7 @@ def build_app(ctx: AppContext) -> gr.Blocks:
     ckpt0 = default_checkpoint(ctx, names)
     img0 = default_image(ctx)
     bundled = ctx.bundled_images()
-    with gr.Blocks(title="SSOG Lab") as demo:
+    with gr.Blocks(title="SSOG Lab", delete_cache=(3600, 3600)) as demo:  # uploads older than an hour go
         gr.Markdown(HEADER)
         status = gr.Markdown(folder_status(ctx, names), elem_id="status")
         with gr.Row(equal_height=True):

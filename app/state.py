@@ -32,6 +32,7 @@ MAX_PIXELS = 25_000_000  # decoded-image cap for uploads (decompression bombs ar
 DISPLAY_SIDE = 768  # images are kept at most this large for overlays: plenty for a figure, cheap to draw
 MODEL_CACHE = 4  # models kept in memory (a demo pair plus a comparison pair)
 IMAGE_CACHE = 32
+MAX_UPLOADED_CHECKPOINTS = 8  # older uploads are deleted: disk use stays bounded however long the server runs
 
 
 class AppError(ValueError):
@@ -152,9 +153,13 @@ class AppContext:
         for p in paths:
             by_suffix.setdefault(p.suffix.lower(), []).append(p)
         try:
-            return self._convert_upload(paths, by_suffix)
+            name = self._convert_upload(paths, by_suffix)
         except CheckpointError as e:
             raise AppError(str(e)) from None
+        uploads = sorted(self.upload_dir.glob("*.safetensors"), key=lambda p: p.stat().st_mtime_ns)
+        for old in uploads[:-MAX_UPLOADED_CHECKPOINTS]:
+            old.unlink(missing_ok=True)
+        return name
 
     def _convert_upload(self, paths: list[Path], by_suffix: dict[str, list[Path]]) -> str:
         if list(by_suffix) == [".safetensors"] and len(paths) == 1:

@@ -122,6 +122,11 @@ def test_good_uploads_ours_and_a_reference_pt_with_its_config(ctx, folders, tmp_
     torch.testing.assert_close(ctx.model(name).model(x), ref(x))
     updates = app_main.checkpoint_updates(ctx, name)
     assert name in updates[0]["choices"] and updates[0]["value"] == name
+    for _ in range(10):  # disk use stays bounded: the oldest uploads go
+        ctx.add_upload([str(folders["ckpts"]["dot"])])
+    from app.state import MAX_UPLOADED_CHECKPOINTS
+
+    assert len(list(ctx.upload_dir.glob("*.safetensors"))) == MAX_UPLOADED_CHECKPOINTS
 
 
 def test_images_awkward_ones_work_bad_ones_are_refused(ctx, folders, tmp_path):
