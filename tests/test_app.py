@@ -223,6 +223,8 @@ def test_presets_underlay_and_figure(ctx, sha):
     assert canvas["bg"].startswith("data:image/jpeg;base64,") and box["value"] is True and status == ""
     canvas, fig, rows, box, status = playground.on_underlay(ctx, v, True, None)
     assert canvas["bg"] == "" and box["value"] is False and "pick or upload an image" in status
+    assert app_main.refresh_underlay(ctx, v, False, sha) == (gr.skip(),) * 5  # off: a new image changes nothing
+    assert app_main.refresh_underlay(ctx, v, True, sha)[0]["bg"].startswith("data:image/jpeg")
     files, status = playground.export_figure(ctx, v, True, sha)
     assert sorted(Path(f).suffix for f in files) == [".png", ".svg"] and "grid15x15" in files[0]
 
