@@ -4,25 +4,28 @@ Mechanism (Gradio 6, no npm build; ../shared/APP_NOTES.md): the component's ``va
 (:meth:`ssog_core.playground.HeadSpec.to_dict` plus ``sel``, the selected atom) and is what Python receives.
 The template places one marker per atom (key coordinates), the ★ query, μ arrows, σ ellipses and λ labels,
 over a server-rendered field image (``img`` prop) and an optional picture (``bg``). While an atom or the ★
-is dragged, JS assigns a new ``props.value`` (markers follow at once) and asks the ``preview`` server
-function for a new field image, keeping one request in flight and always sending the latest positions.
+is dragged, JS assigns the head being dragged to the ``moving`` prop (markers follow at once; unlike ``value``
+it is not synced to Gradio on every move) and asks the ``preview`` server function for a new field image,
+with at most two requests in flight and always the latest positions; on release ``value`` takes the new head.
 On release it fires the custom ``release`` event; Python's answer carries ``ack`` (the release time), so the
 page can show the round trip. ``pick`` selects an atom, ``addatom`` adds one where the user double-clicks.
 """
 
 from __future__ import annotations
 
-# Template: a JS template literal (no "{{": Handlebars runs first). Coordinates are grid cells; the overlay SVG's
-# viewBox makes a cell centre (y, x) the point (x, y). Every prop used here must be passed at construction.
+# Template: a JS template literal (no "{{": Handlebars runs first). It draws V, the head being dragged (``moving``)
+# or else the component's value. Coordinates are grid cells; the overlay SVG's viewBox makes a cell centre (y, x)
+# the point (x, y). Every prop used here must be passed at construction.
 HTML_TEMPLATE = """
-<div class="pgw" style="grid-template-columns:${Math.round(size * value.grid[1] / Math.max(...value.grid))}px 64px">
- <div class="pg" style="width:${Math.round(size * value.grid[1] / Math.max(...value.grid))}px;
-      height:${Math.round(size * value.grid[0] / Math.max(...value.grid))}px">
+${((V) => `
+<div class="pgw" style="grid-template-columns:${Math.round(size * V.grid[1] / Math.max(...V.grid))}px 64px">
+ <div class="pg" style="width:${Math.round(size * V.grid[1] / Math.max(...V.grid))}px;
+      height:${Math.round(size * V.grid[0] / Math.max(...V.grid))}px">
   <img class="bg" src="${bg}" alt="" draggable="false" style="display:${bg ? 'block' : 'none'}"/>
   <img class="fld" src="${img}" alt="field" draggable="false"/>
-  <svg class="ov" viewBox="-0.5 -0.5 ${value.grid[1]} ${value.grid[0]}" preserveAspectRatio="none">
-   ${value.atoms.map((a, i) => {
-     const q = value.query, ppc = size / Math.max(...value.grid);
+  <svg class="ov" viewBox="-0.5 -0.5 ${V.grid[1]} ${V.grid[0]}" preserveAspectRatio="none">
+   ${V.atoms.map((a, i) => {
+     const q = V.query, ppc = size / Math.max(...V.grid);
      const dy = a.y - q[0], dx = a.x - q[1], len = Math.hypot(dy, dx);
      const w = wid[i] || [a.sy, a.sx];
      let head = '';
@@ -36,23 +39,24 @@ HTML_TEMPLATE = """
              <ellipse class="sg" cx="${a.x}" cy="${a.y}" rx="${w[1]}" ry="${w[0]}"/>`;
    }).join('')}
   </svg>
-  ${value.atoms.map((a, i) => `<div class="atom ${i === value.sel ? 'sel' : ''}" data-i="${i}"
+  ${V.atoms.map((a, i) => `<div class="atom ${i === V.sel ? 'sel' : ''}" data-i="${i}"
       title="atom ${i + 1}: drag to move, click to select"
-      style="left:${(a.x + 0.5) / value.grid[1] * 100}%;top:${(a.y + 0.5) / value.grid[0] * 100}%">${i + 1}</div>
-     <div class="lam" style="left:${(a.x + 0.5) / value.grid[1] * 100}%;top:${(a.y + 0.5) / value.grid[0] * 100}%"
+      style="left:${(a.x + 0.5) / V.grid[1] * 100}%;top:${(a.y + 0.5) / V.grid[0] * 100}%">${i + 1}</div>
+     <div class="lam" style="left:${(a.x + 0.5) / V.grid[1] * 100}%;top:${(a.y + 0.5) / V.grid[0] * 100}%"
       >λ=${(lam[i] ?? 0).toFixed(2)}</div>`).join('')}
   <div class="star" title="the query: drag to move it (the atoms keep their offsets μ)"
-      style="left:${(value.query[1] + 0.5) / value.grid[1] * 100}%;top:${(value.query[0] + 0.5) / value.grid[0] * 100}%"
+      style="left:${(V.query[1] + 0.5) / V.grid[1] * 100}%;top:${(V.query[0] + 0.5) / V.grid[0] * 100}%"
       >★</div>
  </div>
- <svg class="ky" viewBox="0 -0.5 1 ${value.grid[0]}" preserveAspectRatio="none"
-      style="height:${Math.round(size * value.grid[0] / Math.max(...value.grid))}px">
+ <svg class="ky" viewBox="0 -0.5 1 ${V.grid[0]}" preserveAspectRatio="none"
+      style="height:${Math.round(size * V.grid[0] / Math.max(...V.grid))}px">
   <polyline points="${ky.map((v, i) => `${0.97 * v},${i}`).join(' ')}"/></svg>
- <svg class="kx" viewBox="-0.5 0 ${value.grid[1]} 1" preserveAspectRatio="none"
-      style="width:${Math.round(size * value.grid[1] / Math.max(...value.grid))}px">
+ <svg class="kx" viewBox="-0.5 0 ${V.grid[1]} 1" preserveAspectRatio="none"
+      style="width:${Math.round(size * V.grid[1] / Math.max(...V.grid))}px">
   <polyline points="${kx.map((v, i) => `${i},${1 - 0.97 * v}`).join(' ')}"/></svg>
  <div class="info">${info}<br/><span class="lat">${lat}</span> <span class="err">${err}</span></div>
 </div>
+`)(moving && moving.atoms ? moving : value)}
 """
 
 CSS_TEMPLATE = """
@@ -104,7 +108,7 @@ function pump() {
   if (inflight >= MAX_INFLIGHT) { pending = true; return; }
   inflight += 1;
   const id = ++sent, t = performance.now();
-  server.preview({ value: props.value, overlay: !!props.bg }).then(r => {
+  server.preview({ value: props.moving || props.value, overlay: !!props.bg }).then(r => {
     if (id < shown || !r) return;
     shown = id;
     if (r.error) { props.err = r.error; return; }
@@ -137,7 +141,7 @@ element.addEventListener('pointermove', e => {
   const [y, x] = pos(e);
   let v;
   if (drag.kind === 'atom') {
-    v = clone(props.value); v.atoms[drag.i].y = y; v.atoms[drag.i].x = x;
+    v = clone(props.moving || props.value); v.atoms[drag.i].y = y; v.atoms[drag.i].x = x;
   } else {
     v = clone(drag.v0);
     const [gh, gw] = v.grid, q0 = drag.v0.query;
@@ -146,12 +150,13 @@ element.addEventListener('pointermove', e => {
     v.query = [qy, qx];
     v.atoms.forEach(a => { a.y += qy - q0[0]; a.x += qx - q0[1]; });
   }
-  props.value = v;
+  props.moving = v;  // redraws the markers; the value (synced to Gradio on every set) is written once, on release
   pump();
 });
 const end = () => {
   if (!drag) return;
   drag = null;
+  if (props.moving) { props.value = props.moving; props.moving = null; }
   trigger('release', { t: performance.now() });
 };
 element.addEventListener('pointerup', end);
@@ -172,4 +177,18 @@ watch('ack', () => {
 
 def canvas_props(size: int = 440) -> dict:
     """Initial values of every prop the template reads (a missing one breaks the template)."""
-    return dict(img="", bg="", size=size, wid=[], lam=[], ky=[], kx=[], info="", lat="", err="", ack=0, live="server")
+    return dict(
+        img="",
+        bg="",
+        size=size,
+        wid=[],
+        lam=[],
+        ky=[],
+        kx=[],
+        info="",
+        lat="",
+        err="",
+        ack=0,
+        live="server",
+        moving=None,
+    )
