@@ -202,34 +202,30 @@ def build_app(ctx: AppContext) -> gr.Blocks:
                     ses_up = gr.File(label="Restore a session (.json)", file_types=[".json"], elem_id="ses-upload")
                 ses_status = gr.Markdown(elem_id="ses-status")
 
-        # ---- lazy tab rendering -------------------------------------------------------------------------
+        # ---- global pickers and lazy tab rendering ---------------------------------------------------------
+        # A new checkpoint first updates presets, twin and comparison pickers, then the open tab renders with them.
+        hidden = dict(api_visibility="private")
+        follow = [pg["preset"], pg["preset_note"], ex["twin"], cmp["a"], cmp["b"]]
+        picked = ckpt.change(partial(on_checkpoint_change, ctx), [ckpt], follow, **hidden)
+        loaded = demo.load(partial(on_checkpoint_change, ctx), [ckpt], follow, **hidden)
         views = {
             "geometry": (t_geo, geo["render"], [ckpt, geo["layer"], image_sha], geo["outputs"]),
             "steering": (t_st, st["render"], [ckpt, image_sha, st["layer"], st["query"]], st["outputs"]),
             "export": (t_ex, ex["render"], ex["inputs"], ex["outputs"]),
             "compare": (t_cmp, cmp["render"], cmp["inputs"], cmp["outputs"]),
         }
-        hidden = dict(api_visibility="private")
         for tab_id, (tab, show, inputs, outputs) in views.items():
             last = gr.State(None)
             run = lazy(tab_id, show, len(outputs))
-            tab.select(lambda t=tab_id: t, None, active, **hidden).then(
-                run, [active, last, *inputs], [last, *outputs], **hidden
-            )
-            ckpt.change(run, [active, last, *inputs], [last, *outputs], **hidden)
-            image_sha.change(run, [active, last, *inputs], [last, *outputs], **hidden)
+            args = ([active, last, *inputs], [last, *outputs])
+            tab.select(lambda t=tab_id: t, None, active, **hidden).then(run, *args, **hidden)
+            picked.then(run, *args, **hidden)
+            loaded.then(run, *args, **hidden)
+            image_sha.change(run, *args, **hidden)
         t_ses.select(lambda: "session", None, active, **hidden)
         # plots drawn while their tab was hidden come out narrow: redraw the playground's when it is shown
         t_pg.select(lambda: "playground", None, active, **hidden).then(
             playground.on_details, [pg["canvas"]], pg["main_out"][1:], show_progress="hidden", **hidden
-        )
-
-        # ---- global pickers ------------------------------------------------------------------------------
-        ckpt.change(
-            partial(on_checkpoint_change, ctx),
-            [ckpt],
-            [pg["preset"], pg["preset_note"], ex["twin"], cmp["a"], cmp["b"]],
-            **hidden,
         )
         ckpt_up.upload(
             partial(on_checkpoint_upload, ctx),
@@ -286,12 +282,6 @@ def build_app(ctx: AppContext) -> gr.Blocks:
         ]
         ses_up.upload(partial(restore_session, ctx), [ses_up], ses_outputs, **hidden)
 
-        demo.load(
-            partial(on_checkpoint_change, ctx),
-            [ckpt],
-            [pg["preset"], pg["preset_note"], ex["twin"], cmp["a"], cmp["b"]],
-            **hidden,
-        )
         register_api(ctx)
     return demo
 
