@@ -54,7 +54,8 @@ ${((V) => `
  <svg class="kx" viewBox="-0.5 0 ${V.grid[1]} 1" preserveAspectRatio="none"
       style="width:${Math.round(size * V.grid[1] / Math.max(...V.grid))}px">
   <polyline points="${kx.map((v, i) => `${i},${1 - 0.97 * v}`).join(' ')}"/></svg>
- <div class="info">${info}<br/><span class="lat">${lat}</span> <span class="err">${err}</span></div>
+ <div class="info"><span class="inf">${info}</span><br/>
+  <span class="lat">${lat}</span> <span class="err">${err}</span></div>
 </div>
 `)(moving && moving.atoms ? moving : value)}
 """
@@ -103,6 +104,24 @@ function pos(e) {
 }
 // Live preview: ask the server function for the field of the latest positions; never more than MAX_INFLIGHT
 // requests at once, the newest positions are always sent next, and a late answer never replaces a newer one.
+// An answer is painted straight into the DOM (no template re-render) and kept in `frame`; it becomes props with
+// the next pointer move (one re-render for both) or on release, so a later re-render never shows an older frame.
+let frame = null;
+const kyPoints = ky => ky.map((v, i) => `${0.97 * v},${i}`).join(' ');
+const kxPoints = kx => kx.map((v, i) => `${i},${1 - 0.97 * v}`).join(' ');
+function paint(r) {
+  element.querySelector('img.fld').src = r.img;
+  element.querySelector('.ky polyline').setAttribute('points', kyPoints(r.ky));
+  element.querySelector('.kx polyline').setAttribute('points', kxPoints(r.kx));
+  element.querySelector('.inf').textContent = r.info;
+}
+function commitFrame() {
+  if (!frame) return;
+  const r = frame;
+  frame = null;
+  props.img = r.img; props.ky = r.ky; props.kx = r.kx; props.wid = r.wid; props.lam = r.lam;
+  props.info = r.info; props.err = '';
+}
 function pump() {
   if (props.live !== 'server') return;
   if (inflight >= MAX_INFLIGHT) { pending = true; return; }
@@ -112,8 +131,8 @@ function pump() {
     if (id < shown || !r) return;
     shown = id;
     if (r.error) { props.err = r.error; return; }
-    props.img = r.img; props.ky = r.ky; props.kx = r.kx; props.wid = r.wid; props.lam = r.lam;
-    props.info = r.info; props.err = '';
+    frame = r;
+    paint(r);
     stats.frames += 1; stats.ms.push(performance.now() - t);
   }).catch(err => { props.err = 'preview failed: ' + err; }).finally(() => {
     inflight -= 1;
@@ -151,11 +170,13 @@ element.addEventListener('pointermove', e => {
     v.atoms.forEach(a => { a.y += qy - q0[0]; a.x += qx - q0[1]; });
   }
   props.moving = v;  // redraws the markers; the value (synced to Gradio on every set) is written once, on release
+  commitFrame();  // in the same re-render
   pump();
 });
 const end = () => {
   if (!drag) return;
   drag = null;
+  commitFrame();
   if (props.moving) { props.value = props.moving; props.moving = null; }
   trigger('release', { t: performance.now() });
 };

@@ -315,9 +315,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seconds", type=float, default=4.0, help="length of the continuous drag")
     ap.add_argument("--drags", type=int, default=22, help="release round trips to time")
     ap.add_argument("--no-browser", action="store_true")
+    ap.add_argument("--browser-only", action="store_true", help="print only the browser numbers (JSON), write nothing")
     args = ap.parse_args(argv)
     load_before = ", ".join(f"{v:.1f}" for v in os.getloadavg())
     folder, model_note = demo_checkpoints(args.checkpoint_dir)
+    if args.browser_only:
+        print(json.dumps({"load": load_before, **bench_browser(folder, args.seconds, args.drags)}, indent=1))
+        return
     results = {
         "when": time.strftime("%Y-%m-%d %H:%M"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
