@@ -68,8 +68,8 @@ def rbf_attention_torch(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -
     """
     _check_inputs(q, k, v)
     d, dv = q.shape[-1], v.shape[-1]
-    # the key norm in fp32 (a half-precision sum of D squares loses the small distances we care about)
-    half_norm = (k.float().square().sum(-1, keepdim=True) * -0.5).to(k.dtype)
+    # the key norm summed in at least fp32 (a half-precision sum of D squares loses small distances)
+    half_norm = (k.to(torch.promote_types(k.dtype, torch.float32)).square().sum(-1, keepdim=True) * -0.5).to(k.dtype)
     pad = (-(d + 1)) % 8 if q.is_cuda else 0  # CUDA's fused SDPA kernels want head dims in multiples of 8
     q2 = torch.cat([q, torch.ones_like(q[..., :1]), q.new_zeros(*q.shape[:-1], pad)], dim=-1)
     k2 = torch.cat([k, half_norm, k.new_zeros(*k.shape[:-1], pad)], dim=-1)

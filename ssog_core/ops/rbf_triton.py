@@ -231,16 +231,32 @@ def _rbf_bwd_dq_kernel(
     tl.store(DQ + q_off, (two_gamma * dq).to(DQ.dtype.element_ty), mask=m_ok[:, None] & d_ok)
 
 
-def _launch_params(q: Tensor) -> dict:
-    """Tile sizes and precision switches for ``q`` (``(B, H, N, D)``)."""
+# Per (pass, precision): (largest head dim, (BLOCK_M, BLOCK_N, num_warps)). Chosen from sm_90 compiles
+# (cuobjdump --dump-resource-usage; tests/rbf_triton_checks.py repeats the bf16 one): the largest tiles whose
+# bf16/fp16 kernels use tensor cores without register spills. fp32 inputs take exact IEEE products (as torch
+# does by default), which run on FMA units and spill beyond 32 × 32 tiles; train in bf16 for speed.
+# Not yet tuned on a GPU: benchmarks/rbf.py measures them when one is lent.
+GPU_TILES = {
+    ("fwd", "half"): ((64, (128, 64, 8)), (128, (64, 64, 8))),
+    ("bwd", "half"): ((64, (64, 64, 8)), (128, (64, 32, 8))),
+    ("fwd", "fp32"): ((128, (32, 32, 4)),),
+    ("bwd", "fp32"): ((128, (32, 32, 4)),),
+}
+
+
+def launch_params(q: Tensor, kind: str) -> dict:
+    """Tile sizes and precision switches for ``q`` (``(B, H, N, D)``) in pass ``kind`` (``"fwd"``/``"bwd"``)."""
     d = q.shape[-1]
     block_d = max(16, triton.next_power_of_2(d))
+    tiles = GPU_TILES[kind, "fp32" if q.dtype == torch.float32 else "half"]
+    if block_d > tiles[-1][0]:
+        raise ValueError(f"head dim {d} is too large for the fused RBF kernels (at most {tiles[-1][0]})")
     if INTERPRET:  # small tiles keep the interpreter fast and make short test sequences cross tile edges
         block_m = block_n = 16
         extra = {}
     else:
-        block_m, block_n = (64, 64) if block_d <= 64 else (64, 32)
-        extra = {"num_warps": 4, "num_stages": 2}
+        block_m, block_n, warps = next(t for bound, t in tiles if block_d <= bound)
+        extra = {"num_warps": warps, "num_stages": 2}
     return dict(
         HEAD_DIM=d,
         BLOCK_D=block_d,
@@ -264,7 +280,7 @@ def rbf_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> tuple[Tensor, Tens
     b, h, n, d = q.shape
     o = torch.empty_like(q)
     lse = torch.empty((b, h, n), device=q.device, dtype=torch.float32)
-    params = _launch_params(q)
+    params = launch_params(q, "fwd")
     qk_scale, kn_scale, _ = _scales(d)
     grid = (triton.cdiv(n, params["BLOCK_M"]), b * h)
     _rbf_fwd_kernel[grid](q, k, v, o, lse, n, qk_scale, kn_scale, CAUSAL=causal, **params)
@@ -286,7 +302,7 @@ def rbf_bwd(
     b, h, n, d = q.shape
     delta = (o.float() * do.float()).sum(-1).contiguous()  # δ_i = Σ_j P_ij dP_ij = o_i · do_i
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    params = _launch_params(q)
+    params = launch_params(q, "bwd")
     scales = _scales(d)
     lse = lse.contiguous()
     _rbf_bwd_dkdv_kernel[(triton.cdiv(n, params["BLOCK_N"]), b * h)](
