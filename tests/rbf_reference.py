@@ -69,7 +69,7 @@ def add_susie(q: Tensor, k: Tensor, weight: Tensor, positions: list[tuple[float,
 
 
 def attention_layer(x: Tensor, p: dict[str, Tensor], kind: str, heads: int, positions, prefix: int, causal: bool):
-    """One dot / RBF attention layer on ``(B, P + N, dim)``: output and the dense weights ``(B, H, T, T)``."""
+    """One dot / RBF attention layer on ``(B, P + N, dim)``: output, dense weights ``(B, H, T, T)`` and keys."""
     b, t, dim = x.shape
     hd = dim // heads
     qkv = x @ p["qkv.weight"].T.double()
@@ -81,29 +81,31 @@ def attention_layer(x: Tensor, p: dict[str, Tensor], kind: str, heads: int, posi
         q, k = add_susie(q, k, p["susie.weight"], positions, prefix)
     a = (rbf_weights if kind == "rbf" else dot_weights)(q, k, causal)
     y = (a @ v).transpose(1, 2).reshape(b, t, dim)
-    return y @ p["out.weight"].T.double(), a
+    return y @ p["out.weight"].T.double(), a, k
 
 
 def _blocks(x: Tensor, sd: dict, depth: int, kind: str, heads: int, positions, prefix: int, causal: bool, qk_norm):
-    maps = []
+    maps, keys = [], []
     for layer in range(depth):
         pre = f"blocks.{layer}."
         lp = {k[len(pre) + 5 :]: v.double() for k, v in sd.items() if k.startswith(pre + "attn.")}
         lp["qk_norm"] = qk_norm
         h = layer_norm(x, sd[pre + "norm1.weight"], sd[pre + "norm1.bias"])
-        y, a = attention_layer(h, lp, kind, heads, positions, prefix, causal)
+        y, a, k = attention_layer(h, lp, kind, heads, positions, prefix, causal)
         maps.append(a)
+        keys.append(k)
         x = x + y
         h = layer_norm(x, sd[pre + "norm2.weight"], sd[pre + "norm2.bias"])
         x = x + gelu(h @ sd[pre + "mlp.0.weight"].T + sd[pre + "mlp.0.bias"]) @ sd[pre + "mlp.2.weight"].T
         x = x + sd[pre + "mlp.2.bias"]
-    return x, maps
+    return x, maps, keys
 
 
-def vit_forward(img: Tensor, sd: dict[str, Tensor], cfg: dict) -> tuple[Tensor, list[Tensor]]:
+def vit_forward(img: Tensor, sd: dict[str, Tensor], cfg: dict, keys: list | None = None) -> tuple[Tensor, list]:
     """Logits and per-layer full (prefix included) attention of a dot / RBF ViT with registers and 2D SuSiE.
 
-    The image must be at the training size (no position-embedding resize here).
+    The image must be at the training size (no position-embedding resize here). If ``keys`` is a list, each
+    layer's keys ``(B, H, P + N, hd)`` are appended to it.
     """
     sd = {k: v.double() for k, v in sd.items()}
     img = img.double()
@@ -119,12 +121,16 @@ def vit_forward(img: Tensor, sd: dict[str, Tensor], cfg: dict) -> tuple[Tensor, 
     if prefix:
         x = torch.cat([sd["registers"].expand(b, -1, -1), x], dim=1)
     positions = [(float(i), float(j)) for i in range(gh) for j in range(gw)]
-    x, maps = _blocks(x, sd, cfg["depth"], cfg["attn"], cfg["num_heads"], positions, prefix, False, cfg.get("qk_norm"))
+    x, maps, ks = _blocks(
+        x, sd, cfg["depth"], cfg["attn"], cfg["num_heads"], positions, prefix, False, cfg.get("qk_norm")
+    )
+    if keys is not None:
+        keys.extend(ks)
     x = layer_norm(x[:, prefix:], sd["norm.weight"], sd["norm.bias"]).mean(dim=1)
     return x @ sd["head.weight"].T + sd["head.bias"], maps
 
 
-def lm_forward(idx: Tensor, sd: dict[str, Tensor], cfg: dict) -> tuple[Tensor, list[Tensor]]:
+def lm_forward(idx: Tensor, sd: dict[str, Tensor], cfg: dict, keys: list | None = None) -> tuple[Tensor, list]:
     """Logits ``(B, T, vocab)`` and per-layer causal attention of the causal LM (1D SuSiE or learned positions)."""
     sd = {k: v.double() for k, v in sd.items()}
     b, t = idx.shape
@@ -135,6 +141,10 @@ def lm_forward(idx: Tensor, sd: dict[str, Tensor], cfg: dict) -> tuple[Tensor, l
     if prefix:
         x = torch.cat([sd["registers"].expand(b, -1, -1), x], dim=1)
     positions = [(float(i),) for i in range(t)]
-    x, maps = _blocks(x, sd, cfg["depth"], cfg["attn"], cfg["num_heads"], positions, prefix, True, cfg.get("qk_norm"))
+    x, maps, ks = _blocks(
+        x, sd, cfg["depth"], cfg["attn"], cfg["num_heads"], positions, prefix, True, cfg.get("qk_norm")
+    )
+    if keys is not None:
+        keys.extend(ks)
     x = layer_norm(x[:, prefix:], sd["norm.weight"], sd["norm.bias"])
     return x @ sd["head.weight"].T, maps
