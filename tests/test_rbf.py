@@ -238,3 +238,26 @@ def test_bad_inputs_get_clear_errors():
         rbf_attention(q, k[:, :, :4], v)
     with pytest.raises(ValueError, match="one floating dtype"):
         rbf_attention(q, k.float(), v)
+
+
+def test_dispatch_without_triton(monkeypatch):
+    import ssog_core.ops.rbf as rbf_ops
+
+    monkeypatch.setattr(rbf_ops, "HAS_TRITON", False)
+    q, k, v = qkv(b=1, h=1, n=5, d=8, dtype=torch.float32)
+    assert can_run_triton(q, k, v) == (False, "the triton package is not installed")
+    with pytest.raises(RBFBackendError, match="not installed"):
+        rbf_attention(q, k, v, backend="triton")
+
+
+def test_rbf_module_compiles_with_fullgraph():
+    """Backend choice and SuSiE trace without graph breaks (the Triton op's own compile test runs interpreted)."""
+    torch.manual_seed(0)
+    attn = RBFAttention(32, 2, susie="1d", causal=True)
+    x = torch.randn(2, 1 + 10, 32, requires_grad=True)
+    compiled = torch.compile(attn, fullgraph=True, backend="aot_eager")
+    y = compiled(x, (1, 10))
+    torch.testing.assert_close(y, attn(x, (1, 10)))
+    (gx,) = torch.autograd.grad(y.square().sum(), x)
+    (want,) = torch.autograd.grad(attn(x, (1, 10)).square().sum(), x)
+    torch.testing.assert_close(gx, want)

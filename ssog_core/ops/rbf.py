@@ -79,17 +79,13 @@ def rbf_attention_torch(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -
     return out[..., :dv]
 
 
-def _triton_available() -> tuple[bool, str]:
-    if importlib.util.find_spec("triton") is None:
-        return False, "the triton package is not installed"
-    return True, ""
+HAS_TRITON = importlib.util.find_spec("triton") is not None  # looks for the package without importing it
 
 
 def can_run_triton(q: Tensor, k: Tensor, v: Tensor) -> tuple[bool, str]:
     """Whether the fused Triton kernels can run these inputs, and if not, why."""
-    ok, why = _triton_available()
-    if not ok:
-        return False, why
+    if not HAS_TRITON:
+        return False, "the triton package is not installed"
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     if not q.is_cuda and not (interpret and q.device.type == "cpu"):
         return False, f"tensors are on {q.device}; the Triton kernels need CUDA (or TRITON_INTERPRET=1 on CPU)"
@@ -119,7 +115,8 @@ def select_backend(q: Tensor, k: Tensor, v: Tensor, backend: str | None = None) 
         return "triton"
     if ok and q.is_cuda:
         return "triton"
-    log.debug("RBF attention runs the torch reference: %s", why or "interpreted Triton is only used when asked for")
+    if not torch.compiler.is_compiling():  # logging would break a torch.compile graph
+        log.debug("RBF attention runs the torch reference: %s", why or "interpreted Triton runs only when asked for")
     return "torch"
 
 
