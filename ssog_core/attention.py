@@ -10,6 +10,8 @@ without renaming (DESIGN.md §4).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -120,7 +122,7 @@ class SSOGAttention(nn.Module):
         return ssog_apply(_identity_values(x, self.num_heads), field, grid, self.mode).permute(0, 2, 1, 3)
 
 
-class _QKAttention(nn.Module):
+class _QKAttention(nn.Module, ABC):
     """Shared body of the dot and RBF modules: ``qkv`` and ``out`` projections (no biases), optional
     parameter-free QK-norm, optional SuSiE position code, optional causal mask.
 
@@ -158,8 +160,9 @@ class _QKAttention(nn.Module):
             q, k = self.susie(q, k, grid)
         return q, k, v
 
+    @abstractmethod
     def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        raise NotImplementedError
+        """Attention of ``(B, H, N, D)`` queries and keys over values ``(B, H, N, Dv)``."""
 
     def forward(self, x: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
         b, n, _ = x.shape
