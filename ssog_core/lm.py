@@ -274,7 +274,7 @@ class TrainSettings:
     val_fraction: float = 0.1  # the last part of the text is held out
 
 
-def split_tokens(ids: Tensor, val_fraction: float, context: int) -> tuple[Tensor, Tensor]:
+def split_tokens(ids: Tensor, val_fraction: float) -> tuple[Tensor, Tensor]:
     """Train / validation token streams; each must hold at least one (input, target) pair."""
     n_val = int(len(ids) * val_fraction)
     train, val = ids[: len(ids) - n_val], ids[len(ids) - n_val :]
@@ -331,7 +331,7 @@ def train_lm(
     from tqdm.auto import tqdm
 
     device = torch.device(device)
-    train, val = split_tokens(ids, settings.val_fraction, config.context)
+    train, val = split_tokens(ids, settings.val_fraction)
     torch.manual_seed(seed)
     model = CausalLM(config).to(device)
     opt = _optimizer(model, settings)
@@ -401,12 +401,10 @@ def loss_table(histories: dict[str, list[dict[str, Any]]]) -> str:
 
 def plot_losses(histories: dict[str, list[dict[str, Any]]], path: str | Path, title: str = "") -> Path:
     """Train (dashed) and validation (solid) loss vs step for each attention kind, as a PNG."""
-    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: no global backend or figure state
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.subplots()
     for i, (kind, records) in enumerate(histories.items()):
         color = f"C{i}"
         trained = [r for r in records if r["train_loss"] is not None]
@@ -422,9 +420,7 @@ def plot_losses(histories: dict[str, list[dict[str, Any]]], path: str | Path, ti
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    path = atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
-    plt.close(fig)
-    return path
+    return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
 
 
 def write_jsonl(records: list[dict[str, Any]], path: str | Path) -> Path:
@@ -521,7 +517,7 @@ def main(argv: list[str] | None = None) -> None:
             )
             for k in kinds
         }
-        split_tokens(ids, settings.val_fraction, args.context)
+        split_tokens(ids, settings.val_fraction)  # fail before training if the text is too short
     except ValueError as e:
         ap.error(str(e))
     print(
