@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
@@ -92,20 +93,28 @@ class LMConfig:
         return cls(**d)
 
 
+def _codepoints(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+
+
 class Tokenizer:
-    """Bytes (UTF-8, vocabulary 256) or the characters of a training text (vocabulary = its alphabet)."""
+    """Bytes (UTF-8, vocabulary 256) or the characters of a training text (vocabulary = its alphabet).
+
+    :meth:`encode` returns a compact integer stream (uint8 for bytes, int32 for characters) so that a text
+    of a few GB stays a few GB; batches are widened to int64 when they are cut from it.
+    """
 
     def __init__(self, kind: str = "byte", chars: str = ""):
         if kind not in ("byte", "char"):
             raise ValueError(f"tokenizer must be 'byte' or 'char', got {kind!r}")
         if kind == "char" and not chars:
             raise ValueError("a character tokenizer needs its alphabet")
-        self.kind, self.chars = kind, chars
-        self._index = {c: i for i, c in enumerate(chars)}
+        self._sorted = np.unique(_codepoints(chars))  # alphabet code points; a character's id is its rank
+        self.kind, self.chars = kind, "".join(chr(c) for c in self._sorted)
 
     @classmethod
     def for_text(cls, text: str, kind: str) -> Tokenizer:
-        return cls(kind, "".join(sorted(set(text))) if kind == "char" else "")
+        return cls(kind, text if kind == "char" else "")
 
     @property
     def vocab_size(self) -> int:
@@ -113,11 +122,14 @@ class Tokenizer:
 
     def encode(self, text: str) -> Tensor:
         if self.kind == "byte":
-            return torch.tensor(list(text.encode("utf-8")), dtype=torch.long)
-        missing = sorted(set(text) - set(self._index))
-        if missing:
-            raise ValueError(f"characters not in the tokenizer's alphabet: {''.join(missing)!r}")
-        return torch.tensor([self._index[c] for c in text], dtype=torch.long)
+            return torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8)
+        cps = _codepoints(text)
+        ids = np.searchsorted(self._sorted, cps).clip(0, len(self._sorted) - 1)
+        unknown = self._sorted[ids] != cps
+        if unknown.any():
+            missing = "".join(sorted({chr(c) for c in cps[unknown][:1000]}))
+            raise ValueError(f"characters not in the tokenizer's alphabet: {missing!r}")
+        return torch.from_numpy(ids.astype(np.int32))
 
     def decode(self, ids: Sequence[int]) -> str:
         if self.kind == "byte":
@@ -290,8 +302,8 @@ def sample_batch(stream: Tensor, batch: int, context: int, generator: torch.Gene
     """Random windows ``(B, T)`` and their next-token targets; ``T = min(context, len(stream) − 1)``."""
     t = min(context, len(stream) - 1)
     starts = torch.randint(0, len(stream) - t, (batch,), generator=generator)
-    idx = torch.stack([stream[s : s + t] for s in starts.tolist()])
-    tgt = torch.stack([stream[s + 1 : s + 1 + t] for s in starts.tolist()])
+    idx = torch.stack([stream[s : s + t] for s in starts.tolist()]).long()
+    tgt = torch.stack([stream[s + 1 : s + 1 + t] for s in starts.tolist()]).long()
     return idx, tgt
 
 
@@ -435,7 +447,7 @@ def write_jsonl(records: list[dict[str, Any]], path: str | Path) -> Path:
 def _sample(model: CausalLM, tokenizer: Tokenizer, prompt: str, args: argparse.Namespace, device) -> str:
     if not prompt:  # start from a line break, or the alphabet's first character if the text has none
         prompt = "\n" if tokenizer.kind == "byte" or "\n" in tokenizer.chars else tokenizer.chars[0]
-    ids = tokenizer.encode(prompt)[None].to(device)
+    ids = tokenizer.encode(prompt).long()[None].to(device)
     gen = torch.Generator().manual_seed(args.seed)
     out = model.generate(ids, args.sample_tokens, args.temperature, args.top_k, gen)
     return tokenizer.decode(out[0, ids.shape[1] :].tolist())
