@@ -229,6 +229,8 @@ def test_dispatch_on_cpu(monkeypatch):
     assert select_backend(q, k, v) == "torch"
     assert can_run_triton(q, k, v) == (True, "")
     assert not can_run_triton(q, k, torch.randn(1, 1, 5, 3))[0]
+    big = torch.empty(300, 300, 2, 8)
+    assert "grid limit" in can_run_triton(big, big, big)[1]
     assert "float64" in can_run_triton(*qkv(b=1, h=1, n=5, d=8))[1]
 
 

@@ -31,7 +31,7 @@ from torch import Tensor
 BACKENDS = ("torch", "triton")
 ENV_VAR = "RBF_BACKEND"
 TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-MAX_TRITON_HEAD_DIM = 128  # kept equal to rbf_triton.MAX_HEAD_DIM without importing it
+MAX_TRITON_HEAD_DIM = 128  # the largest head dim in rbf_triton.GPU_TILES (that module imports Triton)
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,8 @@ def can_run_triton(q: Tensor, k: Tensor, v: Tensor) -> tuple[bool, str]:
         return False, f"value width {v.shape[-1]} differs from the head dim {q.shape[-1]}"
     if q.shape[-1] > MAX_TRITON_HEAD_DIM:
         return False, f"head dim {q.shape[-1]} exceeds {MAX_TRITON_HEAD_DIM}"
+    if q.shape[0] * q.shape[1] > 65535:  # batch·heads is the second launch-grid axis
+        return False, f"batch × heads = {q.shape[0] * q.shape[1]} exceeds the CUDA grid limit 65535"
     if q.is_cuda and q.dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
         return False, "this GPU has no bfloat16 support"
     return True, ""

@@ -276,6 +276,8 @@ def _scales(head_dim: int) -> tuple[float, float, float]:
 @torch.library.custom_op("ssog_rbf::fwd", mutates_args=())
 def rbf_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> tuple[Tensor, Tensor]:
     """Output ``(B, H, N, D)`` and the per-row log-sum-exp in base 2 ``(B, H, N)`` (fp32)."""
+    if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape or not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share one (B, H, N, D) shape and dtype; got {q.shape}, {k.shape}, {v.shape}")
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     b, h, n, d = q.shape
     o = torch.empty_like(q)
