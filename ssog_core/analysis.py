@@ -8,13 +8,15 @@ All functions take a model (eval mode is set for the duration) and tensors, run 
 * :func:`attention_maps` — the exact per-layer, per-head attention matrices for an input, obtained by
   running each layer's own operator on an identity basis (so the picture is the computation);
 * :func:`export_maps` — pull-in / pull-out / net export per layer and accumulated, and attention rollout;
-* :func:`head_stats` — attention entropy and effective radius per head;
-* :func:`key_norms` — dot / RBF models (ViT or causal LM): key-norm distributions per layer and how much
-  attention the largest keys take (the "magnitude bullying" question of the RBF source).
+* :func:`head_stats` — attention entropy and effective radius per head.
 
 Prefix (register) tokens: maps cover the patch tokens only. Their columns are removed from each
 attention matrix and every patch row is renormalised to sum to 1; the removed mass is reported as
 ``prefix_share`` so nothing is hidden.
+
+Models with keys (dot / RBF, ViT or causal LM; :func:`has_keys`): :func:`key_norms` gives the key-norm
+distribution of every layer and how much attention the largest keys take — the RBF source's "magnitude
+bullying" question (do a few huge keys hoard dot-product attention, and does distance attention stop it?).
 """
 
 from __future__ import annotations
