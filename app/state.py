@@ -57,6 +57,11 @@ class LoadedModel:
         return self.config.attn == "ssog"
 
     @property
+    def kind(self) -> str:
+        """The attention in words, for messages."""
+        return {"ssog": "SSOG", "dot": "dot-product", "rbf": "RBF (distance)"}.get(self.config.attn, self.config.attn)
+
+    @property
     def class_names(self) -> list[str]:
         names = self.meta.get("class_names")
         if isinstance(names, list) and len(names) == self.config.num_classes:

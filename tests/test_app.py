@@ -19,6 +19,7 @@ import torch
 from app import main as app_main
 from app.state import UPLOADED, AppContext, AppError, default_image
 from app.tabs import compare, export, geometry, playground, session, steering
+from ssog_core import ViT, save_checkpoint
 from ssog_core.analysis import export_maps
 from ssog_core.images import model_input
 from ssog_core.playground import MAX_ATOMS, HeadSpec, evaluate
@@ -304,6 +305,16 @@ def test_compare_side_by_side_and_mismatched_grids(ctx, sha, tmp_path):
     name = ctx.add_upload([str(other)])
     text, fig, _ = compare.render(ctx, "ssog_test.safetensors", name, sha, 0.5, 0)
     assert "same grid" in text and fig is None
+
+
+def test_rbf_checkpoint_with_registers(ctx, sha, tmp_path):
+    torch.manual_seed(2)
+    model = ViT(num_classes=5, img_size=32, patch_size=4, dim=32, depth=2, num_heads=4, attn="rbf", num_registers=2)
+    name = ctx.add_upload([str(save_checkpoint(tmp_path / "rbf_regs.safetensors", model))])
+    note, card, fig, *_ = geometry.render(ctx, name, 0, sha)
+    assert "**RBF (distance)** attention model" in note and "no field" in note and fig is not None
+    text, fig, _, _ = export.render(ctx, name, export.NO_TWIN, sha, 0.5, 0)
+    assert "register tokens took" in text and fig is not None
 
 
 # ----------------------------------------------------------------------------------------------- session + main

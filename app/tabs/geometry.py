@@ -95,7 +95,7 @@ def render(ctx: AppContext, ckpt: str | None, layer: float, sha: str | None):
 def dot_view(ctx: AppContext, lm: LoadedModel, sha: str | None):
     """A model without a field: say so, and show its attention maps (centre query) on the selected image."""
     text = (
-        f"**{lm.name}** is a **{lm.config.attn}-product** model: its attention is scored from content, so it has "
+        f"**{lm.name}** is a **{lm.kind}** attention model: its attention is scored from content, so it has "
         "no field, atoms or gates to draw. Shown instead: its attention maps — each layer × head's attention "
         "of the centre patch on the selected image (exact rows of the attention matrix)."
     )

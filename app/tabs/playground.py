@@ -213,7 +213,7 @@ def preset_choices(ctx: AppContext, ckpt: str | None) -> tuple[list[str], str]:
     except AppError as e:
         return [], f"Presets unavailable: {e}"
     if not lm.is_ssog:
-        return [], f"{ckpt} is a {lm.config.attn} model: it has no field, so it gives no presets."
+        return [], f"{ckpt} is a {lm.kind} attention model: it has no field, so it gives no presets."
     missing = [k for k in KINDS if k not in {p.kind for p in lm.presets}]
     note = f"Presets are heads of **{ckpt}** (by the shape of their field)."
     if missing:

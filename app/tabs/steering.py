@@ -85,7 +85,7 @@ def render(ctx: AppContext, ckpt: str | None, sha: str | None, layer: float, que
         else:
             steer = None
             note = (
-                f"**{lm.name}** is a {lm.config.attn}-product model: content scores every pair, there is no "
+                f"**{lm.name}** is a {lm.kind} attention model: content scores every pair, there is no "
                 "field to steer. **Click a patch** to see its attention per head."
             )
         qimg = query_image(lm, s, layer, q) if q else None
