@@ -331,7 +331,7 @@ class Transformed:
                 a = _pad_crop(a, rng)
         if rng is not None and "flip" in self.augment and rng.random() < 0.5:
             a = a[:, ::-1]
-        return np.ascontiguousarray(a), label
+        return np.require(a, requirements="CW"), label  # contiguous and writable (torch wants both)
 
 
 def to_float(batch: torch.Tensor) -> torch.Tensor:

@@ -410,9 +410,8 @@ def _resume_args(args: argparse.Namespace, explicit: set[str], saved: dict[str, 
     if changed:
         raise TrainError("a resumed run must keep its recipe; these differ from the saved run: " + "; ".join(changed))
     merged = dict(saved)
-    for name in RUNTIME_OPTIONS:
-        if name in explicit or name not in merged:
-            merged[name] = getattr(args, name)
+    for name in RUNTIME_OPTIONS:  # how to run now: as given now (or its default), never the saved value
+        merged[name] = getattr(args, name)
     for name in ("steer", "augment", "img_size"):
         if merged.get(name) is not None:
             merged[name] = tuple(merged[name])
@@ -512,6 +511,7 @@ class Trainer:
         self.workers = args.workers if args.workers is not None else (4 if cuda else 0)
         self.amp = cuda if args.amp is None else args.amp
         self.step, self.metrics, self.resumed_from = 0, [], None
+        self.running: dict[str, float] = {}  # this epoch's sums so far: images, loss·n, correct
         if state is not None:
             self._restore(state)
         torch.manual_seed(args.seed + 1_000_003 * d.rank + self.step)  # dropout: different in every process
@@ -542,6 +542,7 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
         self.metrics = [r for r in state["metrics"] if r["step"] <= self.step]
+        self.running = dict(state["running"])
         if len(state["rng"]) != self.d.world:
             raise TrainError(
                 f"the run was saved by {len(state['rng'])} processes; "
@@ -593,6 +594,7 @@ class Trainer:
                 "scheduler": self.scheduler.state_dict(),
                 "rng": rng,
                 "metrics": self.metrics,
+                "running": self.running,
             }
             atomic_write(self.out / "train_state.pt", lambda tmp: torch.save(state, tmp))
         _sync(self.d)
@@ -644,71 +646,81 @@ class Trainer:
             self.log(f"resuming at step {self.step} (epoch {self.step // spe + 1}, batch {self.step % spe})")
         with _StopRequest() as stop:
             while self.step < self.total_steps:
-                epoch, batch0 = divmod(self.step, spe)
                 if a.stop_after is not None and self.step >= a.stop_after:
                     self._stop(f"stopped after {self.step} steps (--stop-after)")
                     return 0
-                self.sampler.set_position(epoch, batch0 * self.local_batch)
-                self.net.train()
-                t0, seen, loss_sum, correct = time.perf_counter(), 0, 0.0, 0.0
-                bar = tqdm(
-                    total=spe,
-                    initial=batch0,
-                    desc=f"epoch {epoch + 1}/{a.epochs}",
-                    unit="step",
-                    disable=not (self.d.main and a.progress),
-                    dynamic_ncols=True,
-                    file=sys.stderr,
-                )
-                for x, y in self.loader:
-                    try:
-                        batch_loss, batch_correct, stopping = self._train_step(x, y, stop)
-                    except FloatingPointError as e:
-                        bar.close()
-                        last = self.out / "last.safetensors"
-                        kept = f"the last good checkpoint is {last}" if last.exists() else "no checkpoint was saved yet"
-                        raise DivergedError(
-                            f"the loss became {e.args[0]} at step {self.step + 1} (epoch {epoch + 1}); stopped "
-                            f"without saving this state; {kept}. Lower --lr or check the data."
-                        ) from None
-                    seen += len(y) * self.d.world
-                    loss_sum, correct = loss_sum + batch_loss, correct + batch_correct
-                    rate = seen / (time.perf_counter() - t0)
-                    bar.set_postfix(
-                        loss=f"{loss_sum / seen:.3f}",
-                        img_s=f"{rate:.0f}",
-                        lr=f"{self.scheduler.get_last_lr()[0]:.2e}",
-                        refresh=False,
-                    )
-                    bar.update()
-                    if stopping:
-                        bar.close()
-                        self._stop(f"interrupted ({signal.Signals(stop.signal).name if stop.signal else 'signal'})")
-                        return 130
-                    if a.ckpt_every and self.step % a.ckpt_every == 0 and self.step % spe:
-                        self.save()
-                    if a.stop_after is not None and self.step >= a.stop_after and self.step % spe:
-                        bar.close()
-                        self._stop(f"stopped after {self.step} steps (--stop-after)")
-                        return 0
-                bar.close()
-                self._end_epoch(epoch, t0, seen, loss_sum, correct)
+                code = self._run_epoch(stop)
+                if code is not None:
+                    return code
         self.finish()
         return 0
 
-    def _end_epoch(self, epoch: int, t0: float, seen: int, loss_sum: float, correct: float) -> None:
+    def _run_epoch(self, stop: _StopRequest) -> int | None:
+        """Train from the current step to the end of its epoch, then evaluate and save; an exit code if stopped."""
+        a, spe = self.args, self.steps_per_epoch
+        epoch, batch0 = divmod(self.step, spe)
+        self.sampler.set_position(epoch, batch0 * self.local_batch)
+        self.net.train()
+        if not (batch0 and self.running):  # a resumed epoch keeps the sums of its first part
+            self.running = {"seen": 0, "loss_sum": 0.0, "correct": 0.0}
+        t0, seen_now = time.perf_counter(), 0
+        bar = tqdm(
+            total=spe,
+            initial=batch0,
+            desc=f"epoch {epoch + 1}/{a.epochs}",
+            unit="step",
+            disable=not (self.d.main and a.progress),
+            dynamic_ncols=True,
+            file=sys.stderr,
+        )
+        with bar:
+            for x, y in self.loader:
+                try:
+                    batch_loss, batch_correct, stopping = self._train_step(x, y, stop)
+                except FloatingPointError as e:
+                    last = self.out / "last.safetensors"
+                    kept = f"the last good checkpoint is {last}" if last.exists() else "no checkpoint was saved yet"
+                    raise DivergedError(
+                        f"the loss became {e.args[0]} at step {self.step + 1} (epoch {epoch + 1}); stopped "
+                        f"without saving this state; {kept}. Lower --lr or check the data."
+                    ) from None
+                r = self.running
+                seen_now += len(y) * self.d.world
+                r["seen"] += len(y) * self.d.world
+                r["loss_sum"] += batch_loss
+                r["correct"] += batch_correct
+                bar.set_postfix(
+                    loss=f"{r['loss_sum'] / r['seen']:.3f}",
+                    img_s=f"{seen_now / (time.perf_counter() - t0):.0f}",
+                    lr=f"{self.scheduler.get_last_lr()[0]:.2e}",
+                    refresh=False,
+                )
+                bar.update()
+                if stopping:
+                    self._stop(f"interrupted ({signal.Signals(stop.signal).name if stop.signal else 'signal'})")
+                    return 130
+                mid_epoch = self.step % spe != 0
+                if a.ckpt_every and self.step % a.ckpt_every == 0 and mid_epoch:
+                    self.save()
+                if a.stop_after is not None and self.step >= a.stop_after and mid_epoch:
+                    self._stop(f"stopped after {self.step} steps (--stop-after)")
+                    return 0
+        self._end_epoch(epoch, t0, seen_now)
+        return None
+
+    def _end_epoch(self, epoch: int, t0: float, seen_now: int) -> None:
         train_time = time.perf_counter() - t0
         val = evaluate_loader(self.compiled, self.val_loader, self.d.device, self.amp)
         row = {
             "epoch": epoch + 1,
             "step": self.step,
             "lr": self.scheduler.get_last_lr()[0],
-            "train_loss": loss_sum / max(seen, 1),
-            "train_acc": correct / max(seen, 1),
+            "train_loss": self.running["loss_sum"] / max(self.running["seen"], 1),
+            "train_acc": self.running["correct"] / max(self.running["seen"], 1),
             "val_loss": val["loss"],
             "val_acc": val["accuracy"],
             "epoch_time_s": round(time.perf_counter() - t0, 3),
-            "img_per_s": round(seen / max(train_time, 1e-9), 1),
+            "img_per_s": round(seen_now / max(train_time, 1e-9), 1),
         }
         gates = gate_summary(self.model)
         if gates:
