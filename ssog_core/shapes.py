@@ -207,17 +207,28 @@ def _colour(rng: np.random.Generator, behind: np.ndarray) -> np.ndarray:
     return best.astype(np.float32)
 
 
-def render(
+def render_with_mask(
     seed: int, split: str, index: int, num_classes: int, size: tuple[int, int], photos_dir: str | Path = ASSETS
-) -> tuple[np.ndarray, int]:
-    """Image ``index`` of a split as ``(H, W, 3)`` uint8 and its label (classes cycle, so splits are balanced)."""
+) -> tuple[np.ndarray, int, np.ndarray]:
+    """Image ``index`` of a split as ``(H, W, 3)`` uint8, its label, and the object's coverage ``(H, W)`` in [0, 1].
+
+    Classes cycle with the index, so every split is balanced.
+    """
     label = index % num_classes
     rng = np.random.default_rng([seed, SPLITS[split], index])
     bg = _background(rng, size, _photos(str(photos_dir)))
-    alpha = _mask(label, rng, size)[..., None]
-    behind = (bg * alpha).sum(axis=(0, 1)) / max(float(alpha.sum()), 1e-6)
-    img = bg * (1 - alpha) + _colour(rng, behind) * alpha
-    return np.clip(img + 0.5, 0, 255).astype(np.uint8), label
+    alpha = _mask(label, rng, size)
+    behind = (bg * alpha[..., None]).sum(axis=(0, 1)) / max(float(alpha.sum()), 1e-6)
+    img = bg * (1 - alpha[..., None]) + _colour(rng, behind) * alpha[..., None]
+    return np.clip(img + 0.5, 0, 255).astype(np.uint8), label, alpha
+
+
+def render(
+    seed: int, split: str, index: int, num_classes: int, size: tuple[int, int], photos_dir: str | Path = ASSETS
+) -> tuple[np.ndarray, int]:
+    """Image ``index`` of a split as ``(H, W, 3)`` uint8 and its label."""
+    img, label, _ = render_with_mask(seed, split, index, num_classes, size, photos_dir)
+    return img, label
 
 
 class ShapesDataset:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -223,3 +224,27 @@ def test_torchrun_two_processes_match_one(tmp_path):
     ddp, one = weights(tmp_path / "ddp" / "last.safetensors"), weights(tmp_path / "one" / "last.safetensors")
     for k in one:
         torch.testing.assert_close(ddp[k], one[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_sigint_saves_and_resume_continues_exactly(tmp_path, monkeypatch, capsys):
+    """A real SIGINT mid-epoch: the step finishes, a checkpoint is saved, exit code 130; --resume then ends
+    with the weights of an uninterrupted run."""
+    assert run(tmp_path / "a", "--epochs", "1") == 0
+    calls = {"n": 0}
+    real = train.loss_fn
+
+    def interrupting(logits, target):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(logits, target)
+
+    monkeypatch.setattr(train, "loss_fn", interrupting)
+    assert run(tmp_path / "b", "--epochs", "1") == 130
+    assert "interrupted (SIGINT)" in capsys.readouterr().err
+    assert read_checkpoint(tmp_path / "b" / "last.safetensors")[2]["step"] == 3
+    monkeypatch.setattr(train, "loss_fn", real)
+    assert train.main(["--out", str(tmp_path / "b"), "--resume", "--no-progress"]) == 0
+    a, b = weights(tmp_path / "a" / "last.safetensors"), weights(tmp_path / "b" / "last.safetensors")
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
