@@ -248,3 +248,12 @@ def test_sigint_saves_and_resume_continues_exactly(tmp_path, monkeypatch, capsys
     a, b = weights(tmp_path / "a" / "last.safetensors"), weights(tmp_path / "b" / "last.safetensors")
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
+
+
+def test_corrupt_train_state_is_a_clear_error(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run(out, "--stop-after", "2") == 0
+    data = (out / "train_state.pt").read_bytes()
+    (out / "train_state.pt").write_bytes(data[: len(data) // 2])
+    assert train.main(["--out", str(out), "--resume"]) == 2
+    assert "not a readable training state" in capsys.readouterr().err
