@@ -2,7 +2,7 @@
 
 Each image is one object of K classes (geometric shapes and letters) with a random colour, size,
 rotation and position -- usually off-centre -- pasted on a random crop of a natural photo from
-``assets/``. The label depends only on the object, so a model has to find it against a cluttered
+``assets/backgrounds/``. The label depends only on the object, so a model has to find it against a cluttered
 background: the situation in which content-steered attention and "the object exports" show up.
 
 Images are rendered at any resolution and are a pure function of ``(seed, split, index)``: the same
@@ -23,7 +23,7 @@ from PIL import Image, ImageDraw
 
 from ssog_core.images import list_images, load_image
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+BACKGROUNDS = Path(__file__).resolve().parent.parent / "assets" / "backgrounds"  # the photos define the data set
 SUPERSAMPLE = 4  # mask drawn at 4× resolution, then box-filtered: smooth edges at any output size
 SPLITS = {"train": 0, "val": 1}
 
@@ -150,9 +150,9 @@ class ShapesSpec:
 
 @lru_cache(maxsize=4)
 def _photos(folder: str) -> tuple[Image.Image, ...]:
-    paths = [p for p in list_images(folder)]
+    paths = list_images(folder)
     if not paths:
-        raise FileNotFoundError(f"no background photos in {folder}; the shapes data set needs assets/*.jpg")
+        raise FileNotFoundError(f"no background photos in {folder}; the shapes data set needs assets/backgrounds/")
     return tuple(load_image(p) for p in paths)
 
 
@@ -208,7 +208,7 @@ def _colour(rng: np.random.Generator, behind: np.ndarray) -> np.ndarray:
 
 
 def render_with_mask(
-    seed: int, split: str, index: int, num_classes: int, size: tuple[int, int], photos_dir: str | Path = ASSETS
+    seed: int, split: str, index: int, num_classes: int, size: tuple[int, int], photos_dir: str | Path = BACKGROUNDS
 ) -> tuple[np.ndarray, int, np.ndarray]:
     """Image ``index`` of a split as ``(H, W, 3)`` uint8, its label, and the object's coverage ``(H, W)`` in [0, 1].
 
@@ -224,7 +224,7 @@ def render_with_mask(
 
 
 def render(
-    seed: int, split: str, index: int, num_classes: int, size: tuple[int, int], photos_dir: str | Path = ASSETS
+    seed: int, split: str, index: int, num_classes: int, size: tuple[int, int], photos_dir: str | Path = BACKGROUNDS
 ) -> tuple[np.ndarray, int]:
     """Image ``index`` of a split as ``(H, W, 3)`` uint8 and its label."""
     img, label, _ = render_with_mask(seed, split, index, num_classes, size, photos_dir)
@@ -235,7 +235,7 @@ class ShapesDataset:
     """One split of ``shapes`` at a given resolution; ``ds[i]`` is ``(H×W×3 uint8 array, label)``."""
 
     def __init__(
-        self, spec: ShapesSpec, split: str, size: tuple[int, int] | None = None, photos_dir: str | Path = ASSETS
+        self, spec: ShapesSpec, split: str, size: tuple[int, int] | None = None, photos_dir: str | Path = BACKGROUNDS
     ):
         if split not in SPLITS:
             raise ValueError(f"split must be one of {tuple(SPLITS)}, got {split!r}")
