@@ -582,7 +582,8 @@ class Trainer:
         rng = self._gather_rng()
         if self.d.main:
             last = self.metrics[-1] if self.metrics else {}
-            acc, vloss = last.get("val_acc"), last.get("val_loss")
+            evaluated = last.get("step") == self.step  # a mid-epoch save has no accuracy of its own weights
+            acc, vloss = (last["val_acc"], last["val_loss"]) if evaluated else (None, None)
             save_checkpoint(self.out / "last.safetensors", self.model, self.meta(acc, vloss, finished))
             state = {
                 "version": STATE_VERSION,
