@@ -11,6 +11,7 @@ background, over validation images whose object mask is known (``ssog_core.shape
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -178,6 +179,21 @@ def main() -> None:
             f"{100 * e['object_positive_share']:.0f}% |"
         )
     lines += ["", "![accumulated export maps](export_maps_shapes.png)", ""]
+    curves = {n: out / f"metrics_{n.lower()}.jsonl" for n in rows}
+    if all(p.is_file() for p in curves.values()):
+        logs = {n: [json.loads(line) for line in p.read_text().splitlines()] for n, p in curves.items()}
+        epochs = min(len(v) for v in logs.values())
+        lines += [
+            "## Validation accuracy per epoch (same recipe, same steps, same learning rate at each epoch)",
+            "",
+            "From the runs' `metrics.jsonl` (copied to `docs/metrics_*.jsonl`; curves in `docs/curves_*.png`).",
+            "",
+            "| epoch | " + " | ".join(logs) + " |",
+            "|---:|" + "---:|" * len(logs),
+        ]
+        for e in range(epochs):
+            lines.append(f"| {e + 1} | " + " | ".join(f"{100 * v[e]['val_acc']:.1f}%" for v in logs.values()) + " |")
+        lines.append("")
     atomic_write(out / "RESULTS.md", lambda tmp: Path(tmp).write_text("\n".join(lines)))
     print(f"wrote {out / 'RESULTS.md'}")
 
