@@ -131,13 +131,14 @@ def main() -> None:
         f"({cfg['img_size'][0] // cfg['patch_size']}×{cfg['img_size'][1] // cfg['patch_size']} tokens). "
         f"SSOG: {cfg['field']} field, {cfg['num_atoms']} atoms, taps {'+'.join(cfg['steer'])}.",
         "",
-        "| model | params | FLOPs / forward | val accuracy | checkpoint (fp16) |",
-        "|---|---:|---:|---:|---:|",
+        "| model | params | FLOPs / forward | epochs trained | val accuracy | checkpoint (fp16) |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for name, r in rows.items():
+        m = r["meta"]
         lines.append(
-            f"| {name} | {r['params']:,} | {r['flops'] / 1e6:.1f} M | {100 * r['acc']:.2f}% "
-            f"| {r['bytes'] / 1e6:.2f} MB |"
+            f"| {name} | {r['params']:,} | {r['flops'] / 1e6:.1f} M | {m['epochs']:g} of {m['epochs_planned']} "
+            f"| {100 * r['acc']:.2f}% | {r['bytes'] / 1e6:.2f} MB |"
         )
     header = " | ".join(f"{a}²" for a in args.sizes)
     lines += ["", "Zero-shot resolution transfer (validation accuracy, %):", "", f"| model | {header} |"]
