@@ -7,7 +7,7 @@ import pickle
 
 import numpy as np
 import pytest
-from data_files import cifar_batch, write_cifar, write_cifar_tar, write_imagefolder
+from tests.data_files import cifar_batch, write_cifar, write_cifar_tar, write_imagefolder
 
 from ssog_core.data import (
     DataError,

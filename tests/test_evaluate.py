@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from data_files import write_cifar
+from tests.data_files import write_cifar
 from PIL import Image
 
 from ssog_core import evaluate, train

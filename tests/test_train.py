@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from data_files import write_cifar_tar, write_imagefolder
+from tests.data_files import write_cifar_tar, write_imagefolder
 from safetensors.torch import load_file
 
 from ssog_core import train
