@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import pickle
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -71,6 +72,16 @@ def clean_state_dict(obj: Any) -> dict[str, Tensor]:
     return state
 
 
+def _unpickler_detail(message: str) -> str:
+    """What torch's weights-only unpickler stumbled on (e.g. the function a pickle would call), without its
+    advice to retry with ``weights_only=False``, which is exactly what must never be done with such a file."""
+    found = re.search(r"Unsupported global: GLOBAL (\S+)", message)
+    if found:
+        return f" (it would call {found.group(1)})"
+    found = re.search(r"WeightsUnpickler error:\s*(.+)", message)
+    return f" ({found.group(1).strip()[:120]})" if found else ""
+
+
 def load_reference(path: str | Path) -> dict[str, Tensor]:
     """Read a reference ``.pt`` safely (``weights_only=True``: tensors and plain containers only)."""
     path = Path(path)
@@ -81,7 +92,7 @@ def load_reference(path: str | Path) -> dict[str, Tensor]:
     except pickle.UnpicklingError as e:
         raise CheckpointError(
             f"{path.name} was refused: it contains objects other than tensors and plain containers, "
-            f"so loading it could run code ({str(e).splitlines()[0]})"
+            f"so loading it could run code{_unpickler_detail(str(e))}"
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         raise CheckpointError(f"{path.name} is not a readable PyTorch file (truncated or corrupt?): {e}") from None
