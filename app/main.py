@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import ctypes
 import os
 import shutil
 from collections.abc import Callable, Sequence
@@ -19,9 +20,14 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # air-gapped by default: no telemetry calls
+# Gradio's queue keeps a record of the last N events and rebuilds a pandas summary of them after every event
+# (for its monitoring page): 10000 by default, which costs memory and CPU that grow with the server's age.
+os.environ.setdefault("GRADIO_ANALYTICS_MAX_EVENTS", "500")
 
 import gradio as gr  # noqa: E402
 import torch  # noqa: E402
+from gradio.data_classes import FileData  # noqa: E402
+from gradio.utils import get_upload_folder  # noqa: E402
 
 from app.common import EXPECTED_ERRORS, error_text, warn, write_downloads  # noqa: E402
 from app.state import AppContext, AppError, default_image  # noqa: E402
@@ -31,6 +37,8 @@ from ssog_core import report  # noqa: E402
 MAX_UPLOAD = "64mb"  # checkpoints of the size this project trains fit; anything larger is refused by Gradio
 QUEUE_SIZE = 64  # requests waiting beyond this are told the server is busy
 CONCURRENCY = 2  # analysis requests computed at once (2 CPU cores); the rest wait in the queue
+M_ARENA_MAX = -8  # glibc's mallopt() parameter number
+SESSIONS = 128  # browser tabs / API clients whose state Gradio keeps (~0.3-2 MB each); the least recent go first
 FONTS = ["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto", "sans-serif"]  # no web fonts
 MONO = ["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"]
 CSS = """
@@ -381,10 +389,12 @@ def register_api(ctx: AppContext) -> None:
         return ctx.checkpoint_names()
 
     @api
-    def head_field(head: dict) -> dict:
-        """A playground head (JSON as in a session file) → its query's field, kernels and statistics."""
-        _, spec, view = playground.render({**head, "sel": 0})
-        return {
+    def head_field(head: dict, image: str = "") -> dict:
+        """A playground head (JSON as in a session file) → its query's field, kernels and statistics; with an
+        image (bundled name or SHA-256 from /upload_image) also the picture as the canvas draws it under the head."""
+        value = {**head, "sel": 0} if isinstance(head, dict) else head
+        _, spec, view = playground.render(value, overlay=bool(image))
+        out = {
             "density": view.density.tolist(),
             "row": view.row_marginal.tolist(),
             "col": view.col_marginal.tolist(),
@@ -392,6 +402,9 @@ def register_api(ctx: AppContext) -> None:
             "entropy": view.entropy,
             "radius": view.radius,
         }
+        if image:
+            out["underlay"] = playground.underlay_url(ctx, ctx.find_image(image).sha256, spec.to_dict())
+        return out
 
     @api
     def geometry_summary(checkpoint: str) -> dict:
@@ -406,8 +419,7 @@ def register_api(ctx: AppContext) -> None:
     @api
     def export_summary(checkpoint: str, image: str, alpha: float = 0.5) -> dict:
         """Export-map summary of a checkpoint on a bundled image (by name) or a seen one (by SHA-256)."""
-        stored = ctx.open_bundled(image) if image in ctx.bundled_images() else ctx.image(image)
-        maps = export.maps_for(ctx.model(checkpoint), stored, float(alpha))
+        maps = export.maps_for(ctx.model(checkpoint), ctx.find_image(image), float(alpha))
         return {
             **maps.summary(),
             "alpha": maps.alpha,
@@ -415,8 +427,34 @@ def register_api(ctx: AppContext) -> None:
             "accumulated": maps.accumulated[0].tolist(),
         }
 
-    for fn in (checkpoints, head_field, geometry_summary, export_summary):
+    @api
+    def upload_image(image: FileData) -> dict:
+        """Send a picture (``gradio_client.handle_file(path)``); returns its SHA-256 for the other endpoints."""
+        stored = ctx.open_upload(uploaded_path(image))
+        return {"sha256": stored.sha256, "name": stored.name, "size": list(stored.image.size)}
+
+    @api
+    def upload_checkpoint(files: list[FileData]) -> str:
+        """Send a ``.safetensors`` checkpoint, or a reference ``.pt`` with its config ``.json``; returns the
+        name to pass to the other endpoints (it also appears in the page's picker)."""
+        if not isinstance(files, list):
+            files = [files]
+        return ctx.add_upload([uploaded_path(f) for f in files])
+
+    for fn in (checkpoints, head_field, geometry_summary, export_summary, upload_image, upload_checkpoint):
         gr.api(fn, api_name=fn.__name__)
+
+
+def uploaded_path(file: Any) -> str:
+    """The server-side path of a file sent with the request. Only files Gradio received in an upload are read:
+    a plain path string, or a file reference pointing anywhere else, is refused."""
+    path = file.get("path") if isinstance(file, dict) else None
+    if not isinstance(path, str) or not path:
+        raise AppError("send the file itself (gradio_client.handle_file(path)), not a path on the server")
+    real = Path(path).resolve()
+    if not real.is_relative_to(Path(get_upload_folder()).resolve()) or not real.is_file():
+        raise AppError(f"refused file {Path(path).name!r}: the API reads only files uploaded with the request")
+    return str(real)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -435,13 +473,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def launch(demo: gr.Blocks, host: str, port: int, **extra: Any) -> None:
-    """Queue (bursts wait rather than fail) and serve with the upload cap, the offline theme and no share link."""
+    """Queue (bursts wait rather than fail) and serve with the upload cap, a bound on the sessions kept in memory
+    (Gradio keeps every session's state until it is evicted), the offline theme and no share link."""
     demo.queue(default_concurrency_limit=CONCURRENCY, max_size=QUEUE_SIZE)
     demo.launch(
         server_name=host,
         server_port=port,
         share=False,
         max_file_size=MAX_UPLOAD,
+        state_session_capacity=SESSIONS,
         theme=theme(),
         css=CSS,
         show_error=False,
@@ -450,8 +490,20 @@ def launch(demo: gr.Blocks, host: str, port: int, **extra: Any) -> None:
     )
 
 
+def limit_malloc_arenas(arenas: int = 2) -> bool:
+    """Cap glibc's malloc arenas. By default every thread that allocates may get its own (up to 8 per core), and
+    memory freed by a request stays in the arena of the worker thread that ran it, so the server's resident memory
+    creeps up under concurrent requests; two arenas keep it flat (benchmarks/load_app.py). False if not glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    return bool(libc.mallopt(M_ARENA_MAX, arenas))
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    limit_malloc_arenas()
     torch.set_num_threads(max(1, args.threads))
     ctx = AppContext(args.checkpoint_dir, args.assets_dir)
     atexit.register(shutil.rmtree, ctx.upload_dir, True)

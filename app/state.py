@@ -253,6 +253,20 @@ class AppContext:
                 return self._remember(data, name)
         raise AppError("that image is no longer in memory (the server restarted?): pick or upload it again")
 
+    def find_image(self, ref: str) -> StoredImage:
+        """A bundled image by name, or a seen one by SHA-256: the only two ways the API names an image (never a
+        path, so no request can make the server read a file of its choosing)."""
+        if not isinstance(ref, str) or not ref:
+            raise AppError("no image given: a bundled image's name or the SHA-256 returned by /upload_image")
+        if ref in self.bundled_images():
+            return self.open_bundled(ref)
+        if len(ref) != 64 or any(c not in "0123456789abcdef" for c in ref):
+            raise AppError(
+                f"{ref[:80]!r} is neither a bundled image ({', '.join(self.bundled_images()) or 'none'}) nor the "
+                "SHA-256 of an uploaded one (send files with /upload_image)"
+            )
+        return self.image(ref)
+
 
 def default_image(ctx: AppContext) -> StoredImage | None:
     """The first bundled image, so image tabs have something to show before the user picks one."""
