@@ -1,0 +1,197 @@
+"""Issue 7 §2: the bad-input corpus, through the app's handlers (what the page shows) and through the API
+(``gradio_client`` against a running app). Every bad file gets its own clear message, nothing crashes, the pickles
+never run, and the next request succeeds; the awkward-but-valid pictures work in every tab.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import socket
+
+import gradio as gr
+import numpy as np
+import pytest
+from gradio_client import Client, handle_file
+
+from app import main as app_main
+from app.main import build_app, launch
+from app.state import AppContext
+from app.tabs import compare, export, geometry, playground, steering
+from tests.app_fixtures import write_checkpoints, write_images
+from tests.reliability_corpus import BOMB_SIDE, bad_checkpoints, bad_images
+
+GOOD, TWIN = "ssog_test.safetensors", "dot_test.safetensors"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    ckpts = write_checkpoints(root / "ckpt", depth=2)
+    write_images(root / "assets")
+    return {
+        "root": root,
+        "images": bad_images(root / "images"),
+        "checkpoints": bad_checkpoints(root / "bad_ckpt", ckpts["ssog"]),
+        "marker": root / "bad_ckpt" / "PWNED",
+    }
+
+
+@pytest.fixture(scope="module")
+def ctx(corpus, tmp_path_factory):
+    return AppContext(corpus["root"] / "ckpt", corpus["root"] / "assets", upload_dir=tmp_path_factory.mktemp("up"))
+
+
+@pytest.fixture(scope="module")
+def client(corpus, tmp_path_factory):
+    ctx = AppContext(corpus["root"] / "ckpt", corpus["root"] / "assets", upload_dir=tmp_path_factory.mktemp("api-up"))
+    demo = build_app(ctx)
+    launch(demo, "127.0.0.1", free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        yield Client(demo.local_url, verbose=False, download_files=False)
+    finally:
+        demo.close()
+
+
+REFUSED_IMAGES = ["empty", "text_as_png", "truncated_png", "truncated_jpeg", "bomb"]
+VALID_IMAGES = ["one_pixel", "gray16", "cmyk_jpeg", "animated_gif", "rgba_transparent"]
+CHECKPOINTS = ["empty", "truncated", "wrong_shapes", "nan_weights", "unknown_fields", "pickle_pt", "pickle_pt_alone",
+               "pickle_renamed"]  # fmt: skip
+
+
+def test_the_corpus_is_what_it_claims(corpus):
+    images = corpus["images"]
+    assert set(images) == set(REFUSED_IMAGES) | set(VALID_IMAGES)
+    bomb = images["bomb"][0].read_bytes()
+    assert len(bomb) < 100_000 and int.from_bytes(bomb[16:20], "big") == BOMB_SIDE  # IHDR width, never decoded
+    assert images["truncated_jpeg"][0].read_bytes()[:3] == b"\xff\xd8\xff"
+    assert set(corpus["checkpoints"]) == set(CHECKPOINTS)
+
+
+def _works(ctx: AppContext, sha: str, every_tab: bool) -> None:
+    """An accepted picture goes through both models, the steering analysis and the playground underlay; with
+    ``every_tab`` every tab also draws its figures of it."""
+    stored = ctx.image(sha)
+    for name in (GOOD, TWIN):
+        maps = export.maps_for(ctx.model(name), stored, 0.5)
+        assert maps.grid == (8, 8) and np.isfinite(maps.accumulated.numpy()).all()
+    assert steering.analyse(ctx.model(GOOD), stored).offsets is not None
+    canvas, *_ = playground.on_underlay(ctx, playground.initial_value(), True, sha)
+    assert canvas["bg"].startswith("data:image/jpeg")
+    if every_tab:
+        text, fig, acc, _ = export.render(ctx, GOOD, TWIN, sha, 0.5, 1)
+        assert fig is not None and "net exporters" in text, text
+        note, click, pred, steer, qfig, _ = steering.render(ctx, GOOD, sha, 0, [1, 1])
+        assert steer is not None and qfig is not None, note
+        assert compare.render(ctx, GOOD, TWIN, sha, 0.5, 0)[1] is not None
+        assert geometry.render(ctx, TWIN, 0, sha)[2] is not None  # a dot model shows its maps on the picture
+
+
+@pytest.mark.parametrize("key", REFUSED_IMAGES)
+def test_bad_image_upload_in_the_page_says_why_and_the_next_one_works(ctx, corpus, key):
+    path, expected = corpus["images"][key]
+    sha, thumb, pick, text = app_main.on_image_upload(ctx, str(path))
+    assert (sha, thumb, pick) == (gr.skip(),) * 3  # the page keeps its current picture
+    assert text.startswith("⚠️") and re.search(expected, text), text
+    good = app_main.on_image_pick(ctx, "scene.png")
+    assert len(good[0]) == 64 and "scene.png" in good[2]
+
+
+@pytest.mark.parametrize("key", VALID_IMAGES)
+def test_awkward_images_are_converted_and_work_in_every_tab(ctx, corpus, key):
+    path, _ = corpus["images"][key]
+    sha, thumb, pick, text = app_main.on_image_upload(ctx, str(path))
+    assert len(sha) == 64 and path.name in text and not text.startswith("⚠️")
+    img = ctx.image(sha).image
+    assert img.mode == "RGB"
+    a = np.asarray(img)
+    if key == "one_pixel":
+        assert img.size == (1, 1) and a[0, 0].tolist() == [200, 30, 60]
+    elif key == "gray16":
+        assert (a[..., 0] == a[..., 1]).all() and (a[..., 1] == a[..., 2]).all() and a.std() > 1
+    elif key == "rgba_transparent":
+        assert a[0, 0].tolist() == [255, 255, 255] and a[48, 48].tolist() != [255, 255, 255]  # on white
+    elif key == "animated_gif":
+        assert img.size == (64, 64)  # the first frame
+    _works(ctx, sha, every_tab=key == "one_pixel")  # the figures of the most extreme one
+
+
+@pytest.mark.parametrize("key", CHECKPOINTS)
+def test_bad_checkpoint_upload_in_the_page_says_why(ctx, corpus, key):
+    files, expected = corpus["checkpoints"][key]
+    names = ctx.checkpoint_names()
+    out = app_main.on_checkpoint_upload(ctx, [str(p) for p in files], GOOD)
+    assert out[:4] == (gr.skip(),) * 4  # pickers unchanged
+    assert out[4].startswith("⚠️") and re.search(expected, out[4]), out[4]
+    assert ctx.checkpoint_names() == names and not corpus["marker"].exists()
+    assert geometry.render(ctx, GOOD, 0, None)[2] is not None  # the next request works
+
+
+def test_bad_checkpoints_in_the_folder_give_messages_in_every_tab(corpus, tmp_path):
+    """Files dropped into the checkpoint folder by hand are listed, and each tab says what is wrong with them."""
+    folder = tmp_path / "ckpt"
+    shutil.copytree(corpus["root"] / "ckpt", folder)
+    bad = {key: files[0] for key, (files, _) in corpus["checkpoints"].items() if files[0].suffix == ".safetensors"}
+    for path in bad.values():
+        shutil.copy(path, folder / path.name)
+    ctx = AppContext(folder, corpus["root"] / "assets", upload_dir=tmp_path / "up")
+    sha = ctx.open_bundled("scene.png").sha256
+    assert app_main.default_checkpoint(ctx, ctx.checkpoint_names()) == GOOD
+    demo = build_app(ctx)  # the page builds with broken files in the folder
+    assert isinstance(demo, gr.Blocks)
+    for key, path in bad.items():
+        expected = corpus["checkpoints"][key][1]
+        for text in (
+            geometry.render(ctx, path.name, 0, sha)[0],
+            steering.render(ctx, path.name, sha, 0, None)[0],
+            export.render(ctx, path.name, TWIN, sha, 0.5, 0)[0],
+            compare.render(ctx, path.name, TWIN, sha, 0.5, 0)[0],
+            playground.preset_choices(ctx, path.name)[1],
+        ):
+            assert re.search(expected, text), (key, text)
+        assert export.default_twin(ctx, path.name) == export.NO_TWIN
+    assert geometry.render(ctx, GOOD, 0, sha)[2] is not None
+    assert not corpus["marker"].exists()
+
+
+# ---------------------------------------------------------------------------------------------- through the API
+
+
+@pytest.mark.parametrize("key", REFUSED_IMAGES + VALID_IMAGES)
+def test_images_through_the_api(client, corpus, key):
+    path, expected = corpus["images"][key]
+    if expected:
+        with pytest.raises(Exception, match=expected):
+            client.predict(handle_file(str(path)), api_name="/upload_image")
+    else:
+        out = client.predict(handle_file(str(path)), api_name="/upload_image")
+        assert out["name"] == path.name and len(out["sha256"]) == 64
+        ex = client.predict(GOOD, out["sha256"], 0.5, api_name="/export_summary")
+        assert ex["grid"] == [8, 8] and 0 <= ex["exporter_share"] <= 1
+        head = client.predict(playground.initial_value(), out["sha256"], api_name="/head_field")
+        assert head["underlay"].startswith("data:image/jpeg")
+    ok = client.predict(GOOD, "scene.png", 0.5, api_name="/export_summary")  # the next request succeeds
+    assert ok["grid"] == [8, 8]
+
+
+@pytest.mark.parametrize("key", CHECKPOINTS)
+def test_checkpoints_through_the_api(client, corpus, key):
+    files, expected = corpus["checkpoints"][key]
+    names = client.predict(api_name="/checkpoints")
+    with pytest.raises(Exception, match=expected):
+        client.predict([handle_file(str(p)) for p in files], api_name="/upload_checkpoint")
+    assert not corpus["marker"].exists()
+    assert client.predict(api_name="/checkpoints") == names
+    assert client.predict(GOOD, api_name="/geometry_summary")["card"]["attention"] == "ssog"
+
+
+def test_a_good_checkpoint_through_the_api_is_served(client, corpus):
+    name = client.predict([handle_file(str(corpus["root"] / "ckpt" / TWIN))], api_name="/upload_checkpoint")
+    assert name == "uploaded/" + TWIN and name in client.predict(api_name="/checkpoints")
+    assert client.predict(name, "scene.png", 0.25, api_name="/export_summary")["alpha"] == 0.25
