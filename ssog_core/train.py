@@ -289,6 +289,16 @@ def check_writable(out: Path) -> None:
         raise TrainError(f"cannot write to --out {out}: {e.strerror or e}") from None
 
 
+def remove_unfinished(out: Path) -> list[Path]:
+    """Delete the temporary files of saves that a kill interrupted (``atomic_write`` names them ``.NAME.*.tmp``):
+    the complete files they would have replaced are still there, so they hold nothing of value."""
+    names = ("last.safetensors", "model.safetensors", "train_state.pt", "metrics.jsonl", "curves.png")
+    stale = [p for name in names for p in out.glob(f".{name}.*.tmp") if p.is_file()]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
+
+
 def check_space(out: Path, need_bytes: int) -> None:
     """Fail before training if the disk of ``out`` lacks room for the checkpoints and their temporary copies."""
     free = shutil.disk_usage(out).free
@@ -581,24 +591,39 @@ class Trainer:
         """Checkpoint + training state, atomically (collective: every process calls it)."""
         rng = self._gather_rng()
         if self.d.main:
-            last = self.metrics[-1] if self.metrics else {}
-            evaluated = last.get("step") == self.step  # a mid-epoch save has no accuracy of its own weights
-            acc, vloss = (last["val_acc"], last["val_loss"]) if evaluated else (None, None)
-            save_checkpoint(self.out / "last.safetensors", self.model, self.meta(acc, vloss, finished))
-            state = {
-                "version": STATE_VERSION,
-                "args": _plain_args(self.args),
-                "command": self.command,
-                "step": self.step,
-                "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "rng": rng,
-                "metrics": self.metrics,
-                "running": self.running,
-            }
-            atomic_write(self.out / "train_state.pt", lambda tmp: torch.save(state, tmp))
+            with self._writing("the checkpoint"):
+                last = self.metrics[-1] if self.metrics else {}
+                evaluated = last.get("step") == self.step  # a mid-epoch save has no accuracy of its own weights
+                acc, vloss = (last["val_acc"], last["val_loss"]) if evaluated else (None, None)
+                save_checkpoint(self.out / "last.safetensors", self.model, self.meta(acc, vloss, finished))
+                state = {
+                    "version": STATE_VERSION,
+                    "args": _plain_args(self.args),
+                    "command": self.command,
+                    "step": self.step,
+                    "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+                    "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict(),
+                    "rng": rng,
+                    "metrics": self.metrics,
+                    "running": self.running,
+                }
+                atomic_write(self.out / "train_state.pt", lambda tmp: torch.save(state, tmp))
         _sync(self.d)
+
+    @contextlib.contextmanager
+    def _writing(self, what: str) -> Any:
+        """Turn a failed write (disk full, folder gone or made read-only) into a clear stop: ``atomic_write`` has
+        already removed its temporary file, so the last complete checkpoint is what remains."""
+        try:
+            yield
+        except OSError as e:
+            last = self.out / "last.safetensors"
+            kept = f"the last complete checkpoint, {last}, is intact" if last.exists() else "no checkpoint was saved"
+            raise TrainError(
+                f"could not write {what} at step {self.step}: {e.strerror or e}; {kept}. "
+                "Free some space (or fix the folder) and continue with --resume"
+            ) from None
 
     # ---------------------------------------------------------------------------------------------- loop
 
@@ -729,9 +754,10 @@ class Trainer:
         self.metrics.append(row)
         self.save()
         if self.d.main:
-            _atomic_json_lines(self.out / "metrics.jsonl", self.metrics)
-            if self.args.plot:
-                plot_curves(self.metrics, self.out / "curves.png", f"{self.args.attn} on {self.args.data}")
+            with self._writing("metrics.jsonl / curves.png"):
+                _atomic_json_lines(self.out / "metrics.jsonl", self.metrics)
+                if self.args.plot:
+                    plot_curves(self.metrics, self.out / "curves.png", f"{self.args.attn} on {self.args.data}")
         gate_text = "".join(f" s({k})={np.mean(v):.3g}" for k, v in gates.items())
         self.log(
             f"epoch {epoch + 1}: train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f} | val loss "
@@ -742,8 +768,10 @@ class Trainer:
         if self.d.main:
             last = self.metrics[-1] if self.metrics else {}
             meta = self.meta(last.get("val_acc"), last.get("val_loss"), finished=True)
-            save_checkpoint(self.out / "last.safetensors", self.model, meta)
-            save_checkpoint(self.out / "model.safetensors", self.model, meta, dtype=SAVE_DTYPES[self.args.save_dtype])
+            with self._writing("the final checkpoints"):
+                save_checkpoint(self.out / "last.safetensors", self.model, meta)
+                dtype = SAVE_DTYPES[self.args.save_dtype]
+                save_checkpoint(self.out / "model.safetensors", self.model, meta, dtype=dtype)
             self.log(
                 f"done: val accuracy {last.get('val_acc', float('nan')):.4f}; wrote {self.out / 'model.safetensors'}"
             )
@@ -768,6 +796,8 @@ def run(argv: list[str]) -> int:
             raise TrainError(
                 f"{out} already holds a training run: pass --resume to continue it, or choose another --out"
             )
+        if d.main and (stale := remove_unfinished(out)):
+            print(f"removed {len(stale)} unfinished temporary file(s) of an interrupted save in {out}", file=sys.stderr)
         trainer = Trainer(args, d, command, state)
         return trainer.fit()
     finally:
