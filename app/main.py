@@ -35,7 +35,7 @@ from app.tabs import compare, export, geometry, playground, session, steering  #
 from ssog_core import report  # noqa: E402
 
 MAX_UPLOAD = "64mb"  # checkpoints of the size this project trains fit; anything larger is refused by Gradio
-QUEUE_SIZE = 64  # requests waiting beyond this are told the server is busy
+QUEUE_SIZE = 512  # requests waiting beyond this are told the server is busy (a class firing bursts at once fits)
 CONCURRENCY = 2  # analysis requests computed at once (2 CPU cores); the rest wait in the queue
 M_ARENA_MAX = -8  # glibc's mallopt() parameter number
 SESSIONS = 128  # browser tabs / API clients whose state Gradio keeps (~0.3-2 MB each); the least recent go first

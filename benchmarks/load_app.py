@@ -47,6 +47,10 @@ from gradio_client import Client, handle_file  # noqa: E402
 from PIL import Image  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from app import main as app_main  # noqa: E402  (the queue settings, reported with the figures)
+
 REQUEST_TIMEOUT = 300.0  # seconds one request may wait in the queue and run
 
 
@@ -173,6 +177,31 @@ class Load:
                 self.call(client, endpoint, ckpt, image, round(rng.uniform(0.05, 1.0), 2))
             else:
                 self.call(client, endpoint, random_head(rng), image)
+
+    def burst(self, index: int, n: int, seed: int = 0) -> None:
+        """``n`` requests submitted at once, not one after another (a page firing several events, a script's
+        loop), then awaited: together with the other clients' bursts, more than the server computes at once."""
+        rng = random.Random(1000 * seed + index)
+        client, images = self.clients[index], self.images[index] or [""]
+        pending = []
+        for k in range(n):
+            image = rng.choice(images)
+            if k % 4 == 0:
+                endpoint, args = "/export_summary", (rng.choice(self.checkpoints), image, rng.uniform(0.05, 1.0))
+            else:
+                endpoint, args = "/head_field", (random_head(rng), image)
+            t, done = time.perf_counter(), []
+            job = client.submit(*args, api_name=endpoint)
+            job.future.add_done_callback(lambda _, done=done: done.append(time.perf_counter()))
+            pending.append((endpoint, t, done, job))
+        for endpoint, t, done, job in pending:
+            try:
+                job.result(timeout=REQUEST_TIMEOUT)
+                rec = Record(endpoint + " (burst)", (done[0] if done else time.perf_counter()) - t)
+            except Exception as e:  # noqa: BLE001 (every failure is a result to report)
+                rec = Record(endpoint + " (burst)", time.perf_counter() - t, f"{type(e).__name__}: {e}"[:300])
+            with self.lock:
+                self.records.append(rec)
 
     def run(self, task) -> float:
         """``task(i)`` for every client at once; wall seconds."""
@@ -328,6 +357,13 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                     "rss_after_mb": round(rss_mb(server.pid), 1),
                 }
             )
+        burst = {}
+        if args.burst:
+            n0 = len(load.records)
+            seconds = load.run(lambda i: load.burst(i, args.burst, seed=99))
+            new = load.records[n0:]
+            burst = {"requests": len(new), "errors": sum(rec.error is not None for rec in new),
+                     "seconds": round(seconds, 1), "rss_after_mb": round(rss_mb(server.pid), 1)}  # fmt: skip
         load.close()
         alive = server.proc.poll() is None
         log_tail = server.log_tail(3000)
@@ -371,6 +407,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "growth": round(growth, 4),
         },
         "per_round": rounds,
+        "burst": burst,
+        "queue": {"computed_at_once": app_main.CONCURRENCY, "max_waiting": app_main.QUEUE_SIZE},
         "max_growth": args.max_growth,
         "server_alive_after": alive,
         "passed": not errors and not warm_errors and growth <= args.max_growth and alive,
@@ -393,7 +431,8 @@ def markdown(r: dict[str, Any]) -> str:
         f"{per['export_summary']} export-map requests and {per['head_field']} playground updates (the picture drawn "
         f"under the head), shuffled, on {', '.join(r['checkpoints'])} and {len(r['pictures'])} pictures of varied "
         "size and mode (1×1 to 1600×1200; PNG, JPEG, CMYK JPEG, 16-bit, grayscale, RGBA, GIF, BMP, WebP). "
-        "The server computes 2 requests at once; the rest wait in its queue.",
+        f"The server computes {r['queue']['computed_at_once']} requests at once; up to "
+        f"{r['queue']['max_waiting']} more wait in its queue.",
         "",
         f"**{r['requests']} requests, {r['errors']} errors** in {r['load_s']} s ({r['throughput_rps']} requests/s), "
         f"after a warm-up of {r['warmup_requests']} requests ({r['warmup_s']} s, {r['warmup_errors']} errors). "
@@ -421,8 +460,14 @@ def markdown(r: dict[str, Any]) -> str:
             f"| after round {i + 1} ({rnd['requests']} requests, {rnd['errors']} errors, {rnd['seconds']} s; "
             f"peak {rnd['rss_peak_mb']}) | {rnd['rss_after_mb']} |"
         )
+    if r["burst"]:
+        b = r["burst"]
+        lines.append(
+            f"| after a burst ({r['clients']} clients × {b['requests'] // r['clients']} requests submitted at once: "
+            f"{b['requests']} requests, {b['errors']} errors, {b['seconds']} s) | {b['rss_after_mb']} |"
+        )
     lines += [
-        f"| **growth after warm-up** | **{rss['growth']:+.1%}** |",
+        f"| **growth after warm-up** (to the end of the rounds) | **{rss['growth']:+.1%}** |",
         "",
         "Latency is measured by each client from submit to result: it includes the wait in the queue, which is "
         "where a burst goes.",
@@ -439,6 +484,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--exports", type=int, default=5, help="export-map requests per client")
     ap.add_argument("--playground", type=int, default=20, help="playground updates per client")
     ap.add_argument("--rounds", type=int, default=3, help="load rounds by the same clients (memory must stay flat)")
+    ap.add_argument("--burst", type=int, default=8, help="then requests each client submits at once (0: none)")
     ap.add_argument("--checkpoint-dir", type=Path, default=ROOT / "checkpoints")
     ap.add_argument("--assets-dir", type=Path, default=ROOT / "assets")
     ap.add_argument("--max-checkpoints", type=int, default=2)
