@@ -134,17 +134,17 @@ class Load:
     records: list[Record] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def call(self, client: Client, endpoint: str, *args: Any) -> Any:
+    def call(self, client: Client, endpoint: str, *args: Any, label: str = "") -> Any:
         if time.monotonic() > self.deadline:
             with self.lock:
-                self.records.append(Record(endpoint, 0.0, "not sent: the run's deadline passed"))
+                self.records.append(Record(endpoint + label, 0.0, "not sent: the run's deadline passed"))
             return None
         t = time.perf_counter()
         try:
             out = client.submit(*args, api_name=endpoint).result(timeout=REQUEST_TIMEOUT)
-            rec = Record(endpoint, time.perf_counter() - t)
+            rec = Record(endpoint + label, time.perf_counter() - t)
         except Exception as e:  # noqa: BLE001 (every failure is a result to report)
-            out, rec = None, Record(endpoint, time.perf_counter() - t, f"{type(e).__name__}: {e}"[:300])
+            out, rec = None, Record(endpoint + label, time.perf_counter() - t, f"{type(e).__name__}: {e}"[:300])
         with self.lock:
             self.records.append(rec)
         return out
@@ -177,6 +177,17 @@ class Load:
                 self.call(client, endpoint, ckpt, image, round(rng.uniform(0.05, 1.0), 2))
             else:
                 self.call(client, endpoint, random_head(rng), image)
+
+    def alone(self, n: int) -> None:
+        """``n`` export-map and ``n`` playground requests from one client while the others wait: the time a
+        request takes without a queue, to read the loaded latencies against."""
+        rng, client, images = random.Random(7), self.clients[0], self.images[0] or [""]
+        for _ in range(n):
+            image = rng.choice(images)
+            self.call(
+                client, "/export_summary", rng.choice(self.checkpoints), image, rng.uniform(0.05, 1), label=" (alone)"
+            )
+            self.call(client, "/head_field", random_head(rng), image, label=" (alone)")
 
     def burst(self, index: int, n: int, seed: int = 0) -> None:
         """``n`` requests submitted at once, not one after another (a page firing several events, a script's
@@ -337,6 +348,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         load.connect(args.clients, max(args.uploads, math.ceil(len(pool) / args.clients)))
         load.run(lambda i: load.work(i, 0, 1, 2))
         warm_s, warm_records, load.records = time.perf_counter() - t, load.records, []
+        load.alone(args.alone)
         time.sleep(1.0)
         rss_before = rss_mb(server.pid)
         rounds = []
@@ -379,7 +391,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "when": time.strftime("%Y-%m-%d %H:%M"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "load_average_after": [round(v, 2) for v in os.getloadavg()],
-        "command": "python benchmarks/load_app.py " + " ".join(sys.argv[1:]),
+        "command": " ".join(["python benchmarks/load_app.py", *sys.argv[1:]]),
         "clients": args.clients,
         "rounds": args.rounds,
         "per_client_per_round": {
@@ -397,7 +409,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "requests": len(records),
         "errors": len(errors),
         "error_examples": sorted({rec.error for rec in errors + warm_errors})[:5],
-        "throughput_rps": round(len(records) / max(load_s, 1e-9), 2),
+        "throughput_rps": round(sum(r["requests"] for r in rounds) / max(load_s, 1e-9), 2),
         "latency": latency_table(records),
         "rss_mb": {
             "at_start": round(rss_start, 1),
@@ -434,8 +446,9 @@ def markdown(r: dict[str, Any]) -> str:
         f"The server computes {r['queue']['computed_at_once']} requests at once; up to "
         f"{r['queue']['max_waiting']} more wait in its queue.",
         "",
-        f"**{r['requests']} requests, {r['errors']} errors** in {r['load_s']} s ({r['throughput_rps']} requests/s), "
-        f"after a warm-up of {r['warmup_requests']} requests ({r['warmup_s']} s, {r['warmup_errors']} errors). "
+        f"**{r['requests']} requests, {r['errors']} errors** (rounds: {r['load_s']} s, {r['throughput_rps']} "
+        f"requests/s; plus the requests sent alone and the burst), after a warm-up of {r['warmup_requests']} "
+        f"requests ({r['warmup_s']} s, {r['warmup_errors']} errors). "
         f"**{'PASSED' if r['passed'] else 'FAILED'}** (bars: 0 errors, memory growth after warm-up ≤ "
         f"{r['max_growth']:.0%}).",
         "",
@@ -470,7 +483,8 @@ def markdown(r: dict[str, Any]) -> str:
         f"| **growth after warm-up** (to the end of the rounds) | **{rss['growth']:+.1%}** |",
         "",
         "Latency is measured by each client from submit to result: it includes the wait in the queue, which is "
-        "where a burst goes.",
+        "where a burst goes. The rows marked *alone* are one client's requests while the others wait, before the "
+        "rounds: the time a request takes without a queue.",
     ]
     if r.get("error_examples"):
         lines += ["", "Errors:", *[f"- `{e}`" for e in r["error_examples"]]]
@@ -484,6 +498,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--exports", type=int, default=5, help="export-map requests per client")
     ap.add_argument("--playground", type=int, default=20, help="playground updates per client")
     ap.add_argument("--rounds", type=int, default=3, help="load rounds by the same clients (memory must stay flat)")
+    ap.add_argument("--alone", type=int, default=10, help="requests of each kind sent by one client alone first")
     ap.add_argument("--burst", type=int, default=8, help="then requests each client submits at once (0: none)")
     ap.add_argument("--checkpoint-dir", type=Path, default=ROOT / "checkpoints")
     ap.add_argument("--assets-dir", type=Path, default=ROOT / "assets")

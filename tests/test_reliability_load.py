@@ -37,14 +37,15 @@ def test_load_smoke(load_app, tmp_path):
     write_checkpoints(tmp_path / "ckpt", depth=2)
     write_images(tmp_path / "assets")
     out = tmp_path / "result"
-    argv = ["--clients", "4", "--uploads", "1", "--exports", "2", "--playground", "2", "--rounds", "1", "--burst", "4",
-            "--checkpoint-dir", str(tmp_path / "ckpt"), "--assets-dir", str(tmp_path / "assets"), "--out", str(out),
-            "--max-growth", "100", "--deadline", "240"]  # fmt: skip
+    argv = ["--clients", "4", "--uploads", "1", "--exports", "2", "--playground", "2", "--rounds", "1",
+            "--burst", "4", "--alone", "2", "--checkpoint-dir", str(tmp_path / "ckpt"),
+            "--assets-dir", str(tmp_path / "assets"), "--out", str(out), "--max-growth", "100",
+            "--deadline", "240"]  # fmt: skip
     code = load_app.main(argv)
     result = json.loads(out.with_suffix(".json").read_text())
     assert result["errors"] == 0 and result["warmup_errors"] == 0, result.get("error_examples")
     assert code == 0 and result["passed"] and result["server_alive_after"]
-    assert result["requests"] == 4 * (1 + 2 + 2) + 4 * 4 and result["burst"]["errors"] == 0
+    assert result["requests"] == 4 * (1 + 2 + 2) + 4 * 4 + 2 * 2 and result["burst"]["errors"] == 0
     assert {"/export_summary", "/head_field", "/upload_image", "/head_field (burst)"} <= set(result["latency"])
     assert result["checkpoints"] == ["dot_test.safetensors", "ssog_test.safetensors"]
     rss = result["rss_mb"]
