@@ -14,6 +14,7 @@ import atexit
 import ctypes
 import os
 import shutil
+import signal
 from collections.abc import Callable, Sequence
 from functools import partial, wraps
 from pathlib import Path
@@ -501,10 +502,15 @@ def limit_malloc_arenas(arenas: int = 2) -> bool:
     return bool(libc.mallopt(M_ARENA_MAX, arenas))
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # Gradio then closes the server, and the atexit clean-up runs
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     limit_malloc_arenas()
     torch.set_num_threads(max(1, args.threads))
     ctx = AppContext(args.checkpoint_dir, args.assets_dir)
-    atexit.register(shutil.rmtree, ctx.upload_dir, True)
+    atexit.register(shutil.rmtree, ctx.upload_dir, True)  # uploaded checkpoints do not outlive the server
+    signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop is a clean stop, as Ctrl-C is
     launch(build_app(ctx), args.host, args.port)

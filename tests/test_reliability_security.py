@@ -11,6 +11,7 @@ import _pickle
 import json
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
@@ -89,9 +90,12 @@ def server(folders, tmp_path_factory):
 
 
 def test_serves_loopback_only_and_no_share_link_even_if_the_environment_asks(folders, tmp_path):
-    """The real command line in a subprocess, with Gradio's own environment variables asking for the opposite."""
-    port = free_port()
-    env = {**os.environ, "GRADIO_SERVER_NAME": "0.0.0.0", "GRADIO_SHARE": "True", "PYTHONPATH": str(ROOT)}
+    """The real command line in a subprocess, with Gradio's own environment variables asking for the opposite;
+    stopped with SIGTERM, it exits cleanly and leaves no upload folder behind."""
+    port, tmp = free_port(), tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "GRADIO_SERVER_NAME": "0.0.0.0", "GRADIO_SHARE": "True", "PYTHONPATH": str(ROOT),
+           "TMPDIR": str(tmp)}  # fmt: skip
     cmd = [sys.executable, "-m", "app", "--port", str(port), "--checkpoint-dir", str(folders["ckpt"]),
            "--assets-dir", str(folders["assets"])]  # fmt: skip
     log = tmp_path / "app.log"
@@ -105,22 +109,26 @@ def test_serves_loopback_only_and_no_share_link_even_if_the_environment_asks(fol
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as r:
                 assert r.status == 200
             assert set(listening(port)) == {"127.0.0.1"}
+            assert list(tmp.glob("ssog-lab-uploads-*"))
         finally:
             p.terminate()
-            p.wait(timeout=30)
+            code = p.wait(timeout=30)
     text = log.read_text()
     assert "gradio.live" not in text and "public URL" not in text.lower() and "127.0.0.1" in text
+    assert code == 0 and not list(tmp.glob("ssog-lab-uploads-*"))  # SIGTERM is a clean stop: uploads removed
 
 
 def test_host_flag_and_launch_settings(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(gr.Blocks, "launch", lambda self, **kw: calls.append(kw))
-    threads = torch.get_num_threads()
+    threads, on_term = torch.get_num_threads(), signal.getsignal(signal.SIGTERM)
     try:
         app_main.main(["--checkpoint-dir", str(tmp_path / "none"), "--assets-dir", str(tmp_path / "none")])
         app_main.main(["--host", "0.0.0.0", "--port", "9123", "--checkpoint-dir", str(tmp_path / "none")])
+        assert signal.getsignal(signal.SIGTERM) is app_main._interrupt
     finally:
         torch.set_num_threads(threads)
+        signal.signal(signal.SIGTERM, on_term)
     default, public = calls
     assert default["server_name"] == "127.0.0.1" and default["server_port"] == 7860
     assert public["server_name"] == "0.0.0.0" and public["server_port"] == 9123
