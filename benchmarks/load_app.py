@@ -27,6 +27,7 @@ import math
 import os
 import platform
 import random
+import shutil
 import socket
 import statistics
 import subprocess
@@ -381,6 +382,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         log_tail = server.log_tail(3000)
     finally:
         server.stop()
+    shutil.rmtree(tmp, ignore_errors=True)  # pictures and server log (its tail is in the result); kept on a crash
     records = load.records
     errors = [rec for rec in records if rec.error is not None]
     warm_errors = [rec for rec in warm_records if rec.error is not None]
