@@ -1,0 +1,178 @@
+"""Fast PyTorch SSOG operator: the CPU path, and the fallback wherever the Triton kernels cannot run.
+
+Same operator as :func:`ssog_core.field.apply_field` (DESIGN.md §1), rearranged for speed:
+
+* every contraction is one batched matrix product with the atoms folded into an M or K dimension
+  (the column pass multiplies ``[(r, i), j] @ [j, d]`` per key column, the row pass
+  ``[w, (k, r)] @ [(k, r), d]`` per query row, λ folded into the row kernel), so there are no 6-D einsum
+  permute copies; v is transposed once on the way in and the output once on the way out;
+* factorized kernels use the reparametrisation of KERNELS.md §3.1: ``softmax_j(ℓ/τ)`` is
+  ``exp(−c((x − j)² − (x − j*)²)) / Z`` with ``c = 1/(2σ²τ)``, ``x = query − μ`` and the analytic argmax
+  ``j* = clamp(round(x))``, so every weight is ≤ 1, the peak is exactly 1 and no max pass is needed;
+* a shared (fixed) field's kernels are computed once per head by :func:`ssog_core.field.axis_kernels`
+  and reused across the batch;
+* per-query kernels and the per-atom intermediate are built for one chunk of query rows at a time,
+  bounded by :data:`CHUNK_ELEMENTS`, never for the whole input at once.
+
+Gradients come from PyTorch autograd through these ops; without autograd the kernels are built in place.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ssog_core.field import Field, FieldMode, axis_kernels, check_grid, log_gauss
+
+LOG2E = 1.0 / math.log(2.0)
+CHUNK_ELEMENTS = 1 << 21  # per-chunk bound on kernel and intermediate elements (8 MiB in fp32)
+
+
+def apply_torch(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode = "factorized") -> Tensor:
+    """``apply_field`` semantics: values ``(B, N, H, D)`` → ``(B, N, H, D)``."""
+    check_grid(v.shape[1], grid)
+    if mode not in ("factorized", "axial"):
+        raise ValueError(f"unknown field mode {mode!r}; expected 'factorized' or 'axial'")
+    if field.per_token:
+        return _apply_steered(v, field, grid, mode)
+    return _apply_fixed(v, field, grid, mode)
+
+
+def _needs_grad(v: Tensor, field: Field) -> bool:
+    tensors = (v, field.mu, field.sigma, field.log_lam, field.tau)
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _row_chunks(n_rows: int, per_row: int) -> list[slice]:
+    step = max(1, min(n_rows, CHUNK_ELEMENTS // max(per_row, 1)))
+    return [slice(i, min(i + step, n_rows)) for i in range(0, n_rows, step)]
+
+
+def _apply_fixed(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode) -> Tensor:
+    """Shared field: ``y_h = Σ_r λ_r · Ay_r · V · Ax_rᵀ`` as two GEMMs per head, batch folded into N."""
+    b, n, h, d = v.shape
+    gh, gw = grid
+    k = axis_kernels(field, grid, mode)
+    r = k.ay.shape[-2]
+    # column pass kernel, M = (i, r): (H, Gh·R, Gh)
+    ay = k.ay[0, :, 0].permute(1, 0, 2, 3).reshape(h, gh * r, gh).to(v.dtype)
+    # row pass kernel with λ folded in, K = (r, k): (H, 1, Gw, R·Gw)
+    ax = (k.ax[0, 0] * k.lam[0, 0, 0, :, :, None]).permute(1, 0, 2, 3).reshape(h, 1, gw, r * gw).to(v.dtype)
+    vt = v.reshape(b, gh, gw, h, d).permute(3, 1, 2, 0, 4).reshape(h, gh, gw * b * d)  # (H, j, (k, b, d))
+    out = []
+    for rows in _row_chunks(gh, h * r * gw * b * d):
+        y1 = torch.bmm(ay[:, rows.start * r : rows.stop * r], vt)  # (H, (i, r), (k, b, d))
+        y1 = y1.view(h, rows.stop - rows.start, r * gw, b * d)  # K = (r, k) is contiguous per (h, i)
+        out.append(torch.matmul(ax, y1))  # (H, i, w, b·d)
+    y = out[0] if len(out) == 1 else torch.cat(out, dim=1)
+    return y.view(h, gh, gw, b, d).permute(3, 1, 2, 0, 4).reshape(b, n, h, d)
+
+
+def _gauss(x: Tensor, keys: Tensor, c: Tensor, shift: Tensor, inplace: bool) -> Tensor:
+    """Unnormalised factorized weights ``2^(shift − c·(x − key)²)`` (all ≤ 1, peak 1), keys on the last axis.
+
+    ``exp2`` rather than ``exp``: PyTorch's CPU ``exp`` takes a slow path (20–40× slower) for arguments
+    below −87, which far-away keys of narrow atoms always produce. The per-query operand comes first in
+    every broadcast (TensorIterator picks a slow loop order when a broadcast operand leads).
+    """
+    if inplace:
+        return (x[..., None] - keys).square_().mul_(-c[..., None]).add_(shift[..., None]).exp2_()
+    return (shift[..., None] - c[..., None] * (x[..., None] - keys).square()).exp2()
+
+
+def _axis_terms(pos: Tensor, mu: Tensor, sigma: Tensor, tau: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``x = pos − μ``, ``c = log2(e)/(2σ²τ)`` and the analytic-max shift ``c·(x − j*)²`` for one axis."""
+    x = pos - mu
+    c = (0.5 * LOG2E) / (sigma.square() * tau)
+    jstar = torch.clamp(torch.round(x.detach()), 0, n - 1)
+    shift = (c * (x - jstar).square()).detach()  # cancels in the normalisation: no gradient needed
+    return x, c, shift
+
+
+def _normalise(w: Tensor, scale: Tensor, inplace: bool) -> Tensor:
+    """``w · scale / Σ_key w`` (keys on the last axis)."""
+    scale = (scale / w.sum(-1))[..., None]
+    return w.mul_(scale) if inplace else w * scale
+
+
+def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode) -> Tensor:
+    """Per-token field, chunked over query rows (and over the batch when all rows of one image fit a chunk).
+
+    Per chunk of query rows ``I``: the column pass builds ``A[b, h, k, r, i, j]`` for the tokens
+    ``(i ∈ I, k)`` and runs one bmm ``[(r, i), j] @ [j, d]`` per key column; ``y1`` is transposed to
+    ``(b, h, i, r, k, d)``; the row pass builds ``U[b, h, i, w, r, k]`` (λ folded in) and runs one bmm
+    ``[w, (r, k)] @ [(r, k), d]`` per query row.
+    """
+    b, n, h, d = v.shape
+    gh, gw = grid
+    r = field.num_atoms
+    ro = r if mode == "factorized" else 1  # atoms left in the contractions (axial mixes them inside each axis)
+    inplace = not _needs_grad(v, field)
+    dev, pdt, vdt = v.device, field.mu.dtype, v.dtype
+    # per-token atoms in the kernel layouts: (B, H, k, R, i) for the column pass, (B, H, i, w, R) for the row pass
+    mu = field.mu.expand(b, gh, gw, h, r, 2)
+    sigma = field.sigma.expand(b, gh, gw, h, r, 2)
+    col_mu = mu[..., 0].permute(0, 3, 2, 4, 1).contiguous()
+    col_sigma = sigma[..., 0].permute(0, 3, 2, 4, 1).contiguous()
+    row_mu = mu[..., 1].permute(0, 3, 1, 2, 4).contiguous()
+    row_sigma = sigma[..., 1].permute(0, 3, 1, 2, 4).contiguous()
+    log_lam = field.log_lam.expand(b, gh, gw, h, r).permute(0, 3, 1, 2, 4)
+    if mode == "factorized":
+        row_lam = torch.softmax(log_lam, dim=-1).contiguous()
+    else:
+        row_lam = torch.log_softmax(log_lam, dim=-1).contiguous()
+        col_lam = row_lam.permute(0, 1, 3, 4, 2).contiguous()
+    ky = torch.arange(gh, device=dev, dtype=pdt)
+    kx = torch.arange(gw, device=dev, dtype=pdt)
+    vt = v.reshape(b, gh, gw, h, d).permute(0, 3, 2, 1, 4).contiguous()  # (B, H, k, j, D)
+
+    per_row = h * gw * r * (gh + gw + 2 * d)  # kernel + y1 elements per query row and image
+    b_step = max(1, CHUNK_ELEMENTS // (gh * per_row))
+    out = []
+    for b0 in range(0, b, b_step):
+        bs = slice(b0, min(b0 + b_step, b))
+        nb = bs.stop - bs.start
+        for rows in _row_chunks(gh, nb * per_row):
+            ni = rows.stop - rows.start
+            # column pass: A[b, h, k, r, i, j] for tokens (i ∈ rows, k), keys j
+            cm, cs = col_mu[bs, :, :, :, rows], col_sigma[bs, :, :, :, rows]
+            if mode == "factorized":
+                x, c, shift = _axis_terms(ky[rows], cm, cs, field.tau, gh)
+                a = _gauss(x, ky, c, shift, inplace)
+                a = _normalise(a, torch.ones_like(shift), inplace)
+            else:
+                a = _axial_kernel(ky[rows, None] - ky, cm, cs, col_lam[bs, :, :, :, rows], field.tau, atom_dim=3)
+            y1 = torch.bmm(a.to(vdt).reshape(nb * h * gw, ro * ni, gh), vt[bs].reshape(nb * h * gw, gh, d))
+            y1 = y1.view(nb, h, gw, ro, ni, d).permute(0, 1, 4, 3, 2, 5).reshape(nb * h * ni, ro * gw, d)
+            # row pass: U[b, h, i, w, r, k] for queries (i ∈ rows, w), keys k, λ folded in
+            rm, rs, rl = row_mu[bs, :, rows], row_sigma[bs, :, rows], row_lam[bs, :, rows]
+            if mode == "factorized":
+                x, c, shift = _axis_terms(kx[:, None], rm, rs, field.tau, gw)
+                u = _normalise(_gauss(x, kx, c, shift, inplace), rl, inplace)
+            else:
+                u = _axial_kernel(kx[:, None] - kx, rm, rs, rl, field.tau, atom_dim=4)
+            y = torch.bmm(u.to(vdt).reshape(nb * h * ni, gw, ro * gw), y1)
+            out.append(y.view(nb, h, ni, gw, d))
+    if len(out) > 1:  # chunks are ordered batch-major, rows within a batch chunk
+        n_row_chunks = len(out) // len(range(0, b, b_step))
+        out = [torch.cat(out[i : i + n_row_chunks], dim=2) for i in range(0, len(out), n_row_chunks)]
+    y = out[0] if len(out) == 1 else torch.cat(out, dim=0)
+    return y.permute(0, 2, 3, 1, 4).reshape(b, n, h, d)
+
+
+def _axial_kernel(disp: Tensor, mu: Tensor, sigma: Tensor, log_w: Tensor, tau: Tensor, atom_dim: int) -> Tensor:
+    """Axial per-query kernel ``softmax_key(logsumexp_r(log λ_r + ℓ_r(disp)) / τ)`` for a chunk.
+
+    ``disp`` is ``(queries, keys)`` (query − key); ``mu``/``sigma``/``log_w`` hold the atoms along
+    ``atom_dim`` with the query axis last (column pass, ``atom_dim=3``) or the atoms last (row pass,
+    ``atom_dim=4``). The result has the atoms removed and keys last.
+    """
+    if atom_dim == 3:  # (B, H, k, R, i) → logits (B, H, k, R, i, j), mix over R
+        lg = log_w[..., None] + log_gauss(disp, mu[..., None], sigma[..., None])
+        mixed = torch.logsumexp(lg, dim=3)
+    else:  # (B, H, i, w, R) → logits (B, H, i, w, R, k), mix over R
+        lg = log_w[..., None] + log_gauss(disp[:, None, :], mu[..., None], sigma[..., None])
+        mixed = torch.logsumexp(lg, dim=4)
+    return torch.softmax(mixed / tau, dim=-1)
