@@ -40,8 +40,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-LN2 = 0.6931471805599453
-NEG_INF = float("-inf")
+LN2 = tl.constexpr(0.6931471805599453)
+NEG_INF = tl.constexpr(float("-inf"))
 
 
 @triton.jit

@@ -70,6 +70,12 @@ def _config(gh: int, gw: int, d: int, r: int, axial: bool, dtype: torch.dtype) -
     return dict(R=r, RO=ro, RP=rp, GHP=ghp, GWP=gwp, DHP=dhp, T=t, KC=kc, WT=wt, DOT=dot, PREC=prec)
 
 
+def col_tiles(cfg: dict, axial: bool) -> tuple[int, int]:
+    """Key columns per program (KT) and query rows per step (IC) of the column backward kernel."""
+    base = max(1, 16 // cfg["RP"])  # K = IC·RP of the dV dot must be ≥ 16
+    return (4 if axial else base), base
+
+
 def _device_guard(t: Tensor):
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
@@ -195,8 +201,7 @@ def bwd(dy: Tensor, v: Tensor, prm: Tensor, izx: Tensor, axial: bool) -> tuple[T
             v, prm, izx, dy, dprm, h, gh, gw, d, *common, *sg,
             AXIAL=axial, RA=_p2(r), num_warps=4, **_fwd_cfg(cfg),
         )  # fmt: skip
-        kt = max(1, 16 // cfg["RP"]) if not axial else 4
-        ic = max(1, 16 // cfg["RP"])
+        kt, ic = col_tiles(cfg, axial)
         grid = (b * h, triton.cdiv(gw, kt))
         K._ssog_bwd_cols_kernel[grid](
             v, prm, izx, dy, dv, dprm, h, gh, gw, d, *common, dv.stride(0), dv.stride(1), dv.stride(2), *sg,
