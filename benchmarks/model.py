@@ -25,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ssog_core.checkpoint import atomic_write  # noqa: E402
 from ssog_core.config import SEED_CONFIGS  # noqa: E402
 from ssog_core.ops.dispatch import choose_backend  # noqa: E402
 from ssog_core.vit import ViT  # noqa: E402
@@ -129,10 +130,14 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     tag = device.type
     fields = list(rows[0])
-    with open(args.out / f"model_{tag}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        w.writerows(rows)
+
+    def write_csv(tmp: str) -> None:
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            w.writerows(rows)
+
+    atomic_write(args.out / f"model_{tag}.csv", write_csv)
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     lines = [
         f"Whole d384 ViT forward (12 layers, 6 heads, mlp 2, SSOG R4 all taps vs dot twin), batch {args.batch}, "
@@ -154,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
             f"Latency growth {first['tokens']} → {last['tokens']} tokens: SSOG "
             f"{last['ssog_ms'] / first['ssog_ms']:.2f}×, dot {last['dot_ms'] / first['dot_ms']:.2f}×.",
         ]
-    (args.out / f"model_{tag}.md").write_text("\n".join(lines) + "\n")
+    atomic_write(args.out / f"model_{tag}.md", lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
     print("\n".join(lines))
 
 

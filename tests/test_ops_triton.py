@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 SHARDS = {
     "fp32-factorized": "fp32 and factorized",
     "fp32-axial": "fp32 and axial",
-    "half-and-edges": "half or far or validated",
+    "half-and-edges": "half or far or validated or tiled",
     "ops-compile-dispatch": "opcheck or compile or dispatch or flop",
 }
 

@@ -57,7 +57,8 @@ def _check(leaves: FieldLeaves, mode: str, head_dim: int, dtype: torch.dtype, rt
     assert_close(out, expected, rtol, "output")
     expected_grads = grads(expected, inputs, dy)
     for name, got, want in zip(["v", *leaves.names()], grads(out, inputs, dy), expected_grads, strict=True):
-        assert_close(got, want, 10 * rtol, f"d/d{name}")
+        # a scalar (gate, temperature) sums signed contributions of every token: fp32 cancellation, not the kernel
+        assert_close(got, want, 10 * rtol if want.dim() else 2e-3, f"d/d{name}")
 
 
 @pytest.mark.parametrize("case", CASES, ids=_ids)
@@ -70,6 +71,21 @@ def test_forward_and_gradients_fp32(case) -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_half_precision_values(mode: str, dtype: torch.dtype) -> None:
     _check(FieldLeaves(2, (5, 6), 3, 4, ALL), mode, 16, dtype, rtol=2e-2)
+
+
+@pytest.mark.parametrize("mode", ["factorized", "axial"])
+@pytest.mark.parametrize("grid", [(17, 2), (2, 17)], ids=["tall", "wide"])
+def test_tiled_and_chunked_programs(monkeypatch: pytest.MonkeyPatch, grid: tuple[int, int], mode: str) -> None:
+    """A small tile budget chunks key rows (tall grid), splits query columns over programs and chunks them in
+    the column backward kernel (wide grid), and narrows that kernel's key-column tile."""
+    monkeypatch.setattr(triton_ssog, "TILE_BUDGET", 2048)
+    cfg = triton_ssog._config(*grid, 4, 2, mode == "axial", torch.float32)
+    kt, ic, wc = triton_ssog.col_tiles(cfg, mode == "axial")
+    if grid[0] > 16:
+        assert cfg["JC"] < cfg["GHP"] and kt < (4 if mode == "axial" else ic)
+    else:
+        assert cfg["WT"] < cfg["GWP"] and wc < cfg["GWP"]
+    _check(FieldLeaves(1, grid, 1, 2, ALL), mode, 4, torch.float32, rtol=1e-5, batch=1)
 
 
 @pytest.mark.parametrize("mode", ["factorized", "axial"])

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 PTR_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
+SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # opt-in shared memory per block, bytes
 VALUE_PTRS = {"v_ptr", "y_ptr", "dy_ptr", "dv_ptr"}
 
 
@@ -84,7 +85,7 @@ def compile_kernels(
     gh, gw = grid
     axial = mode == "axial"
     cfg = _config(gh, gw, head_dim, atoms, axial, dtype)
-    kt, ic = col_tiles(cfg, axial)
+    kt, ic, wc = col_tiles(cfg, axial)
     fwd = dict(_fwd_cfg(cfg), AXIAL=axial)
     jobs = [
         ("fwd-steered", K._ssog_fwd_kernel, dict(fwd, FIXED=False)),
@@ -94,8 +95,8 @@ def compile_kernels(
         (
             "bwd-cols",
             K._ssog_bwd_cols_kernel,
-            {k: cfg[k] for k in ("R", "RO", "RP", "GHP", "GWP", "DHP", "DOT", "PREC")}
-            | dict(AXIAL=axial, KT=kt, IC=ic),
+            {k: cfg[k] for k in ("R", "RO", "RP", "GHP", "DHP", "DOT", "PREC")}
+            | dict(AXIAL=axial, KT=kt, IC=ic, WC=wc),
         ),
     ]
     shape = f"{gh}x{gw} d{head_dim} R{atoms} {mode} {str(dtype).removeprefix('torch.')}"
@@ -136,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'kernel':<12} {'shape':<36} {'mma.sync':>8} {'wgmma':>6} {'ex2':>5} {'REG':>4} {'STACK':>5} "
           f"{'LOCAL':>5} {'SHARED':>7}")  # fmt: skip
     failed = 0
+    limit = SHARED_LIMIT.get(args.arch, 101376)
     for grid in grids:
         for mode in modes:
             try:
@@ -145,8 +147,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"FAILED {grid} {mode}: {type(e).__name__}: {str(e).splitlines()[0]}", flush=True)
                 continue
             for r in reports:
+                over = r.shared > limit
+                failed += over
+                note = f"  FAILED: shared memory {r.shared} > {limit}" if over else ""
                 print(f"{r.kernel:<12} {r.shape:<36} {r.mma_sync:>8} {r.wgmma:>6} {r.ex2:>5} {r.regs:>4} {r.stack:>5} "
-                      f"{r.spill:>5} {r.shared:>7}", flush=True)  # fmt: skip
+                      f"{r.spill:>5} {r.shared:>7}{note}", flush=True)  # fmt: skip
     return 1 if failed else 0
 
 

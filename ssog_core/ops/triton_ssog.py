@@ -29,7 +29,7 @@ from ssog_core.ops.dispatch import _interpreting
 LOG2E = 1.0 / math.log(2.0)
 FACTORIZED_FIELDS = 5  # μy, μx, cy, cx, λ
 AXIAL_FIELDS = 8  # μy, μx, by, bx, βy, βx, 1/τ (rows), 1/τ (columns)
-ACC_BUDGET = 16384  # fp32 elements of the (rows, columns, head_dim) accumulator per program
+TILE_BUDGET = 16384  # elements of the largest register / shared-memory tile of a program
 
 
 def _p2(n: int, floor: int = 1) -> int:
@@ -52,14 +52,23 @@ def kernel_params(field: Field, mode: FieldMode) -> Tensor:
 
 
 def _config(gh: int, gw: int, d: int, r: int, axial: bool, dtype: torch.dtype) -> dict:
-    """Tile sizes and dot settings for one problem shape (constexprs of the kernels)."""
+    """Tile sizes and dot settings for one problem shape (constexprs of the forward and row-backward kernels).
+
+    K of every 16-bit dot must be ≥ 16 (so KC·RP ≥ 16); the register and shared-memory tiles are bounded by
+    TILE_BUDGET elements (checked for sm_90 by :mod:`ssog_core.ops.triton_compile`).
+    """
     ro = 1 if axial else r
     rp = _p2(ro)
     ghp, gwp, dhp = _p2(gh, 16), _p2(gw, 16), _p2(d, 16)
-    t = min(8, max(2, 16 // rp))  # M = T·RP rows of the column-pass dot
-    kc = max(1, 16 // rp)  # K = KC·RP of the row-pass dot (≥ 16 for 16-bit dots)
-    wt = gwp
-    while wt > 16 and t * wt * dhp > ACC_BUDGET:
+    kc = max(1, 16 // rp)  # key columns per step: K = KC·RP of the row-pass dot
+    jc = ghp  # key rows per column-pass dot: the value tile [KC, JC, D]
+    while jc > 16 and kc * jc * dhp > TILE_BUDGET:
+        jc //= 2
+    t = min(8, max(1, 16 // rp))  # query rows per program: M = T·RP of the column-pass dot
+    while t > 1 and kc * t * rp * jc > TILE_BUDGET // 2:
+        t //= 2
+    wt = gwp  # query columns per program: the accumulator [T, WT, D]
+    while wt > 16 and t * wt * dhp > TILE_BUDGET // 2:
         wt //= 2
     if _interpreting():
         dot, prec = K.tl.float32, "ieee"  # bf16 tl.dot is wrong in the interpreter (triton#11584)
@@ -67,13 +76,20 @@ def _config(gh: int, gw: int, d: int, r: int, axial: bool, dtype: torch.dtype) -
         dot, prec = (K.tl.bfloat16 if dtype == torch.bfloat16 else K.tl.float16), "ieee"
     else:
         dot, prec = K.tl.float32, ("ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32")
-    return dict(R=r, RO=ro, RP=rp, GHP=ghp, GWP=gwp, DHP=dhp, T=t, KC=kc, WT=wt, DOT=dot, PREC=prec)
+    return dict(R=r, RO=ro, RP=rp, GHP=ghp, GWP=gwp, DHP=dhp, T=t, KC=kc, JC=jc, WT=wt, DOT=dot, PREC=prec)
 
 
-def col_tiles(cfg: dict, axial: bool) -> tuple[int, int]:
-    """Key columns per program (KT) and query rows per step (IC) of the column backward kernel."""
-    base = max(1, 16 // cfg["RP"])  # K = IC·RP of the dV dot must be ≥ 16
-    return (4 if axial else base), base
+def col_tiles(cfg: dict, axial: bool) -> tuple[int, int, int]:
+    """Column-backward tiles: key columns per program (KT), query rows per step (IC, K = IC·RP of the dV dot
+    must be ≥ 16) and query columns per dy1 step (WC)."""
+    ic = max(1, 16 // cfg["RP"])
+    kt = 4 if axial else ic
+    while kt > 1 and kt * cfg["GHP"] * cfg["DHP"] > TILE_BUDGET // 2:
+        kt //= 2
+    wc = cfg["GWP"]
+    while wc > 16 and ic * wc * cfg["DHP"] > TILE_BUDGET:
+        wc //= 2
+    return kt, ic, wc
 
 
 def _device_guard(t: Tensor):
@@ -108,7 +124,7 @@ def _launch_fwd(v: Tensor, prm: Tensor, taby: Tensor | None, tabx: Tensor | None
 
 
 def _fwd_cfg(cfg: dict) -> dict:
-    return {k: cfg[k] for k in ("R", "RO", "RP", "T", "WT", "KC", "GHP", "DHP", "DOT", "PREC")}
+    return {k: cfg[k] for k in ("R", "RO", "RP", "T", "WT", "KC", "JC", "DHP", "DOT", "PREC")}
 
 
 def _check(v: Tensor, prm: Tensor, axial: bool) -> None:
@@ -201,12 +217,12 @@ def bwd(dy: Tensor, v: Tensor, prm: Tensor, izx: Tensor, axial: bool) -> tuple[T
             v, prm, izx, dy, dprm, h, gh, gw, d, *common, *sg,
             AXIAL=axial, RA=_p2(r), num_warps=4, **_fwd_cfg(cfg),
         )  # fmt: skip
-        kt, ic = col_tiles(cfg, axial)
+        kt, ic, wc = col_tiles(cfg, axial)
         grid = (b * h, triton.cdiv(gw, kt))
         K._ssog_bwd_cols_kernel[grid](
             v, prm, izx, dy, dv, dprm, h, gh, gw, d, *common, dv.stride(0), dv.stride(1), dv.stride(2), *sg,
-            R=cfg["R"], RO=cfg["RO"], RP=cfg["RP"], AXIAL=axial, KT=kt, IC=ic, GHP=cfg["GHP"],
-            GWP=cfg["GWP"], DHP=cfg["DHP"], DOT=cfg["DOT"], PREC=cfg["PREC"], num_warps=4,
+            R=cfg["R"], RO=cfg["RO"], RP=cfg["RP"], AXIAL=axial, KT=kt, IC=ic, WC=wc, GHP=cfg["GHP"],
+            DHP=cfg["DHP"], DOT=cfg["DOT"], PREC=cfg["PREC"], num_warps=4,
         )  # fmt: skip
     return dv, dprm
 
