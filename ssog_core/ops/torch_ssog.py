@@ -82,28 +82,50 @@ def _gauss(x: Tensor, keys: Tensor, c: Tensor, shift: Tensor, inplace: bool) -> 
     return (shift[..., None] - c[..., None] * (x[..., None] - keys).square()).exp2()
 
 
-def _axis_terms(pos: Tensor, mu: Tensor, sigma: Tensor, tau: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``x = pos − μ``, ``c = log2(e)/(2σ²τ)`` and the analytic-max shift ``c·(x − j*)²`` for one axis."""
+def _factorized_terms(field: Field, b: int, grid: tuple[int, int]) -> tuple[Tensor, Tensor]:
+    """Per-token ``(x, c, shift)`` of both axes in the two kernel layouts: ``(B, H, k, R, i, 3)`` for the column
+    pass (row axis y) and ``(B, H, i, w, R, 3)`` for the row pass (column axis x).
+
+    ``x = query − μ`` (where the atom looks), ``c = log2(e)/(2σ²τ)`` and the analytic-max shift ``c·(x − j*)²``
+    with ``j* = clamp(round(x))``; both axes are computed at once in the field's own layout, then permuted once
+    per pass (a handful of small ops instead of one set per axis and layout).
+    """
+    gh, gw = grid
+    h, r = field.num_heads, field.num_atoms
+    mu = field.mu.expand(b, gh, gw, h, r, 2)
+    sigma = field.sigma.expand(b, gh, gw, h, r, 2)
+    dev, dt = mu.device, mu.dtype
+    ii, ww = torch.meshgrid(
+        torch.arange(gh, device=dev, dtype=dt), torch.arange(gw, device=dev, dtype=dt), indexing="ij"
+    )
+    pos = torch.stack([ii, ww], dim=-1)[:, :, None, None]  # (Gh, Gw, 1, 1, 2): the query's own coordinates
     x = pos - mu
-    c = (0.5 * LOG2E) / (sigma.square() * tau)
-    jstar = torch.clamp(torch.round(x.detach()), 0, n - 1)
-    shift = (c * (x - jstar).square()).detach()  # cancels in the normalisation: no gradient needed
-    return x, c, shift
+    c = (0.5 * LOG2E) / (sigma.square() * field.tau)
+    with torch.no_grad():  # the shift cancels in the normalisation: no gradient needed
+        top = torch.tensor([gh - 1, gw - 1], device=dev, dtype=dt)
+        shift = c * (x - torch.minimum(torch.round(x).clamp_(min=0), top)).square_()
+    terms = torch.stack([x, c, shift], dim=-1)  # (B, Gh, Gw, H, R, 2, 3)
+    col = terms[..., 0, :].permute(0, 3, 2, 4, 1, 5).contiguous()
+    row = terms[..., 1, :].permute(0, 3, 1, 2, 4, 5).contiguous()
+    return col, row
 
 
-def _normalise(w: Tensor, scale: Tensor, inplace: bool) -> Tensor:
-    """``w · scale / Σ_key w`` (keys on the last axis)."""
-    scale = (scale / w.sum(-1))[..., None]
-    return w.mul_(scale) if inplace else w * scale
+def _normalise(w: Tensor, scale: Tensor | None, inplace: bool) -> Tensor:
+    """``w · scale / Σ_key w`` (keys on the last axis; no scale: plain normalisation)."""
+    z = w.sum(-1, keepdim=True)
+    factor = z.reciprocal_() if scale is None else scale[..., None] / z
+    return w.mul_(factor) if inplace else w * factor
 
 
 def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode) -> Tensor:
     """Per-token field, chunked over query rows (and over the batch when all rows of one image fit a chunk).
 
     Per chunk of query rows ``I``: the column pass builds ``A[b, h, k, r, i, j]`` for the tokens
-    ``(i ∈ I, k)`` and runs one bmm ``[(r, i), j] @ [j, d]`` per key column; ``y1`` is transposed to
-    ``(b, h, i, r, k, d)``; the row pass builds ``U[b, h, i, w, r, k]`` (λ folded in) and runs one bmm
-    ``[w, (r, k)] @ [(r, k), d]`` per query row.
+    ``(i ∈ I, k)`` and runs one bmm ``[(r, i), j] @ [j, d]`` per key column, which leaves ``y1`` as
+    ``(b, h, (k, r), i, d)``: for each query row its ``(k, r)`` block is a strided matrix, so the row pass reads it
+    in place. The row kernel is built as ``U[b, h, i, w, r, k]`` (elementwise work along the long key axis,
+    λ folded in) and stored once as ``(w, (k, r))``; one strided bmm ``[w, (k, r)] @ [(k, r), d]`` per
+    (image, head) then covers every query row of the chunk. Transposing U costs ``Gw/D`` of transposing y1.
     """
     b, n, h, d = v.shape
     gh, gw = grid
@@ -111,17 +133,17 @@ def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
     ro = r if mode == "factorized" else 1  # atoms left in the contractions (axial mixes them inside each axis)
     inplace = not _needs_grad(v, field)
     dev, pdt, vdt = v.device, field.mu.dtype, v.dtype
-    # per-token atoms in the kernel layouts: (B, H, k, R, i) for the column pass, (B, H, i, w, R) for the row pass
-    mu = field.mu.expand(b, gh, gw, h, r, 2)
-    sigma = field.sigma.expand(b, gh, gw, h, r, 2)
-    col_mu = mu[..., 0].permute(0, 3, 2, 4, 1).contiguous()
-    col_sigma = sigma[..., 0].permute(0, 3, 2, 4, 1).contiguous()
-    row_mu = mu[..., 1].permute(0, 3, 1, 2, 4).contiguous()
-    row_sigma = sigma[..., 1].permute(0, 3, 1, 2, 4).contiguous()
     log_lam = field.log_lam.expand(b, gh, gw, h, r).permute(0, 3, 1, 2, 4)
     if mode == "factorized":
+        col_t, row_t = _factorized_terms(field, b, grid)
         row_lam = torch.softmax(log_lam, dim=-1).contiguous()
-    else:
+    else:  # per-token atoms in the layouts (B, H, k, R, i) for the column pass and (B, H, i, w, R) for the row pass
+        mu = field.mu.expand(b, gh, gw, h, r, 2)
+        sigma = field.sigma.expand(b, gh, gw, h, r, 2)
+        col_mu = mu[..., 0].permute(0, 3, 2, 4, 1).contiguous()
+        col_sigma = sigma[..., 0].permute(0, 3, 2, 4, 1).contiguous()
+        row_mu = mu[..., 1].permute(0, 3, 1, 2, 4).contiguous()
+        row_sigma = sigma[..., 1].permute(0, 3, 1, 2, 4).contiguous()
         row_lam = torch.log_softmax(log_lam, dim=-1).contiguous()
         col_lam = row_lam.permute(0, 1, 3, 4, 2).contiguous()
     ky = torch.arange(gh, device=dev, dtype=pdt)
@@ -137,29 +159,47 @@ def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
         for rows in _row_chunks(gh, nb * per_row):
             ni = rows.stop - rows.start
             # column pass: A[b, h, k, r, i, j] for tokens (i ∈ rows, k), keys j
-            cm, cs = col_mu[bs, :, :, :, rows], col_sigma[bs, :, :, :, rows]
             if mode == "factorized":
-                x, c, shift = _axis_terms(ky[rows], cm, cs, field.tau, gh)
-                a = _gauss(x, ky, c, shift, inplace)
-                a = _normalise(a, torch.ones_like(shift), inplace)
+                t = col_t[bs, :, :, :, rows]
+                a = _normalise(_gauss(t[..., 0], ky, t[..., 1], t[..., 2], inplace), None, inplace)
             else:
-                a = _axial_kernel(ky[rows, None] - ky, cm, cs, col_lam[bs, :, :, :, rows], field.tau, atom_dim=3)
+                cm, cs, cl = col_mu[bs, :, :, :, rows], col_sigma[bs, :, :, :, rows], col_lam[bs, :, :, :, rows]
+                a = _axial_kernel(ky[rows, None] - ky, cm, cs, cl, field.tau, atom_dim=3)
             y1 = torch.bmm(a.to(vdt).reshape(nb * h * gw, ro * ni, gh), vt[bs].reshape(nb * h * gw, gh, d))
-            y1 = y1.view(nb, h, gw, ro, ni, d).permute(0, 1, 4, 3, 2, 5).reshape(nb * h * ni, ro * gw, d)
+            y1 = y1.view(nb, h, gw * ro, ni, d)  # per (b, h, i): a strided [(k, r), d] matrix
             # row pass: U[b, h, i, w, r, k] for queries (i ∈ rows, w), keys k, λ folded in
-            rm, rs, rl = row_mu[bs, :, rows], row_sigma[bs, :, rows], row_lam[bs, :, rows]
+            rl = row_lam[bs, :, rows]
             if mode == "factorized":
-                x, c, shift = _axis_terms(kx[:, None], rm, rs, field.tau, gw)
-                u = _normalise(_gauss(x, kx, c, shift, inplace), rl, inplace)
+                t = row_t[bs, :, rows]
+                u = _normalise(_gauss(t[..., 0], kx, t[..., 1], t[..., 2], inplace), rl, inplace)
+                if inplace:
+                    u = torch.empty(nb, h, ni, gw, gw, ro, dtype=vdt, device=dev).copy_(u.transpose(-1, -2))
+                else:
+                    u = u.transpose(-1, -2).to(vdt).contiguous()
             else:
-                u = _axial_kernel(kx[:, None] - kx, rm, rs, rl, field.tau, atom_dim=4)
-            y = torch.bmm(u.to(vdt).reshape(nb * h * ni, gw, ro * gw), y1)
-            out.append(y.view(nb, h, ni, gw, d))
+                rm, rs = row_mu[bs, :, rows], row_sigma[bs, :, rows]
+                u = _axial_kernel(kx[:, None] - kx, rm, rs, rl, field.tau, atom_dim=4).to(vdt)
+            u = u.view(nb, h, ni, gw, gw * ro)
+            out.append(_row_pass(u, y1, inplace))
     if len(out) > 1:  # chunks are ordered batch-major, rows within a batch chunk
         n_row_chunks = len(out) // len(range(0, b, b_step))
         out = [torch.cat(out[i : i + n_row_chunks], dim=2) for i in range(0, len(out), n_row_chunks)]
     y = out[0] if len(out) == 1 else torch.cat(out, dim=0)
     return y.permute(0, 2, 3, 1, 4).reshape(b, n, h, d)
+
+
+def _row_pass(u: Tensor, y1: Tensor, inplace: bool) -> Tensor:
+    """``y[b, h, i] = U[b, h, i] @ y1[b, h, :, i]`` with U ``(B, H, I, Gw, K)`` and y1 ``(B, H, K, I, D)``."""
+    nb, h, ni, gw, _ = u.shape
+    pairs = [(bi, hi) for bi in range(nb) for hi in range(h)]
+    if not inplace:
+        return torch.stack([torch.bmm(u[bi, hi], y1[bi, hi].transpose(0, 1)) for bi, hi in pairs]).view(
+            nb, h, ni, gw, y1.shape[-1]
+        )
+    y = torch.empty(nb, h, ni, gw, y1.shape[-1], dtype=u.dtype, device=u.device)
+    for bi, hi in pairs:
+        torch.bmm(u[bi, hi], y1[bi, hi].transpose(0, 1), out=y[bi, hi])
+    return y
 
 
 def _axial_kernel(disp: Tensor, mu: Tensor, sigma: Tensor, log_w: Tensor, tau: Tensor, atom_dim: int) -> Tensor:
