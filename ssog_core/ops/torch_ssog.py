@@ -189,16 +189,17 @@ def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
 
 
 def _row_pass(u: Tensor, y1: Tensor, inplace: bool) -> Tensor:
-    """``y[b, h, i] = U[b, h, i] @ y1[b, h, :, i]`` with U ``(B, H, I, Gw, K)`` and y1 ``(B, H, K, I, D)``."""
-    nb, h, ni, gw, _ = u.shape
-    pairs = [(bi, hi) for bi in range(nb) for hi in range(h)]
+    """``y[b, h, i] = U[b, h, i] @ y1[b, h, :, i]`` with U ``(B, H, I, Gw, K)`` and y1 ``(B, H, K, I, D)``:
+    one strided bmm per (image, head) over the chunk's query rows."""
+    nb, h, ni, gw, k = u.shape
+    d = y1.shape[-1]
+    us = u.view(nb * h, ni, gw, k).unbind(0)
+    ys = y1.view(nb * h, k, ni, d).transpose(1, 2).unbind(0)  # each (I, K, D), read in place
     if not inplace:
-        return torch.stack([torch.bmm(u[bi, hi], y1[bi, hi].transpose(0, 1)) for bi, hi in pairs]).view(
-            nb, h, ni, gw, y1.shape[-1]
-        )
-    y = torch.empty(nb, h, ni, gw, y1.shape[-1], dtype=u.dtype, device=u.device)
-    for bi, hi in pairs:
-        torch.bmm(u[bi, hi], y1[bi, hi].transpose(0, 1), out=y[bi, hi])
+        return torch.stack([torch.bmm(a, b) for a, b in zip(us, ys, strict=True)]).view(nb, h, ni, gw, d)
+    y = torch.empty(nb, h, ni, gw, d, dtype=u.dtype, device=u.device)
+    for a, b, out in zip(us, ys, y.view(nb * h, ni, gw, d).unbind(0), strict=True):
+        torch.bmm(a, b, out=out)
     return y
 
 
