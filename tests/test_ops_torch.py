@@ -131,6 +131,14 @@ def test_flops_are_the_separable_attention_cost(mode: str, taps: tuple[str, ...]
     assert counter.get_total_flops() == 2 * ro * b * gh * gw * (gh + gw) * h * d
 
 
+@pytest.mark.parametrize("inplace", [True, False])
+def test_single_bmm_row_pass_used_on_gpus_matches_the_strided_one(inplace: bool) -> None:
+    u, y1 = torch.randn(2, 3, 5, 7, 12), torch.randn(2, 3, 12, 5, 4)
+    looped = torch_ssog._row_pass(u, y1, inplace, single=False)
+    torch.testing.assert_close(torch_ssog._row_pass(u, y1, inplace, single=True), looped)
+    torch.testing.assert_close(looped, torch.einsum("bhiwk,bhkid->bhiwd", u, y1))
+
+
 def test_bad_inputs_raise_clearly() -> None:
     field = FieldLeaves(1, (4, 4), 2, 2, ()).field()
     with pytest.raises(ValueError, match="tile the grid"):

@@ -27,7 +27,8 @@ from torch import Tensor
 from ssog_core.field import Field, FieldMode, axis_kernels, check_grid, log_gauss
 
 LOG2E = 1.0 / math.log(2.0)
-CHUNK_ELEMENTS = 1 << 21  # per-chunk bound on kernel and intermediate elements (8 MiB in fp32)
+CHUNK_ELEMENTS = 1 << 21  # per-chunk bound on kernel and intermediate elements on the CPU (8 MiB in fp32)
+CUDA_CHUNK_ELEMENTS = 1 << 27  # on a GPU, memory rather than cache bounds the chunk (512 MiB in fp32)
 
 
 def apply_torch(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode = "factorized") -> Tensor:
@@ -45,8 +46,12 @@ def _needs_grad(v: Tensor, field: Field) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def _row_chunks(n_rows: int, per_row: int) -> list[slice]:
-    step = max(1, min(n_rows, CHUNK_ELEMENTS // max(per_row, 1)))
+def _budget(t: Tensor) -> int:
+    return CUDA_CHUNK_ELEMENTS if t.is_cuda else CHUNK_ELEMENTS
+
+
+def _row_chunks(n_rows: int, per_row: int, budget: int) -> list[slice]:
+    step = max(1, min(n_rows, budget // max(per_row, 1)))
     return [slice(i, min(i + step, n_rows)) for i in range(0, n_rows, step)]
 
 
@@ -62,7 +67,7 @@ def _apply_fixed(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode
     ax = (k.ax[0, 0] * k.lam[0, 0, 0, :, :, None]).permute(1, 0, 2, 3).reshape(h, 1, gw, r * gw).to(v.dtype)
     vt = v.reshape(b, gh, gw, h, d).permute(3, 1, 2, 0, 4).reshape(h, gh, gw * b * d)  # (H, j, (k, b, d))
     out = []
-    for rows in _row_chunks(gh, h * r * gw * b * d):
+    for rows in _row_chunks(gh, h * r * gw * b * d, _budget(v)):
         y1 = torch.bmm(ay[:, rows.start * r : rows.stop * r], vt)  # (H, (i, r), (k, b, d))
         y1 = y1.view(h, rows.stop - rows.start, r * gw, b * d)  # K = (r, k) is contiguous per (h, i)
         out.append(torch.matmul(ax, y1))  # (H, i, w, b·d)
@@ -151,12 +156,12 @@ def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
     vt = v.reshape(b, gh, gw, h, d).permute(0, 3, 2, 1, 4).contiguous()  # (B, H, k, j, D)
 
     per_row = h * gw * r * (gh + gw + 2 * d)  # kernel + y1 elements per query row and image
-    b_step = max(1, CHUNK_ELEMENTS // (gh * per_row))
+    b_step = max(1, _budget(v) // (gh * per_row))
     out = []
     for b0 in range(0, b, b_step):
         bs = slice(b0, min(b0 + b_step, b))
         nb = bs.stop - bs.start
-        for rows in _row_chunks(gh, nb * per_row):
+        for rows in _row_chunks(gh, nb * per_row, _budget(v)):
             ni = rows.stop - rows.start
             # column pass: A[b, h, k, r, i, j] for tokens (i ∈ rows, k), keys j
             if mode == "factorized":
@@ -188,11 +193,17 @@ def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
     return y.permute(0, 2, 3, 1, 4).reshape(b, n, h, d)
 
 
-def _row_pass(u: Tensor, y1: Tensor, inplace: bool) -> Tensor:
-    """``y[b, h, i] = U[b, h, i] @ y1[b, h, :, i]`` with U ``(B, H, I, Gw, K)`` and y1 ``(B, H, K, I, D)``:
-    one strided bmm per (image, head) over the chunk's query rows."""
+def _row_pass(u: Tensor, y1: Tensor, inplace: bool, single: bool | None = None) -> Tensor:
+    """``y[b, h, i] = U[b, h, i] @ y1[b, h, :, i]`` with U ``(B, H, I, Gw, K)`` and y1 ``(B, H, K, I, D)``.
+
+    CPU: one strided bmm per (image, head) reads y1 in place. CUDA (``single``): y1 is transposed once and a single
+    bmm runs (a copy is cheap there, hundreds of small launches are not).
+    """
     nb, h, ni, gw, k = u.shape
     d = y1.shape[-1]
+    if u.is_cuda if single is None else single:
+        y1t = y1.transpose(2, 3).reshape(nb * h * ni, k, d)
+        return torch.bmm(u.reshape(nb * h * ni, gw, k), y1t).view(nb, h, ni, gw, d)
     us = u.view(nb * h, ni, gw, k).unbind(0)
     ys = y1.view(nb * h, k, ni, d).transpose(1, 2).unbind(0)  # each (I, K, D), read in place
     if not inplace:
