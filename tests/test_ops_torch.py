@@ -21,7 +21,7 @@ def _check(leaves: FieldLeaves, mode: str, batch: int, head_dim: int, dtype: tor
     v = torch.randn(batch, gh * gw, heads, head_dim, dtype=torch.float64, requires_grad=True)
     dy = torch.randn(batch, gh * gw, heads, head_dim, dtype=torch.float64)
     inputs = [v, *leaves.tensors()]
-    expected = reference_apply(v, leaves.field(), leaves.grid, mode)
+    expected = reference_apply(v.to(dtype).double(), leaves.field(), leaves.grid, mode)  # same rounded input
     expected_grads = grads(expected, inputs, dy)
     field_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     out = apply_torch(v.to(dtype), leaves.field(field_dtype), leaves.grid, mode)

@@ -51,14 +51,14 @@ def _check(leaves: FieldLeaves, mode: str, head_dim: int, dtype: torch.dtype, rt
     v = torch.randn(batch, gh * gw, heads, head_dim, dtype=torch.float64, requires_grad=True)
     dy = torch.randn(batch, gh * gw, heads, head_dim, dtype=torch.float64)
     inputs = [v, *leaves.tensors()]
-    expected = reference_apply(v, leaves.field(), leaves.grid, mode)
+    expected = reference_apply(v.to(dtype).double(), leaves.field(), leaves.grid, mode)  # same rounded input
     out = apply_triton(v.to(dtype), leaves.field(torch.float32), leaves.grid, mode)
     assert out.dtype == dtype
     assert_close(out, expected, rtol, "output")
     expected_grads = grads(expected, inputs, dy)
     for name, got, want in zip(["v", *leaves.names()], grads(out, inputs, dy), expected_grads, strict=True):
         # a scalar (gate, temperature) sums signed contributions of every token: fp32 cancellation, not the kernel
-        assert_close(got, want, 10 * rtol if want.dim() else 2e-3, f"d/d{name}")
+        assert_close(got, want, 10 * rtol if want.dim() else max(10 * rtol, 2e-3), f"d/d{name}")
 
 
 @pytest.mark.parametrize("case", CASES, ids=_ids)
