@@ -132,11 +132,27 @@ def test_flops_are_the_separable_attention_cost(mode: str, taps: tuple[str, ...]
 
 
 @pytest.mark.parametrize("inplace", [True, False])
-def test_single_bmm_row_pass_used_on_gpus_matches_the_strided_one(inplace: bool) -> None:
-    u, y1 = torch.randn(2, 3, 5, 7, 12), torch.randn(2, 3, 12, 5, 4)
-    looped = torch_ssog._row_pass(u, y1, inplace, single=False)
-    torch.testing.assert_close(torch_ssog._row_pass(u, y1, inplace, single=True), looped)
-    torch.testing.assert_close(looped, torch.einsum("bhiwk,bhkid->bhiwd", u, y1))
+def test_both_row_pass_strategies_agree(inplace: bool) -> None:
+    """The single-bmm row pass (GPU, several CPU threads) and the in-place strided one (one CPU thread)."""
+    u, y1 = torch.randn(2, 3, 5, 7, 4, 7), torch.randn(2, 3, 7, 4, 5, 8)  # (B, H, I, Gw, R, Gw), (B, H, Gw, R, I, D)
+    expected = torch.einsum("bhiwrk,bhkrid->bhiwd", u, y1)
+    torch.testing.assert_close(torch_ssog._row_pass(u, y1, inplace, single=True), expected)
+    torch.testing.assert_close(torch_ssog._row_pass(u, y1, inplace, single=False), expected)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_thread_count_does_not_change_results(threads: int) -> None:
+    leaves = FieldLeaves(2, (6, 5), 3, 4, ("mu", "sigma", "lambda"), dtype=torch.float32)
+    v = torch.randn(2, 30, 3, 8)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        with torch.inference_mode():
+            out = apply_torch(v, leaves.field(), (6, 5))
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(out.double(), reference_apply(v, leaves.field(), (6, 5), "factorized").detach(),
+                               rtol=2e-6, atol=2e-6)  # fmt: skip
 
 
 def test_bad_inputs_raise_clearly() -> None:

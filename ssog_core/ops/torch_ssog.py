@@ -126,17 +126,16 @@ def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
     """Per-token field, chunked over query rows (and over the batch when all rows of one image fit a chunk).
 
     Per chunk of query rows ``I``: the column pass builds ``A[b, h, k, r, i, j]`` for the tokens
-    ``(i ∈ I, k)`` and runs one bmm ``[(r, i), j] @ [j, d]`` per key column, which leaves ``y1`` as
-    ``(b, h, (k, r), i, d)``: for each query row its ``(k, r)`` block is a strided matrix, so the row pass reads it
-    in place. The row kernel is built as ``U[b, h, i, w, r, k]`` (elementwise work along the long key axis,
-    λ folded in) and stored once as ``(w, (k, r))``; one strided bmm ``[w, (k, r)] @ [(k, r), d]`` per
-    (image, head) then covers every query row of the chunk. Transposing U costs ``Gw/D`` of transposing y1.
+    ``(i ∈ I, k)`` and runs one bmm ``[(r, i), j] @ [j, d]`` per key column (``y1`` comes out as
+    ``(b, h, k, r, i, d)``); the row pass builds ``U[b, h, i, w, r, k]`` (elementwise work along the long key
+    axis, λ folded in) and contracts ``(r, k)`` per query row (:func:`_row_pass`).
     """
     b, n, h, d = v.shape
     gh, gw = grid
     r = field.num_atoms
     ro = r if mode == "factorized" else 1  # atoms left in the contractions (axial mixes them inside each axis)
     inplace = not _needs_grad(v, field)
+    single = v.is_cuda or torch.get_num_threads() > 1  # see _row_pass
     dev, pdt, vdt = v.device, field.mu.dtype, v.dtype
     log_lam = field.log_lam.expand(b, gh, gw, h, r).permute(0, 3, 1, 2, 4)
     if mode == "factorized":
@@ -171,21 +170,15 @@ def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
                 cm, cs, cl = col_mu[bs, :, :, :, rows], col_sigma[bs, :, :, :, rows], col_lam[bs, :, :, :, rows]
                 a = _axial_kernel(ky[rows, None] - ky, cm, cs, cl, field.tau, atom_dim=3)
             y1 = torch.bmm(a.to(vdt).reshape(nb * h * gw, ro * ni, gh), vt[bs].reshape(nb * h * gw, gh, d))
-            y1 = y1.view(nb, h, gw * ro, ni, d)  # per (b, h, i): a strided [(k, r), d] matrix
             # row pass: U[b, h, i, w, r, k] for queries (i ∈ rows, w), keys k, λ folded in
             rl = row_lam[bs, :, rows]
             if mode == "factorized":
                 t = row_t[bs, :, rows]
-                u = _normalise(_gauss(t[..., 0], kx, t[..., 1], t[..., 2], inplace), rl, inplace)
-                if inplace:
-                    u = torch.empty(nb, h, ni, gw, gw, ro, dtype=vdt, device=dev).copy_(u.transpose(-1, -2))
-                else:
-                    u = u.transpose(-1, -2).to(vdt).contiguous()
+                u = _normalise(_gauss(t[..., 0], kx, t[..., 1], t[..., 2], inplace), rl, inplace).to(vdt)
             else:
                 rm, rs = row_mu[bs, :, rows], row_sigma[bs, :, rows]
                 u = _axial_kernel(kx[:, None] - kx, rm, rs, rl, field.tau, atom_dim=4).to(vdt)
-            u = u.view(nb, h, ni, gw, gw * ro)
-            out.append(_row_pass(u, y1, inplace))
+            out.append(_row_pass(u.view(nb, h, ni, gw, ro, gw), y1.view(nb, h, gw, ro, ni, d), inplace, single))
     if len(out) > 1:  # chunks are ordered batch-major, rows within a batch chunk
         n_row_chunks = len(out) // len(range(0, b, b_step))
         out = [torch.cat(out[i : i + n_row_chunks], dim=2) for i in range(0, len(out), n_row_chunks)]
@@ -193,19 +186,23 @@ def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
     return y.permute(0, 2, 3, 1, 4).reshape(b, n, h, d)
 
 
-def _row_pass(u: Tensor, y1: Tensor, inplace: bool, single: bool | None = None) -> Tensor:
-    """``y[b, h, i] = U[b, h, i] @ y1[b, h, :, i]`` with U ``(B, H, I, Gw, K)`` and y1 ``(B, H, K, I, D)``.
+def _row_pass(u: Tensor, y1: Tensor, inplace: bool, single: bool) -> Tensor:
+    """``y[b, h, i, w] = Σ_{r, k} U[b, h, i, w, r, k] · y1[b, h, k, r, i]``, U ``(B, H, I, Gw, R, Gw)``, y1
+    ``(B, H, Gw, R, I, D)`` → ``(B, H, I, Gw, D)``.
 
-    CPU: one strided bmm per (image, head) reads y1 in place. CUDA (``single``): y1 is transposed once and a single
-    bmm runs (a copy is cheap there, hundreds of small launches are not).
+    ``single``: transpose y1 to ``(i, (r, k), d)`` and run one bmm — few large operations, what a GPU or several
+    CPU threads want (each operation is a parallel region). Otherwise (one CPU thread) y1 is read in place: U is
+    stored as ``(w, (k, r))`` — ``Gw/D`` of the data of y1 — and one strided bmm runs per (image, head).
     """
-    nb, h, ni, gw, k = u.shape
+    nb, h, ni, gw, r, _ = u.shape
     d = y1.shape[-1]
-    if u.is_cuda if single is None else single:
-        y1t = y1.transpose(2, 3).reshape(nb * h * ni, k, d)
-        return torch.bmm(u.reshape(nb * h * ni, gw, k), y1t).view(nb, h, ni, gw, d)
-    us = u.view(nb * h, ni, gw, k).unbind(0)
-    ys = y1.view(nb * h, k, ni, d).transpose(1, 2).unbind(0)  # each (I, K, D), read in place
+    if single:
+        y1t = y1.permute(0, 1, 4, 3, 2, 5).reshape(nb * h * ni, r * gw, d)
+        return torch.bmm(u.reshape(nb * h * ni, gw, r * gw), y1t).view(nb, h, ni, gw, d)
+    u = u.transpose(-1, -2)
+    u = torch.empty(u.shape, dtype=u.dtype, device=u.device).copy_(u) if inplace else u.contiguous()
+    us = u.view(nb * h, ni, gw, gw * r).unbind(0)
+    ys = y1.view(nb * h, gw * r, ni, d).transpose(1, 2).unbind(0)  # each (I, (k, r), D), read in place
     if not inplace:
         return torch.stack([torch.bmm(a, b) for a, b in zip(us, ys, strict=True)]).view(nb, h, ni, gw, d)
     y = torch.empty(nb, h, ni, gw, d, dtype=u.dtype, device=u.device)
