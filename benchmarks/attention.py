@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import datetime
 import math
 import os
 import platform
@@ -143,16 +144,6 @@ def _ops(path: str, kind: str, b: int, n: int, h: int, d: int, r: int, device, d
     return run
 
 
-def _time_cpu(fn: Callable, repeats: int) -> float:
-    fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
-
-
 def _time_cuda(fn: Callable) -> float:
     import triton.testing
 
@@ -162,30 +153,60 @@ def _time_cuda(fn: Callable) -> float:
         return triton.testing.do_bench(fn, rep=100)
 
 
-def measure(path: str, kind: str, b: int, n: int, h: int, d: int, r: int, device, dtype, repeats: int) -> dict:
+def _peak_bytes(fn: Callable, device: torch.device) -> int:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    with PeakLive() as probe:
+        fn()
+    return probe.peak
+
+
+def measure_cuda(path: str, kind: str, b: int, n: int, h: int, d: int, r: int, device, dtype) -> dict:
+    """One row on the GPU (GPU timings are stable, so jobs run one after the other)."""
     row = {"path": path, "kind": kind, "tokens": n, "batch": b}
     v_bytes = b * n * h * d * torch.finfo(dtype).bits // 8
     for train in (False, True):
         tag = "fwdbwd" if train else "fwd"
         fn = _ops(path, kind, b, n, h, d, r, device, dtype, train)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            row[f"{tag}_ms"] = _time_cuda(fn)
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            fn()
-            torch.cuda.synchronize()
-            peak = torch.cuda.max_memory_allocated() - base
-        else:
-            row[f"{tag}_ms"] = _time_cpu(fn, repeats)
-            with PeakLive() as probe:
-                fn()
-            peak = probe.peak
+        row[f"{tag}_ms"] = _time_cuda(fn)
+        peak = _peak_bytes(fn, device)
         row[f"{tag}_peak_mb"] = peak / 2**20
         row[f"{tag}_peak_over_v"] = peak / v_bytes
         del fn
     return row
+
+
+def measure_cpu(jobs: list[tuple[str, str]], b: int, n: int, h: int, d: int, r: int, dtype, repeats: int) -> list:
+    """All rows of one size on the CPU, timed interleaved (every round runs every job once, in a rotating order)
+    so that load from other processes hits all of them alike."""
+    device = torch.device("cpu")
+    v_bytes = b * n * h * d * torch.finfo(dtype).bits // 8
+    fns = {(p, k, t): _ops(p, k, b, n, h, d, r, device, dtype, t) for p, k in jobs for t in (False, True)}
+    times: dict[tuple, list[float]] = {key: [] for key in fns}
+    keys = list(fns)
+    for fn in fns.values():
+        fn()
+    for i in range(repeats):
+        for key in keys[i % len(keys) :] + keys[: i % len(keys)]:
+            t0 = time.perf_counter()
+            fns[key]()
+            times[key].append(time.perf_counter() - t0)
+    rows = []
+    for p, k in jobs:
+        row = {"path": p, "kind": k, "tokens": n, "batch": b}
+        for train in (False, True):
+            tag = "fwdbwd" if train else "fwd"
+            row[f"{tag}_ms"] = statistics.median(times[(p, k, train)]) * 1e3
+            peak = _peak_bytes(fns[(p, k, train)], device)
+            row[f"{tag}_peak_mb"] = peak / 2**20
+            row[f"{tag}_peak_over_v"] = peak / v_bytes
+        rows.append(row)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -199,10 +220,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--heads", type=int, default=6)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--atoms", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=7, help="CPU timing repeats")
+    ap.add_argument("--repeats", type=int, default=7, help="CPU timing rounds (every job once per round)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    ap.add_argument("--tag", help="output file suffix (default: the device type, e.g. cpu or cuda)")
     args = ap.parse_args(argv)
+    command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *(sys.argv[1:] if argv is None else argv)])
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     if args.threads:
@@ -216,31 +240,36 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for n in tokens:
         jobs = [("sdpa", "sdpa")] + [(p, k) for k in args.kinds for p in paths]
-        for path, kind in jobs:
-            if path == "reference" and n > 1024:
-                continue  # the reference materialises every per-query kernel: minutes and gigabytes beyond this
-            b = batch0
-            while True:
-                try:
-                    row = measure(path, kind, b, n, h, d, r, device, dtype, args.repeats)
-                    break
-                except torch.OutOfMemoryError:
-                    if b == 1:
-                        raise
-                    b //= 2
-                    if cuda:
+        # the reference materialises every per-query kernel: minutes and gigabytes beyond 1024 tokens
+        jobs = [(p, k) for p, k in jobs if not (p == "reference" and n > 1024)]
+        if not cuda:
+            new = measure_cpu(jobs, batch0, n, h, d, r, dtype, args.repeats)
+        else:
+            new = []
+            for path, kind in jobs:
+                b = batch0
+                while True:
+                    try:
+                        row = measure_cuda(path, kind, b, n, h, d, r, device, dtype)
+                        break
+                    except torch.OutOfMemoryError:
+                        if b == 1:
+                            raise
+                        b //= 2
                         torch.cuda.empty_cache()
-            if cuda:
                 row["fwd_floor_us"] = floor_us(kind, b, n, h, d, r, False)
                 row["fwdbwd_floor_us"] = floor_us(kind, b, n, h, d, r, True)
                 row["fwd_achieved_over_floor"] = row["fwd_ms"] * 1e3 / row["fwd_floor_us"]
                 row["fwdbwd_achieved_over_floor"] = row["fwdbwd_ms"] * 1e3 / row["fwdbwd_floor_us"]
-            rows.append(row)
+                new.append(row)
+        for row in new:
             print(
-                f"N={n:>6} {path:>9} {kind:<8} B={b:<3} fwd {row['fwd_ms']:9.3f} ms  fwd+bwd {row['fwdbwd_ms']:9.3f} ms"
-                f"  peak fwd {row['fwd_peak_mb']:8.1f} MB ({row['fwd_peak_over_v']:.2f}× v)",
+                f"N={n:>6} {row['path']:>9} {row['kind']:<8} B={row['batch']:<3} fwd {row['fwd_ms']:9.3f} ms  "
+                f"fwd+bwd {row['fwdbwd_ms']:9.3f} ms  peak fwd {row['fwd_peak_mb']:8.1f} MB "
+                f"({row['fwd_peak_over_v']:.2f}× v)",
                 flush=True,
             )
+        rows += new
     for row in rows:  # speed-up against SDPA at the same size and batch
         sdpa = next(x for x in rows if x["kind"] == "sdpa" and x["tokens"] == row["tokens"])
         scale = sdpa["batch"] / row["batch"]
@@ -248,7 +277,7 @@ def main(argv: list[str] | None = None) -> None:
         row["fwdbwd_speedup_vs_sdpa"] = sdpa["fwdbwd_ms"] / (row["fwdbwd_ms"] * scale)
 
     args.out.mkdir(parents=True, exist_ok=True)
-    tag = device.type
+    tag = args.tag or device.type
     fields = sorted({k for row in rows for k in row}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
 
     def write_csv(tmp: str) -> None:
@@ -262,11 +291,11 @@ def main(argv: list[str] | None = None) -> None:
     lines = [
         f"Attention op only, {h} heads × d{d}, R{r}, {str(dtype).removeprefix('torch.')}, {dev_name}, "
         f"torch {torch.__version__}, {os.cpu_count()} CPUs / {torch.get_num_threads()} threads. "
-        f"Peak = memory beyond the live inputs, also in multiples of v.",
+        f"Peak = memory beyond the live inputs, also in multiples of v. {stamp}, `{command}`.",
         "",
     ]
     head = (
-        "| N | path | kind | B | fwd ms | fwd+bwd ms | ×SDPA fwd | ×SDPA fwd+bwd | peak fwd MB (×v) "
+        "| N | path | kind | B | fwd ms | fwd+bwd ms | speed-up vs SDPA fwd | vs SDPA fwd+bwd | peak fwd MB (×v) "
         "| peak fwd+bwd MB (×v) |"
     )
     sep = "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"

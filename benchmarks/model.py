@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import datetime
 import platform
 import statistics
 import sys
@@ -108,7 +109,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds per size")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave the default)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    ap.add_argument("--tag", help="output file suffix (default: the device type, e.g. cpu or cuda)")
     args = ap.parse_args(argv)
+    command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *(sys.argv[1:] if argv is None else argv)])
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -128,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         )
 
     args.out.mkdir(parents=True, exist_ok=True)
-    tag = device.type
+    tag = args.tag or device.type
     fields = list(rows[0])
 
     def write_csv(tmp: str) -> None:
@@ -142,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     lines = [
         f"Whole d384 ViT forward (12 layers, 6 heads, mlp 2, SSOG R4 all taps vs dot twin), batch {args.batch}, "
         f"{args.dtype}, {dev_name}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"{args.rounds} interleaved rounds.",
+        f"{args.rounds} interleaved rounds. {stamp}, `{command}`.",
         "",
         "| tokens | SSOG ms | dot ms | SSOG/dot (median of rounds) | IQR | SSOG backend | load avg |",
         "|---:|---:|---:|---:|---:|---|---|",

@@ -2,17 +2,17 @@
 
 Same operator as :func:`ssog_core.field.apply_field` (DESIGN.md §1), rearranged for speed:
 
-* every contraction is one batched matrix product with the atoms folded into an M or K dimension
-  (the column pass multiplies ``[(r, i), j] @ [j, d]`` per key column, the row pass
-  ``[w, (k, r)] @ [(k, r), d]`` per query row, λ folded into the row kernel), so there are no 6-D einsum
-  permute copies; v is transposed once on the way in and the output once on the way out;
+* every contraction is a batched matrix product with the atoms folded into an M or K dimension — the column
+  pass multiplies ``[(r, i), j] @ [j, d]`` per key column, the row pass ``[w, (r, k)] @ [(r, k), d]`` per query
+  row with λ folded into the row kernel — so there are no 6-D einsum permute copies; v is transposed once on
+  the way in and the output once on the way out;
 * factorized kernels use the reparametrisation of KERNELS.md §3.1: ``softmax_j(ℓ/τ)`` is
-  ``exp(−c((x − j)² − (x − j*)²)) / Z`` with ``c = 1/(2σ²τ)``, ``x = query − μ`` and the analytic argmax
+  ``2^(−c((x − j)² − (x − j*)²)) / Z`` with ``c = log2(e)/(2σ²τ)``, ``x = query − μ`` and the analytic argmax
   ``j* = clamp(round(x))``, so every weight is ≤ 1, the peak is exactly 1 and no max pass is needed;
 * a shared (fixed) field's kernels are computed once per head by :func:`ssog_core.field.axis_kernels`
   and reused across the batch;
 * per-query kernels and the per-atom intermediate are built for one chunk of query rows at a time,
-  bounded by :data:`CHUNK_ELEMENTS`, never for the whole input at once.
+  bounded by :data:`CHUNK_ELEMENTS` (:data:`CUDA_CHUNK_ELEMENTS` on a GPU), never for the whole input at once.
 
 Gradients come from PyTorch autograd through these ops; without autograd the kernels are built in place.
 """
