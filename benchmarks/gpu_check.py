@@ -118,10 +118,11 @@ def _check_dispatch_and_analysis() -> str | None:
 def _check_compile() -> str | None:
     dev = torch.device("cuda")
     problems = []
-    for mode in ("factorized", "axial"):
+    for mode, taps in (("factorized", ALL), ("axial", ALL), ("factorized", ())):
         torch._dynamo.reset()
-        attn = SSOGAttention(48, 3, 4, field=mode, cold_init=False).to(dev)
-        torch.nn.init.normal_(attn.mu_delta.weight, std=0.3)
+        attn = SSOGAttention(48, 3, 4, field=mode, steer=taps, cold_init=False).to(dev)
+        if taps:
+            torch.nn.init.normal_(attn.mu_delta.weight, std=0.3)
         x = torch.randn(4, 35, 48, device=dev)
 
         def loss(module, inp):
@@ -133,11 +134,11 @@ def _check_compile() -> str | None:
         out = compiled(attn, x)
         g_comp = torch.autograd.grad(out, list(attn.parameters()))
         if not torch.allclose(out, eager, rtol=1e-4, atol=1e-5):
-            problems.append(f"{mode}: compiled forward differs")
+            problems.append(f"{mode} {taps}: compiled forward differs")
         names = [n for n, _ in attn.named_parameters()]
         for p, a, e in zip(names, g_comp, g_eager, strict=True):
             if not torch.allclose(a, e, rtol=1e-3, atol=1e-5):
-                problems.append(f"{mode}: compiled grad of {p} differs by {(a - e).abs().max():.2e}")
+                problems.append(f"{mode} {taps}: compiled grad of {p} differs by {(a - e).abs().max():.2e}")
     return "; ".join(problems) or None
 
 

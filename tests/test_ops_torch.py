@@ -119,14 +119,21 @@ def test_per_query_kernels_are_never_built_for_all_atoms_at_once(monkeypatch: py
     assert probe.largest <= per_token <= all_kernels // 8, (probe.largest, per_token, all_kernels)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("mode", "taps"), [("factorized", ()), ("factorized", ("mu",)), ("axial", ("sigma",))])
-def test_flops_are_the_separable_attention_cost(mode: str, taps: tuple[str, ...]) -> None:
-    """The FLOP counter sees exactly 2·R·N·(Gh + Gw)·D per image (R = 1 for axial): no hidden dense work."""
+def test_flops_are_the_separable_attention_cost(mode: str, taps: tuple[str, ...], threads: int) -> None:
+    """The FLOP counter sees exactly 2·R·N·(Gh + Gw)·D per image (R = 1 for axial): no hidden dense work, with
+    either row-pass strategy."""
     b, (gh, gw), h, r, d = 2, (6, 5), 3, 4, 8
     field = FieldLeaves(b, (gh, gw), h, r, taps, dtype=torch.float32).field()
     v = torch.randn(b, gh * gw, h, d)
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        apply_torch(v, field, (gh, gw), mode)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            apply_torch(v, field, (gh, gw), mode)
+    finally:
+        torch.set_num_threads(before)
     ro = r if mode == "factorized" else 1
     assert counter.get_total_flops() == 2 * ro * b * gh * gw * (gh + gw) * h * d
 

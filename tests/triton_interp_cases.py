@@ -140,12 +140,13 @@ def test_opcheck_custom_ops(mode: str) -> None:
     torch.library.opcheck(torch.ops.ssog.inv_zx.default, (fixed_prm[0, 0].detach(), axial))
 
 
-@pytest.mark.parametrize("mode", ["factorized", "axial"])
-def test_compile_fullgraph_forward_backward(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+@pytest.mark.parametrize(("mode", "taps"), [("factorized", ALL), ("axial", ALL), ("factorized", ())])
+def test_compile_fullgraph_forward_backward(monkeypatch: pytest.MonkeyPatch, mode: str, taps) -> None:
     monkeypatch.setenv("SSOG_BACKEND", "triton")
     torch._dynamo.reset()
-    attn = SSOGAttention(16, 2, 3, field=mode, cold_init=False)
-    torch.nn.init.normal_(attn.mu_delta.weight, std=0.3)
+    attn = SSOGAttention(16, 2, 3, field=mode, steer=taps, cold_init=False)
+    if taps:
+        torch.nn.init.normal_(attn.mu_delta.weight, std=0.3)
     x = torch.randn(2, 20, 16)
 
     def loss(module: SSOGAttention, inp: torch.Tensor) -> torch.Tensor:
