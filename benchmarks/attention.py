@@ -8,10 +8,11 @@ Each row times the operator alone (no projections): SDPA on ``q, k, v`` of shape
 ``v`` of shape (B, N, H, d) plus its field (steered: per-token μ, σ, λ for every head and atom, as the steering
 heads produce them; fixed: the shared field; axial: the steered field mixed per axis). The forward and
 forward+backward latencies are medians (CUDA: ``triton.testing.do_bench`` with CUDA graphs when available;
-CPU: ``time.perf_counter`` over interleaved repeats). Memory is the peak allocated beyond the live inputs
-(CUDA: the caching allocator's peak; CPU: the peak of live tensors created inside the op, tracked through
-the dispatcher), also expressed in multiples of the size of v. On CUDA, every row also gets its roofline floor
-(KERNELS.md §2 model, H200 ceilings) and achieved/floor. A batch that does not fit is halved until it does.
+CPU: over interleaved rounds, wall clock or, with ``--clock cpu --threads 1``, the thread's CPU time). Memory
+is the peak allocated beyond the live inputs (CUDA: the caching allocator's peak; CPU: the peak of live
+tensors created inside the op, tracked through the dispatcher), also in multiples of the size of v. On CUDA
+every row also gets its roofline floor (KERNELS.md §2 model, H200 ceilings) and achieved/floor. A batch that
+does not fit is halved until it does.
 
 Writes ``attention_<device>.csv``, ``attention_<device>.md`` and ``attention_<device>.png`` into ``--out``.
 """
@@ -181,7 +182,9 @@ def measure_cuda(path: str, kind: str, b: int, n: int, h: int, d: int, r: int, d
     return row
 
 
-def measure_cpu(jobs: list[tuple[str, str]], b: int, n: int, h: int, d: int, r: int, dtype, repeats: int) -> list:
+def measure_cpu(
+    jobs: list[tuple[str, str]], b: int, n: int, h: int, d: int, r: int, dtype, repeats: int, clock: str = "wall"
+) -> list:
     """All rows of one size on the CPU, timed interleaved (every round runs every job once, in a rotating order)
     so that load from other processes hits all of them alike."""
     device = torch.device("cpu")
@@ -191,11 +194,12 @@ def measure_cpu(jobs: list[tuple[str, str]], b: int, n: int, h: int, d: int, r: 
     keys = list(fns)
     for fn in fns.values():
         fn()
+    now = time.thread_time if clock == "cpu" else time.perf_counter
     for i in range(repeats):
         for key in keys[i % len(keys) :] + keys[: i % len(keys)]:
-            t0 = time.perf_counter()
+            t0 = now()
             fns[key]()
-            times[key].append(time.perf_counter() - t0)
+            times[key].append(now() - t0)
     rows = []
     for p, k in jobs:
         row = {"path": p, "kind": k, "tokens": n, "batch": b}
@@ -222,6 +226,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--atoms", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=7, help="CPU timing rounds (every job once per round)")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="CPU only: the thread's CPU time (needs --threads 1; robust to load from other processes)",
+    )
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     ap.add_argument("--tag", help="output file suffix (default: the device type, e.g. cpu or cuda)")
     args = ap.parse_args(argv)
@@ -231,6 +241,8 @@ def main(argv: list[str] | None = None) -> None:
     cuda = device.type == "cuda"
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.clock == "cpu" and (torch.get_num_threads() != 1 or cuda):
+        ap.error("--clock cpu measures one CPU thread: use it with --threads 1 on the CPU")
     dtype = DTYPES[args.dtype or ("bfloat16" if cuda else "float32")]
     batch0 = args.batch or (64 if cuda else 2)
     tokens = args.tokens or ([196, 576, 1024, 4096, 16384] if cuda else [196, 576, 1024, 4096])
@@ -243,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
         # the reference materialises every per-query kernel: minutes and gigabytes beyond 1024 tokens
         jobs = [(p, k) for p, k in jobs if not (p == "reference" and n > 1024)]
         if not cuda:
-            new = measure_cpu(jobs, batch0, n, h, d, r, dtype, args.repeats)
+            new = measure_cpu(jobs, batch0, n, h, d, r, dtype, args.repeats, args.clock)
         else:
             new = []
             for path, kind in jobs:
@@ -290,7 +302,8 @@ def main(argv: list[str] | None = None) -> None:
     dev_name = torch.cuda.get_device_name(device) if cuda else (platform.processor() or "cpu")
     lines = [
         f"Attention op only, {h} heads × d{d}, R{r}, {str(dtype).removeprefix('torch.')}, {dev_name}, "
-        f"torch {torch.__version__}, {os.cpu_count()} CPUs / {torch.get_num_threads()} threads. "
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs / {torch.get_num_threads()} threads"
+        f"{', CPU-time clock' if args.clock == 'cpu' else ''}. "
         f"Peak = memory beyond the live inputs, also in multiples of v. {stamp}, `{command}`.",
         "",
     ]

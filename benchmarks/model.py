@@ -34,8 +34,9 @@ from ssog_core.vit import ViT  # noqa: E402
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _timer(device: torch.device):
-    """A function that runs ``fn`` once and returns its wall time in seconds."""
+def _timer(device: torch.device, clock: str = "wall"):
+    """A function that runs ``fn`` once and returns its time in seconds: wall time, or (``clock="cpu"``, one CPU
+    thread only) the thread's CPU time, which time slices lost to other processes do not inflate."""
     if device.type == "cuda":
 
         def run(fn) -> float:
@@ -48,16 +49,19 @@ def _timer(device: torch.device):
             return start.elapsed_time(end) / 1e3
 
     else:
+        now = time.thread_time if clock == "cpu" else time.perf_counter
 
         def run(fn) -> float:
-            t0 = time.perf_counter()
+            t0 = now()
             fn()
-            return time.perf_counter() - t0
+            return now() - t0
 
     return run
 
 
-def measure(img: int, batch: int, rounds: int, device: torch.device, dtype: torch.dtype) -> dict[str, float]:
+def measure(
+    img: int, batch: int, rounds: int, device: torch.device, dtype: torch.dtype, clock: str = "wall"
+) -> dict[str, float]:
     """Interleaved forward latencies of the SSOG model and its dot twin at one image size."""
     torch.manual_seed(0)
     models = {}
@@ -65,7 +69,7 @@ def measure(img: int, batch: int, rounds: int, device: torch.device, dtype: torc
         cfg = SEED_CONFIGS[f"d384-{name}-all" if name == "ssog" else "d384-dot"][0].replace(img_size=(img, img))
         models[name] = ViT(cfg).to(device=device, dtype=dtype).eval()
     x = torch.rand(batch, 3, img, img, device=device, dtype=dtype)
-    timer = _timer(device)
+    timer = _timer(device, clock)
     times: dict[str, list[float]] = {"ssog": [], "dot": []}
     with torch.inference_mode():
         for m in models.values():  # warm-up (allocator, kernel selection, autotuning)
@@ -108,6 +112,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--img", type=int, nargs="+", default=[224, 512], help="image sides (patch 16): 224 → 196 tokens")
     ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds per size")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave the default)")
+    ap.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: the thread's CPU time (needs --threads 1; robust to load from other processes)",
+    )
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     ap.add_argument("--tag", help="output file suffix (default: the device type, e.g. cpu or cuda)")
     args = ap.parse_args(argv)
@@ -115,13 +125,15 @@ def main(argv: list[str] | None = None) -> None:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.clock == "cpu" and (torch.get_num_threads() != 1 or args.device != "cpu"):
+        ap.error("--clock cpu measures one CPU thread: use it with --threads 1 on the CPU")
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
 
     rows = []
     for img in args.img:
         load_before = _load()
-        row = measure(img, args.batch, args.rounds, device, dtype)
+        row = measure(img, args.batch, args.rounds, device, dtype, args.clock)
         row["load_avg"] = f"{load_before}→{_load()}"
         rows.append(row)
         print(
@@ -145,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     lines = [
         f"Whole d384 ViT forward (12 layers, 6 heads, mlp 2, SSOG R4 all taps vs dot twin), batch {args.batch}, "
-        f"{args.dtype}, {dev_name}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{args.dtype}, {dev_name}, torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock, "
         f"{args.rounds} interleaved rounds. {stamp}, `{command}`.",
         "",
         "| tokens | SSOG ms | dot ms | SSOG/dot (median of rounds) | IQR | SSOG backend | load avg |",
