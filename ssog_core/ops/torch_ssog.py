@@ -137,10 +137,11 @@ def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
     inplace = not _needs_grad(v, field)
     single = v.is_cuda or torch.get_num_threads() > 1  # see _row_pass
     dev, pdt, vdt = v.device, field.mu.dtype, v.dtype
-    log_lam = field.log_lam.expand(b, gh, gw, h, r).permute(0, 3, 1, 2, 4)
+    # λ normalised in the field's own layout (contiguous, atoms last), then moved into the row-pass layout
+    lam = (torch.softmax if mode == "factorized" else torch.log_softmax)(field.log_lam, dim=-1)
+    row_lam = lam.expand(b, gh, gw, h, r).permute(0, 3, 1, 2, 4).contiguous()  # (B, H, i, w, R)
     if mode == "factorized":
         col_t, row_t = _factorized_terms(field, b, grid)
-        row_lam = torch.softmax(log_lam, dim=-1).contiguous()
     else:  # per-token atoms in the layouts (B, H, k, R, i) for the column pass and (B, H, i, w, R) for the row pass
         mu = field.mu.expand(b, gh, gw, h, r, 2)
         sigma = field.sigma.expand(b, gh, gw, h, r, 2)
@@ -148,7 +149,6 @@ def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
         col_sigma = sigma[..., 0].permute(0, 3, 2, 4, 1).contiguous()
         row_mu = mu[..., 1].permute(0, 3, 1, 2, 4).contiguous()
         row_sigma = sigma[..., 1].permute(0, 3, 1, 2, 4).contiguous()
-        row_lam = torch.log_softmax(log_lam, dim=-1).contiguous()
         col_lam = row_lam.permute(0, 1, 3, 4, 2).contiguous()
     ky = torch.arange(gh, device=dev, dtype=pdt)
     kx = torch.arange(gw, device=dev, dtype=pdt)
