@@ -236,6 +236,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tag", help="output file suffix (default: the device type, e.g. cpu or cuda)")
     args = ap.parse_args(argv)
     command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *(sys.argv[1:] if argv is None else argv)])
+    if os.environ.get("SSOG_BACKEND"):
+        command = f"SSOG_BACKEND={os.environ['SSOG_BACKEND']} {command}"
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     device = torch.device(args.device)
     cuda = device.type == "cuda"
@@ -333,6 +335,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _plot(rows: list[dict], out: Path, title: str) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -348,6 +351,9 @@ def _plot(rows: list[dict], out: Path, title: str) -> None:
             ax.plot(*zip(*pts, strict=True), style, label="SDPA" if kind == "sdpa" else f"SSOG {kind} ({path})")
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ticks = sorted({r["tokens"] for r in rows})
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("tokens N")
         ax.set_ylabel("ms per image")
         ax.set_title(f"{label} — {title}")

@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import csv
 import datetime
+import os
 import platform
 import statistics
 import sys
@@ -122,6 +123,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tag", help="output file suffix (default: the device type, e.g. cpu or cuda)")
     args = ap.parse_args(argv)
     command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *(sys.argv[1:] if argv is None else argv)])
+    if os.environ.get("SSOG_BACKEND"):
+        command = f"SSOG_BACKEND={os.environ['SSOG_BACKEND']} {command}"
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if args.threads:
         torch.set_num_threads(args.threads)
