@@ -191,7 +191,7 @@ def _ssog_fwd_kernel(v_ptr, prm_ptr, taby_ptr, tabx_ptr, y_ptr, izx_ptr, H, GH, 
                      DHP: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
     """``y`` for one (b, h, row tile, column tile); stores ``1/Z_x`` unless the field is fixed."""
     pid = tl.program_id(0)
-    b = pid // H
+    b = (pid // H).to(tl.int64)  # batch offsets may exceed 2**31 elements
     h = pid % H
     i0 = tl.program_id(1) * T
     w0 = tl.program_id(2) * WT
@@ -246,7 +246,7 @@ def _ssog_bwd_rows_kernel(v_ptr, prm_ptr, izx_ptr, dy_ptr, dprm_ptr, H, GH, GW, 
     the gradients need only running sums over keys of ``P·G``, ``P·G·e``, ``P·e``, ``P·G·e²``, ``P·e²``.
     """
     pid = tl.program_id(0)
-    b = pid // H
+    b = (pid // H).to(tl.int64)  # batch offsets may exceed 2**31 elements
     h = pid % H
     i0 = tl.program_id(1) * T
     w0 = tl.program_id(2) * WT
@@ -374,7 +374,7 @@ def _ssog_bwd_cols_kernel(v_ptr, prm_ptr, izx_ptr, dy_ptr, dv_ptr, dprm_ptr, H, 
     ``G = dy1 · vᵀ``, the softmax backward over j.
     """
     pid = tl.program_id(0)
-    b = pid // H
+    b = (pid // H).to(tl.int64)  # batch offsets may exceed 2**31 elements
     h = pid % H
     k0 = tl.program_id(1) * KT
 

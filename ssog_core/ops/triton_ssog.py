@@ -26,6 +26,8 @@ from ssog_core.field import Field, FieldMode, axis_kernels, check_grid
 from ssog_core.ops import triton_kernels as K
 from ssog_core.ops.dispatch import _interpreting
 
+triton = K.triton
+
 LOG2E = 1.0 / math.log(2.0)
 FACTORIZED_FIELDS = 5  # μy, μx, cy, cx, λ
 AXIAL_FIELDS = 8  # μy, μx, by, bx, βy, βx, 1/τ (rows), 1/τ (columns)
@@ -139,9 +141,6 @@ def _check(v: Tensor, prm: Tensor, axial: bool) -> None:
         raise ValueError(f"kernel parameters {tuple(prm.shape)} {prm.dtype} do not match values {tuple(v.shape)}")
     if v.stride(-1) != 1:
         raise ValueError("values must be contiguous in the head dimension")
-
-
-triton = K.triton
 
 
 # ----------------------------------------------------------------------------------------------------------------
