@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import re
 import subprocess
 import sys
@@ -60,6 +61,10 @@ CASES = [
 ]
 
 
+DEVICE = torch.device("cuda")
+COMPILE_BACKEND = "inductor"
+
+
 def _log(msg: str) -> None:
     print(msg, flush=True)
 
@@ -68,7 +73,7 @@ def _check_case(case) -> str | None:
     from ssog_core.ops.triton_ssog import apply_triton
 
     b, grid, h, r, d, taps, mode, dtype, rtol = case
-    dev = torch.device("cuda")
+    dev = DEVICE
     leaves = FieldLeaves(b, grid, h, r, taps)
     for k, t in leaves.leaves.items():
         leaves.leaves[k] = t.detach().to(dev).requires_grad_(True)
@@ -93,7 +98,7 @@ def _check_case(case) -> str | None:
 def _check_dispatch_and_analysis() -> str | None:
     from ssog_core.ops.dispatch import choose_backend, ssog_apply
 
-    dev = torch.device("cuda")
+    dev = DEVICE
     problems = []
     for mode in ("factorized", "axial"):
         attn = SSOGAttention(24, 3, 4, field=mode, cold_init=False).to(dev).eval()
@@ -103,7 +108,7 @@ def _check_dispatch_and_analysis() -> str | None:
             field = attn.field(x, (7, 5))
             v = attn.v(x).view(2, 35, 3, 8)
             if choose_backend(v, field, (7, 5), mode) != "triton":
-                problems.append(f"{mode}: CUDA tensors did not dispatch to triton")
+                problems.append(f"{mode}: {dev.type} tensors did not dispatch to triton")
             a = attn.attention_matrix(x, (7, 5))
             av = torch.einsum("bhnm,bmhd->bnhd", a, v)
             fused = ssog_apply(v, field, (7, 5), mode)
@@ -116,7 +121,7 @@ def _check_dispatch_and_analysis() -> str | None:
 
 
 def _check_compile() -> str | None:
-    dev = torch.device("cuda")
+    dev = DEVICE
     problems = []
     for mode, taps in (("factorized", ALL), ("axial", ALL), ("factorized", ())):
         torch._dynamo.reset()
@@ -130,7 +135,7 @@ def _check_compile() -> str | None:
 
         eager = loss(attn, x)
         g_eager = torch.autograd.grad(eager, list(attn.parameters()))
-        compiled = torch.compile(loss, fullgraph=True)
+        compiled = torch.compile(loss, fullgraph=True, backend=COMPILE_BACKEND)
         out = compiled(attn, x)
         g_comp = torch.autograd.grad(out, list(attn.parameters()))
         if not torch.allclose(out, eager, rtol=1e-4, atol=1e-5):
@@ -148,10 +153,11 @@ def step_compile() -> None:
     _run([sys.executable, "-m", "ssog_core.ops.triton_compile", "--arch", arch], "compile report")
 
 
-def step_check() -> None:
+def step_check(quick: bool = False) -> None:
     torch.set_float32_matmul_precision("highest")  # fp32 dots with input_precision="ieee"
     failures = []
-    checks = [(f"case {c[:7]} {str(c[7]).removeprefix('torch.')}", lambda c=c: _check_case(c)) for c in CASES]
+    cases = [c for c in CASES if c[1][0] * c[1][1] <= 64] if quick else CASES
+    checks = [(f"case {c[:7]} {str(c[7]).removeprefix('torch.')}", lambda c=c: _check_case(c)) for c in cases]
     checks += [("dispatch + analysis parity", _check_dispatch_and_analysis), ("torch.compile", _check_compile)]
     for name, fn in checks:
         t0 = time.time()
@@ -229,7 +235,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", nargs="+", default=["check", "bench", "results"],
                     choices=["compile", "check", "bench", "results"])  # fmt: skip
     ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument(
+        "--dry-run-cpu",
+        action="store_true",
+        help="run the check step's small cases on the CPU (needs TRITON_INTERPRET=1): tests this script",
+    )
     args = ap.parse_args(argv)
+    if args.dry_run_cpu:
+        global DEVICE, COMPILE_BACKEND
+        if os.environ.get("TRITON_INTERPRET") != "1" or args.steps != ["check"]:
+            sys.exit("--dry-run-cpu runs only `--steps check`, with TRITON_INTERPRET=1 set")
+        DEVICE, COMPILE_BACKEND = torch.device("cpu"), "aot_eager"
+        step_check(quick=True)
+        return
     if not torch.cuda.is_available():
         sys.exit("gpu_check needs a CUDA device; torch.cuda.is_available() is False")
     command = "python benchmarks/gpu_check.py" + ("" if argv is None and len(sys.argv) == 1 else " " + " ".join(

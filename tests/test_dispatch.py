@@ -124,6 +124,25 @@ def test_attention_matrix_does_not_go_through_dispatch(monkeypatch: pytest.Monke
         attn.attention_matrix(torch.randn(1, 12, 8), (4, 3))
 
 
+@pytest.mark.parametrize("taps", [("mu", "sigma", "lambda"), ()], ids=["steered", "fixed"])
+def test_compile_fullgraph_on_cpu(taps: tuple[str, ...]) -> None:
+    """CPU training under torch.compile(fullgraph=True): dispatch and the fast path trace into one graph."""
+    torch._dynamo.reset()
+    attn = SSOGAttention(16, 2, 3, steer=taps, cold_init=False)
+    x = torch.randn(2, 20, 16)
+
+    def loss(module: SSOGAttention, inp: torch.Tensor) -> torch.Tensor:
+        return module(inp, (5, 4)).square().sum()
+
+    eager = loss(attn, x)
+    g_eager = torch.autograd.grad(eager, list(attn.parameters()))
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    out = compiled(attn, x)
+    torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
+    for a, b in zip(torch.autograd.grad(out, list(attn.parameters())), g_eager, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
 def test_model_flops_do_not_depend_on_the_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     model = ViT(img_size=(32, 24), patch_size=4, dim=48, depth=2, num_heads=3, num_classes=5)
     fast = count_flops(model)

@@ -75,7 +75,8 @@ def can_run_triton(
         return True
     if raise_error:
         raise BackendUnavailable(f"{ENV_VAR}=triton cannot run this input: {problem}")
-    logger.debug("SSOG triton backend skipped: %s", problem)
+    if not torch.compiler.is_compiling():  # logging is not traceable: torch.compile(fullgraph=True) must work
+        logger.debug("SSOG triton backend skipped: %s", problem)
     return False
 
 
@@ -96,7 +97,7 @@ def choose_backend(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
             can_run_triton(v, field, grid, mode, raise_error=True)
         return forced
     backend = "triton" if can_run_triton(v, field, grid, mode) else "torch"
-    if logger.isEnabledFor(logging.DEBUG):
+    if not torch.compiler.is_compiling() and logger.isEnabledFor(logging.DEBUG):
         logger.debug(
             "SSOG backend %s for %s values %s on %s, %s field",
             backend,

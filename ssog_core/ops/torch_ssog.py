@@ -135,7 +135,8 @@ def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
     r = field.num_atoms
     ro = r if mode == "factorized" else 1  # atoms left in the contractions (axial mixes them inside each axis)
     inplace = not _needs_grad(v, field)
-    single = v.is_cuda or torch.get_num_threads() > 1  # see _row_pass
+    # see _row_pass; a compiled graph gets the single bmm too (and get_num_threads is not traceable)
+    single = v.is_cuda or torch.compiler.is_compiling() or torch.get_num_threads() > 1
     dev, pdt, vdt = v.device, field.mu.dtype, v.dtype
     # λ normalised in the field's own layout (contiguous, atoms last), then moved into the row-pass layout
     lam = (torch.softmax if mode == "factorized" else torch.log_softmax)(field.log_lam, dim=-1)
