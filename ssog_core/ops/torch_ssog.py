@@ -24,7 +24,7 @@ import math
 import torch
 from torch import Tensor
 
-from ssog_core.field import Field, FieldMode, axis_kernels, check_grid, log_gauss
+from ssog_core.field import Field, FieldMode, axis_kernels, check_grid
 
 LOG2E = 1.0 / math.log(2.0)
 CHUNK_ELEMENTS = 1 << 21  # per-chunk bound on kernel and intermediate elements on the CPU (8 MiB in fp32)
@@ -138,19 +138,14 @@ def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
     # see _row_pass; a compiled graph gets the single bmm too (and get_num_threads is not traceable)
     single = v.is_cuda or torch.compiler.is_compiling() or torch.get_num_threads() > 1
     dev, pdt, vdt = v.device, field.mu.dtype, v.dtype
-    # λ normalised in the field's own layout (contiguous, atoms last), then moved into the row-pass layout
-    lam = (torch.softmax if mode == "factorized" else torch.log_softmax)(field.log_lam, dim=-1)
-    row_lam = lam.expand(b, gh, gw, h, r).permute(0, 3, 1, 2, 4).contiguous()  # (B, H, i, w, R)
     if mode == "factorized":
         col_t, row_t = _factorized_terms(field, b, grid)
-    else:  # per-token atoms in the layouts (B, H, k, R, i) for the column pass and (B, H, i, w, R) for the row pass
-        mu = field.mu.expand(b, gh, gw, h, r, 2)
-        sigma = field.sigma.expand(b, gh, gw, h, r, 2)
-        col_mu = mu[..., 0].permute(0, 3, 2, 4, 1).contiguous()
-        col_sigma = sigma[..., 0].permute(0, 3, 2, 4, 1).contiguous()
-        row_mu = mu[..., 1].permute(0, 3, 1, 2, 4).contiguous()
-        row_sigma = sigma[..., 1].permute(0, 3, 1, 2, 4).contiguous()
-        col_lam = row_lam.permute(0, 1, 3, 4, 2).contiguous()
+        # λ normalised in the field's own layout (contiguous, atoms last), then moved into the row-pass layout
+        lam = torch.softmax(field.log_lam, dim=-1)
+        row_lam = lam.expand(b, gh, gw, h, r).permute(0, 3, 1, 2, 4).contiguous()  # (B, H, i, w, R)
+    else:
+        col_t, row_t, col_m, row_m = _axial_terms(field, b, grid)
+        itau = 1.0 / field.tau
     ky = torch.arange(gh, device=dev, dtype=pdt)
     kx = torch.arange(gw, device=dev, dtype=pdt)
     vt = v.reshape(b, gh, gw, h, d).permute(0, 3, 2, 1, 4).contiguous()  # (B, H, k, j, D)
@@ -168,17 +163,16 @@ def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
                 t = col_t[bs, :, :, :, rows]
                 a = _normalise(_gauss(t[..., 0], ky, t[..., 1], t[..., 2], inplace), None, inplace)
             else:
-                cm, cs, cl = col_mu[bs, :, :, :, rows], col_sigma[bs, :, :, :, rows], col_lam[bs, :, :, :, rows]
-                a = _axial_kernel(ky[rows, None] - ky, cm, cs, cl, field.tau, atom_dim=3)
+                t = col_t[bs, :, :, rows]
+                a = _axial_weights(t[..., 0], t[..., 1], t[..., 2], col_m[bs, :, :, rows], itau, ky, inplace)
             y1 = torch.bmm(a.to(vdt).reshape(nb * h * gw, ro * ni, gh), vt[bs].reshape(nb * h * gw, gh, d))
             # row pass: U[b, h, i, w, r, k] for queries (i ∈ rows, w), keys k, λ folded in
-            rl = row_lam[bs, :, rows]
+            t = row_t[bs, :, rows]
             if mode == "factorized":
-                t = row_t[bs, :, rows]
-                u = _normalise(_gauss(t[..., 0], kx, t[..., 1], t[..., 2], inplace), rl, inplace).to(vdt)
+                u = _normalise(_gauss(t[..., 0], kx, t[..., 1], t[..., 2], inplace), row_lam[bs, :, rows], inplace)
             else:
-                rm, rs = row_mu[bs, :, rows], row_sigma[bs, :, rows]
-                u = _axial_kernel(kx[:, None] - kx, rm, rs, rl, field.tau, atom_dim=4).to(vdt)
+                u = _axial_weights(t[..., 0], t[..., 1], t[..., 2], row_m[bs, :, rows], itau, kx, inplace)
+            u = u.to(vdt)
             out.append(_row_pass(u.view(nb, h, ni, gw, ro, gw), y1.view(nb, h, gw, ro, ni, d), inplace, single))
     if len(out) > 1:  # chunks are ordered batch-major, rows within a batch chunk
         n_row_chunks = len(out) // len(range(0, b, b_step))
@@ -212,17 +206,46 @@ def _row_pass(u: Tensor, y1: Tensor, inplace: bool, single: bool) -> Tensor:
     return y
 
 
-def _axial_kernel(disp: Tensor, mu: Tensor, sigma: Tensor, log_w: Tensor, tau: Tensor, atom_dim: int) -> Tensor:
-    """Axial per-query kernel ``softmax_key(logsumexp_r(log λ_r + ℓ_r(disp)) / τ)`` for a chunk.
+def _axial_terms(field: Field, b: int, grid: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per-token axial terms in log2 units: ``(x, b, β)`` per atom with ``x = query − μ``, ``b = log2(e)/(2σ²)``,
+    ``β = log2(e)·(log λ − log σ)``, as ``(B, H, k, i, R, 3)`` (column pass, row axis y) and ``(B, H, i, w, R, 3)``
+    (row pass, column axis x); and the analytic peak bound ``m = max_r(β_r − b_r δ_r²) ≤ max_key ℓ(key)``
+    (``δ = x − clamp(round(x))``) as ``(B, H, k, i)`` and ``(B, H, i, w)``."""
+    gh, gw = grid
+    h, r = field.num_heads, field.num_atoms
+    mu = field.mu.expand(b, gh, gw, h, r, 2)
+    dev, dt = mu.device, mu.dtype
+    rows, cols = torch.arange(gh, device=dev, dtype=dt), torch.arange(gw, device=dev, dtype=dt)
+    pos = torch.stack(torch.meshgrid(rows, cols, indexing="ij"), dim=-1)[:, :, None, None]  # (Gh, Gw, 1, 1, 2)
+    x = pos - mu
+    bb = (0.5 * LOG2E) / field.sigma.square()
+    beta = LOG2E * (torch.log_softmax(field.log_lam, dim=-1)[..., None] - torch.log(field.sigma))
+    with torch.no_grad():  # the bound cancels in the normalisation: no gradient needed
+        top = torch.tensor([gh - 1, gw - 1], device=dev, dtype=dt)
+        delta = x - torch.minimum(torch.round(x).clamp_(min=0), top)
+        m = (beta - bb * delta.square()).amax(dim=-2)  # (B, Gh, Gw, H, 2)
+    terms = torch.stack(torch.broadcast_tensors(x, bb, beta), dim=-1)  # (B, Gh, Gw, H, R, 2, 3)
+    col = terms[..., 0, :].permute(0, 3, 2, 1, 4, 5).contiguous()
+    row = terms[..., 1, :].permute(0, 3, 1, 2, 4, 5).contiguous()
+    return col, row, m[..., 0].permute(0, 3, 2, 1).contiguous(), m[..., 1].permute(0, 3, 1, 2).contiguous()
 
-    ``disp`` is ``(queries, keys)`` (query − key); ``mu``/``sigma``/``log_w`` hold the atoms along
-    ``atom_dim`` with the query axis last (column pass, ``atom_dim=3``) or the atoms last (row pass,
-    ``atom_dim=4``). The result has the atoms removed and keys last.
+
+def _axial_weights(x: Tensor, bb: Tensor, beta: Tensor, m: Tensor, itau: Tensor, keys: Tensor, inplace: bool) -> Tensor:
+    """Axial per-query kernel ``softmax_key(ℓ(key)/τ)``, ``ℓ = log Σ_r λ_r N(q − key; μ_r, σ_r)``, atoms on the last
+    axis of ``x``/``bb``/``beta`` and mixed away; keys on a new last axis.
+
+    In log2 units with ``exp2`` (PyTorch's CPU ``exp`` is slow far below zero): the mixture is a logsumexp over
+    atoms, then ``2^((ℓ − m)/τ)`` with the analytic bound ``m`` (so the peak weight is ≥ 1 and nothing overflows).
     """
-    if atom_dim == 3:  # (B, H, k, R, i) → logits (B, H, k, R, i, j), mix over R
-        lg = log_w[..., None] + log_gauss(disp, mu[..., None], sigma[..., None])
-        mixed = torch.logsumexp(lg, dim=3)
-    else:  # (B, H, i, w, R) → logits (B, H, i, w, R, k), mix over R
-        lg = log_w[..., None] + log_gauss(disp[:, None, :], mu[..., None], sigma[..., None])
-        mixed = torch.logsumexp(lg, dim=4)
-    return torch.softmax(mixed / tau, dim=-1)
+    if inplace:
+        t = torch.sub(x[..., None], keys, out=torch.empty(*x.shape, keys.shape[-1], dtype=x.dtype, device=x.device))
+        t.square_().mul_(-bb[..., None]).add_(beta[..., None])  # log2 of each atom's term
+        mx = t.amax(dim=-2, keepdim=True)
+        lg = t.sub_(mx).exp2_().sum(-2).log2_().add_(mx.squeeze(-2))
+        p = lg.sub_(m[..., None]).mul_(itau).exp2_()
+        return p.mul_(p.sum(-1, keepdim=True).reciprocal_())
+    t = beta[..., None] - bb[..., None] * (x[..., None] - keys).square()
+    mx = t.amax(dim=-2, keepdim=True).detach()  # any shift gives logsumexp its exact value and gradient
+    lg = (t - mx).exp2().sum(-2).log2() + mx.squeeze(-2)
+    p = ((lg - m[..., None]) * itau).exp2()
+    return p / p.sum(-1, keepdim=True)
