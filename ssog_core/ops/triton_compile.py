@@ -70,7 +70,7 @@ def _resource_usage(cubin: bytes) -> dict[str, int]:
 
 
 def compile_kernels(
-    grid: tuple[int, int], head_dim: int, atoms: int, mode: str, dtype: torch.dtype, arch: int = 90
+    grid: tuple[int, int], head_dim: int, atoms: int, mode: str, dtype: torch.dtype, arch: int = 90, num_warps: int = 4
 ) -> list[KernelReport]:
     """Compile the forward (steered and fixed), ``inv_zx`` and both backward kernels for one problem shape."""
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
@@ -103,7 +103,7 @@ def compile_kernels(
     reports = []
     for name, fn, constexprs in jobs:
         src = ASTSource(fn, _signature(fn, constexprs, dtype), constexprs)
-        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
+        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
         ptx = k.asm["ptx"]
         usage = _resource_usage(k.asm["cubin"])
         reports.append(
@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--mode", choices=("factorized", "axial", "both"), default="both")
     ap.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    ap.add_argument("--num-warps", type=int, default=4)
     args = ap.parse_args(argv)
     grids = [tuple(g) for g in args.grid] if args.grid else [(14, 14), (24, 24), (32, 32), (64, 64), (128, 128)]
     modes = ("factorized", "axial") if args.mode == "both" else (args.mode,)
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     for grid in grids:
         for mode in modes:
             try:
-                reports = compile_kernels(grid, args.head_dim, args.atoms, mode, dtype, args.arch)
+                reports = compile_kernels(grid, args.head_dim, args.atoms, mode, dtype, args.arch, args.num_warps)
             except Exception as e:  # report every failing shape, then fail
                 failed += 1
                 print(f"FAILED {grid} {mode}: {type(e).__name__}: {str(e).splitlines()[0]}", flush=True)

@@ -32,6 +32,9 @@ LOG2E = 1.0 / math.log(2.0)
 FACTORIZED_FIELDS = 5  # μy, μx, cy, cx, λ
 AXIAL_FIELDS = 8  # μy, μx, by, bx, βy, βx, 1/τ (rows), 1/τ (columns)
 TILE_BUDGET = 16384  # elements of the largest register / shared-memory tile of a program
+# Warps per program. With 4, the sm_90 compile report shows small register spills from 24×24 grids up
+# (benchmarks/results/triton_sm90.txt); with 8 they vanish but each SM holds one program. Untuned: no GPU yet.
+NUM_WARPS = 4
 
 
 def _p2(n: int, floor: int = 1) -> int:
@@ -120,7 +123,7 @@ def _launch_fwd(v: Tensor, prm: Tensor, taby: Tensor | None, tabx: Tensor | None
             h, gh, gw, d,
             v.stride(0), v.stride(1), v.stride(2), *_strides6(prm), y.stride(0), y.stride(1), y.stride(2), *sz,
             *sty, *stx,
-            AXIAL=axial, FIXED=fixed, num_warps=4, **_fwd_cfg(cfg),
+            AXIAL=axial, FIXED=fixed, num_warps=NUM_WARPS, **_fwd_cfg(cfg),
         )  # fmt: skip
     return y
 
@@ -186,7 +189,7 @@ def inv_zx(prm: Tensor, axial: bool) -> Tensor:
     with _device_guard(prm):
         K._ssog_izx_kernel[grid](
             prm, out, h, gw, prm.stride(0), prm.stride(1), prm.stride(2), out.stride(0), out.stride(1),
-            R=cfg["R"], RO=cfg["RO"], RP=cfg["RP"], AXIAL=axial, WT=cfg["WT"], KC=cfg["KC"], num_warps=4,
+            R=cfg["R"], RO=cfg["RO"], RP=cfg["RP"], AXIAL=axial, WT=cfg["WT"], KC=cfg["KC"], num_warps=NUM_WARPS,
         )  # fmt: skip
     return out
 
@@ -214,14 +217,14 @@ def bwd(dy: Tensor, v: Tensor, prm: Tensor, izx: Tensor, axial: bool) -> tuple[T
         grid = (b * h, triton.cdiv(gh, cfg["T"]), triton.cdiv(gw, cfg["WT"]))
         K._ssog_bwd_rows_kernel[grid](
             v, prm, izx, dy, dprm, h, gh, gw, d, *common, *sg,
-            AXIAL=axial, RA=_p2(r), num_warps=4, **_fwd_cfg(cfg),
+            AXIAL=axial, RA=_p2(r), num_warps=NUM_WARPS, **_fwd_cfg(cfg),
         )  # fmt: skip
         kt, ic, wc = col_tiles(cfg, axial)
         grid = (b * h, triton.cdiv(gw, kt))
         K._ssog_bwd_cols_kernel[grid](
             v, prm, izx, dy, dv, dprm, h, gh, gw, d, *common, dv.stride(0), dv.stride(1), dv.stride(2), *sg,
             R=cfg["R"], RO=cfg["RO"], RP=cfg["RP"], AXIAL=axial, KT=kt, IC=ic, WC=wc, GHP=cfg["GHP"],
-            DHP=cfg["DHP"], DOT=cfg["DOT"], PREC=cfg["PREC"], num_warps=4,
+            DHP=cfg["DHP"], DOT=cfg["DOT"], PREC=cfg["PREC"], num_warps=NUM_WARPS,
         )  # fmt: skip
     return dv, dprm
 
