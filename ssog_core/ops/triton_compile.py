@@ -70,7 +70,13 @@ def _resource_usage(cubin: bytes) -> dict[str, int]:
 
 
 def compile_kernels(
-    grid: tuple[int, int], head_dim: int, atoms: int, mode: str, dtype: torch.dtype, arch: int = 90, num_warps: int = 4
+    grid: tuple[int, int],
+    head_dim: int,
+    atoms: int,
+    mode: str,
+    dtype: torch.dtype,
+    arch: int = 90,
+    num_warps: int | None = None,
 ) -> list[KernelReport]:
     """Compile the forward (steered and fixed), ``inv_zx`` and both backward kernels for one problem shape."""
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
@@ -80,7 +86,9 @@ def compile_kernels(
     from triton.compiler import ASTSource
 
     from ssog_core.ops import triton_kernels as K
-    from ssog_core.ops.triton_ssog import _config, _fwd_cfg, _p2, col_tiles
+    from ssog_core.ops.triton_ssog import NUM_WARPS, _config, _fwd_cfg, _p2, col_tiles
+
+    num_warps = num_warps or NUM_WARPS
 
     gh, gw = grid
     axial = mode == "axial"
@@ -130,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--mode", choices=("factorized", "axial", "both"), default="both")
     ap.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
-    ap.add_argument("--num-warps", type=int, default=4)
+    ap.add_argument("--num-warps", type=int, help="default: the launchers' NUM_WARPS")
     args = ap.parse_args(argv)
     grids = [tuple(g) for g in args.grid] if args.grid else [(14, 14), (24, 24), (32, 32), (64, 64), (128, 128)]
     modes = ("factorized", "axial") if args.mode == "both" else (args.mode,)
