@@ -7,7 +7,6 @@ import pickle
 
 import numpy as np
 import pytest
-from data_files import cifar_batch, write_cifar, write_cifar_tar, write_imagefolder
 
 from ssog_core.data import (
     DataError,
@@ -21,6 +20,7 @@ from ssog_core.data import (
     parse_data_spec,
 )
 from ssog_core.shapes import CLASS_NAMES, ShapesDataset, ShapesSpec, _mask, render
+from tests.data_files import cifar_batch, write_cifar, write_cifar_tar, write_imagefolder
 
 # ----------------------------------------------------------------------------------------------- shapes
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from data_files import write_cifar
 from PIL import Image
 
 from ssog_core import evaluate, train
 from ssog_core.checkpoint import load_checkpoint
 from ssog_core.data import Transformed, open_data
+from tests.data_files import write_cifar
 
 TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--atoms", "2", "--batch-size", "8", "--no-progress"]
 DATA = "shapes:size=16,train=32,val=24,classes=3"

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from data_files import write_cifar_tar, write_imagefolder
 from safetensors.torch import load_file
 
 from ssog_core import train
 from ssog_core.checkpoint import load_checkpoint, read_checkpoint
+from tests.data_files import write_cifar_tar, write_imagefolder
 
 ROOT = Path(__file__).resolve().parent.parent
 # A tiny model and data set: 6 steps per epoch, a second or two per run on one CPU core.
