@@ -258,3 +258,12 @@ def test_corrupt_train_state_is_a_clear_error(tmp_path, capsys):
     (out / "train_state.pt").write_bytes(data[: len(data) // 2])
     assert train.main(["--out", str(out), "--resume"]) == 2
     assert "not a readable training state" in capsys.readouterr().err
+
+
+def test_rbf_with_registers_and_susie(tmp_path):
+    out = tmp_path / "run"
+    assert run(out, "--attn", "rbf", "--registers", "2", "--susie", "--epochs", "1") == 0
+    model, _ = load_checkpoint(out / "last.safetensors")
+    cfg = model.config
+    assert cfg.attn == "rbf" and cfg.num_registers == 2 and cfg.susie
+    assert run(tmp_path / "bad", "--registers", "2") == 2  # SSOG has no place for register tokens
