@@ -8,11 +8,15 @@ All functions take a model (eval mode is set for the duration) and tensors, run 
 * :func:`attention_maps` — the exact per-layer, per-head attention matrices for an input, obtained by
   running each layer's own operator on an identity basis (so the picture is the computation);
 * :func:`export_maps` — pull-in / pull-out / net export per layer and accumulated, and attention rollout;
-* :func:`head_stats` — attention entropy and effective radius per head.
+* :func:`head_stats` — attention entropy and effective radius per head (:func:`query_stats` for one query).
 
 Prefix (register) tokens: maps cover the patch tokens only. Their columns are removed from each
 attention matrix and every patch row is renormalised to sum to 1; the removed mass is reported as
 ``prefix_share`` so nothing is hidden.
+
+Models with keys (dot / RBF, ViT or causal LM; :func:`has_keys`): :func:`key_norms` gives the key-norm
+distribution of every layer and how much attention the largest keys take — the RBF source's "magnitude
+bullying" question (do a few huge keys hoard dot-product attention, and does distance attention stop it?).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ssog_core.attention import SSOGAttention
+from ssog_core.attention import RBFAttention, SSOGAttention
 from ssog_core.field import Field, attention_matrix, displacement_density
 
 DEFAULT_ALPHA = 0.5  # residual mixing Â = α·Ā + (1 − α)·I: half of a block's output is its own residual
@@ -56,10 +60,27 @@ def head_stats(attn: Tensor, grid: tuple[int, int]) -> dict[str, Tensor]:
     """
     pos = _grid_positions(grid, attn.device, attn.dtype)
     dist2 = torch.cdist(pos, pos).square()
-    entropy = -(attn * torch.log(attn.clamp_min(1e-30))).sum(-1)
-    radius = (attn * dist2).sum(-1).clamp_min(0).sqrt()
+    entropy, radius = _entropy_radius(attn, dist2)
     lead = tuple(range(attn.dim() - 3))
     return {"entropy": entropy.mean(dim=(*lead, -1)), "radius": radius.mean(dim=(*lead, -1))}
+
+
+def _entropy_radius(attn: Tensor, dist2: Tensor) -> tuple[Tensor, Tensor]:
+    """``−Σ_k A log A`` and ``sqrt(Σ_k A d²)`` over the last axis (keys)."""
+    entropy = -(attn * torch.log(attn.clamp_min(1e-30))).sum(-1)
+    radius = (attn * dist2).sum(-1).clamp_min(0).sqrt()
+    return entropy, radius
+
+
+def query_stats(row: Tensor, query: tuple[int, int]) -> dict[str, Tensor]:
+    """:func:`head_stats` for one query: entropy (nats) and effective radius (grid cells) of its attention
+    ``row`` (``(..., Gh, Gw)``, sums to 1 over the grid), e.g. a :func:`~ssog_core.field.query_field`."""
+    gh, gw = row.shape[-2:]
+    pos = _grid_positions((gh, gw), row.device, row.dtype)
+    q = torch.tensor(query, device=row.device, dtype=row.dtype)
+    dist2 = (pos - q).square().sum(-1)  # (N,)
+    entropy, radius = _entropy_radius(row.reshape(*row.shape[:-2], gh * gw), dist2)
+    return {"entropy": entropy, "radius": radius}
 
 
 def ssog_layers(model: nn.Module) -> list[SSOGAttention]:
@@ -103,7 +124,7 @@ def layer_field(attn: SSOGAttention, grid: tuple[int, int], extent: tuple[int, i
     return LayerField(
         density=displacement_density(field, extent, attn.mode).float().cpu(),
         extent=extent,
-        mu=field.mu.float().cpu(),
+        mu=field.mu.detach().float().cpu(),  # detached: .float() on a float32 parameter returns the parameter
         sigma=field.sigma.float().cpu(),
         lam=field.lam().float().cpu(),
         tau=float(field.tau),
@@ -210,10 +231,10 @@ def attention_maps(model: nn.Module, img: Tensor, steered: bool = True) -> Atten
                 a = block.attn.attention_matrix(x, grid, steered=steered)
             else:
                 a = block.attn.attention_matrix(x, grid)
-            patch, share = _patch_block(a.float(), prefix)
+            patch, share = _patch_block(a.to(torch.promote_types(a.dtype, torch.float32)), prefix)
             maps.append(patch)
             shares.append(share)
-        return AttentionMaps(maps, shares, grid, logits.float())
+        return AttentionMaps(maps, shares, grid, logits)
 
 
 @dataclass
@@ -292,3 +313,136 @@ def export_maps(model: nn.Module, img: Tensor, alpha: float = DEFAULT_ALPHA) -> 
         prefix_share=torch.stack([s.mean(dim=(1, 2)) for s in maps.prefix_share], 1).cpu(),
         logits=maps.logits.cpu(),
     )
+
+
+# --- Key magnitudes ("magnitude bullying": do a few huge keys hoard attention in dot models, not in RBF?) ---
+
+DEFAULT_TOP_K = 4  # a handful of keys: the attention-sink pattern is one or two tokens per head
+
+
+def has_keys(model: nn.Module) -> bool:
+    """Whether every layer of ``model`` has queries and keys (dot or RBF attention; SSOG has none)."""
+    return all(hasattr(b.attn, "queries_keys_values") for b in model.blocks)
+
+
+def _attention_inputs(model: nn.Module, inputs: Tensor) -> tuple[list[Tensor], tuple[int, int]]:
+    """The LayerNormed input of every block's attention, and the token grid (``(1, T)`` for a sequence)."""
+    from ssog_core.lm import CausalLM
+
+    captured: list[Tensor] = []
+    if isinstance(model, CausalLM):
+        model(inputs, attn_inputs=captured)
+        return captured, (1, inputs.shape[1])
+    model.forward_features(inputs, attn_inputs=captured)
+    return captured, model.grid_for(inputs.shape[-2], inputs.shape[-1])
+
+
+@dataclass
+class KeyNorms:
+    """Key magnitudes per layer and how much attention the largest keys receive (tensors on CPU, float32).
+
+    Attributes:
+        norms: per layer ``(B, H, P + N)``: ``‖k‖`` of every key the logits see (after QK-norm and SuSiE),
+            prefix (register) keys first.
+        prefix: P, the number of prefix keys.
+        top_k: how many largest-norm keys ``topk_share`` follows.
+        topk_share: ``(L, H)`` attention mass that non-prefix queries put on the ``top_k`` keys of largest
+            norm (per image and head), averaged over queries and images.
+        uniform_share: ``(L, H)`` the same keys' share under uniform attention over the keys each query may
+            see: ``topk_share / uniform_share`` ≫ 1 means big keys hoard attention.
+        prefix_share: ``(L, H)`` mass non-prefix queries put on the prefix keys (zeros if none).
+        norm_attention_corr: ``(L, H)`` Pearson correlation, over keys, between ``‖k‖`` and the mean attention
+            a key receives from non-prefix queries (averaged over images).
+        kinds: the attention kind of each layer (``"dot"`` or ``"rbf"``).
+    """
+
+    norms: list[Tensor]
+    prefix: int
+    top_k: int
+    topk_share: Tensor
+    uniform_share: Tensor
+    prefix_share: Tensor
+    norm_attention_corr: Tensor
+    kinds: list[str]
+
+    def histogram(self, bins: int = 40) -> tuple[Tensor, Tensor]:
+        """Shared bin edges ``(bins + 1,)`` and per-layer densities ``(L, bins)`` of all key norms (heads pooled)."""
+        top = max(max(float(n.max()) for n in self.norms), 1e-6) * (1 + 1e-6)  # the largest norm falls inside
+        edges = torch.linspace(0.0, top, bins + 1)
+        width = edges[1] - edges[0]
+        dens = [
+            torch.histc(n.flatten(), bins, float(edges[0]), float(edges[-1])) / (n.numel() * width) for n in self.norms
+        ]
+        return edges, torch.stack(dens)
+
+    def summary(self) -> list[dict[str, float | int | str]]:
+        """One row per layer and head: norm quantiles, top-k and prefix shares, and the norm–attention correlation."""
+        rows = []
+        for layer, n in enumerate(self.norms):
+            q = torch.quantile(n.transpose(0, 1).flatten(1), torch.tensor([0.5, 0.99, 1.0]), dim=1)  # (3, H)
+            for head in range(n.shape[1]):
+                rows.append(
+                    {
+                        "layer": layer,
+                        "head": head,
+                        "attn": self.kinds[layer],
+                        "median_norm": float(q[0, head]),
+                        "p99_norm": float(q[1, head]),
+                        "max_norm": float(q[2, head]),
+                        "max_over_median": float(q[2, head] / q[0, head].clamp_min(1e-12)),
+                        "topk_share": float(self.topk_share[layer, head]),
+                        "uniform_share": float(self.uniform_share[layer, head]),
+                        "prefix_share": float(self.prefix_share[layer, head]),
+                        "norm_attention_corr": float(self.norm_attention_corr[layer, head]),
+                    }
+                )
+        return rows
+
+
+def _pearson(x: Tensor, y: Tensor) -> Tensor:
+    """Correlation along the last dim (0 where either side is constant)."""
+    x, y = x - x.mean(-1, keepdim=True), y - y.mean(-1, keepdim=True)
+    den = (x.square().sum(-1) * y.square().sum(-1)).sqrt()
+    return torch.where(den > 0, (x * y).sum(-1) / den.clamp_min(1e-30), torch.zeros_like(den))
+
+
+def key_norms(model: nn.Module, inputs: Tensor, top_k: int = DEFAULT_TOP_K) -> KeyNorms:
+    """Key norms of every layer and the attention the largest keys receive.
+
+    Args:
+        model: a dot or RBF :class:`~ssog_core.vit.ViT` (images ``(B, C, H, W)``) or
+            :class:`~ssog_core.lm.CausalLM` (token ids ``(B, T)``).
+        inputs: the images or token ids.
+        top_k: number of largest-norm keys (per image and head) whose attention share is reported.
+    Raises:
+        ValueError: for SSOG models (their attention has no keys) or ``top_k < 1``.
+    """
+    if not has_keys(model):
+        raise ValueError("this model's attention has no keys (SSOG): key norms exist for dot and RBF models only")
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    prefix = model.num_prefix_tokens
+    with _eval(model):
+        xs, grid = _attention_inputs(model, inputs)
+        norms, topk, uniform, pshare, corr, kinds = [], [], [], [], [], []
+        for block, x in zip(model.blocks, xs, strict=True):
+            attn = block.attn
+            _, k, _ = attn.queries_keys_values(x, grid)
+            a = attn.attention_matrix(x, grid).double()[:, :, prefix:]  # (B, H, N_q, P + N): non-prefix queries
+            n = k.double().norm(dim=-1)  # (B, H, P + N)
+            n_keys = n.shape[-1]
+            visible = torch.ones(a.shape[-2], n_keys, dtype=torch.float64, device=a.device)
+            if getattr(attn, "causal", False):
+                visible = visible.tril(prefix)  # query prefix + i sees keys up to prefix + i
+            uniform_rows = visible / visible.sum(-1, keepdim=True)
+            kk = min(top_k, n_keys)
+            big = torch.zeros_like(n).scatter_(-1, n.topk(kk, dim=-1).indices, 1.0)  # (B, H, P + N) indicator
+            topk.append((a * big[:, :, None]).sum(-1).mean(dim=(0, 2)))
+            uniform.append((uniform_rows * big[:, :, None]).sum(-1).mean(dim=(0, 2)))
+            pshare.append(a[..., :prefix].sum(-1).mean(dim=(0, 2)))
+            corr.append(_pearson(n, a.mean(-2)).mean(0))
+            norms.append(n.float().cpu())
+            kinds.append("rbf" if isinstance(attn, RBFAttention) else "dot")
+        return KeyNorms(
+            norms, prefix, top_k, *(torch.stack(t).float().cpu() for t in (topk, uniform, pshare, corr)), kinds
+        )

@@ -1,4 +1,4 @@
-"""Attention modules: SSOG (Gaussian field, content steers) and its dot-product twin.
+"""Attention modules: SSOG (Gaussian field, content steers), its dot-product twin, and RBF (distance) attention.
 
 Every module has the same interface, so one :class:`~ssog_core.vit.Block` serves them all:
 ``forward(x, grid)`` maps ``(B, N, dim)`` to ``(B, N, dim)``, and ``attention_matrix(x, grid)`` returns the
@@ -10,6 +10,8 @@ without renaming (DESIGN.md §4).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -17,6 +19,8 @@ from torch import Tensor, nn
 from ssog_core.config import ViTConfig
 from ssog_core.field import TAPS, Field, apply_field, base_field, check_grid, positive, steer
 from ssog_core.ops import ssog_apply
+from ssog_core.ops.rbf import rbf_attention
+from ssog_core.susie import SuSiE
 
 # tap → (probe layer name, gate parameter name, probe outputs per atom)
 _TAP_PARAMS = {
@@ -123,30 +127,101 @@ class SSOGAttention(nn.Module):
         return apply_field(_identity_values(x, self.num_heads), field, grid, self.mode).permute(0, 2, 1, 3)
 
 
-class DotAttention(nn.Module):
-    """Scaled dot-product attention, the matched baseline (fused SDPA backends on GPU)."""
+class _QKAttention(nn.Module, ABC):
+    """Shared body of the dot and RBF modules: ``qkv`` and ``out`` projections (no biases), optional
+    parameter-free QK-norm, optional SuSiE position code, optional causal mask.
 
-    def __init__(self, dim: int, num_heads: int):
+    Tokens are ``[prefix..., grid raster...]``: whatever precedes the ``Gh·Gw`` grid tokens is a prefix
+    (register) token, which SuSiE leaves uncoded (see :mod:`ssog_core.susie`).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        qk_norm: bool = False,
+        susie: str | None = None,
+        susie_dim: int = 0,
+        causal: bool = False,
+    ):
         super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}")
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        self.qk_norm, self.causal = qk_norm, causal
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.out = nn.Linear(dim, dim, bias=False)
+        self.susie = SuSiE(num_heads, self.head_dim, susie_dim, susie) if susie else None
 
-    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def queries_keys_values(self, x: Tensor, grid: tuple[int, int] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """The q, k, v ``(B, H, N, head_dim)`` the logits see (after QK-norm and the position code)."""
         b, n, _ = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        return q, k, v  # each (B, H, N, hd)
+        if self.qk_norm:  # unit RMS per head: key magnitudes can no longer dominate the logits
+            q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
+        if self.susie is not None:
+            if grid is None:
+                raise ValueError("SuSiE needs the token grid: pass grid=(Gh, Gw), or (1, T) for a sequence")
+            q, k = self.susie(q, k, grid)
+        return q, k, v
+
+    @abstractmethod
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Attention of ``(B, H, N, D)`` queries and keys over values ``(B, H, N, Dv)``."""
 
     def forward(self, x: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
         b, n, _ = x.shape
-        q, k, v = self._qkv(x)
-        y = F.scaled_dot_product_attention(q, k, v)
+        y = self._attend(*self.queries_keys_values(x, grid))
         return self.out(y.transpose(1, 2).reshape(b, n, self.dim))
 
     def attention_matrix(self, x: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
-        """Exact ``(B, H, N, N)`` weights: the same SDPA call applied to identity values."""
-        q, k, _ = self._qkv(x)
-        return F.scaled_dot_product_attention(q, k, _identity_values(x, self.num_heads).transpose(1, 2))
+        """Exact ``(B, H, N, N)`` weights: the module's own attention applied to identity values."""
+        q, k, _ = self.queries_keys_values(x, grid)
+        return self._attend(q, k, _identity_values(x, self.num_heads).transpose(1, 2))
+
+
+class DotAttention(_QKAttention):
+    """Scaled dot-product attention, the matched baseline (fused SDPA backends on GPU).
+
+    Args:
+        dim, num_heads: token width and heads.
+        qk_norm: RMS-normalise q and k per head (no gain), the usual cure for key-magnitude dominance.
+        susie: ``"1d"`` / ``"2d"`` adds the SuSiE position code (:mod:`ssog_core.susie`); ``None`` for none.
+        susie_dim: channels per head carrying the code (0: the whole head).
+        causal: each token attends to itself and earlier tokens only.
+    """
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+
+
+class RBFAttention(_QKAttention):
+    """Distance attention ``softmax(−γ‖q − k‖²)``, γ = 1/√head_dim (:mod:`ssog_core.ops.rbf`).
+
+    Arguments as :class:`DotAttention`, without QK-norm (with unit-RMS keys every ``‖k‖²`` is the same
+    and RBF attention collapses to dot-product attention with scale 2γ), plus ``backend`` (``"torch"``,
+    ``"triton"`` or ``None`` for automatic).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        susie: str | None = None,
+        susie_dim: int = 0,
+        causal: bool = False,
+        backend: str | None = None,
+    ):
+        super().__init__(dim, num_heads, qk_norm=False, susie=susie, susie_dim=susie_dim, causal=causal)
+        self.backend = backend
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return rbf_attention(q, k, v, causal=self.causal, backend=self.backend)
+
+    def attention_matrix(self, x: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
+        """Exact ``(B, H, N, N)`` weights: the reference operator applied to identity values."""
+        q, k, _ = self.queries_keys_values(x, grid)
+        return rbf_attention(q, k, _identity_values(x, self.num_heads).transpose(1, 2), self.causal, "torch")
 
 
 def build_attention(cfg: ViTConfig) -> nn.Module:
@@ -155,6 +230,9 @@ def build_attention(cfg: ViTConfig) -> nn.Module:
         return SSOGAttention(
             cfg.dim, cfg.num_heads, cfg.num_atoms, cfg.field, cfg.steer, cfg.max_offset, cfg.sigma_floor, cfg.cold_init
         )
+    susie = "2d" if cfg.susie else None
     if cfg.attn == "dot":
-        return DotAttention(cfg.dim, cfg.num_heads)
+        return DotAttention(cfg.dim, cfg.num_heads, qk_norm=cfg.qk_norm, susie=susie, susie_dim=cfg.susie_dim)
+    if cfg.attn == "rbf":
+        return RBFAttention(cfg.dim, cfg.num_heads, susie=susie, susie_dim=cfg.susie_dim)
     raise ValueError(f"attention {cfg.attn!r} is not available in this build")

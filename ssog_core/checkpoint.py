@@ -53,6 +53,9 @@ def atomic_write(path: str | Path, write: Any) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the result should have a normal file's permissions
     try:
         write(tmp)
         with open(tmp, "rb") as f:

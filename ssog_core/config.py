@@ -36,7 +36,10 @@ class ViTConfig:
     sigma_floor: float = 0.25  # narrowest atom, in grid cells
     cold_init: bool = True  # gates start at softplus(-8) ≈ 3e-4 (frozen geometry); False: softplus(-2)
     # dot / rbf only
-    num_registers: int = 0  # learned prefix tokens, stripped after the last block
+    num_registers: int = 0  # learned prefix tokens, stripped after the last block (zero-init for rbf)
+    susie: bool = False  # add the 2D SuSiE position code to q and k (RoPE would break RBF's distances)
+    susie_dim: int = 0  # channels per head carrying SuSiE (a multiple of 4); 0 = the whole head, as the source
+    qk_norm: bool = False  # dot only: RMS-normalise q and k per head, the usual cure for key-magnitude dominance
 
     def __post_init__(self) -> None:
         size = self.img_size
@@ -65,6 +68,22 @@ class ViTConfig:
             problems.append("num_registers must be >= 0")
         if self.num_registers and self.attn == "ssog":
             problems.append("register tokens have no grid position: use them with attn='dot' or 'rbf'")
+        if (self.susie or self.susie_dim) and self.attn == "ssog":
+            problems.append("SuSiE codes positions into queries and keys, which SSOG does not have")
+        head_dim = self.dim // self.num_heads if self.num_heads >= 1 else 0
+        width = self.susie_dim or head_dim
+        if self.susie and (width % 4 or not 0 < width <= head_dim):
+            problems.append(
+                f"susie_dim={self.susie_dim} must give a width in (0, head_dim] that is a multiple of 4 "
+                "(half the frequency pairs code the row, half the column)"
+            )
+        if self.susie_dim and not self.susie:
+            problems.append("susie_dim is set but susie is off")
+        if self.qk_norm and self.attn != "dot":
+            problems.append(
+                "qk_norm is for attn='dot' only (with unit-RMS keys RBF attention collapses to dot-product "
+                "attention, and SSOG has no keys)"
+            )
         for name in ("num_classes", "patch_size", "dim", "depth", "num_heads", "in_chans"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1")

@@ -47,10 +47,12 @@ def _open(source: str | Path | bytes) -> tuple[Image.Image, str]:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(data))
-    except (UnidentifiedImageError, Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
-        if isinstance(e, UnidentifiedImageError):
-            raise ImageError(f"{name} is not an image Pillow can read (wrong file type or corrupt)") from None
+    except UnidentifiedImageError:
+        raise ImageError(f"{name} is not an image Pillow can read (wrong file type or corrupt)") from None
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
         raise ImageError(f"{name} is too large to decode safely ({e})") from None
+    except (OSError, SyntaxError, ValueError) as e:
+        raise ImageError(f"{name} could not be decoded (truncated or corrupt?): {e}") from None
     return img, name
 
 

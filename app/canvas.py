@@ -1,0 +1,215 @@
+"""The head playground's draggable canvas: a ``gr.HTML`` with a template, scoped CSS and pointer handlers.
+
+Mechanism (Gradio 6, no npm build; ../shared/APP_NOTES.md): the component's ``value`` is the head spec
+(:meth:`ssog_core.playground.HeadSpec.to_dict` plus ``sel``, the selected atom) and is what Python receives.
+The template places one marker per atom (key coordinates), the ★ query, μ arrows, σ ellipses and λ labels,
+over a server-rendered field image (``img`` prop) and an optional picture (``bg``). While an atom or the ★
+is dragged, JS assigns the head being dragged to the ``moving`` prop (markers follow at once; unlike ``value``
+it is not synced to Gradio on every move) and asks the ``preview`` server function for a new field image,
+with at most two requests in flight and always the latest positions; on release ``value`` takes the new head.
+On release it fires the custom ``release`` event; Python's answer carries ``ack`` (the release time), so the
+page can show the round trip. ``pick`` selects an atom, ``addatom`` adds one where the user double-clicks.
+"""
+
+from __future__ import annotations
+
+# Template: a JS template literal (no "{{": Handlebars runs first). It draws V, the head being dragged (``moving``)
+# or else the component's value. Coordinates are grid cells; the overlay SVG's viewBox makes a cell centre (y, x)
+# the point (x, y). Every prop used here must be passed at construction.
+HTML_TEMPLATE = """
+${((V) => `
+<div class="pgw" style="grid-template-columns:${Math.round(size * V.grid[1] / Math.max(...V.grid))}px 64px">
+ <div class="pg" style="width:${Math.round(size * V.grid[1] / Math.max(...V.grid))}px;
+      height:${Math.round(size * V.grid[0] / Math.max(...V.grid))}px">
+  <img class="bg" src="${bg}" alt="" draggable="false" style="display:${bg ? 'block' : 'none'}"/>
+  <img class="fld" src="${img}" alt="field" draggable="false"/>
+  <svg class="ov" viewBox="-0.5 -0.5 ${V.grid[1]} ${V.grid[0]}" preserveAspectRatio="none">
+   ${V.atoms.map((a, i) => {
+     const q = V.query, ppc = size / Math.max(...V.grid);
+     const dy = a.y - q[0], dx = a.x - q[1], len = Math.hypot(dy, dx);
+     const w = wid[i] || [a.sy, a.sx];
+     let head = '';
+     if (len * ppc > 20) {
+       const uy = dy / len, ux = dx / len, r0 = 12 / ppc, hl = 9 / ppc, hw = 4.5 / ppc;
+       const ty = a.y - uy * r0, tx = a.x - ux * r0, by = ty - uy * hl, bx = tx - ux * hl;
+       const p1 = `${bx - uy * hw},${by + ux * hw}`, p2 = `${bx + uy * hw},${by - ux * hw}`;
+       head = `<polygon class="ah" points="${tx},${ty} ${p1} ${p2}"/>`;
+     }
+     return `<line class="mu" x1="${q[1]}" y1="${q[0]}" x2="${a.x}" y2="${a.y}"/>${head}
+             <ellipse class="sg" cx="${a.x}" cy="${a.y}" rx="${w[1]}" ry="${w[0]}"/>`;
+   }).join('')}
+  </svg>
+  ${V.atoms.map((a, i) => `<div class="atom ${i === V.sel ? 'sel' : ''}" data-i="${i}"
+      title="atom ${i + 1}: drag to move, click to select"
+      style="left:${(a.x + 0.5) / V.grid[1] * 100}%;top:${(a.y + 0.5) / V.grid[0] * 100}%">${i + 1}</div>
+     <div class="lam" style="left:${(a.x + 0.5) / V.grid[1] * 100}%;top:${(a.y + 0.5) / V.grid[0] * 100}%"
+      >λ=${(lam[i] ?? 0).toFixed(2)}</div>`).join('')}
+  <div class="star" title="the query: drag to move it (the atoms keep their offsets μ)"
+      style="left:${(V.query[1] + 0.5) / V.grid[1] * 100}%;top:${(V.query[0] + 0.5) / V.grid[0] * 100}%"
+      >★</div>
+ </div>
+ <svg class="ky" viewBox="0 -0.5 1 ${V.grid[0]}" preserveAspectRatio="none"
+      style="height:${Math.round(size * V.grid[0] / Math.max(...V.grid))}px">
+  <polyline points="${ky.map((v, i) => `${0.97 * v},${i}`).join(' ')}"/></svg>
+ <svg class="kx" viewBox="-0.5 0 ${V.grid[1]} 1" preserveAspectRatio="none"
+      style="width:${Math.round(size * V.grid[1] / Math.max(...V.grid))}px">
+  <polyline points="${kx.map((v, i) => `${i},${1 - 0.97 * v}`).join(' ')}"/></svg>
+ <div class="info"><span class="inf">${info}</span><br/>
+  <span class="lat">${lat}</span> <span class="err">${err}</span></div>
+</div>
+`)(moving && moving.atoms ? moving : value)}
+"""
+
+CSS_TEMPLATE = """
+.pgw { display: grid; gap: 6px; align-items: start;
+       font-family: ui-sans-serif, system-ui, sans-serif; user-select: none; }
+.pg { position: relative; touch-action: none; background: #111; border-radius: 4px; overflow: hidden; }
+.pg img { position: absolute; inset: 0; width: 100%; height: 100%; image-rendering: pixelated; pointer-events: none; }
+.pg img.bg { image-rendering: auto; }
+.ov { position: absolute; inset: 0; width: 100%; height: 100%; pointer-events: none; overflow: visible; }
+.ov .mu { stroke: #fff; stroke-width: 2; vector-effect: non-scaling-stroke; }
+.ov .ah { fill: #fff; }
+.ov .sg { fill: none; stroke: #fff; stroke-width: 1.5; stroke-dasharray: 5 4; vector-effect: non-scaling-stroke; }
+.atom, .star { position: absolute; transform: translate(-50%, -50%); cursor: grab; touch-action: none;
+               display: flex; align-items: center; justify-content: center; }
+.atom { width: 22px; height: 22px; border-radius: 50%; background: rgba(255,255,255,0.92); color: #111;
+        font: 700 12px/1 ui-sans-serif, system-ui, sans-serif; border: 2px solid #222; }
+.atom.sel { border-color: #e5002b; box-shadow: 0 0 0 3px rgba(229,0,43,0.45); }
+.lam { position: absolute; transform: translate(14px, -24px); color: #fff; pointer-events: none; white-space: nowrap;
+       font: 700 11px/1 ui-sans-serif, system-ui, sans-serif; text-shadow: 0 0 3px #000, 0 0 2px #000; }
+.star { width: 30px; height: 30px; font-size: 28px; line-height: 1; color: #fff;
+        text-shadow: 0 0 3px #000, 0 0 1px #000; }
+.ky, .kx { background: rgba(127,127,127,0.08); border-radius: 3px; }
+.ky { width: 64px; }
+.kx { height: 56px; grid-column: 1; }
+.ky polyline, .kx polyline { fill: none; stroke: #3b82f6; stroke-width: 2; vector-effect: non-scaling-stroke; }
+.info { grid-column: 1 / span 2; font-size: 13px; line-height: 1.4; }
+.lat { color: #6b7280; }
+.err { color: #dc2626; font-weight: 600; }
+"""
+
+# Event names appear in quotes here, which is how gr.HTML finds custom events ('pick', 'release', 'addatom').
+JS_ON_LOAD = """
+let drag = null, inflight = 0, pending = false, sent = 0, shown = 0;
+const MAX_INFLIGHT = 2;  // two previews overlap: one computes while the other travels or renders
+const stats = { frames: 0, moves: 0, ms: [], release: [] };  // read by benchmarks/app_latency.py
+window.ssogCanvasStats = stats;
+const clone = v => JSON.parse(JSON.stringify(v));
+function pos(e) {
+  const r = element.querySelector('.pg').getBoundingClientRect();
+  const [gh, gw] = props.value.grid;
+  const y = (e.clientY - r.top) / r.height * gh - 0.5, x = (e.clientX - r.left) / r.width * gw - 0.5;
+  const clip = (v, n) => Math.min(Math.max(v, -0.5), n - 0.5);
+  return [Math.round(clip(y, gh) * 10) / 10, Math.round(clip(x, gw) * 10) / 10];
+}
+// Live preview: ask the server function for the field of the latest positions; never more than MAX_INFLIGHT
+// requests at once, the newest positions are always sent next, and a late answer never replaces a newer one.
+// An answer is painted straight into the DOM (no template re-render) and kept in `frame`; it becomes props with
+// the next pointer move (one re-render for both) or on release, so a later re-render never shows an older frame.
+let frame = null;
+const kyPoints = ky => ky.map((v, i) => `${0.97 * v},${i}`).join(' ');
+const kxPoints = kx => kx.map((v, i) => `${i},${1 - 0.97 * v}`).join(' ');
+function paint(r) {
+  element.querySelector('img.fld').src = r.img;
+  element.querySelector('.ky polyline').setAttribute('points', kyPoints(r.ky));
+  element.querySelector('.kx polyline').setAttribute('points', kxPoints(r.kx));
+  element.querySelector('.inf').textContent = r.info;
+}
+function commitFrame() {
+  if (!frame) return;
+  const r = frame;
+  frame = null;
+  props.img = r.img; props.ky = r.ky; props.kx = r.kx; props.wid = r.wid; props.lam = r.lam;
+  props.info = r.info; props.err = '';
+}
+function pump() {
+  if (props.live !== 'server') return;
+  if (inflight >= MAX_INFLIGHT) { pending = true; return; }
+  inflight += 1;
+  const id = ++sent, t = performance.now();
+  server.preview({ value: props.moving || props.value, overlay: !!props.bg }).then(r => {
+    if (id < shown || !r) return;
+    shown = id;
+    if (r.error) { props.err = r.error; return; }
+    frame = r;
+    paint(r);
+    stats.frames += 1; stats.ms.push(performance.now() - t);
+  }).catch(err => { props.err = 'preview failed: ' + err; }).finally(() => {
+    inflight -= 1;
+    if (pending) { pending = false; pump(); }
+  });
+}
+element.addEventListener('pointerdown', e => {
+  const a = e.target.closest('.atom'), s = e.target.closest('.star');
+  if (!a && !s) return;
+  e.preventDefault();
+  try { (a || s).setPointerCapture(e.pointerId); } catch (_) { /* synthetic events have no capturable pointer */ }
+  if (a) {
+    drag = { kind: 'atom', i: +a.dataset.i };
+    if (props.value.sel !== drag.i) {
+      const v = clone(props.value); v.sel = drag.i; props.value = v;
+      trigger('pick', { i: drag.i });
+    }
+  } else {
+    drag = { kind: 'star', start: pos(e), v0: clone(props.value) };
+  }
+});
+element.addEventListener('pointermove', e => {
+  if (!drag) return;
+  stats.moves += 1;
+  const [y, x] = pos(e);
+  let v;
+  if (drag.kind === 'atom') {
+    v = clone(props.moving || props.value); v.atoms[drag.i].y = y; v.atoms[drag.i].x = x;
+  } else {
+    v = clone(drag.v0);
+    const [gh, gw] = v.grid, q0 = drag.v0.query;
+    const qy = Math.min(Math.max(q0[0] + Math.round(y - drag.start[0]), 0), gh - 1);
+    const qx = Math.min(Math.max(q0[1] + Math.round(x - drag.start[1]), 0), gw - 1);
+    v.query = [qy, qx];
+    v.atoms.forEach(a => { a.y += qy - q0[0]; a.x += qx - q0[1]; });
+  }
+  props.moving = v;  // redraws the markers; the value (synced to Gradio on every set) is written once, on release
+  commitFrame();  // in the same re-render
+  pump();
+});
+const end = () => {
+  if (!drag) return;
+  drag = null;
+  commitFrame();
+  if (props.moving) { props.value = props.moving; props.moving = null; }
+  trigger('release', { t: performance.now() });
+};
+element.addEventListener('pointerup', end);
+element.addEventListener('pointercancel', end);
+element.addEventListener('dblclick', e => {
+  if (e.target.closest('.atom, .star') || !e.target.closest('.pg')) return;
+  const [y, x] = pos(e);
+  trigger('addatom', { y, x });
+});
+watch('ack', () => {
+  if (!props.ack) return;
+  const ms = performance.now() - props.ack;
+  stats.release.push(ms);
+  props.lat = `release → update ${ms.toFixed(0)} ms`;
+});
+"""
+
+
+def canvas_props(size: int = 440) -> dict:
+    """Initial values of every prop the template reads (a missing one breaks the template)."""
+    return dict(
+        img="",
+        bg="",
+        size=size,
+        wid=[],
+        lam=[],
+        ky=[],
+        kx=[],
+        info="",
+        lat="",
+        err="",
+        ack=0,
+        live="server",
+        moving=None,
+    )

@@ -1,0 +1,458 @@
+"""SSOG Lab's web app: ``build_app(ctx)`` composes the tabs; ``main()`` parses the command line and launches.
+
+    python -m app [--host 127.0.0.1] [--port 7860] [--checkpoint-dir checkpoints/] [--assets-dir assets/]
+
+The app is a thin layer: every number it shows comes from :mod:`ssog_core` (field, analysis, checkpoints,
+images), drawn by :mod:`ssog_core.viz` or :mod:`app.plots`. Tabs render lazily: a change of checkpoint or image
+re-renders only the tab being looked at; the others catch up when they are opened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from functools import partial, wraps
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # air-gapped by default: no telemetry calls
+
+import gradio as gr  # noqa: E402
+import torch  # noqa: E402
+
+from app.common import EXPECTED_ERRORS, error_text, warn, write_downloads  # noqa: E402
+from app.state import AppContext, AppError, default_image  # noqa: E402
+from app.tabs import compare, export, geometry, playground, session, steering  # noqa: E402
+from ssog_core import report  # noqa: E402
+
+MAX_UPLOAD = "64mb"  # checkpoints of the size this project trains fit; anything larger is refused by Gradio
+QUEUE_SIZE = 64  # requests waiting beyond this are told the server is busy
+CONCURRENCY = 2  # analysis requests computed at once (2 CPU cores); the rest wait in the queue
+FONTS = ["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto", "sans-serif"]  # no web fonts
+MONO = ["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"]
+CSS = """
+.hint { font-size: 13px; color: var(--body-text-color-subdued); }
+#geo-card table { width: 100%; }
+#geo-card td:first-child { white-space: nowrap; }
+#geo-card td { overflow-wrap: anywhere; }
+#thumb img { object-fit: contain; }
+"""
+HEADER = """# SSOG Lab
+Attention as a handful of Gaussian atoms over relative position, which content may only **steer**.
+Everything below is computed by `ssog_core`, the code the models are trained with."""
+
+
+def theme() -> gr.themes.Base:
+    return gr.themes.Soft(font=FONTS, font_mono=MONO)
+
+
+def default_checkpoint(ctx: AppContext, names: Sequence[str]) -> str | None:
+    """The demo SSOG checkpoint if present, else the first SSOG one, else the first one."""
+    if "ssog_shapes.safetensors" in names:
+        return "ssog_shapes.safetensors"
+    for name in names:
+        try:
+            if ctx.model(name).is_ssog:
+                return name
+        except AppError:
+            continue
+    return names[0] if names else None
+
+
+def folder_status(ctx: AppContext, names: Sequence[str]) -> str:
+    if not names:
+        return (
+            f"⚠️ **No checkpoint found** in `{ctx.checkpoint_dir}`. The head playground works without one; for "
+            "geometry, steering and export maps put `.safetensors` checkpoints there (start with "
+            "`--checkpoint-dir`) or upload one above."
+        )
+    return f"{len(names)} checkpoint(s) in `{ctx.checkpoint_dir}`."
+
+
+def lazy(tab_id: str, show: Callable[..., tuple], n_out: int) -> Callable[..., tuple]:
+    """Wrap a tab's render so it runs only while the tab is open and its inputs changed since last time."""
+
+    def run(active: str, last: str | None, *args: Any) -> tuple:
+        key = repr(args)
+        if active != tab_id or key == last:
+            return (gr.skip(),) * (n_out + 1)
+        return (key, *show(*args))
+
+    return run
+
+
+def checkpoint_updates(ctx: AppContext, value: str | None) -> tuple:
+    """Choices for every checkpoint picker after the folder or the uploads changed."""
+    names = ctx.checkpoint_names()
+    twin = export.default_twin(ctx, value)
+    return (
+        gr.update(choices=names, value=value),
+        gr.update(choices=[export.NO_TWIN, *names], value=twin),
+        gr.update(choices=names, value=value),
+        gr.update(choices=names, value=twin if twin != export.NO_TWIN else value),
+    )
+
+
+def on_checkpoint_upload(ctx: AppContext, files: Any, current: str | None) -> tuple:
+    try:
+        paths = files if isinstance(files, list) else [files]
+        name = ctx.add_upload([str(p) for p in paths if p])
+        return (*checkpoint_updates(ctx, name), f"✅ Loaded **{name}**: it is now selected.")
+    except Exception as e:
+        return (*(gr.skip(),) * 4, warn(error_text(e)))
+
+
+def on_checkpoint_change(ctx: AppContext, ckpt: str | None) -> tuple:
+    """Presets, twin and comparison defaults follow the selected checkpoint."""
+    presets, note = playground.on_checkpoint(ctx, ckpt)
+    names = ctx.checkpoint_names()
+    twin = export.default_twin(ctx, ckpt)
+    return (
+        presets,
+        note,
+        gr.update(choices=[export.NO_TWIN, *names], value=twin),
+        gr.update(choices=names, value=ckpt),
+        gr.update(choices=names, value=twin if twin != export.NO_TWIN else ckpt),
+    )
+
+
+def _image_outputs(stored) -> tuple:
+    h = 96
+    thumb = stored.image.copy()
+    thumb.thumbnail((4 * h, h))
+    return stored.sha256, thumb, f"Image **{stored.name}** (sha256 {stored.sha256[:12]}…)"
+
+
+def on_image_pick(ctx: AppContext, name: str | None) -> tuple:
+    try:
+        if not name:
+            return gr.skip(), gr.skip(), ""
+        return _image_outputs(ctx.open_bundled(name))
+    except Exception as e:
+        return gr.skip(), gr.skip(), warn(error_text(e))
+
+
+def on_image_upload(ctx: AppContext, path: Any) -> tuple:
+    try:
+        sha, thumb, text = _image_outputs(ctx.open_upload(str(path)))
+        return sha, thumb, gr.update(value=None), text
+    except Exception as e:
+        return gr.skip(), gr.skip(), gr.skip(), warn(error_text(e))
+
+
+def build_app(ctx: AppContext) -> gr.Blocks:
+    """The whole UI for one checkpoint folder and one folder of bundled images."""
+    names = ctx.checkpoint_names()
+    ckpt0 = default_checkpoint(ctx, names)
+    img0 = default_image(ctx)
+    bundled = ctx.bundled_images()
+    with gr.Blocks(title="SSOG Lab", delete_cache=(3600, 3600)) as demo:  # uploads older than an hour go
+        gr.Markdown(HEADER)
+        status = gr.Markdown(folder_status(ctx, names), elem_id="status")
+        with gr.Row(equal_height=True):
+            ckpt = gr.Dropdown(names, value=ckpt0, label="Checkpoint", elem_id="ckpt", scale=3)
+            ckpt_up = gr.UploadButton(
+                "Upload checkpoint (.safetensors, or .pt + .json)",
+                file_count="multiple",
+                elem_id="ckpt-upload",
+                scale=2,
+                size="sm",
+            )
+            img_pick = gr.Dropdown(
+                bundled, value=img0.name if img0 else None, label="Image (bundled)", elem_id="img-pick", scale=2
+            )
+            img_up = gr.UploadButton("Upload image", file_count="single", elem_id="img-upload", scale=1, size="sm")
+            thumb = gr.Image(
+                _image_outputs(img0)[1] if img0 else None,
+                show_label=False,
+                height=96,
+                interactive=False,
+                elem_id="thumb",
+                scale=1,
+                container=False,
+                buttons=[],
+            )
+        image_sha = gr.State(img0.sha256 if img0 else None)
+        active = gr.State("playground")
+        shared = {"checkpoint": ckpt, "image_sha": image_sha}
+
+        with gr.Tabs(elem_id="tabs"):
+            with gr.Tab("Head playground", id="playground", elem_id="tab-playground") as t_pg:
+                pg = playground.build(ctx, shared)
+            with gr.Tab("Checkpoint geometry", id="geometry", elem_id="tab-geometry") as t_geo:
+                geo = geometry.build(ctx, shared)
+            with gr.Tab("Steering", id="steering", elem_id="tab-steering") as t_st:
+                st = steering.build(ctx, shared)
+            with gr.Tab("Export maps", id="export", elem_id="tab-export") as t_ex:
+                ex = export.build(ctx, shared)
+            with gr.Tab("Compare two checkpoints", id="compare", elem_id="tab-compare") as t_cmp:
+                cmp = compare.build(ctx, shared)
+            with gr.Tab("Session", id="session", elem_id="tab-session") as t_ses:
+                gr.Markdown(
+                    "A session file records the checkpoint, the image (by SHA-256), the playground head and each "
+                    "tab's settings. Restore it here, or export the same figures headless with "
+                    "`python -m ssog_core.figures --session FILE`."
+                )
+                with gr.Row():
+                    save_btn = gr.Button("Save session", elem_id="ses-save")
+                    ses_file = gr.File(label="session.json", interactive=False, elem_id="ses-file")
+                    ses_up = gr.File(label="Restore a session (.json)", file_types=[".json"], elem_id="ses-upload")
+                ses_status = gr.Markdown(elem_id="ses-status")
+
+        # ---- global pickers and lazy tab rendering ---------------------------------------------------------
+        # A new checkpoint first updates presets, twin and comparison pickers, then the open tab renders with them.
+        hidden = dict(api_visibility="private")
+        follow = [pg["preset"], pg["preset_note"], ex["twin"], cmp["a"], cmp["b"]]
+        picked = ckpt.change(partial(on_checkpoint_change, ctx), [ckpt], follow, **hidden)
+        loaded = demo.load(partial(on_checkpoint_change, ctx), [ckpt], follow, **hidden)
+        views = {
+            "geometry": (t_geo, geo["render"], [ckpt, geo["layer"], image_sha], geo["outputs"]),
+            "steering": (t_st, st["render"], [ckpt, image_sha, st["layer"], st["query"]], st["outputs"]),
+            "export": (t_ex, ex["render"], ex["inputs"], ex["outputs"]),
+            "compare": (t_cmp, cmp["render"], cmp["inputs"], cmp["outputs"]),
+        }
+        for tab_id, (tab, show, inputs, outputs) in views.items():
+            last = gr.State(None)
+            run = lazy(tab_id, show, len(outputs))
+            args = ([active, last, *inputs], [last, *outputs])
+            tab.select(lambda t=tab_id: t, None, active, **hidden).then(run, *args, **hidden)
+            picked.then(run, *args, **hidden)
+            loaded.then(run, *args, **hidden)
+            image_sha.change(run, *args, **hidden)
+        t_ses.select(lambda: "session", None, active, **hidden)
+        # plots drawn while their tab was hidden come out narrow: redraw the playground's when it is shown
+        t_pg.select(lambda: "playground", None, active, **hidden).then(
+            playground.on_details, [pg["canvas"]], pg["main_out"][1:], show_progress="hidden", **hidden
+        )
+        ckpt_up.upload(
+            partial(on_checkpoint_upload, ctx),
+            [ckpt_up, ckpt],
+            [ckpt, ex["twin"], cmp["a"], cmp["b"], status],
+            **hidden,
+        )
+        img_pick.input(partial(on_image_pick, ctx), [img_pick], [image_sha, thumb, status], **hidden)
+        img_up.upload(partial(on_image_upload, ctx), [img_up], [image_sha, thumb, img_pick, status], **hidden)
+        image_sha.change(
+            partial(refresh_underlay, ctx),
+            [pg["canvas"], pg["underlay"], image_sha],
+            pg["main_out"] + [pg["underlay"], pg["status"]],
+            show_progress="hidden",
+            **hidden,
+        )
+
+        # ---- session -------------------------------------------------------------------------------------
+        ses_inputs = [
+            ckpt,
+            image_sha,
+            pg["canvas"],
+            pg["underlay"],
+            geo["layer"],
+            st["layer"],
+            st["query"],
+            ex["twin"],
+            ex["alpha"],
+            ex["layer"],
+            cmp["a"],
+            cmp["b"],
+            cmp["alpha"],
+            cmp["layer"],
+        ]
+        save_btn.click(partial(save_session, ctx), ses_inputs, [ses_file, ses_status], **hidden)
+        ses_outputs = [
+            ckpt,
+            image_sha,
+            thumb,
+            *pg["main_out"],
+            pg["underlay"],
+            *pg["head_controls"],
+            geo["layer"],
+            st["layer"],
+            st["query"],
+            ex["twin"],
+            ex["alpha"],
+            ex["layer"],
+            cmp["a"],
+            cmp["b"],
+            cmp["alpha"],
+            cmp["layer"],
+            ses_status,
+        ]
+        ses_up.upload(partial(restore_session, ctx), [ses_up], ses_outputs, **hidden)
+
+        register_api(ctx)
+    return demo
+
+
+def refresh_underlay(ctx: AppContext, canvas: Any, show: bool, sha: str | None) -> tuple:
+    if not show:
+        return (gr.skip(),) * 5
+    return playground.on_underlay(ctx, canvas, show, sha)
+
+
+def save_session(ctx: AppContext, *values: Any) -> tuple:
+    import json
+
+    try:
+        data = session.make_session(ctx, *values)
+        name = "ssog_session" + (f"_{values[0].removesuffix('.safetensors')}" if values[0] else "") + ".json"
+        return write_downloads({name: json.dumps(data, indent=2, ensure_ascii=False)})[0], "Session saved."
+    except Exception as e:
+        return None, warn(error_text(e))
+
+
+def restore_session(ctx: AppContext, path: Any) -> tuple:
+    """Set every picker, slider and the canvas from a session file; say what could not be restored."""
+    n_out = 3 + 3 + 1 + 3 + 11
+    try:
+        data = session.read_session(str(path))
+    except Exception as e:
+        return (*(gr.skip(),) * (n_out - 1), warn(error_text(e)))
+    notes = []
+    names = ctx.checkpoint_names()
+    ckpt = data.get("checkpoint")
+    if ckpt and ckpt not in names:
+        notes.append(f"checkpoint {ckpt!r} is not in the checkpoint folder")
+        ckpt_update: Any = gr.skip()
+    else:
+        ckpt_update = gr.update(value=ckpt)
+    sha_update: Any = gr.skip()
+    thumb_update: Any = gr.skip()
+    image = data.get("image") or {}
+    if image.get("sha256"):
+        try:
+            sha_update, thumb_update, _ = _image_outputs(ctx.image(image["sha256"]))
+        except AppError as e:
+            notes.append(f"image {image.get('name') or image['sha256'][:12]}: {e}")
+    pgd = data["playground"]
+    value = {**pgd["head"], "sel": int(pgd.get("selected_atom", 0))}
+    value["sel"] = min(max(value["sel"], 0), len(value["atoms"]) - 1)
+    sha_for_bg = sha_update if isinstance(sha_update, str) else None
+    try:
+        bg = playground.underlay_url(ctx, sha_for_bg, value) if (pgd.get("image_underlay") and sha_for_bg) else ""
+    except AppError:
+        bg = ""
+    canvas, fig, rows = playground._outputs(value, bool(bg), {"bg": bg}, new_value=True)
+    ex_d, cmp_d = data.get("export", {}), data.get("compare", {})
+    st_d = data.get("steering", {})
+    text = "✅ Session restored." + (" Not restored: " + "; ".join(notes) + "." if notes else "")
+    return (
+        ckpt_update,
+        sha_update,
+        thumb_update,
+        canvas,
+        fig,
+        rows,
+        gr.update(value=bool(bg)),
+        *playground.head_controls(value),
+        gr.update(value=int(data.get("geometry", {}).get("layer", 0))),
+        gr.update(value=int(st_d.get("layer", 0))),
+        st_d.get("query"),
+        gr.update(value=ex_d.get("twin") or export.NO_TWIN),
+        gr.update(value=float(ex_d.get("alpha", 0.5))),
+        gr.update(value=int(ex_d.get("layer", 0))),
+        gr.update(value=cmp_d.get("a")),
+        gr.update(value=cmp_d.get("b")),
+        gr.update(value=float(cmp_d.get("alpha", 0.5))),
+        gr.update(value=int(cmp_d.get("layer", 0))),
+        warn(text) if notes else text,
+    )
+
+
+def register_api(ctx: AppContext) -> None:
+    """Typed endpoints for scripts (gradio_client): the same computations the tabs draw. Expected failures
+    (a bad name, a path outside the folder, an unusable head) come back as a readable error message."""
+
+    def api(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @wraps(fn)
+        def call(*args: Any) -> Any:
+            try:
+                return fn(*args)
+            except EXPECTED_ERRORS as e:
+                raise gr.Error(error_text(e)) from None
+
+        return call
+
+    @api
+    def checkpoints() -> list[str]:
+        """Checkpoint names the app can open."""
+        return ctx.checkpoint_names()
+
+    @api
+    def head_field(head: dict) -> dict:
+        """A playground head (JSON as in a session file) → its query's field, kernels and statistics."""
+        _, spec, view = playground.render({**head, "sel": 0})
+        return {
+            "density": view.density.tolist(),
+            "row": view.row_marginal.tolist(),
+            "col": view.col_marginal.tolist(),
+            "lambda": view.lam.tolist(),
+            "entropy": view.entropy,
+            "radius": view.radius,
+        }
+
+    @api
+    def geometry_summary(checkpoint: str) -> dict:
+        """Model card, gate scales and τ per layer, and the atom table of a checkpoint."""
+        lm = ctx.model(checkpoint)
+        return {
+            "card": report.model_card(lm.model, lm.meta, flops=False),
+            "layers": report.gate_rows(lm.fields),
+            "atoms": report.atom_rows(lm.fields),
+        }
+
+    @api
+    def export_summary(checkpoint: str, image: str, alpha: float = 0.5) -> dict:
+        """Export-map summary of a checkpoint on a bundled image (by name) or a seen one (by SHA-256)."""
+        stored = ctx.open_bundled(image) if image in ctx.bundled_images() else ctx.image(image)
+        maps = export.maps_for(ctx.model(checkpoint), stored, float(alpha))
+        return {
+            **maps.summary(),
+            "alpha": maps.alpha,
+            "grid": list(maps.grid),
+            "accumulated": maps.accumulated[0].tolist(),
+        }
+
+    for fn in (checkpoints, head_field, geometry_summary, export_summary):
+        gr.api(fn, api_name=fn.__name__)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m app", description="SSOG Lab web app")
+    ap.add_argument("--host", default="127.0.0.1", help="interface to bind (default: this machine only)")
+    ap.add_argument("--port", type=int, default=7860)
+    ap.add_argument("--checkpoint-dir", default="checkpoints", type=Path, help="folder of .safetensors checkpoints")
+    ap.add_argument("--assets-dir", default="assets", type=Path, help="folder of bundled images")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads per request (1 keeps concurrent requests from fighting over the cores)",
+    )
+    return ap.parse_args(argv)
+
+
+def launch(demo: gr.Blocks, host: str, port: int, **extra: Any) -> None:
+    """Queue (bursts wait rather than fail) and serve with the upload cap, the offline theme and no share link."""
+    demo.queue(default_concurrency_limit=CONCURRENCY, max_size=QUEUE_SIZE)
+    demo.launch(
+        server_name=host,
+        server_port=port,
+        share=False,
+        max_file_size=MAX_UPLOAD,
+        theme=theme(),
+        css=CSS,
+        show_error=False,
+        footer_links=["api"],
+        **extra,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(max(1, args.threads))
+    ctx = AppContext(args.checkpoint_dir, args.assets_dir)
+    atexit.register(shutil.rmtree, ctx.upload_dir, True)
+    launch(build_app(ctx), args.host, args.port)

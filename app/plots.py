@@ -1,0 +1,279 @@
+"""Interactive Plotly figures: values on hover, labelled colour scales, titles that do not collide.
+
+They only lay out numbers that :mod:`ssog_core` computed; static figures for download come from
+:mod:`ssog_core.viz`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ssog_core.analysis import KeyNorms, LayerField
+from ssog_core.playground import HeadSpec, HeadView
+
+_LAYOUT = dict(template="plotly_white", font=dict(size=12), hoverlabel=dict(font_size=12))
+_TAP_NAMES = {"mu": "s(μδ)", "sigma": "s(σδ)", "lambda": "s(λ)"}
+
+
+def kernel_plot(spec: HeadSpec, view: HeadView) -> go.Figure:
+    """The query's row and column kernels per atom (dashed) and the λ-weighted marginals (solid)."""
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        subplot_titles=("row pass: weight of key row", "column pass: weight of key col"),
+        horizontal_spacing=0.12,
+    )
+    qy, qx = spec.query
+    per_atom = view.row.shape[0] == len(spec.atoms)
+    for c, (kernels, marginal, q, axis) in enumerate(
+        (
+            (view.row.numpy(), view.row_marginal.numpy(), qy, "row"),
+            (view.col.numpy(), view.col_marginal.numpy(), qx, "col"),
+        ),
+        start=1,
+    ):
+        keys = np.arange(marginal.shape[0])
+        for r, k in enumerate(kernels):
+            name = f"atom {r + 1} (λ={float(view.lam[r]):.2f})" if per_atom else "axial mixture"
+            fig.add_trace(
+                go.Scatter(
+                    x=keys,
+                    y=k,
+                    mode="lines",
+                    line=dict(dash="dot", width=1.5),
+                    name=name,
+                    legendgroup=name,
+                    showlegend=c == 1,
+                    hovertemplate=f"{name}<br>key {axis} %{{x}}<br>weight %{{y:.4f}}<extra></extra>",
+                ),
+                row=1,
+                col=c,
+            )
+        fig.add_trace(
+            go.Scatter(
+                x=keys,
+                y=marginal,
+                mode="lines+markers",
+                line=dict(color="black", width=2.5),
+                marker=dict(size=4),
+                name="field marginal",
+                legendgroup="marginal",
+                showlegend=c == 1,
+                hovertemplate=f"field<br>key {axis} %{{x}}<br>weight %{{y:.4f}}<extra></extra>",
+            ),
+            row=1,
+            col=c,
+        )
+        fig.add_vline(x=q, line=dict(color="#888", dash="dash"), row=1, col=c)
+        fig.update_xaxes(title_text=f"key {axis} (★ at {q}, dashed)", row=1, col=c)
+    fig.update_yaxes(title_text="weight", row=1, col=1)
+    fig.update_layout(
+        **_LAYOUT,
+        height=380,
+        title=dict(text="1D kernels of the ★ query (hover for weights)", font=dict(size=14), y=0.98, yanchor="top"),
+        margin=dict(l=50, r=10, t=85, b=45),
+        legend=dict(orientation="h", y=-0.3, font=dict(size=11)),
+    )
+    return fig
+
+
+def gates_plot(fields: Sequence[LayerField], init: float) -> go.Figure:
+    """Gate scales vs layer, the initial value dashed."""
+    fig = go.Figure()
+    layers = list(range(len(fields)))
+    for tap in ("mu", "sigma", "lambda"):
+        if fields and all(tap in lf.gates for lf in fields):
+            fig.add_trace(
+                go.Scatter(
+                    x=layers,
+                    y=[lf.gates[tap] for lf in fields],
+                    mode="lines+markers",
+                    name=_TAP_NAMES[tap],
+                    hovertemplate=f"layer %{{x}}<br>{_TAP_NAMES[tap]} = %{{y:.3f}}<extra></extra>",
+                )
+            )
+    fig.add_hline(
+        y=init,
+        line=dict(dash="dash", color="gray"),
+        annotation_text=f"initial value {init:.2g}",
+        annotation_position="top left",
+    )
+    fig.update_layout(
+        **_LAYOUT,
+        height=320,
+        margin=dict(l=55, r=10, t=45, b=45),
+        title=dict(text="Gate scale of each content tap vs layer", font=dict(size=14)),
+        xaxis=dict(title="layer", dtick=1),
+        yaxis=dict(title="gate scale s"),
+    )
+    return fig
+
+
+def layer_density_plot(lf: LayerField, layer: int) -> go.Figure:
+    """One layer's heads as heatmaps over key offset, with the density on hover and atom centres."""
+    heads = lf.density.shape[0]
+    ey, ex = lf.extent
+    fig = make_subplots(
+        rows=1,
+        cols=heads,
+        subplot_titles=[f"head {h}: H={lf.entropy[h]:.2f}, r={lf.radius[h]:.1f}" for h in range(heads)],
+        horizontal_spacing=0.03,
+    )
+    dy = np.arange(-ey, ey + 1)
+    dx = np.arange(-ex, ex + 1)
+    for h in range(heads):
+        d = lf.density[h].numpy()
+        fig.add_trace(
+            go.Heatmap(
+                z=d,
+                x=dx,
+                y=dy,
+                colorscale="Viridis",
+                showscale=h == heads - 1,
+                colorbar=dict(title=dict(text="weight", side="right"), len=0.9),
+                hovertemplate="key offset dy=%{y}, dx=%{x}<br>weight %{z:.4f}<extra></extra>",
+            ),
+            row=1,
+            col=h + 1,
+        )
+        look = -lf.mu[h].numpy()
+        lam = lf.lam[h].numpy()
+        fig.add_trace(
+            go.Scatter(
+                x=look[:, 1],
+                y=look[:, 0],
+                mode="markers",
+                showlegend=False,
+                marker=dict(symbol="cross-thin", size=12, line=dict(width=2, color="white"), opacity=1.0),
+                customdata=np.stack([lam, lf.sigma[h, :, 0].numpy(), lf.sigma[h, :, 1].numpy()], -1),
+                hovertemplate="atom looks at dy=%{y:.2f}, dx=%{x:.2f}<br>λ=%{customdata[0]:.3f}, "
+                "σ=(%{customdata[1]:.2f}, %{customdata[2]:.2f})<extra></extra>",
+            ),
+            row=1,
+            col=h + 1,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=[0],
+                y=[0],
+                mode="markers",
+                showlegend=False,
+                hoverinfo="skip",
+                marker=dict(symbol="star", size=13, color="white", line=dict(width=1, color="black")),
+            ),
+            row=1,
+            col=h + 1,
+        )
+        fig.update_yaxes(
+            autorange="reversed", scaleanchor=f"x{h + 1 if h else ''}", row=1, col=h + 1, showticklabels=h == 0
+        )
+    fig.update_layout(
+        **_LAYOUT,
+        height=330,
+        margin=dict(l=40, r=10, t=70, b=30),
+        title=dict(text=f"Layer {layer}: each head's field over key offset (hover for weights)", font=dict(size=14)),
+    )
+    fig.update_annotations(font_size=11)
+    return fig
+
+
+def map_plot(a: np.ndarray, title: str, colorbar: str, symmetric: bool = True) -> go.Figure:
+    """A patch-grid map with its value on hover (RdBu zero-centred when ``symmetric``)."""
+    lim = float(np.abs(a).max()) or 1e-12
+    fig = go.Figure(
+        go.Heatmap(
+            z=a,
+            colorscale="RdBu_r" if symmetric else "Viridis",
+            zmid=0 if symmetric else None,
+            zmin=-lim if symmetric else None,
+            zmax=lim if symmetric else None,
+            colorbar=dict(title=dict(text=colorbar, side="right")),
+            hovertemplate="patch row %{y}, col %{x}<br>value %{z:.4f}<extra></extra>",
+        )
+    )
+    fig.update_yaxes(autorange="reversed", scaleanchor="x", title="patch row")
+    fig.update_xaxes(title="patch col", constrain="domain")
+    fig.update_layout(
+        **_LAYOUT, height=380, margin=dict(l=50, r=10, t=50, b=45), title=dict(text=title, font=dict(size=14))
+    )
+    return fig
+
+
+def stats_plot(entropy: np.ndarray, radius: np.ndarray, title: str) -> go.Figure:
+    """Per layer × head attention entropy and effective radius, side by side, values on hover."""
+    fig = make_subplots(
+        rows=1, cols=2, subplot_titles=("attention entropy (nats)", "effective radius (cells)"), horizontal_spacing=0.16
+    )
+    for c, (a, name) in enumerate(((entropy, "entropy"), (radius, "radius")), start=1):
+        fig.add_trace(
+            go.Heatmap(
+                z=a,
+                colorscale="Cividis",
+                colorbar=dict(title=dict(text=name, side="right"), x=0.43 if c == 1 else 1.0, len=0.9),
+                hovertemplate=f"layer %{{y}}, head %{{x}}<br>{name} %{{z:.3f}}<extra></extra>",
+            ),
+            row=1,
+            col=c,
+        )
+        fig.update_xaxes(title_text="head", dtick=1, row=1, col=c)
+        fig.update_yaxes(title_text="layer", dtick=1, autorange="reversed", row=1, col=c)
+    fig.update_layout(
+        **_LAYOUT, height=300, margin=dict(l=50, r=10, t=70, b=45), title=dict(text=title, font=dict(size=14))
+    )
+    return fig
+
+
+def key_norm_plot(kn: KeyNorms, title: str) -> go.Figure:
+    """The "magnitude bullying" question for a dot / RBF model: per-layer key-norm distributions (left) and how
+    much attention the largest-norm keys take relative to uniform attention (right, one line per head)."""
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        subplot_titles=("key-norm distribution per layer", f"attention on the {kn.top_k} largest keys ÷ uniform"),
+        horizontal_spacing=0.14,
+    )
+    edges, dens = kn.histogram()
+    centres = (0.5 * (edges[1:] + edges[:-1])).numpy()
+    for layer, d in enumerate(dens.numpy()):
+        fig.add_trace(
+            go.Scatter(
+                x=centres,
+                y=d,
+                mode="lines",
+                name=f"layer {layer} ({kn.kinds[layer]})",
+                hovertemplate=f"layer {layer}<br>‖k‖ %{{x:.3f}}<br>density %{{y:.3f}}<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
+    ratio = (kn.topk_share / kn.uniform_share.clamp_min(1e-12)).numpy()  # (L, H)
+    layers = np.arange(ratio.shape[0])
+    for head in range(ratio.shape[1]):
+        fig.add_trace(
+            go.Scatter(
+                x=layers,
+                y=ratio[:, head],
+                mode="lines+markers",
+                name=f"head {head}",
+                customdata=np.stack([kn.topk_share[:, head].numpy(), kn.uniform_share[:, head].numpy()], -1),
+                hovertemplate=(
+                    f"layer %{{x}}, head {head}<br>ratio %{{y:.2f}}<br>share %{{customdata[0]:.3f}}"
+                    " vs uniform %{customdata[1]:.3f}<extra></extra>"
+                ),
+            ),
+            row=1,
+            col=2,
+        )
+    fig.add_hline(y=1.0, line=dict(dash="dash", color="grey"), row=1, col=2)
+    fig.update_xaxes(title_text="key norm ‖k‖", row=1, col=1)
+    fig.update_yaxes(title_text="density", row=1, col=1)
+    fig.update_xaxes(title_text="layer", dtick=1, row=1, col=2)
+    fig.update_yaxes(title_text="× uniform", type="log", row=1, col=2)
+    fig.update_layout(
+        **_LAYOUT, height=340, margin=dict(l=50, r=10, t=70, b=45), title=dict(text=title, font=dict(size=14))
+    )
+    return fig

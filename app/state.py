@@ -1,0 +1,264 @@
+"""Process-wide resources of the app: the checkpoint folder, a bounded model cache and an image store.
+
+Nothing here lives in ``gr.State`` (models do not deepcopy and would be duplicated per user). Every path a
+request names is resolved inside the checkpoint folder (or the app's own upload folder) and refused
+otherwise, so neither the picker nor the API can read files elsewhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+from torch import nn
+
+from ssog_core.analysis import LayerField, head_fields
+from ssog_core.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from ssog_core.convert import convert
+from ssog_core.images import ImageError, list_images, load_image
+from ssog_core.presets import Preset, find_presets
+
+UPLOADED = "uploaded/"  # prefix of checkpoints a user uploaded in this session of the server
+MAX_PIXELS = 25_000_000  # decoded-image cap for uploads (decompression bombs are refused before decoding)
+DISPLAY_SIDE = 768  # images are kept at most this large for overlays: plenty for a figure, cheap to draw
+MODEL_CACHE = 4  # models kept in memory (a demo pair plus a comparison pair)
+IMAGE_CACHE = 32
+MAX_UPLOADED_CHECKPOINTS = 8  # older uploads are deleted: disk use stays bounded however long the server runs
+
+
+class AppError(ValueError):
+    """A request the app refuses, with a message for the person who made it."""
+
+
+@dataclass
+class LoadedModel:
+    """A checkpoint in memory with its cheap-to-keep derived views."""
+
+    name: str
+    key: tuple[str, int, int]  # (path, mtime_ns, size): a changed file is a different cache entry
+    model: nn.Module
+    meta: dict[str, Any]
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def is_ssog(self) -> bool:
+        return self.config.attn == "ssog"
+
+    @property
+    def kind(self) -> str:
+        """The attention in words, for messages."""
+        return {"ssog": "SSOG", "dot": "dot-product", "rbf": "RBF (distance)"}.get(self.config.attn, self.config.attn)
+
+    @property
+    def class_names(self) -> list[str]:
+        names = self.meta.get("class_names")
+        if isinstance(names, list) and len(names) == self.config.num_classes:
+            return [str(n) for n in names]
+        return [f"class {i}" for i in range(self.config.num_classes)]
+
+    @cached_property
+    def fields(self) -> list[LayerField]:
+        return head_fields(self.model)
+
+    @cached_property
+    def presets(self) -> list[Preset]:
+        return find_presets(self.fields) if self.fields else []
+
+
+@lru_cache(maxsize=MODEL_CACHE)
+def _load(path: str, mtime_ns: int, size: int, name: str) -> LoadedModel:
+    model, meta = load_checkpoint(path)
+    model.requires_grad_(False)
+    return LoadedModel(name, (path, mtime_ns, size), model, meta)
+
+
+@dataclass
+class StoredImage:
+    sha256: str
+    name: str
+    image: Image.Image  # RGB, at most DISPLAY_SIDE on its longer side
+
+
+@dataclass
+class AppContext:
+    """Where the app reads checkpoints and bundled images, and its limits."""
+
+    checkpoint_dir: Path
+    assets_dir: Path
+    upload_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ssog-lab-uploads-")))
+    max_pixels: int = MAX_PIXELS
+    _images: OrderedDict[str, StoredImage] = field(default_factory=OrderedDict)
+    _images_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.checkpoint_dir = Path(self.checkpoint_dir)
+        self.assets_dir = Path(self.assets_dir)
+        self.upload_dir = Path(self.upload_dir)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint_names(self) -> list[str]:
+        """Checkpoints the picker offers: ``*.safetensors`` in the folder, then this server's uploads."""
+        found = []
+        if self.checkpoint_dir.is_dir():
+            found += sorted(p.name for p in self.checkpoint_dir.glob("*.safetensors") if p.is_file())
+        found += [UPLOADED + p.name for p in sorted(self.upload_dir.glob("*.safetensors"))]
+        return found
+
+    def resolve(self, name: str) -> Path:
+        """The file behind a picker name; anything that would leave the checkpoint folder is refused."""
+        if not isinstance(name, str) or not name.strip():
+            raise AppError("no checkpoint selected")
+        if "\x00" in name or name.startswith(("/", "\\")) or Path(name).is_absolute() or ".." in Path(name).parts:
+            raise AppError(f"refused checkpoint path {name!r}: pick a file inside the checkpoint folder")
+        if name.startswith(UPLOADED):
+            root, rel = self.upload_dir, name[len(UPLOADED) :]
+        else:
+            root, rel = self.checkpoint_dir, name
+        if "/" in rel or "\\" in rel:
+            raise AppError(f"refused checkpoint path {name!r}: sub-folders are not served")
+        path = (root / rel).resolve()
+        if not path.is_relative_to(root.resolve()):
+            raise AppError(f"refused checkpoint path {name!r}: it points outside the checkpoint folder")
+        if not path.is_file():
+            raise AppError(f"checkpoint {name!r} not found in {root}")
+        return path
+
+    def model(self, name: str) -> LoadedModel:
+        """The checkpoint ``name`` loaded (cached by path + modification time + size)."""
+        path = self.resolve(name)
+        st = path.stat()
+        try:
+            return _load(str(path), st.st_mtime_ns, st.st_size, name)
+        except CheckpointError as e:
+            raise AppError(str(e)) from None
+
+    def add_upload(self, files: list[str]) -> str:
+        """Validate uploaded checkpoint file(s) and keep them as ``uploaded/NAME.safetensors``.
+
+        Accepted: one ``.safetensors`` of ours, or a reference-implementation ``.pt`` together with the
+        ``.json`` of its ViT arguments (read with ``weights_only=True`` and converted; never unpickled).
+        """
+        paths = [Path(f) for f in files or []]
+        if not paths:
+            raise AppError("no file uploaded")
+        by_suffix: dict[str, list[Path]] = {}
+        for p in paths:
+            by_suffix.setdefault(p.suffix.lower(), []).append(p)
+        try:
+            name = self._convert_upload(paths, by_suffix)
+        except CheckpointError as e:
+            raise AppError(str(e)) from None
+        uploads = sorted(self.upload_dir.glob("*.safetensors"), key=lambda p: p.stat().st_mtime_ns)
+        for old in uploads[:-MAX_UPLOADED_CHECKPOINTS]:
+            old.unlink(missing_ok=True)
+        return name
+
+    def _convert_upload(self, paths: list[Path], by_suffix: dict[str, list[Path]]) -> str:
+        if list(by_suffix) == [".safetensors"] and len(paths) == 1:
+            src = paths[0]
+            load_checkpoint(src)  # raises CheckpointError with the reason
+            dest = self._upload_target(src.stem)
+            shutil.copyfile(src, dest)
+            return UPLOADED + dest.name
+        pts = by_suffix.get(".pt", []) + by_suffix.get(".pth", [])
+        configs = by_suffix.get(".json", [])
+        if len(pts) == 1 and len(configs) == 1 and len(paths) == 2:
+            try:
+                kwargs = json.loads(configs[0].read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise AppError(f"{configs[0].name} is not valid JSON: {e}") from None
+            if not isinstance(kwargs, dict):
+                raise AppError(f"{configs[0].name} must hold a JSON object of the reference ViT's arguments")
+            model = convert(pts[0], kwargs)
+            dest = self._upload_target(pts[0].stem)
+            save_checkpoint(dest, model, {"converted_from": pts[0].name, "reference_config": kwargs})
+            return UPLOADED + dest.name
+        if pts and not configs:
+            raise AppError(
+                f"{pts[0].name} is a reference-implementation file: upload it together with a .json file holding "
+                'the ViT arguments it was built with (e.g. {"num_classes": 100, "img_size": 32, "patch_size": 2})'
+            )
+        raise AppError(
+            "upload one .safetensors checkpoint, or one .pt state dict together with its config .json "
+            f"(got {', '.join(p.name for p in paths)})"
+        )
+
+    def _upload_target(self, stem: str) -> Path:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem).strip("._") or "checkpoint"
+        dest = self.upload_dir / f"{safe}.safetensors"
+        n = 1
+        while dest.exists():
+            n += 1
+            dest = self.upload_dir / f"{safe}_{n}.safetensors"
+        return dest
+
+    # ------------------------------------------------------------------ images
+
+    def bundled_images(self) -> list[str]:
+        return [p.name for p in list_images(self.assets_dir)] if self.assets_dir.is_dir() else []
+
+    def _remember(self, data: bytes, name: str) -> StoredImage:
+        """Decode (safely, with the pixel cap) and keep an image under the SHA-256 of its file."""
+        sha = hashlib.sha256(data).hexdigest()
+        with self._images_lock:
+            if sha in self._images:
+                self._images.move_to_end(sha)
+                return self._images[sha]
+        try:
+            img = load_image(data, max_pixels=self.max_pixels)
+        except ImageError as e:  # the core names in-memory data "image": name the user's file instead
+            raise AppError(str(e).replace("image", name, 1)) from None
+        img.thumbnail((DISPLAY_SIDE, DISPLAY_SIDE), Image.Resampling.LANCZOS)
+        stored = StoredImage(sha, name, img)
+        with self._images_lock:
+            self._images[sha] = stored
+            while len(self._images) > IMAGE_CACHE:
+                self._images.popitem(last=False)
+        return stored
+
+    def open_bundled(self, name: str) -> StoredImage:
+        if name not in self.bundled_images():
+            raise AppError(f"{name!r} is not one of the bundled images")
+        return self._remember((self.assets_dir / name).read_bytes(), name)
+
+    def open_upload(self, path: str) -> StoredImage:
+        p = Path(path)
+        if not p.is_file():
+            raise AppError("the upload did not arrive; try again")
+        if p.stat().st_size > 50 * 1024**2:
+            raise AppError(f"{p.name} is over the 50 MB upload limit")
+        return self._remember(p.read_bytes(), p.name)
+
+    def image(self, sha: str) -> StoredImage:
+        """An image seen by this server (bundled or uploaded), by the SHA-256 of its file."""
+        with self._images_lock:
+            if sha in self._images:
+                return self._images[sha]
+        for name in self.bundled_images():  # after a cache eviction or a server restart
+            data = (self.assets_dir / name).read_bytes()
+            if hashlib.sha256(data).hexdigest() == sha:
+                return self._remember(data, name)
+        raise AppError("that image is no longer in memory (the server restarted?): pick or upload it again")
+
+
+def default_image(ctx: AppContext) -> StoredImage | None:
+    """The first bundled image, so image tabs have something to show before the user picks one."""
+    for name in ctx.bundled_images():
+        try:
+            return ctx.open_bundled(name)
+        except AppError:
+            continue
+    return None

@@ -1,0 +1,78 @@
+"""Tab 5, two checkpoints side by side on the same image, one layer slider for both, and their difference."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import gradio as gr
+
+from app.common import error_text, warn, write_downloads
+from app.state import AppContext
+from app.tabs.export import maps_for, summary
+from ssog_core import figures, viz
+from ssog_core.analysis import DEFAULT_ALPHA
+
+
+def _analyse(ctx: AppContext, a: str, b: str, sha: str, alpha: float):
+    stored = ctx.image(sha)
+    la, lb = ctx.model(a), ctx.model(b)
+    display = viz.model_view(stored.image, la.config.img_size, figures.EXPORT_WIDTH)
+    return stored, display, maps_for(la, stored, alpha), maps_for(lb, stored, alpha)
+
+
+def render(ctx: AppContext, a: str | None, b: str | None, sha: str | None, alpha: float, layer: float):
+    """(summary, figure, layer slider)."""
+    if not a or not b or not sha:
+        return "Pick two checkpoints and an image (top of the page) to compare them.", None, gr.update()
+    try:
+        stored, display, ma, mb = _analyse(ctx, a, b, sha, alpha)
+        depth = min(ma.net.shape[1], mb.net.shape[1])
+        layer = min(int(layer or 0), depth - 1)
+        fig = figures.compare_figure((a, ma), (b, mb), display, layer, stored.name)
+        text = f"α = **{alpha:.2f}**, layer **{layer}** for both.  \nA — {summary(a, ma)}  \nB — {summary(b, mb)}"
+        return text, viz.figure_rgb(fig), gr.update(maximum=max(depth - 1, 1), value=layer)
+    except Exception as e:
+        return warn(error_text(e)), None, gr.update()
+
+
+def downloads(ctx: AppContext, a: str | None, b: str | None, sha: str | None, alpha: float, layer: float):
+    try:
+        stored, display, ma, mb = _analyse(ctx, a, b, sha, alpha)
+        settings = {"image": stored.name, "image_sha256": sha}
+        return write_downloads(figures.compare_files((a, ma), (b, mb), display, int(layer or 0), settings)), ""
+    except Exception as e:
+        return None, warn(error_text(e))
+
+
+def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
+    with gr.Row():
+        a = gr.Dropdown([], label="Checkpoint A", elem_id="cmp-a", scale=2)
+        b = gr.Dropdown([], label="Checkpoint B", elem_id="cmp-b", scale=2)
+        alpha = gr.Slider(0.0, 1.0, value=DEFAULT_ALPHA, step=0.05, label="α", elem_id="cmp-alpha", scale=1)
+        layer = gr.Slider(0, 1, value=0, step=1, label="layer (shared by A and B)", elem_id="cmp-layer", scale=2)
+    text = gr.Markdown(elem_id="cmp-summary")
+    figure = gr.Image(
+        label="A, B and A − B",
+        type="numpy",
+        interactive=False,
+        elem_id="cmp-figure",
+        show_label=False,
+        buttons=["download", "fullscreen"],
+    )
+    with gr.Accordion("Download the figure (PNG + SVG) and the maps of both (.npz)", open=False):
+        dl_btn = gr.Button("Make files", size="sm")
+        dl_files = gr.File(label="files", file_count="multiple", interactive=False)
+        dl_status = gr.Markdown()
+    outputs = [text, figure, layer]
+
+    def show(ca, cb, sha, al, lay):
+        return render(ctx, ca, cb, sha, al, lay)
+
+    inputs = [a, b, shared["image_sha"], alpha, layer]
+    for c in (a, b):
+        c.input(show, inputs, outputs, api_visibility="private")
+    for c in (alpha, layer):
+        c.release(show, inputs, outputs, api_visibility="private", trigger_mode="always_last")
+    dl_btn.click(partial(downloads, ctx), inputs, [dl_files, dl_status], api_visibility="private")
+    return {"render": show, "outputs": outputs, "a": a, "b": b, "alpha": alpha, "layer": layer, "inputs": inputs}

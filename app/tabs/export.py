@@ -1,0 +1,157 @@
+"""Tab 4, export maps: which patches the others read from (sources) and which gather (per layer and summed),
+the SSOG model beside its dot twin, and attention rollout for comparison."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import gradio as gr
+
+from app import plots
+from app.common import LRU, error_text, warn, write_downloads
+from app.state import AppContext, LoadedModel, StoredImage
+from ssog_core import figures, viz
+from ssog_core.analysis import DEFAULT_ALPHA, ExportMaps, export_maps
+from ssog_core.images import model_input
+
+NO_TWIN = "(none)"
+_MAPS = LRU(8)
+
+
+def maps_for(lm: LoadedModel, stored: StoredImage, alpha: float) -> ExportMaps:
+    def make() -> ExportMaps:
+        x, _ = model_input([stored.image], lm.config.img_size, lm.meta)
+        return export_maps(lm.model, x, alpha)
+
+    return _MAPS.get((lm.key, stored.sha256, round(float(alpha), 4)), make)
+
+
+def default_twin(ctx: AppContext, ckpt: str | None) -> str:
+    """The other kind of model to show beside ``ckpt``: its metadata's ``twin``, else a name match, else the
+    first checkpoint of the other attention kind."""
+    if not ckpt:
+        return NO_TWIN
+    names = ctx.checkpoint_names()
+    try:
+        lm = ctx.model(ckpt)
+    except Exception:
+        return NO_TWIN
+    hinted = lm.meta.get("twin")
+    if isinstance(hinted, str) and hinted in names:
+        return hinted
+    swapped = ckpt.replace("ssog", "dot") if lm.is_ssog else ckpt.replace("dot", "ssog")
+    if swapped != ckpt and swapped in names:
+        return swapped
+    for name in names:
+        if name == ckpt:
+            continue
+        try:
+            if ctx.model(name).config.attn != lm.config.attn:
+                return name
+        except Exception:
+            continue
+    return NO_TWIN
+
+
+def _display(stored: StoredImage, lm: LoadedModel):
+    return viz.model_view(stored.image, lm.config.img_size, figures.EXPORT_WIDTH)
+
+
+def summary(name: str, m: ExportMaps) -> str:
+    s = m.summary()
+    prefix = float(m.prefix_share.mean())
+    extra = f" · register tokens took {prefix:.1%} of patch attention (removed, rows renormalised)" if prefix else ""
+    return (
+        f"**{name}**: accumulated net export in [{s['acc_min']:.3f}, {s['acc_max']:.3f}], "
+        f"**{s['exporter_share']:.0%}** of patches are net exporters (red){extra}"
+    )
+
+
+def render(ctx: AppContext, ckpt: str | None, twin: str | None, sha: str | None, alpha: float, layer: float):
+    """(summary, figure, accumulated-map plot, layer slider)."""
+    if not ckpt or not sha:
+        missing = "a checkpoint" if not ckpt else "an image (top of the page)"
+        return f"Pick {missing} to compute export maps.", None, None, gr.update()
+    try:
+        lm, stored = ctx.model(ckpt), ctx.image(sha)
+        models = [(ckpt, lm, maps_for(lm, stored, alpha))]
+        if twin and twin != NO_TWIN and twin != ckpt:
+            tw = ctx.model(twin)
+            models.append((twin, tw, maps_for(tw, stored, alpha)))
+        depth = max(m.net.shape[1] for _, _, m in models)
+        layer = min(int(layer or 0), depth - 1)
+        fig = figures.export_figure([(n, m) for n, _, m in models], _display(stored, lm), layer, stored.name)
+        text = (
+            f"α = **{alpha:.2f}** (Â = α·Ā + (1−α)·I). Red = source (others read it), blue = gatherer.  \n"
+            + "  \n".join(summary(n, m) for n, _, m in models)
+        )
+        acc = models[0][2].accumulated[0].numpy()
+        plot = plots.map_plot(acc, f"{lm.name}: accumulated net export (hover for values)", "Σ net export")
+        return text, viz.figure_rgb(fig), plot, gr.update(maximum=max(depth - 1, 1), value=layer)
+    except Exception as e:
+        return warn(error_text(e)), None, None, gr.update()
+
+
+def downloads(ctx: AppContext, ckpt: str | None, twin: str | None, sha: str | None, alpha: float, layer: float):
+    """The figure (PNG + SVG) and every model's raw maps (.npz + CSV); settings in file names and metadata."""
+    try:
+        lm, stored = ctx.model(ckpt), ctx.image(sha)
+        models = [(ckpt, maps_for(lm, stored, alpha))]
+        if twin and twin != NO_TWIN and twin != ckpt:
+            models.append((twin, maps_for(ctx.model(twin), stored, alpha)))
+        settings = {"image": stored.name, "image_sha256": sha}
+        return write_downloads(figures.export_files(models, _display(stored, lm), int(layer or 0), settings)), ""
+    except Exception as e:
+        return None, warn(error_text(e))
+
+
+def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
+    with gr.Row():
+        twin = gr.Dropdown(
+            [NO_TWIN], value=NO_TWIN, label="Beside it (its dot twin, or any checkpoint)", elem_id="ex-twin", scale=2
+        )
+        alpha = gr.Slider(
+            0.0,
+            1.0,
+            value=DEFAULT_ALPHA,
+            step=0.05,
+            label="α: residual mixing Â = α·Ā + (1−α)·I",
+            elem_id="ex-alpha",
+            scale=2,
+        )
+        layer = gr.Slider(
+            0, 1, value=0, step=1, label="layer for pull-in / pull-out / net", elem_id="ex-layer", scale=2
+        )
+    text = gr.Markdown(elem_id="ex-summary")
+    figure = gr.Image(
+        label="Export maps",
+        type="numpy",
+        interactive=False,
+        elem_id="ex-figure",
+        show_label=False,
+        buttons=["download", "fullscreen"],
+    )
+    with gr.Row(equal_height=False):
+        acc = gr.Plot(show_label=False, label="Accumulated net export (interactive)", elem_id="ex-acc")
+        with gr.Column():
+            gr.Markdown(
+                "**How to read it.** With the head-mean attention Ā of a layer and Â = α·Ā + (1−α)·I: "
+                "pull-in = 1 − Â_ii (how much patch i reads from the others), pull-out = Σ_j Â_ji − Â_ii (how much "
+                "the others read from i), net = pull-out − pull-in (sums to 0 in every layer). The accumulated map "
+                "sums net over layers; rollout multiplies the Â of all layers (Abnar & Zuidema 2020)."
+            )
+            dl_btn = gr.Button("Make files: figure PNG + SVG, maps .npz + CSV", size="sm", elem_id="ex-dl")
+            dl_files = gr.File(label="files", file_count="multiple", interactive=False, elem_id="ex-files")
+            dl_status = gr.Markdown()
+    outputs = [text, figure, acc, layer]
+
+    def show(ckpt, tw, sha, a, lay):
+        return render(ctx, ckpt, tw, sha, a, lay)
+
+    inputs = [shared["checkpoint"], twin, shared["image_sha"], alpha, layer]
+    for c in (alpha, layer):
+        c.release(show, inputs, outputs, api_visibility="private", trigger_mode="always_last")
+    twin.input(show, inputs, outputs, api_visibility="private")
+    dl_btn.click(partial(downloads, ctx), inputs, [dl_files, dl_status], api_visibility="private")
+    return {"render": show, "outputs": outputs, "twin": twin, "alpha": alpha, "layer": layer, "inputs": inputs}

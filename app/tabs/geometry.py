@@ -1,0 +1,193 @@
+"""Tab 2, checkpoint geometry: every head's learned field, the gates, the atom table and the model card."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import gradio as gr
+import numpy as np
+
+from app import plots
+from app.common import LRU, error_text, warn, write_downloads
+from app.state import AppContext, LoadedModel
+from ssog_core import figures, report, viz
+from ssog_core.analysis import attention_maps, has_keys, key_norms
+from ssog_core.images import model_input
+
+ATOM_HEADERS = [
+    "layer",
+    "head",
+    "atom",
+    "μy",
+    "μx",
+    "looks at dy",
+    "looks at dx",
+    "σy",
+    "σx",
+    "λ",
+    "head entropy (nats)",
+    "head radius (cells)",
+]
+_CARDS = LRU(8)
+_FIGURES = LRU(8)
+
+
+def card_markdown(lm: LoadedModel) -> str:
+    card = _CARDS.get(lm.key, lambda: report.model_card(lm.model, lm.meta))
+    lines = [f"### {lm.name}", "", "| model card | |", "|---|---|"]
+    for k, v in card.items():
+        if k == "parameters":
+            v = f"{v:,}"
+        elif k == "FLOPs per forward":
+            v = f"{v / 1e6:,.1f} M" if v < 1e9 else f"{v / 1e9:.2f} G"
+        elif k == "accuracy" and isinstance(v, float):
+            v = f"{v:.2%}" if v <= 1 else f"{v:.2f}%"
+        elif k == "training command":
+            v = f"`{v}`"
+        lines.append(f"| {k} | {str(v).replace('|', '/')} |")
+    return "\n".join(lines)
+
+
+def geometry_image(lm: LoadedModel) -> np.ndarray:
+    return _FIGURES.get(("geometry", lm.key), lambda: viz.figure_rgb(viz.geometry_figure(lm.fields, lm.name)))
+
+
+def render(ctx: AppContext, ckpt: str | None, layer: float, sha: str | None):
+    """Everything the tab shows for a checkpoint: (note, card, figure, gates plot, layer plot, stats plot,
+    atom table, layer slider update)."""
+    empty = (None, None, None, None, None)
+    if not ckpt:
+        return (
+            "No checkpoint found: put `.safetensors` files in the checkpoint folder or upload one above.",
+            "",
+            *empty,
+            gr.update(),
+        )
+    try:
+        lm = ctx.model(ckpt)
+        card = card_markdown(lm)
+        if not lm.is_ssog:
+            text, fig, norms = dot_view(ctx, lm, sha)
+            return text, card, fig, None, None, norms, None, gr.update(maximum=1, value=0)
+        layer = min(int(layer or 0), len(lm.fields) - 1)
+        init = report.initial_gate_scale(lm.config)
+        entropy = np.stack([lf.entropy.numpy() for lf in lm.fields])
+        radius = np.stack([lf.radius.numpy() for lf in lm.fields])
+        note = (
+            f"**{ckpt}**: {len(lm.fields)} layers × {lm.config.num_heads} heads × {lm.config.num_atoms} atoms. "
+            "Each panel is a head's field over key offset; `+` marks where an atom looks (−μ), brighter = larger λ."
+        )
+        return (
+            note,
+            card,
+            geometry_image(lm),
+            plots.gates_plot(lm.fields, init),
+            plots.layer_density_plot(lm.fields[layer], layer),
+            plots.stats_plot(entropy, radius, "Per-head attention entropy and effective radius (fixed field)"),
+            [[round(v, 4) if isinstance(v, float) else v for v in row] for row in report.atom_rows(lm.fields)],
+            gr.update(maximum=max(len(lm.fields) - 1, 1), value=layer),
+        )
+    except Exception as e:
+        return (warn(error_text(e)), "", *empty, gr.update())
+
+
+def dot_view(ctx: AppContext, lm: LoadedModel, sha: str | None):
+    """A model without a field: say so, and show its attention maps (centre query) and key norms on the
+    selected image."""
+    text = (
+        f"**{lm.name}** is a **{lm.kind}** attention model: its attention is scored from content, so it has "
+        "no field, atoms or gates to draw. Shown instead: its attention maps — each layer × head's attention "
+        "of the centre patch on the selected image (exact rows of the attention matrix) — and its key norms."
+    )
+    if not sha:
+        return text + "\n\nPick or upload an image at the top to see them.", None, None
+    stored = ctx.image(sha)
+    x, _ = model_input([stored.image], lm.config.img_size, lm.meta)
+    norms = None
+    if has_keys(lm.model):
+        kn = key_norms(lm.model, x)
+        ratio = float((kn.topk_share / kn.uniform_share.clamp_min(1e-12)).max())
+        text += (
+            f"\n\n**Key norms** (magnitude bullying): the {kn.top_k} largest-norm keys of a head take at most "
+            f"**{ratio:.1f}×** the attention uniform attention would give them"
+            + (f"; register tokens take {float(kn.prefix_share.mean()):.0%} on average." if kn.prefix else ".")
+        )
+        norms = plots.key_norm_plot(kn, f"{lm.name}: key norms on {stored.name}")
+    maps = attention_maps(lm.model, x)
+    gh, gw = maps.grid
+    q = ((gh - 1) // 2, (gw - 1) // 2)
+    n = q[0] * gw + q[1]
+    rows = np.stack([a[0, :, n].reshape(-1, gh, gw).numpy() for a in maps.attn])
+    display = viz.model_view(stored.image, lm.config.img_size, figures.DISPLAY_WIDTH)
+    fig = viz.attention_grid_figure(display, rows, q, f"{lm.name} on {stored.name}")
+    return text, viz.figure_rgb(fig), norms
+
+
+def on_layer(ctx: AppContext, ckpt: str | None, layer: float):
+    try:
+        lm = ctx.model(ckpt)
+        if not lm.is_ssog:
+            return None
+        layer = min(int(layer), len(lm.fields) - 1)
+        return plots.layer_density_plot(lm.fields[layer], layer)
+    except Exception as e:
+        warn(error_text(e))
+        return gr.skip()
+
+
+def downloads(ctx: AppContext, ckpt: str | None):
+    """Geometry + gates figures (PNG, SVG) and the atom table (CSV), the checkpoint in names and metadata."""
+    try:
+        lm = ctx.model(ckpt)
+        if not lm.is_ssog:
+            raise ValueError(f"{ckpt} has no field to export (a {lm.config.attn} model)")
+        init = report.initial_gate_scale(lm.config)
+        return write_downloads(figures.geometry_files(ckpt, lm.fields, init, lm.name)), ""
+    except Exception as e:
+        return None, warn(error_text(e))
+
+
+def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
+    note = gr.Markdown(elem_id="geo-note")
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=3):
+            figure = gr.Image(
+                label="Learned geometry: layers × heads",
+                type="numpy",
+                interactive=False,
+                elem_id="geo-figure",
+                show_label=False,
+                buttons=["download", "fullscreen"],
+            )
+        with gr.Column(scale=2, min_width=300):
+            card = gr.Markdown(elem_id="geo-card")
+            with gr.Accordion("Download figures (PNG + SVG) and the atom table (CSV)", open=False):
+                dl_btn = gr.Button("Make files", size="sm")
+                dl_files = gr.File(label="files", file_count="multiple", interactive=False)
+                dl_status = gr.Markdown()
+    gates = gr.Plot(show_label=False, label="Gate scales vs layer", elem_id="geo-gates")
+    layer = gr.Slider(0, 1, value=0, step=1, label="layer for the interactive view", elem_id="geo-layer")
+    layer_plot = gr.Plot(show_label=False, label="One layer, interactive", elem_id="geo-layer-plot")
+    stats = gr.Plot(show_label=False, label="Per-head entropy and effective radius")
+    table = gr.Dataframe(
+        headers=ATOM_HEADERS,
+        label="Atoms: centres (query − key), widths, weights, head statistics",
+        interactive=False,
+        elem_id="geo-atoms",
+        max_height=420,
+    )
+    outputs = [note, card, figure, gates, layer_plot, stats, table, layer]
+
+    def show(ckpt, lay, sha):
+        return render(ctx, ckpt, lay, sha)
+
+    layer.release(
+        partial(on_layer, ctx),
+        [shared["checkpoint"], layer],
+        [layer_plot],
+        show_progress="hidden",
+        api_visibility="private",
+    )
+    dl_btn.click(partial(downloads, ctx), [shared["checkpoint"]], [dl_files, dl_status], api_visibility="private")
+    return {"render": show, "outputs": outputs, "layer": layer}

@@ -1,0 +1,185 @@
+"""Tab 3, steering: how content moves each head's atoms on a picture, and one clicked patch's field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import gradio as gr
+import numpy as np
+from PIL import Image
+
+from app.common import LRU, error_text, warn, write_downloads
+from app.state import AppContext, LoadedModel, StoredImage
+from ssog_core import figures, report, viz
+from ssog_core.analysis import AttentionMaps, SteeringOffsets, attention_maps, steering_offsets
+from ssog_core.images import model_input
+
+_ANALYSES = LRU(3)  # full attention matrices are the largest thing the app keeps: only a few
+
+
+@dataclass
+class Steering:
+    """One model on one image: what content did to the field, and the exact attention with and without it."""
+
+    display: Image.Image  # the picture stretched to the model's aspect, as the model sees it
+    grid: tuple[int, int]
+    steered: AttentionMaps
+    fixed: AttentionMaps | None  # None for models without a field
+    offsets: SteeringOffsets | None
+    logits: Any
+
+
+def analyse(lm: LoadedModel, stored: StoredImage) -> Steering:
+    def make() -> Steering:
+        x, _ = model_input([stored.image], lm.config.img_size, lm.meta)
+        display = viz.model_view(stored.image, lm.config.img_size, figures.DISPLAY_WIDTH)
+        steered = attention_maps(lm.model, x)
+        if lm.is_ssog:
+            return Steering(
+                display,
+                steered.grid,
+                steered,
+                attention_maps(lm.model, x, steered=False),
+                steering_offsets(lm.model, x),
+                steered.logits,
+            )
+        return Steering(display, steered.grid, steered, None, None, steered.logits)
+
+    return _ANALYSES.get((lm.key, stored.sha256), make)
+
+
+def query_rows(s: Steering, layer: int, query: tuple[int, int]) -> tuple[np.ndarray | None, np.ndarray]:
+    """``(H, Gh, Gw)`` attention of one query, fixed field (or None) and steered."""
+    steered = figures.query_rows(s.steered.attn, s.grid, layer, query)
+    fixed = figures.query_rows(s.fixed.attn, s.grid, layer, query) if s.fixed is not None else None
+    return fixed, steered
+
+
+def query_image(lm: LoadedModel, s: Steering, layer: int, query: tuple[int, int]) -> np.ndarray:
+    fixed, steered = query_rows(s, layer, query)
+    return viz.figure_rgb(viz.query_field_figure(s.display, fixed, steered, query, layer, lm.name))
+
+
+def render(ctx: AppContext, ckpt: str | None, sha: str | None, layer: float, query: Any):
+    """(note, clickable picture, prediction, steering figure, query figure, layer slider)."""
+    if not ckpt or not sha:
+        missing = "a checkpoint" if not ckpt else "an image (top of the page)"
+        return f"Pick {missing} to see how content steers the field.", None, None, None, None, gr.update()
+    try:
+        lm, stored = ctx.model(ckpt), ctx.image(sha)
+        s = analyse(lm, stored)
+        depth = len(s.steered.attn)
+        layer = min(int(layer or 0), depth - 1)
+        q = tuple(query) if query else None
+        click = viz.grid_overlay(s.display, s.grid, q)
+        pred = report.top_classes(s.logits, lm.class_names)
+        if s.offsets is not None:
+            steer = viz.figure_rgb(viz.steering_figure(s.display, s.offsets, layer, lm.config.max_offset, lm.name))
+            note = (
+                f"**{lm.name}** on **{stored.name}** ({s.grid[0]}×{s.grid[1]} patches). Arrows: where content "
+                "moves each head's gaze (λ-weighted mean shift of its atoms). **Click a patch** to see that "
+                "query's field, fixed vs steered."
+            )
+        else:
+            steer = None
+            note = (
+                f"**{lm.name}** is a {lm.kind} attention model: content scores every pair, there is no "
+                "field to steer. **Click a patch** to see its attention per head."
+            )
+        qimg = query_image(lm, s, layer, q) if q else None
+        return note, click, pred, steer, qimg, gr.update(maximum=max(depth - 1, 1), value=layer)
+    except Exception as e:
+        return warn(error_text(e)), None, None, None, None, gr.update()
+
+
+def on_select(ctx: AppContext, ckpt: str | None, sha: str | None, layer: float, evt: gr.SelectData):
+    """A click on the picture: the patch under it becomes the query."""
+    try:
+        lm, stored = ctx.model(ckpt), ctx.image(sha)
+        s = analyse(lm, stored)
+        q = viz.cell_at(evt.index, s.display.size, s.grid)
+        layer = min(int(layer or 0), len(s.steered.attn) - 1)
+        return list(q), viz.grid_overlay(s.display, s.grid, q), query_image(lm, s, layer, q), f"query patch {q}"
+    except Exception as e:
+        return gr.skip(), gr.skip(), gr.skip(), warn(error_text(e))
+
+
+def downloads(ctx: AppContext, ckpt: str | None, sha: str | None, layer: float, query: Any):
+    """Steering and query figures (PNG + SVG) and the raw offsets (.npz), settings in names and metadata."""
+    try:
+        lm, stored = ctx.model(ckpt), ctx.image(sha)
+        s = analyse(lm, stored)
+        layer = min(int(layer or 0), len(s.steered.attn) - 1)
+        settings = {"checkpoint": ckpt, "image": stored.name, "image_sha256": sha}
+        q = tuple(query) if query else None
+        fixed, steered = query_rows(s, layer, q) if q else (None, None)
+        files = figures.steering_files(
+            ckpt, s.display, layer, settings, s.offsets, lm.config.max_offset, q, fixed, steered, lm.name
+        )
+        if not files:
+            raise ValueError("nothing to export yet: click a patch first")
+        return write_downloads(files), ""
+    except Exception as e:
+        return None, warn(error_text(e))
+
+
+def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
+    note = gr.Markdown(elem_id="st-note")
+    query = gr.State(None)
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=2, min_width=320):
+            click = gr.Image(
+                label="Click a patch to inspect its field",
+                type="numpy",
+                interactive=False,
+                elem_id="st-click",
+                buttons=["fullscreen"],
+            )
+            qtext = gr.Markdown(elem_id="st-query")
+            pred = gr.Label(num_top_classes=5, label="Prediction", elem_id="st-pred")
+            layer = gr.Slider(0, 1, value=0, step=1, label="layer", elem_id="st-layer")
+            with gr.Accordion("Download figures (PNG + SVG) and raw offsets (.npz)", open=False):
+                dl_btn = gr.Button("Make files", size="sm")
+                dl_files = gr.File(label="files", file_count="multiple", interactive=False)
+                dl_status = gr.Markdown()
+        with gr.Column(scale=3):
+            steer = gr.Image(
+                label="|μδ| per head with direction arrows",
+                type="numpy",
+                interactive=False,
+                elem_id="st-steer",
+                show_label=False,
+                buttons=["download", "fullscreen"],
+            )
+            qfig = gr.Image(
+                label="The clicked query's field: fixed vs steered, per head",
+                type="numpy",
+                interactive=False,
+                elem_id="st-qfig",
+                show_label=False,
+                buttons=["download", "fullscreen"],
+            )
+    outputs = [note, click, pred, steer, qfig, layer]
+
+    def show(ckpt, sha, lay, q):
+        return render(ctx, ckpt, sha, lay, q)
+
+    def select(ckpt: str | None, sha: str | None, lay: float, evt: gr.SelectData):
+        return on_select(ctx, ckpt, sha, lay, evt)
+
+    click.select(
+        select,
+        [shared["checkpoint"], shared["image_sha"], layer],
+        [query, click, qfig, qtext],
+        api_visibility="private",
+    )
+    layer.release(show, [shared["checkpoint"], shared["image_sha"], layer, query], outputs, api_visibility="private")
+    dl_btn.click(
+        partial(downloads, ctx),
+        [shared["checkpoint"], shared["image_sha"], layer, query],
+        [dl_files, dl_status],
+        api_visibility="private",
+    )
+    return {"render": show, "outputs": outputs, "layer": layer, "query": query}

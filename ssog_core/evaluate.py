@@ -1,0 +1,182 @@
+"""Accuracy of a checkpoint, and its zero-shot resolution transfer.
+
+    python -m ssog_core.evaluate --checkpoint C.safetensors --data cifar100:./cifar-100-python
+    python -m ssog_core.evaluate --checkpoint C.safetensors --data shapes --img-size 48 64 96 128
+
+With one size it prints ``accuracy: 0.xxxx`` on the test/val split. With several it evaluates the same
+weights at each size without any fine-tuning (only the position embedding is resized, the Gaussian
+fields are re-evaluated on the new grid), prints the table, and writes a PNG plot of accuracy vs
+resolution. ``--data`` defaults to the data the checkpoint was trained on (from its metadata); the
+``shapes`` set renders natively at each size, files are resized (ImageFolder: resize + centre crop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+from ssog_core.checkpoint import CheckpointError, atomic_write, load_checkpoint
+from ssog_core.data import DataError, ShardSampler, Transformed, open_data, to_float
+from ssog_core.export_maps import parse_size
+from ssog_core.images import ImageError
+
+
+def autocast(device: torch.device, amp: bool) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA when ``amp``; a no-op elsewhere."""
+    if amp and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def evaluate_loader(model: nn.Module, loader: DataLoader, device: torch.device, amp: bool = False) -> dict[str, float]:
+    """Mean loss and accuracy over a loader; sums are reduced over processes when distributed."""
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss·n, correct, n
+    with torch.inference_mode():
+        for x, y in loader:
+            x, y = to_float(x.to(device, non_blocking=True)), y.to(device, non_blocking=True)
+            with autocast(device, amp):
+                logits = model(x)
+            loss = F.cross_entropy(logits.float(), y, reduction="sum")
+            sums += torch.stack(
+                [
+                    loss.double(),
+                    (logits.argmax(-1) == y).sum().double(),
+                    torch.tensor(len(y), device=device, dtype=torch.float64),
+                ]
+            )
+    model.train(was_training)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(sums)
+    loss_sum, correct, n = sums.tolist()
+    if n == 0:
+        raise DataError("the evaluation split holds no images")
+    return {"loss": loss_sum / n, "accuracy": correct / n, "n": int(n)}
+
+
+def eval_loader(
+    dataset: Any, size: tuple[int, int], batch_size: int, workers: int, rank: int = 0, world: int = 1
+) -> DataLoader:
+    data = Transformed(dataset, size)
+    return DataLoader(data, batch_size=batch_size, sampler=ShardSampler(len(data), rank, world), num_workers=workers)
+
+
+def evaluate_sizes(
+    checkpoint: str | Path,
+    data: str | None = None,
+    sizes: list[tuple[int, int]] | None = None,
+    batch_size: int = 256,
+    device: str = "cpu",
+    workers: int = 0,
+    amp: bool = False,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One row per size (``size``, ``grid``, ``accuracy``, ``loss``, ``n``) and the checkpoint metadata."""
+    dev = torch.device(device)
+    model, meta = load_checkpoint(checkpoint, dev)
+    spec = data or meta.get("data")
+    if not spec:
+        raise DataError(f"{Path(checkpoint).name} does not say what data it was trained on: pass --data KIND:PATH")
+    train_size = tuple(model.config.img_size)
+    sizes = sizes or [train_size]
+    for s in sizes:
+        model.grid_for(*s)  # refuse sizes that do not tile into patches before any work
+    rows = []
+    for size in sizes:
+        source = open_data(spec, size)
+        names = meta.get("class_names")
+        if names and list(names) != list(source.class_names):
+            raise DataError(
+                f"{spec} has {source.num_classes} classes ({', '.join(source.class_names[:4])}, ...) "
+                f"but the checkpoint was trained on {len(names)} ({', '.join(names[:4])}, ...)"
+            )
+        if not names and source.num_classes != model.config.num_classes:
+            raise DataError(f"{spec} has {source.num_classes} classes, the model {model.config.num_classes}")
+        result = evaluate_loader(model, eval_loader(source.val, size, batch_size, workers), dev, amp)
+        rows.append({"size": list(size), "grid": list(model.grid_for(*size)), "trained": size == train_size, **result})
+    return rows, meta
+
+
+def plot_transfer(rows: list[dict[str, Any]], path: str | Path, title: str) -> Path:
+    """Accuracy vs resolution (PNG, matplotlib Agg)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5.5, 3.6), dpi=120)
+    ax = fig.add_subplot()
+    xs = [r["size"][0] * r["size"][1] for r in rows]
+    ax.plot(xs, [100 * r["accuracy"] for r in rows], marker="o")
+    for x, r in zip(xs, rows, strict=True):
+        if r["trained"]:
+            ax.axvline(x, color="0.7", ls="--", lw=1, label="training size")
+    ax.set_xscale("log")
+    ax.set_xticks(xs, [f"{r['size'][0]}×{r['size'][1]}" for r in rows])
+    ax.minorticks_off()
+    ax.set_xlabel("evaluation resolution (no fine-tuning)")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    if any(r["trained"] for r in rows):
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", required=True, help="an SSOG Lab .safetensors checkpoint")
+    ap.add_argument("--data", help="KIND:PATH (default: the data named in the checkpoint's metadata)")
+    ap.add_argument(
+        "--img-size", type=parse_size, nargs="+", help="one or more sizes, N or HxW (default: the training size)"
+    )
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--workers", type=int, default=0)
+    ap.add_argument(
+        "--amp", action=argparse.BooleanOptionalAction, default=None, help="bf16 autocast (default: on CUDA)"
+    )
+    ap.add_argument("--plot", default="resolution_transfer.png", help="PNG written when several sizes are given")
+    ap.add_argument("--json", help="also write the rows to this JSON file")
+    args = ap.parse_args(argv)
+    if args.batch_size < 1 or args.workers < 0:
+        ap.error("--batch-size must be >= 1 and --workers >= 0")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as e:
+        ap.error(f"--device: {e}")
+    amp = device.type == "cuda" if args.amp is None else args.amp
+    try:
+        rows, meta = evaluate_sizes(
+            args.checkpoint, args.data, args.img_size, args.batch_size, args.device, args.workers, amp
+        )
+    except (CheckpointError, DataError, ImageError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if len(rows) == 1:
+        print(f"accuracy: {rows[0]['accuracy']:.4f}")
+    else:
+        print(f"zero-shot resolution transfer of {Path(args.checkpoint).name} (no fine-tuning)")
+        print(f"{'size':>9} {'grid':>7} {'accuracy':>9}")
+        for r in rows:
+            mark = "  (training size)" if r["trained"] else ""
+            size, grid = "×".join(map(str, r["size"])), "×".join(map(str, r["grid"]))
+            print(f"{size:>9} {grid:>7} {r['accuracy']:>9.4f}{mark}")
+        cfg = meta["config"]
+        title = f"{Path(args.checkpoint).name}: {cfg['attn']}, trained at {cfg['img_size'][0]}×{cfg['img_size'][1]}"
+        print(f"wrote {plot_transfer(rows, args.plot, title)}")
+    if args.json:
+        atomic_write(args.json, lambda tmp: Path(tmp).write_text(json.dumps(rows, indent=1)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""One attention head built by hand: the head playground's model, evaluated by the field code itself.
+
+A :class:`HeadSpec` is what a person edits: a grid, a ★ query, the temperature and 1–8 atoms placed where
+they look (key coordinates, grid cells), each with its widths and weight. :func:`evaluate` turns it into a
+:class:`~ssog_core.field.Field` (``μ = query − key``, DESIGN.md §1) and returns what the playground draws:
+the query's 2D field, the row and column kernels, and the query's entropy and effective radius. Specs are
+plain JSON (:meth:`HeadSpec.to_dict`), so a browser canvas, a session file and the CLI share them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ssog_core.analysis import LayerField, query_stats
+from ssog_core.field import FIELD_MODES, TAU_MIN, Field, axis_kernels, query_field
+
+MAX_ATOMS = 8  # the model's cap (ViTConfig.num_atoms)
+GRID_RANGE = (3, 96)  # smallest grid with a neighbourhood; largest a browser canvas still draws cell by cell
+SIGMA_RANGE = (0.05, 64.0)  # grid cells
+WEIGHT_RANGE = (1e-4, 1e4)  # relative atom weights; λ = w / Σw
+TAU_RANGE = (TAU_MIN, 10.0)
+
+
+@dataclass(frozen=True)
+class Atom:
+    """One Gaussian: where it looks (key cell ``(y, x)``), its widths σ and its relative weight."""
+
+    y: float
+    x: float
+    sy: float
+    sx: float
+    w: float
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """A hand-made head on a ``Gh × Gw`` grid, seen from one query."""
+
+    grid: tuple[int, int]
+    query: tuple[int, int]
+    tau: float
+    atoms: tuple[Atom, ...]
+    mode: str = "factorized"
+
+    def __post_init__(self) -> None:
+        problems = []
+        gh, gw = self.grid
+        lo, hi = GRID_RANGE
+        if not (lo <= gh <= hi and lo <= gw <= hi):
+            problems.append(f"grid {gh}×{gw} must be between {lo} and {hi} cells per side")
+        qy, qx = self.query
+        if not (0 <= qy < gh and 0 <= qx < gw):
+            problems.append(f"query {self.query} lies outside the {gh}×{gw} grid")
+        if not TAU_RANGE[0] <= self.tau <= TAU_RANGE[1]:
+            problems.append(f"τ={self.tau} must be in [{TAU_RANGE[0]}, {TAU_RANGE[1]}]")
+        if not 1 <= len(self.atoms) <= MAX_ATOMS:
+            problems.append(f"a head has 1 to {MAX_ATOMS} atoms, got {len(self.atoms)}")
+        for i, a in enumerate(self.atoms):
+            if not all(math.isfinite(v) for v in (a.y, a.x, a.sy, a.sx, a.w)):
+                problems.append(f"atom {i + 1} has a non-finite number")
+            elif not (SIGMA_RANGE[0] <= a.sy <= SIGMA_RANGE[1] and SIGMA_RANGE[0] <= a.sx <= SIGMA_RANGE[1]):
+                problems.append(f"atom {i + 1}: σ must be in [{SIGMA_RANGE[0]}, {SIGMA_RANGE[1]}] cells")
+            elif not WEIGHT_RANGE[0] <= a.w <= WEIGHT_RANGE[1]:
+                problems.append(f"atom {i + 1}: weight must be in [{WEIGHT_RANGE[0]}, {WEIGHT_RANGE[1]}]")
+        if self.mode not in FIELD_MODES:
+            problems.append(f"mode {self.mode!r} is not one of {FIELD_MODES}")
+        if problems:
+            raise ValueError("invalid head: " + "; ".join(problems))
+
+    @classmethod
+    def from_dict(cls, d: Any) -> HeadSpec:
+        """Parse the JSON form (as the canvas and session files hold it); raises ``ValueError`` with reasons."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a head must be a JSON object, got {type(d).__name__}")
+        try:
+            atoms = tuple(
+                Atom(float(a["y"]), float(a["x"]), float(a["sy"]), float(a["sx"]), float(a["w"])) for a in d["atoms"]
+            )
+            grid = (int(d["grid"][0]), int(d["grid"][1]))
+            query = (int(round(float(d["query"][0]))), int(round(float(d["query"][1]))))
+            return cls(grid, query, float(d["tau"]), atoms, str(d.get("mode", "factorized")))
+        except (KeyError, TypeError, IndexError) as e:
+            raise ValueError(f"a head needs grid, query, tau and atoms with y, x, sy, sx, w: {e!r}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "grid": list(self.grid),
+            "query": list(self.query),
+            "tau": self.tau,
+            "mode": self.mode,
+            "atoms": [{"y": a.y, "x": a.x, "sy": a.sy, "sx": a.sx, "w": a.w} for a in self.atoms],
+        }
+
+    def field(self) -> Field:
+        """The spec as a one-head fixed field: ``μ = query − key``, ``log λ = log w``."""
+        qy, qx = self.query
+        mu = torch.tensor([[[qy - a.y, qx - a.x] for a in self.atoms]], dtype=torch.float64)
+        sigma = torch.tensor([[[a.sy, a.sx] for a in self.atoms]], dtype=torch.float64)
+        log_lam = torch.log(torch.tensor([[a.w for a in self.atoms]], dtype=torch.float64))
+        return Field(mu, sigma, log_lam, torch.tensor(self.tau, dtype=torch.float64))
+
+
+@dataclass
+class HeadView:
+    """Everything the playground shows for a spec (numpy-free tensors, float64, CPU).
+
+    Attributes:
+        density: ``(Gh, Gw)`` the ★ query's attention over keys (sums to 1).
+        row: ``(R', Gh)`` per-atom row-pass kernels of the query (R' = 1 in axial mode).
+        col: ``(R', Gw)`` per-atom column-pass kernels of the query.
+        row_marginal, col_marginal: ``(Gh,)``, ``(Gw,)`` the density summed over columns / rows.
+        mu: ``(R, 2)`` atom centres as query − key displacements.
+        lam: ``(R,)`` normalised weights λ.
+        width: ``(R, 2)`` effective per-axis width of each atom's softmax kernel, ``σ·√τ``.
+        entropy, radius: the query's attention entropy (nats) and effective radius (cells).
+    """
+
+    density: Tensor
+    row: Tensor
+    col: Tensor
+    row_marginal: Tensor
+    col_marginal: Tensor
+    mu: Tensor
+    lam: Tensor
+    width: Tensor
+    entropy: float
+    radius: float
+
+
+def evaluate(spec: HeadSpec) -> HeadView:
+    """Evaluate the spec with :mod:`ssog_core.field` (the code the models run)."""
+    field = spec.field()
+    qy, qx = spec.query
+    density = query_field(field, spec.grid, spec.query, spec.mode)[0]
+    k = axis_kernels(field, spec.grid, spec.mode)
+    stats = query_stats(density, spec.query)
+    return HeadView(
+        density=density,
+        row=k.ay[0, qy, 0, 0],
+        col=k.ax[0, 0, qx, 0],
+        row_marginal=density.sum(1),
+        col_marginal=density.sum(0),
+        mu=field.mu[0],
+        lam=field.lam()[0],
+        width=field.sigma[0] * field.tau.sqrt(),
+        entropy=float(stats["entropy"]),
+        radius=float(stats["radius"]),
+    )
+
+
+def spec_from_head(
+    lf: LayerField, head: int, grid: tuple[int, int] | None = None, mode: str = "factorized"
+) -> HeadSpec:
+    """A trained head as a playground spec, ★ at the centre and atoms at ``query − μ``.
+
+    ``grid`` defaults to the layer's displacement grid ``(2E_y+1) × (2E_x+1)``, on which the spec's field is
+    exactly the head's :attr:`LayerField.density`. Atoms off the canvas are kept (the model keeps them too);
+    weights below the playground's floor are raised to it.
+    """
+    if grid is None:
+        grid = (2 * lf.extent[0] + 1, 2 * lf.extent[1] + 1)
+    lo, hi = GRID_RANGE
+    grid = (min(max(grid[0], lo), hi), min(max(grid[1], lo), hi))
+    qy, qx = (grid[0] - 1) // 2, (grid[1] - 1) // 2
+    mu, sigma, lam = lf.mu[head].double(), lf.sigma[head].double(), lf.lam[head].double()
+
+    def clip(v: float, bounds: tuple[float, float]) -> float:
+        return min(max(float(v), bounds[0]), bounds[1])
+
+    atoms = tuple(
+        Atom(
+            qy - float(m[0]), qx - float(m[1]), clip(s[0], SIGMA_RANGE), clip(s[1], SIGMA_RANGE), clip(w, WEIGHT_RANGE)
+        )
+        for m, s, w in zip(mu, sigma, lam, strict=True)
+    )
+    return HeadSpec(grid, (qy, qx), clip(lf.tau, TAU_RANGE), atoms, mode)
+
+
+DEFAULT_SPEC = HeadSpec(
+    grid=(24, 24),
+    query=(12, 12),
+    tau=1.0,
+    atoms=(
+        Atom(8.5, 11.0, 1.2, 1.2, 0.45),  # a tight blob up and to the left (the "head" of the seed's bird)
+        Atom(17.0, 12.0, 3.5, 0.8, 0.35),  # a vertical strip below (the "post")
+        Atom(15.0, 6.0, 2.5, 2.5, 0.20),  # a broad, weak blob to the lower left
+    ),
+)

@@ -1,0 +1,401 @@
+"""Every callback of the app, called directly (no server), on tiny checkpoints and images made in tmp dirs.
+
+Bad inputs must come back as a visible message (never an exception escaping to Gradio), and awkward but valid
+images (grayscale, RGBA, 16-bit) must work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+import pytest
+import torch
+
+from app import main as app_main
+from app.state import UPLOADED, AppContext, AppError, default_image
+from app.tabs import compare, export, geometry, playground, session, steering
+from ssog_core import ViT, save_checkpoint
+from ssog_core.analysis import export_maps
+from ssog_core.images import model_input
+from ssog_core.playground import MAX_ATOMS, HeadSpec, evaluate
+from tests.app_fixtures import dot_twin, write_bad_checkpoints, write_bad_files, write_checkpoints, write_images
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("app")
+    ckpts = write_checkpoints(root / "ckpt", depth=2)
+    images = write_images(root / "assets")
+    return {"root": root, "ckpt": root / "ckpt", "assets": root / "assets", "ckpts": ckpts, "images": images}
+
+
+@pytest.fixture(scope="module")
+def ctx(folders, tmp_path_factory):
+    return AppContext(folders["ckpt"], folders["assets"], upload_dir=tmp_path_factory.mktemp("uploads"))
+
+
+@pytest.fixture(scope="module")
+def sha(ctx):
+    return ctx.open_bundled("scene.png").sha256
+
+
+def event(**data) -> gr.EventData:
+    return gr.EventData(None, data)
+
+
+def props(update: dict) -> dict:
+    return {k: v for k, v in update.items() if k != "__type__"}
+
+
+# ----------------------------------------------------------------------------------------------- state
+
+
+def test_checkpoint_picker_is_confined_to_its_folder(ctx, folders):
+    assert ctx.checkpoint_names() == ["dot_test.safetensors", "ssog_test.safetensors"]
+    assert ctx.resolve("ssog_test.safetensors") == folders["ckpts"]["ssog"].resolve()
+    outside = folders["root"] / "outside.safetensors"
+    outside.write_bytes(folders["ckpts"]["ssog"].read_bytes())
+    (folders["ckpt"] / "link.safetensors").symlink_to(outside)
+    for bad in ["../outside.safetensors", "/etc/passwd", str(outside), "sub/x.safetensors", "a\x00b", "",
+                "link.safetensors", "uploaded/../ckpt/ssog_test.safetensors", "..\\x.safetensors"]:  # fmt: skip
+        with pytest.raises(AppError, match="refused|no checkpoint|not found|outside"):
+            ctx.resolve(bad)
+    with pytest.raises(AppError, match="not found"):
+        ctx.model("missing.safetensors")
+    (folders["ckpt"] / "link.safetensors").unlink()
+
+
+def test_model_cache_is_bounded_and_follows_file_changes(ctx, folders, tmp_path):
+    a = ctx.model("ssog_test.safetensors")
+    assert ctx.model("ssog_test.safetensors") is a
+    from app.state import MODEL_CACHE, _load
+
+    assert _load.cache_info().maxsize == MODEL_CACHE
+    path = folders["ckpts"]["dot"]
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    b = ctx.model("dot_test.safetensors")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 2 * 10**9))
+    assert ctx.model("dot_test.safetensors") is not b
+
+
+def test_bad_checkpoint_uploads_are_refused_with_reasons_and_never_run_code(ctx, folders, tmp_path):
+    bad = write_bad_checkpoints(tmp_path, folders["ckpts"]["ssog"])
+    cases = {
+        "truncated": "truncated or corrupt",
+        "wrong_shape": "shape",
+        "pickle_safetensors": "not a readable safetensors",
+    }
+    for key, message in cases.items():
+        with pytest.raises(AppError, match=message):
+            ctx.add_upload([str(bad[key])])
+    with pytest.raises(AppError, match="together with a .json"):
+        ctx.add_upload([str(bad["pickle"])])
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"img_size": 32, "patch_size": 4}))
+    with pytest.raises(AppError, match="could run code"):
+        ctx.add_upload([str(bad["pickle"]), str(cfg)])
+    assert not bad["marker"].exists()
+    names_before = ctx.checkpoint_names()
+    update = app_main.on_checkpoint_upload(ctx, [str(bad["truncated"])], "ssog_test.safetensors")
+    assert "truncated" in update[-1] and ctx.checkpoint_names() == names_before
+    with pytest.raises(AppError, match="upload one .safetensors"):
+        ctx.add_upload([str(cfg)])
+
+
+def test_good_uploads_ours_and_a_reference_pt_with_its_config(ctx, folders, tmp_path):
+    name = ctx.add_upload([str(folders["ckpts"]["dot"])])
+    assert name == UPLOADED + "dot_test.safetensors" and name in ctx.checkpoint_names()
+    assert ctx.model(name).config.attn == "dot"
+    ref = dot_twin(img_size=32, patch=4, dim=32, depth=2, heads=4)
+    pt = tmp_path / "ref model.pt"
+    torch.save({"model": {f"_orig_mod.{k}": v for k, v in ref.state_dict().items()}}, pt)
+    kwargs = {"num_classes": 5, "img_size": 32, "patch_size": 4, "dim": 32, "depth": 2, "num_heads": 4, "attn": "dot"}
+    (tmp_path / "ref.json").write_text(json.dumps(kwargs))
+    name = ctx.add_upload([str(pt), str(tmp_path / "ref.json")])
+    assert name == UPLOADED + "ref_model.safetensors"
+    x = torch.rand(1, 3, 32, 32)
+    torch.testing.assert_close(ctx.model(name).model(x), ref(x))
+    updates = app_main.checkpoint_updates(ctx, name)
+    assert name in updates[0]["choices"] and updates[0]["value"] == name
+    for _ in range(10):  # disk use stays bounded: the oldest uploads go
+        ctx.add_upload([str(folders["ckpts"]["dot"])])
+    from app.state import MAX_UPLOADED_CHECKPOINTS
+
+    assert len(list(ctx.upload_dir.glob("*.safetensors"))) == MAX_UPLOADED_CHECKPOINTS
+
+
+def test_images_awkward_ones_work_bad_ones_are_refused(ctx, folders, tmp_path):
+    for key in ("gray", "rgba", "16bit"):
+        stored = ctx.open_upload(str(folders["images"][key]))
+        assert stored.image.mode == "RGB" and stored.image.size == (96, 96)
+        assert ctx.image(stored.sha256) is stored
+    bad = write_bad_files(tmp_path)
+    for key, message in {"text": "not an image", "truncated_image": "truncated or corrupt", "bomb": "MP limit"}.items():
+        with pytest.raises(AppError, match=message):
+            ctx.open_upload(str(bad[key]))
+        sha, thumb, pick, text = app_main.on_image_upload(ctx, str(bad[key]))
+        assert sha == gr.skip() and text.startswith("⚠️")
+    with pytest.raises(AppError, match="no longer in memory"):
+        ctx.image("0" * 64)
+    with pytest.raises(AppError, match="not one of the bundled"):
+        ctx.open_bundled("../ckpt/ssog_test.safetensors")
+    sha, thumb, text = app_main.on_image_pick(ctx, "rgba.png")
+    assert len(sha) == 64 and thumb.height <= 96 and "rgba.png" in text
+
+
+# ----------------------------------------------------------------------------------------------- playground
+
+
+def test_playground_render_and_preview(ctx):
+    v = playground.initial_value()
+    p, spec, view = playground.render(v)
+    assert p["img"].startswith("data:image/png;base64,") and len(p["ky"]) == spec.grid[0] and max(p["kx"]) == 1
+    assert p["lam"] == pytest.approx(view.lam.tolist(), abs=1e-4) and "entropy" in p["info"]
+    assert playground.preview({"value": v, "overlay": True})["img"].startswith("data:image/png")
+    for bad in (None, {"value": {"grid": [2, 2]}}, {"value": {**v, "atoms": []}}, {"value": {**v, "tau": "x"}}):
+        out = playground.preview(bad)
+        assert set(out) == {"error"} and out["error"]
+
+
+def test_playground_release_pick_and_sliders(ctx):
+    v = playground.initial_value()
+    v["atoms"][1]["y"] = 3.0
+    canvas = playground.on_release(v, False, event(t=123.5))
+    assert canvas["ack"] == 123.5 and canvas["img"].startswith("data:") and "value" not in canvas
+    fig, rows = playground.on_details(v)
+    assert rows[1][1] == "(3.0, 12.0)" and len(fig.data) == 2 * (3 + 1)
+    bad = playground.on_release({**v, "grid": [1, 1]}, False, event(t=1))
+    assert "grid" in bad["err"]
+    sy, sx, w, add, remove = playground.on_pick(v, event(i=2))
+    assert (sy["value"], sx["value"], w["value"]) == (2.5, 2.5, 0.2)
+    v["sel"] = 2
+    canvas, fig, rows = playground.on_atom_param(v, 4.0, 0.5, 0.9, False)
+    atom = canvas["value"]["atoms"][2]
+    assert (atom["sy"], atom["sx"], atom["w"]) == (4.0, 0.5, 0.9) and rows[2][3] == "(4.00, 0.50)"
+
+
+def test_playground_grid_change_keeps_every_offset(ctx):
+    v = playground.initial_value()
+    mu0 = evaluate(HeadSpec.from_dict(v)).mu
+    canvas, _, _ = playground.on_head_param(v, 2.0, 11, "axial", False)
+    nv = canvas["value"]
+    assert nv["grid"] == [11, 11] and nv["query"] == [5, 5] and nv["tau"] == 2.0 and nv["mode"] == "axial"
+    torch.testing.assert_close(evaluate(HeadSpec.from_dict(nv)).mu, mu0)
+
+
+def test_playground_add_remove_reset_limits(ctx):
+    v = playground.initial_value()
+    out = playground.on_add(v, False, event(y=2.0, x=3.0))
+    v = out[0]["value"]
+    assert len(v["atoms"]) == 4 and v["atoms"][-1]["y"] == 2.0 and v["sel"] == 3
+    while len(v["atoms"]) < MAX_ATOMS:
+        v = playground.on_add(v, False, event())[0]["value"]
+    assert playground.on_add(v, False, event()) == (gr.skip(),) * 8  # the 9th is refused with a warning
+    out = playground.on_remove(v, False)
+    assert len(out[0]["value"]["atoms"]) == MAX_ATOMS - 1 and out[6]["interactive"] is True
+    one = {**playground.initial_value(), "atoms": playground.initial_value()["atoms"][:1]}
+    assert playground.on_remove(one, False) == (gr.skip(),) * 8
+    reset = playground.on_reset(False)
+    assert reset[0]["value"] == playground.initial_value() and len(reset) == 13
+
+
+def test_presets_underlay_and_figure(ctx, sha):
+    choices, note = playground.preset_choices(ctx, "ssog_test.safetensors")
+    assert len(choices) == 4 and "layer" in choices[1]
+    assert playground.preset_choices(ctx, "dot_test.safetensors")[0] == []
+    assert playground.preset_choices(ctx, None)[0] == []
+    assert "unavailable" in playground.preset_choices(ctx, "../x")[1]
+    out = playground.on_preset(ctx, "ssog_test.safetensors", choices[1], False)
+    v = out[0]["value"]
+    lm = ctx.model("ssog_test.safetensors")
+    s = lm.presets[1].shape
+    np.testing.assert_allclose(
+        evaluate(HeadSpec.from_dict(v)).density.numpy(), lm.fields[s.layer].density[s.head].double().numpy(), atol=1e-6
+    )
+    assert f"layer {s.layer}, head {s.head}" in out[-1] and out[-2]["value"] == "factorized"
+    assert "not a head" in playground.on_preset(ctx, "ssog_test.safetensors", "nonsense", False)[-1]
+    canvas, fig, rows, box, status = playground.on_underlay(ctx, v, True, sha)
+    assert canvas["bg"].startswith("data:image/jpeg;base64,") and box["value"] is True and status == ""
+    canvas, fig, rows, box, status = playground.on_underlay(ctx, v, True, None)
+    assert canvas["bg"] == "" and box["value"] is False and "pick or upload an image" in status
+    assert app_main.refresh_underlay(ctx, v, False, sha) == (gr.skip(),) * 5  # off: a new image changes nothing
+    assert app_main.refresh_underlay(ctx, v, True, sha)[0]["bg"].startswith("data:image/jpeg")
+    files, status = playground.export_figure(ctx, v, True, sha)
+    assert sorted(Path(f).suffix for f in files) == [".png", ".svg"] and "grid15x15" in files[0]
+
+
+# ----------------------------------------------------------------------------------------------- geometry
+
+
+def test_geometry_ssog_dot_and_missing(ctx, sha):
+    note, card, fig, gates, layer_plot, stats, table, slider = geometry.render(ctx, "ssog_test.safetensors", 1, sha)
+    assert "2 layers × 4 heads × 3 atoms" in note and "parameters" in card and "FLOPs" in card
+    assert fig.ndim == 3 and fig.shape[2] == 3
+    assert len(table) == 2 * 4 * 3 and slider["maximum"] == 1 and slider["value"] == 1
+    assert gates.layout.title.text and layer_plot.data[0].hovertemplate
+    note, card, fig, gates, layer_plot, stats, table, _ = geometry.render(ctx, "dot_test.safetensors", 0, sha)
+    assert "no field" in note and fig is not None and (gates, layer_plot, table) == (None, None, None)
+    assert "largest-norm keys" in note and "key norms" in stats.layout.title.text
+    assert len(stats.data) == 2 + 4  # one histogram per layer, one ratio line per head
+    assert "No checkpoint found" in geometry.render(ctx, None, 0, sha)[0]
+    assert "refused" in geometry.render(ctx, "../../etc/passwd", 0, sha)[0]
+    assert geometry.on_layer(ctx, "ssog_test.safetensors", 0).layout.title.text.startswith("Layer 0")
+    files, _ = geometry.downloads(ctx, "ssog_test.safetensors")
+    assert {Path(f).name for f in files} >= {"geometry_ssog_test.png", "geometry_ssog_test.svg",
+                                             "geometry_ssog_test_atoms.csv"}  # fmt: skip
+    assert geometry.downloads(ctx, "dot_test.safetensors")[0] is None
+
+
+# ----------------------------------------------------------------------------------------------- steering
+
+
+def test_steering_render_click_and_downloads(ctx, sha):
+    note, click, pred, steer, qfig, slider = steering.render(ctx, "ssog_test.safetensors", sha, 1, None)
+    assert "Click a patch" in note and steer is not None and qfig is None
+    assert abs(sum(pred.values()) - 1) < 0.2 and set(pred) <= set(ctx.model("ssog_test.safetensors").class_names)
+    h, w = click.shape[:2]
+    sel = gr.SelectData(None, {"index": [w * 0.7, h * 0.2], "value": None})
+    q, click2, qfig, text = steering.on_select(ctx, "ssog_test.safetensors", sha, 1, sel)
+    assert q == [1, 5] and qfig.ndim == 3 and "(1, 5)" in text and not np.array_equal(click, click2)
+    s = steering.analyse(ctx.model("ssog_test.safetensors"), ctx.image(sha))
+    fixed, steered_row = steering.query_rows(s, 1, (1, 5))
+    assert fixed.shape == steered_row.shape == (4, 8, 8) and not np.allclose(fixed, steered_row)
+    np.testing.assert_allclose(steered_row.sum((1, 2)), 1, rtol=1e-5)
+    files, _ = steering.downloads(ctx, "ssog_test.safetensors", sha, 1, [1, 5])
+    names = {Path(f).name for f in files}
+    assert any(n.endswith("_L1.png") for n in names) and any(n.endswith("_q1-5.svg") for n in names)
+    note, click, pred, steer, qfig, slider = steering.render(ctx, "dot_test.safetensors", sha, 0, [2, 2])
+    assert "no field to steer" in note and steer is None and qfig is not None
+    assert "Pick an image" in steering.render(ctx, "ssog_test.safetensors", None, 0, None)[0]
+
+
+# ----------------------------------------------------------------------------------------------- export + compare
+
+
+def test_export_maps_with_twin_and_downloads(ctx, sha):
+    assert export.default_twin(ctx, "ssog_test.safetensors") == "dot_test.safetensors"
+    assert export.default_twin(ctx, None) == export.NO_TWIN
+    text, fig, acc, slider = export.render(ctx, "ssog_test.safetensors", "dot_test.safetensors", sha, 0.25, 1)
+    lm = ctx.model("ssog_test.safetensors")
+    x, _ = model_input([ctx.image(sha).image], lm.config.img_size, lm.meta)
+    s = export_maps(lm.model, x, 0.25).summary()
+    assert f"[{s['acc_min']:.3f}, {s['acc_max']:.3f}]" in text and f"{s['exporter_share']:.0%}" in text
+    assert "α = **0.25**" in text and "dot_test" in text and fig.shape[2] == 3
+    assert acc.data[0].zmid == 0 and acc.data[0].colorbar.title.text
+    files, _ = export.downloads(ctx, "ssog_test.safetensors", "dot_test.safetensors", sha, 0.25, 1)
+    names = sorted(Path(f).name for f in files)
+    assert any("alpha0.25_RdBu_r.png" in n and "_L1_" in n for n in names)
+    assert any(n.endswith(".svg") for n in names) and sum(n.endswith(".npz") for n in names) == 2
+    npz = np.load(next(f for f in files if f.endswith(".npz")))
+    assert json.loads(str(npz["settings"]))["alpha"] == 0.25 and npz["net"].shape == (2, 8, 8)
+    assert "Pick an image" in export.render(ctx, "ssog_test.safetensors", export.NO_TWIN, None, 0.5, 0)[0]
+
+
+def test_compare_side_by_side_and_mismatched_grids(ctx, sha, tmp_path):
+    text, fig, slider = compare.render(ctx, "ssog_test.safetensors", "dot_test.safetensors", sha, 0.5, 1)
+    assert "A — **ssog_test" in text and "B — **dot_test" in text and fig.ndim == 3
+    files, _ = compare.downloads(ctx, "ssog_test.safetensors", "dot_test.safetensors", sha, 0.5, 1)
+    npz = np.load(next(f for f in files if f.endswith(".npz")))
+    np.testing.assert_allclose(npz["accumulated_difference"], npz["A_accumulated"] - npz["B_accumulated"])
+    other = write_checkpoints(tmp_path / "big", img_size=48, depth=1)["ssog"]
+    name = ctx.add_upload([str(other)])
+    text, fig, _ = compare.render(ctx, "ssog_test.safetensors", name, sha, 0.5, 0)
+    assert "same grid" in text and fig is None
+
+
+def test_rbf_checkpoint_with_registers(ctx, sha, tmp_path):
+    torch.manual_seed(2)
+    model = ViT(num_classes=5, img_size=32, patch_size=4, dim=32, depth=2, num_heads=4, attn="rbf", num_registers=2)
+    name = ctx.add_upload([str(save_checkpoint(tmp_path / "rbf_regs.safetensors", model))])
+    note, card, fig, _, _, stats, _, _ = geometry.render(ctx, name, 0, sha)
+    assert "**RBF (distance)** attention model" in note and "no field" in note and fig is not None
+    assert "register tokens take" in note and {t.name for t in stats.data} >= {"layer 0 (rbf)", "head 3"}
+    text, fig, _, _ = export.render(ctx, name, export.NO_TWIN, sha, 0.5, 0)
+    assert "register tokens took" in text and fig is not None
+
+
+# ----------------------------------------------------------------------------------------------- session + main
+
+
+def test_session_round_trip(ctx, sha, tmp_path):
+    v = playground.initial_value()
+    v["atoms"][0]["x"] = 4.0
+    data = session.make_session(ctx, "ssog_test.safetensors", sha, v, True, 1, 1, [2, 3], "dot_test.safetensors",
+                                0.3, 1, "ssog_test.safetensors", "dot_test.safetensors", 0.6, 0)  # fmt: skip
+    assert data["image"] == {"sha256": sha, "name": "scene.png"} and data["playground"]["head"]["atoms"][0]["x"] == 4
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(data))
+    out = app_main.restore_session(ctx, str(path))
+    assert len(out) == 21 and out[0]["value"] == "ssog_test.safetensors" and out[1] == sha
+    assert out[3]["value"]["atoms"][0]["x"] == 4.0 and out[3]["bg"].startswith("data:image/jpeg")
+    assert out[12] == [2, 3] and out[14]["value"] == 0.3 and out[-1] == "✅ Session restored."
+    data["image"]["sha256"] = "f" * 64
+    data["checkpoint"] = "gone.safetensors"
+    path.write_text(json.dumps(data))
+    out = app_main.restore_session(ctx, str(path))
+    assert "gone.safetensors" in out[-1] and "no longer in memory" in out[-1] and out[3]["value"]["atoms"]
+    path.write_text("{not json")
+    assert "not a JSON session" in app_main.restore_session(ctx, str(path))[-1]
+    path.write_text(json.dumps({"format": "other"}))
+    assert "not an SSOG Lab session" in app_main.restore_session(ctx, str(path))[-1]
+    file, text = app_main.save_session(ctx, "ssog_test.safetensors", sha, v, False, 0, 0, None, "(none)", 0.5, 0,
+                                       None, None, 0.5, 0)  # fmt: skip
+    assert json.loads(Path(file).read_text())["checkpoint"] == "ssog_test.safetensors" and text == "Session saved."
+
+
+def test_lazy_rendering_and_checkpoint_defaults(ctx, tmp_path):
+    calls = []
+    run = app_main.lazy("export", lambda *a: calls.append(a) or ("x",), 1)
+    assert run("playground", None, 1, 2) == (gr.skip(), gr.skip()) and not calls
+    key, out = run("export", None, 1, 2)
+    assert out == "x" and run("export", key, 1, 2) == (gr.skip(), gr.skip()) and len(calls) == 1
+    assert app_main.default_checkpoint(ctx, ctx.checkpoint_names()) == "ssog_test.safetensors"
+    presets, note, twin, a, b = app_main.on_checkpoint_change(ctx, "ssog_test.safetensors")
+    assert len(presets["choices"]) == 4 and twin["value"] == "dot_test.safetensors" and b["value"] == twin["value"]
+    empty = AppContext(tmp_path / "none", tmp_path / "none", upload_dir=tmp_path / "up")
+    (tmp_path / "up").mkdir()
+    assert "No checkpoint found" in app_main.folder_status(empty, [])
+
+
+def test_build_app_without_checkpoints_serves_the_playground(tmp_path):
+    (tmp_path / "up").mkdir()
+    empty = AppContext(tmp_path / "none", tmp_path / "none", upload_dir=tmp_path / "up")
+    t = time.perf_counter()
+    demo = app_main.build_app(empty)
+    assert isinstance(demo, gr.Blocks) and time.perf_counter() - t < 60
+    config = demo.get_config_file()
+    names = {c.get("props", {}).get("elem_id") for c in config["components"]}
+    assert {"pg-canvas", "ckpt", "ex-figure", "st-click", "geo-figure"} <= names
+
+
+def test_caches_stay_bounded():
+    from app.common import LRU
+    from app.tabs.export import _MAPS
+    from app.tabs.steering import _ANALYSES
+
+    cache, made = LRU(2), []
+    for key in [1, 2, 1, 3, 4, 1]:
+        cache.get(key, lambda k=key: made.append(k) or k)
+    assert len(cache) == 2 and made == [1, 2, 3, 4, 1]
+    assert _MAPS.size <= 8 and _ANALYSES.size <= 3 and len(_MAPS) <= _MAPS.size
+
+
+DEMO = Path(__file__).resolve().parents[1] / "checkpoints"
+
+
+@pytest.mark.skipif(not (DEMO / "ssog_shapes.safetensors").is_file(), reason="demo checkpoints not in checkpoints/")
+def test_demo_checkpoints_open_in_every_tab(tmp_path):
+    demo = AppContext(DEMO, DEMO.parent / "assets", upload_dir=tmp_path)
+    stored = default_image(demo) or demo.open_upload(str(write_images(tmp_path / "img")["rgb"]))
+    note, card, fig, *_ = geometry.render(demo, "ssog_shapes.safetensors", 0, stored.sha256)
+    assert fig is not None and "accuracy" in card
+    twin = export.default_twin(demo, "ssog_shapes.safetensors")
+    text, fig, _, _ = export.render(demo, "ssog_shapes.safetensors", twin, stored.sha256, 0.5, 0)
+    assert fig is not None and "net exporters" in text
+    assert steering.render(demo, "ssog_shapes.safetensors", stored.sha256, 0, [1, 1])[4] is not None

@@ -1,0 +1,75 @@
+"""The app's API through ``gradio_client`` against a running server (in-process, on a free port)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from gradio_client import Client
+
+from app.main import CONCURRENCY, QUEUE_SIZE, build_app, launch, parse_args
+from app.state import AppContext
+from ssog_core.playground import DEFAULT_SPEC
+from tests.app_fixtures import write_checkpoints, write_images
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("api")
+    write_checkpoints(root / "ckpt", depth=2)
+    write_images(root / "assets")
+    ctx = AppContext(root / "ckpt", root / "assets", upload_dir=tmp_path_factory.mktemp("uploads"))
+    demo = build_app(ctx)
+    launch(demo, "127.0.0.1", free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        yield demo
+    finally:
+        demo.close()
+
+
+@pytest.fixture(scope="module")
+def client(demo):
+    return Client(demo.local_url, verbose=False)
+
+
+def test_server_settings(demo):
+    assert parse_args([]).host == "127.0.0.1" and parse_args([]).port == 7860
+    assert demo.max_file_size == 64 * 1024**2 and demo.share is False
+    assert demo._queue.max_size == QUEUE_SIZE and demo._queue.default_concurrency_limit == CONCURRENCY
+
+
+def test_api_lists_checkpoints_and_evaluates_a_head(client):
+    assert client.predict(api_name="/checkpoints") == ["dot_test.safetensors", "ssog_test.safetensors"]
+    out = client.predict(DEFAULT_SPEC.to_dict(), api_name="/head_field")
+    assert len(out["density"]) == 24 and abs(sum(map(sum, out["density"])) - 1) < 1e-9
+    assert out["lambda"] == pytest.approx([0.45, 0.35, 0.2]) and out["entropy"] > 0
+
+
+def test_api_geometry_and_export(client):
+    geo = client.predict("ssog_test.safetensors", api_name="/geometry_summary")
+    assert len(geo["layers"]) == 2 and set(geo["layers"][0]) >= {"tau", "s_mu", "s_sigma", "s_lambda"}
+    assert geo["card"]["attention"] == "ssog" and len(geo["atoms"]) == 24
+    ex = client.predict("ssog_test.safetensors", "scene.png", 0.5, api_name="/export_summary")
+    assert 0 <= ex["exporter_share"] <= 1 and ex["acc_min"] <= ex["acc_max"] and ex["grid"] == [8, 8]
+    assert abs(sum(map(sum, ex["accumulated"]))) < 1e-4  # Σ net = 0 in every layer
+
+
+@pytest.mark.parametrize("name", ["../ckpt/ssog_test.safetensors", "/etc/passwd", "nope.safetensors"])
+def test_api_refuses_paths_outside_the_folder_with_a_message(client, name):
+    with pytest.raises(Exception, match="refused|not found"):
+        client.predict(name, api_name="/geometry_summary")
+    assert client.predict(api_name="/checkpoints")  # still serving
+
+
+def test_api_bad_head_is_a_message_and_bursts_wait_in_the_queue(client):
+    with pytest.raises(Exception, match="a head has 1 to 8 atoms"):
+        client.predict({**DEFAULT_SPEC.to_dict(), "atoms": []}, api_name="/head_field")
+    jobs = [client.submit("ssog_test.safetensors", "scene.png", a / 20, api_name="/export_summary") for a in range(12)]
+    results = [j.result(timeout=120) for j in jobs]
+    assert len(results) == 12 and len({r["alpha"] for r in results}) == 12

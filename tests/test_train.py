@@ -1,0 +1,269 @@
+"""The training CLI: real data formats, checkpoints and metadata, exact resume, NaN stop, flag checks, torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ssog_core import train
+from ssog_core.checkpoint import load_checkpoint, read_checkpoint
+from tests.data_files import write_cifar_tar, write_imagefolder
+
+ROOT = Path(__file__).resolve().parent.parent
+# A tiny model and data set: 6 steps per epoch, a second or two per run on one CPU core.
+TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--atoms", "2", "--batch-size", "8", "--no-progress"]
+SHAPES = ["--data", "shapes:size=16,train=48,val=16,classes=3"]
+
+
+def run(out: Path, *extra: str) -> int:
+    return train.main([*SHAPES, *TINY, "--epochs", "2", "--out", str(out), *extra])
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path))
+
+
+def test_train_shapes_writes_everything(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run(out, "--plot", "--save-dtype", "float16", "--ckpt-every", "4") == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["curves.png", "last.safetensors", "metrics.jsonl", "model.safetensors", "train_state.pt"]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2] and [r["step"] for r in rows] == [6, 12]
+    assert all(0 <= r["val_acc"] <= 1 and r["train_loss"] > 0 and r["img_per_s"] > 0 for r in rows)
+    assert set(rows[-1]["gates"]) == {"mu", "sigma", "lambda"}
+    model, meta = load_checkpoint(out / "last.safetensors")
+    assert meta["class_names"] == ["circle", "square", "triangle"]
+    assert meta["normalization"] is None
+    assert meta["command"].startswith("python -m ssog_core.train --data shapes:size=16")
+    assert meta["data"] == "shapes:size=16,train=48,val=16,classes=3"
+    assert meta["epochs"] == 2 and meta["step"] == 12 and meta["finished"] is True
+    assert meta["accuracy"] == rows[-1]["val_acc"]
+    assert {"torch", "python", "ssog_lab"} <= set(meta["software"])
+    cfg = meta["config"]
+    assert cfg["img_size"] == [16, 16] and cfg["patch_size"] == 4 and cfg["num_classes"] == 3
+    assert model.config.steer == ("mu", "sigma", "lambda") and model.config.cold_init
+    _, half, _ = read_checkpoint(out / "model.safetensors")
+    assert all(t.dtype == torch.float16 for t in half.values())
+    full = weights(out / "last.safetensors")
+    assert all(t.dtype == torch.float32 for t in full.values())
+    assert "epoch 2: train loss" in capsys.readouterr().err
+
+
+def test_train_state_loads_without_unpickling_objects(tmp_path):
+    out = tmp_path / "run"
+    assert run(out, "--epochs", "1") == 0
+    state = torch.load(out / "train_state.pt", weights_only=True)  # raises if anything but tensors/containers
+    assert state["step"] == 6 and set(state) >= {"optimizer", "scheduler", "rng", "model", "args"}
+
+
+def test_resume_is_bit_identical(tmp_path):
+    """Stop mid-epoch, resume, and end with exactly the weights of an uninterrupted run (dropout on)."""
+    assert run(tmp_path / "a") == 0
+    assert run(tmp_path / "b", "--stop-after", "4") == 0
+    stopped = read_checkpoint(tmp_path / "b" / "last.safetensors")[2]
+    assert stopped["step"] == 4 and stopped["accuracy"] is None  # not evaluated at this step
+    assert train.main(["--out", str(tmp_path / "b"), "--resume", "--no-progress"]) == 0
+    a, b = weights(tmp_path / "a" / "last.safetensors"), weights(tmp_path / "b" / "last.safetensors")
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
+    rows_a = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
+    rows_b = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
+    strip = [{k: v for k, v in json.loads(r).items() if k not in ("epoch_time_s", "img_per_s")} for r in rows_a]
+    assert strip == [{k: v for k, v in json.loads(r).items() if k not in ("epoch_time_s", "img_per_s")} for r in rows_b]
+    meta = read_checkpoint(tmp_path / "b" / "last.safetensors")[2]
+    assert meta["command"].endswith("--stop-after 4")  # the run's own command, not the resume line
+
+
+def test_resume_at_epoch_boundary_keeps_the_epoch_eval(tmp_path):
+    assert run(tmp_path / "b", "--stop-after", "6") == 0
+    assert train.main(["--out", str(tmp_path / "b"), "--resume", "--no-progress"]) == 0
+    rows = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["epoch"] for r in rows] == [1, 2]
+
+
+def test_resume_refuses_a_changed_recipe_and_a_missing_run(tmp_path, capsys):
+    assert run(tmp_path / "b", "--stop-after", "2") == 0
+    assert train.main(["--out", str(tmp_path / "b"), "--resume", "--lr", "0.01"]) == 2
+    assert "--lr 0.001 -> 0.01" in capsys.readouterr().err
+    assert train.main(["--out", str(tmp_path / "nothing"), "--resume"]) == 2
+    assert "nothing to resume" in capsys.readouterr().err
+    assert run(tmp_path / "b") == 2  # an existing run is never overwritten silently
+    assert "already holds a training run" in capsys.readouterr().err
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    calls = {"n": 0}
+    real = train.loss_fn
+
+    def poisoned(logits, target):
+        calls["n"] += 1
+        loss = real(logits, target)
+        return loss * float("nan") if calls["n"] == 9 else loss  # step 9: the middle of epoch 2
+
+    monkeypatch.setattr(train, "loss_fn", poisoned)
+    assert run(out) == 1
+    err = capsys.readouterr().err
+    assert "the loss became nan at step 9 (epoch 2)" in err and "last good checkpoint" in err
+    meta = read_checkpoint(out / "last.safetensors")[2]
+    assert meta["step"] == 6 and meta["finished"] is False
+    assert not (out / "model.safetensors").exists()
+    state = torch.load(out / "train_state.pt", weights_only=True)
+    assert state["step"] == 6
+
+
+def test_train_cifar_tar_and_imagefolder(tmp_path):
+    tar = write_cifar_tar(tmp_path / "cifar", n_train=24, n_test=8, num_classes=4)
+    # CIFAR at a lower resolution than its native 32² keeps the run tiny; pad-4 crop + flip
+    args = ["--data", f"cifar100:{tar}", "--img-size", "16", "--patch-size", "4", "--epochs", "1"]
+    assert train.main([*args, *TINY, "--out", str(tmp_path / "c")]) == 0
+    _, meta = load_checkpoint(tmp_path / "c" / "last.safetensors")
+    assert meta["class_names"] == ["class0", "class1", "class2", "class3"] and meta["step"] == 3
+    root = write_imagefolder(tmp_path / "folder", classes=3, per_class=8, val_per_class=2)
+    args = ["--data", f"imagefolder:{root}", "--img-size", "24x16", "--patch-size", "4", "--epochs", "1"]
+    assert train.main([*args, *TINY, "--attn", "dot", "--augment", "crop", "--out", str(tmp_path / "f")]) == 0
+    model, meta = load_checkpoint(tmp_path / "f" / "last.safetensors")
+    assert meta["class_names"] == ["c0", "c1", "c2"] and model.config.img_size == (24, 16)
+    assert meta["train_args"]["augment"] == ["crop"]
+
+
+def test_fixed_field_and_options_reach_the_model(tmp_path):
+    out = tmp_path / "run"
+    extra = ["--steer", "", "--field", "axial", "--warm-gates", "--max-offset", "2", "--dropout", "0", "--epochs", "1"]
+    assert run(out, *extra) == 0
+    model, meta = load_checkpoint(out / "last.safetensors")
+    cfg = model.config
+    assert cfg.steer == () and cfg.field == "axial" and not cfg.cold_init and cfg.max_offset == 2 and cfg.dropout == 0
+    assert "gates" not in json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--attn", "softmax"], "invalid choice"),
+        (["--steer", "mu,beta"], "distinct taps"),
+        (["--steer", "mu,mu"], "distinct taps"),
+        (["--augment", "rotate"], "crop,flip"),
+        (["--data", "mnist:/x"], "KIND must be one of"),
+        (["--data", "cifar100"], "needs a path"),
+        (["--data", "shapes:classes=1"], "between 2"),
+        (["--img-size", "12x"], "not N or HxW"),
+        (["--epochs", "0"], "must be >= 1"),
+        (["--batch-size", "-4"], "must be >= 1"),
+        (["--lr", "0"], "outside"),
+        (["--lr", "nan"], "outside"),
+        (["--weight-decay", "abc"], "not a number"),
+        (["--dropout", "1.5"], "outside"),
+        (["--field", "radial"], "invalid choice"),
+        (["--save-dtype", "int8"], "invalid choice"),
+    ],
+)
+def test_bad_flags_are_argparse_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        train.main(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_model_combination_is_a_clear_error(tmp_path, capsys):
+    assert run(tmp_path / "r", "--patch-size", "5") == 2
+    assert "must be positive multiples of patch_size=5" in capsys.readouterr().err
+    assert run(tmp_path / "s", "--atoms", "9") == 2
+    assert "num_atoms=9 must be between 1 and 8" in capsys.readouterr().err
+
+
+def test_unwritable_out_fails_before_training(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert run(blocker / "run") == 2
+    err = capsys.readouterr().err
+    assert "cannot write to --out" in err and "epoch" not in err
+
+
+def test_full_disk_fails_before_training(tmp_path, monkeypatch, capsys):
+    class Usage:
+        total, used, free = 10**9, 10**9 - 1000, 1000
+
+    monkeypatch.setattr(train.shutil, "disk_usage", lambda path: Usage())
+    assert run(tmp_path / "run") == 2
+    err = capsys.readouterr().err
+    assert "MB free, but the checkpoints need about" in err and "epoch" not in err
+    assert not (tmp_path / "run" / "last.safetensors").exists()
+
+
+def test_lr_schedule_warmup_then_cosine():
+    f = [train.lr_factor(s, 4, 12) for s in range(12)]
+    assert f[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert f[4] == 1.0 and all(a > b for a, b in zip(f[4:], f[5:], strict=False))
+    assert abs(train.lr_factor(12, 4, 12)) < 1e-12
+    assert abs(train.lr_factor(8, 4, 12) - 0.5) < 1e-12
+
+
+def test_torchrun_two_processes_match_one(tmp_path):
+    """DDP on CPU (gloo) with 2 processes: finishes, saves once, and (dropout off) learns what one process learns
+    with the same global batch."""
+    common = [*SHAPES, *TINY, "--epochs", "1", "--dropout", "0"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd += ["-m", "ssog_core.train", *common, "--out", str(tmp_path / "ddp")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("epoch 1: train loss") == 1  # rank 0 logs, rank 1 stays quiet
+    meta = read_checkpoint(tmp_path / "ddp" / "last.safetensors")[2]
+    assert meta["processes"] == 2 and meta["step"] == 6
+    assert train.main([*common, "--out", str(tmp_path / "one")]) == 0
+    ddp, one = weights(tmp_path / "ddp" / "last.safetensors"), weights(tmp_path / "one" / "last.safetensors")
+    for k in one:
+        torch.testing.assert_close(ddp[k], one[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_sigint_saves_and_resume_continues_exactly(tmp_path, monkeypatch, capsys):
+    """A real SIGINT mid-epoch: the step finishes, a checkpoint is saved, exit code 130; --resume then ends
+    with the weights of an uninterrupted run."""
+    assert run(tmp_path / "a", "--epochs", "1") == 0
+    calls = {"n": 0}
+    real = train.loss_fn
+
+    def interrupting(logits, target):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(logits, target)
+
+    monkeypatch.setattr(train, "loss_fn", interrupting)
+    assert run(tmp_path / "b", "--epochs", "1") == 130
+    assert "interrupted (SIGINT)" in capsys.readouterr().err
+    assert read_checkpoint(tmp_path / "b" / "last.safetensors")[2]["step"] == 3
+    monkeypatch.setattr(train, "loss_fn", real)
+    assert train.main(["--out", str(tmp_path / "b"), "--resume", "--no-progress"]) == 0
+    a, b = weights(tmp_path / "a" / "last.safetensors"), weights(tmp_path / "b" / "last.safetensors")
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
+
+
+def test_corrupt_train_state_is_a_clear_error(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run(out, "--stop-after", "2") == 0
+    data = (out / "train_state.pt").read_bytes()
+    (out / "train_state.pt").write_bytes(data[: len(data) // 2])
+    assert train.main(["--out", str(out), "--resume"]) == 2
+    assert "not a readable training state" in capsys.readouterr().err
+
+
+def test_rbf_with_registers_and_susie(tmp_path):
+    out = tmp_path / "run"
+    assert run(out, "--attn", "rbf", "--registers", "2", "--susie", "--epochs", "1") == 0
+    model, _ = load_checkpoint(out / "last.safetensors")
+    cfg = model.config
+    assert cfg.attn == "rbf" and cfg.num_registers == 2 and cfg.susie
+    assert run(tmp_path / "bad", "--registers", "2") == 2  # SSOG has no place for register tokens
