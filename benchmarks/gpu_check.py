@@ -32,12 +32,11 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from ops_reference import FieldLeaves, grads, reference_apply, reference_matrix  # noqa: E402
+sys.path.insert(0, str(ROOT))
 
 from ssog_core.attention import SSOGAttention  # noqa: E402
 from ssog_core.checkpoint import atomic_write  # noqa: E402
+from tests.ops_reference import FieldLeaves, grads, reference_apply, reference_matrix  # noqa: E402
 
 ALL = ("mu", "sigma", "lambda")
 BEGIN, END = "<!-- GPU-RESULTS:BEGIN -->", "<!-- GPU-RESULTS:END -->"

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from ops_reference import FieldLeaves, reference_matrix
 
 from ssog_core.attention import SSOGAttention
 from ssog_core.field import apply_field
@@ -19,6 +18,7 @@ from ssog_core.ops import dispatch
 from ssog_core.ops.dispatch import BackendUnavailable, can_run_triton, choose_backend, ssog_apply
 from ssog_core.ops.torch_ssog import apply_torch
 from ssog_core.vit import ViT
+from tests.ops_reference import FieldLeaves, reference_matrix
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ops_reference import TAP_SUBSETS, FieldLeaves, assert_close, grads, reference_apply
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from ssog_core.field import Field
 from ssog_core.ops import torch_ssog
 from ssog_core.ops.torch_ssog import apply_torch
+from tests.ops_reference import TAP_SUBSETS, FieldLeaves, assert_close, grads, reference_apply
 
 MODES = ("factorized", "axial")
 

@@ -33,6 +33,7 @@ SHARDS = {
 def _run(args: list[str], env_extra: dict[str, str], timeout: int) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "SSOG_BACKEND")}
     env.update(env_extra)
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"  # the current default, stated to silence Triton 3.9's warning
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False

@@ -15,7 +15,6 @@ import torch
 if os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover - guarded by the runner
     pytest.skip("run through tests/test_ops_triton.py (needs TRITON_INTERPRET=1)", allow_module_level=True)
 
-from ops_reference import FieldLeaves, assert_close, grads, reference_apply, reference_matrix  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from ssog_core.attention import SSOGAttention  # noqa: E402
@@ -23,6 +22,7 @@ from ssog_core.field import Field  # noqa: E402
 from ssog_core.ops import triton_ssog  # noqa: E402
 from ssog_core.ops.dispatch import choose_backend, ssog_apply  # noqa: E402
 from ssog_core.ops.triton_ssog import apply_triton, kernel_params  # noqa: E402
+from tests.ops_reference import FieldLeaves, assert_close, grads, reference_apply, reference_matrix  # noqa: E402
 
 ALL = ("mu", "sigma", "lambda")
 
