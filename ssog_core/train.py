@@ -412,7 +412,7 @@ def _resume_args(args: argparse.Namespace, explicit: set[str], saved: dict[str, 
             changed.append(f"--{name.replace('_', '-')} {then!r} -> {now!r}")
     if changed:
         raise TrainError("a resumed run must keep its recipe; these differ from the saved run: " + "; ".join(changed))
-    merged = dict(saved)
+    merged = {**vars(args), **saved}  # options newer than the saved run keep their defaults
     for name in RUNTIME_OPTIONS:  # how to run now: as given now (or its default), never the saved value
         merged[name] = getattr(args, name)
     for name in ("steer", "augment", "img_size"):
