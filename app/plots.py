@@ -12,7 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ssog_core.analysis import LayerField
+from ssog_core.analysis import KeyNorms, LayerField
 from ssog_core.playground import HeadSpec, HeadView
 
 _LAYOUT = dict(template="plotly_white", font=dict(size=12), hoverlabel=dict(font_size=12))
@@ -223,5 +223,57 @@ def stats_plot(entropy: np.ndarray, radius: np.ndarray, title: str) -> go.Figure
         fig.update_yaxes(title_text="layer", dtick=1, autorange="reversed", row=1, col=c)
     fig.update_layout(
         **_LAYOUT, height=300, margin=dict(l=50, r=10, t=70, b=45), title=dict(text=title, font=dict(size=14))
+    )
+    return fig
+
+
+def key_norm_plot(kn: KeyNorms, title: str) -> go.Figure:
+    """The "magnitude bullying" question for a dot / RBF model: per-layer key-norm distributions (left) and how
+    much attention the largest-norm keys take relative to uniform attention (right, one line per head)."""
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        subplot_titles=("key-norm distribution per layer", f"attention on the {kn.top_k} largest keys ÷ uniform"),
+        horizontal_spacing=0.14,
+    )
+    edges, dens = kn.histogram()
+    centres = (0.5 * (edges[1:] + edges[:-1])).numpy()
+    for layer, d in enumerate(dens.numpy()):
+        fig.add_trace(
+            go.Scatter(
+                x=centres,
+                y=d,
+                mode="lines",
+                name=f"layer {layer} ({kn.kinds[layer]})",
+                hovertemplate=f"layer {layer}<br>‖k‖ %{{x:.3f}}<br>density %{{y:.3f}}<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
+    ratio = (kn.topk_share / kn.uniform_share.clamp_min(1e-12)).numpy()  # (L, H)
+    layers = np.arange(ratio.shape[0])
+    for head in range(ratio.shape[1]):
+        fig.add_trace(
+            go.Scatter(
+                x=layers,
+                y=ratio[:, head],
+                mode="lines+markers",
+                name=f"head {head}",
+                customdata=np.stack([kn.topk_share[:, head].numpy(), kn.uniform_share[:, head].numpy()], -1),
+                hovertemplate=(
+                    f"layer %{{x}}, head {head}<br>ratio %{{y:.2f}}<br>share %{{customdata[0]:.3f}}"
+                    " vs uniform %{customdata[1]:.3f}<extra></extra>"
+                ),
+            ),
+            row=1,
+            col=2,
+        )
+    fig.add_hline(y=1.0, line=dict(dash="dash", color="grey"), row=1, col=2)
+    fig.update_xaxes(title_text="key norm ‖k‖", row=1, col=1)
+    fig.update_yaxes(title_text="density", row=1, col=1)
+    fig.update_xaxes(title_text="layer", dtick=1, row=1, col=2)
+    fig.update_yaxes(title_text="× uniform", type="log", row=1, col=2)
+    fig.update_layout(
+        **_LAYOUT, height=340, margin=dict(l=50, r=10, t=70, b=45), title=dict(text=title, font=dict(size=14))
     )
     return fig

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ssog_core.config import ViTConfig
-from ssog_core.field import TAPS, Field, base_field, check_grid, positive, steer
+from ssog_core.field import TAPS, Field, apply_field, base_field, check_grid, positive, steer
 from ssog_core.ops import ssog_apply
 from ssog_core.ops.rbf import rbf_attention
 from ssog_core.susie import SuSiE
@@ -116,10 +116,15 @@ class SSOGAttention(nn.Module):
         return self.out(y.reshape(b, n, self.dim))
 
     def attention_matrix(self, x: Tensor, grid: tuple[int, int], steered: bool = True) -> Tensor:
-        """Exact ``(B, H, N, N)`` weights for input ``x``; ``steered=False`` gives the fixed field's."""
+        """Exact ``(B, H, N, N)`` weights for input ``x``; ``steered=False`` gives the fixed field's.
+
+        Always the explicit reference operator (:func:`~ssog_core.field.apply_field` on an identity basis),
+        whatever backend :func:`~ssog_core.ops.ssog_apply` picks for ``forward``; a test proves ``A·V``
+        equals the dispatched output.
+        """
         check_grid(x.shape[1], grid)
         field = self.field(x, grid, steered)
-        return ssog_apply(_identity_values(x, self.num_heads), field, grid, self.mode).permute(0, 2, 1, 3)
+        return apply_field(_identity_values(x, self.num_heads), field, grid, self.mode).permute(0, 2, 1, 3)
 
 
 class _QKAttention(nn.Module, ABC):

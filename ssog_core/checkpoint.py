@@ -53,11 +53,11 @@ def atomic_write(path: str | Path, write: Any) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the result should have a normal file's permissions
     try:
         write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp (or the writer) made it 0600; give it a normal file's permissions
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

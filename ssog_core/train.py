@@ -47,7 +47,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from ssog_core.checkpoint import CheckpointError, atomic_write, save_checkpoint, software_versions, unwrap
-from ssog_core.config import ViTConfig
+from ssog_core.config import ATTENTION_KINDS, ViTConfig
 from ssog_core.data import (
     AUGMENTS,
     DataError,
@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--workers", type=_nonneg_int, help="data loader processes (default: 4 on CUDA, 0 on CPU)")
 
     g = ap.add_argument_group("model")
-    g.add_argument("--attn", choices=("ssog", "dot"), default="ssog")
+    g.add_argument("--attn", choices=ATTENTION_KINDS, default="ssog", help="ssog (default), its dot twin, or rbf")
     g.add_argument("--field", choices=("factorized", "axial"), default="factorized")
     g.add_argument(
         "--steer", type=_steer, default=TAPS, help="content taps: mu,sigma,lambda (default) or '' (fixed field)"
@@ -195,7 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-offset", type=_float_in(0, 1e4), default=4.0, help="bound on μδ, grid cells (default 4)")
     g.add_argument("--sigma-floor", type=_float_in(0, 1e4), default=0.25, help="narrowest atom, grid cells")
     g.add_argument("--warm-gates", action="store_true", help="start steering gates at softplus(-2) ≈ 0.13, not 3e-4")
-    g.add_argument("--registers", type=_nonneg_int, default=0, help="register tokens (dot only)")
+    g.add_argument("--registers", type=_nonneg_int, default=0, help="register tokens (dot / rbf only)")
+    g.add_argument("--qk-norm", action="store_true", help="RMS-normalise q and k per head (dot only)")
+    g.add_argument("--susie", action="store_true", help="2D SuSiE position code on q and k (dot / rbf only)")
+    g.add_argument("--susie-dim", type=_nonneg_int, default=0, help="channels per head with SuSiE (0: all)")
 
     g = ap.add_argument_group("optimisation")
     g.add_argument("--epochs", type=_positive_int, default=100)
@@ -419,7 +422,7 @@ def _resume_args(args: argparse.Namespace, explicit: set[str], saved: dict[str, 
             changed.append(f"--{name.replace('_', '-')} {then!r} -> {now!r}")
     if changed:
         raise TrainError("a resumed run must keep its recipe; these differ from the saved run: " + "; ".join(changed))
-    merged = dict(saved)
+    merged = {**vars(args), **saved}  # options newer than the saved run keep their defaults
     for name in RUNTIME_OPTIONS:  # how to run now: as given now (or its default), never the saved value
         merged[name] = getattr(args, name)
     for name in ("steer", "augment", "img_size"):
@@ -476,6 +479,9 @@ def model_config(args: argparse.Namespace, data: DataSource) -> ViTConfig:
             sigma_floor=args.sigma_floor,
             cold_init=not args.warm_gates,
             num_registers=args.registers,
+            qk_norm=args.qk_norm,
+            susie=args.susie,
+            susie_dim=args.susie_dim,
         )
     except ValueError as e:
         raise TrainError(str(e)) from None

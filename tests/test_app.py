@@ -239,8 +239,10 @@ def test_geometry_ssog_dot_and_missing(ctx, sha):
     assert fig.ndim == 3 and fig.shape[2] == 3
     assert len(table) == 2 * 4 * 3 and slider["maximum"] == 1 and slider["value"] == 1
     assert gates.layout.title.text and layer_plot.data[0].hovertemplate
-    note, card, fig, *rest = geometry.render(ctx, "dot_test.safetensors", 0, sha)
-    assert "no field" in note and fig is not None and rest[:4] == [None, None, None, None]
+    note, card, fig, gates, layer_plot, stats, table, _ = geometry.render(ctx, "dot_test.safetensors", 0, sha)
+    assert "no field" in note and fig is not None and (gates, layer_plot, table) == (None, None, None)
+    assert "largest-norm keys" in note and "key norms" in stats.layout.title.text
+    assert len(stats.data) == 2 + 4  # one histogram per layer, one ratio line per head
     assert "No checkpoint found" in geometry.render(ctx, None, 0, sha)[0]
     assert "refused" in geometry.render(ctx, "../../etc/passwd", 0, sha)[0]
     assert geometry.on_layer(ctx, "ssog_test.safetensors", 0).layout.title.text.startswith("Layer 0")
@@ -311,8 +313,9 @@ def test_rbf_checkpoint_with_registers(ctx, sha, tmp_path):
     torch.manual_seed(2)
     model = ViT(num_classes=5, img_size=32, patch_size=4, dim=32, depth=2, num_heads=4, attn="rbf", num_registers=2)
     name = ctx.add_upload([str(save_checkpoint(tmp_path / "rbf_regs.safetensors", model))])
-    note, card, fig, *_ = geometry.render(ctx, name, 0, sha)
+    note, card, fig, _, _, stats, _, _ = geometry.render(ctx, name, 0, sha)
     assert "**RBF (distance)** attention model" in note and "no field" in note and fig is not None
+    assert "register tokens take" in note and {t.name for t in stats.data} >= {"layer 0 (rbf)", "head 3"}
     text, fig, _, _ = export.render(ctx, name, export.NO_TWIN, sha, 0.5, 0)
     assert "register tokens took" in text and fig is not None
 

@@ -40,6 +40,9 @@ def test_round_trip_gives_identical_logits(tmp_path, kwargs):
     assert meta["class_names"] == ["a", "b", "c", "d"] and meta["config"]["attn"] == kwargs.get("attn", "ssog")
     assert meta["software"]["torch"] == torch.__version__
     assert not list(tmp_path.glob(".*tmp"))  # no temporary file left behind
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # a normal file, readable by the app's other users
 
 
 def test_fp16_storage_and_compiled_model_has_no_prefix(tmp_path):

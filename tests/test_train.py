@@ -258,3 +258,21 @@ def test_corrupt_train_state_is_a_clear_error(tmp_path, capsys):
     (out / "train_state.pt").write_bytes(data[: len(data) // 2])
     assert train.main(["--out", str(out), "--resume"]) == 2
     assert "not a readable training state" in capsys.readouterr().err
+
+
+def test_rbf_with_registers_and_susie(tmp_path):
+    out = tmp_path / "run"
+    assert run(out, "--attn", "rbf", "--registers", "2", "--susie", "--epochs", "1") == 0
+    model, _ = load_checkpoint(out / "last.safetensors")
+    cfg = model.config
+    assert cfg.attn == "rbf" and cfg.num_registers == 2 and cfg.susie
+    assert run(tmp_path / "bad", "--registers", "2") == 2  # SSOG has no place for register tokens
+
+
+def test_resume_of_a_run_saved_before_newer_options_existed():
+    """A state written by an older version lacks later flags: they take their defaults, the recipe is kept."""
+    args, explicit = train.parse_args(["--out", "runs/x", "--resume"])
+    saved = {k: v for k, v in vars(train.parse_args(["--dim", "32", "--out", "runs/x"])[0]).items()
+             if k not in ("qk_norm", "susie", "susie_dim")}  # fmt: skip
+    merged = train._resume_args(args, explicit, saved)
+    assert merged.dim == 32 and merged.qk_norm is False and merged.susie is False and merged.resume is True

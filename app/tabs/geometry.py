@@ -12,7 +12,7 @@ from app import plots
 from app.common import LRU, error_text, warn, write_downloads
 from app.state import AppContext, LoadedModel
 from ssog_core import figures, report, viz
-from ssog_core.analysis import attention_maps
+from ssog_core.analysis import attention_maps, has_keys, key_norms
 from ssog_core.images import model_input
 
 ATOM_HEADERS = [
@@ -68,8 +68,8 @@ def render(ctx: AppContext, ckpt: str | None, layer: float, sha: str | None):
         lm = ctx.model(ckpt)
         card = card_markdown(lm)
         if not lm.is_ssog:
-            text, fig = dot_view(ctx, lm, sha)
-            return text, card, fig, None, None, None, None, gr.update(maximum=1, value=0)
+            text, fig, norms = dot_view(ctx, lm, sha)
+            return text, card, fig, None, None, norms, None, gr.update(maximum=1, value=0)
         layer = min(int(layer or 0), len(lm.fields) - 1)
         init = report.initial_gate_scale(lm.config)
         entropy = np.stack([lf.entropy.numpy() for lf in lm.fields])
@@ -93,16 +93,27 @@ def render(ctx: AppContext, ckpt: str | None, layer: float, sha: str | None):
 
 
 def dot_view(ctx: AppContext, lm: LoadedModel, sha: str | None):
-    """A model without a field: say so, and show its attention maps (centre query) on the selected image."""
+    """A model without a field: say so, and show its attention maps (centre query) and key norms on the
+    selected image."""
     text = (
         f"**{lm.name}** is a **{lm.kind}** attention model: its attention is scored from content, so it has "
         "no field, atoms or gates to draw. Shown instead: its attention maps — each layer × head's attention "
-        "of the centre patch on the selected image (exact rows of the attention matrix)."
+        "of the centre patch on the selected image (exact rows of the attention matrix) — and its key norms."
     )
     if not sha:
-        return text + "\n\nPick or upload an image at the top to see them.", None
+        return text + "\n\nPick or upload an image at the top to see them.", None, None
     stored = ctx.image(sha)
     x, _ = model_input([stored.image], lm.config.img_size, lm.meta)
+    norms = None
+    if has_keys(lm.model):
+        kn = key_norms(lm.model, x)
+        ratio = float((kn.topk_share / kn.uniform_share.clamp_min(1e-12)).max())
+        text += (
+            f"\n\n**Key norms** (magnitude bullying): the {kn.top_k} largest-norm keys of a head take at most "
+            f"**{ratio:.1f}×** the attention uniform attention would give them"
+            + (f"; register tokens take {float(kn.prefix_share.mean()):.0%} on average." if kn.prefix else ".")
+        )
+        norms = plots.key_norm_plot(kn, f"{lm.name}: key norms on {stored.name}")
     maps = attention_maps(lm.model, x)
     gh, gw = maps.grid
     q = ((gh - 1) // 2, (gw - 1) // 2)
@@ -110,7 +121,7 @@ def dot_view(ctx: AppContext, lm: LoadedModel, sha: str | None):
     rows = np.stack([a[0, :, n].reshape(-1, gh, gw).numpy() for a in maps.attn])
     display = viz.model_view(stored.image, lm.config.img_size, figures.DISPLAY_WIDTH)
     fig = viz.attention_grid_figure(display, rows, q, f"{lm.name} on {stored.name}")
-    return text, viz.figure_rgb(fig)
+    return text, viz.figure_rgb(fig), norms
 
 
 def on_layer(ctx: AppContext, ckpt: str | None, layer: float):

@@ -1,4 +1,12 @@
-"""Attention operators behind one entry point per family; backends are chosen in :mod:`ssog_core.ops.dispatch`."""
+"""Attention operators behind one entry point per family; backends are chosen in :mod:`ssog_core.ops.dispatch`.
+
+* :mod:`~ssog_core.ops.torch_ssog` — the fast PyTorch SSOG path (CPU, and the fallback anywhere);
+* :mod:`~ssog_core.ops.triton_ssog` / :mod:`~ssog_core.ops.triton_kernels` — the fused Triton kernels (CUDA),
+  imported only when they run;
+* :mod:`~ssog_core.ops.triton_compile` — compiles the kernels for a GPU target without a GPU (CI, reports).
+
+``SSOG_BACKEND=triton|torch|reference`` forces a backend.
+"""
 
 from ssog_core.ops.dispatch import ssog_apply
 

@@ -1,0 +1,368 @@
+"""Attention-op latency and memory vs tokens: SSOG (steered / fixed / axial; Triton and PyTorch paths) against
+``F.scaled_dot_product_attention``.
+
+    python benchmarks/attention.py                                   # CPU: PyTorch paths, small sizes
+    python benchmarks/attention.py --device cuda                     # GPU: d384 / 6 heads / R4 / batch 64 / bf16
+
+Each row times the operator alone (no projections): SDPA on ``q, k, v`` of shape (B, H, N, d); SSOG on
+``v`` of shape (B, N, H, d) plus its field (steered: per-token μ, σ, λ for every head and atom, as the steering
+heads produce them; fixed: the shared field; axial: the steered field mixed per axis). The forward and
+forward+backward latencies are medians (CUDA: ``triton.testing.do_bench`` with CUDA graphs when available;
+CPU: over interleaved rounds, wall clock or, with ``--clock cpu --threads 1``, the thread's CPU time). Memory
+is the peak allocated beyond the live inputs (CUDA: the caching allocator's peak; CPU: the peak of live
+tensors created inside the op, tracked through the dispatcher), also in multiples of the size of v. On CUDA
+every row also gets its roofline floor (KERNELS.md §2 model, H200 ceilings) and achieved/floor. A batch that
+does not fit is halved until it does.
+
+Writes ``attention_<device>.csv``, ``attention_<device>.md`` and ``attention_<device>.png`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ssog_core.checkpoint import atomic_write  # noqa: E402
+from ssog_core.field import Field, apply_field  # noqa: E402
+from ssog_core.ops.torch_ssog import apply_torch  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+GRIDS = {196: (14, 14), 576: (24, 24), 1024: (32, 32), 4096: (64, 64), 16384: (128, 128)}
+
+# H200 ceilings (KERNELS.md header): bf16 tensor, HBM, ex2/MUFU, fp32 instructions per second
+TC, HBM, MUFU, FP32 = 790e12, 4.3e12, 3.9e12, 30e12
+
+
+def floor_us(kind: str, b: int, n: int, h: int, d: int, r: int, train: bool) -> float:
+    """Roofline floor of one attention op in microseconds (KERNELS.md §2), bf16 tensors."""
+    gh, gw = GRIDS.get(n, (round(math.sqrt(n)), round(math.sqrt(n))))
+    dm = h * d
+    if kind == "sdpa":
+        flops = 4 * b * n * n * dm
+        nbytes = 4 * b * n * dm * 2
+        exps = b * h * n * n
+        if train:
+            flops, nbytes, exps = flops * 3.5, nbytes * 2 + 2 * b * h * n * 4, exps * 2
+        return max(flops / TC, nbytes / HBM, exps / MUFU) * 1e6
+    ro = 1 if kind == "axial" else r
+    flops = 2 * b * ro * n * (gh + gw) * dm
+    nbytes = 2 * b * n * dm * 2
+    if kind == "fixed":
+        if train:
+            flops, nbytes = flops * 3.5, nbytes * 2.5
+        return max(flops / TC, nbytes / HBM) * 1e6
+    weights = b * h * n * r * (gh + gw)  # steered: every per-query weight costs one exp2 and ~6 fp32 instructions
+    nbytes += b * n * 5 * r * h * 4
+    exps, instr = weights, 6 * weights
+    if train:
+        flops *= 3.5
+        nbytes += 2 * b * n * dm * 2 + b * n * (5 * r * h * 4 + r * h * 4)
+        exps, instr = 3 * weights, 24 * weights
+    return max(flops / TC, nbytes / HBM, exps / MUFU, instr / FP32) * 1e6
+
+
+class PeakLive(TorchDispatchMode):
+    """Peak bytes of tensors created inside the mode that are alive at the same time (CPU memory proxy)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._seen: set[int] = set()
+
+    def _release(self, key: int, nbytes: int) -> None:
+        self.live -= nbytes
+        self._seen.discard(key)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                storage = t.untyped_storage()
+                key = storage.data_ptr()
+                if key and key not in self._seen:
+                    self._seen.add(key)
+                    self.live += storage.nbytes()
+                    weakref.finalize(storage, self._release, key, storage.nbytes())
+        self.peak = max(self.peak, self.live)
+        return out
+
+
+def _rand_field(b: int, grid: tuple[int, int], h: int, r: int, steered: bool, device, grad: bool) -> Field:
+    gh, gw = grid
+    lead = (b, gh, gw) if steered else ()
+    g = torch.Generator().manual_seed(0)
+    mu = torch.randn(*lead, h, r, 2, generator=g) * 1.5
+    sigma = torch.rand(*lead, h, r, 2, generator=g) * 1.5 + 0.4
+    log_lam = torch.randn(*lead, h, r, generator=g)
+    tensors = [t.to(device).requires_grad_(grad) for t in (mu, sigma, log_lam)]
+    return Field(*tensors, torch.tensor(0.8, device=device))
+
+
+def _ops(path: str, kind: str, b: int, n: int, h: int, d: int, r: int, device, dtype, train: bool) -> Callable:
+    """A closure running one forward (and backward when ``train``)."""
+    if kind == "sdpa":
+        q, k, v = (torch.randn(b, h, n, d, device=device, dtype=dtype, requires_grad=train) for _ in range(3))
+
+        def run():
+            y = F.scaled_dot_product_attention(q, k, v)
+            if train:
+                y.backward(torch.ones_like(y))
+
+        return run
+    grid = GRIDS[n]
+    mode = "axial" if kind == "axial" else "factorized"
+    field = _rand_field(b, grid, h, r, kind != "fixed", device, train)
+    v = torch.randn(b, n, h, d, device=device, dtype=dtype, requires_grad=train)
+    if path == "triton":
+        from ssog_core.ops.triton_ssog import apply_triton as impl
+    elif path == "torch":
+        impl = apply_torch
+    else:
+        impl = apply_field
+
+    def run():
+        y = impl(v, field, grid, mode)
+        if train:
+            y.backward(torch.ones_like(y))
+
+    return run
+
+
+def _time_cuda(fn: Callable) -> float:
+    import triton.testing
+
+    try:
+        return triton.testing.do_bench_cudagraph(fn, rep=100)
+    except Exception:  # graph capture can fail for ops that synchronise; plain events are still fine
+        return triton.testing.do_bench(fn, rep=100)
+
+
+def _peak_bytes(fn: Callable, device: torch.device) -> int:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    with PeakLive() as probe:
+        fn()
+    return probe.peak
+
+
+def measure_cuda(path: str, kind: str, b: int, n: int, h: int, d: int, r: int, device, dtype) -> dict:
+    """One row on the GPU (GPU timings are stable, so jobs run one after the other)."""
+    row = {"path": path, "kind": kind, "tokens": n, "batch": b}
+    v_bytes = b * n * h * d * torch.finfo(dtype).bits // 8
+    for train in (False, True):
+        tag = "fwdbwd" if train else "fwd"
+        fn = _ops(path, kind, b, n, h, d, r, device, dtype, train)
+        row[f"{tag}_ms"] = _time_cuda(fn)
+        peak = _peak_bytes(fn, device)
+        row[f"{tag}_peak_mb"] = peak / 2**20
+        row[f"{tag}_peak_over_v"] = peak / v_bytes
+        del fn
+    return row
+
+
+def measure_cpu(
+    jobs: list[tuple[str, str]], b: int, n: int, h: int, d: int, r: int, dtype, repeats: int, clock: str = "wall"
+) -> list:
+    """All rows of one size on the CPU, timed interleaved (every round runs every job once, in a rotating order)
+    so that load from other processes hits all of them alike."""
+    device = torch.device("cpu")
+    v_bytes = b * n * h * d * torch.finfo(dtype).bits // 8
+    fns = {(p, k, t): _ops(p, k, b, n, h, d, r, device, dtype, t) for p, k in jobs for t in (False, True)}
+    times: dict[tuple, list[float]] = {key: [] for key in fns}
+    keys = list(fns)
+    for fn in fns.values():
+        fn()
+    now = time.thread_time if clock == "cpu" else time.perf_counter
+    for i in range(repeats):
+        for key in keys[i % len(keys) :] + keys[: i % len(keys)]:
+            t0 = now()
+            fns[key]()
+            times[key].append(now() - t0)
+    rows = []
+    for p, k in jobs:
+        row = {"path": p, "kind": k, "tokens": n, "batch": b}
+        for train in (False, True):
+            tag = "fwdbwd" if train else "fwd"
+            row[f"{tag}_ms"] = statistics.median(times[(p, k, train)]) * 1e3
+            peak = _peak_bytes(fns[(p, k, train)], device)
+            row[f"{tag}_peak_mb"] = peak / 2**20
+            row[f"{tag}_peak_over_v"] = peak / v_bytes
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), help="default: bfloat16 on CUDA, float32 on CPU")
+    ap.add_argument("--batch", type=int, help="default: 64 on CUDA, 2 on CPU")
+    ap.add_argument("--tokens", type=int, nargs="+", help="default: 196 576 1024 4096 16384 (CPU: up to 4096)")
+    ap.add_argument("--paths", nargs="+", help="SSOG implementations: triton torch reference")
+    ap.add_argument("--kinds", nargs="+", default=["steered", "fixed", "axial"])
+    ap.add_argument("--heads", type=int, default=6)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--atoms", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=7, help="CPU timing rounds (every job once per round)")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="CPU only: the thread's CPU time (needs --threads 1; robust to load from other processes)",
+    )
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    ap.add_argument("--tag", help="output file suffix (default: the device type, e.g. cpu or cuda)")
+    args = ap.parse_args(argv)
+    command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *(sys.argv[1:] if argv is None else argv)])
+    if os.environ.get("SSOG_BACKEND"):
+        command = f"SSOG_BACKEND={os.environ['SSOG_BACKEND']} {command}"
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.clock == "cpu" and (torch.get_num_threads() != 1 or cuda):
+        ap.error("--clock cpu measures one CPU thread: use it with --threads 1 on the CPU")
+    dtype = DTYPES[args.dtype or ("bfloat16" if cuda else "float32")]
+    batch0 = args.batch or (64 if cuda else 2)
+    tokens = args.tokens or ([196, 576, 1024, 4096, 16384] if cuda else [196, 576, 1024, 4096])
+    paths = args.paths or (["triton", "torch"] if cuda else ["torch", "reference"])
+    h, d, r = args.heads, args.head_dim, args.atoms
+
+    rows = []
+    for n in tokens:
+        jobs = [("sdpa", "sdpa")] + [(p, k) for k in args.kinds for p in paths]
+        # the reference materialises every per-query kernel: minutes and gigabytes beyond 1024 tokens
+        jobs = [(p, k) for p, k in jobs if not (p == "reference" and n > 1024)]
+        if not cuda:
+            new = measure_cpu(jobs, batch0, n, h, d, r, dtype, args.repeats, args.clock)
+        else:
+            new = []
+            for path, kind in jobs:
+                b = batch0
+                while True:
+                    try:
+                        row = measure_cuda(path, kind, b, n, h, d, r, device, dtype)
+                        break
+                    except torch.OutOfMemoryError:
+                        if b == 1:
+                            raise
+                        b //= 2
+                        torch.cuda.empty_cache()
+                row["fwd_floor_us"] = floor_us(kind, b, n, h, d, r, False)
+                row["fwdbwd_floor_us"] = floor_us(kind, b, n, h, d, r, True)
+                row["fwd_achieved_over_floor"] = row["fwd_ms"] * 1e3 / row["fwd_floor_us"]
+                row["fwdbwd_achieved_over_floor"] = row["fwdbwd_ms"] * 1e3 / row["fwdbwd_floor_us"]
+                new.append(row)
+        for row in new:
+            print(
+                f"N={n:>6} {row['path']:>9} {row['kind']:<8} B={row['batch']:<3} fwd {row['fwd_ms']:9.3f} ms  "
+                f"fwd+bwd {row['fwdbwd_ms']:9.3f} ms  peak fwd {row['fwd_peak_mb']:8.1f} MB "
+                f"({row['fwd_peak_over_v']:.2f}× v)",
+                flush=True,
+            )
+        rows += new
+    for row in rows:  # speed-up against SDPA at the same size and batch
+        sdpa = next(x for x in rows if x["kind"] == "sdpa" and x["tokens"] == row["tokens"])
+        scale = sdpa["batch"] / row["batch"]
+        row["fwd_speedup_vs_sdpa"] = sdpa["fwd_ms"] / (row["fwd_ms"] * scale)
+        row["fwdbwd_speedup_vs_sdpa"] = sdpa["fwdbwd_ms"] / (row["fwdbwd_ms"] * scale)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    tag = args.tag or device.type
+    fields = sorted({k for row in rows for k in row}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
+
+    def write_csv(tmp: str) -> None:
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            w.writerows(rows)
+
+    atomic_write(args.out / f"attention_{tag}.csv", write_csv)
+    dev_name = torch.cuda.get_device_name(device) if cuda else (platform.processor() or "cpu")
+    lines = [
+        f"Attention op only, {h} heads × d{d}, R{r}, {str(dtype).removeprefix('torch.')}, {dev_name}, "
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs / {torch.get_num_threads()} threads"
+        f"{', CPU-time clock' if args.clock == 'cpu' else ''}. "
+        f"Peak = memory beyond the live inputs, also in multiples of v. {stamp}, `{command}`.",
+        "",
+    ]
+    head = (
+        "| N | path | kind | B | fwd ms | fwd+bwd ms | speed-up vs SDPA fwd | vs SDPA fwd+bwd | peak fwd MB (×v) "
+        "| peak fwd+bwd MB (×v) |"
+    )
+    sep = "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"
+    if cuda:
+        head += " fwd/floor | fwd+bwd/floor |"
+        sep += "---:|---:|"
+    lines += [head, sep]
+    for row in rows:
+        line = (
+            f"| {row['tokens']} | {row['path']} | {row['kind']} | {row['batch']} | {row['fwd_ms']:.3f} | "
+            f"{row['fwdbwd_ms']:.3f} | {row['fwd_speedup_vs_sdpa']:.2f} | {row['fwdbwd_speedup_vs_sdpa']:.2f} | "
+            f"{row['fwd_peak_mb']:.1f} ({row['fwd_peak_over_v']:.2f}) | "
+            f"{row['fwdbwd_peak_mb']:.1f} ({row['fwdbwd_peak_over_v']:.2f}) |"
+        )
+        if cuda:
+            line += f" {row['fwd_achieved_over_floor']:.2f} | {row['fwdbwd_achieved_over_floor']:.2f} |"
+        lines.append(line)
+    atomic_write(args.out / f"attention_{tag}.md", lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
+    _plot(rows, args.out / f"attention_{tag}.png", f"{dev_name}, {str(dtype).removeprefix('torch.')}")
+    print("\n".join(lines))
+
+
+def _plot(rows: list[dict], out: Path, title: str) -> None:
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=False)
+    series = sorted({(r["path"], r["kind"]) for r in rows})
+    for ax, tag, label in zip(axes, ("fwd", "fwdbwd"), ("forward", "forward + backward"), strict=True):
+        for path, kind in series:
+            pts = sorted(
+                (r["tokens"], r[f"{tag}_ms"] / r["batch"]) for r in rows if (r["path"], r["kind"]) == (path, kind)
+            )
+            style = "k-o" if kind == "sdpa" else ("-s" if path == "triton" else ("--^" if path == "torch" else ":x"))
+            ax.plot(*zip(*pts, strict=True), style, label="SDPA" if kind == "sdpa" else f"SSOG {kind} ({path})")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ticks = sorted({r["tokens"] for r in rows})
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xlabel("tokens N")
+        ax.set_ylabel("ms per image")
+        ax.set_title(f"{label} — {title}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

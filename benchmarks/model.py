@@ -1,0 +1,190 @@
+"""Whole-model forward latency: the d384 SSOG ViT (all taps) against its dot twin, side by side in one run.
+
+    python benchmarks/model.py                       # CPU: 196 and 1024 tokens, batch 2
+    python benchmarks/model.py --device cuda --batch 64 --dtype bfloat16
+
+Both models run in eval mode under ``torch.inference_mode``. The two are measured interleaved (SSOG, dot,
+SSOG, dot, ..., the order flipping every round) so that load from other processes hits both alike; the
+table reports the median of each and the median of the per-round ratios. On CUDA every forward is timed
+with CUDA events after a synchronise, and the growth of the latency from the smallest to the largest
+size is reported too. Writes ``model_<device>.csv`` and ``model_<device>.md`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ssog_core.checkpoint import atomic_write  # noqa: E402
+from ssog_core.config import SEED_CONFIGS  # noqa: E402
+from ssog_core.ops.dispatch import choose_backend  # noqa: E402
+from ssog_core.vit import ViT  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _timer(device: torch.device, clock: str = "wall"):
+    """A function that runs ``fn`` once and returns its time in seconds: wall time, or (``clock="cpu"``, one CPU
+    thread only) the thread's CPU time, which time slices lost to other processes do not inflate."""
+    if device.type == "cuda":
+
+        def run(fn) -> float:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end) / 1e3
+
+    else:
+        now = time.thread_time if clock == "cpu" else time.perf_counter
+
+        def run(fn) -> float:
+            t0 = now()
+            fn()
+            return now() - t0
+
+    return run
+
+
+def measure(
+    img: int, batch: int, rounds: int, device: torch.device, dtype: torch.dtype, clock: str = "wall"
+) -> dict[str, float]:
+    """Interleaved forward latencies of the SSOG model and its dot twin at one image size.
+
+    A 16-bit ``dtype`` runs under autocast with float32 parameters (as mixed-precision inference does: the
+    attention values are 16-bit, the SSOG field parameters stay float32).
+    """
+    torch.manual_seed(0)
+    models = {}
+    for name in ("ssog", "dot"):
+        cfg = SEED_CONFIGS[f"d384-{name}-all" if name == "ssog" else "d384-dot"][0].replace(img_size=(img, img))
+        models[name] = ViT(cfg).to(device=device).eval()
+    x = torch.rand(batch, 3, img, img, device=device)
+    timer = _timer(device, clock)
+    times: dict[str, list[float]] = {"ssog": [], "dot": []}
+    half = dtype != torch.float32
+    with torch.inference_mode(), torch.autocast(device.type, dtype=dtype, enabled=half):
+        for m in models.values():  # warm-up (allocator, kernel selection, autotuning)
+            for _ in range(2):
+                m(x)
+        for i in range(rounds):
+            order = ("ssog", "dot") if i % 2 == 0 else ("dot", "ssog")
+            for name in order:
+                times[name].append(timer(lambda m=models[name]: m(x)))
+    ratios = [s / d for s, d in zip(times["ssog"], times["dot"], strict=True)]
+    blk = models["ssog"].blocks[0].attn
+    grid = (img // 16, img // 16)
+    v = torch.zeros(batch, grid[0] * grid[1], blk.num_heads, blk.head_dim, device=device, dtype=dtype)
+    field = blk.field(torch.zeros(batch, v.shape[1], blk.dim, device=device), grid)
+    return {
+        "tokens": grid[0] * grid[1],
+        "img": img,
+        "ssog_ms": statistics.median(times["ssog"]) * 1e3,
+        "dot_ms": statistics.median(times["dot"]) * 1e3,
+        "ratio_of_medians": statistics.median(times["ssog"]) / statistics.median(times["dot"]),
+        "median_ratio": statistics.median(ratios),
+        "ratio_q1": statistics.quantiles(ratios, n=4)[0] if len(ratios) > 1 else ratios[0],
+        "ratio_q3": statistics.quantiles(ratios, n=4)[2] if len(ratios) > 1 else ratios[0],
+        "backend": choose_backend(v, field, grid, blk.mode),
+    }
+
+
+def _load() -> str:
+    with contextlib.suppress(OSError):
+        return Path("/proc/loadavg").read_text().split(" ")[0]
+    return "n/a"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--img", type=int, nargs="+", default=[224, 512], help="image sides (patch 16): 224 → 196 tokens")
+    ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds per size")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave the default)")
+    ap.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: the thread's CPU time (needs --threads 1; robust to load from other processes)",
+    )
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    ap.add_argument("--tag", help="output file suffix (default: the device type, e.g. cpu or cuda)")
+    args = ap.parse_args(argv)
+    command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *(sys.argv[1:] if argv is None else argv)])
+    if os.environ.get("SSOG_BACKEND"):
+        command = f"SSOG_BACKEND={os.environ['SSOG_BACKEND']} {command}"
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.clock == "cpu" and (torch.get_num_threads() != 1 or args.device != "cpu"):
+        ap.error("--clock cpu measures one CPU thread: use it with --threads 1 on the CPU")
+    device = torch.device(args.device)
+    dtype = DTYPES[args.dtype]
+
+    rows = []
+    for img in args.img:
+        load_before = _load()
+        row = measure(img, args.batch, args.rounds, device, dtype, args.clock)
+        row["load_avg"] = f"{load_before}→{_load()}"
+        rows.append(row)
+        print(
+            f"{row['tokens']:>6} tokens: ssog {row['ssog_ms']:8.1f} ms  dot {row['dot_ms']:8.1f} ms  "
+            f"ratio {row['median_ratio']:.3f} (IQR {row['ratio_q1']:.3f}–{row['ratio_q3']:.3f}), "
+            f"backend {row['backend']}, load {row['load_avg']}",
+            flush=True,
+        )
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    tag = args.tag or device.type
+    fields = list(rows[0])
+
+    def write_csv(tmp: str) -> None:
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            w.writerows(rows)
+
+    atomic_write(args.out / f"model_{tag}.csv", write_csv)
+    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    lines = [
+        f"Whole d384 ViT forward (12 layers, 6 heads, mlp 2, SSOG R4 all taps vs dot twin), batch {args.batch}, "
+        f"{args.dtype}, {dev_name}, torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock, "
+        f"{args.rounds} interleaved rounds. {stamp}, `{command}`.",
+        "",
+        "| tokens | SSOG ms | dot ms | SSOG/dot (median of rounds) | IQR | SSOG backend | load avg |",
+        "|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['tokens']} | {r['ssog_ms']:.1f} | {r['dot_ms']:.1f} | {r['median_ratio']:.3f} | "
+            f"{r['ratio_q1']:.3f}–{r['ratio_q3']:.3f} | {r['backend']} | {r['load_avg']} |"
+        )
+    if len(rows) > 1:
+        first, last = rows[0], rows[-1]
+        lines += [
+            "",
+            f"Latency growth {first['tokens']} → {last['tokens']} tokens: SSOG "
+            f"{last['ssog_ms'] / first['ssog_ms']:.2f}×, dot {last['dot_ms'] / first['dot_ms']:.2f}×.",
+        ]
+    atomic_write(args.out / f"model_{tag}.md", lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,251 @@
+"""Fast PyTorch SSOG operator: the CPU path, and the fallback wherever the Triton kernels cannot run.
+
+Same operator as :func:`ssog_core.field.apply_field` (DESIGN.md §1), rearranged for speed:
+
+* every contraction is a batched matrix product with the atoms folded into an M or K dimension — the column
+  pass multiplies ``[(r, i), j] @ [j, d]`` per key column, the row pass ``[w, (r, k)] @ [(r, k), d]`` per query
+  row with λ folded into the row kernel — so there are no 6-D einsum permute copies; v is transposed once on
+  the way in and the output once on the way out;
+* factorized kernels use the reparametrisation of KERNELS.md §3.1: ``softmax_j(ℓ/τ)`` is
+  ``2^(−c((x − j)² − (x − j*)²)) / Z`` with ``c = log2(e)/(2σ²τ)``, ``x = query − μ`` and the analytic argmax
+  ``j* = clamp(round(x))``, so every weight is ≤ 1, the peak is exactly 1 and no max pass is needed;
+* a shared (fixed) field's kernels are computed once per head by :func:`ssog_core.field.axis_kernels`
+  and reused across the batch;
+* per-query kernels and the per-atom intermediate are built for one chunk of query rows at a time,
+  bounded by :data:`CHUNK_ELEMENTS` (:data:`CUDA_CHUNK_ELEMENTS` on a GPU), never for the whole input at once.
+
+Gradients come from PyTorch autograd through these ops; without autograd the kernels are built in place.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ssog_core.field import Field, FieldMode, axis_kernels, check_grid
+
+LOG2E = 1.0 / math.log(2.0)
+CHUNK_ELEMENTS = 1 << 21  # per-chunk bound on kernel and intermediate elements on the CPU (8 MiB in fp32)
+CUDA_CHUNK_ELEMENTS = 1 << 27  # on a GPU, memory rather than cache bounds the chunk (512 MiB in fp32)
+
+
+def apply_torch(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode = "factorized") -> Tensor:
+    """``apply_field`` semantics: values ``(B, N, H, D)`` → ``(B, N, H, D)``."""
+    check_grid(v.shape[1], grid)
+    if mode not in ("factorized", "axial"):
+        raise ValueError(f"unknown field mode {mode!r}; expected 'factorized' or 'axial'")
+    if field.per_token:
+        return _apply_steered(v, field, grid, mode)
+    return _apply_fixed(v, field, grid, mode)
+
+
+def _needs_grad(v: Tensor, field: Field) -> bool:
+    tensors = (v, field.mu, field.sigma, field.log_lam, field.tau)
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _budget(t: Tensor) -> int:
+    return CUDA_CHUNK_ELEMENTS if t.is_cuda else CHUNK_ELEMENTS
+
+
+def _row_chunks(n_rows: int, per_row: int, budget: int) -> list[slice]:
+    step = max(1, min(n_rows, budget // max(per_row, 1)))
+    return [slice(i, min(i + step, n_rows)) for i in range(0, n_rows, step)]
+
+
+def _apply_fixed(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode) -> Tensor:
+    """Shared field: ``y_h = Σ_r λ_r · Ay_r · V · Ax_rᵀ`` as two GEMMs per head, batch folded into N."""
+    b, n, h, d = v.shape
+    gh, gw = grid
+    k = axis_kernels(field, grid, mode)
+    r = k.ay.shape[-2]
+    # column pass kernel, M = (i, r): (H, Gh·R, Gh)
+    ay = k.ay[0, :, 0].permute(1, 0, 2, 3).reshape(h, gh * r, gh).to(v.dtype)
+    # row pass kernel with λ folded in, K = (r, k): (H, 1, Gw, R·Gw)
+    ax = (k.ax[0, 0] * k.lam[0, 0, 0, :, :, None]).permute(1, 0, 2, 3).reshape(h, 1, gw, r * gw).to(v.dtype)
+    vt = v.reshape(b, gh, gw, h, d).permute(3, 1, 2, 0, 4).reshape(h, gh, gw * b * d)  # (H, j, (k, b, d))
+    out = []
+    for rows in _row_chunks(gh, h * r * gw * b * d, _budget(v)):
+        y1 = torch.bmm(ay[:, rows.start * r : rows.stop * r], vt)  # (H, (i, r), (k, b, d))
+        y1 = y1.view(h, rows.stop - rows.start, r * gw, b * d)  # K = (r, k) is contiguous per (h, i)
+        out.append(torch.matmul(ax, y1))  # (H, i, w, b·d)
+    y = out[0] if len(out) == 1 else torch.cat(out, dim=1)
+    return y.view(h, gh, gw, b, d).permute(3, 1, 2, 0, 4).reshape(b, n, h, d)
+
+
+def _gauss(x: Tensor, keys: Tensor, c: Tensor, shift: Tensor, inplace: bool) -> Tensor:
+    """Unnormalised factorized weights ``2^(shift − c·(x − key)²)`` (all ≤ 1, peak 1), keys on the last axis.
+
+    ``exp2`` rather than ``exp``: PyTorch's CPU ``exp`` takes a slow path (20–40× slower) for arguments
+    below −87, which far-away keys of narrow atoms always produce. The per-query operand comes first in
+    every broadcast (TensorIterator picks a slow loop order when a broadcast operand leads).
+    """
+    if inplace:
+        return (x[..., None] - keys).square_().mul_(-c[..., None]).add_(shift[..., None]).exp2_()
+    return (shift[..., None] - c[..., None] * (x[..., None] - keys).square()).exp2()
+
+
+def _factorized_terms(field: Field, b: int, grid: tuple[int, int]) -> tuple[Tensor, Tensor]:
+    """Per-token ``(x, c, shift)`` of both axes in the two kernel layouts: ``(B, H, k, R, i, 3)`` for the column
+    pass (row axis y) and ``(B, H, i, w, R, 3)`` for the row pass (column axis x).
+
+    ``x = query − μ`` (where the atom looks), ``c = log2(e)/(2σ²τ)`` and the analytic-max shift ``c·(x − j*)²``
+    with ``j* = clamp(round(x))``; both axes are computed at once in the field's own layout, then permuted once
+    per pass (a handful of small ops instead of one set per axis and layout).
+    """
+    gh, gw = grid
+    h, r = field.num_heads, field.num_atoms
+    mu = field.mu.expand(b, gh, gw, h, r, 2)
+    sigma = field.sigma.expand(b, gh, gw, h, r, 2)
+    dev, dt = mu.device, mu.dtype
+    ii, ww = torch.meshgrid(
+        torch.arange(gh, device=dev, dtype=dt), torch.arange(gw, device=dev, dtype=dt), indexing="ij"
+    )
+    pos = torch.stack([ii, ww], dim=-1)[:, :, None, None]  # (Gh, Gw, 1, 1, 2): the query's own coordinates
+    x = pos - mu
+    c = (0.5 * LOG2E) / (sigma.square() * field.tau)
+    with torch.no_grad():  # the shift cancels in the normalisation: no gradient needed
+        top = torch.tensor([gh - 1, gw - 1], device=dev, dtype=dt)
+        shift = c * (x - torch.minimum(torch.round(x).clamp_(min=0), top)).square_()
+    terms = torch.stack([x, c, shift], dim=-1)  # (B, Gh, Gw, H, R, 2, 3)
+    col = terms[..., 0, :].permute(0, 3, 2, 4, 1, 5).contiguous()
+    row = terms[..., 1, :].permute(0, 3, 1, 2, 4, 5).contiguous()
+    return col, row
+
+
+def _normalise(w: Tensor, scale: Tensor | None, inplace: bool) -> Tensor:
+    """``w · scale / Σ_key w`` (keys on the last axis; no scale: plain normalisation)."""
+    z = w.sum(-1, keepdim=True)
+    factor = z.reciprocal_() if scale is None else scale[..., None] / z
+    return w.mul_(factor) if inplace else w * factor
+
+
+def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode) -> Tensor:
+    """Per-token field, chunked over query rows (and over the batch when all rows of one image fit a chunk).
+
+    Per chunk of query rows ``I``: the column pass builds ``A[b, h, k, r, i, j]`` for the tokens
+    ``(i ∈ I, k)`` and runs one bmm ``[(r, i), j] @ [j, d]`` per key column (``y1`` comes out as
+    ``(b, h, k, r, i, d)``); the row pass builds ``U[b, h, i, w, r, k]`` (elementwise work along the long key
+    axis, λ folded in) and contracts ``(r, k)`` per query row (:func:`_row_pass`).
+    """
+    b, n, h, d = v.shape
+    gh, gw = grid
+    r = field.num_atoms
+    ro = r if mode == "factorized" else 1  # atoms left in the contractions (axial mixes them inside each axis)
+    inplace = not _needs_grad(v, field)
+    # see _row_pass; a compiled graph gets the single bmm too (and get_num_threads is not traceable)
+    single = v.is_cuda or torch.compiler.is_compiling() or torch.get_num_threads() > 1
+    dev, pdt, vdt = v.device, field.mu.dtype, v.dtype
+    if mode == "factorized":
+        col_t, row_t = _factorized_terms(field, b, grid)
+        # λ normalised in the field's own layout (contiguous, atoms last), then moved into the row-pass layout
+        lam = torch.softmax(field.log_lam, dim=-1)
+        row_lam = lam.expand(b, gh, gw, h, r).permute(0, 3, 1, 2, 4).contiguous()  # (B, H, i, w, R)
+    else:
+        col_t, row_t, col_m, row_m = _axial_terms(field, b, grid)
+        itau = 1.0 / field.tau
+    ky = torch.arange(gh, device=dev, dtype=pdt)
+    kx = torch.arange(gw, device=dev, dtype=pdt)
+    vt = v.reshape(b, gh, gw, h, d).permute(0, 3, 2, 1, 4).contiguous()  # (B, H, k, j, D)
+
+    per_row = h * gw * r * (gh + gw + 2 * d)  # kernel + y1 elements per query row and image
+    b_step = max(1, _budget(v) // (gh * per_row))
+    out = []
+    for b0 in range(0, b, b_step):
+        bs = slice(b0, min(b0 + b_step, b))
+        nb = bs.stop - bs.start
+        for rows in _row_chunks(gh, nb * per_row, _budget(v)):
+            ni = rows.stop - rows.start
+            # column pass: A[b, h, k, r, i, j] for tokens (i ∈ rows, k), keys j
+            if mode == "factorized":
+                t = col_t[bs, :, :, :, rows]
+                a = _normalise(_gauss(t[..., 0], ky, t[..., 1], t[..., 2], inplace), None, inplace)
+            else:
+                t = col_t[bs, :, :, rows]
+                a = _axial_weights(t[..., 0], t[..., 1], t[..., 2], col_m[bs, :, :, rows], itau, ky, inplace)
+            y1 = torch.bmm(a.to(vdt).reshape(nb * h * gw, ro * ni, gh), vt[bs].reshape(nb * h * gw, gh, d))
+            # row pass: U[b, h, i, w, r, k] for queries (i ∈ rows, w), keys k, λ folded in
+            t = row_t[bs, :, rows]
+            if mode == "factorized":
+                u = _normalise(_gauss(t[..., 0], kx, t[..., 1], t[..., 2], inplace), row_lam[bs, :, rows], inplace)
+            else:
+                u = _axial_weights(t[..., 0], t[..., 1], t[..., 2], row_m[bs, :, rows], itau, kx, inplace)
+            u = u.to(vdt)
+            out.append(_row_pass(u.view(nb, h, ni, gw, ro, gw), y1.view(nb, h, gw, ro, ni, d), inplace, single))
+    if len(out) > 1:  # chunks are ordered batch-major, rows within a batch chunk
+        n_row_chunks = len(out) // len(range(0, b, b_step))
+        out = [torch.cat(out[i : i + n_row_chunks], dim=2) for i in range(0, len(out), n_row_chunks)]
+    y = out[0] if len(out) == 1 else torch.cat(out, dim=0)
+    return y.permute(0, 2, 3, 1, 4).reshape(b, n, h, d)
+
+
+def _row_pass(u: Tensor, y1: Tensor, inplace: bool, single: bool) -> Tensor:
+    """``y[b, h, i, w] = Σ_{r, k} U[b, h, i, w, r, k] · y1[b, h, k, r, i]``, U ``(B, H, I, Gw, R, Gw)``, y1
+    ``(B, H, Gw, R, I, D)`` → ``(B, H, I, Gw, D)``.
+
+    ``single``: transpose y1 to ``(i, (r, k), d)`` and run one bmm — few large operations, what a GPU or several
+    CPU threads want (each operation is a parallel region). Otherwise (one CPU thread) y1 is read in place: U is
+    stored as ``(w, (k, r))`` — ``Gw/D`` of the data of y1 — and one strided bmm runs per (image, head).
+    """
+    nb, h, ni, gw, r, _ = u.shape
+    d = y1.shape[-1]
+    if single:
+        y1t = y1.permute(0, 1, 4, 3, 2, 5).reshape(nb * h * ni, r * gw, d)
+        return torch.bmm(u.reshape(nb * h * ni, gw, r * gw), y1t).view(nb, h, ni, gw, d)
+    u = u.transpose(-1, -2)
+    u = torch.empty(u.shape, dtype=u.dtype, device=u.device).copy_(u) if inplace else u.contiguous()
+    us = u.view(nb * h, ni, gw, gw * r).unbind(0)
+    ys = y1.view(nb * h, gw * r, ni, d).transpose(1, 2).unbind(0)  # each (I, (k, r), D), read in place
+    if not inplace:
+        return torch.stack([torch.bmm(a, b) for a, b in zip(us, ys, strict=True)]).view(nb, h, ni, gw, d)
+    y = torch.empty(nb, h, ni, gw, d, dtype=u.dtype, device=u.device)
+    for a, b, out in zip(us, ys, y.view(nb * h, ni, gw, d).unbind(0), strict=True):
+        torch.bmm(a, b, out=out)
+    return y
+
+
+def _axial_terms(field: Field, b: int, grid: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per-token axial terms in log2 units: ``(x, b, β)`` per atom with ``x = query − μ``, ``b = log2(e)/(2σ²)``,
+    ``β = log2(e)·(log λ − log σ)``, as ``(B, H, k, i, R, 3)`` (column pass, row axis y) and ``(B, H, i, w, R, 3)``
+    (row pass, column axis x); and the analytic peak bound ``m = max_r(β_r − b_r δ_r²) ≤ max_key ℓ(key)``
+    (``δ = x − clamp(round(x))``) as ``(B, H, k, i)`` and ``(B, H, i, w)``."""
+    gh, gw = grid
+    h, r = field.num_heads, field.num_atoms
+    mu = field.mu.expand(b, gh, gw, h, r, 2)
+    dev, dt = mu.device, mu.dtype
+    rows, cols = torch.arange(gh, device=dev, dtype=dt), torch.arange(gw, device=dev, dtype=dt)
+    pos = torch.stack(torch.meshgrid(rows, cols, indexing="ij"), dim=-1)[:, :, None, None]  # (Gh, Gw, 1, 1, 2)
+    x = pos - mu
+    bb = (0.5 * LOG2E) / field.sigma.square()
+    beta = LOG2E * (torch.log_softmax(field.log_lam, dim=-1)[..., None] - torch.log(field.sigma))
+    with torch.no_grad():  # the bound cancels in the normalisation: no gradient needed
+        top = torch.tensor([gh - 1, gw - 1], device=dev, dtype=dt)
+        delta = x - torch.minimum(torch.round(x).clamp_(min=0), top)
+        m = (beta - bb * delta.square()).amax(dim=-2)  # (B, Gh, Gw, H, 2)
+    terms = torch.stack(torch.broadcast_tensors(x, bb, beta), dim=-1)  # (B, Gh, Gw, H, R, 2, 3)
+    col = terms[..., 0, :].permute(0, 3, 2, 1, 4, 5).contiguous()
+    row = terms[..., 1, :].permute(0, 3, 1, 2, 4, 5).contiguous()
+    return col, row, m[..., 0].permute(0, 3, 2, 1).contiguous(), m[..., 1].permute(0, 3, 1, 2).contiguous()
+
+
+def _axial_weights(x: Tensor, bb: Tensor, beta: Tensor, m: Tensor, itau: Tensor, keys: Tensor, inplace: bool) -> Tensor:
+    """Axial per-query kernel ``softmax_key(ℓ(key)/τ)``, ``ℓ = log Σ_r λ_r N(q − key; μ_r, σ_r)``, atoms on the last
+    axis of ``x``/``bb``/``beta`` and mixed away; keys on a new last axis.
+
+    In log2 units with ``exp2`` (PyTorch's CPU ``exp`` is slow far below zero): the mixture is a logsumexp over
+    atoms, then ``2^((ℓ − m)/τ)`` with the analytic bound ``m`` (so the peak weight is ≥ 1 and nothing overflows).
+    """
+    if inplace:
+        t = torch.sub(x[..., None], keys, out=torch.empty(*x.shape, keys.shape[-1], dtype=x.dtype, device=x.device))
+        t.square_().mul_(-bb[..., None]).add_(beta[..., None])  # log2 of each atom's term
+        mx = t.amax(dim=-2, keepdim=True)
+        lg = t.sub_(mx).exp2_().sum(-2).log2_().add_(mx.squeeze(-2))
+        p = lg.sub_(m[..., None]).mul_(itau).exp2_()
+        return p.mul_(p.sum(-1, keepdim=True).reciprocal_())
+    t = beta[..., None] - bb[..., None] * (x[..., None] - keys).square()
+    mx = t.amax(dim=-2, keepdim=True).detach()  # any shift gives logsumexp its exact value and gradient
+    lg = (t - mx).exp2().sum(-2).log2() + mx.squeeze(-2)
+    p = ((lg - m[..., None]) * itau).exp2()
+    return p / p.sum(-1, keepdim=True)

@@ -1,0 +1,321 @@
+"""The fused Triton SSOG operator as ``torch.library`` custom ops (``torch.compile``-safe).
+
+Ops (all take and return plain tensors; the field is first turned into per-token kernel parameters):
+
+* ``ssog::steered_fwd(v, prm, axial) -> (y, inv_zx)`` — per-token field; ``inv_zx`` (1/Z of the column-axis
+  kernels, fp32) is saved for the backward pass and has no gradient;
+* ``ssog::fixed_fwd(v, prm, taby, tabx, axial) -> y`` — shared field: the forward kernel loads the per-head
+  kernels ``taby``/``tabx`` (from :func:`ssog_core.field.axis_kernels`); the backward pass runs the steered
+  backward kernels on ``prm`` broadcast with zero strides, so gradients reach the field through ``prm``;
+* ``ssog::bwd(dy, v, prm, inv_zx, axial) -> (dv, dprm)`` — both backward kernels.
+
+Gradients flow to ``v`` and ``prm``; PyTorch autograd carries them on to μ, σ, λ, τ and the steering heads.
+The kernels need CUDA tensors, or CPU tensors with ``TRITON_INTERPRET=1`` set before this module is imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
+
+from ssog_core.field import Field, FieldMode, axis_kernels, check_grid
+from ssog_core.ops import triton_kernels as K
+from ssog_core.ops.dispatch import _interpreting
+
+triton = K.triton
+
+LOG2E = 1.0 / math.log(2.0)
+FACTORIZED_FIELDS = 5  # μy, μx, cy, cx, λ
+AXIAL_FIELDS = 8  # μy, μx, by, bx, βy, βx, 1/τ (rows), 1/τ (columns)
+TILE_BUDGET = 16384  # elements of the largest register / shared-memory tile of a program
+# Warps per program. With 4, the sm_90 compile report shows small register spills from 24×24 grids up
+# (benchmarks/results/triton_sm90.txt); with 8 they vanish but each SM holds one program. Untuned: no GPU yet.
+NUM_WARPS = 4
+
+
+def _p2(n: int, floor: int = 1) -> int:
+    return max(floor, 1 << max(0, (n - 1).bit_length()))
+
+
+def kernel_params(field: Field, mode: FieldMode) -> Tensor:
+    """The per-token kernel parameters the Triton kernels read, fp32, ``(..., H, R, F)`` (module docstring of
+    :mod:`ssog_core.ops.triton_kernels` for the fields); differentiable w.r.t. the field."""
+    mu, sigma = field.mu.float(), field.sigma.float()
+    tau = field.tau.float()
+    if mode == "factorized":
+        c = (0.5 * LOG2E) / (sigma.square() * tau)
+        lam = torch.softmax(field.log_lam.float(), dim=-1)
+        return torch.stack([mu[..., 0], mu[..., 1], c[..., 0], c[..., 1], lam], dim=-1)
+    b = (0.5 * LOG2E) / sigma.square()
+    beta = LOG2E * (torch.log_softmax(field.log_lam.float(), dim=-1)[..., None] - torch.log(sigma))
+    itau = (1.0 / tau).expand_as(mu[..., 0])
+    return torch.stack([mu[..., 0], mu[..., 1], b[..., 0], b[..., 1], beta[..., 0], beta[..., 1], itau, itau], dim=-1)
+
+
+def _config(gh: int, gw: int, d: int, r: int, axial: bool, dtype: torch.dtype) -> dict:
+    """Tile sizes and dot settings for one problem shape (constexprs of the forward and row-backward kernels).
+
+    K of every 16-bit dot must be ≥ 16 (so KC·RP ≥ 16); the register and shared-memory tiles are bounded by
+    TILE_BUDGET elements (checked for sm_90 by :mod:`ssog_core.ops.triton_compile`).
+    """
+    ro = 1 if axial else r
+    rp = _p2(ro)
+    ghp, gwp, dhp = _p2(gh, 16), _p2(gw, 16), _p2(d, 16)
+    kc = max(1, 16 // rp)  # key columns per step: K = KC·RP of the row-pass dot
+    jc = ghp  # key rows per column-pass dot: the value tile [KC, JC, D]
+    while jc > 16 and kc * jc * dhp > TILE_BUDGET:
+        jc //= 2
+    t = min(8, max(1, 16 // rp))  # query rows per program: M = T·RP of the column-pass dot
+    while t > 1 and kc * t * rp * jc > TILE_BUDGET // 2:
+        t //= 2
+    wt = gwp  # query columns per program: the accumulator [T, WT, D]
+    while wt > 16 and t * wt * dhp > TILE_BUDGET // 2:
+        wt //= 2
+    if _interpreting():
+        dot, prec = K.tl.float32, "ieee"  # bf16 tl.dot is wrong in the interpreter (triton#11584)
+    elif dtype in (torch.bfloat16, torch.float16):
+        dot, prec = (K.tl.bfloat16 if dtype == torch.bfloat16 else K.tl.float16), "ieee"
+    else:
+        dot, prec = K.tl.float32, ("ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32")
+    return dict(R=r, RO=ro, RP=rp, GHP=ghp, GWP=gwp, DHP=dhp, T=t, KC=kc, JC=jc, WT=wt, DOT=dot, PREC=prec)
+
+
+def col_tiles(cfg: dict, axial: bool) -> tuple[int, int, int]:
+    """Column-backward tiles: key columns per program (KT), query rows per step (IC, K = IC·RP of the dV dot
+    must be ≥ 16) and query columns per dy1 step (WC)."""
+    ic = max(1, 16 // cfg["RP"])
+    kt = 4 if axial else ic
+    while kt > 1 and kt * cfg["GHP"] * cfg["DHP"] > TILE_BUDGET // 2:
+        kt //= 2
+    wc = cfg["GWP"]
+    while wc > 16 and ic * wc * cfg["DHP"] > TILE_BUDGET:
+        wc //= 2
+    return kt, ic, wc
+
+
+def _device_guard(t: Tensor):
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def _strides6(prm: Tensor) -> tuple[int, ...]:
+    if prm.stride(-1) != 1:
+        raise ValueError("kernel parameters must be contiguous in their last axis")
+    return tuple(prm.stride())[:5]
+
+
+def _launch_fwd(v: Tensor, prm: Tensor, taby: Tensor | None, tabx: Tensor | None, axial: bool, izx: Tensor | None):
+    b, n, h, d = v.shape
+    gh, gw, r = prm.shape[1], prm.shape[2], prm.shape[4]
+    cfg = _config(gh, gw, d, r, axial, v.dtype)
+    y = torch.empty_like(v, memory_format=torch.contiguous_format)
+    fixed = taby is not None
+    sty = (taby.stride(0), taby.stride(1), taby.stride(2)) if fixed else (0, 0, 0)
+    stx = (tabx.stride(0), tabx.stride(1), tabx.stride(2)) if fixed else (0, 0, 0)
+    sz = tuple(izx.stride())[:4] if izx is not None else (0, 0, 0, 0)
+    grid = (b * h, triton.cdiv(gh, cfg["T"]), triton.cdiv(gw, cfg["WT"]))
+    with _device_guard(v):
+        K._ssog_fwd_kernel[grid](
+            v, prm, taby if fixed else prm, tabx if fixed else prm, y, izx if izx is not None else prm,
+            h, gh, gw, d,
+            v.stride(0), v.stride(1), v.stride(2), *_strides6(prm), y.stride(0), y.stride(1), y.stride(2), *sz,
+            *sty, *stx,
+            AXIAL=axial, FIXED=fixed, num_warps=NUM_WARPS, **_fwd_cfg(cfg),
+        )  # fmt: skip
+    return y
+
+
+def _fwd_cfg(cfg: dict) -> dict:
+    return {k: cfg[k] for k in ("R", "RO", "RP", "T", "WT", "KC", "JC", "DHP", "DOT", "PREC")}
+
+
+def _check(v: Tensor, prm: Tensor, axial: bool) -> None:
+    if v.dim() != 4 or prm.dim() != 6:
+        raise ValueError(
+            f"expected v (B, N, H, D) and prm (B, Gh, Gw, H, R, F), got {tuple(v.shape)} and {tuple(prm.shape)}"
+        )
+    b, n, h, d = v.shape
+    check_grid(n, (prm.shape[1], prm.shape[2]))
+    f = AXIAL_FIELDS if axial else FACTORIZED_FIELDS
+    if prm.shape[0] != b or prm.shape[3] != h or prm.shape[5] != f or prm.dtype != torch.float32:
+        raise ValueError(f"kernel parameters {tuple(prm.shape)} {prm.dtype} do not match values {tuple(v.shape)}")
+    if v.stride(-1) != 1:
+        raise ValueError("values must be contiguous in the head dimension")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# custom ops
+
+
+@torch.library.custom_op("ssog::steered_fwd", mutates_args=())
+def steered_fwd(v: Tensor, prm: Tensor, axial: bool) -> tuple[Tensor, Tensor]:
+    _check(v, prm, axial)
+    b, gh, gw, h, r = prm.shape[:5]
+    izx = torch.empty(b, gh, gw, h, 1 if axial else r, device=v.device, dtype=torch.float32)
+    return _launch_fwd(v, prm, None, None, axial, izx), izx
+
+
+@steered_fwd.register_fake
+def _(v: Tensor, prm: Tensor, axial: bool) -> tuple[Tensor, Tensor]:
+    b, gh, gw, h, r = prm.shape[:5]
+    return torch.empty_like(v, memory_format=torch.contiguous_format), v.new_empty(
+        (b, gh, gw, h, 1 if axial else r), dtype=torch.float32
+    )
+
+
+@torch.library.custom_op("ssog::fixed_fwd", mutates_args=())
+def fixed_fwd(v: Tensor, prm: Tensor, taby: Tensor, tabx: Tensor, axial: bool) -> Tensor:
+    _check(v, prm, axial)
+    return _launch_fwd(v, prm, taby.contiguous(), tabx.contiguous(), axial, None)
+
+
+@fixed_fwd.register_fake
+def _(v: Tensor, prm: Tensor, taby: Tensor, tabx: Tensor, axial: bool) -> Tensor:
+    return torch.empty_like(v, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("ssog::inv_zx", mutates_args=())
+def inv_zx(prm: Tensor, axial: bool) -> Tensor:
+    """``1/Z`` of the column-axis kernels of a shared field, ``(Gw, H, R')`` — exactly as the forward kernel
+    computes it (same code), for the backward pass of :func:`fixed_fwd`. ``prm`` is ``(Gw, H, R, F)``."""
+    gw, h, r, _ = prm.shape
+    prm = prm.contiguous()
+    cfg = _config(1, gw, 16, r, axial, torch.float32)
+    out = torch.empty(gw, h, cfg["RO"], device=prm.device, dtype=torch.float32)
+    grid = (h, 1, triton.cdiv(gw, cfg["WT"]))
+    with _device_guard(prm):
+        K._ssog_izx_kernel[grid](
+            prm, out, h, gw, prm.stride(0), prm.stride(1), prm.stride(2), out.stride(0), out.stride(1),
+            R=cfg["R"], RO=cfg["RO"], RP=cfg["RP"], AXIAL=axial, WT=cfg["WT"], KC=cfg["KC"], num_warps=NUM_WARPS,
+        )  # fmt: skip
+    return out
+
+
+@inv_zx.register_fake
+def _(prm: Tensor, axial: bool) -> Tensor:
+    gw, h, r, _ = prm.shape
+    return prm.new_empty((gw, h, 1 if axial else r))
+
+
+@torch.library.custom_op("ssog::bwd", mutates_args=())
+def bwd(dy: Tensor, v: Tensor, prm: Tensor, izx: Tensor, axial: bool) -> tuple[Tensor, Tensor]:
+    _check(v, prm, axial)
+    dy = dy.contiguous()
+    b, n, h, d = v.shape
+    gh, gw, r = prm.shape[1], prm.shape[2], prm.shape[4]
+    cfg = _config(gh, gw, d, r, axial, v.dtype)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    alloc = torch.zeros if axial else torch.empty
+    dprm = alloc(prm.shape, device=prm.device, dtype=torch.float32)
+    sz = tuple(izx.stride())[:4]
+    sg = tuple(dprm.stride())[:5]
+    common = (v.stride(0), v.stride(1), v.stride(2), *_strides6(prm), *sz, dy.stride(0), dy.stride(1), dy.stride(2))
+    with _device_guard(v):
+        grid = (b * h, triton.cdiv(gh, cfg["T"]), triton.cdiv(gw, cfg["WT"]))
+        K._ssog_bwd_rows_kernel[grid](
+            v, prm, izx, dy, dprm, h, gh, gw, d, *common, *sg,
+            AXIAL=axial, RA=_p2(r), num_warps=NUM_WARPS, **_fwd_cfg(cfg),
+        )  # fmt: skip
+        kt, ic, wc = col_tiles(cfg, axial)
+        grid = (b * h, triton.cdiv(gw, kt))
+        K._ssog_bwd_cols_kernel[grid](
+            v, prm, izx, dy, dv, dprm, h, gh, gw, d, *common, dv.stride(0), dv.stride(1), dv.stride(2), *sg,
+            R=cfg["R"], RO=cfg["RO"], RP=cfg["RP"], AXIAL=axial, KT=kt, IC=ic, WC=wc, GHP=cfg["GHP"],
+            DHP=cfg["DHP"], DOT=cfg["DOT"], PREC=cfg["PREC"], num_warps=NUM_WARPS,
+        )  # fmt: skip
+    return dv, dprm
+
+
+@bwd.register_fake
+def _(dy: Tensor, v: Tensor, prm: Tensor, izx: Tensor, axial: bool) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(v, memory_format=torch.contiguous_format), prm.new_empty(prm.shape)
+
+
+def _steered_setup(ctx, inputs, output) -> None:
+    v, prm, axial = inputs
+    ctx.save_for_backward(v, prm, output[1])
+    ctx.axial = axial
+
+
+def _steered_backward(ctx, dy: Tensor, _dizx: Tensor | None):
+    v, prm, izx = ctx.saved_tensors
+    dv, dprm = bwd(dy, v, prm, izx, ctx.axial)
+    return dv, dprm, None
+
+
+steered_fwd.register_autograd(_steered_backward, setup_context=_steered_setup)
+
+
+def _fixed_setup(ctx, inputs, output) -> None:
+    v, prm, _taby, _tabx, axial = inputs
+    ctx.save_for_backward(v, prm)
+    ctx.axial = axial
+
+
+def _fixed_backward(ctx, dy: Tensor):
+    v, prm = ctx.saved_tensors
+    b, gh, gw, h, r, f = prm.shape
+    izx = inv_zx(prm[0, 0], ctx.axial)  # the shared field's column normalisers, (Gw, H, R')
+    izx = izx[None, None].expand(b, gh, gw, h, izx.shape[-1])
+    dv, dprm = bwd(dy, v, prm, izx, ctx.axial)
+    return dv, dprm, None, None, None
+
+
+fixed_fwd.register_autograd(_fixed_backward, setup_context=_fixed_setup)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# flop formulas: the honest attention cost, so FLOP counts do not depend on the backend
+
+
+def _attn_flops(v_shape, prm_shape, axial: bool) -> int:
+    b, n, h, d = v_shape
+    gh, gw, r = prm_shape[1], prm_shape[2], prm_shape[4]
+    ro = 1 if axial else r
+    return 2 * ro * b * n * (gh + gw) * h * d
+
+
+@register_flop_formula(torch.ops.ssog.steered_fwd)
+def _steered_flops(v_shape, prm_shape, axial, *args, **kwargs) -> int:
+    return _attn_flops(v_shape, prm_shape, axial)
+
+
+@register_flop_formula(torch.ops.ssog.fixed_fwd)
+def _fixed_flops(v_shape, prm_shape, taby_shape, tabx_shape, axial, *args, **kwargs) -> int:
+    return _attn_flops(v_shape, prm_shape, axial)
+
+
+@register_flop_formula(torch.ops.ssog.bwd)
+def _bwd_flops(dy_shape, v_shape, prm_shape, izx_shape, axial, *args, **kwargs) -> int:
+    # recomputed column pass, G = dY·y1ᵀ (rows kernel); dy1, G_y and dV (columns kernel)
+    b, n, h, d = v_shape
+    gh, gw, r = prm_shape[1], prm_shape[2], prm_shape[4]
+    ro = 1 if axial else r
+    return 2 * ro * b * n * (3 * gh + 2 * gw) * h * d
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def apply_triton(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode = "factorized") -> Tensor:
+    """``apply_field`` semantics on the fused kernels: values ``(B, N, H, D)`` → ``(B, N, H, D)``."""
+    b, n, h, d = v.shape
+    check_grid(n, grid)
+    gh, gw = grid
+    axial = mode == "axial"
+    prm = kernel_params(field, mode).to(v.device)
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    if field.per_token:
+        prm = prm.expand(b, gh, gw, *prm.shape[-3:])
+        if prm.stride(-1) != 1:
+            prm = prm.contiguous()
+        return steered_fwd(v, prm, axial)[0]
+    k = axis_kernels(field.to(torch.float32), grid, mode)
+    taby = k.ay[0, :, 0].permute(1, 2, 0, 3).to(v.device)  # (H, R', Gh(i), Gh(j))
+    tabx = (k.ax[0, 0] * k.lam[0, 0, 0, :, :, None]).permute(1, 2, 0, 3).to(v.device)  # (H, R', Gw(w), Gw(k))
+    prm = prm[None, None, None].expand(b, gh, gw, *prm.shape)
+    return fixed_fwd(v, prm, taby, tabx, axial)

@@ -1,0 +1,150 @@
+"""Backend choice for the SSOG operator, the explicit analysis path, and keeping Triton out of imports."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ssog_core.attention import SSOGAttention
+from ssog_core.field import apply_field
+from ssog_core.info import count_flops
+from ssog_core.ops import dispatch
+from ssog_core.ops.dispatch import BackendUnavailable, can_run_triton, choose_backend, ssog_apply
+from ssog_core.ops.torch_ssog import apply_torch
+from ssog_core.vit import ViT
+from tests.ops_reference import FieldLeaves, reference_matrix
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SSOG_BACKEND", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+def _inputs(steered: bool = True, head_dim: int = 4):
+    field = FieldLeaves(2, (4, 3), 2, 3, ("mu", "sigma", "lambda") if steered else (), dtype=torch.float32).field()
+    return torch.randn(2, 12, 2, head_dim), field, (4, 3)
+
+
+def test_cpu_tensors_use_the_fast_torch_path(caplog: pytest.LogCaptureFixture) -> None:
+    v, field, grid = _inputs()
+    with caplog.at_level(logging.DEBUG, logger="ssog_core.ops"):
+        assert choose_backend(v, field, grid) == "torch"
+    assert "SSOG backend torch" in caplog.text
+    assert "CUDA" in caplog.text  # the reason Triton was skipped
+    torch.testing.assert_close(ssog_apply(v, field, grid), apply_torch(v, field, grid), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("backend", "impl"), [("torch", apply_torch), ("reference", apply_field)])
+def test_environment_forces_a_backend(monkeypatch: pytest.MonkeyPatch, backend: str, impl) -> None:
+    monkeypatch.setenv("SSOG_BACKEND", backend.upper())
+    v, field, grid = _inputs()
+    assert choose_backend(v, field, grid) == backend
+    torch.testing.assert_close(ssog_apply(v, field, grid), impl(v, field, grid), rtol=0, atol=0)
+
+
+def test_forced_triton_that_cannot_run_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SSOG_BACKEND", "triton")
+    v, field, grid = _inputs()
+    with pytest.raises(BackendUnavailable, match="SSOG_BACKEND=triton cannot run this input: .*(CUDA|not installed)"):
+        ssog_apply(v, field, grid)
+
+
+def test_unknown_backend_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SSOG_BACKEND", "cuda-magic")
+    v, field, grid = _inputs()
+    with pytest.raises(BackendUnavailable, match="triton, torch, reference"):
+        ssog_apply(v, field, grid)
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [("head_dim", "head_dim 200 exceeds 128"), ("dtype", "dtype torch.float64 is not supported")],
+)
+def test_triton_predicate_reasons(monkeypatch: pytest.MonkeyPatch, change: str, reason: str) -> None:
+    monkeypatch.setattr(dispatch, "_interpreting", lambda: True)  # pretend the device is fine
+    monkeypatch.setattr(dispatch, "_triton_installed", lambda: True)
+    v, field, grid = _inputs(head_dim=200 if change == "head_dim" else 4)
+    if change == "dtype":
+        v = v.double()
+    assert dispatch.triton_problem(v, field, grid, "factorized").startswith(reason)
+    assert not can_run_triton(v, field, grid)
+    with pytest.raises(BackendUnavailable, match=reason):
+        can_run_triton(v, field, grid, raise_error=True)
+
+
+def test_importing_and_running_on_cpu_never_imports_triton() -> None:
+    code = (
+        "import sys, torch, ssog_core, ssog_core.ops, ssog_core.analysis\n"
+        "from ssog_core.vit import ViT\n"
+        "m = ViT(img_size=16, patch_size=4, dim=32, depth=1, num_heads=2, num_classes=3).eval()\n"
+        "m(torch.rand(1, 3, 16, 16))\n"
+        "bad = sorted(k for k in sys.modules if k == 'triton' or k.startswith('triton.'))\n"
+        "assert not bad, bad\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("SSOG_BACKEND", "TRITON_INTERPRET")}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("mode", ["factorized", "axial"])
+@pytest.mark.parametrize("steered", [True, False], ids=["steered", "fixed"])
+def test_attention_matrix_times_values_equals_dispatched_output(mode: str, steered: bool) -> None:
+    """The analysis path materialises A with the reference operator; A·V must equal the fast path's output."""
+    attn = SSOGAttention(12, 3, 4, field=mode, cold_init=False).eval()
+    for probe in (attn.mu_delta, attn.sigma_delta, attn.lambda_gate):
+        torch.nn.init.normal_(probe.weight, std=0.3)
+    x = torch.randn(2, 35, 12)
+    with torch.no_grad():
+        field = attn.field(x, (7, 5), steered=steered)
+        v = attn.v(x).view(2, 35, 3, 4)
+        a = attn.attention_matrix(x, (7, 5), steered=steered)
+        torch.testing.assert_close(
+            torch.einsum("bhnm,bmhd->bnhd", a, v), ssog_apply(v, field, (7, 5), mode), rtol=1e-5, atol=1e-6
+        )
+        torch.testing.assert_close(a.double(), reference_matrix(field, (7, 5), mode, batch=2), rtol=1e-5, atol=1e-6)
+        if steered:
+            y = attn.out(ssog_apply(v, field, (7, 5), mode).reshape(2, 35, 12))
+            torch.testing.assert_close(attn(x, (7, 5)), y, rtol=0, atol=0)
+
+
+def test_attention_matrix_does_not_go_through_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    attn = SSOGAttention(8, 2, 2).eval()
+    monkeypatch.setattr("ssog_core.attention.ssog_apply", lambda *a, **k: pytest.fail("analysis used ssog_apply"))
+    with torch.no_grad():
+        attn.attention_matrix(torch.randn(1, 12, 8), (4, 3))
+
+
+@pytest.mark.parametrize("taps", [("mu", "sigma", "lambda"), ()], ids=["steered", "fixed"])
+def test_compile_fullgraph_on_cpu(taps: tuple[str, ...]) -> None:
+    """CPU training under torch.compile(fullgraph=True): dispatch and the fast path trace into one graph."""
+    torch._dynamo.reset()
+    attn = SSOGAttention(16, 2, 3, steer=taps, cold_init=False)
+    x = torch.randn(2, 20, 16)
+
+    def loss(module: SSOGAttention, inp: torch.Tensor) -> torch.Tensor:
+        return module(inp, (5, 4)).square().sum()
+
+    eager = loss(attn, x)
+    g_eager = torch.autograd.grad(eager, list(attn.parameters()))
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    out = compiled(attn, x)
+    torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
+    for a, b in zip(torch.autograd.grad(out, list(attn.parameters())), g_eager, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_model_flops_do_not_depend_on_the_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = ViT(img_size=(32, 24), patch_size=4, dim=48, depth=2, num_heads=3, num_classes=5)
+    fast = count_flops(model)
+    monkeypatch.setenv("SSOG_BACKEND", "reference")
+    assert count_flops(model) == fast

@@ -1,0 +1,170 @@
+"""The fast PyTorch SSOG path against the float64 definition: forward and every gradient."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from ssog_core.field import Field
+from ssog_core.ops import torch_ssog
+from ssog_core.ops.torch_ssog import apply_torch
+from tests.ops_reference import TAP_SUBSETS, FieldLeaves, assert_close, grads, reference_apply
+
+MODES = ("factorized", "axial")
+
+
+def _check(leaves: FieldLeaves, mode: str, batch: int, head_dim: int, dtype: torch.dtype, rtol: float) -> None:
+    gh, gw = leaves.grid
+    heads = leaves.leaves["mu"].shape[0]
+    v = torch.randn(batch, gh * gw, heads, head_dim, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(batch, gh * gw, heads, head_dim, dtype=torch.float64)
+    inputs = [v, *leaves.tensors()]
+    expected = reference_apply(v.to(dtype).double(), leaves.field(), leaves.grid, mode)  # same rounded input
+    expected_grads = grads(expected, inputs, dy)
+    field_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    out = apply_torch(v.to(dtype), leaves.field(field_dtype), leaves.grid, mode)
+    assert out.dtype == dtype and out.shape == v.shape
+    assert_close(out, expected, rtol, "output")
+    for name, got, want in zip(["v", *leaves.names()], grads(out, inputs, dy), expected_grads, strict=True):
+        assert_close(got, want, rtol * 10, f"d/d{name}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("taps", TAP_SUBSETS, ids=lambda t: "+".join(t) or "fixed")
+def test_every_tap_subset_matches_definition(taps: tuple[str, ...], mode: str) -> None:
+    _check(FieldLeaves(2, (7, 5), 3, 4, taps), mode, batch=2, head_dim=5, dtype=torch.float64, rtol=1e-10)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("grid", "heads", "atoms"),
+    [((1, 9), 1, 1), ((9, 1), 3, 4), ((5, 7), 1, 4), ((4, 3), 3, 1), ((6, 6), 2, 8), ((3, 11), 1, 3)],
+)
+def test_shapes_match_definition(grid: tuple[int, int], heads: int, atoms: int, mode: str) -> None:
+    for taps in ((), ("mu", "sigma", "lambda")):
+        _check(FieldLeaves(2, grid, heads, atoms, taps), mode, batch=2, head_dim=3, dtype=torch.float64, rtol=1e-10)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("taps", [(), ("mu", "sigma", "lambda")], ids=["fixed", "steered"])
+@pytest.mark.parametrize(("dtype", "rtol"), [(torch.float32, 2e-6), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"])
+def test_low_precision_inputs(taps: tuple[str, ...], mode: str, dtype: torch.dtype, rtol: float) -> None:
+    _check(FieldLeaves(2, (7, 5), 3, 4, taps), mode, batch=2, head_dim=16, dtype=dtype, rtol=rtol)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("taps", [(), ("mu", "sigma", "lambda")], ids=["fixed", "steered"])
+def test_chunked_over_rows_and_batch(monkeypatch: pytest.MonkeyPatch, taps: tuple[str, ...], mode: str) -> None:
+    monkeypatch.setattr(torch_ssog, "CHUNK_ELEMENTS", 64)  # forces one row and one image per chunk
+    _check(FieldLeaves(3, (5, 4), 2, 3, taps), mode, batch=3, head_dim=4, dtype=torch.float64, rtol=1e-10)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("taps", [(), ("mu", "sigma", "lambda")], ids=["fixed", "steered"])
+def test_inference_path_equals_autograd_path(taps: tuple[str, ...], mode: str) -> None:
+    """Without autograd the kernels are built in place; the result must not change."""
+    leaves = FieldLeaves(2, (6, 5), 3, 4, taps, dtype=torch.float32)
+    v = torch.randn(2, 30, 3, 8, requires_grad=True)
+    with_grad = apply_torch(v, leaves.field(), (6, 5), mode)
+    with torch.inference_mode():
+        without = apply_torch(v.detach(), leaves.field(), (6, 5), mode)
+    torch.testing.assert_close(without, with_grad.detach(), rtol=1e-5, atol=1e-6)  # same math, op order may differ
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_far_and_narrow_atoms_stay_finite(mode: str) -> None:
+    """Atoms far outside the grid with tiny widths: every weight underflows but the analytic max does not."""
+    b, (gh, gw), h, r = 2, (6, 7), 2, 3
+    mu = torch.tensor([30.0, -25.0, 3.3], dtype=torch.float64)[None, :, None].expand(h, r, 2).contiguous()
+    field = Field(
+        (mu + torch.randn(b, gh, gw, h, r, 2, dtype=torch.float64)).requires_grad_(),
+        torch.full((b, gh, gw, h, r, 2), 0.06, dtype=torch.float64).requires_grad_(),
+        torch.randn(b, gh, gw, h, r, dtype=torch.float64).requires_grad_(),
+        torch.tensor(0.5, dtype=torch.float64),
+    )
+    v = torch.randn(b, gh * gw, h, 4, dtype=torch.float64)
+    out = apply_torch(v, field, (gh, gw), mode)
+    assert_close(out, reference_apply(v, field, (gh, gw), mode), 1e-10, "output")
+    g = torch.autograd.grad(out.sum(), [field.mu, field.sigma, field.log_lam])
+    assert all(torch.isfinite(x).all() for x in g)
+
+
+class _LargestIntermediate(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_per_query_kernels_are_never_built_for_all_atoms_at_once(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """With a small chunk budget no intermediate comes near the seed's B·N·H·R·(Gh + Gw) per-query kernels; the
+    largest tensors left are per-token parameters (a few numbers per atom), not per query × key."""
+    b, (gh, gw), h, r, d = 2, (24, 24), 2, 4, 8
+    monkeypatch.setattr(torch_ssog, "CHUNK_ELEMENTS", 4096)
+    field = FieldLeaves(b, (gh, gw), h, r, ("mu", "sigma", "lambda"), dtype=torch.float32).field()
+    v = torch.randn(b, gh * gw, h, d)
+    all_kernels = b * gh * gw * h * r * (gh + gw)  # what the seed materialises
+    per_token = b * gh * gw * h * r * 6  # (x, c, shift) per axis
+    with torch.no_grad(), _LargestIntermediate() as probe:
+        apply_torch(v, field, (gh, gw), mode)
+    assert probe.largest <= per_token <= all_kernels // 8, (probe.largest, per_token, all_kernels)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("mode", "taps"), [("factorized", ()), ("factorized", ("mu",)), ("axial", ("sigma",))])
+def test_flops_are_the_separable_attention_cost(mode: str, taps: tuple[str, ...], threads: int) -> None:
+    """The FLOP counter sees exactly 2·R·N·(Gh + Gw)·D per image (R = 1 for axial): no hidden dense work, with
+    either row-pass strategy."""
+    b, (gh, gw), h, r, d = 2, (6, 5), 3, 4, 8
+    field = FieldLeaves(b, (gh, gw), h, r, taps, dtype=torch.float32).field()
+    v = torch.randn(b, gh * gw, h, d)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            apply_torch(v, field, (gh, gw), mode)
+    finally:
+        torch.set_num_threads(before)
+    ro = r if mode == "factorized" else 1
+    assert counter.get_total_flops() == 2 * ro * b * gh * gw * (gh + gw) * h * d
+
+
+@pytest.mark.parametrize("inplace", [True, False])
+def test_both_row_pass_strategies_agree(inplace: bool) -> None:
+    """The single-bmm row pass (GPU, several CPU threads) and the in-place strided one (one CPU thread)."""
+    u, y1 = torch.randn(2, 3, 5, 7, 4, 7), torch.randn(2, 3, 7, 4, 5, 8)  # (B, H, I, Gw, R, Gw), (B, H, Gw, R, I, D)
+    expected = torch.einsum("bhiwrk,bhkrid->bhiwd", u, y1)
+    torch.testing.assert_close(torch_ssog._row_pass(u, y1, inplace, single=True), expected)
+    torch.testing.assert_close(torch_ssog._row_pass(u, y1, inplace, single=False), expected)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_thread_count_does_not_change_results(threads: int) -> None:
+    leaves = FieldLeaves(2, (6, 5), 3, 4, ("mu", "sigma", "lambda"), dtype=torch.float32)
+    v = torch.randn(2, 30, 3, 8)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        with torch.inference_mode():
+            out = apply_torch(v, leaves.field(), (6, 5))
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(out.double(), reference_apply(v, leaves.field(), (6, 5), "factorized").detach(),
+                               rtol=2e-6, atol=2e-6)  # fmt: skip
+
+
+def test_bad_inputs_raise_clearly() -> None:
+    field = FieldLeaves(1, (4, 4), 2, 2, ()).field()
+    with pytest.raises(ValueError, match="tile the grid"):
+        apply_torch(torch.randn(1, 15, 2, 4, dtype=torch.float64), field, (4, 4))
+    with pytest.raises(ValueError, match="unknown field mode"):
+        apply_torch(torch.randn(1, 16, 2, 4, dtype=torch.float64), field, (4, 4), "diagonal")

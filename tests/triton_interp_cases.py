@@ -1,0 +1,200 @@
+"""The fused Triton kernels on the CPU through Triton's interpreter, against the float64 definition.
+
+Not collected directly: ``tests/test_ops_triton.py`` runs this file in a subprocess with ``TRITON_INTERPRET=1``
+(the variable must be set before Triton decorates the kernels, and must not leak into other test modules).
+Sizes are tiny because the interpreter executes every program in Python.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover - guarded by the runner
+    pytest.skip("run through tests/test_ops_triton.py (needs TRITON_INTERPRET=1)", allow_module_level=True)
+
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+from ssog_core.attention import SSOGAttention  # noqa: E402
+from ssog_core.field import Field  # noqa: E402
+from ssog_core.ops import triton_ssog  # noqa: E402
+from ssog_core.ops.dispatch import choose_backend, ssog_apply  # noqa: E402
+from ssog_core.ops.triton_ssog import apply_triton, kernel_params  # noqa: E402
+from tests.ops_reference import FieldLeaves, assert_close, grads, reference_apply, reference_matrix  # noqa: E402
+
+ALL = ("mu", "sigma", "lambda")
+
+# (grid, heads, atoms, head_dim, taps, mode): odd grids, R 1–8, heads 1 and 3, each kind of tap subset
+CASES = [
+    ((7, 5), 3, 4, 8, ALL, "factorized"),
+    ((7, 5), 1, 1, 5, ("mu",), "factorized"),
+    ((7, 5), 3, 4, 8, (), "factorized"),
+    ((5, 7), 1, 3, 16, ("sigma", "lambda"), "factorized"),
+    ((1, 9), 1, 8, 4, ("lambda",), "factorized"),
+    ((9, 1), 3, 2, 4, ("mu", "sigma"), "factorized"),
+    ((7, 5), 3, 4, 8, ALL, "axial"),
+    ((7, 5), 1, 2, 5, (), "axial"),
+    ((3, 6), 3, 1, 4, ("mu",), "axial"),
+]
+
+
+def _ids(case) -> str:
+    grid, h, r, d, taps, mode = case
+    return f"{grid[0]}x{grid[1]}-H{h}-R{r}-d{d}-{'+'.join(taps) or 'fixed'}-{mode}"
+
+
+def _check(leaves: FieldLeaves, mode: str, head_dim: int, dtype: torch.dtype, rtol: float, batch: int = 2) -> None:
+    gh, gw = leaves.grid
+    heads = leaves.leaves["mu"].shape[0]
+    v = torch.randn(batch, gh * gw, heads, head_dim, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(batch, gh * gw, heads, head_dim, dtype=torch.float64)
+    inputs = [v, *leaves.tensors()]
+    expected = reference_apply(v.to(dtype).double(), leaves.field(), leaves.grid, mode)  # same rounded input
+    out = apply_triton(v.to(dtype), leaves.field(torch.float32), leaves.grid, mode)
+    assert out.dtype == dtype
+    assert_close(out, expected, rtol, "output")
+    expected_grads = grads(expected, inputs, dy)
+    for name, got, want in zip(["v", *leaves.names()], grads(out, inputs, dy), expected_grads, strict=True):
+        # a scalar (gate, temperature) sums signed contributions of every token: fp32 cancellation, not the kernel
+        assert_close(got, want, 10 * rtol if want.dim() else max(10 * rtol, 2e-3), f"d/d{name}")
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_forward_and_gradients_fp32(case) -> None:
+    grid, heads, atoms, head_dim, taps, mode = case
+    _check(FieldLeaves(2, grid, heads, atoms, taps), mode, head_dim, torch.float32, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["factorized", "axial"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_half_precision_values(mode: str, dtype: torch.dtype) -> None:
+    _check(FieldLeaves(2, (5, 6), 3, 4, ALL), mode, 16, dtype, rtol=2e-2)
+
+
+@pytest.mark.parametrize("mode", ["factorized", "axial"])
+@pytest.mark.parametrize("grid", [(17, 2), (2, 17)], ids=["tall", "wide"])
+def test_tiled_and_chunked_programs(monkeypatch: pytest.MonkeyPatch, grid: tuple[int, int], mode: str) -> None:
+    """A small tile budget chunks key rows (tall grid), splits query columns over programs and chunks them in
+    the column backward kernel (wide grid), and narrows that kernel's key-column tile."""
+    monkeypatch.setattr(triton_ssog, "TILE_BUDGET", 2048)
+    cfg = triton_ssog._config(*grid, 4, 2, mode == "axial", torch.float32)
+    kt, ic, wc = triton_ssog.col_tiles(cfg, mode == "axial")
+    if grid[0] > 16:
+        assert cfg["JC"] < cfg["GHP"] and kt < (4 if mode == "axial" else ic)
+    else:
+        assert cfg["WT"] < cfg["GWP"] and wc < cfg["GWP"]
+    _check(FieldLeaves(1, grid, 1, 2, ALL), mode, 4, torch.float32, rtol=1e-5, batch=1)
+
+
+@pytest.mark.parametrize("mode", ["factorized", "axial"])
+def test_far_narrow_atoms_and_strided_values(mode: str) -> None:
+    """Atoms far off the grid with tiny widths (all weights underflow but the peak), values read through strides."""
+    b, (gh, gw), h, r, d = 2, (6, 5), 2, 3, 8
+    mu = torch.tensor([30.0, -25.0, 3.3], dtype=torch.float64)[None, :, None].expand(h, r, 2)
+    field = Field(
+        (mu + torch.randn(b, gh, gw, h, r, 2, dtype=torch.float64)).requires_grad_(),
+        torch.full((b, gh, gw, h, r, 2), 0.06, dtype=torch.float64).requires_grad_(),
+        torch.randn(b, gh, gw, h, r, dtype=torch.float64).requires_grad_(),
+        torch.tensor(0.5, dtype=torch.float64),
+    )
+    wide = torch.randn(b, gh * gw, h, 3 * d, dtype=torch.float64)
+    v = wide[..., d : 2 * d]  # not contiguous: like a slice of a fused projection
+    expected = reference_apply(v, field, (gh, gw), mode)
+    out = apply_triton(v.float(), field.to(torch.float32), (gh, gw), mode)
+    assert_close(out, expected, 1e-5, "output")
+    g = torch.autograd.grad(out.sum(), [field.mu, field.sigma, field.log_lam])
+    assert all(torch.isfinite(x).all() for x in g)
+
+
+def _op_inputs(mode: str, steered: bool, small: bool = False):
+    b, (gh, gw), h, r, d = (1, (3, 2), 1, 2, 4) if small else (2, (5, 4), 2, 3, 8)
+    taps = ALL if steered else ()
+    field = FieldLeaves(b, (gh, gw), h, r, taps, dtype=torch.float32).field()
+    prm = kernel_params(field, mode).detach()
+    prm = prm if steered else prm[None, None, None].expand(b, gh, gw, *prm.shape).contiguous()
+    v = torch.randn(b, gh * gw, h, d)
+    return v, prm, field, (gh, gw)
+
+
+@pytest.mark.parametrize("mode", ["factorized", "axial"])
+def test_opcheck_custom_ops(mode: str) -> None:
+    axial = mode == "axial"
+    v, prm, field, grid = _op_inputs(mode, steered=True, small=True)
+    b, h, r = v.shape[0], v.shape[2], field.num_atoms
+    v.requires_grad_(True)
+    prm.requires_grad_(True)
+    torch.library.opcheck(torch.ops.ssog.steered_fwd.default, (v, prm, axial))
+    y, izx = torch.ops.ssog.steered_fwd(v.detach(), prm.detach(), axial)
+    torch.library.opcheck(torch.ops.ssog.bwd.default, (torch.randn_like(y), v.detach(), prm.detach(), izx, axial))
+    from ssog_core.field import axis_kernels
+
+    fixed = FieldLeaves(b, grid, h, r, (), dtype=torch.float32).field()
+    k = axis_kernels(fixed, grid, mode)
+    taby = k.ay[0, :, 0].permute(1, 2, 0, 3).contiguous().detach()
+    tabx = (k.ax[0, 0] * k.lam[0, 0, 0, :, :, None]).permute(1, 2, 0, 3).contiguous().detach()
+    fixed_prm = kernel_params(fixed, mode).detach()
+    fixed_prm = fixed_prm[None, None, None].expand(b, *grid, *fixed_prm.shape).contiguous().requires_grad_(True)
+    torch.library.opcheck(torch.ops.ssog.fixed_fwd.default, (v, fixed_prm, taby, tabx, axial))
+    torch.library.opcheck(torch.ops.ssog.inv_zx.default, (fixed_prm[0, 0].detach(), axial))
+
+
+@pytest.mark.parametrize(("mode", "taps"), [("factorized", ALL), ("axial", ALL), ("factorized", ())])
+def test_compile_fullgraph_forward_backward(monkeypatch: pytest.MonkeyPatch, mode: str, taps) -> None:
+    """The automatic backend choice (Triton here) traces into one graph: no logging or other graph breaks."""
+    monkeypatch.delenv("SSOG_BACKEND", raising=False)
+    torch._dynamo.reset()
+    attn = SSOGAttention(16, 2, 3, field=mode, steer=taps, cold_init=False)
+    if taps:
+        torch.nn.init.normal_(attn.mu_delta.weight, std=0.3)
+    x = torch.randn(2, 20, 16)
+
+    def loss(module: SSOGAttention, inp: torch.Tensor) -> torch.Tensor:
+        return module(inp, (5, 4)).square().sum()
+
+    eager = loss(attn, x)
+    g_eager = torch.autograd.grad(eager, list(attn.parameters()))
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    out = compiled(attn, x)
+    g_comp = torch.autograd.grad(out, list(attn.parameters()))
+    torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
+    for a, b in zip(g_comp, g_eager, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_dispatch_picks_triton_and_matrix_parity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the interpreter CPU tensors run the kernels; A·V from the explicit analysis path equals them."""
+    monkeypatch.delenv("SSOG_BACKEND", raising=False)
+    for mode in ("factorized", "axial"):
+        attn = SSOGAttention(12, 3, 4, field=mode, cold_init=False).eval()
+        torch.nn.init.normal_(attn.mu_delta.weight, std=0.3)
+        torch.nn.init.normal_(attn.lambda_gate.weight, std=0.3)
+        x = torch.randn(2, 35, 12)
+        with torch.no_grad():
+            for steered in (True, False):
+                field = attn.field(x, (7, 5), steered=steered)
+                v = attn.v(x).view(2, 35, 3, 4)
+                assert choose_backend(v, field, (7, 5), mode) == "triton"
+                a = attn.attention_matrix(x, (7, 5), steered=steered)
+                torch.testing.assert_close(
+                    torch.einsum("bhnm,bmhd->bnhd", a, v), ssog_apply(v, field, (7, 5), mode), rtol=1e-5, atol=1e-6
+                )
+                ref = reference_matrix(field, (7, 5), mode, batch=2)
+                torch.testing.assert_close(a.double(), ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("mode", "steered"), [("factorized", True), ("factorized", False), ("axial", True)])
+def test_flop_formulas_count_the_separable_cost(mode: str, steered: bool) -> None:
+    v, _, field, (gh, gw) = _op_inputs(mode, steered)
+    b, n, h, d = v.shape
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        apply_triton(v, field, (gh, gw), mode)
+    ro = field.num_atoms if mode == "factorized" else 1
+    assert counter.get_total_flops() == 2 * ro * b * n * (gh + gw) * h * d
+
+
+def test_kernel_parameters_are_validated() -> None:
+    v, prm, _, _ = _op_inputs("factorized", steered=True)
+    with pytest.raises(ValueError, match="do not match"):
+        triton_ssog.steered_fwd(v, prm[..., :4].contiguous(), False)
