@@ -140,7 +140,7 @@ def test_flops_are_the_separable_attention_cost(mode: str, taps: tuple[str, ...]
 
 @pytest.mark.parametrize("inplace", [True, False])
 def test_both_row_pass_strategies_agree(inplace: bool) -> None:
-    """The single-bmm row pass (GPU, several CPU threads) and the in-place strided one (one CPU thread)."""
+    """The single-bmm row pass (GPU, compiled graphs) and the strided one that reads y1 in place (CPU)."""
     u, y1 = torch.randn(2, 3, 5, 7, 4, 7), torch.randn(2, 3, 7, 4, 5, 8)  # (B, H, I, Gw, R, Gw), (B, H, Gw, R, I, D)
     expected = torch.einsum("bhiwrk,bhkrid->bhiwd", u, y1)
     torch.testing.assert_close(torch_ssog._row_pass(u, y1, inplace, single=True), expected)

@@ -135,8 +135,7 @@ def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
     r = field.num_atoms
     ro = r if mode == "factorized" else 1  # atoms left in the contractions (axial mixes them inside each axis)
     inplace = not _needs_grad(v, field)
-    # see _row_pass; a compiled graph gets the single bmm too (and get_num_threads is not traceable)
-    single = v.is_cuda or torch.compiler.is_compiling() or torch.get_num_threads() > 1
+    single = v.is_cuda or torch.compiler.is_compiling()  # see _row_pass
     dev, pdt, vdt = v.device, field.mu.dtype, v.dtype
     if mode == "factorized":
         col_t, row_t = _factorized_terms(field, b, grid)
@@ -185,9 +184,11 @@ def _row_pass(u: Tensor, y1: Tensor, inplace: bool, single: bool) -> Tensor:
     """``y[b, h, i, w] = Σ_{r, k} U[b, h, i, w, r, k] · y1[b, h, k, r, i]``, U ``(B, H, I, Gw, R, Gw)``, y1
     ``(B, H, Gw, R, I, D)`` → ``(B, H, I, Gw, D)``.
 
-    ``single``: transpose y1 to ``(i, (r, k), d)`` and run one bmm — few large operations, what a GPU or several
-    CPU threads want (each operation is a parallel region). Otherwise (one CPU thread) y1 is read in place: U is
-    stored as ``(w, (k, r))`` — ``Gw/D`` of the data of y1 — and one strided bmm runs per (image, head).
+    ``single`` (a GPU, or a compiled graph): transpose y1 to ``(i, (r, k), d)`` and run one bmm — few large
+    operations. Otherwise (the CPU) y1 is read in place: U is stored as ``(w, (k, r))`` — ``Gw/D`` of the data of
+    y1 — and one strided bmm runs per (image, head). Skipping the copy of y1 (R× the size of v, a fresh allocation
+    per layer) pays on 1 and 2 threads alike: d384 model at 196 tokens, 2 threads, 1.09–1.13× → 1.05–1.06× the
+    dot twin (benchmarks/RESULTS.md).
     """
     nb, h, ni, gw, r, _ = u.shape
     d = y1.shape[-1]
