@@ -23,13 +23,10 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +36,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from app.process import AppProcess  # noqa: E402
 from ssog_core import ViT, save_checkpoint, viz  # noqa: E402
 from ssog_core.analysis import export_maps  # noqa: E402
 from ssog_core.checkpoint import load_checkpoint  # noqa: E402
@@ -125,56 +123,23 @@ def bench_export(folder: Path, threads: int) -> dict[str, dict[str, float]]:
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def bench_browser(folder: Path, seconds: float, drags: int) -> dict[str, dict[str, float]]:
     from playwright.sync_api import sync_playwright
 
-    port = free_port()
-    assets = Path(tempfile.mkdtemp(prefix="ssog-bench-assets-"))
-    test_image().save(assets / "bench.png")
-    log_path = assets / "app.log"
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "app",
-        "--port",
-        str(port),
-        "--checkpoint-dir",
-        str(folder),
-        "--assets-dir",
-        str(assets),
-    ]
-    with open(log_path, "w") as log, subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log, env=env) as proc:
-        try:
-            url = f"http://127.0.0.1:{port}/"
-            for _ in range(600):
-                try:
-                    urllib.request.urlopen(url, timeout=2)
-                    break
-                except OSError:
-                    if proc.poll() is not None:
-                        raise RuntimeError(log_path.read_text()) from None
-                    time.sleep(0.2)
-            with sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-                page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                page.goto(url)
-                page.wait_for_selector("#pg-canvas .atom")
-                page.wait_for_function("() => document.querySelector('#pg-canvas img.fld').src.startsWith('data:')")
-                fps, moves, frame_ms = preview_rate(page, seconds)
-                move_ms = page.evaluate(MOVE_COST_IN_PAGE)
-                time.sleep(1.0)
-                in_page, playwright_ms = release_round_trips(page, drags)
-                browser.close()
-        finally:
-            proc.terminate()
-            proc.wait(timeout=20)
+    with tempfile.TemporaryDirectory(prefix="ssog-bench-assets-") as tmp:
+        assets = Path(tmp)
+        test_image().save(assets / "bench.png")
+        with AppProcess(folder, assets, assets / "app.log") as app, sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(app.url)
+            page.wait_for_selector("#pg-canvas .atom")
+            page.wait_for_function("() => document.querySelector('#pg-canvas img.fld').src.startsWith('data:')")
+            fps, moves, frame_ms = preview_rate(page, seconds)
+            move_ms = page.evaluate(MOVE_COST_IN_PAGE)
+            time.sleep(1.0)
+            in_page, playwright_ms = release_round_trips(page, drags)
+            browser.close()
     preview = {"fps": statistics.median(fps), "fps_all": fps, "moves_per_s": statistics.median(moves),
                "moves_all": moves, **summary(frame_ms)}  # fmt: skip
     return {"preview_fps": preview, "move_cost": summary(move_ms),

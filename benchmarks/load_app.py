@@ -28,14 +28,11 @@ import os
 import platform
 import random
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app import main as app_main  # noqa: E402  (the queue settings, reported with the figures)
+from app.process import AppProcess  # noqa: E402
 
 REQUEST_TIMEOUT = 300.0  # seconds one request may wait in the queue and run
 
@@ -231,65 +229,12 @@ class Load:
 # ------------------------------------------------------------------------------------------ the server
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def rss_mb(pid: int) -> float:
     """Resident memory of a process (``VmRSS``), in MB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for process {pid}")
-
-
-class Server:
-    """``python -m app`` in a subprocess on 127.0.0.1, its output in a log file."""
-
-    def __init__(self, checkpoint_dir: Path, assets_dir: Path, log: Path, startup_timeout: float = 180.0):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/"
-        self.log_path = log
-        cmd = [sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", str(self.port)]
-        cmd += ["--checkpoint-dir", str(checkpoint_dir), "--assets-dir", str(assets_dir)]
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "GRADIO_ANALYTICS_ENABLED": "False"}
-        self._log = open(log, "w")  # noqa: SIM115 (closed in stop())
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        t0 = time.monotonic()
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the app exited with code {self.proc.returncode}: {self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url, timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() - t0 > startup_timeout:
-                self.stop()
-                raise RuntimeError(f"the app did not answer within {startup_timeout:.0f} s: {self.log_tail()}")
-            time.sleep(0.5)
-        self.startup_s = time.monotonic() - t0
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def log_tail(self, n: int = 4000) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")[-n:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
 
 
 class RssSampler(threading.Thread):
@@ -334,7 +279,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     """Start the app, warm it up, load it; the figures as a dict (the server is always stopped)."""
     tmp = Path(tempfile.mkdtemp(prefix="ssog-load-"))
     pool = picture_pool(tmp / "pictures", args.assets_dir)
-    server = Server(args.checkpoint_dir, args.assets_dir, tmp / "server.log")
+    server = AppProcess(args.checkpoint_dir, args.assets_dir, tmp / "server.log", startup_timeout=180.0).start()
     try:
         rss_start = rss_mb(server.pid)
         probe = Client(server.url, verbose=False, download_files=False)

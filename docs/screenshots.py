@@ -11,27 +11,21 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from PIL import Image
 from playwright.sync_api import sync_playwright
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from app.process import AppProcess  # noqa: E402
+
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking"]
 SLOW = 180_000  # ms: figures of a real checkpoint on a busy 2-core machine can take a while
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_image(page, selector: str, old: str = "") -> None:
@@ -102,29 +96,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshots")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
-    cmd = [sys.executable, "-m", "app", "--port", str(port), "--checkpoint-dir", str(args.checkpoint_dir),
-           "--assets-dir", str(args.assets_dir)]  # fmt: skip
     log_path = args.out / "app.log"
-    with open(log_path, "w") as log, subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log, env=env) as proc:
+    with AppProcess(args.checkpoint_dir, args.assets_dir, log_path) as app:
         try:
-            url = f"http://127.0.0.1:{port}/"
-            for _ in range(600):
-                try:
-                    urllib.request.urlopen(url, timeout=2)
-                    break
-                except OSError:
-                    if proc.poll() is not None:
-                        raise SystemExit(log_path.read_text()) from None
-                    time.sleep(0.2)
-            tour(url, args.out, args.image)
+            tour(app.url, args.out, args.image)
         except Exception:
-            print(log_path.read_text()[-3000:], file=sys.stderr)
+            print(app.log_tail(3000), file=sys.stderr)
             raise
-        finally:
-            proc.terminate()
-            proc.wait(timeout=20)
     log_path.unlink()
 
 

@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 from gradio_client import Client
 
 from app.main import CONCURRENCY, QUEUE_SIZE, build_app, launch, parse_args
+from app.process import free_port
 from app.state import AppContext
 from ssog_core.playground import DEFAULT_SPEC
 from tests.app_fixtures import write_checkpoints, write_images
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

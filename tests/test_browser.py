@@ -7,17 +7,12 @@ pytest-xdist cannot split it over workers. Screenshots of every step go to ``art
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 
+from app.process import AppProcess
 from tests.app_fixtures import write_bad_files, write_checkpoints, write_images
 
 playwright = pytest.importorskip("playwright.sync_api")
@@ -33,12 +28,6 @@ pytestmark = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
@@ -47,30 +36,9 @@ def server(tmp_path_factory):
     bad = write_bad_files(root / "bad")
     bad_ckpt = root / "bad" / "half.safetensors"
     bad_ckpt.write_bytes((root / "ckpt" / "ssog_test.safetensors").read_bytes()[:5000])
-    port = free_port()
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "GRADIO_TEMP_DIR": str(root / "gradio")}
-    cmd = [sys.executable, "-m", "app", "--port", str(port), "--checkpoint-dir", str(root / "ckpt"),
-           "--assets-dir", str(root / "assets")]  # fmt: skip
-    url = f"http://127.0.0.1:{port}/"
-    # output to a file, not a pipe: a full pipe would block the server
-    with open(root / "app.log", "w") as log, subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log, env=env) as proc:
-        try:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    urllib.request.urlopen(url, timeout=2)
-                    break
-                except OSError:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError("app did not start:\n" + (root / "app.log").read_text()) from None
-                    time.sleep(0.3)
-            yield {"url": url, "images": images, "bad": bad, "bad_ckpt": bad_ckpt, "log": root / "app.log"}
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    env = {"GRADIO_TEMP_DIR": str(root / "gradio")}
+    with AppProcess(root / "ckpt", root / "assets", root / "app.log", env=env) as app:
+        yield {"url": app.url, "images": images, "bad": bad, "bad_ckpt": bad_ckpt, "log": root / "app.log"}
 
 
 def shot(page, name: str) -> None:

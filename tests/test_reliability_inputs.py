@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import socket
 
 import gradio as gr
 import numpy as np
@@ -16,18 +15,13 @@ from gradio_client import Client, handle_file
 
 from app import main as app_main
 from app.main import build_app, launch
+from app.process import free_port
 from app.state import AppContext
 from app.tabs import compare, export, geometry, playground, steering
 from tests.app_fixtures import write_checkpoints, write_images
 from tests.reliability_corpus import BOMB_SIDE, bad_checkpoints, bad_images
 
 GOOD, TWIN = "ssog_test.safetensors", "dot_test.safetensors"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

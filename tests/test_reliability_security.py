@@ -13,10 +13,6 @@ import os
 import pickle
 import signal
 import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import gradio as gr
@@ -26,6 +22,7 @@ import torch
 from gradio_client import Client, handle_file
 
 from app import main as app_main
+from app.process import AppProcess, free_port
 from app.state import AppContext, AppError
 from app.tabs import compare, export, geometry, playground, session, steering
 from tests.app_fixtures import dot_twin, write_checkpoints, write_images
@@ -34,12 +31,6 @@ from tests.reliability_corpus import bad_checkpoints, bad_images
 ROOT = Path(__file__).resolve().parents[1]
 GOOD, TWIN = "ssog_test.safetensors", "dot_test.safetensors"
 CAP = "1mb"  # the test server's upload cap (the real one is 64 MB: too large to send in a test)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def listening(port: int) -> list[str]:
@@ -92,27 +83,14 @@ def server(folders, tmp_path_factory):
 def test_serves_loopback_only_and_no_share_link_even_if_the_environment_asks(folders, tmp_path):
     """The real command line in a subprocess, with Gradio's own environment variables asking for the opposite;
     stopped with SIGTERM, it exits cleanly and leaves no upload folder behind."""
-    port, tmp = free_port(), tmp_path / "tmp"
+    tmp = tmp_path / "tmp"
     tmp.mkdir()
-    env = {**os.environ, "GRADIO_SERVER_NAME": "0.0.0.0", "GRADIO_SHARE": "True", "PYTHONPATH": str(ROOT),
-           "TMPDIR": str(tmp)}  # fmt: skip
-    cmd = [sys.executable, "-m", "app", "--port", str(port), "--checkpoint-dir", str(folders["ckpt"]),
-           "--assets-dir", str(folders["assets"])]  # fmt: skip
+    env = {"GRADIO_SERVER_NAME": "0.0.0.0", "GRADIO_SHARE": "True", "TMPDIR": str(tmp)}
     log = tmp_path / "app.log"
-    with open(log, "w") as out, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT) as p:
-        try:
-            deadline = time.monotonic() + 120
-            while not listening(port):
-                assert p.poll() is None, log.read_text()[-3000:]
-                assert time.monotonic() < deadline, "the app did not start within 120 s"
-                time.sleep(0.3)
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as r:
-                assert r.status == 200
-            assert set(listening(port)) == {"127.0.0.1"}
-            assert list(tmp.glob("ssog-lab-uploads-*"))
-        finally:
-            p.terminate()
-            code = p.wait(timeout=30)
+    with AppProcess(folders["ckpt"], folders["assets"], log, env=env) as app:
+        assert set(listening(app.port)) == {"127.0.0.1"}
+        assert list(tmp.glob("ssog-lab-uploads-*"))
+    code = app.returncode
     text = log.read_text()
     assert "gradio.live" not in text and "public URL" not in text.lower() and "127.0.0.1" in text
     assert code == 0 and not list(tmp.glob("ssog-lab-uploads-*"))  # SIGTERM is a clean stop: uploads removed
