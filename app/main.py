@@ -513,4 +513,8 @@ def main(argv: list[str] | None = None) -> None:
     ctx = AppContext(args.checkpoint_dir, args.assets_dir)
     atexit.register(shutil.rmtree, ctx.upload_dir, True)  # uploaded checkpoints do not outlive the server
     signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop is a clean stop, as Ctrl-C is
-    launch(build_app(ctx), args.host, args.port)
+    demo = build_app(ctx)
+    try:
+        launch(demo, args.host, args.port)
+    except KeyboardInterrupt:  # stopped while Gradio was still starting up (once it serves, Gradio handles it)
+        demo.close()

@@ -13,6 +13,7 @@ import os
 import pickle
 import signal
 import socket
+import time
 from pathlib import Path
 
 import gradio as gr
@@ -113,6 +114,27 @@ def test_host_flag_and_launch_settings(monkeypatch, tmp_path):
     for kw in calls:
         assert kw["share"] is False and kw["max_file_size"] == "64mb" and kw["show_error"] is False
         assert kw["state_session_capacity"] == app_main.SESSIONS
+
+
+def test_sigterm_while_gradio_is_still_starting_is_a_clean_stop(monkeypatch, tmp_path):
+    """Gradio's launch() makes requests of its own after the server answers; a SIGTERM landing then must not
+    escape as a KeyboardInterrupt (exit by SIGINT, a traceback, uploads left behind): the server is closed."""
+    closed = []
+
+    def starting(self, **kw):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # the handler raises in here
+        raise AssertionError("SIGTERM was not delivered")
+
+    monkeypatch.setattr(gr.Blocks, "launch", starting)
+    monkeypatch.setattr(gr.Blocks, "close", lambda self, *a, **kw: closed.append(self))
+    threads, on_term = torch.get_num_threads(), signal.getsignal(signal.SIGTERM)
+    try:
+        app_main.main(["--checkpoint-dir", str(tmp_path / "none"), "--assets-dir", str(tmp_path / "none")])
+    finally:
+        torch.set_num_threads(threads)
+        signal.signal(signal.SIGTERM, on_term)
+    assert len(closed) == 1
 
 
 # ---------------------------------------------------------------------------------------------- upload size
