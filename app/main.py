@@ -253,42 +253,12 @@ def build_app(ctx: AppContext) -> gr.Blocks:
         )
 
         # ---- session -------------------------------------------------------------------------------------
-        ses_inputs = [
-            ckpt,
-            image_sha,
-            pg["canvas"],
-            pg["underlay"],
-            geo["layer"],
-            st["layer"],
-            st["query"],
-            ex["twin"],
-            ex["alpha"],
-            ex["layer"],
-            cmp["a"],
-            cmp["b"],
-            cmp["alpha"],
-            cmp["layer"],
-        ]
+        tab_settings = [geo["layer"], st["layer"], st["query"], ex["twin"], ex["alpha"], ex["layer"],
+                        cmp["a"], cmp["b"], cmp["alpha"], cmp["layer"]]  # fmt: skip
+        ses_inputs = [ckpt, image_sha, pg["canvas"], pg["underlay"], *tab_settings]
         save_btn.click(partial(save_session, ctx), ses_inputs, [ses_file, ses_status], **hidden)
-        ses_outputs = [
-            ckpt,
-            image_sha,
-            thumb,
-            *pg["main_out"],
-            pg["underlay"],
-            *pg["head_controls"],
-            geo["layer"],
-            st["layer"],
-            st["query"],
-            ex["twin"],
-            ex["alpha"],
-            ex["layer"],
-            cmp["a"],
-            cmp["b"],
-            cmp["alpha"],
-            cmp["layer"],
-            ses_status,
-        ]
+        ses_outputs = [ckpt, image_sha, thumb, *pg["main_out"], pg["underlay"], *pg["head_controls"], *tab_settings,
+                       ses_status]  # fmt: skip
         ses_up.upload(partial(restore_session, ctx), [ses_up], ses_outputs, **hidden)
 
         register_api(ctx)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime
 import math
 import os
 import platform
@@ -37,6 +36,8 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import add_run_flags, apply_run_flags, provenance  # noqa: E402
 
 from ssog_core.checkpoint import atomic_write  # noqa: E402
 from ssog_core.field import Field, apply_field  # noqa: E402
@@ -225,26 +226,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--atoms", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=7, help="CPU timing rounds (every job once per round)")
-    ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument(
-        "--clock",
-        choices=("wall", "cpu"),
-        default="wall",
-        help="CPU only: the thread's CPU time (needs --threads 1; robust to load from other processes)",
-    )
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
-    ap.add_argument("--tag", help="output file suffix (default: the device type, e.g. cpu or cuda)")
+    add_run_flags(ap)
     args = ap.parse_args(argv)
-    command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *(sys.argv[1:] if argv is None else argv)])
-    if os.environ.get("SSOG_BACKEND"):
-        command = f"SSOG_BACKEND={os.environ['SSOG_BACKEND']} {command}"
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    command, stamp = provenance(argv)
     device = torch.device(args.device)
     cuda = device.type == "cuda"
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.clock == "cpu" and (torch.get_num_threads() != 1 or cuda):
-        ap.error("--clock cpu measures one CPU thread: use it with --threads 1 on the CPU")
+    apply_run_flags(ap, args, device)
     dtype = DTYPES[args.dtype or ("bfloat16" if cuda else "float32")]
     batch0 = args.batch or (64 if cuda else 2)
     tokens = args.tokens or ([196, 576, 1024, 4096, 16384] if cuda else [196, 576, 1024, 4096])

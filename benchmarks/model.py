@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
-import datetime
-import os
 import platform
 import statistics
 import sys
@@ -26,6 +24,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import add_run_flags, apply_run_flags, provenance  # noqa: E402
 
 from ssog_core.checkpoint import atomic_write  # noqa: E402
 from ssog_core.config import SEED_CONFIGS  # noqa: E402
@@ -116,25 +116,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--img", type=int, nargs="+", default=[224, 512], help="image sides (patch 16): 224 → 196 tokens")
     ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds per size")
-    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave the default)")
-    ap.add_argument(
-        "--clock",
-        choices=("wall", "cpu"),
-        default="wall",
-        help="cpu: the thread's CPU time (needs --threads 1; robust to load from other processes)",
-    )
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
-    ap.add_argument("--tag", help="output file suffix (default: the device type, e.g. cpu or cuda)")
+    add_run_flags(ap)
     args = ap.parse_args(argv)
-    command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *(sys.argv[1:] if argv is None else argv)])
-    if os.environ.get("SSOG_BACKEND"):
-        command = f"SSOG_BACKEND={os.environ['SSOG_BACKEND']} {command}"
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.clock == "cpu" and (torch.get_num_threads() != 1 or args.device != "cpu"):
-        ap.error("--clock cpu measures one CPU thread: use it with --threads 1 on the CPU")
+    command, stamp = provenance(argv)
     device = torch.device(args.device)
+    apply_run_flags(ap, args, device)
     dtype = DTYPES[args.dtype]
 
     rows = []

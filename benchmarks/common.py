@@ -1,0 +1,42 @@
+"""What the benchmark scripts share: the flags that set up a timing run and the provenance line of each table."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def add_run_flags(ap: argparse.ArgumentParser) -> None:
+    """``--threads``, ``--clock``, ``--out`` and ``--tag``."""
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave the default)")
+    ap.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="CPU only: the thread's CPU time (needs --threads 1; robust to load from other processes)",
+    )
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--tag", help="output file suffix (default: the device type, e.g. cpu or cuda)")
+
+
+def apply_run_flags(ap: argparse.ArgumentParser, args: argparse.Namespace, device: torch.device) -> None:
+    """Set the thread count; refuse a CPU-time clock that would not measure the one thread doing the work."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.clock == "cpu" and (torch.get_num_threads() != 1 or device.type != "cpu"):
+        ap.error("--clock cpu measures one CPU thread: use it with --threads 1 on the CPU")
+
+
+def provenance(argv: list[str] | None) -> tuple[str, str]:
+    """The command that reproduces this run (with a forced ``SSOG_BACKEND``) and the UTC time stamp."""
+    command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *(sys.argv[1:] if argv is None else argv)])
+    if os.environ.get("SSOG_BACKEND"):
+        command = f"SSOG_BACKEND={os.environ['SSOG_BACKEND']} {command}"
+    return command, datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
