@@ -1,13 +1,16 @@
-"""Whole-model forward latency: the d384 SSOG ViT (all taps) against its dot twin, side by side in one run.
+"""Whole-model latency: the d384 SSOG ViT (all taps) against its dot twin, side by side in one run.
 
-    python benchmarks/model.py                       # CPU: 196 and 1024 tokens, batch 2
+    python benchmarks/model.py                       # CPU: 196 and 1024 tokens, batch 2, forward
+    python benchmarks/model.py --mode train          # a training step: forward, cross-entropy, backward
     python benchmarks/model.py --device cuda --batch 64 --dtype bfloat16
 
-Both models run in eval mode under ``torch.inference_mode``. The two are measured interleaved (SSOG, dot,
-SSOG, dot, ..., the order flipping every round) so that load from other processes hits both alike; the
-table reports the median of each and the median of the per-round ratios. On CUDA every forward is timed
-with CUDA events after a synchronise, and the growth of the latency from the smallest to the largest
-size is reported too. Writes ``model_<device>.csv`` and ``model_<device>.md`` into ``--out``.
+``--mode forward``: both models in eval mode under ``torch.inference_mode``. ``--mode train``: train mode,
+forward + loss + backward (gradients freed between steps; the optimizer update, the same for both, is left
+out). The two are measured interleaved (SSOG, dot, SSOG, dot, ..., the order flipping every round) so that
+load from other processes hits both alike; the table reports the median of each and the median of the
+per-round ratios. On CUDA every run is timed with CUDA events after a synchronise, and the growth of the
+latency from the smallest to the largest size is reported too. Writes ``model_<tag>.csv`` and
+``model_<tag>.md`` into ``--out`` (tag: the device type, ``_train`` appended in train mode).
 """
 
 from __future__ import annotations
@@ -61,9 +64,15 @@ def _timer(device: torch.device, clock: str = "wall"):
 
 
 def measure(
-    img: int, batch: int, rounds: int, device: torch.device, dtype: torch.dtype, clock: str = "wall"
+    img: int,
+    batch: int,
+    rounds: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    clock: str = "wall",
+    mode: str = "forward",
 ) -> dict[str, float]:
-    """Interleaved forward latencies of the SSOG model and its dot twin at one image size.
+    """Interleaved latencies (a forward, or a training step) of the SSOG model and its dot twin at one size.
 
     A 16-bit ``dtype`` runs under autocast with float32 parameters (as mixed-precision inference does: the
     attention values are 16-bit, the SSOG field parameters stay float32).
@@ -72,24 +81,34 @@ def measure(
     models = {}
     for name in ("ssog", "dot"):
         cfg = SEED_CONFIGS[f"d384-{name}-all" if name == "ssog" else "d384-dot"][0].replace(img_size=(img, img))
-        models[name] = ViT(cfg).to(device=device).eval()
+        models[name] = ViT(cfg).to(device=device).train(mode == "train")
     x = torch.rand(batch, 3, img, img, device=device)
+    labels = torch.randint(0, cfg.num_classes, (batch,), device=device)
+    half = dtype != torch.float32
+
+    def run(model: ViT) -> None:
+        with torch.autocast(device.type, dtype=dtype, enabled=half):
+            out = model(x)
+        if mode == "train":
+            torch.nn.functional.cross_entropy(out.float(), labels).backward()
+            model.zero_grad(set_to_none=True)
+
     timer = _timer(device, clock)
     times: dict[str, list[float]] = {"ssog": [], "dot": []}
-    half = dtype != torch.float32
-    with torch.inference_mode(), torch.autocast(device.type, dtype=dtype, enabled=half):
+    with torch.inference_mode(mode == "forward"):
         for m in models.values():  # warm-up (allocator, kernel selection, autotuning)
             for _ in range(2):
-                m(x)
+                run(m)
         for i in range(rounds):
             order = ("ssog", "dot") if i % 2 == 0 else ("dot", "ssog")
             for name in order:
-                times[name].append(timer(lambda m=models[name]: m(x)))
+                times[name].append(timer(lambda m=models[name]: run(m)))
     ratios = [s / d for s, d in zip(times["ssog"], times["dot"], strict=True)]
     blk = models["ssog"].blocks[0].attn
     grid = (img // 16, img // 16)
     v = torch.zeros(batch, grid[0] * grid[1], blk.num_heads, blk.head_dim, device=device, dtype=dtype)
-    field = blk.field(torch.zeros(batch, v.shape[1], blk.dim, device=device), grid)
+    with torch.no_grad():
+        field = blk.field(torch.zeros(batch, v.shape[1], blk.dim, device=device), grid)
     return {
         "tokens": grid[0] * grid[1],
         "img": img,
@@ -116,6 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--img", type=int, nargs="+", default=[224, 512], help="image sides (patch 16): 224 → 196 tokens")
     ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds per size")
+    ap.add_argument("--mode", choices=("forward", "train"), default="forward", help="train: forward + loss + backward")
     add_run_flags(ap)
     args = ap.parse_args(argv)
     command, stamp = provenance(argv)
@@ -126,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for img in args.img:
         load_before = _load()
-        row = measure(img, args.batch, args.rounds, device, dtype, args.clock)
+        row = measure(img, args.batch, args.rounds, device, dtype, args.clock, args.mode)
         row["load_avg"] = f"{load_before}→{_load()}"
         rows.append(row)
         print(
@@ -137,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
         )
 
     args.out.mkdir(parents=True, exist_ok=True)
-    tag = args.tag or device.type
+    tag = args.tag or (device.type if args.mode == "forward" else f"{device.type}_train")
     fields = list(rows[0])
 
     def write_csv(tmp: str) -> None:
@@ -148,8 +168,9 @@ def main(argv: list[str] | None = None) -> None:
 
     atomic_write(args.out / f"model_{tag}.csv", write_csv)
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    what = "forward" if args.mode == "forward" else "training step (forward + loss + backward)"
     lines = [
-        f"Whole d384 ViT forward (12 layers, 6 heads, mlp 2, SSOG R4 all taps vs dot twin), batch {args.batch}, "
+        f"Whole d384 ViT {what} (12 layers, 6 heads, mlp 2, SSOG R4 all taps vs dot twin), batch {args.batch}, "
         f"{args.dtype}, {dev_name}, torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock, "
         f"{args.rounds} interleaved rounds. {stamp}, `{command}`.",
         "",
