@@ -160,6 +160,8 @@ def test_fixed_field_and_options_reach_the_model(tmp_path):
         (["--img-size", "12x"], "not N or HxW"),
         (["--epochs", "0"], "must be >= 1"),
         (["--batch-size", "-4"], "must be >= 1"),
+        (["--depth", "two"], "'two' is not an integer"),
+        (["--registers", "-1"], "must be >= 0"),
         (["--lr", "0"], "outside"),
         (["--lr", "nan"], "outside"),
         (["--weight-decay", "abc"], "not a number"),
