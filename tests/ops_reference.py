@@ -112,3 +112,19 @@ def assert_close(actual: Tensor, expected: Tensor, rtol: float, what: str) -> No
     err = (actual - expected).abs().max() / scale
     assert torch.isfinite(actual).all(), f"{what}: non-finite values"
     assert err <= rtol, f"{what}: relative error {err:.2e} > {rtol:.0e}"
+
+
+def assert_compiles_like_eager(attn: torch.nn.Module, x: Tensor, grid: tuple[int, int]) -> None:
+    """``torch.compile(fullgraph=True)`` of a loss through ``attn`` (one graph: no breaks) gives the eager loss
+    and parameter gradients."""
+    torch._dynamo.reset()
+
+    def loss(module: torch.nn.Module, inp: Tensor) -> Tensor:
+        return module(inp, grid).square().sum()
+
+    eager = loss(attn, x)
+    g_eager = torch.autograd.grad(eager, list(attn.parameters()))
+    out = torch.compile(loss, fullgraph=True, backend="aot_eager")(attn, x)
+    torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
+    for a, b in zip(torch.autograd.grad(out, list(attn.parameters())), g_eager, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

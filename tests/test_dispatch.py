@@ -18,7 +18,7 @@ from ssog_core.ops import dispatch
 from ssog_core.ops.dispatch import BackendUnavailable, can_run_triton, choose_backend, ssog_apply
 from ssog_core.ops.torch_ssog import apply_torch
 from ssog_core.vit import ViT
-from tests.ops_reference import FieldLeaves, reference_matrix
+from tests.ops_reference import FieldLeaves, assert_compiles_like_eager, reference_matrix
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,20 +127,7 @@ def test_attention_matrix_does_not_go_through_dispatch(monkeypatch: pytest.Monke
 @pytest.mark.parametrize("taps", [("mu", "sigma", "lambda"), ()], ids=["steered", "fixed"])
 def test_compile_fullgraph_on_cpu(taps: tuple[str, ...]) -> None:
     """CPU training under torch.compile(fullgraph=True): dispatch and the fast path trace into one graph."""
-    torch._dynamo.reset()
-    attn = SSOGAttention(16, 2, 3, steer=taps, cold_init=False)
-    x = torch.randn(2, 20, 16)
-
-    def loss(module: SSOGAttention, inp: torch.Tensor) -> torch.Tensor:
-        return module(inp, (5, 4)).square().sum()
-
-    eager = loss(attn, x)
-    g_eager = torch.autograd.grad(eager, list(attn.parameters()))
-    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
-    out = compiled(attn, x)
-    torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
-    for a, b in zip(torch.autograd.grad(out, list(attn.parameters())), g_eager, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert_compiles_like_eager(SSOGAttention(16, 2, 3, steer=taps, cold_init=False), torch.randn(2, 20, 16), (5, 4))
 
 
 def test_model_flops_do_not_depend_on_the_backend(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,7 +22,14 @@ from ssog_core.field import Field  # noqa: E402
 from ssog_core.ops import triton_ssog  # noqa: E402
 from ssog_core.ops.dispatch import choose_backend, ssog_apply  # noqa: E402
 from ssog_core.ops.triton_ssog import apply_triton, kernel_params  # noqa: E402
-from tests.ops_reference import FieldLeaves, assert_close, grads, reference_apply, reference_matrix  # noqa: E402
+from tests.ops_reference import (  # noqa: E402
+    FieldLeaves,
+    assert_close,
+    assert_compiles_like_eager,
+    grads,
+    reference_apply,
+    reference_matrix,
+)
 
 ALL = ("mu", "sigma", "lambda")
 
@@ -144,23 +151,10 @@ def test_opcheck_custom_ops(mode: str) -> None:
 def test_compile_fullgraph_forward_backward(monkeypatch: pytest.MonkeyPatch, mode: str, taps) -> None:
     """The automatic backend choice (Triton here) traces into one graph: no logging or other graph breaks."""
     monkeypatch.delenv("SSOG_BACKEND", raising=False)
-    torch._dynamo.reset()
     attn = SSOGAttention(16, 2, 3, field=mode, steer=taps, cold_init=False)
     if taps:
         torch.nn.init.normal_(attn.mu_delta.weight, std=0.3)
-    x = torch.randn(2, 20, 16)
-
-    def loss(module: SSOGAttention, inp: torch.Tensor) -> torch.Tensor:
-        return module(inp, (5, 4)).square().sum()
-
-    eager = loss(attn, x)
-    g_eager = torch.autograd.grad(eager, list(attn.parameters()))
-    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
-    out = compiled(attn, x)
-    g_comp = torch.autograd.grad(out, list(attn.parameters()))
-    torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
-    for a, b in zip(g_comp, g_eager, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert_compiles_like_eager(attn, torch.randn(2, 20, 16), (5, 4))
 
 
 def test_dispatch_picks_triton_and_matrix_parity(monkeypatch: pytest.MonkeyPatch) -> None:
