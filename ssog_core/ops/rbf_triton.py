@@ -32,6 +32,33 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _key_tile(K, V, kv_off, mask, DOT_F32: tl.constexpr):
+    """A tile of keys and values, and the keys' squared norms ``‖k_j‖²`` computed on chip from the same tile
+    (``k`` and ``v`` in fp32 when ``DOT_F32``; ``kf`` always fp32)."""
+    k = tl.load(K + kv_off, mask=mask, other=0.0)
+    v = tl.load(V + kv_off, mask=mask, other=0.0)
+    kf = k.to(tl.float32)
+    knorm = tl.sum(kf * kf, axis=1)
+    if DOT_F32:
+        k = kf
+        v = v.to(tl.float32)
+    return k, v, kf, knorm
+
+
+@triton.jit
+def _query_tile(Q, DO, LSE, DELTA, q_off, mask, row_off, m_ok, DOT_F32: tl.constexpr):
+    """What the backward needs of a tile of queries: ``q``, ``do``, the forward's log-sum-exp and ``δ = o·do``."""
+    q = tl.load(Q + q_off, mask=mask, other=0.0)
+    do = tl.load(DO + q_off, mask=mask, other=0.0)
+    lse = tl.load(LSE + row_off, mask=m_ok, other=0.0)
+    delta = tl.load(DELTA + row_off, mask=m_ok, other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    return q, do, lse, delta
+
+
+@triton.jit
 def _rbf_fwd_kernel(
     Q,
     K,
@@ -69,13 +96,7 @@ def _rbf_fwd_kernel(
         offs_n = start_n + offs_n0
         n_ok = offs_n < N
         kv_off = base + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
-        k = tl.load(K + kv_off, mask=n_ok[:, None] & d_ok, other=0.0)
-        v = tl.load(V + kv_off, mask=n_ok[:, None] & d_ok, other=0.0)
-        kf = k.to(tl.float32)
-        knorm = tl.sum(kf * kf, axis=1)  # ‖k_j‖², on chip, from the tile the product uses
-        if DOT_F32:
-            k = kf
-            v = v.to(tl.float32)
+        k, v, _, knorm = _key_tile(K, V, kv_off, n_ok[:, None] & d_ok, DOT_F32)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale - knorm[None, :] * kn_scale
         valid = n_ok[None, :]
         if CAUSAL:
@@ -128,13 +149,7 @@ def _rbf_bwd_dkdv_kernel(
     n_ok = offs_n < N
 
     kv_off = base + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
-    k = tl.load(K + kv_off, mask=n_ok[:, None] & d_ok, other=0.0)
-    v = tl.load(V + kv_off, mask=n_ok[:, None] & d_ok, other=0.0)
-    kf = k.to(tl.float32)
-    knorm = tl.sum(kf * kf, axis=1)
-    if DOT_F32:
-        k = kf
-        v = v.to(tl.float32)
+    k, v, kf, knorm = _key_tile(K, V, kv_off, n_ok[:, None] & d_ok, DOT_F32)
     dk_acc = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)  # Σ_i dS_ij q_i
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     ds_sum = tl.zeros([BLOCK_N], dtype=tl.float32)  # Σ_i dS_ij
@@ -144,13 +159,7 @@ def _rbf_bwd_dkdv_kernel(
         offs_m = start_m + offs_m0
         m_ok = offs_m < N
         q_off = base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-        q = tl.load(Q + q_off, mask=m_ok[:, None] & d_ok, other=0.0)
-        do = tl.load(DO + q_off, mask=m_ok[:, None] & d_ok, other=0.0)
-        lse = tl.load(LSE + bh * N + offs_m, mask=m_ok, other=0.0)
-        delta = tl.load(DELTA + bh * N + offs_m, mask=m_ok, other=0.0)
-        if DOT_F32:
-            q = q.to(tl.float32)
-            do = do.to(tl.float32)
+        q, do, lse, delta = _query_tile(Q, DO, LSE, DELTA, q_off, m_ok[:, None] & d_ok, bh * N + offs_m, m_ok, DOT_F32)
         s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale - knorm[:, None] * kn_scale  # (BN, BM)
         valid = n_ok[:, None] & m_ok[None, :]
         if CAUSAL:
@@ -198,13 +207,7 @@ def _rbf_bwd_dq_kernel(
     m_ok = offs_m < N
 
     q_off = base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-    q = tl.load(Q + q_off, mask=m_ok[:, None] & d_ok, other=0.0)
-    do = tl.load(DO + q_off, mask=m_ok[:, None] & d_ok, other=0.0)
-    lse = tl.load(LSE + bh * N + offs_m, mask=m_ok, other=0.0)
-    delta = tl.load(DELTA + bh * N + offs_m, mask=m_ok, other=0.0)
-    if DOT_F32:
-        q = q.to(tl.float32)
-        do = do.to(tl.float32)
+    q, do, lse, delta = _query_tile(Q, DO, LSE, DELTA, q_off, m_ok[:, None] & d_ok, bh * N + offs_m, m_ok, DOT_F32)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     hi = tl.minimum((pid_m + 1) * BLOCK_M, N) if CAUSAL else N
@@ -212,13 +215,7 @@ def _rbf_bwd_dq_kernel(
         offs_n = start_n + offs_n0
         n_ok = offs_n < N
         kv_off = base + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
-        k = tl.load(K + kv_off, mask=n_ok[:, None] & d_ok, other=0.0)
-        v = tl.load(V + kv_off, mask=n_ok[:, None] & d_ok, other=0.0)
-        kf = k.to(tl.float32)
-        knorm = tl.sum(kf * kf, axis=1)
-        if DOT_F32:
-            k = kf
-            v = v.to(tl.float32)
+        k, v, _, knorm = _key_tile(K, V, kv_off, n_ok[:, None] & d_ok, DOT_F32)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale - knorm[None, :] * kn_scale
         valid = m_ok[:, None] & n_ok[None, :]
         if CAUSAL:
