@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -37,7 +36,6 @@ class AppProcess:
         assets_dir: Path,
         log_path: Path,
         *,
-        extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         startup_timeout: float = 120.0,
     ) -> None:
@@ -45,7 +43,7 @@ class AppProcess:
         self.url = f"http://127.0.0.1:{self.port}/"
         self.log_path = Path(log_path)
         self.cmd = [sys.executable, "-m", "app", "--port", str(self.port), "--checkpoint-dir", str(checkpoint_dir),
-                    "--assets-dir", str(assets_dir), *extra_args]  # fmt: skip
+                    "--assets-dir", str(assets_dir)]  # fmt: skip
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})}
         self.startup_timeout = startup_timeout
         self.startup_s = float("nan")
