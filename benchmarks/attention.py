@@ -20,7 +20,6 @@ Writes ``attention_<device>.csv``, ``attention_<device>.md`` and ``attention_<de
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import os
 import platform
@@ -37,7 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import add_run_flags, apply_run_flags, provenance  # noqa: E402
+from common import add_run_flags, apply_run_flags, provenance, write_csv  # noqa: E402
 
 from ssog_core.checkpoint import atomic_write  # noqa: E402
 from ssog_core.field import Field, apply_field  # noqa: E402
@@ -281,13 +280,7 @@ def main(argv: list[str] | None = None) -> None:
     tag = args.tag or device.type
     fields = sorted({k for row in rows for k in row}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
 
-    def write_csv(tmp: str) -> None:
-        with open(tmp, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=fields)
-            w.writeheader()
-            w.writerows(rows)
-
-    atomic_write(args.out / f"attention_{tag}.csv", write_csv)
+    write_csv(args.out / f"attention_{tag}.csv", rows, fields)
     dev_name = torch.cuda.get_device_name(device) if cuda else (platform.processor() or "cpu")
     lines = [
         f"Attention op only, {h} heads × d{d}, R{r}, {str(dtype).removeprefix('torch.')}, {dev_name}, "

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime
 import os
 import sys
 from pathlib import Path
 
 import torch
+
+from ssog_core.checkpoint import atomic_write
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -40,3 +43,15 @@ def provenance(argv: list[str] | None) -> tuple[str, str]:
     if os.environ.get("SSOG_BACKEND"):
         command = f"SSOG_BACKEND={os.environ['SSOG_BACKEND']} {command}"
     return command, datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def write_csv(path: Path, rows: list[dict], fields: list[str]) -> None:
+    """The rows as CSV, written atomically (a temporary file renamed into place)."""
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            w.writerows(rows)
+
+    atomic_write(path, write)

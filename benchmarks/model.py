@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import platform
 import statistics
 import sys
@@ -28,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import add_run_flags, apply_run_flags, provenance  # noqa: E402
+from common import add_run_flags, apply_run_flags, provenance, write_csv  # noqa: E402
 
 from ssog_core.checkpoint import atomic_write  # noqa: E402
 from ssog_core.config import SEED_CONFIGS  # noqa: E402
@@ -160,13 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     tag = args.tag or (device.type if args.mode == "forward" else f"{device.type}_train")
     fields = list(rows[0])
 
-    def write_csv(tmp: str) -> None:
-        with open(tmp, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=fields)
-            w.writeheader()
-            w.writerows(rows)
-
-    atomic_write(args.out / f"model_{tag}.csv", write_csv)
+    write_csv(args.out / f"model_{tag}.csv", rows, fields)
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     what = "forward" if args.mode == "forward" else "training step (forward + loss + backward)"
     lines = [
