@@ -1,9 +1,10 @@
-"""Training and evaluation data given as ``KIND:PATH``: CIFAR-100, an ImageFolder tree, or ``shapes``.
+"""Training and evaluation data given as ``KIND:PATH``: CIFAR-100, an ImageFolder tree, ``shapes`` or ``layouts``.
 
     cifar100:PATH      the official "python version": a ``cifar-100-python/`` folder (``train``, ``test``,
                        ``meta``) or the ``cifar-100-python.tar.gz`` archive (read in place, never extracted)
     imagefolder:PATH   ``PATH/train/CLASS/*.jpg|png|...`` and ``PATH/val/CLASS/*`` (the ImageNet layout)
     shapes[:SPEC]      the procedural data set of :mod:`ssog_core.shapes` (SPEC e.g. ``classes=10,train=20000``)
+    layouts[:SPEC]     the procedural data set of :mod:`ssog_core.layouts` (bars, pairs, stripes; same SPEC keys)
 
 Every sample is an ``(H, W, 3)`` uint8 array at the requested size plus an integer label; pixels become
 floats in [0, 1] on the device (no normalisation: the models see raw [0, 1] pixels, like the seed).
@@ -32,9 +33,11 @@ from PIL import Image
 from torch.utils.data import DistributedSampler, Sampler
 
 from ssog_core.images import IMAGE_SUFFIXES, ImageError, load_image
+from ssog_core.layouts import LayoutsDataset, LayoutsSpec
 from ssog_core.shapes import ShapesDataset, ShapesSpec
 
-DATA_KINDS = ("cifar100", "imagefolder", "shapes")
+PROCEDURAL = {"shapes": (ShapesSpec, ShapesDataset), "layouts": (LayoutsSpec, LayoutsDataset)}
+DATA_KINDS = ("cifar100", "imagefolder", *PROCEDURAL)
 AUGMENTS = ("crop", "flip")
 CROP_PADDING = 4  # the seed's CIFAR recipe: pad 4 px (zeros), then a random crop of the original size
 EVAL_CROP = 0.875  # ImageFolder evaluation: resize the short side to size/0.875, then centre-crop (ImageNet habit)
@@ -239,15 +242,15 @@ def parse_data_spec(text: str) -> tuple[str, str]:
         raise ValueError(
             f"data {text!r}: KIND must be one of {', '.join(DATA_KINDS)} (e.g. cifar100:./cifar-100-python)"
         )
-    if kind != "shapes" and not rest:
+    if kind not in PROCEDURAL and not rest:
         raise ValueError(f"data {text!r}: {kind} needs a path, e.g. {kind}:/data/{kind}")
-    if kind == "shapes":
-        ShapesSpec.parse(rest)  # check the options now, not after the model is built
+    if kind in PROCEDURAL:
+        PROCEDURAL[kind][0].parse(rest)  # check the options now, not after the model is built
     return kind, rest
 
 
 def open_data(text: str, img_size: tuple[int, int] | None = None) -> DataSource:
-    """Open a ``--data`` source; ``shapes`` renders natively at ``img_size`` when given."""
+    """Open a ``--data`` source; a procedural kind renders natively at ``img_size`` when given."""
     kind, rest = parse_data_spec(text)
     if kind == "cifar100":
         train, val, names = cifar100(rest)
@@ -255,9 +258,10 @@ def open_data(text: str, img_size: tuple[int, int] | None = None) -> DataSource:
     if kind == "imagefolder":
         train, val, names = imagefolder(rest)
         return DataSource(text, kind, train, val, names, None)
-    spec = ShapesSpec.parse(rest)
+    spec_type, dataset_type = PROCEDURAL[kind]
+    spec = spec_type.parse(rest)
     size = tuple(img_size) if img_size else (spec.size, spec.size)
-    train, val = ShapesDataset(spec, "train", size), ShapesDataset(spec, "val", size)
+    train, val = dataset_type(spec, "train", size), dataset_type(spec, "val", size)
     return DataSource(text, kind, train, val, train.class_names, size)
 
 

@@ -83,7 +83,12 @@ RUNTIME_OPTIONS = {
 SAVE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-DEFAULT_PATCH = {"cifar100": 2, "imagefolder": 16, "shapes": 4}  # the seed's 16×16 (CIFAR) and 14×14 (224²) grids
+DEFAULT_PATCH = {
+    "cifar100": 2,
+    "imagefolder": 16,
+    "shapes": 4,
+    "layouts": 4,
+}  # the seed's 16×16 (CIFAR) and 14×14 (224²) grids
 
 
 class TrainError(RuntimeError):
@@ -171,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--data",
         type=_data,
         default="shapes",
-        help="cifar100:PATH, imagefolder:PATH or shapes[:SPEC] (default: shapes)",
+        help="cifar100:PATH, imagefolder:PATH, shapes[:SPEC] or layouts[:SPEC] (default: shapes)",
     )
     g.add_argument("--img-size", type=_img_size, help="N or HxW (default: the data's size; 224 for imagefolder)")
     g.add_argument("--augment", type=_augment, default=("crop", "flip"), help="crop,flip (default), crop, flip or none")
@@ -185,7 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--atoms", type=_positive_int, default=4, help="Gaussians per head, 1-8 (default 4)")
     g.add_argument(
-        "--patch-size", type=_positive_int, help="default: the seed's, 2 for cifar100, 16 for imagefolder; 4 for shapes"
+        "--patch-size",
+        type=_positive_int,
+        help="default: 2 for cifar100, 16 for imagefolder, 4 for shapes and layouts",
     )
     g.add_argument("--dim", type=_positive_int, default=256)
     g.add_argument("--depth", type=_positive_int, default=6)
@@ -208,6 +215,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--warmup-epochs", type=_float_in(0, 1e6), default=5.0)
     g.add_argument(
         "--gate-lr-mult", type=_float_in(0, 1e4, lo_open=True), default=1.0, help="lr multiplier of the steering gates"
+    )
+    g.add_argument(
+        "--field-lr-mult",
+        type=_float_in(0, 1e4, lo_open=True),
+        default=1.0,
+        help="lr multiplier of the fixed field's μ, σ, λ, τ",
     )
     g.add_argument("--seed", type=_nonneg_int, default=0)
 
@@ -346,14 +359,26 @@ def lr_factor(step: int, warmup: int, total: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
+FIELD_PARAMETERS = ("mu", "raw_sigma", "log_lambda", "raw_temperature")  # the fixed field of an SSOG layer
+
+
 def make_optimizer(model: nn.Module, args: argparse.Namespace) -> torch.optim.AdamW:
-    """AdamW with weight decay on every parameter (the seed's recipe); the steering gates get their own lr."""
-    gates = [p for n, p in model.named_parameters() if n.rsplit(".", 1)[-1].endswith("_scale")]
-    gate_ids = {id(p) for p in gates}
-    rest = [p for p in model.parameters() if id(p) not in gate_ids]
+    """AdamW with weight decay on every parameter (the seed's recipe).
+
+    The steering gates and the fixed field's parameters (μ, σ, λ, τ) get their own learning-rate multipliers:
+    under Adam a parameter moves about one learning rate per step, so a short run cannot open a cold gate or
+    move an atom by several grid cells without them.
+    """
+    field_mult = getattr(args, "field_lr_mult", 1.0)
+    gates, field, rest = [], [], []
+    for name, p in model.named_parameters():
+        leaf = name.rsplit(".", 1)[-1]
+        is_field = leaf in FIELD_PARAMETERS and field_mult != 1.0  # no extra group by default: old runs resume
+        (gates if leaf.endswith("_scale") else field if is_field else rest).append(p)
     groups = [{"params": rest, "lr": args.lr}]
-    if gates:
-        groups.append({"params": gates, "lr": args.lr * args.gate_lr_mult})
+    for params, mult in ((gates, args.gate_lr_mult), (field, field_mult)):
+        if params:
+            groups.append({"params": params, "lr": args.lr * mult})
     return torch.optim.AdamW(groups, lr=args.lr, weight_decay=args.weight_decay)
 
 
