@@ -102,6 +102,9 @@ class LayerField:
         tau: the layer temperature.
         gates: positive scale ``s`` of each enabled tap (``{"mu": .., "sigma": .., "lambda": ..}``).
         entropy, radius: ``(H,)`` stats of the fixed field on the model's grid (:func:`head_stats`).
+        spread: ``(H, 2)`` standard deviation (y, x) of the centre query's field over key displacement on
+            the model's grid, in grid cells (:func:`density_moments`).
+        reach: ``(H,)`` RMS key distance from that query (grid cells): how far a head reads.
     """
 
     density: Tensor
@@ -113,6 +116,33 @@ class LayerField:
     gates: dict[str, float]
     entropy: Tensor
     radius: Tensor
+    spread: Tensor
+    reach: Tensor
+
+    @property
+    def elongation(self) -> Tensor:
+        """``(H,)`` ratio of the larger to the smaller of a head's two spreads: ≥ 2 reads as a strip."""
+        return self.spread.max(-1).values / self.spread.min(-1).values.clamp_min(1e-6)
+
+
+def density_moments(density: Tensor) -> tuple[Tensor, Tensor]:
+    """Spread and reach of fields over key displacement ``(..., 2E_y+1, 2E_x+1)`` (centre = the query).
+
+    Returns ``(spread, reach)``: the standard deviation along y and x ``(..., 2)`` and the RMS distance of the
+    keys from the query ``(...)``, both in grid cells. The density is renormalised first, so a field cut by
+    the grid's edge is measured on what the grid holds.
+    """
+    ny, nx = density.shape[-2:]
+    p = density / density.sum(dim=(-2, -1), keepdim=True)
+    oy = torch.arange(ny, dtype=p.dtype, device=p.device) - (ny - 1) / 2
+    ox = torch.arange(nx, dtype=p.dtype, device=p.device) - (nx - 1) / 2
+    py, px = p.sum(-1), p.sum(-2)  # marginals over y and x
+    var = []
+    for marginal, offsets in ((py, oy), (px, ox)):
+        mean = (marginal * offsets).sum(-1, keepdim=True)
+        var.append((marginal * (offsets - mean).square()).sum(-1))
+    reach = ((py * oy.square()).sum(-1) + (px * ox.square()).sum(-1)).sqrt()
+    return torch.stack(var, dim=-1).clamp_min(0).sqrt(), reach
 
 
 def layer_field(attn: SSOGAttention, grid: tuple[int, int], extent: tuple[int, int] | None = None) -> LayerField:
@@ -121,8 +151,11 @@ def layer_field(attn: SSOGAttention, grid: tuple[int, int], extent: tuple[int, i
     extent = extent or (gh - 1, gw - 1)
     field = attn.fixed_field()
     stats = head_stats(attention_matrix(field, grid, attn.mode)[0], grid)
+    density = displacement_density(field, extent, attn.mode).float().cpu()
+    on_grid = density if extent == (gh - 1, gw - 1) else displacement_density(field, (gh - 1, gw - 1), attn.mode)
+    spread, reach = density_moments(on_grid.double())
     return LayerField(
-        density=displacement_density(field, extent, attn.mode).float().cpu(),
+        density=density,
         extent=extent,
         mu=field.mu.detach().float().cpu(),  # detached: .float() on a float32 parameter returns the parameter
         sigma=field.sigma.float().cpu(),
@@ -131,6 +164,8 @@ def layer_field(attn: SSOGAttention, grid: tuple[int, int], extent: tuple[int, i
         gates={k: float(v) for k, v in attn.gate_scales().items()},
         entropy=stats["entropy"].float().cpu(),
         radius=stats["radius"].float().cpu(),
+        spread=spread.float().cpu(),
+        reach=reach.float().cpu(),
     )
 
 

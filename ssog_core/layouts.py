@@ -47,6 +47,11 @@ def _angle(rng: np.random.Generator, kind: str) -> float:
     return base + rng.uniform(-JITTER, JITTER)
 
 
+def _place(rng: np.random.Generator, lo: float, hi: float) -> float:
+    """A uniform position in [lo, hi], or the middle when the object only just fits."""
+    return rng.uniform(lo, hi) if hi > lo else (lo + hi) / 2
+
+
 def _disc(cx: float, cy: float, r: float) -> Polygon:
     return [(cx + r * math.cos(2 * math.pi * k / 32), cy + r * math.sin(2 * math.pi * k / 32)) for k in range(32)]
 
@@ -72,7 +77,7 @@ def _polygons(label: int, rng: np.random.Generator, h: int, w: int) -> list[Poly
     if name == "plus":
         length, width = rng.uniform(0.5, 0.75) * side, rng.uniform(0.06, 0.09) * side
         a = _angle(rng, "horizontal")
-        cx, cy = (rng.uniform(length / 2 + 1, d - length / 2 - 1) for d in (w, h))
+        cx, cy = (_place(rng, length / 2 + width, d - length / 2 - width) for d in (w, h))
         return _bar(cx, cy, a, length, width) + _bar(cx, cy, a + math.pi / 2, length, width)
     if name == "corner":
         arm, width = rng.uniform(0.4, 0.6) * side, rng.uniform(0.06, 0.09) * side
@@ -81,26 +86,25 @@ def _polygons(label: int, rng: np.random.Generator, h: int, w: int) -> list[Poly
         ux, uy, vx, vy = math.cos(a), math.sin(a), -math.sin(a), math.cos(a)
         xs, ys = [0, ux * arm, vx * arm], [0, uy * arm, vy * arm]
         m = width
-        cx = rng.uniform(m - min(xs), w - m - max(xs))
-        cy = rng.uniform(m - min(ys), h - m - max(ys))
+        cx, cy = _place(rng, m - min(xs), w - m - max(xs)), _place(rng, m - min(ys), h - m - max(ys))
         return _stroke([(cx + ux * arm, cy + uy * arm), (cx, cy), (cx + vx * arm, cy + vy * arm)], width)
     a = _angle(rng, kind)
     if what == "bar":
-        length, width = rng.uniform(0.55, 0.85) * side, rng.uniform(0.05, 0.08) * side
+        length, width = rng.uniform(0.55, 0.8) * side, rng.uniform(0.05, 0.08) * side
         ex, ey = abs(math.cos(a)) * length / 2 + width, abs(math.sin(a)) * length / 2 + width
-        cx, cy = rng.uniform(ex, w - ex), rng.uniform(ey, h - ey)
+        cx, cy = _place(rng, ex, w - ex), _place(rng, ey, h - ey)
         return _bar(cx, cy, a, length, width)
     if what == "pair":
         r, gap = rng.uniform(0.06, 0.09) * side, rng.uniform(0.4, 0.65) * side
         ex, ey = abs(math.cos(a)) * gap / 2 + r, abs(math.sin(a)) * gap / 2 + r
-        cx, cy = rng.uniform(ex, w - ex), rng.uniform(ey, h - ey)
+        cx, cy = _place(rng, ex, w - ex), _place(rng, ey, h - ey)
         dx, dy = math.cos(a) * gap / 2, math.sin(a) * gap / 2
         return [_disc(cx - dx, cy - dy, r), _disc(cx + dx, cy + dy, r)]
     # stripes: a square patch; its half-diagonal bounds the rotated extent
     patch = rng.uniform(0.35, 0.5) * side
     period = rng.uniform(0.11, 0.15) * side
     half = patch / math.sqrt(2)
-    cx, cy = rng.uniform(half, w - half), rng.uniform(half, h - half)
+    cx, cy = _place(rng, half, w - half), _place(rng, half, h - half)
     return _stripes(cx, cy, a, patch, period, period * 0.5)
 
 

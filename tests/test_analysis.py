@@ -10,6 +10,7 @@ from PIL import Image
 from ssog_core import ViT, save_checkpoint
 from ssog_core.analysis import (
     attention_maps,
+    density_moments,
     export_maps,
     head_fields,
     head_stats,
@@ -117,6 +118,36 @@ def test_head_stats_brute_force():
             )
             rad += d2**0.5 / 6
         assert abs(float(stats["entropy"][h]) - ent) < 1e-9 and abs(float(stats["radius"][h]) - rad) < 1e-9
+
+
+def test_density_moments_match_a_float64_loop_on_an_odd_grid():
+    torch.manual_seed(3)
+    density = torch.rand(2, 7, 5, dtype=torch.float64) ** 3  # (heads, 2E_y+1, 2E_x+1), centre (3, 2)
+    spread, reach = density_moments(density)
+    for h in range(2):
+        p = density[h] / density[h].sum()
+        pts = [(float(p[i, j]), i - 3, j - 2) for i in range(7) for j in range(5)]
+        my, mx = sum(w * y for w, y, _ in pts), sum(w * x for w, _, x in pts)
+        sy = sum(w * (y - my) ** 2 for w, y, _ in pts) ** 0.5
+        sx = sum(w * (x - mx) ** 2 for w, _, x in pts) ** 0.5
+        rms = sum(w * (y * y + x * x) for w, y, x in pts) ** 0.5
+        assert abs(float(spread[h, 0]) - sy) < 1e-12 and abs(float(spread[h, 1]) - sx) < 1e-12
+        assert abs(float(reach[h]) - rms) < 1e-12
+
+
+def test_head_fields_measure_a_strip_as_elongated():
+    model = steered_model(num_atoms=1)
+    attn = model.blocks[0].attn
+    with torch.no_grad():  # head 0: a vertical strip, head 1: round, head 2: a horizontal band
+        attn.mu.zero_()
+        for h, (sy, sx) in enumerate([(2.5, 0.5), (1.0, 1.0), (0.5, 1.5)]):
+            target = torch.tensor([sy, sx], dtype=torch.float64)
+            lo = model.config.sigma_floor
+            attn.raw_sigma[h, 0] = torch.log(torch.expm1(target - lo))
+    f = head_fields(model)[0]
+    assert float(f.elongation[0]) > 2.5 and float(f.spread[0, 0]) > float(f.spread[0, 1])
+    assert float(f.elongation[1]) < 1.3 and float(f.elongation[2]) > 1.8
+    assert (f.reach > 0).all()
 
 
 def test_head_fields_and_steering_offsets():
