@@ -1,11 +1,13 @@
-"""Measure the demo checkpoints and write docs/RESULTS.md (+ figures): SSOG vs its dot twin on ``shapes``.
+"""Measure the demo checkpoints and write docs/RESULTS.md (+ figures): SSOG vs its dot twin on a procedural set.
 
-    python docs/results.py [--ssog checkpoints/ssog_shapes.safetensors] [--dot checkpoints/dot_shapes.safetensors]
+    python docs/results.py [--ssog checkpoints/ssog_layouts.safetensors] [--dot checkpoints/dot_layouts.safetensors]
 
 For each checkpoint: parameters, FLOPs per forward (``ssog_core.info.count_flops``), validation accuracy at
-the training size and zero-shot at other sizes (``ssog_core.evaluate``), the steering gate scales per layer,
-and where the accumulated export map is positive: the mean accumulated value on the object's patches vs the
-background, over validation images whose object mask is known (``ssog_core.shapes.render_with_mask``).
+the training size and zero-shot at other sizes (``ssog_core.evaluate``); for the SSOG model the geometry of every
+layer (reach, entropy, elongated heads: ``ssog_core.analysis.head_fields``) and its steering gates against their
+cold start; and where the accumulated export map is positive: the mean accumulated value on the object's patches
+vs the background and vs the grid's border ring, over validation images whose object mask is known (the data
+set's ``render_with_mask``).
 """
 
 from __future__ import annotations
@@ -21,48 +23,81 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ssog_core.analysis import export_maps  # noqa: E402
+from ssog_core import layouts, shapes  # noqa: E402
+from ssog_core.analysis import export_maps, head_fields  # noqa: E402
 from ssog_core.checkpoint import atomic_write, load_checkpoint  # noqa: E402
 from ssog_core.evaluate import evaluate_sizes, plot_transfer  # noqa: E402
 from ssog_core.info import count_flops, count_params  # noqa: E402
-from ssog_core.shapes import ShapesSpec, render_with_mask  # noqa: E402
 
 COLD = 3.35e-4  # softplus(-8) + 1e-4: a cold gate's starting scale
 WARM = 0.1270  # softplus(-2) + 1e-4
+ELONGATED = 2.0  # a head whose field's spread along one axis is ≥ 2× the other reads as a strip
+COVERED = 0.25  # a patch belongs to the object when at least a quarter of it is covered (bars are thin)
+PROCEDURAL = {
+    "shapes": (shapes.ShapesSpec, shapes.render_with_mask),
+    "layouts": (layouts.LayoutsSpec, layouts.render_with_mask),
+}
 
 
-def object_export(model: torch.nn.Module, spec: ShapesSpec, n: int, size: tuple[int, int]) -> dict[str, float]:
-    """Accumulated export on the object's patches vs the background, over ``n`` validation images."""
+def object_export(model: torch.nn.Module, kind: str, spec, n: int, size: tuple[int, int]) -> dict[str, float]:
+    """Accumulated export on the object's patches vs the background and the border ring, over ``n`` val images."""
+    render_with_mask = PROCEDURAL[kind][1]
     p = model.config.patch_size
     gh, gw = size[0] // p, size[1] // p
-    on, off, wins, share = [], [], 0, []
+    ring = np.ones((gh, gw), dtype=bool)
+    ring[1:-1, 1:-1] = False
+    on, off, border, wins, share, top_on_border = [], [], [], 0, [], []
     for start in range(0, n, 50):
         imgs, masks = [], []
         for i in range(start, min(n, start + 50)):
             img, _, alpha = render_with_mask(spec.seed, "val", i, spec.classes, size)
             imgs.append(torch.from_numpy(img).permute(2, 0, 1).float() / 255)
-            masks.append(alpha.reshape(gh, p, gw, p).mean(axis=(1, 3)) > 0.5)  # patches mostly covered
+            masks.append(alpha.reshape(gh, p, gw, p).mean(axis=(1, 3)) >= COVERED)
         acc = export_maps(model, torch.stack(imgs)).accumulated.numpy()
         for a, m in zip(acc, masks, strict=True):
             if m.any() and (~m).any():
                 on.append(a[m].mean())
                 off.append(a[~m].mean())
+                border.append(a[ring & ~m].mean() if (ring & ~m).any() else np.nan)
                 wins += a[m].mean() > a[~m].mean()
                 share.append((a[m] > 0).mean())
+                k = max(1, int(m.sum()))  # as many top exporters as the object has patches
+                top = np.argsort(a.ravel())[::-1][:k]
+                top_on_border.append((ring & ~m).ravel()[top].mean())
     return {
         "object": float(np.mean(on)),
         "background": float(np.mean(off)),
+        "border": float(np.nanmean(border)),
         "object_wins": wins / len(on),
         "object_positive_share": float(np.mean(share)),
+        "top_on_border": float(np.mean(top_on_border)),
         "images": len(on),
     }
 
 
-def example_figure(models: dict[str, torch.nn.Module], spec: ShapesSpec, size: tuple[int, int], path: Path) -> None:
+def geometry(model: torch.nn.Module) -> list[dict[str, float]]:
+    """Per layer: mean reach and entropy of the fixed fields, elongated heads, gate scales."""
+    rows = []
+    for lf in head_fields(model):
+        rows.append(
+            {
+                "reach": float(lf.reach.mean()),
+                "reach_range": (float(lf.reach.min()), float(lf.reach.max())),
+                "entropy": float(lf.entropy.mean()),
+                "elongated": int((lf.elongation >= ELONGATED).sum()),
+                "max_elongation": float(lf.elongation.max()),
+                "gates": dict(lf.gates),
+            }
+        )
+    return rows
+
+
+def example_figure(models: dict[str, torch.nn.Module], kind: str, spec, size: tuple[int, int], path: Path) -> None:
     """A few validation images with each model's accumulated export map (RdBu, zero-centred)."""
     from matplotlib.figure import Figure
 
-    idx = [0, 3, 5, 7, 8, 11]
+    render_with_mask = PROCEDURAL[kind][1]
+    idx = [0, 3, 4, 6, 8, 9]
     fig = Figure(figsize=(2 * len(idx), 2 * (1 + len(models))), dpi=100)
     axes = fig.subplots(1 + len(models), len(idx))
     for col, i in enumerate(idx):
@@ -85,9 +120,9 @@ def example_figure(models: dict[str, torch.nn.Module], spec: ShapesSpec, size: t
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ssog", default=str(ROOT / "checkpoints" / "ssog_shapes.safetensors"))
-    ap.add_argument("--dot", default=str(ROOT / "checkpoints" / "dot_shapes.safetensors"))
-    ap.add_argument("--sizes", type=int, nargs="+", default=[24, 32, 40, 48, 56, 64, 80])
+    ap.add_argument("--ssog", default=str(ROOT / "checkpoints" / "ssog_layouts.safetensors"))
+    ap.add_argument("--dot", default=str(ROOT / "checkpoints" / "dot_layouts.safetensors"))
+    ap.add_argument("--sizes", type=int, nargs="+", default=[28, 40, 56, 72, 84, 112])
     ap.add_argument("--export-images", type=int, default=300)
     ap.add_argument("--out", default=str(ROOT / "docs"))
     args = ap.parse_args()
@@ -98,28 +133,30 @@ def main() -> None:
         model, meta = load_checkpoint(path)
         models[name] = model
         size = tuple(model.config.img_size)
-        spec = ShapesSpec.parse(meta["data"].partition(":")[2])
+        kind, _, rest = meta["data"].partition(":")
+        spec = PROCEDURAL[kind][0].parse(rest)
         sizes = [(s, s) for s in args.sizes]
         table, _ = evaluate_sizes(path, sizes=sizes)
         transfer[name] = table
-        plot_transfer(table, out / f"transfer_{name.lower()}.png", f"{name}: zero-shot resolution transfer on shapes")
+        plot_transfer(table, out / f"transfer_{name.lower()}.png", f"{name}: zero-shot resolution transfer on {kind}")
         rows[name] = {
             "path": Path(path).name,
             "meta": meta,
             "params": count_params(model),
             "flops": count_flops(model),
             "acc": next(r["accuracy"] for r in table if r["trained"]),
-            "export": object_export(model, spec, args.export_images, size),
+            "export": object_export(model, kind, spec, args.export_images, size),
+            "geometry": geometry(model),
             "gates": meta.get("gate_scales", {}),
             "bytes": Path(path).stat().st_size,
         }
         print(name, {k: v for k, v in rows[name].items() if k != "meta"}, flush=True)
-    example_figure(models, spec, size, out / "export_maps_shapes.png")
+    example_figure(models, kind, spec, size, out / f"export_maps_{kind}.png")
 
     s = rows["SSOG"]
     cfg = s["meta"]["config"]
     lines = [
-        "# Results: SSOG vs its dot-product twin on `shapes` (matched recipe)",
+        f"# Results: SSOG vs its dot-product twin on `{kind}` (matched recipe)",
         "",
         "Written by `python docs/results.py` from the demo checkpoints in `checkpoints/` (see",
         "`checkpoints/MODEL_CARD.md` for how they were trained). CPU, float32 evaluation, validation split of",
@@ -152,34 +189,54 @@ def main() -> None:
         "",
         "(bold: the training size). Plots: `docs/transfer_ssog.png`, `docs/transfer_dot.png`.",
         "",
-        "## Steering gates of the SSOG model",
+        "## What the SSOG model learned: geometry per layer",
         "",
-        f"Gate scale s = softplus(raw) + 1e-4 per layer; a cold gate starts at {COLD:.2g}, a warm one at {WARM:.3f}"
-        f" (this model: {'cold' if cfg['cold_init'] else 'warm'} start).",
+        "From `ssog_core.analysis.head_fields`, on each head's fixed (unsteered) field as a density over key",
+        "displacement on the model's grid: *reach* = RMS key distance from the query (grid cells), *elongated* =",
+        f"the field's standard deviations along y and x differ by ≥ {ELONGATED:g}× (either way round); entropy in",
+        "nats.",
+        f"Gate scale s = softplus(raw) + 1e-4; a cold gate starts at {COLD:.2g}, a warm one at {WARM:.3f} "
+        f"(this model: {'cold' if cfg['cold_init'] else 'warm'} start); ×cold = s / {COLD:.2g}.",
         "",
-        "| layer | s(μδ) | s(σδ) | s(λ) |",
-        "|---:|---:|---:|---:|",
+        "| layer | mean reach | reach min–max | mean entropy | elongated heads | most elongated "
+        "| s(μδ) | s(σδ) | s(λ) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    g = s["gates"]
-    for layer in range(cfg["depth"]):
-        lines.append(f"| {layer} | " + " | ".join(f"{g[t][layer]:.4f}" for t in ("mu", "sigma", "lambda")) + " |")
+    geo = s["geometry"]
+    for layer, g in enumerate(geo):
+        gates = " | ".join(f"{g['gates'][t]:.3f} (×{g['gates'][t] / COLD:,.0f})" for t in ("mu", "sigma", "lambda"))
+        lo, hi = g["reach_range"]
+        lines.append(
+            f"| {layer} | {g['reach']:.2f} | {lo:.2f}–{hi:.2f} | {g['entropy']:.2f} | {g['elongated']} of "
+            f"{cfg['num_heads']} | {g['max_elongation']:.1f}× | {gates} |"
+        )
+    lines += [
+        "",
+        f"Deepest layer's mean reach / layer 0's: **{geo[-1]['reach'] / geo[0]['reach']:.2f}×**; elongated heads in "
+        f"all: **{sum(g['elongated'] for g in geo)}**; smallest gate growth over its cold start: "
+        f"**×{min(g['gates'][t] for g in geo for t in g['gates']) / COLD:,.0f}**.",
+    ]
     lines += [
         "",
         "## Who exports: accumulated export maps on the object",
         "",
         "Accumulated net export (sum over layers of pull-out − pull-in, α = 0.5) on "
-        f"{s['export']['images']} validation images, split by the object's mask (patches at least half covered):",
+        f"{s['export']['images']} held-out validation images, split by the object's mask (patches at least "
+        f"{COVERED:.0%} covered). *Border* is the background on the grid's outer ring; *top exporters on the border*"
+        " is the share of the k strongest exporters (k = the object's patch count) that are border background.",
         "",
-        "| model | mean on object | mean on background | images where object > background | object patches > 0 |",
-        "|---|---:|---:|---:|---:|",
+        "| model | mean on object | mean on background | mean on border | images where object > background "
+        "| object patches > 0 | top exporters on the border |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in rows.items():
         e = r["export"]
         lines.append(
-            f"| {name} | {e['object']:+.3f} | {e['background']:+.3f} | {100 * e['object_wins']:.0f}% | "
-            f"{100 * e['object_positive_share']:.0f}% |"
+            f"| {name} | {e['object']:+.3f} | {e['background']:+.3f} | {e['border']:+.3f} | "
+            f"{100 * e['object_wins']:.1f}% | {100 * e['object_positive_share']:.0f}% | "
+            f"{100 * e['top_on_border']:.0f}% |"
         )
-    lines += ["", "![accumulated export maps](export_maps_shapes.png)", ""]
+    lines += ["", f"![accumulated export maps](export_maps_{kind}.png)", ""]
     curves = {n: out / f"metrics_{n.lower()}.jsonl" for n in rows}
     if all(p.is_file() for p in curves.values()):
         logs = {n: [json.loads(line) for line in p.read_text().splitlines()] for n, p in curves.items()}
