@@ -5,7 +5,7 @@ a striped patch, a plus or a corner, each vertical, horizontal or diagonal. A cl
 parts 5–10 patches apart (a vertical pair vs a horizontal pair) or by a thin structure that runs across the
 grid, so attention has reason to reach far and along one axis -- the geometry SSOG heads can express with an
 elongated or displaced Gaussian. Objects are painted in one random saturated colour over a crop of a photo from
-``assets/backgrounds/`` (as in ``shapes``). Every image is a pure function of ``(seed, split, index)``.
+``assets/backgrounds/`` (as in ``shapes``), the photo at a third of its contrast. Every image is a pure function of ``(seed, split, index)``.
 
 Labels survive the training augmentations (a horizontal flip keeps vertical/horizontal, and "diagonal" covers
 both diagonals; a pad-crop only shifts). The object's coverage mask comes with each image, for export maps.
@@ -36,6 +36,7 @@ CLASS_NAMES: tuple[str, ...] = (
     "plus",
     "corner",
 )
+CALM = 0.35  # background contrast kept (a ViT on full-contrast photos sat at chance for 750 steps, here ~150)
 JITTER = math.radians(10)  # orientation noise, well inside the 45° that separates two classes
 
 
@@ -75,12 +76,12 @@ def _polygons(label: int, rng: np.random.Generator, h: int, w: int) -> list[Poly
     name = CLASS_NAMES[label]
     kind, _, what = name.partition(" ")
     if name == "plus":
-        length, width = rng.uniform(0.5, 0.75) * side, rng.uniform(0.06, 0.09) * side
+        length, width = rng.uniform(0.5, 0.75) * side, rng.uniform(0.08, 0.11) * side
         a = _angle(rng, "horizontal")
         cx, cy = (_place(rng, length / 2 + width, d - length / 2 - width) for d in (w, h))
         return _bar(cx, cy, a, length, width) + _bar(cx, cy, a + math.pi / 2, length, width)
     if name == "corner":
-        arm, width = rng.uniform(0.4, 0.6) * side, rng.uniform(0.06, 0.09) * side
+        arm, width = rng.uniform(0.4, 0.6) * side, rng.uniform(0.08, 0.11) * side
         a = rng.integers(4) * math.pi / 2 + rng.uniform(-JITTER, JITTER)
         # the corner sits where both arms fit: arms run along a and a + 90°
         ux, uy, vx, vy = math.cos(a), math.sin(a), -math.sin(a), math.cos(a)
@@ -90,12 +91,12 @@ def _polygons(label: int, rng: np.random.Generator, h: int, w: int) -> list[Poly
         return _stroke([(cx + ux * arm, cy + uy * arm), (cx, cy), (cx + vx * arm, cy + vy * arm)], width)
     a = _angle(rng, kind)
     if what == "bar":
-        length, width = rng.uniform(0.55, 0.8) * side, rng.uniform(0.05, 0.08) * side
+        length, width = rng.uniform(0.55, 0.8) * side, rng.uniform(0.08, 0.11) * side
         ex, ey = abs(math.cos(a)) * length / 2 + width, abs(math.sin(a)) * length / 2 + width
         cx, cy = _place(rng, ex, w - ex), _place(rng, ey, h - ey)
         return _bar(cx, cy, a, length, width)
     if what == "pair":
-        r, gap = rng.uniform(0.06, 0.09) * side, rng.uniform(0.4, 0.65) * side
+        r, gap = rng.uniform(0.08, 0.11) * side, rng.uniform(0.4, 0.65) * side
         ex, ey = abs(math.cos(a)) * gap / 2 + r, abs(math.sin(a)) * gap / 2 + r
         cx, cy = _place(rng, ex, w - ex), _place(rng, ey, h - ey)
         dx, dy = math.cos(a) * gap / 2, math.sin(a) * gap / 2
@@ -125,6 +126,7 @@ def render_with_mask(
     label = index % num_classes
     rng = np.random.default_rng([seed, SPLITS[split], index, 1])  # the trailing 1 keeps it apart from shapes
     bg = _background(rng, size, _photos(str(photos_dir)))
+    bg = CALM * bg + (1 - CALM) * bg.mean()  # the photo at reduced contrast: thin parts must stay visible
     alpha = _mask(label, rng, size)
     behind = (bg * alpha[..., None]).sum(axis=(0, 1)) / max(float(alpha.sum()), 1e-6)
     img = bg * (1 - alpha[..., None]) + _colour(rng, behind) * alpha[..., None]
