@@ -124,8 +124,12 @@ def build_model(config: ViTConfig, state: Mapping[str, Tensor], source: str = "c
     return model.eval()
 
 
-def read_checkpoint(path: str | Path) -> tuple[ViTConfig, dict[str, Tensor], dict[str, Any]]:
-    """Config, raw tensors and metadata of a checkpoint file, with clear errors for bad files."""
+def read_safetensors(path: str | Path) -> tuple[dict[str, str], dict[str, Tensor]]:
+    """Header and tensors of any safetensors file this project writes, with clear errors for bad files.
+
+    The one reader for ViT and language-model checkpoints: missing, empty, oversized, pickle-based and
+    truncated files are refused with a message that names the file.
+    """
     path = Path(path)
     name = path.name
     if not path.is_file():
@@ -146,6 +150,13 @@ def read_checkpoint(path: str | Path) -> tuple[ViTConfig, dict[str, Tensor], dic
             state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"{name} is not a readable safetensors file (truncated or corrupt?): {e}") from None
+    return header, state
+
+
+def read_checkpoint(path: str | Path) -> tuple[ViTConfig, dict[str, Tensor], dict[str, Any]]:
+    """Config, raw tensors and metadata of a ViT checkpoint file, with clear errors for bad files."""
+    name = Path(path).name
+    header, state = read_safetensors(path)
     if header.get("format") != FORMAT or "config" not in header:
         raise CheckpointError(
             f"{name} has no SSOG Lab header (format {header.get('format')!r}); if it holds a reference-"

@@ -28,12 +28,18 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from ssog_core.attention import DotAttention, RBFAttention
-from ssog_core.checkpoint import CheckpointError, atomic_write, software_versions, state_dict_problems
+from ssog_core.checkpoint import (
+    CheckpointError,
+    atomic_write,
+    read_safetensors,
+    software_versions,
+    state_dict_problems,
+)
+from ssog_core.vit import Block
 
 LM_FORMAT = "ssog-lab-lm/1"
 POSITIONS = ("susie", "learned", "none")
@@ -140,30 +146,12 @@ class Tokenizer:
         return {"kind": self.kind, "chars": self.chars}
 
 
-class LMBlock(nn.Module):
-    """Pre-norm block with causal attention: ``x + attn(LN(x))``, then ``x + MLP(LN(x))``."""
-
-    def __init__(self, cfg: LMConfig):
-        super().__init__()
-        susie = "1d" if cfg.position == "susie" else None
-        self.norm1 = nn.LayerNorm(cfg.dim)
-        if cfg.attn == "rbf":
-            self.attn = RBFAttention(cfg.dim, cfg.num_heads, susie=susie, susie_dim=cfg.susie_dim, causal=True)
-        else:
-            self.attn = DotAttention(
-                cfg.dim, cfg.num_heads, qk_norm=cfg.qk_norm, susie=susie, susie_dim=cfg.susie_dim, causal=True
-            )
-        self.norm2 = nn.LayerNorm(cfg.dim)
-        hidden = int(cfg.dim * cfg.mlp_ratio)
-        self.mlp = nn.Sequential(nn.Linear(cfg.dim, hidden), nn.GELU(), nn.Linear(hidden, cfg.dim))
-        self.drop = nn.Dropout(cfg.dropout)
-
-    def forward(self, x: Tensor, grid: tuple[int, int], attn_inputs: list[Tensor] | None = None) -> Tensor:
-        h = self.norm1(x)
-        if attn_inputs is not None:
-            attn_inputs.append(h)
-        x = x + self.drop(self.attn(h, grid))
-        return x + self.drop(self.mlp(self.norm2(x)))
+def _attention(cfg: LMConfig) -> nn.Module:
+    """The causal attention module of one block."""
+    susie = "1d" if cfg.position == "susie" else None
+    if cfg.attn == "rbf":
+        return RBFAttention(cfg.dim, cfg.num_heads, susie=susie, susie_dim=cfg.susie_dim, causal=True)
+    return DotAttention(cfg.dim, cfg.num_heads, qk_norm=cfg.qk_norm, susie=susie, susie_dim=cfg.susie_dim, causal=True)
 
 
 class CausalLM(nn.Module):
@@ -180,7 +168,9 @@ class CausalLM(nn.Module):
             std = 0.0 if cfg.attn == "rbf" else 0.02  # RBF: keys start at the origin, equally close to all queries
             self.registers = nn.Parameter(torch.randn(1, cfg.num_registers, cfg.dim) * std)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(LMBlock(cfg) for _ in range(cfg.depth))
+        self.blocks = nn.ModuleList(
+            Block(cfg.dim, _attention(cfg), cfg.mlp_ratio, cfg.dropout) for _ in range(cfg.depth)
+        )
         self.norm = nn.LayerNorm(cfg.dim)
         self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         nn.init.normal_(self.head.weight, std=0.02)  # near-uniform first predictions: initial loss ≈ log(vocab)
@@ -245,14 +235,7 @@ def save_lm(path: str | Path, model: CausalLM, tokenizer: Tokenizer, meta: dict[
 def load_lm(path: str | Path, device: str | torch.device = "cpu") -> tuple[CausalLM, Tokenizer, dict[str, Any]]:
     """A checkpoint written by :func:`save_lm` as an eval-mode float32 model, its tokenizer and metadata."""
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path.name}: no such checkpoint file")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            header = f.metadata() or {}
-            state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
-    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"{path.name} is not a readable safetensors file: {e}") from None
+    header, state = read_safetensors(path)
     if header.get("format") != LM_FORMAT:
         raise CheckpointError(f"{path.name} is not a language-model checkpoint (format {header.get('format')!r})")
     try:

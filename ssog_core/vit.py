@@ -19,17 +19,21 @@ from ssog_core.config import ViTConfig
 
 
 class Block(nn.Module):
-    """Pre-norm block: ``x + drop(attn(LN(x)))``, then ``x + drop(MLP(LN(x)))``."""
+    """Pre-norm block: ``x + drop(attn(LN(x)))``, then ``x + drop(MLP(LN(x)))``.
 
-    def __init__(self, cfg: ViTConfig):
+    Shared by the ViT and the causal language model: the attention module (any kind, causal or not) is
+    built by the caller, so the block is the same code for images and text.
+    """
+
+    def __init__(self, dim: int, attn: nn.Module, mlp_ratio: float, dropout: float):
         super().__init__()
-        self.norm1 = nn.LayerNorm(cfg.dim)
-        self.attn = build_attention(cfg)
-        self.drop1 = nn.Dropout(cfg.dropout)
-        self.norm2 = nn.LayerNorm(cfg.dim)
-        hidden = int(cfg.dim * cfg.mlp_ratio)
-        self.mlp = nn.Sequential(nn.Linear(cfg.dim, hidden), nn.GELU(), nn.Linear(hidden, cfg.dim))
-        self.drop2 = nn.Dropout(cfg.dropout)
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = attn
+        self.drop1 = nn.Dropout(dropout)
+        self.norm2 = nn.LayerNorm(dim)
+        hidden = int(dim * mlp_ratio)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+        self.drop2 = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, grid: tuple[int, int], attn_inputs: list[Tensor] | None = None) -> Tensor:
         h = self.norm1(x)
@@ -60,7 +64,9 @@ class ViT(nn.Module):
             std = 0.0 if cfg.attn == "rbf" else 0.02
             self.registers = nn.Parameter(torch.randn(1, cfg.num_registers, cfg.dim) * std)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
+        self.blocks = nn.ModuleList(
+            Block(cfg.dim, build_attention(cfg), cfg.mlp_ratio, cfg.dropout) for _ in range(cfg.depth)
+        )
         self.norm = nn.LayerNorm(cfg.dim)
         self.head = nn.Linear(cfg.dim, cfg.num_classes)
 

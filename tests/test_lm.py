@@ -99,6 +99,12 @@ def test_checkpoint_round_trip_and_bad_files(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"\x00" * 64)
     with pytest.raises(CheckpointError, match="not a readable safetensors"):
         load_lm(tmp_path / "junk.safetensors")
+    (tmp_path / "empty.safetensors").write_bytes(b"")  # the checks every checkpoint reader shares
+    with pytest.raises(CheckpointError, match="empty"):
+        load_lm(tmp_path / "empty.safetensors")
+    (tmp_path / "lm.pt").write_bytes(b"\x80\x02}q\x00.")
+    with pytest.raises(CheckpointError, match="never unpickles"):
+        load_lm(tmp_path / "lm.pt")
     from ssog_core import ViT, save_checkpoint
 
     vit = save_checkpoint(tmp_path / "vit.safetensors", ViT(num_classes=2, dim=8, depth=1, num_heads=2, attn="dot"))
