@@ -6,10 +6,12 @@
     torchrun --nproc_per_node 4 -m ssog_core.train --data imagefolder:/data/imagenet --out runs/in1k
 
 The recipe (defaults): AdamW (lr 1e-3, weight decay 0.05 on every parameter, as the seed does), linear
-warm-up for 5 epochs then cosine decay to 0, updated every step; pad-4 random crop + horizontal flip;
-batch 128 with drop_last; dropout 0.1. ``--batch-size`` is the global batch, split over torchrun's
-processes, so the schedule is the same on any number of GPUs. On CUDA, bf16 autocast and
-``torch.compile`` are on unless turned off.
+warm-up for 5 epochs then cosine decay to 0, updated every step; the data kind's crop + horizontal flip
+(``--augment crop,flip``: a pad-4 random crop for cifar100 / shapes / layouts, an Inception random-resized crop
+for imagefolder; name ``pad-crop`` or ``resized-crop`` to choose); batch 128 with drop_last; dropout 0.1.
+``--batch-size`` is the global batch, split over torchrun's processes, so the schedule is the same on any number
+of GPUs. On CUDA, bf16 autocast and ``torch.compile`` are on unless turned off. The transforms are printed at the
+start and stored in the checkpoint metadata (``augment``, ``crop_pad``, ``transforms``).
 
 Files in ``--out``: ``last.safetensors`` (float32 weights + config + metadata, written periodically and at
 the end), ``train_state.pt`` (weights, optimizer, scheduler, RNG states and position, for ``--resume``),
@@ -50,13 +52,16 @@ from tqdm import tqdm
 from ssog_core.checkpoint import CheckpointError, atomic_write, save_checkpoint, software_versions, unwrap
 from ssog_core.config import ATTENTION_KINDS, ViTConfig
 from ssog_core.data import (
-    AUGMENTS,
+    CROP_PADDING,
     DataError,
     DataSource,
     EpochSampler,
     Transformed,
+    describe_transforms,
     open_data,
+    parse_augment,
     parse_data_spec,
+    resolve_augment,
     to_float,
 )
 from ssog_core.evaluate import autocast, eval_loader, evaluate_loader
@@ -146,13 +151,10 @@ def _steer(text: str) -> tuple[str, ...]:
 
 
 def _augment(text: str) -> tuple[str, ...]:
-    parts = tuple(t.strip() for t in text.split(",") if t.strip())
-    if parts == ("none",):
-        return ()
-    bad = [t for t in parts if t not in AUGMENTS]
-    if bad or not parts or len(set(parts)) != len(parts):
-        raise argparse.ArgumentTypeError(f"{text!r}: give crop,flip, crop, flip or none")
-    return tuple(t for t in AUGMENTS if t in parts)
+    try:
+        return parse_augment(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _data(text: str) -> str:
@@ -179,7 +181,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="cifar100:PATH, imagefolder:PATH, shapes[:SPEC] or layouts[:SPEC] (default: shapes)",
     )
     g.add_argument("--img-size", type=_img_size, help="N or HxW (default: the data's size; 224 for imagefolder)")
-    g.add_argument("--augment", type=_augment, default=("crop", "flip"), help="crop,flip (default), crop, flip or none")
+    g.add_argument(
+        "--augment",
+        type=_augment,
+        default=("crop", "flip"),
+        help="comma list of pad-crop, resized-crop, crop (the data's default: pad-crop, resized-crop for "
+        "imagefolder) and flip, or none (default: crop,flip)",
+    )
+    g.add_argument(
+        "--crop-pad", type=_nonneg_int, default=CROP_PADDING, help="zero padding of pad-crop, pixels (default 4)"
+    )
     g.add_argument("--workers", type=_nonneg_int, help="data loader processes (default: 4 on CUDA, 0 on CPU)")
 
     g = ap.add_argument_group("model")
@@ -534,7 +545,9 @@ class Trainer:
             check_space(self.out, need_bytes=2 * 20 * self.num_params + 16 * 1024**2)
         _sync(d)
         self.optimizer = make_optimizer(self.model, args)
-        self.train_set = Transformed(self.data.train, args.img_size, args.augment, args.seed)
+        self.augment = resolve_augment(args.augment, self.data.kind)
+        self.transforms = describe_transforms(self.data.kind, self.augment, args.crop_pad, args.img_size)
+        self.train_set = Transformed(self.data.train, args.img_size, self.augment, args.seed, args.crop_pad)
         self.sampler = EpochSampler(self.train_set, d.world, d.rank, args.seed)
         self.steps_per_epoch = self.sampler.num_samples // self.local_batch
         if self.steps_per_epoch == 0:
@@ -613,6 +626,9 @@ class Trainer:
             "val_loss": val_loss,
             "finished": finished,
             "processes": self.d.world,
+            "augment": list(self.augment),
+            "crop_pad": self.args.crop_pad,
+            "transforms": self.transforms,
             "train_args": _plain_args(self.args),
             "gate_scales": gate_summary(self.model),
             "software": {**software_versions(), "numpy": np.__version__, "platform": platform.platform()},
@@ -699,6 +715,7 @@ class Trainer:
             f"{len(self.data.val)} val images, {self.data.num_classes} classes; {spe} steps/epoch × {a.epochs} epochs; "
             f"{self.d.world} process(es) on {self.d.device}, amp={self.amp}"
         )
+        self.log(f"transforms: train {self.transforms['train']}; eval {self.transforms['eval']}")
         if self.resumed_from is not None:
             self.log(f"resuming at step {self.step} (epoch {self.step // spe + 1}, batch {self.step % spe})")
         with _StopRequest() as stop:

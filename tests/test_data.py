@@ -163,7 +163,7 @@ def test_imagefolder(tmp_path):
     train, val, names = imagefolder(tmp_path)
     assert names == ["c0", "c1", "c2"] and len(train) == 12 and len(val) == 6
     size = (24, 20)
-    t = Transformed(train, size, ("crop", "flip"), seed=1)
+    t = Transformed(train, size, ("resized-crop", "flip"), seed=1)
     a, label = t[(3, 0)]
     assert a.shape == (24, 20, 3) and a.dtype == np.uint8 and label == 0
     np.testing.assert_array_equal(a, t[(3, 0)][0])  # same (seed, epoch, index): same crop
@@ -201,7 +201,7 @@ def test_pad_crop_flip_deterministic_and_varied():
     images = rng.integers(0, 256, size=(5, 32, 32, 3), dtype=np.uint8)
     from ssog_core.data import ArrayDataset
 
-    t = Transformed(ArrayDataset(images, np.arange(5)), (32, 32), ("crop", "flip"), seed=7)
+    t = Transformed(ArrayDataset(images, np.arange(5)), (32, 32), ("pad-crop", "flip"), seed=7)
     outs = [t[(2, epoch)][0] for epoch in range(6)]
     assert all(o.shape == (32, 32, 3) for o in outs)
     np.testing.assert_array_equal(outs[0], t[(2, 0)][0])
@@ -209,7 +209,7 @@ def test_pad_crop_flip_deterministic_and_varied():
     # no augmentation: the image itself; evaluation keys are plain indices
     np.testing.assert_array_equal(Transformed(t.source, (32, 32))[2][0], images[2])
     # a crop of the zero-padded image: every output row is a shifted window of the original
-    plain = Transformed(t.source, (32, 32), ("crop",), seed=7)[(2, 0)][0]
+    plain = Transformed(t.source, (32, 32), ("pad-crop",), seed=7)[(2, 0)][0]
     padded = np.pad(images[2], ((4, 4), (4, 4), (0, 0)))
     hits = [(y, x) for y in range(9) for x in range(9) if np.array_equal(padded[y : y + 32, x : x + 32], plain)]
     assert hits
