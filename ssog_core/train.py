@@ -737,7 +737,7 @@ class Trainer:
         self.net.train()
         if not (batch0 and self.running):  # a resumed epoch keeps the sums of its first part
             self.running = {"seen": 0, "loss_sum": 0.0, "correct": 0.0}
-        t0, seen_now = time.perf_counter(), 0
+        t0, c0, seen_now = time.perf_counter(), time.process_time(), 0
         bar = tqdm(
             total=spe,
             initial=batch0,
@@ -779,10 +779,11 @@ class Trainer:
                 if a.stop_after is not None and self.step >= a.stop_after and mid_epoch:
                     self._stop(f"stopped after {self.step} steps (--stop-after)")
                     return 0
-        self._end_epoch(epoch, t0, seen_now)
+        self._end_epoch(epoch, t0, c0, seen_now)
         return None
 
-    def _end_epoch(self, epoch: int, t0: float, seen_now: int) -> None:
+    def _end_epoch(self, epoch: int, t0: float, c0: float, seen_now: int) -> None:
+        """Evaluate, log and save; ``epoch_cpu_s`` (this process's CPU time) stays comparable on a shared machine."""
         train_time = time.perf_counter() - t0
         val = evaluate_loader(self.compiled, self.val_loader, self.d.device, self.amp)
         row = {
@@ -794,6 +795,7 @@ class Trainer:
             "val_loss": val["loss"],
             "val_acc": val["accuracy"],
             "epoch_time_s": round(time.perf_counter() - t0, 3),
+            "epoch_cpu_s": round(time.process_time() - c0, 3),
             "img_per_s": round(seen_now / max(train_time, 1e-9), 1),
         }
         gates = gate_summary(self.model)
