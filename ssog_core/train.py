@@ -49,7 +49,15 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from ssog_core.checkpoint import CheckpointError, atomic_write, save_checkpoint, software_versions, unwrap
+from ssog_core.checkpoint import (
+    TRANSFER_KEY,
+    CheckpointError,
+    atomic_write,
+    save_checkpoint,
+    software_versions,
+    unwrap,
+    update_metadata,
+)
 from ssog_core.config import ATTENTION_KINDS, ViTConfig
 from ssog_core.data import (
     CROP_PADDING,
@@ -64,7 +72,15 @@ from ssog_core.data import (
     resolve_augment,
     to_float,
 )
-from ssog_core.evaluate import autocast, eval_loader, evaluate_loader
+from ssog_core.evaluate import (
+    autocast,
+    eval_loader,
+    evaluate_loader,
+    evaluate_model_sizes,
+    format_transfer,
+    transfer_curve,
+    transfer_sizes,
+)
 from ssog_core.export_maps import parse_size
 from ssog_core.field import TAPS
 from ssog_core.vit import ViT
@@ -84,7 +100,9 @@ RUNTIME_OPTIONS = {
     "progress",
     "eval_batch_size",
     "out",
+    "transfer_sizes",
 }
+TRANSFER_IMAGES = 1000  # val images per size of the transfer curve measured at the end (keeps it cheap)
 SAVE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -169,6 +187,13 @@ def _img_size(text: str) -> tuple[int, int]:
     return tuple(parse_size(text))
 
 
+def _transfer_sizes(text: str) -> str | tuple[tuple[int, int], ...]:
+    """``auto`` (0.5×–2× the training size), ``none``, or a comma list of sizes (N or HxW)."""
+    if text in ("auto", "none"):
+        return text
+    return tuple(tuple(parse_size(t.strip())) for t in text.split(",") if t.strip()) or "none"
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m ssog_core.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -249,6 +274,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--amp", action=argparse.BooleanOptionalAction, help="bf16 autocast (default: on CUDA)")
     g.add_argument("--eval-batch-size", type=_positive_int, default=256)
     g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bars")
+    g.add_argument(
+        "--transfer-sizes",
+        type=_transfer_sizes,
+        default="auto",
+        help="sizes of the zero-shot resolution transfer measured at the end (stored in the checkpoint as "
+        f"{TRANSFER_KEY}; at most {TRANSFER_IMAGES} val images each): auto (0.5×, 0.75×, 1×, 1.5×, 2× the "
+        "training size, multiples of the patch), a comma list such as 16,24x32, or none",
+    )
     return ap
 
 
@@ -319,7 +352,14 @@ def check_writable(out: Path) -> None:
 def remove_unfinished(out: Path) -> list[Path]:
     """Delete the temporary files of saves that a kill interrupted (``atomic_write`` names them ``.NAME.*.tmp``):
     the complete files they would have replaced are still there, so they hold nothing of value."""
-    names = ("last.safetensors", "model.safetensors", "train_state.pt", "metrics.jsonl", "curves.png")
+    names = (
+        "last.safetensors",
+        "model.safetensors",
+        "train_state.pt",
+        "metrics.jsonl",
+        "curves.png",
+        "model.transfer.json",
+    )
     stale = [p for name in names for p in out.glob(f".{name}.*.tmp") if p.is_file()]
     for p in stale:
         p.unlink(missing_ok=True)
@@ -545,6 +585,7 @@ class Trainer:
             check_space(self.out, need_bytes=2 * 20 * self.num_params + 16 * 1024**2)
         _sync(d)
         self.optimizer = make_optimizer(self.model, args)
+        self.transfer_sizes = self._choose_transfer_sizes()
         self.augment = resolve_augment(args.augment, self.data.kind)
         self.transforms = describe_transforms(self.data.kind, self.augment, args.crop_pad, args.img_size)
         self.train_set = Transformed(self.data.train, args.img_size, self.augment, args.seed, args.crop_pad)
@@ -587,6 +628,21 @@ class Trainer:
             generator=torch.Generator(),  # keeps the loader from drawing on the global RNG
         )
         self.val_loader = eval_loader(self.data.val, args.img_size, args.eval_batch_size, self.workers, d.rank, d.world)
+
+    def _choose_transfer_sizes(self) -> list[tuple[int, int]]:
+        """The sizes of the final transfer curve, checked now rather than after hours of training."""
+        chosen = getattr(self.args, "transfer_sizes", "auto")
+        if chosen == "none":
+            return []
+        if chosen == "auto":
+            return transfer_sizes(tuple(self.args.img_size), self.args.patch_size)
+        sizes = [tuple(s) for s in chosen]
+        try:
+            for s in sizes:
+                self.model.grid_for(*s)
+        except ValueError as e:
+            raise TrainError(f"--transfer-sizes: {e}") from None
+        return sizes
 
     # ---------------------------------------------------------------------------------------------- state
 
@@ -815,6 +871,7 @@ class Trainer:
         )
 
     def finish(self) -> None:
+        """Final checkpoints, then the transfer curve added to them (a failure there leaves them complete)."""
         if self.d.main:
             last = self.metrics[-1] if self.metrics else {}
             meta = self.meta(last.get("val_acc"), last.get("val_loss"), finished=True)
@@ -824,6 +881,33 @@ class Trainer:
                 save_checkpoint(self.out / "model.safetensors", self.model, meta, dtype=dtype)
             self.log(
                 f"done: val accuracy {last.get('val_acc', float('nan')):.4f}; wrote {self.out / 'model.safetensors'}"
+            )
+        _sync(self.d)
+        if not self.transfer_sizes:
+            return
+        rows = evaluate_model_sizes(
+            self.model,
+            self.args.data,
+            self.transfer_sizes,
+            self.data.class_names,
+            self.args.eval_batch_size,
+            self.d.device,
+            self.workers,
+            self.amp,
+            TRANSFER_IMAGES,
+            self.d.rank,
+            self.d.world,
+        )
+        if self.d.main:
+            curve = transfer_curve(rows)
+            with self._writing("the resolution-transfer curve"):
+                for name in ("last.safetensors", "model.safetensors"):
+                    update_metadata(self.out / name, {TRANSFER_KEY: json.dumps(curve)})
+                atomic_write(
+                    self.out / "model.transfer.json", lambda tmp: Path(tmp).write_text(json.dumps(curve, indent=1))
+                )
+            self.log(
+                f"zero-shot resolution transfer (≤{TRANSFER_IMAGES} val images per size):\n{format_transfer(rows)}"
             )
         _sync(self.d)
 
