@@ -45,6 +45,7 @@ AUGMENTS = ("pad-crop", "resized-crop", "flip")  # what a run can ask for; "crop
 CROPS = ("pad-crop", "resized-crop")
 DEFAULT_CROP = {"cifar100": "pad-crop", "imagefolder": "resized-crop", "shapes": "pad-crop", "layouts": "pad-crop"}
 CROP_PADDING = 4  # the seed's CIFAR recipe: pad 4 px (zeros), then a random crop of the original size
+CACHE_BYTES = 256 * 1024**2  # decoded ImageFolder pixels kept in memory per process
 EVAL_CROP = 0.875  # ImageFolder files of another size: resize the short side to size/0.875, centre-crop
 
 
@@ -175,20 +176,33 @@ def cifar100(path: str | Path) -> tuple[ArrayDataset, ArrayDataset, list[str]]:
 
 
 class FolderDataset:
-    """``root/CLASS/*`` image files, decoded safely with Pillow on access."""
+    """``root/CLASS/*`` image files, decoded safely with Pillow on access.
 
-    def __init__(self, files: list[tuple[Path, int]]):
-        self.files = files
+    Decoded images are kept in memory up to ``cache_bytes`` per process: a small data set is decoded once
+    rather than once per epoch (decoding can cost more than a small model's step), a large one stays bounded.
+    """
+
+    def __init__(self, files: list[tuple[Path, int]], cache_bytes: int = CACHE_BYTES):
+        self.files, self.cache_bytes = files, cache_bytes
+        self._cache: dict[int, Image.Image] = {}
+        self._cached_bytes = 0
 
     def __len__(self) -> int:
         return len(self.files)
 
     def __getitem__(self, index: int) -> tuple[Image.Image, int]:
         path, label = self.files[index]
+        if index in self._cache:
+            return self._cache[index], label
         try:
-            return load_image(path), label
+            img = load_image(path)
         except ImageError as e:
             raise DataError(f"training image {path}: {e}") from None
+        size = img.width * img.height * 3
+        if self._cached_bytes + size <= self.cache_bytes:  # never modified in place by the transforms
+            self._cache[index] = img
+            self._cached_bytes += size
+        return img, label
 
 
 def _scan(root: Path, class_names: list[str]) -> list[tuple[Path, int]]:
