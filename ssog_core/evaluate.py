@@ -18,11 +18,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -87,11 +87,12 @@ def eval_loader(
     world: int = 1,
     max_images: int | None = None,
 ) -> DataLoader:
-    """Evaluation batches at ``size``; ``max_images`` keeps an evenly strided subset (every class of a sorted
-    ImageFolder split stays represented)."""
+    """Evaluation batches at ``size``; ``max_images`` keeps a fixed random subset: a stride would keep only some
+    classes of a procedural set (label = index mod K) and a prefix only the first classes of an ImageFolder."""
     data: Any = Transformed(dataset, size)
     if max_images is not None and len(data) > max_images:
-        data = Subset(data, range(0, len(data), math.ceil(len(data) / max_images)))
+        keep = np.random.default_rng(0).choice(len(data), max_images, replace=False)
+        data = Subset(data, np.sort(keep).tolist())
     return DataLoader(data, batch_size=batch_size, sampler=ShardSampler(len(data), rank, world), num_workers=workers)
 
 
