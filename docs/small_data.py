@@ -148,9 +148,11 @@ def _acc_at(run: dict[str, Any], seconds: float) -> float:
 
 
 def _ms(values: list[float]) -> str:
-    """mean ± sample std, in points."""
+    """mean ± sample std, in points (a single run: its value)."""
     if not values:
         return "–"
+    if len(values) == 1:
+        return f"{100 * values[0]:.1f}"
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{100 * statistics.mean(values):+.1f} ± {100 * sd:.1f}".lstrip("+")
 

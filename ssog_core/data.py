@@ -320,7 +320,7 @@ def describe_transforms(kind: str, augment: tuple[str, ...], crop_pad: int, size
     if kind == "imagefolder":
         fit = f"files of {h}×{w} used as they are; others resized (short side to size/{EVAL_CROP}) and centre-cropped"
     elif kind == "cifar100":
-        fit = f"32×32 images used as they are at {h}×{w}; at any other size resized bilinearly"
+        fit = "32×32 images used as they are" if (h, w) == (32, 32) else f"32×32 images resized bilinearly to {h}×{w}"
     else:
         fit = f"rendered natively at {h}×{w}"
     train = [steps[t] for t in augment]
