@@ -131,9 +131,10 @@ def _run_result(out: Path) -> dict[str, Any] | None:
         c, w = c + r["epoch_cpu_s"], w + r["epoch_time_s"]
         cpu.append(round(c, 2))
         wall.append(round(w, 2))
-    cpu_file = out / "cpu_s.json"
+    cpu_file, transfer = out / "cpu_s.json", out / "model.transfer.json"
     return {
         "accuracy": json.loads((out / "eval.json").read_text())[0]["accuracy"],
+        "transfer": json.loads(transfer.read_text()) if transfer.is_file() else None,
         "val_acc": [r["val_acc"] for r in rows],
         "cpu_s": cpu,
         "wall_s": wall[-1],
@@ -183,13 +184,49 @@ def summarise(root: Path, seeds: list[int]) -> dict[str, Any]:
                     "dot_wall_s": b["wall_s"],
                     "ssog_val_acc": a["val_acc"],
                     "dot_val_acc": b["val_acc"],
+                    "ssog_transfer": a["transfer"],
+                    "dot_transfer": b["transfer"],
                 }
             )
         table[crop] = rows
     return table
 
 
-def markdown(table: dict[str, Any], counts: dict[str, int], epochs: int) -> str:
+def _transfer_lines(table: dict[str, Any]) -> list[str]:
+    """Mean zero-shot accuracy per evaluation size (the curve ``train`` stores with each final model)."""
+    curves = {
+        (crop, m): [r[f"{m}_transfer"] for r in rows if r[f"{m}_transfer"]]
+        for crop, rows in table.items()
+        for m in MODELS
+    }
+    sizes = next((c[0] for c in curves.values() if c), None)
+    if sizes is None:
+        return []
+    heads = [f"{p['img_size'][0]}² ({p['tokens']} tokens)" for p in sizes]
+    lines = [
+        "",
+        "Zero-shot resolution transfer of the final models (val accuracy, %, mean over seeds; no fine-tuning; "
+        f"the {SIZE}×{SIZE} files resized and centre-cropped to each size as `evaluate` does for ImageFolder):",
+        "",
+        "| crop | model | " + " | ".join(heads) + " |",
+        "|---|---|" + "---:|" * len(heads),
+    ]
+    for (crop, m), runs in curves.items():
+        if runs:
+            means = [statistics.mean(run[i]["accuracy"] for run in runs) for i in range(len(sizes))]
+            lines.append(f"| `{crop}` | {m} | " + " | ".join(f"{100 * v:.1f}" for v in means) + " |")
+    return lines
+
+
+def markdown(table: dict[str, Any], counts: dict[str, int], epochs: int, seeds: list[int]) -> str:
+    done = {crop: [r["seed"] for r in rows] for crop, rows in table.items()}
+    missing = [f"`{crop}` seed {s}" for crop in CROPS for s in seeds if s not in done[crop]]
+    status = (
+        f"All {len(CROPS) * len(seeds)} planned pairs finished."
+        if not missing
+        else f"**Unfinished:** {', '.join(missing)} (the runs had not finished when this was written; "
+        "`python docs/small_data.py` resumes them and rewrites these tables)."
+    )
     lines = [
         "# Small data: SSOG vs its dot twin on digits, under two crops",
         "",
@@ -204,6 +241,8 @@ def markdown(table: dict[str, Any], counts: dict[str, int], epochs: int) -> str:
         "SSOG: factorized field, 4 atoms, steering taps μ, σ, λ (cold gates). No flip (digits are not "
         "mirror-symmetric). `pad-crop`: zero-pad 2 px, random 12×12 crop; `resized-crop`: Inception crop of "
         "25–100% of the area resized to 12×12. Evaluation uses the 12×12 files as they are.",
+        "",
+        status,
         "",
         "Accuracy is the final model's on the val split (%, mean ± sample std over seeds); the gap is SSOG − dot, "
         "paired by seed (same seed: same data order and augmentation draws).",
@@ -242,6 +281,7 @@ def markdown(table: dict[str, Any], counts: dict[str, int], epochs: int) -> str:
         "measured their neighbours more than themselves. At matched CPU time the costlier model is stopped "
         "mid-way through its cosine schedule (its learning rate has not decayed), which the number does not "
         'correct for: it answers "which is better for the same CPU budget, with this schedule", not more.',
+        *_transfer_lines(table),
         "",
     ]
     return "\n".join(lines)
@@ -264,7 +304,7 @@ def results_section(table: dict[str, Any]) -> str:
 def write_reports(root: Path, seeds: list[int], counts: dict[str, int], epochs: int) -> None:
     table = summarise(root, seeds)
     (DOCS / "small_data.json").write_text(json.dumps({"data": counts, "epochs": epochs, "runs": table}, indent=1))
-    (DOCS / "SMALL_DATA.md").write_text(markdown(table, counts, epochs))
+    (DOCS / "SMALL_DATA.md").write_text(markdown(table, counts, epochs, seeds))
     results = DOCS / "RESULTS.md"
     text = results.read_text() if results.is_file() else ""
     section = results_section(table)
