@@ -220,7 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the standard transfer curve: 0.5×, 0.75×, 1×, 1.5×, 2× the training size (multiples of the patch)",
     )
-    ap.add_argument("--max-images", type=int, help="evaluate at most this many val images per size (evenly strided)")
+    ap.add_argument(
+        "--max-images", type=int, help="evaluate at most this many val images per size (a fixed random subset)"
+    )
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--workers", type=int, default=0)

@@ -16,8 +16,10 @@ start and stored in the checkpoint metadata (``augment``, ``crop_pad``, ``transf
 Files in ``--out``: ``last.safetensors`` (float32 weights + config + metadata, written periodically and at
 the end), ``train_state.pt`` (weights, optimizer, scheduler, RNG states and position, for ``--resume``),
 ``metrics.jsonl`` (one line per epoch), ``curves.png`` with ``--plot``, and ``model.safetensors`` at the end
-in ``--save-dtype``. Every file is written to a temporary name and renamed, so a kill never leaves a
-half-written file. Ctrl-C (or SIGTERM) finishes the current step, saves, and exits.
+in ``--save-dtype``. At the end the final model's zero-shot resolution transfer (``--transfer-sizes``: 0.5×–2×
+the training size, at most 1000 val images each) is added to both checkpoints' headers as
+``resolution_transfer`` and written to ``model.transfer.json``. Every file is written to a temporary name and
+renamed, so a kill never leaves a half-written file. Ctrl-C (or SIGTERM) finishes the current step, saves, and exits.
 """
 
 from __future__ import annotations
