@@ -26,6 +26,7 @@ from ssog_core.config import ViTConfig
 FORMAT = "ssog-lab/1"
 MAX_CHECKPOINT_BYTES = 2 * 1024**3  # far above any ViT this project trains; refuses absurd uploads early
 WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+TRANSFER_KEY = "resolution_transfer"  # header entry: JSON list of {"img_size": [H, W], "tokens": N, "accuracy": A}
 
 
 class CheckpointError(ValueError):
@@ -68,7 +69,11 @@ def atomic_write(path: str | Path, write: Any) -> Path:
 
 
 def save_checkpoint(
-    path: str | Path, model: nn.Module, meta: Mapping[str, Any] | None = None, dtype: torch.dtype | None = None
+    path: str | Path,
+    model: nn.Module,
+    meta: Mapping[str, Any] | None = None,
+    dtype: torch.dtype | None = None,
+    header: Mapping[str, str] | None = None,
 ) -> Path:
     """Write ``model`` (its config, weights and ``meta``) to ``path`` atomically.
 
@@ -76,6 +81,7 @@ def save_checkpoint(
         meta: JSON-serialisable metadata (class names, normalisation, training command, data, epochs,
             accuracy, ...); software versions are added.
         dtype: store floating-point weights in this dtype (e.g. ``torch.float16`` for shipping).
+        header: further safetensors header entries (strings), e.g. ``TRANSFER_KEY``.
     """
     model = unwrap(model)
     config: ViTConfig = model.config
@@ -86,7 +92,24 @@ def save_checkpoint(
             t = t.to(dtype)
         state[name] = t.contiguous()
     full_meta = {"software": software_versions(), **(meta or {})}
-    header = {"format": FORMAT, "config": json.dumps(config.to_dict()), "meta": json.dumps(full_meta)}
+    entries = {
+        **(header or {}),
+        "format": FORMAT,
+        "config": json.dumps(config.to_dict()),
+        "meta": json.dumps(full_meta),
+    }
+    return atomic_write(path, lambda tmp: save_file(state, tmp, metadata=entries))
+
+
+def update_metadata(path: str | Path, entries: Mapping[str, str]) -> Path:
+    """Add or replace header entries of an existing checkpoint (e.g. its transfer curve), tensors untouched:
+    the file is rewritten beside itself and renamed, so a reader never sees it half-written."""
+    if {"format", "config", "meta"} & set(entries):
+        raise ValueError("format, config and meta are written by save_checkpoint only")
+    read_checkpoint(path)  # refuse to touch anything but a valid SSOG Lab checkpoint
+    with safe_open(str(path), framework="pt") as f:
+        header = {**(f.metadata() or {}), **entries}
+        state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
     return atomic_write(path, lambda tmp: save_file(state, tmp, metadata=header))
 
 
@@ -165,6 +188,8 @@ def read_checkpoint(path: str | Path) -> tuple[ViTConfig, dict[str, Tensor], dic
     try:
         config = ViTConfig.from_dict(json.loads(header["config"]))
         meta = json.loads(header.get("meta", "{}"))
+        if TRANSFER_KEY in header:
+            meta[TRANSFER_KEY] = json.loads(header[TRANSFER_KEY])
     except (json.JSONDecodeError, ValueError, TypeError) as e:
         raise CheckpointError(f"{name} has an unusable model config: {e}") from None
     return config, state, meta

@@ -9,8 +9,11 @@
 Every sample is an ``(H, W, 3)`` uint8 array at the requested size plus an integer label; pixels become
 floats in [0, 1] on the device (no normalisation: the models see raw [0, 1] pixels, like the seed).
 
-Augmentation is a pure function of ``(seed, epoch, index)``, so a run gives the same batches whatever the
-number of loader workers or processes, and a resumed run continues exactly where it stopped.
+Augmentation (``pad-crop``, ``resized-crop``, ``flip``; ``crop`` is the data kind's default: pad-crop for
+``cifar100``, ``shapes`` and ``layouts``, resized-crop for ``imagefolder``) is a pure function of
+``(seed, epoch, index)``, so a run gives the same batches whatever the number of loader workers or processes,
+and a resumed run continues exactly where it stopped. Evaluation never rescales or crops an image that already
+has the model's input size.
 
 The CIFAR pickles are read with a restricted unpickler that admits only the few numpy reconstruction
 functions those files need: a pickle that names anything else is refused before it can run.
@@ -38,9 +41,12 @@ from ssog_core.shapes import ShapesDataset, ShapesSpec
 
 PROCEDURAL = {"shapes": (ShapesSpec, ShapesDataset), "layouts": (LayoutsSpec, LayoutsDataset)}
 DATA_KINDS = ("cifar100", "imagefolder", *PROCEDURAL)
-AUGMENTS = ("crop", "flip")
+AUGMENTS = ("pad-crop", "resized-crop", "flip")  # what a run can ask for; "crop" names the data kind's default
+CROPS = ("pad-crop", "resized-crop")
+DEFAULT_CROP = {"cifar100": "pad-crop", "imagefolder": "resized-crop", "shapes": "pad-crop", "layouts": "pad-crop"}
 CROP_PADDING = 4  # the seed's CIFAR recipe: pad 4 px (zeros), then a random crop of the original size
-EVAL_CROP = 0.875  # ImageFolder evaluation: resize the short side to size/0.875, then centre-crop (ImageNet habit)
+CACHE_BYTES = 256 * 1024**2  # decoded ImageFolder pixels kept in memory per process
+EVAL_CROP = 0.875  # ImageFolder files of another size: resize the short side to size/0.875, centre-crop
 
 
 class DataError(ValueError):
@@ -170,20 +176,33 @@ def cifar100(path: str | Path) -> tuple[ArrayDataset, ArrayDataset, list[str]]:
 
 
 class FolderDataset:
-    """``root/CLASS/*`` image files, decoded safely with Pillow on access."""
+    """``root/CLASS/*`` image files, decoded safely with Pillow on access.
 
-    def __init__(self, files: list[tuple[Path, int]]):
-        self.files = files
+    Decoded images are kept in memory up to ``cache_bytes`` per process: a small data set is decoded once
+    rather than once per epoch (decoding can cost more than a small model's step), a large one stays bounded.
+    """
+
+    def __init__(self, files: list[tuple[Path, int]], cache_bytes: int = CACHE_BYTES):
+        self.files, self.cache_bytes = files, cache_bytes
+        self._cache: dict[int, Image.Image] = {}
+        self._cached_bytes = 0
 
     def __len__(self) -> int:
         return len(self.files)
 
     def __getitem__(self, index: int) -> tuple[Image.Image, int]:
         path, label = self.files[index]
+        if index in self._cache:
+            return self._cache[index], label
         try:
-            return load_image(path), label
+            img = load_image(path)
         except ImageError as e:
             raise DataError(f"training image {path}: {e}") from None
+        size = img.width * img.height * 3
+        if self._cached_bytes + size <= self.cache_bytes:  # never modified in place by the transforms
+            self._cache[index] = img
+            self._cached_bytes += size
+        return img, label
 
 
 def _scan(root: Path, class_names: list[str]) -> list[tuple[Path, int]]:
@@ -268,6 +287,48 @@ def open_data(text: str, img_size: tuple[int, int] | None = None) -> DataSource:
 # ------------------------------------------------------------------------------------------------- transforms
 
 
+def parse_augment(text: str) -> tuple[str, ...]:
+    """``--augment`` as given: a comma list of ``pad-crop``, ``resized-crop``, ``crop`` (the data kind's default
+    crop), ``flip``, or ``none``; at most one crop. Raises ValueError saying what is accepted."""
+    parts = tuple(t.strip() for t in text.split(",") if t.strip())
+    if parts == ("none",):
+        return ()
+    known = ("crop", *AUGMENTS)
+    bad = [t for t in parts if t not in known]
+    crops = [t for t in parts if t in ("crop", *CROPS)]
+    if bad or not parts or len(set(parts)) != len(parts) or len(crops) > 1:
+        raise ValueError(
+            f"{text!r}: give a comma list of at most one of crop, pad-crop, resized-crop and optionally flip "
+            "(e.g. pad-crop,flip), or none"
+        )
+    return tuple(t for t in known if t in parts)
+
+
+def resolve_augment(augment: tuple[str, ...] | list[str], kind: str) -> tuple[str, ...]:
+    """Replace ``crop`` by the data kind's default crop, so the transforms that run are named explicitly."""
+    return tuple(t for t in AUGMENTS if t in {DEFAULT_CROP[kind] if a == "crop" else a for a in augment})
+
+
+def describe_transforms(kind: str, augment: tuple[str, ...], crop_pad: int, size: tuple[int, int]) -> dict[str, str]:
+    """The training and evaluation transforms in words (printed at the start of a run, stored in checkpoints)."""
+    h, w = size
+    steps = {
+        "pad-crop": f"pad-crop (zero-pad {crop_pad} px, random {h}×{w} crop)",
+        "resized-crop": f"resized-crop (Inception: 25–100% of the area, aspect 3/4–4/3, resized to {h}×{w})",
+        "flip": "horizontal flip (p=0.5)",
+    }
+    if kind == "imagefolder":
+        fit = f"files of {h}×{w} used as they are; others resized (short side to size/{EVAL_CROP}) and centre-cropped"
+    elif kind == "cifar100":
+        fit = "32×32 images used as they are" if (h, w) == (32, 32) else f"32×32 images resized bilinearly to {h}×{w}"
+    else:
+        fit = f"rendered natively at {h}×{w}"
+    train = [steps[t] for t in augment]
+    if "resized-crop" not in augment:
+        train.insert(0, fit)
+    return {"train": " + ".join(train), "eval": fit}
+
+
 def _resize(img: Image.Image | np.ndarray, size: tuple[int, int]) -> Image.Image:
     img = img if isinstance(img, Image.Image) else Image.fromarray(img)
     if (img.height, img.width) != tuple(size):
@@ -276,7 +337,10 @@ def _resize(img: Image.Image | np.ndarray, size: tuple[int, int]) -> Image.Image
 
 
 def _resize_center_crop(img: Image.Image, size: tuple[int, int]) -> Image.Image:
+    """ImageNet-style evaluation view of a file of another size; a file of the model's size is left alone."""
     h, w = size
+    if (img.height, img.width) == (h, w):
+        return img
     scale = max(h / img.height, w / img.width) / EVAL_CROP
     rh, rw = max(h, round(img.height * scale)), max(w, round(img.width * scale))
     img = img.resize((rw, rh), Image.Resampling.BILINEAR)
@@ -297,11 +361,10 @@ def _random_resized_crop(img: Image.Image, size: tuple[int, int], rng: np.random
     return _resize_center_crop(img, size)
 
 
-def _pad_crop(a: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    p = CROP_PADDING
+def _pad_crop(a: np.ndarray, pad: int, rng: np.random.Generator) -> np.ndarray:
     h, w = a.shape[:2]
-    padded = np.pad(a, ((p, p), (p, p), (0, 0)))
-    y, x = int(rng.integers(0, 2 * p + 1)), int(rng.integers(0, 2 * p + 1))
+    padded = np.pad(a, ((pad, pad), (pad, pad), (0, 0)))
+    y, x = int(rng.integers(0, 2 * pad + 1)), int(rng.integers(0, 2 * pad + 1))
     return padded[y : y + h, x : x + w]
 
 
@@ -309,12 +372,23 @@ class Transformed:
     """A data set at a fixed size, with augmentation for training.
 
     Keys are ``(index, epoch)`` for training (augmentation drawn from ``(seed, epoch, index)``) and plain
-    indices for evaluation. Fixed-size sources (CIFAR, shapes) get the seed's pad-4 random crop;
-    ImageFolder gets a random-resized crop for training and resize + centre crop for evaluation.
+    indices for evaluation. ``augment`` names the transforms explicitly (``pad-crop``, ``resized-crop``,
+    ``flip``; see :func:`resolve_augment`). Without ``resized-crop`` an image is first brought to the size --
+    untouched when it already has it, else resized (files: resize + centre crop) -- then pad-cropped.
     """
 
-    def __init__(self, source: Any, size: tuple[int, int], augment: tuple[str, ...] = (), seed: int = 0):
+    def __init__(
+        self,
+        source: Any,
+        size: tuple[int, int],
+        augment: tuple[str, ...] = (),
+        seed: int = 0,
+        crop_pad: int = CROP_PADDING,
+    ):
+        if "crop" in augment:
+            raise ValueError("resolve 'crop' to the data kind's crop first (resolve_augment)")
         self.source, self.size, self.augment, self.seed = source, tuple(size), tuple(augment), seed
+        self.crop_pad = crop_pad
 
     def __len__(self) -> int:
         return len(self.source)
@@ -323,16 +397,15 @@ class Transformed:
         index, epoch = key if isinstance(key, tuple) else (key, None)
         img, label = self.source[index]
         rng = np.random.default_rng([self.seed, epoch, index]) if epoch is not None and self.augment else None
-        if isinstance(img, Image.Image):  # files of any size
-            if rng is not None and "crop" in self.augment:
-                img = _random_resized_crop(img, self.size, rng)
-            else:
-                img = _resize_center_crop(img, self.size)
-            a = np.asarray(img, dtype=np.uint8)
+        if rng is not None and "resized-crop" in self.augment:
+            img = img if isinstance(img, Image.Image) else Image.fromarray(img)
+            a = np.asarray(_random_resized_crop(img, self.size, rng), dtype=np.uint8)
+        elif isinstance(img, Image.Image):  # files of any size
+            a = np.asarray(_resize_center_crop(img, self.size), dtype=np.uint8)
         else:
             a = np.asarray(_resize(img, self.size)) if img.shape[:2] != self.size else img
-            if rng is not None and "crop" in self.augment:
-                a = _pad_crop(a, rng)
+        if rng is not None and "pad-crop" in self.augment and self.crop_pad:
+            a = _pad_crop(a, self.crop_pad, rng)
         if rng is not None and "flip" in self.augment and rng.random() < 0.5:
             a = a[:, ::-1]
         return np.require(a, requirements="CW"), label  # contiguous and writable (torch wants both)

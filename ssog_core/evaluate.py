@@ -6,8 +6,11 @@
 With one size it prints ``accuracy: 0.xxxx`` on the test/val split. With several it evaluates the same
 weights at each size without any fine-tuning (only the position embedding is resized, the Gaussian
 fields are re-evaluated on the new grid), prints the table, and writes a PNG plot of accuracy vs
-resolution. ``--data`` defaults to the data the checkpoint was trained on (from its metadata); the
-``shapes`` set renders natively at each size, files are resized (ImageFolder: resize + centre crop).
+resolution. ``--transfer`` picks the standard sizes (0.5×–2× the training size, as ``train`` measures at the
+end of a run); ``--json`` writes ``[{"img_size": [H, W], "tokens": N, "accuracy": A}, ...]`` and ``--store``
+puts the same list in the checkpoint's header (``resolution_transfer``). ``--data`` defaults to the data the
+checkpoint was trained on (from its metadata); procedural sets render natively at each size; CIFAR images and
+files of another size are resized (ImageFolder: resize + centre crop), images of the model's size are used as is.
 """
 
 from __future__ import annotations
@@ -19,16 +22,26 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 
-from ssog_core.checkpoint import CheckpointError, atomic_write, load_checkpoint
+from ssog_core.checkpoint import (
+    TRANSFER_KEY,
+    CheckpointError,
+    atomic_write,
+    load_checkpoint,
+    read_checkpoint,
+    update_metadata,
+)
 from ssog_core.data import DataError, ShardSampler, Transformed, open_data, to_float
 from ssog_core.export_maps import parse_size
 from ssog_core.images import ImageError
+
+TRANSFER_FACTORS = (0.5, 0.75, 1.0, 1.5, 2.0)  # the default sizes of a transfer curve, relative to training
 
 
 def autocast(device: torch.device, amp: bool) -> contextlib.AbstractContextManager:
@@ -66,10 +79,68 @@ def evaluate_loader(model: nn.Module, loader: DataLoader, device: torch.device, 
 
 
 def eval_loader(
-    dataset: Any, size: tuple[int, int], batch_size: int, workers: int, rank: int = 0, world: int = 1
+    dataset: Any,
+    size: tuple[int, int],
+    batch_size: int,
+    workers: int,
+    rank: int = 0,
+    world: int = 1,
+    max_images: int | None = None,
 ) -> DataLoader:
-    data = Transformed(dataset, size)
+    """Evaluation batches at ``size``; ``max_images`` keeps a fixed random subset: a stride would keep only some
+    classes of a procedural set (label = index mod K) and a prefix only the first classes of an ImageFolder."""
+    data: Any = Transformed(dataset, size)
+    if max_images is not None and len(data) > max_images:
+        keep = np.random.default_rng(0).choice(len(data), max_images, replace=False)
+        data = Subset(data, np.sort(keep).tolist())
     return DataLoader(data, batch_size=batch_size, sampler=ShardSampler(len(data), rank, world), num_workers=workers)
+
+
+def transfer_sizes(
+    train_size: tuple[int, int], patch: int, factors: tuple[float, ...] = TRANSFER_FACTORS
+) -> list[tuple[int, int]]:
+    """The training size scaled by ``factors``, each side rounded to a multiple of the patch (duplicates dropped)."""
+    sizes: list[tuple[int, int]] = []
+    for f in factors:
+        size = tuple(max(patch, round(side * f / patch) * patch) for side in train_size)
+        if size not in sizes:
+            sizes.append(size)
+    return sizes
+
+
+def evaluate_model_sizes(
+    model: nn.Module,
+    spec: str,
+    sizes: list[tuple[int, int]],
+    class_names: list[str] | None = None,
+    batch_size: int = 256,
+    device: torch.device | str = "cpu",
+    workers: int = 0,
+    amp: bool = False,
+    max_images: int | None = None,
+    rank: int = 0,
+    world: int = 1,
+) -> list[dict[str, Any]]:
+    """One row per size (``size``, ``grid``, ``trained``, ``accuracy``, ``loss``, ``n``) for a model in memory:
+    the one implementation behind ``evaluate`` and the transfer curve that ``train`` stores at the end."""
+    dev = torch.device(device)
+    train_size = tuple(model.config.img_size)
+    for s in sizes:
+        model.grid_for(*s)  # refuse sizes that do not tile into patches before any work
+    rows = []
+    for size in sizes:
+        source = open_data(spec, size)
+        if class_names and list(class_names) != list(source.class_names):
+            raise DataError(
+                f"{spec} has {source.num_classes} classes ({', '.join(source.class_names[:4])}, ...) "
+                f"but the checkpoint was trained on {len(class_names)} ({', '.join(class_names[:4])}, ...)"
+            )
+        if not class_names and source.num_classes != model.config.num_classes:
+            raise DataError(f"{spec} has {source.num_classes} classes, the model {model.config.num_classes}")
+        loader = eval_loader(source.val, size, batch_size, workers, rank, world, max_images)
+        result = evaluate_loader(model, loader, dev, amp)
+        rows.append({"size": list(size), "grid": list(model.grid_for(*size)), "trained": size == train_size, **result})
+    return rows
 
 
 def evaluate_sizes(
@@ -80,31 +151,36 @@ def evaluate_sizes(
     device: str = "cpu",
     workers: int = 0,
     amp: bool = False,
+    max_images: int | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """One row per size (``size``, ``grid``, ``accuracy``, ``loss``, ``n``) and the checkpoint metadata."""
+    """:func:`evaluate_model_sizes` of a checkpoint file (default: its training size), and its metadata."""
     dev = torch.device(device)
     model, meta = load_checkpoint(checkpoint, dev)
     spec = data or meta.get("data")
     if not spec:
         raise DataError(f"{Path(checkpoint).name} does not say what data it was trained on: pass --data KIND:PATH")
-    train_size = tuple(model.config.img_size)
-    sizes = sizes or [train_size]
-    for s in sizes:
-        model.grid_for(*s)  # refuse sizes that do not tile into patches before any work
-    rows = []
-    for size in sizes:
-        source = open_data(spec, size)
-        names = meta.get("class_names")
-        if names and list(names) != list(source.class_names):
-            raise DataError(
-                f"{spec} has {source.num_classes} classes ({', '.join(source.class_names[:4])}, ...) "
-                f"but the checkpoint was trained on {len(names)} ({', '.join(names[:4])}, ...)"
-            )
-        if not names and source.num_classes != model.config.num_classes:
-            raise DataError(f"{spec} has {source.num_classes} classes, the model {model.config.num_classes}")
-        result = evaluate_loader(model, eval_loader(source.val, size, batch_size, workers), dev, amp)
-        rows.append({"size": list(size), "grid": list(model.grid_for(*size)), "trained": size == train_size, **result})
+    sizes = sizes or [tuple(model.config.img_size)]
+    rows = evaluate_model_sizes(
+        model, spec, sizes, meta.get("class_names"), batch_size, dev, workers, amp, max_images=max_images
+    )
     return rows, meta
+
+
+def transfer_curve(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows as stored under ``resolution_transfer`` and in ``--json`` files: img_size, tokens, accuracy."""
+    return [
+        {"img_size": list(r["size"]), "tokens": r["grid"][0] * r["grid"][1], "accuracy": r["accuracy"]} for r in rows
+    ]
+
+
+def format_transfer(rows: list[dict[str, Any]]) -> str:
+    """The transfer table as text: size, token grid, accuracy, the training size marked."""
+    lines = [f"{'size':>9} {'grid':>7} {'accuracy':>9}"]
+    for r in rows:
+        mark = "  (training size)" if r["trained"] else ""
+        size, grid = "×".join(map(str, r["size"])), "×".join(map(str, r["grid"]))
+        lines.append(f"{size:>9} {grid:>7} {r['accuracy']:>9.4f}{mark}")
+    return "\n".join(lines)
 
 
 def plot_transfer(rows: list[dict[str, Any]], path: str | Path, title: str) -> Path:
@@ -135,8 +211,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", required=True, help="an SSOG Lab .safetensors checkpoint")
     ap.add_argument("--data", help="KIND:PATH (default: the data named in the checkpoint's metadata)")
-    ap.add_argument(
+    sizes = ap.add_mutually_exclusive_group()
+    sizes.add_argument(
         "--img-size", type=parse_size, nargs="+", help="one or more sizes, N or HxW (default: the training size)"
+    )
+    sizes.add_argument(
+        "--transfer",
+        action="store_true",
+        help="the standard transfer curve: 0.5×, 0.75×, 1×, 1.5×, 2× the training size (multiples of the patch)",
+    )
+    ap.add_argument(
+        "--max-images", type=int, help="evaluate at most this many val images per size (a fixed random subset)"
     )
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -145,18 +230,27 @@ def main(argv: list[str] | None = None) -> int:
         "--amp", action=argparse.BooleanOptionalAction, default=None, help="bf16 autocast (default: on CUDA)"
     )
     ap.add_argument("--plot", default="resolution_transfer.png", help="PNG written when several sizes are given")
-    ap.add_argument("--json", help="also write the rows to this JSON file")
+    ap.add_argument(
+        "--json", help="also write [{img_size, tokens, accuracy}, ...] here (the app reads <stem>.transfer.json)"
+    )
+    ap.add_argument(
+        "--store", action="store_true", help=f"also store that list in the checkpoint's header ({TRANSFER_KEY})"
+    )
     args = ap.parse_args(argv)
-    if args.batch_size < 1 or args.workers < 0:
-        ap.error("--batch-size must be >= 1 and --workers >= 0")
+    if args.batch_size < 1 or args.workers < 0 or (args.max_images is not None and args.max_images < 1):
+        ap.error("--batch-size and --max-images must be >= 1 and --workers >= 0")
     try:
         device = torch.device(args.device)
     except RuntimeError as e:
         ap.error(f"--device: {e}")
     amp = device.type == "cuda" if args.amp is None else args.amp
     try:
+        requested = args.img_size
+        if args.transfer:
+            config = read_checkpoint(args.checkpoint)[0]
+            requested = transfer_sizes(config.img_size, config.patch_size)
         rows, meta = evaluate_sizes(
-            args.checkpoint, args.data, args.img_size, args.batch_size, args.device, args.workers, amp
+            args.checkpoint, args.data, requested, args.batch_size, args.device, args.workers, amp, args.max_images
         )
     except (CheckpointError, DataError, ImageError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -165,16 +259,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"accuracy: {rows[0]['accuracy']:.4f}")
     else:
         print(f"zero-shot resolution transfer of {Path(args.checkpoint).name} (no fine-tuning)")
-        print(f"{'size':>9} {'grid':>7} {'accuracy':>9}")
-        for r in rows:
-            mark = "  (training size)" if r["trained"] else ""
-            size, grid = "×".join(map(str, r["size"])), "×".join(map(str, r["grid"]))
-            print(f"{size:>9} {grid:>7} {r['accuracy']:>9.4f}{mark}")
+        print(format_transfer(rows))
         cfg = meta["config"]
         title = f"{Path(args.checkpoint).name}: {cfg['attn']}, trained at {cfg['img_size'][0]}×{cfg['img_size'][1]}"
         print(f"wrote {plot_transfer(rows, args.plot, title)}")
+    curve = transfer_curve(rows)
     if args.json:
-        atomic_write(args.json, lambda tmp: Path(tmp).write_text(json.dumps(rows, indent=1)))
+        atomic_write(args.json, lambda tmp: Path(tmp).write_text(json.dumps(curve, indent=1)))
+    if args.store:
+        update_metadata(args.checkpoint, {TRANSFER_KEY: json.dumps(curve)})
+        print(f"stored {len(curve)} sizes under {TRANSFER_KEY} in {args.checkpoint}")
     return 0
 
 

@@ -6,16 +6,20 @@
     torchrun --nproc_per_node 4 -m ssog_core.train --data imagefolder:/data/imagenet --out runs/in1k
 
 The recipe (defaults): AdamW (lr 1e-3, weight decay 0.05 on every parameter, as the seed does), linear
-warm-up for 5 epochs then cosine decay to 0, updated every step; pad-4 random crop + horizontal flip;
-batch 128 with drop_last; dropout 0.1. ``--batch-size`` is the global batch, split over torchrun's
-processes, so the schedule is the same on any number of GPUs. On CUDA, bf16 autocast and
-``torch.compile`` are on unless turned off.
+warm-up for 5 epochs then cosine decay to 0, updated every step; the data kind's crop + horizontal flip
+(``--augment crop,flip``: a pad-4 random crop for cifar100 / shapes / layouts, an Inception random-resized crop
+for imagefolder; name ``pad-crop`` or ``resized-crop`` to choose); batch 128 with drop_last; dropout 0.1.
+``--batch-size`` is the global batch, split over torchrun's processes, so the schedule is the same on any number
+of GPUs. On CUDA, bf16 autocast and ``torch.compile`` are on unless turned off. The transforms are printed at the
+start and stored in the checkpoint metadata (``augment``, ``crop_pad``, ``transforms``).
 
 Files in ``--out``: ``last.safetensors`` (float32 weights + config + metadata, written periodically and at
 the end), ``train_state.pt`` (weights, optimizer, scheduler, RNG states and position, for ``--resume``),
 ``metrics.jsonl`` (one line per epoch), ``curves.png`` with ``--plot``, and ``model.safetensors`` at the end
-in ``--save-dtype``. Every file is written to a temporary name and renamed, so a kill never leaves a
-half-written file. Ctrl-C (or SIGTERM) finishes the current step, saves, and exits.
+in ``--save-dtype``. At the end the final model's zero-shot resolution transfer (``--transfer-sizes``: 0.5×–2×
+the training size, at most 1000 val images each) is added to both checkpoints' headers as
+``resolution_transfer`` and written to ``model.transfer.json``. Every file is written to a temporary name and
+renamed, so a kill never leaves a half-written file. Ctrl-C (or SIGTERM) finishes the current step, saves, and exits.
 """
 
 from __future__ import annotations
@@ -47,19 +51,38 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from ssog_core.checkpoint import CheckpointError, atomic_write, save_checkpoint, software_versions, unwrap
+from ssog_core.checkpoint import (
+    TRANSFER_KEY,
+    CheckpointError,
+    atomic_write,
+    save_checkpoint,
+    software_versions,
+    unwrap,
+    update_metadata,
+)
 from ssog_core.config import ATTENTION_KINDS, ViTConfig
 from ssog_core.data import (
-    AUGMENTS,
+    CROP_PADDING,
     DataError,
     DataSource,
     EpochSampler,
     Transformed,
+    describe_transforms,
     open_data,
+    parse_augment,
     parse_data_spec,
+    resolve_augment,
     to_float,
 )
-from ssog_core.evaluate import autocast, eval_loader, evaluate_loader
+from ssog_core.evaluate import (
+    autocast,
+    eval_loader,
+    evaluate_loader,
+    evaluate_model_sizes,
+    format_transfer,
+    transfer_curve,
+    transfer_sizes,
+)
 from ssog_core.export_maps import parse_size
 from ssog_core.field import TAPS
 from ssog_core.vit import ViT
@@ -79,7 +102,9 @@ RUNTIME_OPTIONS = {
     "progress",
     "eval_batch_size",
     "out",
+    "transfer_sizes",
 }
+TRANSFER_IMAGES = 1000  # val images per size of the transfer curve measured at the end (keeps it cheap)
 SAVE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -146,13 +171,10 @@ def _steer(text: str) -> tuple[str, ...]:
 
 
 def _augment(text: str) -> tuple[str, ...]:
-    parts = tuple(t.strip() for t in text.split(",") if t.strip())
-    if parts == ("none",):
-        return ()
-    bad = [t for t in parts if t not in AUGMENTS]
-    if bad or not parts or len(set(parts)) != len(parts):
-        raise argparse.ArgumentTypeError(f"{text!r}: give crop,flip, crop, flip or none")
-    return tuple(t for t in AUGMENTS if t in parts)
+    try:
+        return parse_augment(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _data(text: str) -> str:
@@ -167,6 +189,13 @@ def _img_size(text: str) -> tuple[int, int]:
     return tuple(parse_size(text))
 
 
+def _transfer_sizes(text: str) -> str | tuple[tuple[int, int], ...]:
+    """``auto`` (0.5×–2× the training size), ``none``, or a comma list of sizes (N or HxW)."""
+    if text in ("auto", "none"):
+        return text
+    return tuple(tuple(parse_size(t.strip())) for t in text.split(",") if t.strip()) or "none"
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m ssog_core.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -179,7 +208,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="cifar100:PATH, imagefolder:PATH, shapes[:SPEC] or layouts[:SPEC] (default: shapes)",
     )
     g.add_argument("--img-size", type=_img_size, help="N or HxW (default: the data's size; 224 for imagefolder)")
-    g.add_argument("--augment", type=_augment, default=("crop", "flip"), help="crop,flip (default), crop, flip or none")
+    g.add_argument(
+        "--augment",
+        type=_augment,
+        default=("crop", "flip"),
+        help="comma list of pad-crop, resized-crop, crop (the data's default: pad-crop, resized-crop for "
+        "imagefolder) and flip, or none (default: crop,flip)",
+    )
+    g.add_argument(
+        "--crop-pad", type=_nonneg_int, default=CROP_PADDING, help="zero padding of pad-crop, pixels (default 4)"
+    )
     g.add_argument("--workers", type=_nonneg_int, help="data loader processes (default: 4 on CUDA, 0 on CPU)")
 
     g = ap.add_argument_group("model")
@@ -238,6 +276,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--amp", action=argparse.BooleanOptionalAction, help="bf16 autocast (default: on CUDA)")
     g.add_argument("--eval-batch-size", type=_positive_int, default=256)
     g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bars")
+    g.add_argument(
+        "--transfer-sizes",
+        type=_transfer_sizes,
+        default="auto",
+        help="sizes of the zero-shot resolution transfer measured at the end (stored in the checkpoint as "
+        f"{TRANSFER_KEY}; at most {TRANSFER_IMAGES} val images each): auto (0.5×, 0.75×, 1×, 1.5×, 2× the "
+        "training size, multiples of the patch), a comma list such as 16,24x32, or none",
+    )
     return ap
 
 
@@ -308,7 +354,14 @@ def check_writable(out: Path) -> None:
 def remove_unfinished(out: Path) -> list[Path]:
     """Delete the temporary files of saves that a kill interrupted (``atomic_write`` names them ``.NAME.*.tmp``):
     the complete files they would have replaced are still there, so they hold nothing of value."""
-    names = ("last.safetensors", "model.safetensors", "train_state.pt", "metrics.jsonl", "curves.png")
+    names = (
+        "last.safetensors",
+        "model.safetensors",
+        "train_state.pt",
+        "metrics.jsonl",
+        "curves.png",
+        "model.transfer.json",
+    )
     stale = [p for name in names for p in out.glob(f".{name}.*.tmp") if p.is_file()]
     for p in stale:
         p.unlink(missing_ok=True)
@@ -534,7 +587,10 @@ class Trainer:
             check_space(self.out, need_bytes=2 * 20 * self.num_params + 16 * 1024**2)
         _sync(d)
         self.optimizer = make_optimizer(self.model, args)
-        self.train_set = Transformed(self.data.train, args.img_size, args.augment, args.seed)
+        self.transfer_sizes = self._choose_transfer_sizes()
+        self.augment = resolve_augment(args.augment, self.data.kind)
+        self.transforms = describe_transforms(self.data.kind, self.augment, args.crop_pad, args.img_size)
+        self.train_set = Transformed(self.data.train, args.img_size, self.augment, args.seed, args.crop_pad)
         self.sampler = EpochSampler(self.train_set, d.world, d.rank, args.seed)
         self.steps_per_epoch = self.sampler.num_samples // self.local_batch
         if self.steps_per_epoch == 0:
@@ -575,6 +631,21 @@ class Trainer:
         )
         self.val_loader = eval_loader(self.data.val, args.img_size, args.eval_batch_size, self.workers, d.rank, d.world)
 
+    def _choose_transfer_sizes(self) -> list[tuple[int, int]]:
+        """The sizes of the final transfer curve, checked now rather than after hours of training."""
+        chosen = getattr(self.args, "transfer_sizes", "auto")
+        if chosen == "none":
+            return []
+        if chosen == "auto":
+            return transfer_sizes(tuple(self.args.img_size), self.args.patch_size)
+        sizes = [tuple(s) for s in chosen]
+        try:
+            for s in sizes:
+                self.model.grid_for(*s)
+        except ValueError as e:
+            raise TrainError(f"--transfer-sizes: {e}") from None
+        return sizes
+
     # ---------------------------------------------------------------------------------------------- state
 
     def _restore(self, state: dict[str, Any]) -> None:
@@ -613,6 +684,9 @@ class Trainer:
             "val_loss": val_loss,
             "finished": finished,
             "processes": self.d.world,
+            "augment": list(self.augment),
+            "crop_pad": self.args.crop_pad,
+            "transforms": self.transforms,
             "train_args": _plain_args(self.args),
             "gate_scales": gate_summary(self.model),
             "software": {**software_versions(), "numpy": np.__version__, "platform": platform.platform()},
@@ -699,6 +773,7 @@ class Trainer:
             f"{len(self.data.val)} val images, {self.data.num_classes} classes; {spe} steps/epoch × {a.epochs} epochs; "
             f"{self.d.world} process(es) on {self.d.device}, amp={self.amp}"
         )
+        self.log(f"transforms: train {self.transforms['train']}; eval {self.transforms['eval']}")
         if self.resumed_from is not None:
             self.log(f"resuming at step {self.step} (epoch {self.step // spe + 1}, batch {self.step % spe})")
         with _StopRequest() as stop:
@@ -720,7 +795,7 @@ class Trainer:
         self.net.train()
         if not (batch0 and self.running):  # a resumed epoch keeps the sums of its first part
             self.running = {"seen": 0, "loss_sum": 0.0, "correct": 0.0}
-        t0, seen_now = time.perf_counter(), 0
+        t0, c0, seen_now = time.perf_counter(), time.process_time(), 0
         bar = tqdm(
             total=spe,
             initial=batch0,
@@ -762,10 +837,11 @@ class Trainer:
                 if a.stop_after is not None and self.step >= a.stop_after and mid_epoch:
                     self._stop(f"stopped after {self.step} steps (--stop-after)")
                     return 0
-        self._end_epoch(epoch, t0, seen_now)
+        self._end_epoch(epoch, t0, c0, seen_now)
         return None
 
-    def _end_epoch(self, epoch: int, t0: float, seen_now: int) -> None:
+    def _end_epoch(self, epoch: int, t0: float, c0: float, seen_now: int) -> None:
+        """Evaluate, log and save; ``epoch_cpu_s`` (this process's CPU time) stays comparable on a shared machine."""
         train_time = time.perf_counter() - t0
         val = evaluate_loader(self.compiled, self.val_loader, self.d.device, self.amp)
         row = {
@@ -777,6 +853,7 @@ class Trainer:
             "val_loss": val["loss"],
             "val_acc": val["accuracy"],
             "epoch_time_s": round(time.perf_counter() - t0, 3),
+            "epoch_cpu_s": round(time.process_time() - c0, 3),
             "img_per_s": round(seen_now / max(train_time, 1e-9), 1),
         }
         gates = gate_summary(self.model)
@@ -796,6 +873,7 @@ class Trainer:
         )
 
     def finish(self) -> None:
+        """Final checkpoints, then the transfer curve added to them (a failure there leaves them complete)."""
         if self.d.main:
             last = self.metrics[-1] if self.metrics else {}
             meta = self.meta(last.get("val_acc"), last.get("val_loss"), finished=True)
@@ -805,6 +883,33 @@ class Trainer:
                 save_checkpoint(self.out / "model.safetensors", self.model, meta, dtype=dtype)
             self.log(
                 f"done: val accuracy {last.get('val_acc', float('nan')):.4f}; wrote {self.out / 'model.safetensors'}"
+            )
+        _sync(self.d)
+        if not self.transfer_sizes:
+            return
+        rows = evaluate_model_sizes(
+            self.model,
+            self.args.data,
+            self.transfer_sizes,
+            self.data.class_names,
+            self.args.eval_batch_size,
+            self.d.device,
+            self.workers,
+            self.amp,
+            TRANSFER_IMAGES,
+            self.d.rank,
+            self.d.world,
+        )
+        if self.d.main:
+            curve = transfer_curve(rows)
+            with self._writing("the resolution-transfer curve"):
+                for name in ("last.safetensors", "model.safetensors"):
+                    update_metadata(self.out / name, {TRANSFER_KEY: json.dumps(curve)})
+                atomic_write(
+                    self.out / "model.transfer.json", lambda tmp: Path(tmp).write_text(json.dumps(curve, indent=1))
+                )
+            self.log(
+                f"zero-shot resolution transfer (≤{TRANSFER_IMAGES} val images per size):\n{format_transfer(rows)}"
             )
         _sync(self.d)
 

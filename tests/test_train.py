@@ -35,10 +35,18 @@ def test_train_shapes_writes_everything(tmp_path, capsys):
     out = tmp_path / "run"
     assert run(out, "--plot", "--save-dtype", "float16", "--ckpt-every", "4") == 0
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["curves.png", "last.safetensors", "metrics.jsonl", "model.safetensors", "train_state.pt"]
+    assert names == [
+        "curves.png",
+        "last.safetensors",
+        "metrics.jsonl",
+        "model.safetensors",
+        "model.transfer.json",
+        "train_state.pt",
+    ]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [1, 2] and [r["step"] for r in rows] == [6, 12]
     assert all(0 <= r["val_acc"] <= 1 and r["train_loss"] > 0 and r["img_per_s"] > 0 for r in rows)
+    assert all(r["epoch_cpu_s"] > 0 for r in rows)
     assert set(rows[-1]["gates"]) == {"mu", "sigma", "lambda"}
     model, meta = load_checkpoint(out / "last.safetensors")
     assert meta["class_names"] == ["circle", "square", "triangle"]
@@ -55,7 +63,20 @@ def test_train_shapes_writes_everything(tmp_path, capsys):
     assert all(t.dtype == torch.float16 for t in half.values())
     full = weights(out / "last.safetensors")
     assert all(t.dtype == torch.float32 for t in full.values())
-    assert "epoch 2: train loss" in capsys.readouterr().err
+    assert meta["augment"] == ["pad-crop", "flip"] and meta["crop_pad"] == 4
+    assert meta["transforms"]["train"] == (
+        "rendered natively at 16×16 + pad-crop (zero-pad 4 px, random 16×16 crop) + horizontal flip (p=0.5)"
+    )
+    err = capsys.readouterr().err
+    assert "epoch 2: train loss" in err and f"transforms: train {meta['transforms']['train']}" in err
+    # the zero-shot transfer of the final model: 0.5×–2× of 16² at patch 4 is 8, 12, 16, 24, 32
+    curve = meta["resolution_transfer"]
+    assert [c["img_size"] for c in curve] == [[8, 8], [12, 12], [16, 16], [24, 24], [32, 32]]
+    assert [c["tokens"] for c in curve] == [4, 9, 16, 36, 64] and all(0 <= c["accuracy"] <= 1 for c in curve)
+    assert curve[2]["accuracy"] == rows[-1]["val_acc"]  # 1×: the final evaluation again (16 < 1000 images)
+    assert read_checkpoint(out / "model.safetensors")[2]["resolution_transfer"] == curve
+    assert json.loads((out / "model.transfer.json").read_text()) == curve
+    assert "zero-shot resolution transfer" in err
 
 
 def test_train_state_loads_without_unpickling_objects(tmp_path):
@@ -78,8 +99,9 @@ def test_resume_is_bit_identical(tmp_path):
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
     rows_a = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
     rows_b = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
-    strip = [{k: v for k, v in json.loads(r).items() if k not in ("epoch_time_s", "img_per_s")} for r in rows_a]
-    assert strip == [{k: v for k, v in json.loads(r).items() if k not in ("epoch_time_s", "img_per_s")} for r in rows_b]
+    timing = ("epoch_time_s", "epoch_cpu_s", "img_per_s")
+    strip = [{k: v for k, v in json.loads(r).items() if k not in timing} for r in rows_a]
+    assert strip == [{k: v for k, v in json.loads(r).items() if k not in timing} for r in rows_b]
     meta = read_checkpoint(tmp_path / "b" / "last.safetensors")[2]
     assert meta["command"].endswith("--stop-after 4")  # the run's own command, not the resume line
 
@@ -134,7 +156,8 @@ def test_train_cifar_tar_and_imagefolder(tmp_path):
     assert train.main([*args, *TINY, "--attn", "dot", "--augment", "crop", "--out", str(tmp_path / "f")]) == 0
     model, meta = load_checkpoint(tmp_path / "f" / "last.safetensors")
     assert meta["class_names"] == ["c0", "c1", "c2"] and model.config.img_size == (24, 16)
-    assert meta["train_args"]["augment"] == ["crop"]
+    assert meta["train_args"]["augment"] == ["crop"] and meta["augment"] == ["resized-crop"]  # imagefolder's crop
+    assert meta["transforms"]["train"].startswith("resized-crop (Inception")
 
 
 def test_fixed_field_and_options_reach_the_model(tmp_path):
@@ -153,7 +176,10 @@ def test_fixed_field_and_options_reach_the_model(tmp_path):
         (["--attn", "softmax"], "invalid choice"),
         (["--steer", "mu,beta"], "distinct taps"),
         (["--steer", "mu,mu"], "distinct taps"),
-        (["--augment", "rotate"], "crop,flip"),
+        (["--augment", "rotate"], "at most one of crop, pad-crop, resized-crop"),
+        (["--augment", "pad-crop,resized-crop"], "at most one of crop"),
+        (["--crop-pad", "-1"], "must be >= 0"),
+        (["--transfer-sizes", "16,abc"], "not N or HxW"),
         (["--data", "mnist:/x"], "KIND must be one of"),
         (["--data", "cifar100"], "needs a path"),
         (["--data", "shapes:classes=1"], "between 2"),
@@ -278,3 +304,79 @@ def test_resume_of_a_run_saved_before_newer_options_existed():
              if k not in ("qk_norm", "susie", "susie_dim")}  # fmt: skip
     merged = train._resume_args(args, explicit, saved)
     assert merged.dim == 32 and merged.qk_norm is False and merged.susie is False and merged.resume is True
+
+
+def test_resume_of_a_run_saved_before_crop_pad_field_lr_and_transfer(tmp_path):
+    """A run saved before --crop-pad, --field-lr-mult and --transfer-sizes existed resumes with their defaults, and
+    its stored ``crop`` keeps its old meaning (pad-4 crop on shapes): the run ends exactly as an uninterrupted one."""
+    assert run(tmp_path / "a", "--epochs", "1") == 0
+    assert run(tmp_path / "b", "--epochs", "1", "--stop-after", "3") == 0
+    path = tmp_path / "b" / "train_state.pt"
+    state = torch.load(path, weights_only=True)
+    for name in ("crop_pad", "field_lr_mult", "transfer_sizes"):
+        del state["args"][name]
+    torch.save(state, path)
+    assert train.main(["--out", str(tmp_path / "b"), "--resume", "--no-progress"]) == 0
+    a, b = weights(tmp_path / "a" / "last.safetensors"), weights(tmp_path / "b" / "last.safetensors")
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
+    meta = read_checkpoint(tmp_path / "b" / "last.safetensors")[2]
+    assert meta["crop_pad"] == 4 and len(meta["resolution_transfer"]) == 5
+
+
+def test_transfer_sizes_chosen_or_off_and_checked_before_training(tmp_path, capsys):
+    assert run(tmp_path / "a", "--epochs", "1", "--transfer-sizes", "12,16x24") == 0
+    curve = read_checkpoint(tmp_path / "a" / "model.safetensors")[2]["resolution_transfer"]
+    assert [(c["img_size"], c["tokens"]) for c in curve] == [([12, 12], 9), ([16, 24], 24)]
+    assert run(tmp_path / "b", "--epochs", "1", "--transfer-sizes", "none") == 0
+    assert "resolution_transfer" not in read_checkpoint(tmp_path / "b" / "model.safetensors")[2]
+    assert not (tmp_path / "b" / "model.transfer.json").exists()
+    capsys.readouterr()
+    assert run(tmp_path / "c", "--transfer-sizes", "18") == 2
+    err = capsys.readouterr().err
+    assert "--transfer-sizes: image size 18×18 is not a positive multiple of the patch size 4" in err
+    assert "epoch 1" not in err
+
+
+def test_crop_pad_reaches_the_data(tmp_path):
+    assert run(tmp_path / "a", "--epochs", "1", "--augment", "pad-crop", "--crop-pad", "2") == 0
+    meta = read_checkpoint(tmp_path / "a" / "last.safetensors")[2]
+    assert meta["augment"] == ["pad-crop"] and meta["crop_pad"] == 2 and "zero-pad 2 px" in meta["transforms"]["train"]
+
+
+def _groups(argv: list[str]) -> tuple[torch.nn.Module, list[dict]]:
+    args, _ = train.parse_args([*TINY, *argv])
+    config = train.model_config(args, type("Data", (), {"num_classes": 3})())
+    model = train.ViT(config)
+    return model, train.make_optimizer(model, args).param_groups
+
+
+def test_field_lr_mult_groups_exactly_the_fixed_field():
+    common = ["--img-size", "16", "--patch-size", "4", "--lr", "0.002", "--gate-lr-mult", "3"]
+    model, default = _groups(common)
+    assert [g["lr"] for g in default] == [0.002, 0.006]  # no field group by default: old optimizer states load
+    _, same = _groups([*common, "--field-lr-mult", "1"])
+    assert len(same) == 2
+    model, groups = _groups([*common, "--field-lr-mult", "10"])
+    assert [g["lr"] for g in groups] == [0.002, 0.006, 0.02]
+    names = {id(p): n for n, p in model.named_parameters()}
+    field = sorted(names[id(p)].rsplit(".", 1)[-1] for p in groups[2]["params"])
+    assert set(field) == set(train.FIELD_PARAMETERS) and len(field) == len(train.FIELD_PARAMETERS)  # depth 1
+    gates = {names[id(p)].rsplit(".", 1)[-1] for p in groups[1]["params"]}
+    assert all(g.endswith("_scale") for g in gates)
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+    _, dot = _groups([*common, "--attn", "dot", "--field-lr-mult", "10"])
+    assert len(dot) == 1  # no field, no gates: one group
+
+
+def test_field_lr_mult_moves_the_field_faster(tmp_path):
+    """One step of the same run with the field's lr ×20: μ moves about 20× as far (Adam: a step ~ lr)."""
+    moved = {}
+    for mult in ("1", "20"):
+        out = tmp_path / mult
+        assert run(out, "--stop-after", "1", "--field-lr-mult", mult, "--weight-decay", "0") == 0
+        torch.manual_seed(0)  # what train does before building the model (--seed 0)
+        start = train.ViT(read_checkpoint(out / "last.safetensors")[0]).state_dict()
+        end = weights(out / "last.safetensors")
+        moved[mult] = max((end[k] - start[k]).abs().max().item() for k in end if k.endswith(".mu"))
+    assert 10 < moved["20"] / moved["1"] < 30
