@@ -23,6 +23,7 @@ the other paths use PyTorch autograd through their ops. Without autograd the ker
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -34,6 +35,7 @@ LOG2E = 1.0 / math.log(2.0)
 LN2 = math.log(2.0)
 CHUNK_ELEMENTS = 1 << 21  # per-chunk bound on kernel and intermediate elements on the CPU (8 MiB in fp32)
 CUDA_CHUNK_ELEMENTS = 1 << 27  # on a GPU, memory rather than cache bounds the chunk (512 MiB in fp32)
+ONE_BMM_ROW_PASS = 32  # from this many (image, head) pairs per chunk the CPU row pass is one bmm (see _row_pass)
 
 
 def apply_torch(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode = "factorized") -> Tensor:
@@ -80,25 +82,63 @@ def _apply_fixed(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode
     return y.view(h, gh, gw, b, d).permute(3, 1, 2, 0, 4).reshape(b, n, h, d)
 
 
-def _kernel(t: Tensor, keys: Tensor, scale: Tensor | None) -> Tensor:
-    """Normalised factorized weights ``2^(c·(x − j*)² − c·(x − key)²) · scale / Z`` from per-token ``t = (x, c)``
-    (last axis), keys on a new last axis; built in place, so only ever called without autograd.
+class _Terms(NamedTuple):
+    """Per-token kernel parameters in the two pass layouts: ``x = query − μ`` (where the atom looks) and
+    ``c = log2(e)/(2σ²τ)`` as ``(B, H, k, R, i)`` for the column pass (row axis y) and ``(B, H, i, w, R)`` for the
+    row pass (column axis x); ``lam`` (λ, normalised) in the row-pass layout."""
+
+    x_col: Tensor
+    c_col: Tensor
+    x_row: Tensor
+    c_row: Tensor
+    lam: Tensor
+
+
+def _field_terms(field: Field, b: int, grid: tuple[int, int]) -> _Terms:
+    """:class:`_Terms` of a per-token factorized field (no autograd: :class:`_SteeredFactorized` differentiates it).
+
+    λ's softmax runs with the atoms on an outer axis (tokens innermost): over a last axis of 4 atoms PyTorch's CPU
+    softmax is 10× slower.
+    """
+    gh, gw = grid
+    h, r = field.num_heads, field.num_atoms
+    dev, dt = field.mu.device, field.mu.dtype
+    rows, cols = torch.arange(gh, device=dev, dtype=dt), torch.arange(gw, device=dev, dtype=dt)
+    pos = torch.stack(torch.meshgrid(rows, cols, indexing="ij"), dim=-1)[:, :, None, None]  # (Gh, Gw, 1, 1, 2)
+    x = (pos - field.mu).expand(b, gh, gw, h, r, 2)
+    c = field.sigma.square().mul_(field.tau).reciprocal_().mul_(0.5 * LOG2E).expand(b, gh, gw, h, r, 2)
+    lam = torch.softmax(field.log_lam.expand(b, gh, gw, h, r).permute(0, 3, 4, 1, 2), dim=2)  # (B, H, R, i, w)
+    col, row = (0, 3, 2, 4, 1), (0, 3, 1, 2, 4)
+    return _Terms(
+        x[..., 0].permute(col).contiguous(),
+        c[..., 0].permute(col).contiguous(),
+        x[..., 1].permute(row).contiguous(),
+        c[..., 1].permute(row).contiguous(),
+        lam.permute(0, 1, 3, 4, 2).contiguous(),
+    )
+
+
+def _kernel(x: Tensor, c: Tensor, keys: Tensor, scale: Tensor | None) -> Tensor:
+    """Normalised factorized weights ``2^(c·(x − j*)² − c·(x − key)²) · scale / Z`` for per-token ``x``, ``c``, keys
+    on a new last axis; built in place, so only ever called without autograd.
 
     ``exp2`` rather than ``exp``: PyTorch's CPU ``exp`` takes a slow path (20–40× slower) for arguments below −87,
-    which far-away keys of narrow atoms always produce. The per-query operand comes first in every broadcast
+    which far-away keys of narrow atoms always produce; the analytic max ``j* = clamp(round(x))`` makes every
+    weight ≤ 1 with peak 1 without a max pass. The per-query operand comes first in every broadcast
     (TensorIterator picks a slow loop order when a broadcast operand leads). ``Z`` is a matrix-vector product:
     on the CPU it is 3× faster than ``sum(-1)`` over a short key axis.
     """
-    x, c = t[..., 0], t[..., 1]
     n = keys.shape[0]
-    shift = c * (x - torch.round(x).clamp_(0, n - 1)).square_()  # the analytic max: every weight ≤ 1, peak 1
+    shift = c * (x - torch.round(x).clamp_(0, n - 1)).square_()
     w = torch.sub(x[..., None], keys).square_().mul_(-c[..., None]).add_(shift[..., None]).exp2_()
     z = torch.mv(w.view(-1, n), torch.ones_like(keys)).view(x.shape)
     return w.mul_((z.reciprocal_() if scale is None else scale / z)[..., None])
 
 
-def _kernel_grad(w: Tensor, g: Tensor, t: Tensor, keys: Tensor, lam: Tensor | None) -> tuple[Tensor, Tensor]:
-    """Gradient of a :func:`_kernel` ``w`` (normalised, times ``lam`` if given) with respect to ``t = (x, c)``, and
+def _kernel_grad(
+    w: Tensor, g: Tensor, x: Tensor, c: Tensor, keys: Tensor, lam: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients ``(∂L/∂x, ∂L/∂c)`` of a :func:`_kernel` ``w`` (normalised, times ``lam`` if given), and
     ``P = Σ_key w ⊙ g`` (``λ·∂L/∂λ`` for the λ-scaled kernel). ``g`` (∂L/∂w) is overwritten; ``w`` is a saved
     tensor and stays intact (``retain_graph`` and gradcheck run the backward more than once).
 
@@ -107,7 +147,6 @@ def _kernel_grad(w: Tensor, g: Tensor, t: Tensor, keys: Tensor, lam: Tensor | No
     the ~12 full-size autograd buffers of the elementwise graph. The moments are taken about the query's own ``x``
     (not as key moments recombined afterwards), so nothing cancels: fp32 gradients stay as exact as autograd's.
     """
-    x, c = t[..., 0], t[..., 1]
     n = keys.shape[0]
     ones = torch.ones_like(keys)
     s = g.mul_(w)
@@ -117,7 +156,7 @@ def _kernel_grad(w: Tensor, g: Tensor, t: Tensor, keys: Tensor, lam: Tensor | No
     dist = torch.sub(x[..., None], keys)
     m1 = torch.mv(s.mul_(dist).view(-1, n), ones).view(x.shape)
     m2 = torch.mv(s.mul_(dist).view(-1, n), ones).view(x.shape)
-    return torch.stack([(-2.0 * LN2) * c * m1, -LN2 * m2], dim=-1), p_sum
+    return m1.mul_(c).mul_(-2.0 * LN2), m2.mul_(-LN2), p_sum
 
 
 def _factorized_passes(vt: Tensor, a: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
@@ -133,30 +172,32 @@ def _factorized_passes(vt: Tensor, a: Tensor, u: Tensor) -> tuple[Tensor, Tensor
 
 
 class _SteeredFactorized(torch.autograd.Function):
-    """The steered factorized operator as one autograd node: ``(v, col_t, row_t, log λ)`` → ``y``.
+    """The steered factorized operator as one autograd node: ``(v, μ, σ, log λ, τ)`` of a per-token field → ``y``.
 
-    ``col_t`` ``(B, H, k, R, i, 2)`` and ``row_t`` ``(B, H, i, w, R, 2)`` are the per-token ``(x, c)`` of the
-    column and row kernels, ``log_lam`` ``(B, H, i, w, R)``; the kernels, ``y1`` and the values are saved.
+    The kernel parameters (:func:`_field_terms`), both kernels and both passes run without autograd; the backward
+    pass is analytic (:func:`_kernel_grad`, then the chain rule through ``x = query − μ``, ``c = log2(e)/(2σ²τ)``
+    and λ's softmax). Saved: the values, both kernels, ``y1`` and the terms.
     """
 
     @staticmethod
-    def forward(ctx, v: Tensor, col_t: Tensor, row_t: Tensor, log_lam: Tensor, grid: tuple[int, int]) -> Tensor:
+    def forward(
+        ctx, v: Tensor, mu: Tensor, sigma: Tensor, log_lam: Tensor, tau: Tensor, grid: tuple[int, int]
+    ) -> Tensor:
         b, n, h, d = v.shape
         gh, gw = grid
-        ky = torch.arange(gh, device=v.device, dtype=col_t.dtype)
-        kx = torch.arange(gw, device=v.device, dtype=col_t.dtype)
-        lam = torch.softmax(log_lam, dim=-1)
-        a = _kernel(col_t, ky, None)
-        u = _kernel(row_t, kx, lam)
+        t = _field_terms(Field(mu, sigma, log_lam, tau), b, grid)
+        a = _kernel(t.x_col, t.c_col, torch.arange(gh, device=v.device, dtype=mu.dtype), None)
+        u = _kernel(t.x_row, t.c_row, torch.arange(gw, device=v.device, dtype=mu.dtype), t.lam)
         vt = v.reshape(b, gh, gw, h, d).permute(0, 3, 2, 1, 4).contiguous()  # (B, H, k, j, D)
         y1t, y = _factorized_passes(vt, a.to(v.dtype), u.to(v.dtype))
-        ctx.save_for_backward(vt, a, u, y1t, col_t, row_t, lam)
+        ctx.save_for_backward(vt, a, u, y1t, sigma, tau, *t)
         return y.permute(0, 2, 3, 1, 4).reshape(b, n, h, d)
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, dout: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, None]:
-        vt, a, u, y1t, col_t, row_t, lam = ctx.saved_tensors
+    def backward(ctx, dout: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, None]:
+        vt, a, u, y1t, sigma, tau, *terms = ctx.saved_tensors
+        t = _Terms(*terms)
         b, h, gw, gh, d = vt.shape
         r = a.shape[3]
         vdt, pdt = vt.dtype, a.dtype
@@ -170,28 +211,17 @@ class _SteeredFactorized(torch.autograd.Function):
         dv = dvt.view(b, h, gw, gh, d).permute(0, 3, 2, 1, 4).reshape(b, gh * gw, h, d)
         ky = torch.arange(gh, device=vt.device, dtype=pdt)
         kx = torch.arange(gw, device=vt.device, dtype=pdt)
-        d_col, _ = _kernel_grad(a, da.view(a.shape).to(pdt), col_t, ky, None)
-        d_row, p_sum = _kernel_grad(u, du.view(u.shape).to(pdt), row_t, kx, lam)
-        return dv, d_col, d_row, p_sum - lam * p_sum.sum(-1, keepdim=True), None
-
-
-def _factorized_terms(field: Field, b: int, grid: tuple[int, int]) -> tuple[Tensor, Tensor]:
-    """Per-token ``(x, c)`` of both axes in the two kernel layouts: ``(B, H, k, R, i, 2)`` for the column pass (row
-    axis y) and ``(B, H, i, w, R, 2)`` for the row pass (column axis x); ``x = query − μ`` (where the atom looks),
-    ``c = log2(e)/(2σ²τ)``. Both axes at once in the field's own layout, then one permute per pass."""
-    gh, gw = grid
-    h, r = field.num_heads, field.num_atoms
-    dev, dt = field.mu.device, field.mu.dtype
-    ii, ww = torch.meshgrid(
-        torch.arange(gh, device=dev, dtype=dt), torch.arange(gw, device=dev, dtype=dt), indexing="ij"
-    )
-    pos = torch.stack([ii, ww], dim=-1)[:, :, None, None]  # (Gh, Gw, 1, 1, 2): the query's own coordinates
-    x = (pos - field.mu).expand(b, gh, gw, h, r, 2)
-    c = ((0.5 * LOG2E) / (field.sigma.square() * field.tau)).expand(b, gh, gw, h, r, 2)
-    terms = torch.stack([x, c], dim=-1)  # (B, Gh, Gw, H, R, 2, 2)
-    col = terms[..., 0, :].permute(0, 3, 2, 4, 1, 5).contiguous()
-    row = terms[..., 1, :].permute(0, 3, 1, 2, 4, 5).contiguous()
-    return col, row
+        dx_col, dc_col, _ = _kernel_grad(a, da.view(a.shape).to(pdt), t.x_col, t.c_col, ky, None)
+        dx_row, dc_row, p_sum = _kernel_grad(u, du.view(u.shape).to(pdt), t.x_row, t.c_row, kx, t.lam)
+        # back to the field's layout (B, Gh, Gw, H, R[, 2]): x = query − μ, c = log2(e)/(2σ²τ), λ = softmax(log λ)
+        col, row = (0, 4, 2, 1, 3), (0, 2, 3, 1, 4)
+        dmu = torch.stack([dx_col.permute(col), dx_row.permute(row)], dim=-1).neg_()
+        q_col, q_row = dc_col.mul_(t.c_col), dc_row.mul_(t.c_row)  # c·∂L/∂c: ∂c/∂σ = −2c/σ, ∂c/∂τ = −c/τ
+        dsigma = torch.stack([q_col.permute(col), q_row.permute(row)], dim=-1).mul_(-2.0).div_(sigma)
+        dtau = (q_col.sum(dtype=torch.float64) + q_row.sum(dtype=torch.float64)).to(pdt).neg_()  # one sum of all
+        dtau = dtau.div_(tau).reshape(tau.shape)  # tokens: accumulated in float64
+        dlog_lam = (p_sum - t.lam * p_sum.sum(-1, keepdim=True)).permute(row)
+        return dv, dmu, dsigma, dlog_lam, dtau, None
 
 
 def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode) -> Tensor:
@@ -212,11 +242,9 @@ def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
     single = v.is_cuda or torch.compiler.is_compiling()  # see _row_pass
     dev, pdt, vdt = v.device, field.mu.dtype, v.dtype
     if mode == "factorized":
-        col_t, row_t = _factorized_terms(field, b, grid)
-        log_lam = field.log_lam.expand(b, gh, gw, h, r).permute(0, 3, 1, 2, 4).contiguous()  # (B, H, i, w, R)
         if not inplace:
-            return _SteeredFactorized.apply(v, col_t, row_t, log_lam, grid)
-        row_lam = torch.softmax(log_lam, dim=-1)
+            return _SteeredFactorized.apply(v, field.mu, field.sigma, field.log_lam, field.tau, grid)
+        t = _field_terms(field, b, grid)
     else:
         col_t, row_t, col_m, row_m = _axial_terms(field, b, grid)
         itau = 1.0 / field.tau
@@ -234,19 +262,26 @@ def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
             ni = rows.stop - rows.start
             # column pass: A[b, h, k, r, i, j] for tokens (i ∈ rows, k), keys j
             if mode == "factorized":
-                a = _kernel(col_t[bs, :, :, :, rows], ky, None)
+                a = _kernel(t.x_col[bs, :, :, :, rows], t.c_col[bs, :, :, :, rows], ky, None)
             else:
-                t = col_t[bs, :, :, rows]
-                a = _axial_weights(t[..., 0], t[..., 1], t[..., 2], col_m[bs, :, :, rows], itau, ky, inplace)
+                tc = col_t[bs, :, :, rows]
+                a = _axial_weights(tc[..., 0], tc[..., 1], tc[..., 2], col_m[bs, :, :, rows], itau, ky, inplace)
             y1 = torch.bmm(a.to(vdt).reshape(nb * h * gw, ro * ni, gh), vt[bs].reshape(nb * h * gw, gh, d))
             # row pass: U[b, h, i, w, r, k] for queries (i ∈ rows, w), keys k, λ folded in
             if mode == "factorized":
-                u = _kernel(row_t[bs, :, rows], kx, row_lam[bs, :, rows])
+                u = _kernel(t.x_row[bs, :, rows], t.c_row[bs, :, rows], kx, t.lam[bs, :, rows])
             else:
-                t = row_t[bs, :, rows]
-                u = _axial_weights(t[..., 0], t[..., 1], t[..., 2], row_m[bs, :, rows], itau, kx, inplace)
+                tr = row_t[bs, :, rows]
+                u = _axial_weights(tr[..., 0], tr[..., 1], tr[..., 2], row_m[bs, :, rows], itau, kx, inplace)
             u = u.to(vdt)
-            out.append(_row_pass(u.view(nb, h, ni, gw, ro, gw), y1.view(nb, h, gw, ro, ni, d), inplace, single))
+            out.append(
+                _row_pass(
+                    u.view(nb, h, ni, gw, ro, gw),
+                    y1.view(nb, h, gw, ro, ni, d),
+                    inplace,
+                    single or nb * h >= ONE_BMM_ROW_PASS,
+                )
+            )
     if len(out) > 1:  # chunks are ordered batch-major, rows within a batch chunk
         n_row_chunks = len(out) // len(range(0, b, b_step))
         out = [torch.cat(out[i : i + n_row_chunks], dim=2) for i in range(0, len(out), n_row_chunks)]
@@ -258,11 +293,12 @@ def _row_pass(u: Tensor, y1: Tensor, inplace: bool, single: bool) -> Tensor:
     """``y[b, h, i, w] = Σ_{r, k} U[b, h, i, w, r, k] · y1[b, h, k, r, i]``, U ``(B, H, I, Gw, R, Gw)``, y1
     ``(B, H, Gw, R, I, D)`` → ``(B, H, I, Gw, D)``.
 
-    ``single`` (a GPU, or a compiled graph): transpose y1 to ``(i, (r, k), d)`` and run one bmm — few large
-    operations. Otherwise (the CPU) y1 is read in place: U is stored as ``(w, (k, r))`` — ``Gw/D`` of the data of
-    y1 — and one strided bmm runs per (image, head). Skipping the copy of y1 (R× the size of v, a fresh allocation
-    per layer) pays on 1 and 2 threads alike: d384 model at 196 tokens, 2 threads, 1.09–1.13× → 1.05–1.06× the
-    dot twin (benchmarks/RESULTS.md).
+    ``single`` (a GPU, a compiled graph, or at least :data:`ONE_BMM_ROW_PASS` (image, head) pairs on the CPU):
+    transpose y1 to ``(i, (r, k), d)`` and run one bmm — few large operations (d64 model, batch 64, 196 tokens: the
+    eval layer 10 % faster than 256 small bmms). Otherwise (the CPU, few images) y1 is read in place: U is stored
+    as ``(w, (k, r))`` — ``Gw/D`` of the data of y1 — and one strided bmm runs per (image, head). Skipping the copy
+    of y1 (R× the size of v, a fresh allocation per layer) pays on 1 and 2 threads alike: d384 model at 196 tokens,
+    2 threads, 1.09–1.13× → 1.05–1.06× the dot twin (benchmarks/RESULTS.md).
     """
     nb, h, ni, gw, r, _ = u.shape
     d = y1.shape[-1]
