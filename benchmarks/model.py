@@ -1,12 +1,16 @@
-"""Whole-model latency: the d384 SSOG ViT (all taps) against its dot twin, side by side in one run.
+"""Whole-model latency: an SSOG ViT (all taps) against its dot twin, side by side in one run.
 
-    python benchmarks/model.py                       # CPU: 196 and 1024 tokens, batch 2, forward
-    python benchmarks/model.py --mode train          # a training step: forward, cross-entropy, backward
+    python benchmarks/model.py                       # CPU: d384, 196 and 1024 tokens, batch 2, forward
+    python benchmarks/model.py --mode train          # a training step: forward, cross-entropy, backward, AdamW
+    python benchmarks/model.py --model d64-4L --batch 64 --mode train --threads 2   # the small CPU models
     python benchmarks/model.py --device cuda --batch 64 --dtype bfloat16
 
-``--mode forward``: both models in eval mode under ``torch.inference_mode``. ``--mode train``: train mode,
-forward + loss + backward (gradients freed between steps; the optimizer update, the same for both, is left
-out). The two are measured interleaved (SSOG, dot, SSOG, dot, ..., the order flipping every round) so that
+``--model``: ``d384`` (the seed's 12-layer ImageNet model, patch 16, sizes from ``--img``) or one of the small
+models people train on a CPU (:data:`SMALL`: d64 / 4 layers / 64 tokens, d128 / 6 layers / 196 tokens, d64 /
+6 layers / 196 tokens), each at its own image size. ``--mode forward``: both models in eval mode under
+``torch.inference_mode``. ``--mode train``: train mode, forward + loss + backward + ``AdamW.step`` (gradients
+freed between steps). ``--compile`` wraps both models in ``torch.compile`` (warm-up then includes compilation).
+The two are measured interleaved (SSOG, dot, SSOG, dot, ..., the order flipping every round) so that
 load from other processes hits both alike; the table reports the median of each and the median of the
 per-round ratios. On CUDA every run is timed with CUDA events after a synchronise, and the growth of the
 latency from the smallest to the largest size is reported too. Writes ``model_<tag>.csv`` and
@@ -30,11 +34,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import add_run_flags, apply_run_flags, provenance, write_csv  # noqa: E402
 
 from ssog_core.checkpoint import atomic_write  # noqa: E402
-from ssog_core.config import SEED_CONFIGS  # noqa: E402
+from ssog_core.config import SEED_CONFIGS, ViTConfig  # noqa: E402
 from ssog_core.ops.dispatch import choose_backend  # noqa: E402
 from ssog_core.vit import ViT  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# small models people train on a CPU: (SSOG config with all taps, gates open; image side). The dot twin is the
+# same config with attn="dot".
+_SMALL = dict(num_classes=100, num_heads=4, mlp_ratio=2.0, num_atoms=4, cold_init=False)
+SMALL: dict[str, tuple[ViTConfig, int]] = {
+    "d64-4L": (ViTConfig(**_SMALL, dim=64, depth=4, img_size=16, patch_size=2), 16),  # 8×8 = 64 tokens
+    "d128-6L": (ViTConfig(**_SMALL, dim=128, depth=6, img_size=28, patch_size=2), 28),  # 14×14 = 196 tokens
+    "d64-6L": (ViTConfig(**_SMALL, dim=64, depth=6, img_size=56, patch_size=4), 56),  # 14×14 = 196 tokens
+}
 
 
 def _timer(device: torch.device, clock: str = "wall"):
@@ -62,6 +74,16 @@ def _timer(device: torch.device, clock: str = "wall"):
     return run
 
 
+def configs(model: str, img: int) -> dict[str, ViTConfig]:
+    """The SSOG config and its dot twin for ``--model`` at image side ``img``."""
+    if model == "d384":
+        ssog, dot = SEED_CONFIGS["d384-ssog-all"][0], SEED_CONFIGS["d384-dot"][0]
+    else:
+        ssog = SMALL[model][0]
+        dot = ViTConfig(**{**ssog.to_dict(), "attn": "dot", "steer": (), "num_atoms": 4, "cold_init": True})
+    return {"ssog": ssog.replace(img_size=(img, img)), "dot": dot.replace(img_size=(img, img))}
+
+
 def measure(
     img: int,
     batch: int,
@@ -70,6 +92,8 @@ def measure(
     dtype: torch.dtype,
     clock: str = "wall",
     mode: str = "forward",
+    model: str = "d384",
+    compile_models: bool = False,
 ) -> dict[str, float]:
     """Interleaved latencies (a forward, or a training step) of the SSOG model and its dot twin at one size.
 
@@ -77,34 +101,36 @@ def measure(
     attention values are 16-bit, the SSOG field parameters stay float32).
     """
     torch.manual_seed(0)
-    models = {}
-    for name in ("ssog", "dot"):
-        cfg = SEED_CONFIGS[f"d384-{name}-all" if name == "ssog" else "d384-dot"][0].replace(img_size=(img, img))
+    models, steps, optims = {}, {}, {}
+    for name, cfg in configs(model, img).items():
         models[name] = ViT(cfg).to(device=device).train(mode == "train")
+        steps[name] = torch.compile(models[name]) if compile_models else models[name]
+        optims[name] = torch.optim.AdamW(models[name].parameters(), lr=1e-4) if mode == "train" else None
     x = torch.rand(batch, 3, img, img, device=device)
     labels = torch.randint(0, cfg.num_classes, (batch,), device=device)
     half = dtype != torch.float32
 
-    def run(model: ViT) -> None:
+    def run(name: str) -> None:
         with torch.autocast(device.type, dtype=dtype, enabled=half):
-            out = model(x)
+            out = steps[name](x)
         if mode == "train":
             torch.nn.functional.cross_entropy(out.float(), labels).backward()
-            model.zero_grad(set_to_none=True)
+            optims[name].step()
+            optims[name].zero_grad(set_to_none=True)
 
     timer = _timer(device, clock)
     times: dict[str, list[float]] = {"ssog": [], "dot": []}
     with torch.inference_mode(mode == "forward"):
-        for m in models.values():  # warm-up (allocator, kernel selection, autotuning)
-            for _ in range(2):
-                run(m)
+        for name in models:  # warm-up (allocator, kernel selection, autotuning, compilation)
+            for _ in range(3 if compile_models else 2):
+                run(name)
         for i in range(rounds):
             order = ("ssog", "dot") if i % 2 == 0 else ("dot", "ssog")
             for name in order:
-                times[name].append(timer(lambda m=models[name]: run(m)))
+                times[name].append(timer(lambda n=name: run(n)))
     ratios = [s / d for s, d in zip(times["ssog"], times["dot"], strict=True)]
     blk = models["ssog"].blocks[0].attn
-    grid = (img // 16, img // 16)
+    grid = models["ssog"].grid_for(img, img)
     v = torch.zeros(batch, grid[0] * grid[1], blk.num_heads, blk.head_dim, device=device, dtype=dtype)
     with torch.no_grad():
         field = blk.field(torch.zeros(batch, v.shape[1], blk.dim, device=device), grid)
@@ -132,9 +158,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--img", type=int, nargs="+", default=[224, 512], help="image sides (patch 16): 224 → 196 tokens")
+    ap.add_argument("--model", choices=("d384", *SMALL), default="d384", help="d384, or a small CPU model")
+    ap.add_argument("--img", type=int, nargs="+", help="image sides (d384: patch 16, default 224 512 → 196, 1024 "
+                    "tokens; small models: their own size)")  # fmt: skip
+    ap.add_argument("--compile", action="store_true", help="torch.compile both models")
     ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds per size")
-    ap.add_argument("--mode", choices=("forward", "train"), default="forward", help="train: forward + loss + backward")
+    ap.add_argument("--mode", choices=("forward", "train"), default="forward", help="train: a whole AdamW step")
     add_run_flags(ap)
     args = ap.parse_args(argv)
     command, stamp = provenance(argv)
@@ -142,10 +171,11 @@ def main(argv: list[str] | None = None) -> None:
     apply_run_flags(ap, args, device)
     dtype = DTYPES[args.dtype]
 
+    sizes = args.img or ([224, 512] if args.model == "d384" else [SMALL[args.model][1]])
     rows = []
-    for img in args.img:
+    for img in sizes:
         load_before = _load()
-        row = measure(img, args.batch, args.rounds, device, dtype, args.clock, args.mode)
+        row = measure(img, args.batch, args.rounds, device, dtype, args.clock, args.mode, args.model, args.compile)
         row["load_avg"] = f"{load_before}→{_load()}"
         rows.append(row)
         print(
@@ -156,16 +186,20 @@ def main(argv: list[str] | None = None) -> None:
         )
 
     args.out.mkdir(parents=True, exist_ok=True)
-    tag = args.tag or (device.type if args.mode == "forward" else f"{device.type}_train")
+    tag = args.tag or "_".join(
+        [device.type, *([args.model] if args.model != "d384" else []), *(["train"] if args.mode == "train" else [])]
+    )
     fields = list(rows[0])
 
     write_csv(args.out / f"model_{tag}.csv", rows, fields)
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-    what = "forward" if args.mode == "forward" else "training step (forward + loss + backward)"
+    what = "forward" if args.mode == "forward" else "training step (forward + loss + backward + AdamW)"
+    c = configs(args.model, sizes[0])["ssog"]
     lines = [
-        f"Whole d384 ViT {what} (12 layers, 6 heads, mlp 2, SSOG R4 all taps vs dot twin), batch {args.batch}, "
-        f"{args.dtype}, {dev_name}, torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock, "
-        f"{args.rounds} interleaved rounds. {stamp}, `{command}`.",
+        f"Whole {args.model} ViT {what} ({c.depth} layers, dim {c.dim}, {c.num_heads} heads, patch {c.patch_size}, "
+        f"mlp {c.mlp_ratio:g}, SSOG R{c.num_atoms} all taps vs dot twin{', torch.compile' if args.compile else ''}), "
+        f"batch {args.batch}, {args.dtype}, {dev_name}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{args.clock} clock, {args.rounds} interleaved rounds. {stamp}, `{command}`.",
         "",
         "| tokens | SSOG ms | dot ms | SSOG/dot (median of rounds) | IQR | SSOG backend | load avg |",
         "|---:|---:|---:|---:|---:|---|---|",

@@ -101,11 +101,12 @@ class SSOGAttention(nn.Module):
         b = x.shape[0]
         gh, gw = grid
         h, r = self.num_heads, self.num_atoms
+        layers = [getattr(self, _TAP_PARAMS[tap][0]) for tap in self.taps]
+        # one GEMM for all taps (weights concatenated at run time; the stored layout stays one Linear per tap)
+        raw = F.linear(x, torch.cat([m.weight for m in layers]), torch.cat([m.bias for m in layers]))
         probes = {}
-        for tap in self.taps:
-            probe, _, per_atom = _TAP_PARAMS[tap]
-            shape = (b, gh, gw, h, r, 2) if per_atom == 2 else (b, gh, gw, h, r)
-            probes[tap] = getattr(self, probe)(x).view(shape)
+        for tap, part in zip(self.taps, raw.split([m.out_features for m in layers], dim=-1), strict=True):
+            probes[tap] = part.view((b, gh, gw, h, r, 2) if _TAP_PARAMS[tap][2] == 2 else (b, gh, gw, h, r))
         return steer(fixed, probes, self.gate_scales(), self.max_offset)
 
     def forward(self, x: Tensor, grid: tuple[int, int]) -> Tensor:

@@ -14,21 +14,28 @@ Same operator as :func:`ssog_core.field.apply_field` (DESIGN.md §1), rearranged
 * per-query kernels and the per-atom intermediate are built for one chunk of query rows at a time,
   bounded by :data:`CHUNK_ELEMENTS` (:data:`CUDA_CHUNK_ELEMENTS` on a GPU), never for the whole input at once.
 
-Gradients come from PyTorch autograd through these ops; without autograd the kernels are built in place.
+Gradients: a steered factorized field trains through :class:`_SteeredFactorized`, one autograd node with an
+analytic backward (the softmax-of-a-quadratic gradient needs two moments of ``kernel ⊙ grad`` per atom), instead
+of a graph of ~30 broadcast ops per layer whose fresh full-size buffers dominated small models' training steps;
+the other paths use PyTorch autograd through their ops. Without autograd the kernels are built in place.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from ssog_core.field import Field, FieldMode, axis_kernels, check_grid
 
 LOG2E = 1.0 / math.log(2.0)
+LN2 = math.log(2.0)
 CHUNK_ELEMENTS = 1 << 21  # per-chunk bound on kernel and intermediate elements on the CPU (8 MiB in fp32)
 CUDA_CHUNK_ELEMENTS = 1 << 27  # on a GPU, memory rather than cache bounds the chunk (512 MiB in fp32)
+ONE_BMM_ROW_PASS = 32  # from this many (image, head) pairs per chunk the CPU row pass is one bmm (see _row_pass)
 
 
 def apply_torch(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode = "factorized") -> Tensor:
@@ -75,55 +82,153 @@ def _apply_fixed(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode
     return y.view(h, gh, gw, b, d).permute(3, 1, 2, 0, 4).reshape(b, n, h, d)
 
 
-def _gauss(x: Tensor, keys: Tensor, c: Tensor, shift: Tensor, inplace: bool) -> Tensor:
-    """Unnormalised factorized weights ``2^(shift − c·(x − key)²)`` (all ≤ 1, peak 1), keys on the last axis.
+class _Terms(NamedTuple):
+    """Per-token kernel parameters in the two pass layouts: ``x = query − μ`` (where the atom looks) and
+    ``c = log2(e)/(2σ²τ)`` as ``(B, H, k, R, i)`` for the column pass (row axis y) and ``(B, H, i, w, R)`` for the
+    row pass (column axis x); ``lam`` (λ, normalised) in the row-pass layout."""
 
-    ``exp2`` rather than ``exp``: PyTorch's CPU ``exp`` takes a slow path (20–40× slower) for arguments
-    below −87, which far-away keys of narrow atoms always produce. The per-query operand comes first in
-    every broadcast (TensorIterator picks a slow loop order when a broadcast operand leads).
-    """
-    if inplace:
-        return (x[..., None] - keys).square_().mul_(-c[..., None]).add_(shift[..., None]).exp2_()
-    return (shift[..., None] - c[..., None] * (x[..., None] - keys).square()).exp2()
+    x_col: Tensor
+    c_col: Tensor
+    x_row: Tensor
+    c_row: Tensor
+    lam: Tensor
 
 
-def _factorized_terms(field: Field, b: int, grid: tuple[int, int]) -> tuple[Tensor, Tensor]:
-    """Per-token ``(x, c, shift)`` of both axes in the two kernel layouts: ``(B, H, k, R, i, 3)`` for the column
-    pass (row axis y) and ``(B, H, i, w, R, 3)`` for the row pass (column axis x).
+def _field_terms(field: Field, b: int, grid: tuple[int, int]) -> _Terms:
+    """:class:`_Terms` of a per-token factorized field (no autograd: :class:`_SteeredFactorized` differentiates it).
 
-    ``x = query − μ`` (where the atom looks), ``c = log2(e)/(2σ²τ)`` and the analytic-max shift ``c·(x − j*)²``
-    with ``j* = clamp(round(x))``; both axes are computed at once in the field's own layout, then permuted once
-    per pass (a handful of small ops instead of one set per axis and layout).
+    λ's softmax runs with the atoms on an outer axis (tokens innermost): over a last axis of 4 atoms PyTorch's CPU
+    softmax is 10× slower.
     """
     gh, gw = grid
     h, r = field.num_heads, field.num_atoms
-    mu = field.mu.expand(b, gh, gw, h, r, 2)
-    sigma = field.sigma.expand(b, gh, gw, h, r, 2)
-    dev, dt = mu.device, mu.dtype
-    ii, ww = torch.meshgrid(
-        torch.arange(gh, device=dev, dtype=dt), torch.arange(gw, device=dev, dtype=dt), indexing="ij"
+    dev, dt = field.mu.device, field.mu.dtype
+    rows, cols = torch.arange(gh, device=dev, dtype=dt), torch.arange(gw, device=dev, dtype=dt)
+    pos = torch.stack(torch.meshgrid(rows, cols, indexing="ij"), dim=-1)[:, :, None, None]  # (Gh, Gw, 1, 1, 2)
+    x = (pos - field.mu).expand(b, gh, gw, h, r, 2)
+    c = field.sigma.square().mul_(field.tau).reciprocal_().mul_(0.5 * LOG2E).expand(b, gh, gw, h, r, 2)
+    lam = torch.softmax(field.log_lam.expand(b, gh, gw, h, r).permute(0, 3, 4, 1, 2), dim=2)  # (B, H, R, i, w)
+    col, row = (0, 3, 2, 4, 1), (0, 3, 1, 2, 4)
+    return _Terms(
+        x[..., 0].permute(col).contiguous(),
+        c[..., 0].permute(col).contiguous(),
+        x[..., 1].permute(row).contiguous(),
+        c[..., 1].permute(row).contiguous(),
+        lam.permute(0, 1, 3, 4, 2).contiguous(),
     )
-    pos = torch.stack([ii, ww], dim=-1)[:, :, None, None]  # (Gh, Gw, 1, 1, 2): the query's own coordinates
-    x = pos - mu
-    c = (0.5 * LOG2E) / (sigma.square() * field.tau)
-    with torch.no_grad():  # the shift cancels in the normalisation: no gradient needed
-        top = torch.tensor([gh - 1, gw - 1], device=dev, dtype=dt)
-        shift = c * (x - torch.minimum(torch.round(x).clamp_(min=0), top)).square_()
-    terms = torch.stack([x, c, shift], dim=-1)  # (B, Gh, Gw, H, R, 2, 3)
-    col = terms[..., 0, :].permute(0, 3, 2, 4, 1, 5).contiguous()
-    row = terms[..., 1, :].permute(0, 3, 1, 2, 4, 5).contiguous()
-    return col, row
 
 
-def _normalise(w: Tensor, scale: Tensor | None, inplace: bool) -> Tensor:
-    """``w · scale / Σ_key w`` (keys on the last axis; no scale: plain normalisation)."""
-    z = w.sum(-1, keepdim=True)
-    factor = z.reciprocal_() if scale is None else scale[..., None] / z
-    return w.mul_(factor) if inplace else w * factor
+def _kernel(x: Tensor, c: Tensor, keys: Tensor, scale: Tensor | None) -> Tensor:
+    """Normalised factorized weights ``2^(c·(x − j*)² − c·(x − key)²) · scale / Z`` for per-token ``x``, ``c``, keys
+    on a new last axis; built in place, so only ever called without autograd.
+
+    ``exp2`` rather than ``exp``: PyTorch's CPU ``exp`` takes a slow path (20–40× slower) for arguments below −87,
+    which far-away keys of narrow atoms always produce; the analytic max ``j* = clamp(round(x))`` makes every
+    weight ≤ 1 with peak 1 without a max pass. The per-query operand comes first in every broadcast
+    (TensorIterator picks a slow loop order when a broadcast operand leads). ``Z`` is a matrix-vector product:
+    on the CPU it is 3× faster than ``sum(-1)`` over a short key axis.
+    """
+    n = keys.shape[0]
+    shift = c * (x - torch.round(x).clamp_(0, n - 1)).square_()
+    w = torch.sub(x[..., None], keys).square_()
+    w = torch.addcmul(shift[..., None], w, c[..., None], value=-1.0, out=w).exp2_()  # one pass for −c·d² + shift
+    z = torch.mv(w.view(-1, n), torch.ones_like(keys)).view(x.shape)
+    return w.mul_((z.reciprocal_() if scale is None else scale / z)[..., None])
+
+
+def _kernel_grad(
+    w: Tensor, g: Tensor, x: Tensor, c: Tensor, keys: Tensor, lam: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients ``(∂L/∂x, ∂L/∂c)`` of a :func:`_kernel` ``w`` (normalised, times ``lam`` if given), and
+    ``P = Σ_key w ⊙ g`` (``λ·∂L/∂λ`` for the λ-scaled kernel). ``g`` (∂L/∂w) is overwritten; ``w`` is a saved
+    tensor and stays intact (``retain_graph`` and gradcheck run the backward more than once).
+
+    With ``s = w ⊙ g − a·P`` (``a = w/λ`` the normalised kernel), the softmax-of-a-quadratic gradient is
+    ``∂L/∂x = −2·ln2·c·Σ s·(x − key)`` and ``∂L/∂c = −ln2·Σ s·(x − key)²``: eight passes over the kernel instead of
+    the ~12 full-size autograd buffers of the elementwise graph. The moments are taken about the query's own ``x``
+    (not as key moments recombined afterwards), so nothing cancels: fp32 gradients stay as exact as autograd's.
+    """
+    n = keys.shape[0]
+    ones = torch.ones_like(keys)
+    s = g.mul_(w)
+    p_sum = torch.mv(s.view(-1, n), ones).view(x.shape)
+    coef = p_sum if lam is None else p_sum / lam.clamp_min(torch.finfo(lam.dtype).tiny)
+    s.addcmul_(w, coef[..., None], value=-1.0)
+    dist = torch.sub(x[..., None], keys)
+    m1 = torch.mv(s.mul_(dist).view(-1, n), ones).view(x.shape)
+    m2 = torch.mv(s.mul_(dist).view(-1, n), ones).view(x.shape)
+    return m1.mul_(c).mul_(-2.0 * LN2), m2.mul_(-LN2), p_sum
+
+
+def _factorized_passes(vt: Tensor, a: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    """Both passes with one bmm each: values ``vt`` ``(B, H, k, j, D)``, column kernel ``a`` ``(B, H, k, R, i, j)``,
+    row kernel ``u`` ``(B, H, i, w, R, k)`` → ``y1`` as ``(B, H, i, R, k, D)`` (kept for the backward pass) and
+    ``y`` ``(B, H, i, w, D)``."""
+    b, h, gw, gh, d = vt.shape
+    r = a.shape[3]
+    y1 = torch.bmm(a.reshape(b * h * gw, r * gh, gh), vt.view(b * h * gw, gh, d))
+    y1t = y1.view(b, h, gw, r, gh, d).permute(0, 1, 4, 3, 2, 5).contiguous()
+    y = torch.bmm(u.reshape(b * h * gh, gw, r * gw), y1t.view(b * h * gh, r * gw, d))
+    return y1t, y.view(b, h, gh, gw, d)
+
+
+class _SteeredFactorized(torch.autograd.Function):
+    """The steered factorized operator as one autograd node: ``(v, μ, σ, log λ, τ)`` of a per-token field → ``y``.
+
+    The kernel parameters (:func:`_field_terms`), both kernels and both passes run without autograd; the backward
+    pass is analytic (:func:`_kernel_grad`, then the chain rule through ``x = query − μ``, ``c = log2(e)/(2σ²τ)``
+    and λ's softmax). Saved: the values, both kernels, ``y1`` and the terms.
+    """
+
+    @staticmethod
+    def forward(
+        ctx, v: Tensor, mu: Tensor, sigma: Tensor, log_lam: Tensor, tau: Tensor, grid: tuple[int, int]
+    ) -> Tensor:
+        b, n, h, d = v.shape
+        gh, gw = grid
+        t = _field_terms(Field(mu, sigma, log_lam, tau), b, grid)
+        a = _kernel(t.x_col, t.c_col, torch.arange(gh, device=v.device, dtype=mu.dtype), None)
+        u = _kernel(t.x_row, t.c_row, torch.arange(gw, device=v.device, dtype=mu.dtype), t.lam)
+        vt = v.reshape(b, gh, gw, h, d).permute(0, 3, 2, 1, 4).contiguous()  # (B, H, k, j, D)
+        y1t, y = _factorized_passes(vt, a.to(v.dtype), u.to(v.dtype))
+        ctx.save_for_backward(vt, a, u, y1t, sigma, tau, *t)
+        return y.permute(0, 2, 3, 1, 4).reshape(b, n, h, d)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, None]:
+        vt, a, u, y1t, sigma, tau, *terms = ctx.saved_tensors
+        t = _Terms(*terms)
+        b, h, gw, gh, d = vt.shape
+        r = a.shape[3]
+        vdt, pdt = vt.dtype, a.dtype
+        bhi, bhk = b * h * gh, b * h * gw
+        dy = dout.reshape(b, gh, gw, h, d).permute(0, 3, 1, 2, 4).to(vdt).contiguous().view(bhi, gw, d)
+        du = torch.bmm(dy, y1t.view(bhi, r * gw, d).transpose(1, 2))  # (B·H·i, w, (r, k))
+        dy1 = torch.bmm(u.to(vdt).view(bhi, gw, r * gw).transpose(1, 2), dy)  # (B·H·i, (r, k), D)
+        dy1 = dy1.view(b, h, gh, r, gw, d).permute(0, 1, 4, 3, 2, 5).contiguous().view(bhk, r * gh, d)
+        da = torch.bmm(dy1, vt.view(bhk, gh, d).transpose(1, 2))  # (B·H·k, (r, i), j)
+        dvt = torch.bmm(a.to(vdt).view(bhk, r * gh, gh).transpose(1, 2), dy1)  # (B·H·k, j, D)
+        dv = dvt.view(b, h, gw, gh, d).permute(0, 3, 2, 1, 4).reshape(b, gh * gw, h, d)
+        ky = torch.arange(gh, device=vt.device, dtype=pdt)
+        kx = torch.arange(gw, device=vt.device, dtype=pdt)
+        dx_col, dc_col, _ = _kernel_grad(a, da.view(a.shape).to(pdt), t.x_col, t.c_col, ky, None)
+        dx_row, dc_row, p_sum = _kernel_grad(u, du.view(u.shape).to(pdt), t.x_row, t.c_row, kx, t.lam)
+        # back to the field's layout (B, Gh, Gw, H, R[, 2]): x = query − μ, c = log2(e)/(2σ²τ), λ = softmax(log λ)
+        col, row = (0, 4, 2, 1, 3), (0, 2, 3, 1, 4)
+        dmu = torch.stack([dx_col.permute(col), dx_row.permute(row)], dim=-1).neg_()
+        q_col, q_row = dc_col.mul_(t.c_col), dc_row.mul_(t.c_row)  # c·∂L/∂c: ∂c/∂σ = −2c/σ, ∂c/∂τ = −c/τ
+        dsigma = torch.stack([q_col.permute(col), q_row.permute(row)], dim=-1).mul_(-2.0).div_(sigma)
+        dtau = (q_col.sum(dtype=torch.float64) + q_row.sum(dtype=torch.float64)).to(pdt).neg_()  # one sum of all
+        dtau = dtau.div_(tau).reshape(tau.shape)  # tokens: accumulated in float64
+        dlog_lam = (p_sum - t.lam * p_sum.sum(-1, keepdim=True)).permute(row)
+        return dv, dmu, dsigma, dlog_lam, dtau, None
 
 
 def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode) -> Tensor:
-    """Per-token field, chunked over query rows (and over the batch when all rows of one image fit a chunk).
+    """Per-token field. With autograd, a factorized field is one :class:`_SteeredFactorized` node over the whole
+    input (autograd would keep every chunk's kernels anyway). Otherwise chunked over query rows (and over the
+    batch when all rows of one image fit a chunk).
 
     Per chunk of query rows ``I``: the column pass builds ``A[b, h, k, r, i, j]`` for the tokens
     ``(i ∈ I, k)`` and runs one bmm ``[(r, i), j] @ [j, d]`` per key column (``y1`` comes out as
@@ -138,10 +243,9 @@ def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
     single = v.is_cuda or torch.compiler.is_compiling()  # see _row_pass
     dev, pdt, vdt = v.device, field.mu.dtype, v.dtype
     if mode == "factorized":
-        col_t, row_t = _factorized_terms(field, b, grid)
-        # λ normalised in the field's own layout (contiguous, atoms last), then moved into the row-pass layout
-        lam = torch.softmax(field.log_lam, dim=-1)
-        row_lam = lam.expand(b, gh, gw, h, r).permute(0, 3, 1, 2, 4).contiguous()  # (B, H, i, w, R)
+        if not inplace:
+            return _SteeredFactorized.apply(v, field.mu, field.sigma, field.log_lam, field.tau, grid)
+        t = _field_terms(field, b, grid)
     else:
         col_t, row_t, col_m, row_m = _axial_terms(field, b, grid)
         itau = 1.0 / field.tau
@@ -159,20 +263,26 @@ def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
             ni = rows.stop - rows.start
             # column pass: A[b, h, k, r, i, j] for tokens (i ∈ rows, k), keys j
             if mode == "factorized":
-                t = col_t[bs, :, :, :, rows]
-                a = _normalise(_gauss(t[..., 0], ky, t[..., 1], t[..., 2], inplace), None, inplace)
+                a = _kernel(t.x_col[bs, :, :, :, rows], t.c_col[bs, :, :, :, rows], ky, None)
             else:
-                t = col_t[bs, :, :, rows]
-                a = _axial_weights(t[..., 0], t[..., 1], t[..., 2], col_m[bs, :, :, rows], itau, ky, inplace)
+                tc = col_t[bs, :, :, rows]
+                a = _axial_weights(tc[..., 0], tc[..., 1], tc[..., 2], col_m[bs, :, :, rows], itau, ky, inplace)
             y1 = torch.bmm(a.to(vdt).reshape(nb * h * gw, ro * ni, gh), vt[bs].reshape(nb * h * gw, gh, d))
             # row pass: U[b, h, i, w, r, k] for queries (i ∈ rows, w), keys k, λ folded in
-            t = row_t[bs, :, rows]
             if mode == "factorized":
-                u = _normalise(_gauss(t[..., 0], kx, t[..., 1], t[..., 2], inplace), row_lam[bs, :, rows], inplace)
+                u = _kernel(t.x_row[bs, :, rows], t.c_row[bs, :, rows], kx, t.lam[bs, :, rows])
             else:
-                u = _axial_weights(t[..., 0], t[..., 1], t[..., 2], row_m[bs, :, rows], itau, kx, inplace)
+                tr = row_t[bs, :, rows]
+                u = _axial_weights(tr[..., 0], tr[..., 1], tr[..., 2], row_m[bs, :, rows], itau, kx, inplace)
             u = u.to(vdt)
-            out.append(_row_pass(u.view(nb, h, ni, gw, ro, gw), y1.view(nb, h, gw, ro, ni, d), inplace, single))
+            out.append(
+                _row_pass(
+                    u.view(nb, h, ni, gw, ro, gw),
+                    y1.view(nb, h, gw, ro, ni, d),
+                    inplace,
+                    single or nb * h >= ONE_BMM_ROW_PASS,
+                )
+            )
     if len(out) > 1:  # chunks are ordered batch-major, rows within a batch chunk
         n_row_chunks = len(out) // len(range(0, b, b_step))
         out = [torch.cat(out[i : i + n_row_chunks], dim=2) for i in range(0, len(out), n_row_chunks)]
@@ -184,11 +294,12 @@ def _row_pass(u: Tensor, y1: Tensor, inplace: bool, single: bool) -> Tensor:
     """``y[b, h, i, w] = Σ_{r, k} U[b, h, i, w, r, k] · y1[b, h, k, r, i]``, U ``(B, H, I, Gw, R, Gw)``, y1
     ``(B, H, Gw, R, I, D)`` → ``(B, H, I, Gw, D)``.
 
-    ``single`` (a GPU, or a compiled graph): transpose y1 to ``(i, (r, k), d)`` and run one bmm — few large
-    operations. Otherwise (the CPU) y1 is read in place: U is stored as ``(w, (k, r))`` — ``Gw/D`` of the data of
-    y1 — and one strided bmm runs per (image, head). Skipping the copy of y1 (R× the size of v, a fresh allocation
-    per layer) pays on 1 and 2 threads alike: d384 model at 196 tokens, 2 threads, 1.09–1.13× → 1.05–1.06× the
-    dot twin (benchmarks/RESULTS.md).
+    ``single`` (a GPU, a compiled graph, or at least :data:`ONE_BMM_ROW_PASS` (image, head) pairs on the CPU):
+    transpose y1 to ``(i, (r, k), d)`` and run one bmm — few large operations (d64 model, batch 64, 196 tokens: the
+    eval layer 10 % faster than 256 small bmms). Otherwise (the CPU, few images) y1 is read in place: U is stored
+    as ``(w, (k, r))`` — ``Gw/D`` of the data of y1 — and one strided bmm runs per (image, head). Skipping the copy
+    of y1 (R× the size of v, a fresh allocation per layer) pays on 1 and 2 threads alike: d384 model at 196 tokens,
+    2 threads, 1.09–1.13× → 1.05–1.06× the dot twin (benchmarks/RESULTS.md).
     """
     nb, h, ni, gw, r, _ = u.shape
     d = y1.shape[-1]
