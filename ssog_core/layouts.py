@@ -5,7 +5,8 @@ a striped patch, a plus or a corner, each vertical, horizontal or diagonal. A cl
 parts 5–10 patches apart (a vertical pair vs a horizontal pair) or by a thin structure that runs across the
 grid, so attention has reason to reach far and along one axis -- the geometry SSOG heads can express with an
 elongated or displaced Gaussian. Objects are painted in one random saturated colour over a crop of a photo from
-``assets/backgrounds/`` (as in ``shapes``), the photo at a third of its contrast. Every image is a pure function of ``(seed, split, index)``.
+``assets/backgrounds/`` (as in ``shapes``), the photo at a third of its contrast. Every image is a pure function
+of ``(seed, split, index)``.
 
 Labels survive the training augmentations (a horizontal flip keeps vertical/horizontal, and "diagonal" covers
 both diagonals; a pad-crop only shifts). The object's coverage mask comes with each image, for export maps.
