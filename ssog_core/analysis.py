@@ -1,4 +1,4 @@
-"""Interpretability quantities behind every picture (DESIGN.md §3). The app only draws these.
+"""Interpretability quantities behind every picture (docs/DESIGN.md §3). The app only draws these.
 
 All functions take a model (eval mode is set for the duration) and tensors, run under
 ``torch.inference_mode``, and return plain tensors or small dataclasses:

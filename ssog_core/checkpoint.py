@@ -1,4 +1,4 @@
-"""Checkpoints: safetensors weights with the model config and metadata in the header (DESIGN.md §4).
+"""Checkpoints: safetensors weights with the model config and metadata in the header (docs/DESIGN.md §4).
 
 Nothing here ever unpickles. Loading validates everything a file could get wrong (format, config,
 missing / unexpected / mis-shaped tensors, non-finite values) and reports all of it in one message.

@@ -13,9 +13,10 @@ ATTENTION_KINDS = ("ssog", "dot", "rbf")
 
 @dataclass(frozen=True)
 class ViTConfig:
-    """Architecture of a :class:`ssog_core.vit.ViT` (DESIGN.md §2).
+    """Architecture of a :class:`ssog_core.vit.ViT` (docs/DESIGN.md §2).
 
-    Defaults are the seed's small CIFAR model; each field says why it is what it is.
+    Defaults are a small CIFAR-size model like the SSOG post's (patch 4 here; its CIFAR runs use patch 2); each
+    field says why it is what it is.
     """
 
     num_classes: int = 100
@@ -24,12 +25,12 @@ class ViTConfig:
     dim: int = 256
     depth: int = 6
     num_heads: int = 4
-    mlp_ratio: float = 2.0  # the seed's ratio: SSOG's savings come from dropping Q/K, not from a thin MLP
+    mlp_ratio: float = 2.0  # the SSOG post's ratio: SSOG's savings come from dropping Q/K, not from a thin MLP
     dropout: float = 0.1  # after the position embedding and on both residual branches (training only)
     in_chans: int = 3
     attn: str = "ssog"  # "ssog" (Gaussian field), "dot" (its SDPA twin) or "rbf" (distance attention)
     # SSOG only
-    num_atoms: int = 4  # Gaussians per head; 1 already works, 4 is the seed's sweet spot, 8 the cap
+    num_atoms: int = 4  # Gaussians per head; 1 already works, 4 is the SSOG post's sweet spot, 8 the cap
     field: str = "factorized"  # per-atom separable passes, or "axial" (atoms mixed in logit space per axis)
     steer: tuple[str, ...] = TAPS  # enabled content taps; () is the purely fixed field
     max_offset: float = 4.0  # bound on how far content may move an atom, in grid cells
@@ -38,7 +39,7 @@ class ViTConfig:
     # dot / rbf only
     num_registers: int = 0  # learned prefix tokens, stripped after the last block (zero-init for rbf)
     susie: bool = False  # add the 2D SuSiE position code to q and k (RoPE would break RBF's distances)
-    susie_dim: int = 0  # channels per head carrying SuSiE (a multiple of 4); 0 = the whole head, as the source
+    susie_dim: int = 0  # channels per head with SuSiE (a multiple of 4); 0 = the whole head, as in the RBF post
     qk_norm: bool = False  # dot only: RMS-normalise q and k per head, the usual cure for key-magnitude dominance
 
     def __post_init__(self) -> None:
@@ -123,7 +124,7 @@ class ViTConfig:
         return dataclasses.replace(self, **changes)
 
 
-# The seed's six ImageNet configurations (DESIGN.md §2): exact parameter counts and approximate FLOPs.
+# The SSOG post's six ImageNet configurations (docs/DESIGN.md §2): exact parameter counts and approximate FLOPs.
 _IMAGENET = dict(num_classes=1000, img_size=224, patch_size=16, mlp_ratio=2.0)
 _D256 = dict(_IMAGENET, dim=256, depth=6, num_heads=4)
 _D384 = dict(_IMAGENET, dim=384, depth=12, num_heads=6)

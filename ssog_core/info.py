@@ -2,7 +2,7 @@
 
 FLOPs count 2 per multiply-add and include the attention itself. They are measured with
 ``torch.utils.flop_counter`` on a real forward pass, adding formulas for the operators it does not see
-(the fused CPU SDPA kernel). Elementwise work (softmax, the Gaussians) is not counted, as in the seed.
+(the fused CPU SDPA kernel). Elementwise work (softmax, the Gaussians) is not counted, as in the SSOG post.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ class LMConfig:
     dropout: float = 0.0  # small models on a few million tokens barely overfit
     attn: str = "rbf"  # "dot" (SDPA) or "rbf" (distance attention)
     position: str = "susie"  # SuSiE in q and k (works for both kinds), "learned" absolute embedding, or "none"
-    susie_dim: int = 0  # channels per head carrying SuSiE (even); 0 = the whole head, as the source
+    susie_dim: int = 0  # channels per head carrying SuSiE (even); 0 = the whole head, as in the RBF post
     qk_norm: bool = False  # dot only: RMS-normalised q and k
     num_registers: int = 1  # prefix tokens every position can attend to (an attention sink by design)
 

@@ -2,7 +2,7 @@
 
 Each head's field over relative position (:attr:`LayerField.density`) is summarised by its spread along
 each axis (the standard deviation of key offsets under the density, in grid cells) and how far its mass
-sits from the query. Four shapes the seed's figures show are then picked, each from a different head:
+sits from the query. Four shapes the SSOG post's figures show are then picked, each from a different head:
 
 * **tight local blob** — the smallest spread with its mass near the query (layer 0 is "a convolution in disguise");
 * **vertical strip** / **horizontal strip** — the largest ratio of the spreads along the two axes, if that ratio

@@ -55,6 +55,7 @@ from ssog_core.checkpoint import (
     TRANSFER_KEY,
     CheckpointError,
     atomic_write,
+    read_checkpoint,
     save_checkpoint,
     software_versions,
     unwrap,
@@ -265,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = ap.add_argument_group("run")
     g.add_argument("--out", help="run folder (default: runs/ATTN-DATAKIND)")
     g.add_argument("--resume", action="store_true", help="continue the run in --out from its train_state.pt")
+    g.add_argument("--init-from", metavar="CHECKPOINT", help="start from these weights (same model), fresh schedule")
     g.add_argument("--ckpt-every", type=_nonneg_int, default=0, help="also save every N steps (default: each epoch)")
     g.add_argument("--stop-after", type=_positive_int, help="save and stop once N steps are done (as a kill would)")
     g.add_argument(
@@ -568,6 +570,17 @@ def model_config(args: argparse.Namespace, data: DataSource) -> ViTConfig:
 class Trainer:
     """One training run: data, model, optimizer, schedule, checkpoints, metrics."""
 
+    def _init_from(self, path: str) -> None:
+        """Start from a checkpoint's weights (a second stage with a fresh schedule); the architectures must match."""
+        try:
+            config, state, _ = read_checkpoint(path)
+        except CheckpointError as e:
+            raise TrainError(f"--init-from: {e}") from None
+        if config.to_dict() != self.config.to_dict():
+            diff = sorted(k for k, v in config.to_dict().items() if self.config.to_dict().get(k) != v)
+            raise TrainError(f"--init-from {path}: its model differs from this run's in {', '.join(diff)}")
+        self.model.load_state_dict({k: v.float() for k, v in state.items()})
+
     def __init__(self, args: argparse.Namespace, d: Dist, command: str, state: dict[str, Any] | None):
         self.args, self.d, self.command = args, d, command
         self.out = Path(args.out)
@@ -582,6 +595,8 @@ class Trainer:
         self.local_batch = args.batch_size // d.world
         torch.manual_seed(args.seed)  # the same initial weights in every process
         self.model = ViT(self.config).to(d.device)
+        if getattr(args, "init_from", None) and state is None:
+            self._init_from(args.init_from)
         self.num_params = sum(p.numel() for p in self.model.parameters())
         if d.main:  # last.safetensors (4 B/param) + train_state.pt (16 B/param), each with a temporary copy
             check_space(self.out, need_bytes=2 * 20 * self.num_params + 16 * 1024**2)

@@ -1,4 +1,4 @@
-"""A small vision transformer whose attention is SSOG, its dot twin, or RBF (DESIGN.md §2).
+"""A small vision transformer whose attention is SSOG, its dot twin, or RBF (docs/DESIGN.md §2).
 
 Patches → linear embedding + learned position embedding → pre-norm blocks → LayerNorm → mean pool →
 linear head; no class token. The model runs on any image whose sides are multiples of the patch size:

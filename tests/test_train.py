@@ -106,6 +106,21 @@ def test_resume_is_bit_identical(tmp_path):
     assert meta["command"].endswith("--stop-after 4")  # the run's own command, not the resume line
 
 
+def test_init_from_starts_a_second_stage_from_the_weights(tmp_path, capsys):
+    assert run(tmp_path / "a", "--epochs", "1", "--transfer-sizes", "none") == 0
+    first = tmp_path / "a" / "last.safetensors"
+    assert (
+        run(tmp_path / "b", "--epochs", "1", "--transfer-sizes", "none", "--init-from", str(first), "--lr", "1e-9") == 0
+    )
+    a, b = weights(first), weights(tmp_path / "b" / "last.safetensors")
+    moved = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    assert moved < 1e-5  # a near-zero learning rate keeps the loaded weights, not a fresh initialisation
+    assert run(tmp_path / "c", "--epochs", "1", "--dim", "8", "--init-from", str(first)) == 2
+    assert "differs from this run's in dim" in capsys.readouterr().err
+    assert run(tmp_path / "d", "--epochs", "1", "--init-from", str(tmp_path / "missing.safetensors")) == 2
+    assert "--init-from" in capsys.readouterr().err
+
+
 def test_resume_at_epoch_boundary_keeps_the_epoch_eval(tmp_path):
     assert run(tmp_path / "b", "--stop-after", "6") == 0
     assert train.main(["--out", str(tmp_path / "b"), "--resume", "--no-progress"]) == 0
