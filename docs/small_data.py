@@ -287,7 +287,7 @@ def markdown(table: dict[str, Any], counts: dict[str, int], epochs: int, seeds: 
     return "\n".join(lines)
 
 
-def results_section(table: dict[str, Any]) -> str:
+def results_section(table: dict[str, Any], seeds: list[int]) -> str:
     """The short summary placed between the markers in docs/RESULTS.md."""
     lines = [MARK_BEGIN, "## Small data (digits): does SSOG's advantage survive strong augmentation?", ""]
     for crop, rows in table.items():
@@ -295,7 +295,7 @@ def results_section(table: dict[str, Any]) -> str:
             gaps = [r["gap"] for r in rows]
             lines.append(
                 f"* `{crop}`: SSOG {_ms([r['ssog'] for r in rows])}%, dot {_ms([r['dot'] for r in rows])}%, "
-                f"paired gap {_ms(gaps)} points ({len(rows)} seeds)."
+                f"paired gap {_ms(gaps)} points ({len(rows)} of {len(seeds)} seeds finished)."
             )
     lines += ["", "Recipe, per-seed numbers and the gap at matched CPU time: [SMALL_DATA.md](SMALL_DATA.md).", MARK_END]
     return "\n".join(lines)
@@ -307,7 +307,7 @@ def write_reports(root: Path, seeds: list[int], counts: dict[str, int], epochs: 
     (DOCS / "SMALL_DATA.md").write_text(markdown(table, counts, epochs, seeds))
     results = DOCS / "RESULTS.md"
     text = results.read_text() if results.is_file() else ""
-    section = results_section(table)
+    section = results_section(table, seeds)
     pattern = re.compile(re.escape(MARK_BEGIN) + ".*?" + re.escape(MARK_END), re.S)
     text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
     results.write_text(text + ("" if text.endswith("\n") else "\n"))
