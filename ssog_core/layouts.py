@@ -139,13 +139,8 @@ class LayoutsSpec(ShapesSpec):
     """What ``--data layouts:SPEC`` selects (same keys as ``shapes``; 56×56 by default: a 14×14 grid at patch 4)."""
 
     size: int = 56
-
-    @classmethod
-    def parse(cls, text: str) -> LayoutsSpec:
-        spec = super().parse(text)
-        if spec.classes > len(CLASS_NAMES):
-            raise ValueError(f"layouts classes={spec.classes} must be between 2 and {len(CLASS_NAMES)}")
-        return spec
+    KIND = "layouts"
+    CLASSES = len(CLASS_NAMES)
 
 
 class LayoutsDataset:

@@ -125,6 +125,9 @@ class ShapesSpec:
     size: int = 64  # native resolution (square); any other size renders natively too
     seed: int = 0  # the data set's identity: a different seed is a different data set
 
+    KIND = "shapes"  # the --data kind, named in error messages
+    CLASSES = len(CLASS_NAMES)
+
     @classmethod
     def parse(cls, text: str) -> ShapesSpec:
         values = {}
@@ -132,16 +135,16 @@ class ShapesSpec:
             key, sep, value = item.partition("=")
             if not sep or key not in cls.__dataclass_fields__:
                 known = ", ".join(cls.__dataclass_fields__)
-                raise ValueError(f"shapes option {item!r} is not key=value with key one of {known}")
+                raise ValueError(f"{cls.KIND} option {item!r} is not key=value with key one of {known}")
             try:
                 values[key] = int(value)
             except ValueError:
-                raise ValueError(f"shapes option {key}={value!r} is not an integer") from None
+                raise ValueError(f"{cls.KIND} option {key}={value!r} is not an integer") from None
         spec = cls(**values)
-        if not 2 <= spec.classes <= len(CLASS_NAMES):
-            raise ValueError(f"shapes classes={spec.classes} must be between 2 and {len(CLASS_NAMES)}")
+        if not 2 <= spec.classes <= cls.CLASSES:
+            raise ValueError(f"{cls.KIND} classes={spec.classes} must be between 2 and {cls.CLASSES}")
         if spec.train < 1 or spec.val < 1 or spec.size < 8 or spec.seed < 0:
-            raise ValueError("shapes needs train >= 1, val >= 1, size >= 8 and seed >= 0")
+            raise ValueError(f"{cls.KIND} needs train >= 1, val >= 1, size >= 8 and seed >= 0")
         return spec
 
     def to_text(self) -> str:
