@@ -96,6 +96,7 @@ def model_card(model: nn.Module, meta: Mapping[str, Any], flops: bool = True) ->
         ("val_accuracy", "accuracy"),
         ("data", "data"),
         ("epochs", "epochs"),
+        ("transforms", "transforms"),
         ("command", "training command"),
         ("converted_from", "converted from"),
     ):
