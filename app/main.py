@@ -33,7 +33,7 @@ from gradio.utils import get_upload_folder  # noqa: E402
 from app.common import EXPECTED_ERRORS, error_text, warn, write_downloads  # noqa: E402
 from app.state import AppContext, AppError, default_image  # noqa: E402
 from app.tabs import compare, export, geometry, playground, session, steering  # noqa: E402
-from ssog_core import report  # noqa: E402
+from ssog_core import report, viz  # noqa: E402
 
 MAX_UPLOAD = "64mb"  # checkpoints of the size this project trains fit; anything larger is refused by Gradio
 QUEUE_SIZE = 512  # requests waiting beyond this are told the server is busy (a class firing bursts at once fits)
@@ -109,7 +109,7 @@ def on_checkpoint_upload(ctx: AppContext, files: Any, current: str | None) -> tu
     try:
         paths = files if isinstance(files, list) else [files]
         name = ctx.add_upload([str(p) for p in paths if p])
-        return (*checkpoint_updates(ctx, name), f"✅ Loaded **{name}**: it is now selected.")
+        return (*checkpoint_updates(ctx, name), f"Loaded **{name}**: it is now selected.")
     except Exception as e:
         return (*(gr.skip(),) * 4, warn(error_text(e)))
 
@@ -218,12 +218,12 @@ def build_app(ctx: AppContext) -> gr.Blocks:
         picked = ckpt.change(partial(on_checkpoint_change, ctx), [ckpt], follow, **hidden)
         loaded = demo.load(partial(on_checkpoint_change, ctx), [ckpt], follow, **hidden)
         views = {
-            "geometry": (t_geo, geo["render"], [ckpt, geo["layer"], image_sha], geo["outputs"]),
-            "steering": (t_st, st["render"], [ckpt, image_sha, st["layer"], st["query"]], st["outputs"]),
-            "export": (t_ex, ex["render"], ex["inputs"], ex["outputs"]),
-            "compare": (t_cmp, cmp["render"], cmp["inputs"], cmp["outputs"]),
+            "geometry": (t_geo, geo["render"], [ckpt, geo["layer"], image_sha], geo["outputs"], []),
+            "steering": (t_st, st["render"], [ckpt, image_sha, st["layer"], st["query"]], st["outputs"], [st["layer"]]),
+            "export": (t_ex, ex["render"], ex["inputs"], ex["outputs"], [ex["alpha"], ex["layer"]]),
+            "compare": (t_cmp, cmp["render"], cmp["inputs"], cmp["outputs"], [cmp["alpha"], cmp["layer"]]),
         }
-        for tab_id, (tab, show, inputs, outputs) in views.items():
+        for tab_id, (tab, show, inputs, outputs, controls) in views.items():
             last = gr.State(None)
             run = lazy(tab_id, show, len(outputs))
             args = ([active, last, *inputs], [last, *outputs])
@@ -231,6 +231,10 @@ def build_app(ctx: AppContext) -> gr.Blocks:
             picked.then(run, *args, **hidden)
             loaded.then(run, *args, **hidden)
             image_sha.change(run, *args, **hidden)
+            # every way a slider moves (mouse release, typed value, keyboard) is a change: the open tab redraws
+            # with the value the slider shows; a slider set by a restored session waits until its tab is opened
+            for control in controls:
+                control.change(run, *args, trigger_mode="always_last", **hidden)
         t_ses.select(lambda: "session", None, active, **hidden)
         # plots drawn while their tab was hidden come out narrow: redraw the playground's when it is shown
         t_pg.select(lambda: "playground", None, active, **hidden).then(
@@ -246,7 +250,7 @@ def build_app(ctx: AppContext) -> gr.Blocks:
         img_up.upload(partial(on_image_upload, ctx), [img_up], [image_sha, thumb, img_pick, status], **hidden)
         image_sha.change(
             partial(refresh_underlay, ctx),
-            [pg["canvas"], pg["underlay"], image_sha],
+            [pg["canvas"], pg["underlay"], image_sha, ckpt],
             pg["main_out"] + [pg["underlay"], pg["status"]],
             show_progress="hidden",
             **hidden,
@@ -257,18 +261,18 @@ def build_app(ctx: AppContext) -> gr.Blocks:
                         cmp["a"], cmp["b"], cmp["alpha"], cmp["layer"]]  # fmt: skip
         ses_inputs = [ckpt, image_sha, pg["canvas"], pg["underlay"], *tab_settings]
         save_btn.click(partial(save_session, ctx), ses_inputs, [ses_file, ses_status], **hidden)
-        ses_outputs = [ckpt, image_sha, thumb, *pg["main_out"], pg["underlay"], *pg["head_controls"], *tab_settings,
-                       ses_status]  # fmt: skip
+        ses_outputs = [ckpt, image_sha, thumb, img_pick, *pg["main_out"], pg["underlay"], *pg["head_controls"],
+                       *tab_settings, ses_status]  # fmt: skip
         ses_up.upload(partial(restore_session, ctx), [ses_up], ses_outputs, **hidden)
 
         register_api(ctx)
     return demo
 
 
-def refresh_underlay(ctx: AppContext, canvas: Any, show: bool, sha: str | None) -> tuple:
+def refresh_underlay(ctx: AppContext, canvas: Any, show: bool, sha: str | None, ckpt: str | None = None) -> tuple:
     if not show:
         return (gr.skip(),) * 5
-    return playground.on_underlay(ctx, canvas, show, sha)
+    return playground.on_underlay(ctx, canvas, show, sha, ckpt)
 
 
 def save_session(ctx: AppContext, *values: Any) -> tuple:
@@ -276,7 +280,8 @@ def save_session(ctx: AppContext, *values: Any) -> tuple:
 
     try:
         data = session.make_session(ctx, *values)
-        name = "ssog_session" + (f"_{values[0].removesuffix('.safetensors')}" if values[0] else "") + ".json"
+        ckpt = values[0]  # a picker name: uploads carry an "uploaded/" prefix, which is no file name
+        name = "ssog_session" + (f"_{viz.safe_token(ckpt.removesuffix('.safetensors'))}" if ckpt else "") + ".json"
         return write_downloads({name: json.dumps(data, indent=2, ensure_ascii=False)})[0], "Session saved."
     except Exception as e:
         return None, warn(error_text(e))
@@ -284,7 +289,7 @@ def save_session(ctx: AppContext, *values: Any) -> tuple:
 
 def restore_session(ctx: AppContext, path: Any) -> tuple:
     """Set every picker, slider and the canvas from a session file; say what could not be restored."""
-    n_out = 3 + 3 + 1 + 3 + 11
+    n_out = 4 + 3 + 1 + 3 + 11
     try:
         data = session.read_session(str(path))
     except Exception as e:
@@ -299,10 +304,14 @@ def restore_session(ctx: AppContext, path: Any) -> tuple:
         ckpt_update = gr.update(value=ckpt)
     sha_update: Any = gr.skip()
     thumb_update: Any = gr.skip()
+    pick_update: Any = gr.skip()
     image = data.get("image") or {}
     if image.get("sha256"):
         try:
-            sha_update, thumb_update, _ = _image_outputs(ctx.image(image["sha256"]))
+            stored = ctx.image(image["sha256"])
+            sha_update, thumb_update, _ = _image_outputs(stored)
+            bundled = stored.name in ctx.bundled_images() and ctx.open_bundled(stored.name).sha256 == stored.sha256
+            pick_update = gr.update(value=stored.name if bundled else None)  # an upload is named in the status
         except AppError as e:
             notes.append(f"image {image.get('name') or image['sha256'][:12]}: {e}")
     pgd = data["playground"]
@@ -316,11 +325,12 @@ def restore_session(ctx: AppContext, path: Any) -> tuple:
     canvas, fig, rows = playground._outputs(value, bool(bg), {"bg": bg}, new_value=True)
     ex_d, cmp_d = data.get("export", {}), data.get("compare", {})
     st_d = data.get("steering", {})
-    text = "✅ Session restored." + (" Not restored: " + "; ".join(notes) + "." if notes else "")
+    text = "Session restored." + (" Not restored: " + "; ".join(notes) + "." if notes else "")
     return (
         ckpt_update,
         sha_update,
         thumb_update,
+        pick_update,
         canvas,
         fig,
         rows,

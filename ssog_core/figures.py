@@ -117,13 +117,8 @@ def compare_figure(
     layer: int,
     image_name: str | None = None,
 ):
-    """The comparison figure exactly as the app shows it; refuses two different patch grids."""
+    """The comparison figure exactly as the app shows it (A − B only when both see the same patch grid)."""
     (na, ma), (nb, mb) = a, b
-    if ma.grid != mb.grid:
-        raise ValueError(
-            f"{na} sees a {ma.grid[0]}×{ma.grid[1]} patch grid and {nb} a {mb.grid[0]}×{mb.grid[1]} one: "
-            "a difference map needs the same grid"
-        )
     title = f"on {image_name}" if image_name else ""
     return viz.compare_figure(display, (f"A: {stem_of(na)}", ma), (f"B: {stem_of(nb)}", mb), layer, title)
 
@@ -151,7 +146,7 @@ def export_files(
 def compare_files(
     a: tuple[str, ExportMaps], b: tuple[str, ExportMaps], display: Image.Image, layer: int, settings: Mapping[str, Any]
 ) -> Files:
-    """Two checkpoints' net export (one layer and accumulated) with A − B (PNG + SVG + .npz)."""
+    """Two checkpoints' net export (one layer and accumulated) with A − B on a shared grid (PNG + SVG + .npz)."""
     (na, ma), (nb, mb) = a, b
     fig = compare_figure(a, b, display, layer, settings.get("image"))
     depth = min(ma.net.shape[1], mb.net.shape[1])
@@ -163,8 +158,9 @@ def compare_files(
     files = _figure_files(fig, stem, meta)
     arrays = {"A_" + k: v for k, v in report.export_arrays(ma).items()}
     arrays |= {"B_" + k: v for k, v in report.export_arrays(mb).items()}
-    arrays["net_difference"] = ma.net[0, :depth].numpy() - mb.net[0, :depth].numpy()
-    arrays["accumulated_difference"] = ma.accumulated[0].numpy() - mb.accumulated[0].numpy()
+    if ma.grid == mb.grid:  # a difference is defined cell by cell only on one grid
+        arrays["net_difference"] = ma.net[0, :depth].numpy() - mb.net[0, :depth].numpy()
+        arrays["accumulated_difference"] = ma.accumulated[0].numpy() - mb.accumulated[0].numpy()
     files[f"{stem}.npz"] = report.npz_bytes(arrays, meta)
     return files
 
@@ -250,7 +246,7 @@ def run(
             maps.append((twin.name, export_maps(tmodel, tx, alpha)))
         edisplay = viz.model_view(pil, model.config.img_size, EXPORT_WIDTH)
         written += _write(out_dir, export_files(maps, edisplay, layer, settings))
-        if twin is not None and maps[0][1].grid == maps[1][1].grid:
+        if twin is not None:
             written += _write(out_dir, compare_files(maps[0], maps[1], edisplay, layer, settings))
     if head is not None:
         written += _write(out_dir, playground_files(head, pil if underlay else None, sha))

@@ -519,10 +519,13 @@ def export_figure(image: Image.Image, models: Sequence[tuple[str, ExportMaps]], 
 def compare_figure(
     image: Image.Image, a: tuple[str, ExportMaps], b: tuple[str, ExportMaps], layer: int, title: str = ""
 ) -> Figure:
-    """Two models on one image: net export of ``layer`` and accumulated, each side by side with A − B."""
+    """Two models on one image: net export of ``layer`` and accumulated, side by side (one colour scale per
+    row), with A − B when both see the same patch grid; on different grids each map keeps its own grid."""
     (la, ma), (lb, mb) = a, b
-    fig = new_figure(12.0, 6.4)
-    axes = fig.subplots(2, 3)
+    same = ma.grid == mb.grid
+    cols = 3 if same else 2
+    fig = new_figure(4.0 * cols, 6.4)
+    axes = fig.subplots(2, cols)
     img = backdrop(image, 320)
     rows = [
         (
@@ -534,13 +537,17 @@ def compare_figure(
     ]
     for r, (name, xa, xb) in enumerate(rows):
         lim = symmetric_limit(xa, xb)
-        diff = xa - xb
-        for c, (arr, lab, lim_c) in enumerate(
-            ((xa, la, lim), (xb, lb, lim), (diff, f"A − B ({la} − {lb})", symmetric_limit(diff)))
-        ):
+        panels = [(xa, f"{la} ({ma.grid[0]}×{ma.grid[1]})", lim), (xb, f"{lb} ({mb.grid[0]}×{mb.grid[1]})", lim)]
+        if same:
+            diff = xa - xb
+            panels.append((diff, f"A − B ({la} − {lb})", symmetric_limit(diff)))
+        for c, (arr, lab, lim_c) in enumerate(panels):
             ax = axes[r, c]
             im = _show_map(ax, img, arr, NET_CMAP, -lim_c, lim_c)
             ax.set_title(f"{name}\n{lab}", fontsize=8)
-            _colorbar(fig, im, ax, "difference" if c == 2 else "net")
-    suptitle(fig, title, "Two checkpoints on the same image (shared colour scale for A, B)", 10)
+            _colorbar(fig, im, ax, "difference" if c == 2 else "net export")
+    legend = "Two checkpoints on the same image (one colour scale for A and B per row)"
+    if not same:
+        legend += "; no A − B map: the two see different patch grids, and a difference needs equal grids"
+    suptitle(fig, title, legend, 10)
     return fig

@@ -20,7 +20,7 @@ from app import main as app_main
 from app.state import UPLOADED, AppContext, AppError, default_image
 from app.tabs import compare, export, geometry, playground, session, steering
 from ssog_core import ViT, save_checkpoint
-from ssog_core.analysis import export_maps
+from ssog_core.analysis import attention_maps, export_maps
 from ssog_core.images import model_input
 from ssog_core.playground import MAX_ATOMS, HeadSpec, evaluate
 from tests.app_fixtures import dot_twin, write_bad_checkpoints, write_bad_files, write_checkpoints, write_images
@@ -187,6 +187,20 @@ def test_playground_grid_change_keeps_every_offset(ctx):
     nv = canvas["value"]
     assert nv["grid"] == [11, 11] and nv["query"] == [5, 5] and nv["tau"] == 2.0 and nv["mode"] == "axial"
     torch.testing.assert_close(evaluate(HeadSpec.from_dict(nv)).mu, mu0)
+    v["query"] = [6, 18]  # a corner query goes to the same relative place on the new grid
+    assert playground.on_head_param(v, 1.0, 48, "factorized", False)[0]["value"]["query"] == [12, 36]
+
+
+@pytest.mark.parametrize("tau, mode", [(1.5, "factorized"), (1.0, "axial"), (3.0, "axial")])
+def test_tau_and_mode_never_move_the_query_or_the_atoms(tau, mode):
+    """Issue 12, bug 2: τ or the mode changed the ★ to the grid centre (and the default one from (12, 12) to
+    (11, 11)), and every atom moved with it."""
+    for query in ([6, 6], [12, 12], [0, 23]):
+        v = playground.initial_value()
+        dq = (query[0] - v["query"][0], query[1] - v["query"][1])
+        v = {**v, "query": query, "atoms": [{**a, "y": a["y"] + dq[0], "x": a["x"] + dq[1]} for a in v["atoms"]]}
+        nv = playground.on_head_param(v, tau, 24, mode, False)[0]["value"]
+        assert nv["query"] == query and nv["atoms"] == v["atoms"] and (nv["tau"], nv["mode"]) == (tau, mode)
 
 
 def test_playground_add_remove_reset_limits(ctx):
@@ -215,11 +229,21 @@ def test_presets_underlay_and_figure(ctx, sha):
     v = out[0]["value"]
     lm = ctx.model("ssog_test.safetensors")
     s = lm.presets[1].shape
-    np.testing.assert_allclose(
-        evaluate(HeadSpec.from_dict(v)).density.numpy(), lm.fields[s.layer].density[s.head].double().numpy(), atol=1e-6
+    # Issue 12, bug 4: a preset sits on the model's own 8×8 patch grid (not its 15×15 displacement grid), so the
+    # picture under it is cut into the patches the model sees; its field is the centre query's fixed attention
+    assert v["grid"] == [8, 8] and v["query"] == [3, 3]
+    fixed = attention_maps(lm.model, torch.rand(1, 3, 32, 32), steered=False).attn[s.layer][0, s.head, 3 * 8 + 3]
+    np.testing.assert_allclose(evaluate(HeadSpec.from_dict(v)).density.numpy().ravel(), fixed.numpy(), atol=1e-5)
+    assert f"layer {s.layer}, head {s.head}" in out[-2] and "8×8 patch grid" in out[-2]
+    assert out[-3]["value"] == "factorized"
+    assert "not a head" in playground.on_preset(ctx, "ssog_test.safetensors", "nonsense", False)[-2]
+    over = playground.on_preset(ctx, "ssog_test.safetensors", choices[1], True, sha)[0]
+    assert over["bg"].startswith("data:image/jpeg") and over["value"]["grid"] == [8, 8]
+    note = playground.underlay_note(ctx, "ssog_test.safetensors", sha, v)
+    assert "one of ssog_test.safetensors's 8×8 patches" in note and "96×96 px" in note and "32×32 px" in note
+    assert "not ssog_test.safetensors's 8×8 patch grid" in playground.underlay_note(
+        ctx, "ssog_test.safetensors", sha, playground.initial_value()
     )
-    assert f"layer {s.layer}, head {s.head}" in out[-1] and out[-2]["value"] == "factorized"
-    assert "not a head" in playground.on_preset(ctx, "ssog_test.safetensors", "nonsense", False)[-1]
     canvas, fig, rows, box, status = playground.on_underlay(ctx, v, True, sha)
     assert canvas["bg"].startswith("data:image/jpeg;base64,") and box["value"] is True and status == ""
     canvas, fig, rows, box, status = playground.on_underlay(ctx, v, True, None)
@@ -227,7 +251,7 @@ def test_presets_underlay_and_figure(ctx, sha):
     assert app_main.refresh_underlay(ctx, v, False, sha) == (gr.skip(),) * 5  # off: a new image changes nothing
     assert app_main.refresh_underlay(ctx, v, True, sha)[0]["bg"].startswith("data:image/jpeg")
     files, status = playground.export_figure(ctx, v, True, sha)
-    assert sorted(Path(f).suffix for f in files) == [".png", ".svg"] and "grid15x15" in files[0]
+    assert sorted(Path(f).suffix for f in files) == [".png", ".svg"] and "grid8x8" in files[0]
 
 
 # ----------------------------------------------------------------------------------------------- geometry
@@ -236,7 +260,7 @@ def test_presets_underlay_and_figure(ctx, sha):
 def test_geometry_ssog_dot_and_missing(ctx, sha):
     note, card, fig, gates, layer_plot, stats, table, slider = geometry.render(ctx, "ssog_test.safetensors", 1, sha)
     assert "2 layers × 4 heads × 3 atoms" in note and "parameters" in card and "FLOPs" in card
-    assert fig.ndim == 3 and fig.shape[2] == 3
+    assert Path(fig).name == "geometry_ssog_test.png" and Path(fig).read_bytes()[:4] == b"\x89PNG"
     assert len(table) == 2 * 4 * 3 and slider["maximum"] == 1 and slider["value"] == 1
     assert gates.layout.title.text and layer_plot.data[0].hovertemplate
     note, card, fig, gates, layer_plot, stats, table, _ = geometry.render(ctx, "dot_test.safetensors", 0, sha)
@@ -262,7 +286,9 @@ def test_steering_render_click_and_downloads(ctx, sha):
     h, w = click.shape[:2]
     sel = gr.SelectData(None, {"index": [w * 0.7, h * 0.2], "value": None})
     q, click2, qfig, text = steering.on_select(ctx, "ssog_test.safetensors", sha, 1, sel)
-    assert q == [1, 5] and qfig.ndim == 3 and "(1, 5)" in text and not np.array_equal(click, click2)
+    assert q == [1, 5] and Path(qfig).name.endswith("_L1_q1-5.png") and "(1, 5)" in text
+    assert not np.array_equal(click, click2) and Path(steer).name == f"steering_ssog_test_{sha[:8]}_L1.png"
+    assert "layer **1**" in note
     s = steering.analyse(ctx.model("ssog_test.safetensors"), ctx.image(sha))
     fixed, steered_row = steering.query_rows(s, 1, (1, 5))
     assert fixed.shape == steered_row.shape == (4, 8, 8) and not np.allclose(fixed, steered_row)
@@ -286,7 +312,7 @@ def test_export_maps_with_twin_and_downloads(ctx, sha):
     x, _ = model_input([ctx.image(sha).image], lm.config.img_size, lm.meta)
     s = export_maps(lm.model, x, 0.25).summary()
     assert f"[{s['acc_min']:.3f}, {s['acc_max']:.3f}]" in text and f"{s['exporter_share']:.0%}" in text
-    assert "α = **0.25**" in text and "dot_test" in text and fig.shape[2] == 3
+    assert "α = **0.25**" in text and "dot_test" in text and Path(fig).name.startswith("export_ssog_test-dot_test_")
     assert acc.data[0].zmid == 0 and acc.data[0].colorbar.title.text
     files, _ = export.downloads(ctx, "ssog_test.safetensors", "dot_test.safetensors", sha, 0.25, 1)
     names = sorted(Path(f).name for f in files)
@@ -299,14 +325,19 @@ def test_export_maps_with_twin_and_downloads(ctx, sha):
 
 def test_compare_side_by_side_and_mismatched_grids(ctx, sha, tmp_path):
     text, fig, slider = compare.render(ctx, "ssog_test.safetensors", "dot_test.safetensors", sha, 0.5, 1)
-    assert "A — **ssog_test" in text and "B — **dot_test" in text and fig.ndim == 3
+    assert "A — **ssog_test" in text and "B — **dot_test" in text and Path(fig).suffix == ".png"
     files, _ = compare.downloads(ctx, "ssog_test.safetensors", "dot_test.safetensors", sha, 0.5, 1)
     npz = np.load(next(f for f in files if f.endswith(".npz")))
     np.testing.assert_allclose(npz["accumulated_difference"], npz["A_accumulated"] - npz["B_accumulated"])
     other = write_checkpoints(tmp_path / "big", img_size=48, depth=1)["ssog"]
     name = ctx.add_upload([str(other)])
+    # Issue 12, bug 5: different grids showed nothing; now A and B side by side, and why there is no A − B
     text, fig, _ = compare.render(ctx, "ssog_test.safetensors", name, sha, 0.5, 0)
-    assert "same grid" in text and fig is None
+    assert fig is not None and "8×8" in text and "12×12" in text and "needs equal grids" in text
+    files, _ = compare.downloads(ctx, "ssog_test.safetensors", name, sha, 0.5, 0)
+    npz = np.load(next(f for f in files if f.endswith(".npz")))
+    assert npz["A_net"].shape[-2:] == (8, 8) and npz["B_net"].shape[-2:] == (12, 12)
+    assert "accumulated_difference" not in npz
 
 
 def test_rbf_checkpoint_with_registers(ctx, sha, tmp_path):
@@ -332,14 +363,15 @@ def test_session_round_trip(ctx, sha, tmp_path):
     path = tmp_path / "s.json"
     path.write_text(json.dumps(data))
     out = app_main.restore_session(ctx, str(path))
-    assert len(out) == 21 and out[0]["value"] == "ssog_test.safetensors" and out[1] == sha
-    assert out[3]["value"]["atoms"][0]["x"] == 4.0 and out[3]["bg"].startswith("data:image/jpeg")
-    assert out[12] == [2, 3] and out[14]["value"] == 0.3 and out[-1] == "✅ Session restored."
+    assert len(out) == 22 and out[0]["value"] == "ssog_test.safetensors" and out[1] == sha
+    assert out[3]["value"] == "scene.png"  # issue 12, bug 6: the picker names the restored image
+    assert out[4]["value"]["atoms"][0]["x"] == 4.0 and out[4]["bg"].startswith("data:image/jpeg")
+    assert out[13] == [2, 3] and out[15]["value"] == 0.3 and out[-1] == "Session restored."
     data["image"]["sha256"] = "f" * 64
     data["checkpoint"] = "gone.safetensors"
     path.write_text(json.dumps(data))
     out = app_main.restore_session(ctx, str(path))
-    assert "gone.safetensors" in out[-1] and "no longer in memory" in out[-1] and out[3]["value"]["atoms"]
+    assert "gone.safetensors" in out[-1] and "no longer in memory" in out[-1] and out[4]["value"]["atoms"]
     path.write_text("{not json")
     assert "not a JSON session" in app_main.restore_session(ctx, str(path))[-1]
     path.write_text(json.dumps({"format": "other"}))
@@ -347,6 +379,29 @@ def test_session_round_trip(ctx, sha, tmp_path):
     file, text = app_main.save_session(ctx, "ssog_test.safetensors", sha, v, False, 0, 0, None, "(none)", 0.5, 0,
                                        None, None, 0.5, 0)  # fmt: skip
     assert json.loads(Path(file).read_text())["checkpoint"] == "ssog_test.safetensors" and text == "Session saved."
+
+
+def test_sessions_save_and_restore_uploaded_checkpoints(ctx, sha, tmp_path):
+    """Issue 12, bug 1: a checkpoint uploaded as reference .pt + .json is named ``uploaded/…``, and saving a
+    session with it selected failed (the ``/`` went into the file name). Any picker name saves and restores."""
+    from tests.app_fixtures import write_reference_checkpoint
+
+    name = ctx.add_upload([str(p) for p in write_reference_checkpoint(tmp_path)])
+    assert name.startswith(UPLOADED)
+    v = playground.initial_value()
+    for ckpt in (name, "ssog_test.safetensors"):
+        file, text = app_main.save_session(ctx, ckpt, sha, v, False, 0, 0, None, "(none)", 0.5, 0, None, None, 0.5, 0)
+        assert text == "Session saved." and Path(file).is_file() and "/" not in Path(file).name
+        assert json.loads(Path(file).read_text())["checkpoint"] == ckpt
+        out = app_main.restore_session(ctx, file)
+        assert out[0]["value"] == ckpt and out[-1] == "Session restored."
+    assert Path(file).name == "ssog_session_ssog_test.json"
+
+
+def test_messages_use_no_emoji_a_plain_font_cannot_draw(ctx, folders):
+    """Issue 12, bug 7: "✅" drew as an empty box on a machine without an emoji font."""
+    text = app_main.on_checkpoint_upload(ctx, [str(folders["ckpts"]["dot"])], None)[-1]
+    assert "Loaded" in text and not any(ord(c) >= 0x1F000 or c in "\u2705\ufe0f" for c in text)
 
 
 def test_lazy_rendering_and_checkpoint_defaults(ctx, tmp_path):

@@ -9,11 +9,10 @@ from typing import Any
 import gradio as gr
 
 from app import plots
-from app.common import LRU, error_text, warn, write_downloads
+from app.common import LRU, error_text, shown_figure, warn, write_downloads
 from app.state import AppContext, LoadedModel, StoredImage
 from ssog_core import figures, viz
 from ssog_core.analysis import DEFAULT_ALPHA, ExportMaps, export_maps
-from ssog_core.images import model_input
 
 NO_TWIN = "(none)"
 _MAPS = LRU(8)
@@ -21,8 +20,7 @@ _MAPS = LRU(8)
 
 def maps_for(lm: LoadedModel, stored: StoredImage, alpha: float) -> ExportMaps:
     def make() -> ExportMaps:
-        x, _ = model_input([stored.image], lm.config.img_size, lm.meta)
-        return export_maps(lm.model, x, alpha)
+        return export_maps(lm.model, lm.input(stored.image), alpha)
 
     return _MAPS.get((lm.key, stored.sha256, round(float(alpha), 4)), make)
 
@@ -82,13 +80,17 @@ def render(ctx: AppContext, ckpt: str | None, twin: str | None, sha: str | None,
         depth = max(m.net.shape[1] for _, _, m in models)
         layer = min(int(layer or 0), depth - 1)
         fig = figures.export_figure([(n, m) for n, _, m in models], _display(stored, lm), layer, stored.name)
+        names = "+".join(figures.stem_of(n) for n, _, _ in models)
+        meta = {"figure": "export maps", "checkpoints": [n for n, _, _ in models], "image": stored.name,
+                "image_sha256": sha, "alpha": float(alpha), "layer": layer, "colormap": viz.NET_CMAP}  # fmt: skip
+        shown = shown_figure(fig, f"export_{names}_{sha[:8]}_L{layer}_alpha{alpha:.2f}_{viz.NET_CMAP}", meta)
         text = (
             f"α = **{alpha:.2f}** (Â = α·Ā + (1−α)·I). Red = source (others read it), blue = gatherer.  \n"
             + "  \n".join(summary(n, m) for n, _, m in models)
         )
         acc = models[0][2].accumulated[0].numpy()
         plot = plots.map_plot(acc, f"{lm.name}: accumulated net export (hover for values)", "Σ net export")
-        return text, viz.figure_rgb(fig), plot, gr.update(maximum=max(depth - 1, 1), value=layer)
+        return text, shown, plot, gr.update(maximum=max(depth - 1, 1), value=layer)
     except Exception as e:
         return warn(error_text(e)), None, None, gr.update()
 
@@ -126,7 +128,8 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
     text = gr.Markdown(elem_id="ex-summary")
     figure = gr.Image(
         label="Export maps",
-        type="numpy",
+        type="filepath",
+        format="png",
         interactive=False,
         elem_id="ex-figure",
         show_label=False,
@@ -150,8 +153,6 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
         return render(ctx, ckpt, tw, sha, a, lay)
 
     inputs = [shared["checkpoint"], twin, shared["image_sha"], alpha, layer]
-    for c in (alpha, layer):
-        c.release(show, inputs, outputs, api_visibility="private", trigger_mode="always_last")
     twin.input(show, inputs, outputs, api_visibility="private")
     dl_btn.click(partial(downloads, ctx), inputs, [dl_files, dl_status], api_visibility="private")
     return {"render": show, "outputs": outputs, "twin": twin, "alpha": alpha, "layer": layer, "inputs": inputs}

@@ -9,11 +9,10 @@ import gradio as gr
 import numpy as np
 
 from app import plots
-from app.common import LRU, error_text, warn, write_downloads
+from app.common import LRU, error_text, shown_figure, warn, write_downloads
 from app.state import AppContext, LoadedModel
 from ssog_core import figures, report, viz
 from ssog_core.analysis import attention_maps, has_keys, key_norms
-from ssog_core.images import model_input
 
 ATOM_HEADERS = [
     "layer",
@@ -49,8 +48,12 @@ def card_markdown(lm: LoadedModel) -> str:
     return "\n".join(lines)
 
 
-def geometry_image(lm: LoadedModel) -> np.ndarray:
-    return _FIGURES.get(("geometry", lm.key), lambda: viz.figure_rgb(viz.geometry_figure(lm.fields, lm.name)))
+def geometry_image(lm: LoadedModel) -> str:
+    """The layers × heads figure as a named PNG (drawn once per checkpoint, written per request)."""
+    settings = {"figure": "geometry", "checkpoint": lm.name, "colormap": viz.FIELD_CMAP}
+    png = _FIGURES.get(("geometry", lm.key), lambda: viz.figure_bytes(viz.geometry_figure(lm.fields, lm.name),
+                                                                       "png", settings))  # fmt: skip
+    return write_downloads({f"{viz.safe_token('geometry_' + figures.stem_of(lm.name))}.png": png})[0]
 
 
 def render(ctx: AppContext, ckpt: str | None, layer: float, sha: str | None):
@@ -103,7 +106,7 @@ def dot_view(ctx: AppContext, lm: LoadedModel, sha: str | None):
     if not sha:
         return text + "\n\nPick or upload an image at the top to see them.", None, None
     stored = ctx.image(sha)
-    x, _ = model_input([stored.image], lm.config.img_size, lm.meta)
+    x = lm.input(stored.image)
     norms = None
     if has_keys(lm.model):
         kn = key_norms(lm.model, x)
@@ -118,10 +121,12 @@ def dot_view(ctx: AppContext, lm: LoadedModel, sha: str | None):
     gh, gw = maps.grid
     q = ((gh - 1) // 2, (gw - 1) // 2)
     n = q[0] * gw + q[1]
-    rows = np.stack([a[0, :, n].reshape(-1, gh, gw).numpy() for a in maps.attn])
+    rows = np.stack([a[0, :, n].reshape(-1, gh, gw).cpu().numpy() for a in maps.attn])
     display = viz.model_view(stored.image, lm.config.img_size, figures.DISPLAY_WIDTH)
     fig = viz.attention_grid_figure(display, rows, q, f"{lm.name} on {stored.name}")
-    return text, viz.figure_rgb(fig), norms
+    settings = {"figure": "attention maps", "checkpoint": lm.name, "image": stored.name, "image_sha256": sha,
+                "query": list(q)}  # fmt: skip
+    return text, shown_figure(fig, f"attention_{figures.stem_of(lm.name)}_{sha[:8]}_q{q[0]}-{q[1]}", settings), norms
 
 
 def on_layer(ctx: AppContext, ckpt: str | None, layer: float):
@@ -154,7 +159,8 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
         with gr.Column(scale=3):
             figure = gr.Image(
                 label="Learned geometry: layers × heads",
-                type="numpy",
+                type="filepath",
+                format="png",
                 interactive=False,
                 elem_id="geo-figure",
                 show_label=False,
@@ -182,11 +188,12 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
     def show(ckpt, lay, sha):
         return render(ctx, ckpt, lay, sha)
 
-    layer.release(
+    layer.change(  # release, typed value and keyboard alike (a release alone missed the last two)
         partial(on_layer, ctx),
         [shared["checkpoint"], layer],
         [layer_plot],
         show_progress="hidden",
+        trigger_mode="always_last",
         api_visibility="private",
     )
     dl_btn.click(partial(downloads, ctx), [shared["checkpoint"]], [dl_files, dl_status], api_visibility="private")

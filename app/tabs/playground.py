@@ -8,7 +8,7 @@ from functools import partial
 from typing import Any
 
 import gradio as gr
-from PIL import Image, ImageOps
+from PIL import Image
 
 from app import plots
 from app.canvas import CSS_TEMPLATE, HTML_TEMPLATE, JS_ON_LOAD, canvas_props
@@ -142,12 +142,12 @@ def on_atom_param(value: Any, sy: float, sx: float, w: float, bg: bool):
 
 
 def on_head_param(value: Any, tau: float, grid: int, mode: str, bg: bool):
-    """τ, the grid size or the field mode changed. A new grid keeps every atom's offset μ from the ★,
-    which moves to the new centre."""
+    """τ, the grid size or the field mode changed. τ and the mode leave the ★ and the atoms where they are; a new
+    grid moves the ★ to the same relative place on it (proportionally) and keeps every atom's offset μ from it."""
     try:
         spec = _spec(value)
         g = (int(grid), int(grid))
-        q = ((g[0] - 1) // 2, (g[1] - 1) // 2)
+        q = tuple(rescale_cell(c, n0, n1) for c, n0, n1 in zip(spec.query, spec.grid, g, strict=True))
         dy, dx = q[0] - spec.query[0], q[1] - spec.query[1]
         v = {**spec.to_dict(), "grid": list(g), "query": list(q), "tau": float(tau), "mode": mode}
         v["atoms"] = [{**a, "y": a["y"] + dy, "x": a["x"] + dx} for a in v["atoms"]]
@@ -155,6 +155,12 @@ def on_head_param(value: Any, tau: float, grid: int, mode: str, bg: bool):
         return _full(v, bg)
     except Exception as e:
         return gr.update(err=error_text(e)), gr.skip(), gr.skip()
+
+
+def rescale_cell(c: int, n_old: int, n_new: int) -> int:
+    """Cell ``c`` of an ``n_old``-cell axis at the same relative place on an ``n_new``-cell axis (cell centres
+    scale; unchanged when the size is)."""
+    return min(max(round((c + 0.5) * n_new / n_old - 0.5), 0), n_new - 1)
 
 
 def _full(v: dict[str, Any], bg: bool):
@@ -226,49 +232,80 @@ def on_checkpoint(ctx: AppContext, ckpt: str | None):
     return gr.update(choices=choices, value=None), note
 
 
-def on_preset(ctx: AppContext, ckpt: str, label: str | None, bg: bool):
-    """Load a trained head (atoms, widths, weights, τ) onto the canvas."""
+def on_preset(ctx: AppContext, ckpt: str, label: str | None, bg: bool, sha: str | None = None):
+    """Load a trained head (atoms, widths, weights, τ) onto the canvas, on the model's own patch grid with the ★
+    at its centre query: the field drawn is that query's fixed-field attention, and a picture under it is cut
+    into the patches the model sees."""
     try:
         if not label:
-            return (gr.skip(),) * 12
+            return (gr.skip(),) * 13
         lm = ctx.model(ckpt)
         match = [p for p in lm.presets if p.label == label]
         if not match:
             raise AppError(f"preset {label!r} is not a head of {ckpt}")
         s = match[0].shape
         lf = lm.fields[s.layer]
-        spec = spec_from_head(lf, s.head, mode=lm.config.field)
+        spec = spec_from_head(lf, s.head, grid=tuple(lm.config.grid), mode=lm.config.field)
         v = _value(spec, 0)
         note = (
-            f"**{match[0].kind}** = layer {s.layer}, head {s.head} of {ckpt}: over all queries of the model's "
-            f"{lm.config.grid[0]}×{lm.config.grid[1]} grid its attention entropy is {lf.entropy[s.head]:.2f} nats "
-            f"and its effective radius {lf.radius[s.head]:.2f} cells (τ = {lf.tau:.2f})."
+            f"**{match[0].kind}** = layer {s.layer}, head {s.head} of {ckpt}, on the model's "
+            f"{lm.config.grid[0]}×{lm.config.grid[1]} patch grid (★ = the centre query): over all queries its "
+            f"attention entropy is {lf.entropy[s.head]:.2f} nats and its effective radius {lf.radius[s.head]:.2f} "
+            f"cells (τ = {lf.tau:.2f})."
         )
-        return (*_full(v, bg), *_sliders(v), *head_controls(v), note)
+        extra, status = {}, ""
+        if bg:
+            try:
+                extra["bg"] = underlay_url(ctx, sha, v)
+            except AppError as e:
+                status = warn(error_text(e))
+        return (*_outputs(v, bg and bool(extra), extra, new_value=True), *_sliders(v), *head_controls(v), note, status)
     except Exception as e:
-        return (*(gr.skip(),) * 11, warn(error_text(e)))
+        return (*(gr.skip(),) * 11, warn(error_text(e)), gr.skip())
 
 
 def underlay_url(ctx: AppContext, sha: str | None, value: dict[str, Any]) -> str:
-    """The picture under the canvas, cropped to the grid's aspect and sent once as a JPEG data URL."""
+    """The picture under the canvas, resized to the grid's aspect as the model's input is (stretched, never
+    cropped: on a model's patch grid every cell is then one patch), sent once as a JPEG data URL."""
     if not sha:
         raise AppError("pick or upload an image first (top of the page) to draw the head over it")
     img = ctx.image(sha).image
     gh, gw = value["grid"]
     w = CANVAS_SIZE * gw // max(gh, gw)
     h = CANVAS_SIZE * gh // max(gh, gw)
-    fitted = ImageOps.fit(img, (w, h), Image.Resampling.LANCZOS)
+    fitted = img.convert("RGB").resize((w, h), Image.Resampling.BICUBIC)
     buf = io.BytesIO()
     fitted.save(buf, format="JPEG", quality=85)
     return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def on_underlay(ctx: AppContext, value: Any, show: bool, sha: str | None):
+def underlay_note(ctx: AppContext, ckpt: str | None, sha: str | None, value: dict[str, Any]) -> str:
+    """Say on which scale the picture is drawn: the selected model's patches, or a grid of the user's own."""
+    if not ckpt:
+        return ""
+    try:
+        lm = ctx.model(ckpt)
+    except AppError:
+        return ""
+    grid, model_grid = tuple(value["grid"]), tuple(lm.config.grid)
+    size = ctx.image(sha).original_size if sha else None
+    h, w = lm.config.img_size
+    seen = f" The picture ({size[0]}×{size[1]} px) is resized to {w}×{h} px as {ckpt} sees it." if size else ""
+    if grid == model_grid:
+        return f"One canvas cell = one of {ckpt}'s {grid[0]}×{grid[1]} patches.{seen}"
+    return (
+        f"This head's grid is {grid[0]}×{grid[1]} cells, not {ckpt}'s {model_grid[0]}×{model_grid[1]} patch grid: "
+        f"the picture is stretched over it. Load a preset (or set the grid to {model_grid[0]}) to see a head at "
+        f"the model's scale.{seen}"
+    )
+
+
+def on_underlay(ctx: AppContext, value: Any, show: bool, sha: str | None, ckpt: str | None = None):
     """Turn the image underlay on or off (or refresh it after a new image was picked)."""
     try:
         bg = underlay_url(ctx, sha, value) if show else ""
         canvas, fig, rows = _outputs(value, bool(bg), {"bg": bg})
-        return canvas, fig, rows, gr.update(value=bool(bg)), ""
+        return canvas, fig, rows, gr.update(value=bool(bg)), underlay_note(ctx, ckpt, sha, value) if bg else ""
     except Exception as e:  # no picture: the checkbox goes back off so the field is drawn opaque again
         canvas, fig, rows = _outputs(value, False, {"bg": ""})
         return canvas, fig, rows, gr.update(value=False), warn(error_text(e))
@@ -288,7 +325,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
     v0 = initial_value()
     props0, spec0, view0 = render(v0)
     with gr.Row(equal_height=False):
-        with gr.Column(scale=3, min_width=520):
+        with gr.Column(scale=3, min_width=300):
             canvas = gr.HTML(
                 v0,
                 html_template=HTML_TEMPLATE,
@@ -320,7 +357,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
                 with gr.Row():
                     add = gr.Button("Add atom", size="sm", elem_id="pg-add")
                     remove = gr.Button("Remove atom", size="sm", elem_id="pg-remove")
-                    reset = gr.Button("Reset", size="sm")
+                    reset = gr.Button("Reset", size="sm", elem_id="pg-reset")
             with gr.Group():
                 gr.Markdown("**Head**")
                 tau = gr.Slider(0.5, 5, value=v0["tau"], step=0.05, label="temperature τ", elem_id="pg-tau")
@@ -359,13 +396,13 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
     reset.click(on_reset, [underlay], main_out + atom_controls + [tau, grid, mode, preset, preset_note], **fast)
     preset.input(
         partial(on_preset, ctx),
-        [shared["checkpoint"], preset, underlay],
-        main_out + atom_controls + [tau, grid, mode, preset_note],
+        [shared["checkpoint"], preset, underlay, shared["image_sha"]],
+        main_out + atom_controls + [tau, grid, mode, preset_note, pg_status],
         **fast,
     )
     underlay.input(
         partial(on_underlay, ctx),
-        [canvas, underlay, shared["image_sha"]],
+        [canvas, underlay, shared["image_sha"], shared["checkpoint"]],
         main_out + [underlay, pg_status],
         **fast,
     )

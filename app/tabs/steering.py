@@ -10,11 +10,10 @@ import gradio as gr
 import numpy as np
 from PIL import Image
 
-from app.common import LRU, error_text, warn, write_downloads
+from app.common import LRU, error_text, shown_figure, warn, write_downloads
 from app.state import AppContext, LoadedModel, StoredImage
 from ssog_core import figures, report, viz
 from ssog_core.analysis import AttentionMaps, SteeringOffsets, attention_maps, steering_offsets
-from ssog_core.images import model_input
 
 _ANALYSES = LRU(3)  # full attention matrices are the largest thing the app keeps: only a few
 
@@ -31,17 +30,23 @@ class Steering:
     logits: Any
 
 
+def on_cpu(maps: AttentionMaps) -> AttentionMaps:
+    """Attention matrices computed on the app's device, brought to the CPU for drawing."""
+    return AttentionMaps([a.cpu() for a in maps.attn], [s.cpu() for s in maps.prefix_share], maps.grid,
+                         maps.logits.cpu())  # fmt: skip
+
+
 def analyse(lm: LoadedModel, stored: StoredImage) -> Steering:
     def make() -> Steering:
-        x, _ = model_input([stored.image], lm.config.img_size, lm.meta)
+        x = lm.input(stored.image)
         display = viz.model_view(stored.image, lm.config.img_size, figures.DISPLAY_WIDTH)
-        steered = attention_maps(lm.model, x)
+        steered = on_cpu(attention_maps(lm.model, x))
         if lm.is_ssog:
             return Steering(
                 display,
                 steered.grid,
                 steered,
-                attention_maps(lm.model, x, steered=False),
+                on_cpu(attention_maps(lm.model, x, steered=False)),
                 steering_offsets(lm.model, x),
                 steered.logits,
             )
@@ -57,9 +62,20 @@ def query_rows(s: Steering, layer: int, query: tuple[int, int]) -> tuple[np.ndar
     return fixed, steered
 
 
-def query_image(lm: LoadedModel, s: Steering, layer: int, query: tuple[int, int]) -> np.ndarray:
+def figure_stem(lm: LoadedModel, stored: StoredImage, layer: int) -> str:
+    """The name the steering downloads use, so the figure in the page saves under the same one."""
+    return f"steering_{figures.stem_of(lm.name)}_{stored.sha256[:8]}_L{layer}"
+
+
+def settings(lm: LoadedModel, stored: StoredImage, layer: int) -> dict[str, Any]:
+    return {"checkpoint": lm.name, "image": stored.name, "image_sha256": stored.sha256, "layer": layer}
+
+
+def query_image(lm: LoadedModel, stored: StoredImage, s: Steering, layer: int, query: tuple[int, int]) -> str:
     fixed, steered = query_rows(s, layer, query)
-    return viz.figure_rgb(viz.query_field_figure(s.display, fixed, steered, query, layer, lm.name))
+    fig = viz.query_field_figure(s.display, fixed, steered, query, layer, lm.name)
+    meta = {**settings(lm, stored, layer), "figure": "query field", "query": list(query)}
+    return shown_figure(fig, f"{figure_stem(lm, stored, layer)}_q{query[0]}-{query[1]}", meta)
 
 
 def render(ctx: AppContext, ckpt: str | None, sha: str | None, layer: float, query: Any):
@@ -76,9 +92,12 @@ def render(ctx: AppContext, ckpt: str | None, sha: str | None, layer: float, que
         click = viz.grid_overlay(s.display, s.grid, q)
         pred = report.top_classes(s.logits, lm.class_names)
         if s.offsets is not None:
-            steer = viz.figure_rgb(viz.steering_figure(s.display, s.offsets, layer, lm.config.max_offset, lm.name))
+            fig = viz.steering_figure(s.display, s.offsets, layer, lm.config.max_offset, lm.name)
+            meta = {**settings(lm, stored, layer), "figure": "steering", "colormap": viz.OFFSET_CMAP}
+            steer = shown_figure(fig, figure_stem(lm, stored, layer), meta)
             note = (
-                f"**{lm.name}** on **{stored.name}** ({s.grid[0]}×{s.grid[1]} patches). Arrows: where content "
+                f"**{lm.name}** on **{stored.name}** ({s.grid[0]}×{s.grid[1]} patches), layer **{layer}**. "
+                "Arrows: where content "
                 "moves each head's gaze (λ-weighted mean shift of its atoms). **Click a patch** to see that "
                 "query's field, fixed vs steered."
             )
@@ -86,9 +105,9 @@ def render(ctx: AppContext, ckpt: str | None, sha: str | None, layer: float, que
             steer = None
             note = (
                 f"**{lm.name}** is a {lm.kind} attention model: content scores every pair, there is no "
-                "field to steer. **Click a patch** to see its attention per head."
+                f"field to steer. **Click a patch** to see its attention per head (layer **{layer}**)."
             )
-        qimg = query_image(lm, s, layer, q) if q else None
+        qimg = query_image(lm, stored, s, layer, q) if q else None
         return note, click, pred, steer, qimg, gr.update(maximum=max(depth - 1, 1), value=layer)
     except Exception as e:
         return warn(error_text(e)), None, None, None, None, gr.update()
@@ -101,7 +120,7 @@ def on_select(ctx: AppContext, ckpt: str | None, sha: str | None, layer: float, 
         s = analyse(lm, stored)
         q = viz.cell_at(evt.index, s.display.size, s.grid)
         layer = min(int(layer or 0), len(s.steered.attn) - 1)
-        return list(q), viz.grid_overlay(s.display, s.grid, q), query_image(lm, s, layer, q), f"query patch {q}"
+        return list(q), viz.grid_overlay(s.display, s.grid, q), query_image(lm, stored, s, layer, q), f"query patch {q}"
     except Exception as e:
         return gr.skip(), gr.skip(), gr.skip(), warn(error_text(e))
 
@@ -147,7 +166,8 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
         with gr.Column(scale=3):
             steer = gr.Image(
                 label="|μδ| per head with direction arrows",
-                type="numpy",
+                type="filepath",
+                format="png",
                 interactive=False,
                 elem_id="st-steer",
                 show_label=False,
@@ -155,7 +175,8 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
             )
             qfig = gr.Image(
                 label="The clicked query's field: fixed vs steered, per head",
-                type="numpy",
+                type="filepath",
+                format="png",
                 interactive=False,
                 elem_id="st-qfig",
                 show_label=False,
@@ -175,7 +196,6 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
         [query, click, qfig, qtext],
         api_visibility="private",
     )
-    layer.release(show, [shared["checkpoint"], shared["image_sha"], layer, query], outputs, api_visibility="private")
     dl_btn.click(
         partial(downloads, ctx),
         [shared["checkpoint"], shared["image_sha"], layer, query],
