@@ -1,6 +1,7 @@
 """SSOG Lab's web app: ``build_app(ctx)`` composes the tabs; ``main()`` parses the command line and launches.
 
     python -m app [--host 127.0.0.1] [--port 7860] [--checkpoint-dir checkpoints/] [--assets-dir assets/]
+                  [--device cpu|cuda|cuda:N] [--auth-file users.txt]
 
 The app is a thin layer: every number it shows comes from :mod:`ssog_core` (field, analysis, checkpoints,
 images), drawn by :mod:`ssog_core.viz` or :mod:`app.plots`. Tabs render lazily: a change of checkpoint or image
@@ -12,10 +13,12 @@ from __future__ import annotations
 import argparse
 import atexit
 import ctypes
+import ipaddress
 import os
 import shutil
 import signal
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial, wraps
 from pathlib import Path
 from typing import Any
@@ -49,9 +52,12 @@ CSS = """
 #geo-card td { overflow-wrap: anywhere; }
 #thumb img { object-fit: contain; }
 """
-HEADER = """# SSOG Lab
-Attention as a handful of Gaussian atoms over relative position, which content may only **steer**.
-Everything below is computed by `ssog_core`, the code the models are trained with."""
+HEADER = (
+    "## SSOG Lab\nAttention as a handful of Gaussian atoms over relative position, which content may only "
+    "**steer**. Every number is computed by `ssog_core`, the code the models are trained with; models run on "
+    "**{device}**."
+)
+AUTH_ENV = "SSOG_LAB_AUTH"  # user:password lines, as in an --auth-file (never a password on the command line)
 
 
 def theme() -> gr.themes.Base:
@@ -159,7 +165,7 @@ def build_app(ctx: AppContext) -> gr.Blocks:
     img0 = default_image(ctx)
     bundled = ctx.bundled_images()
     with gr.Blocks(title="SSOG Lab", delete_cache=(3600, 3600)) as demo:  # uploads older than an hour go
-        gr.Markdown(HEADER)
+        gr.Markdown(HEADER.format(device=ctx.device), elem_id="header")
         status = gr.Markdown(folder_status(ctx, names), elem_id="status")
         with gr.Row(equal_height=True):
             ckpt = gr.Dropdown(names, value=ckpt0, label="Checkpoint", elem_id="ckpt", scale=3)
@@ -450,7 +456,85 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=1,
         help="torch threads per request (1 keeps concurrent requests from fighting over the cores)",
     )
+    ap.add_argument(
+        "--device",
+        default=None,
+        help="where models and their analysis run: cpu, cuda or cuda:N (default: CUDA when available, else CPU)",
+    )
+    ap.add_argument(
+        "--auth-file",
+        type=Path,
+        default=None,
+        help=f"file of user:password lines: the page and the API ask for a login (or set {AUTH_ENV})",
+    )
     return ap.parse_args(argv)
+
+
+def choose_device(requested: str | None) -> str:
+    """The device models run on: the one asked for (refused with the reason if this machine lacks it), else
+    the first GPU when there is one. On CUDA the models' SSOG layers run the fused Triton kernels through the
+    same ``ssog_apply`` dispatch as training, so the app shows what those kernels compute."""
+    if requested is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(requested)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"--device {requested!r}: use cpu, cuda or cuda:N") from None
+    if dev.type == "cpu":
+        return "cpu"
+    if dev.type != "cuda":
+        raise ValueError(f"--device {requested!r}: use cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise ValueError(f"--device {requested}: this machine has no CUDA GPU that torch can use")
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {requested}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return str(dev)
+
+
+def read_auth(path: Path | None, environ: Mapping[str, str]) -> list[tuple[str, str]] | None:
+    """Logins from ``path`` or else the ``SSOG_LAB_AUTH`` variable: one ``user:password`` per line (blank lines
+    and ``#`` comments skipped; the password may contain ``:``). None when neither is given."""
+    if path is not None:
+        try:
+            text, source = path.read_text(encoding="utf-8"), str(path)
+        except OSError as e:
+            raise ValueError(f"--auth-file {path}: {e.strerror or e}") from None
+    elif environ.get(AUTH_ENV):
+        text, source = environ[AUTH_ENV], AUTH_ENV
+    else:
+        return None
+    logins = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        user, sep, password = line.partition(":")
+        if not sep or not user.strip() or not password:
+            raise ValueError(f"{source}, line {n}: expected user:password")
+        logins.append((user.strip(), password))
+    if not logins:
+        raise ValueError(f"{source} holds no user:password line")
+    return logins
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
+
+
+def access_warning(host: str, auth: Sequence[tuple[str, str]] | None) -> str | None:
+    """What to print at start when the app is reachable from other machines without a login."""
+    if auth or is_loopback(host):
+        return None
+    return (
+        f"WARNING: serving on {host} without a login: anyone who can reach this machine can use the app, "
+        f"upload files and run models. Give users a login with --auth-file FILE (or {AUTH_ENV}), or bind "
+        "--host 127.0.0.1."
+    )
 
 
 def launch(demo: gr.Blocks, host: str, port: int, **extra: Any) -> None:
@@ -488,13 +572,21 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    try:
+        device = choose_device(args.device)
+        auth = read_auth(args.auth_file, os.environ)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    warning = access_warning(args.host, auth)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     limit_malloc_arenas()
     torch.set_num_threads(max(1, args.threads))
-    ctx = AppContext(args.checkpoint_dir, args.assets_dir)
+    ctx = AppContext(args.checkpoint_dir, args.assets_dir, device=device)
     atexit.register(shutil.rmtree, ctx.upload_dir, True)  # uploaded checkpoints do not outlive the server
     signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop is a clean stop, as Ctrl-C is
     demo = build_app(ctx)
     try:
-        launch(demo, args.host, args.port)
+        launch(demo, args.host, args.port, auth=auth)
     except KeyboardInterrupt:  # stopped while Gradio was still starting up (once it serves, Gradio handles it)
         demo.close()
