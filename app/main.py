@@ -194,7 +194,7 @@ def build_app(ctx: AppContext) -> gr.Blocks:
         active = gr.State("playground")
         shared = {"checkpoint": ckpt, "image_sha": image_sha}
 
-        with gr.Tabs(elem_id="tabs"):
+        with gr.Tabs(elem_id="tabs") as tabs:
             with gr.Tab("Head playground", id="playground", elem_id="tab-playground") as t_pg:
                 pg = playground.build(ctx, shared)
             with gr.Tab("Checkpoint geometry", id="geometry", elem_id="tab-geometry") as t_geo:
@@ -246,6 +246,14 @@ def build_app(ctx: AppContext) -> gr.Blocks:
         t_pg.select(lambda: "playground", None, active, **hidden).then(
             playground.on_details, [pg["canvas"]], pg["main_out"][1:], show_progress="hidden", **hidden
         )
+        # ---- linked views: a head clicked in the geometry grid opens in the playground --------------------------
+        head_out = [*pg["main_out"], *pg["atom_controls"], *pg["head_controls"], pg["preset_note"], pg["status"]]
+        geo["figure"].select(
+            partial(on_geometry_click, ctx),
+            [ckpt, pg["underlay"], image_sha],
+            [*head_out, tabs, active, geo["status"]],
+            **hidden,
+        )
         ckpt_up.upload(
             partial(on_checkpoint_upload, ctx),
             [ckpt_up, ckpt],
@@ -273,6 +281,19 @@ def build_app(ctx: AppContext) -> gr.Blocks:
 
         register_api(ctx)
     return demo
+
+
+def on_geometry_click(ctx: AppContext, ckpt: str | None, bg: bool, sha: str | None, evt: gr.SelectData) -> tuple:
+    """Open the clicked head of the geometry grid in the playground, as an editable head on the model's grid."""
+    try:
+        lm = ctx.model(ckpt)
+        at = geometry.head_at(lm, evt.index) if lm.is_ssog else None
+        if at is None:
+            return (*(gr.skip(),) * 15, "Click inside a head's panel to open it in the playground.")
+        out = playground.open_head(ctx, ckpt, *at, bg, sha, "Opened from the geometry grid: ")
+        return (*out, gr.Tabs(selected="playground"), "playground", "")
+    except Exception as e:
+        return (*(gr.skip(),) * 15, warn(error_text(e)))
 
 
 def refresh_underlay(ctx: AppContext, canvas: Any, show: bool, sha: str | None, ckpt: str | None = None) -> tuple:

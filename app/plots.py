@@ -203,15 +203,19 @@ def map_plot(a: np.ndarray, title: str, colorbar: str, symmetric: bool = True) -
     return fig
 
 
-def stats_plot(entropy: np.ndarray, radius: np.ndarray, title: str) -> go.Figure:
-    """Per layer × head attention entropy and effective radius, side by side, values on hover."""
+def stats_plot(entropy: np.ndarray, radius: np.ndarray, title: str, tokens: int) -> go.Figure:
+    """Per layer × head attention entropy and effective radius, side by side, values on hover. Colours span the
+    possible range (entropy 0 to ln N nats, radius from 0), so a 0.3-nat difference looks like one."""
     fig = make_subplots(
         rows=1, cols=2, subplot_titles=("attention entropy (nats)", "effective radius (cells)"), horizontal_spacing=0.16
     )
-    for c, (a, name) in enumerate(((entropy, "entropy"), (radius, "radius")), start=1):
+    ranges = ((0.0, float(np.log(tokens))), (0.0, max(float(radius.max()), 1e-9)))
+    for c, (a, name, (lo, hi)) in enumerate(((entropy, "entropy", ranges[0]), (radius, "radius", ranges[1])), 1):
         fig.add_trace(
             go.Heatmap(
                 z=a,
+                zmin=lo,
+                zmax=hi,
                 colorscale="Cividis",
                 colorbar=dict(title=dict(text=name, side="right"), x=0.43 if c == 1 else 1.0, len=0.9),
                 hovertemplate=f"layer %{{y}}, head %{{x}}<br>{name} %{{z:.3f}}<extra></extra>",

@@ -281,6 +281,17 @@ class AppContext:
         return self.image(ref)
 
 
+def resize_note(stored: StoredImage, lm: LoadedModel) -> str:
+    """A visible line when the picture is not the model's input size: "size in → size used" (and whether the
+    aspect ratio changed), so a squashed picture is never a surprise. Empty when it already fits."""
+    w, h = stored.original_size
+    mh, mw = (int(v) for v in lm.config.img_size)
+    if (w, h) == (mw, mh):
+        return ""
+    squash = " (stretched: a different aspect ratio)" if abs(w / h - mw / mh) > 0.01 else ""
+    return f"The picture is resized {w}×{h} → {mw}×{mh} px for {lm.name}{squash}. "
+
+
 def default_image(ctx: AppContext) -> StoredImage | None:
     """The first bundled image, so image tabs have something to show before the user picks one."""
     for name in ctx.bundled_images():

@@ -78,19 +78,21 @@ def steering_files(
     layer: int,
     settings: Mapping[str, Any],
     offsets: SteeringOffsets | None = None,
+    field: LayerField | None = None,
     max_offset: float = 4.0,
     query: tuple[int, int] | None = None,
     fixed_row: np.ndarray | None = None,
     steered_row: np.ndarray | None = None,
     title: str = "",
 ) -> Files:
-    """|μδ| maps with arrows (SSOG only) and one query's field, fixed vs steered (PNG + SVG + .npz)."""
+    """μδ / σδ / λ steering maps (SSOG only; ``field`` = the layer's learned field, for its gate bound and λ)
+    and one query's field, fixed vs steered (PNG + SVG + .npz)."""
     sha = str(settings.get("image_sha256", ""))[:8]
     stem = viz.safe_token(f"steering_{stem_of(checkpoint)}_{sha}_L{layer}")
     files: Files = {}
     if offsets is not None:
         meta = {**settings, "figure": "steering", "layer": layer, "colormap": viz.OFFSET_CMAP}
-        files |= _figure_files(viz.steering_figure(display, offsets, layer, max_offset, title), stem, meta)
+        files |= _figure_files(steering_figure(display, offsets, layer, field, max_offset, title), stem, meta)
         files[f"{stem}_offsets.npz"] = report.npz_bytes(report.steering_arrays(offsets), meta)
     if query is not None and steered_row is not None:
         meta = {**settings, "figure": "query field", "layer": layer, "query": list(query)}
@@ -100,6 +102,24 @@ def steering_files(
         arrays = {"steered": steered_row} if fixed_row is None else {"fixed": fixed_row, "steered": steered_row}
         files[f"{qstem}.npz"] = report.npz_bytes(arrays, meta)
     return files
+
+
+def mu_bound(field: LayerField | None, max_offset: float) -> float | None:
+    """The layer's per-axis limit on an atom's μδ, ``s_μ·M`` (None when content does not steer μ)."""
+    return field.gates["mu"] * max_offset if field is not None and "mu" in field.gates else None
+
+
+def steering_figure(
+    display: Image.Image,
+    offsets: SteeringOffsets,
+    layer: int,
+    field: LayerField | None,
+    max_offset: float,
+    title: str = "",
+):
+    """The steering figure exactly as the app shows it."""
+    lam = field.lam.numpy() if field is not None else None
+    return viz.steering_figure(display, offsets, layer, mu_bound(field, max_offset), title, lam)
 
 
 def export_figure(
@@ -234,10 +254,11 @@ def run(
         srow = query_rows(steered.attn, steered.grid, layer, q)
         if model.config.attn == "ssog":
             fixed = attention_maps(model, x, steered=False)
-            files = steering_files(name, display, layer, settings, steering_offsets(model, x), model.config.max_offset,
-                                   q, query_rows(fixed.attn, fixed.grid, layer, q), srow, name)  # fmt: skip
+            files = steering_files(name, display, layer, settings, steering_offsets(model, x), fields[layer],
+                                   model.config.max_offset, q, query_rows(fixed.attn, fixed.grid, layer, q), srow,
+                                   name)  # fmt: skip
         else:
-            files = steering_files(name, display, layer, settings, None, 0.0, q, None, srow, name)
+            files = steering_files(name, display, layer, settings, None, None, 0.0, q, None, srow, name)
         written += _write(out_dir, files)
         maps = [(name, export_maps(model, x, alpha))]
         if twin is not None:

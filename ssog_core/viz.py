@@ -145,6 +145,16 @@ def figure_rgb(fig: Figure, dpi: int = 100) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
 
 
+def panel_boxes(fig: Figure) -> list[tuple[float, float, float, float]]:
+    """Where each of the figure's axes was drawn, as ``(x0, y0, x1, y1)`` fractions of the image with the origin
+    at the top left (call after the figure was rendered): to map a click on the picture back to a panel."""
+    boxes = []
+    for ax in fig.axes:
+        p = ax.get_position()
+        boxes.append((float(p.x0), float(1 - p.y1), float(p.x1), float(1 - p.y0)))
+    return boxes
+
+
 def save_figure(fig: Figure, stem: str | Path, metadata: Mapping[str, Any] | None = None) -> list[Path]:
     """Write ``stem.png`` and ``stem.svg`` atomically; returns both paths."""
     stem = Path(stem)
@@ -373,37 +383,80 @@ def offset_magnitude(offsets: SteeringOffsets, layer: int, image_index: int = 0)
     return np.linalg.norm(offsets.shift[layer][image_index].permute(2, 0, 1, 3).numpy(), axis=-1)
 
 
+def steering_summary(
+    offsets: SteeringOffsets, layer: int, fixed_lam: np.ndarray | None = None, image_index: int = 0
+) -> dict[str, np.ndarray]:
+    """Per head ``(H, Gh, Gw)`` what content did at each query: ``mu`` = |λ-weighted shift| of where the head
+    looks (cells); ``sigma`` = mean log₂ of the σ ratio over axes, λ-weighted over atoms when the fixed ``(H, R)``
+    λ is given (+1 = twice as wide, −1 = half as wide); ``lambda`` = share of the head's weight moved between
+    its atoms, ½·Σ_r |Δλ_r| (0 = none, 1 = all)."""
+    dlam = offsets.dlam[layer][image_index].numpy()  # (Gh, Gw, H, R)
+    log_ratio = np.log2(offsets.sigma_ratio[layer][image_index].numpy()).mean(-1)  # (Gh, Gw, H, R)
+    if fixed_lam is None:
+        widen = log_ratio.mean(-1)
+    else:
+        widen = (np.clip(np.asarray(fixed_lam) + dlam, 0, None) * log_ratio).sum(-1)
+    return {
+        "mu": offset_magnitude(offsets, layer, image_index),
+        "sigma": widen.transpose(2, 0, 1),
+        "lambda": 0.5 * np.abs(dlam).sum(-1).transpose(2, 0, 1),
+    }
+
+
 def steering_figure(
-    image: Image.Image, offsets: SteeringOffsets, layer: int, max_offset: float, title: str = ""
+    image: Image.Image,
+    offsets: SteeringOffsets,
+    layer: int,
+    bound: float | None,
+    title: str = "",
+    fixed_lam: np.ndarray | None = None,
 ) -> Figure:
-    """Per head of one layer: the |μδ| map (mean shift of where the head looks) with direction arrows."""
+    """One layer, one column per head, one row per content tap: μδ (where the head looks moves; arrows scaled to
+    stay inside a cell, with a key giving their length in cells), σδ (widen / tighten) and λ (re-weighting).
+    Each row has one colour scale for all heads. ``bound`` is the layer's per-axis limit on an atom's μδ,
+    ``s_μ·M`` (None when μ is not steered)."""
+    summary = steering_summary(offsets, layer, fixed_lam)
     shift = offsets.shift[layer][0].numpy()  # (Gh, Gw, H, 2), key-space direction (dy, dx)
-    mag = offset_magnitude(offsets, layer)
-    heads, gh, gw = mag.shape
-    cols = min(heads, max(2, math.ceil(math.sqrt(heads))))
-    rows = math.ceil(heads / cols)
-    fig = new_figure(3.3 * cols + 0.4, 3.1 * rows * gh / gw + 0.8)
-    axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
-    faded = backdrop(image, 330, 0.55)
-    vmax = max(float(mag.max()), 1e-6)
+    heads, gh, gw = summary["mu"].shape
+    fig = new_figure(2.6 * heads + 1.2, 3 * 2.4 * gh / gw + 1.3)
+    axes = fig.subplots(3, heads, squeeze=False)
+    faded = backdrop(image, 260, 0.55)
     yy, xx = np.mgrid[0:gh, 0:gw]
-    for h, ax in enumerate(axes):
-        if h >= heads:
-            ax.axis("off")
-            continue
-        im = _show_map(ax, faded, mag[h], OFFSET_CMAP, 0.0, vmax, alpha=0.65)
-        dy, dx = shift[..., h, 0], shift[..., h, 1]
-        ax.quiver(
-            xx, yy, dx, dy, color="white", angles="xy", scale_units="xy", scale=1.0, width=0.006, headwidth=4, alpha=0.9
-        )
-        ax.set_title(f"head {h}: max |μδ| {mag[h].max():.2f}", fontsize=9)
-        if h % cols == cols - 1 or h == heads - 1:
-            _colorbar(fig, im, ax, "|μδ| (grid cells)")
+    longest = max(float(summary["mu"].max()), 1e-9)
+    scale = longest / 0.9  # the longest arrow spans 0.9 of a cell: arrows never cross their neighbours
+    ref = float(f"{longest:.1g}")  # a round reference length for the key
+    lim_sigma = symmetric_limit(summary["sigma"])
+    rows = [
+        ("mu", OFFSET_CMAP, 0.0, longest, "|μδ| (cells)"),
+        ("sigma", "PuOr_r", -lim_sigma, lim_sigma, "σδ: log₂ σ ratio\n(+ wider, − tighter)"),
+        ("lambda", "Greens", 0.0, max(float(summary["lambda"].max()), 1e-9), "λ moved between atoms (share)"),
+    ]
+    for r, (key, cmap, lo, hi, label) in enumerate(rows):
+        for h in range(heads):
+            ax = axes[r, h]
+            im = _show_map(ax, faded, summary[key][h], cmap, lo, hi, alpha=0.7)
+            peak = float(np.abs(summary[key][h]).max())
+            ax.set_title(f"head {h}: max {peak:.2f}", fontsize=8)
+            if key == "mu":
+                q = ax.quiver(xx, yy, shift[..., h, 1], shift[..., h, 0], color="white", angles="xy",
+                              scale_units="xy", scale=scale, width=0.007, headwidth=4, alpha=0.95)  # fmt: skip
+                if h == heads - 1:
+                    ax.quiverkey(q, 0.55, -0.07, ref, f"= {ref:g} cells", labelpos="E", coordinates="axes",
+                                 color="black", fontproperties={"size": 7})  # fmt: skip
+            if h == 0:
+                ax.set_ylabel({"mu": "μδ: looks elsewhere", "sigma": "σδ: widen / tighten",
+                               "lambda": "λ: re-weighting"}[key], fontsize=8)  # fmt: skip
+        _colorbar(fig, im, list(axes[r]), label)
+    bound_text = (
+        f"μδ bound per atom: ±{bound:.2f} cells per axis (s_μ·M), so up to {bound * math.sqrt(2):.2f} cells diagonally"
+        if bound is not None
+        else "μ is not steered in this layer"
+    )
     suptitle(
         fig,
         title,
-        f"layer {layer}: how far content moves where each head looks "
-        f"(λ-weighted mean shift; arrows to scale, bound ±{max_offset:g} cells per atom)",
+        f"layer {layer}: what content changes at each query patch, per head (λ-weighted over atoms). "
+        f"Arrows: where the head's gaze moves, scaled so the longest spans 0.9 cell (key below). {bound_text}.",
     )
     return fig
 
@@ -498,12 +551,13 @@ def export_figure(image: Image.Image, models: Sequence[tuple[str, ExportMaps]], 
             (acc, NET_CMAP, True, acc_title, "Σ net"),
             (roll, "viridis", False, "attention rollout\n(share of pooled output)", "share"),
         ]
-        for ax, (a, cmap, centred, name, unit) in zip(axes[1:], panels, strict=True):
-            hi = symmetric_limit(a) if centred else max(float(a.max()), 1e-12)
+        lim = symmetric_limit(m.net[0].numpy())  # one scale for every layer's net export, in both rows
+        share = max(float(pin.max()), float(pout.max()), 1e-12)  # pull-in and pull-out: one quantity, one scale
+        limits = [share, share, lim, symmetric_limit(acc), max(float(roll.max()), 1e-12)]
+        for ax, (a, cmap, centred, name, unit), hi in zip(axes[1:], panels, limits, strict=True):
             im = _show_map(ax, img, a, cmap, -hi if centred else 0.0, hi)
             ax.set_title(name, fontsize=8)
             _colorbar(top, im, ax, unit)
-        lim = symmetric_limit(m.net[0].numpy())
         strip = np.atleast_1d(bottom.subplots(strip_rows, 6, squeeze=False)).ravel()
         for k, ax in enumerate(strip):
             if k >= m.net.shape[1]:

@@ -6,6 +6,7 @@ images (grayscale, RGBA, 16-bit) must work.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import time
@@ -15,6 +16,7 @@ import gradio as gr
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from app import main as app_main
 from app.state import UPLOADED, AppContext, AppError, default_image
@@ -260,13 +262,18 @@ def test_presets_underlay_and_figure(ctx, sha):
 def test_geometry_ssog_dot_and_missing(ctx, sha):
     note, card, fig, gates, layer_plot, stats, table, slider = geometry.render(ctx, "ssog_test.safetensors", 1, sha)
     assert "2 layers × 4 heads × 3 atoms" in note and "parameters" in card and "FLOPs" in card
-    assert Path(fig).name == "geometry_ssog_test.png" and Path(fig).read_bytes()[:4] == b"\x89PNG"
-    assert len(table) == 2 * 4 * 3 and slider["maximum"] == 1 and slider["value"] == 1
-    assert gates.layout.title.text and layer_plot.data[0].hovertemplate
-    note, card, fig, gates, layer_plot, stats, table, _ = geometry.render(ctx, "dot_test.safetensors", 0, sha)
-    assert "no field" in note and fig is not None and (gates, layer_plot, table) == (None, None, None)
-    assert "largest-norm keys" in note and "key norms" in stats.layout.title.text
-    assert len(stats.data) == 2 + 4  # one histogram per layer, one ratio line per head
+    assert Path(fig["value"]).name == "geometry_ssog_test.png" and Path(fig["value"]).read_bytes()[:4] == b"\x89PNG"
+    assert len(table["value"]) == 2 * 4 * 3 and slider["maximum"] == 1 and slider["value"] == 1
+    assert gates["value"].layout.title.text and layer_plot["value"].data[0].hovertemplate
+    entropy = stats["value"].data[0]  # the colours span 0 … ln N nats, not the observed min … max
+    assert (entropy.zmin, entropy.zmax) == (0.0, pytest.approx(np.log(64))) and stats["value"].data[1].zmin == 0
+    note, card, fig, gates, layer_plot, stats, table, slider = geometry.render(ctx, "dot_test.safetensors", 0, sha)
+    assert "no field" in note and fig["value"] is not None and fig["visible"]
+    # a dot model shows no empty plot boxes, tables or dead sliders: what it lacks is hidden
+    assert all(u == {"__type__": "update", "value": None, "visible": False} for u in (gates, layer_plot, table))
+    assert slider["visible"] is False
+    assert "largest-norm keys" in note and "key norms" in stats["value"].layout.title.text
+    assert len(stats["value"].data) == 2 + 4  # one histogram per layer, one ratio line per head
     assert "No checkpoint found" in geometry.render(ctx, None, 0, sha)[0]
     assert "refused" in geometry.render(ctx, "../../etc/passwd", 0, sha)[0]
     assert geometry.on_layer(ctx, "ssog_test.safetensors", 0).layout.title.text.startswith("Layer 0")
@@ -274,6 +281,22 @@ def test_geometry_ssog_dot_and_missing(ctx, sha):
     assert {Path(f).name for f in files} >= {"geometry_ssog_test.png", "geometry_ssog_test.svg",
                                              "geometry_ssog_test_atoms.csv"}  # fmt: skip
     assert geometry.downloads(ctx, "dot_test.safetensors")[0] is None
+
+
+def test_a_head_clicked_in_the_geometry_grid_opens_in_the_playground(ctx, sha):
+    lm = ctx.model("ssog_test.safetensors")
+    png, boxes = geometry.geometry_png(lm)
+    width, height = Image.open(io.BytesIO(png)).size
+    x0, y0, x1, y1 = boxes[2 * 2 + 1]  # head rows × layer columns: head 2 of layer 1
+    click = gr.SelectData(None, {"index": [(x0 + x1) / 2 * width, (y0 + y1) / 2 * height], "value": None})
+    assert geometry.head_at(lm, click.index) == (1, 2)
+    out = app_main.on_geometry_click(ctx, "ssog_test.safetensors", False, sha, click)
+    v = out[0]["value"]
+    assert v["grid"] == [8, 8] and "layer 1, head 2" in out[11] and out[-3].selected == "playground"
+    fixed = attention_maps(lm.model, torch.rand(1, 3, 32, 32), steered=False).attn[1][0, 2, 3 * 8 + 3]
+    np.testing.assert_allclose(evaluate(HeadSpec.from_dict(v)).density.numpy().ravel(), fixed.numpy(), atol=1e-5)
+    missed = gr.SelectData(None, {"index": [1, 1], "value": None})
+    assert "inside a head's panel" in app_main.on_geometry_click(ctx, "ssog_test.safetensors", False, sha, missed)[-1]
 
 
 # ----------------------------------------------------------------------------------------------- steering

@@ -10,7 +10,7 @@ import gradio as gr
 
 from app import plots
 from app.common import LRU, error_text, shown_figure, warn, write_downloads
-from app.state import AppContext, LoadedModel, StoredImage
+from app.state import AppContext, LoadedModel, StoredImage, resize_note
 from ssog_core import figures, viz
 from ssog_core.analysis import DEFAULT_ALPHA, ExportMaps, export_maps
 
@@ -85,8 +85,8 @@ def render(ctx: AppContext, ckpt: str | None, twin: str | None, sha: str | None,
                 "image_sha256": sha, "alpha": float(alpha), "layer": layer, "colormap": viz.NET_CMAP}  # fmt: skip
         shown = shown_figure(fig, f"export_{names}_{sha[:8]}_L{layer}_alpha{alpha:.2f}_{viz.NET_CMAP}", meta)
         text = (
-            f"α = **{alpha:.2f}** (Â = α·Ā + (1−α)·I). Red = source (others read it), blue = gatherer.  \n"
-            + "  \n".join(summary(n, m) for n, _, m in models)
+            f"α = **{alpha:.2f}** (Â = α·Ā + (1−α)·I). Red = source (others read it), blue = gatherer. "
+            f"{resize_note(stored, lm)} \n" + "  \n".join(summary(n, m) for n, _, m in models)
         )
         acc = models[0][2].accumulated[0].numpy()
         plot = plots.map_plot(acc, f"{lm.name}: accumulated net export (hover for values)", "Σ net export")
@@ -119,6 +119,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
             value=DEFAULT_ALPHA,
             step=0.05,
             label="α: residual mixing Â = α·Ā + (1−α)·I",
+            info="α only rescales the maps (their range grows with α); which patches export does not change.",
             elem_id="ex-alpha",
             scale=2,
         )

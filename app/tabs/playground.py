@@ -233,9 +233,7 @@ def on_checkpoint(ctx: AppContext, ckpt: str | None):
 
 
 def on_preset(ctx: AppContext, ckpt: str, label: str | None, bg: bool, sha: str | None = None):
-    """Load a trained head (atoms, widths, weights, τ) onto the canvas, on the model's own patch grid with the ★
-    at its centre query: the field drawn is that query's fixed-field attention, and a picture under it is cut
-    into the patches the model sees."""
+    """Load a trained head (atoms, widths, weights, τ) onto the canvas."""
     try:
         if not label:
             return (gr.skip(),) * 13
@@ -243,25 +241,30 @@ def on_preset(ctx: AppContext, ckpt: str, label: str | None, bg: bool, sha: str 
         match = [p for p in lm.presets if p.label == label]
         if not match:
             raise AppError(f"preset {label!r} is not a head of {ckpt}")
-        s = match[0].shape
-        lf = lm.fields[s.layer]
-        spec = spec_from_head(lf, s.head, grid=tuple(lm.config.grid), mode=lm.config.field)
-        v = _value(spec, 0)
-        note = (
-            f"**{match[0].kind}** = layer {s.layer}, head {s.head} of {ckpt}, on the model's "
-            f"{lm.config.grid[0]}×{lm.config.grid[1]} patch grid (★ = the centre query): over all queries its "
-            f"attention entropy is {lf.entropy[s.head]:.2f} nats and its effective radius {lf.radius[s.head]:.2f} "
-            f"cells (τ = {lf.tau:.2f})."
-        )
-        extra, status = {}, ""
-        if bg:
-            try:
-                extra["bg"] = underlay_url(ctx, sha, v)
-            except AppError as e:
-                status = warn(error_text(e))
-        return (*_outputs(v, bg and bool(extra), extra, new_value=True), *_sliders(v), *head_controls(v), note, status)
+        return open_head(ctx, ckpt, match[0].shape.layer, match[0].shape.head, bg, sha, f"**{match[0].kind}** = ")
     except Exception as e:
         return (*(gr.skip(),) * 11, warn(error_text(e)), gr.skip())
+
+
+def open_head(ctx: AppContext, ckpt: str, layer: int, head: int, bg: bool, sha: str | None, prefix: str = ""):
+    """A trained head as an editable one, on the model's own patch grid with the ★ at its centre query: the
+    field drawn is that query's fixed-field attention, and a picture under it is cut into the patches the model
+    sees. Outputs: canvas, kernels, readout, the atom sliders and buttons, τ, grid, mode, note, status."""
+    lm = ctx.model(ckpt)
+    lf = lm.fields[layer]
+    v = _value(spec_from_head(lf, head, grid=tuple(lm.config.grid), mode=lm.config.field), 0)
+    note = (
+        f"{prefix}layer {layer}, head {head} of {ckpt}, on the model's {lm.config.grid[0]}×{lm.config.grid[1]} "
+        f"patch grid (★ = the centre query): over all queries its attention entropy is {lf.entropy[head]:.2f} "
+        f"nats and its effective radius {lf.radius[head]:.2f} cells (τ = {lf.tau:.2f})."
+    )
+    extra, status = {}, ""
+    if bg:
+        try:
+            extra["bg"] = underlay_url(ctx, sha, v)
+        except AppError as e:
+            status = warn(error_text(e))
+    return (*_outputs(v, bg and bool(extra), extra, new_value=True), *_sliders(v), *head_controls(v), note, status)
 
 
 def underlay_url(ctx: AppContext, sha: str | None, value: dict[str, Any]) -> str:
@@ -420,4 +423,5 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
         "main_out": main_out,
         "status": pg_status,
         "head_controls": [tau, grid, mode],
+        "atom_controls": atom_controls,
     }

@@ -11,7 +11,7 @@ import numpy as np
 from PIL import Image
 
 from app.common import LRU, error_text, shown_figure, warn, write_downloads
-from app.state import AppContext, LoadedModel, StoredImage
+from app.state import AppContext, LoadedModel, StoredImage, resize_note
 from ssog_core import figures, report, viz
 from ssog_core.analysis import AttentionMaps, SteeringOffsets, attention_maps, steering_offsets
 
@@ -92,14 +92,14 @@ def render(ctx: AppContext, ckpt: str | None, sha: str | None, layer: float, que
         click = viz.grid_overlay(s.display, s.grid, q)
         pred = report.top_classes(s.logits, lm.class_names)
         if s.offsets is not None:
-            fig = viz.steering_figure(s.display, s.offsets, layer, lm.config.max_offset, lm.name)
+            fig = figures.steering_figure(s.display, s.offsets, layer, lm.fields[layer], lm.config.max_offset, lm.name)
             meta = {**settings(lm, stored, layer), "figure": "steering", "colormap": viz.OFFSET_CMAP}
             steer = shown_figure(fig, figure_stem(lm, stored, layer), meta)
             note = (
                 f"**{lm.name}** on **{stored.name}** ({s.grid[0]}×{s.grid[1]} patches), layer **{layer}**. "
-                "Arrows: where content "
-                "moves each head's gaze (λ-weighted mean shift of its atoms). **Click a patch** to see that "
-                "query's field, fixed vs steered."
+                "Rows: where content moves each head's gaze (μδ, λ-weighted mean shift of its atoms; arrows "
+                "scaled with a key), how it widens or tightens the atoms (σδ) and how much weight it moves between "
+                f"them (λ). {resize_note(stored, lm)}**Click a patch** to see that query's field, fixed vs steered."
             )
         else:
             steer = None
@@ -135,7 +135,17 @@ def downloads(ctx: AppContext, ckpt: str | None, sha: str | None, layer: float, 
         q = tuple(query) if query else None
         fixed, steered = query_rows(s, layer, q) if q else (None, None)
         files = figures.steering_files(
-            ckpt, s.display, layer, settings, s.offsets, lm.config.max_offset, q, fixed, steered, lm.name
+            ckpt,
+            s.display,
+            layer,
+            settings,
+            s.offsets,
+            lm.fields[layer] if lm.is_ssog else None,
+            lm.config.max_offset,
+            q,
+            fixed,
+            steered,
+            lm.name,
         )
         if not files:
             raise ValueError("nothing to export yet: click a patch first")
