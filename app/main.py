@@ -201,6 +201,7 @@ def build_app(ctx: AppContext) -> gr.Blocks:
                 geo = geometry.build(ctx, shared)
             with gr.Tab("Steering", id="steering", elem_id="tab-steering") as t_st:
                 st = steering.build(ctx, shared)
+            shared["query"] = st["query"]  # the patch picked in Steering is outlined in the export maps
             with gr.Tab("Export maps", id="export", elem_id="tab-export") as t_ex:
                 ex = export.build(ctx, shared)
             with gr.Tab("Compare two checkpoints", id="compare", elem_id="tab-compare") as t_cmp:
@@ -225,7 +226,13 @@ def build_app(ctx: AppContext) -> gr.Blocks:
         loaded = demo.load(partial(on_checkpoint_change, ctx), [ckpt], follow, **hidden)
         views = {
             "geometry": (t_geo, geo["render"], [ckpt, geo["layer"], image_sha], geo["outputs"], []),
-            "steering": (t_st, st["render"], [ckpt, image_sha, st["layer"], st["query"]], st["outputs"], [st["layer"]]),
+            "steering": (
+                t_st,
+                st["render"],
+                [ckpt, image_sha, st["layer"], st["query"], st["head"]],
+                st["outputs"],
+                [st["layer"]],
+            ),  # fmt: skip
             "export": (t_ex, ex["render"], ex["inputs"], ex["outputs"], [ex["alpha"], ex["layer"]]),
             "compare": (t_cmp, cmp["render"], cmp["inputs"], cmp["outputs"], [cmp["alpha"], cmp["layer"]]),
         }
@@ -252,6 +259,22 @@ def build_app(ctx: AppContext) -> gr.Blocks:
             partial(on_geometry_click, ctx),
             [ckpt, pg["underlay"], image_sha],
             [*head_out, tabs, active, geo["status"]],
+            **hidden,
+        )
+        # ... and a query clicked in Steering opens its head there, steered by the image's content
+        steer_out = [pg["steer_group"], pg["steer_note"], pg["gate"], pg["steer_src"]]
+        st["open"].click(
+            partial(on_open_steered, ctx),
+            [ckpt, image_sha, st["layer"], st["query"], st["head"], pg["underlay"]],
+            [*head_out, *steer_out, tabs, active, st["status"]],
+            **hidden,
+        )
+        pg["gate"].change(
+            partial(on_gate, ctx),
+            [pg["steer_src"], pg["gate"], pg["underlay"], image_sha],
+            [*pg["main_out"], pg["status"]],
+            show_progress="hidden",
+            trigger_mode="always_last",
             **hidden,
         )
         ckpt_up.upload(
@@ -294,6 +317,42 @@ def on_geometry_click(ctx: AppContext, ckpt: str | None, bg: bool, sha: str | No
         return (*out, gr.Tabs(selected="playground"), "playground", "")
     except Exception as e:
         return (*(gr.skip(),) * 15, warn(error_text(e)))
+
+
+def on_open_steered(
+    ctx: AppContext, ckpt: str | None, sha: str | None, layer: float, query: Any, head: Any, bg: bool
+) -> tuple:
+    """Open the clicked Steering query's head in the playground at the learned gate, with the gate slider."""
+    n_out = 13 + 4 + 3
+    try:
+        if not query:
+            raise AppError("click a patch of the picture first: its head opens in the playground")
+        src = {"checkpoint": ckpt, "image_sha256": sha, "layer": int(layer or 0), "head": int(head or 0),
+               "query": [int(query[0]), int(query[1])]}  # fmt: skip
+        v = playground.head_value(steering.steered_head(ctx, src, 1.0))
+        name = ctx.image(sha).name
+        note = (
+            f"Head {src['head']} of layer {src['layer']} of {ckpt}, seen from query patch ★ {tuple(src['query'])} "
+            f"of {name}, on the model's patch grid. Turn the gate down to 0 to see its fixed field, up to 1 for "
+            "the learned gate: the atoms move, widen and re-weight as this patch's content steers them."
+        )
+        out = playground.load_head(ctx, v, bg, sha, note)
+        steer = (gr.update(visible=True), note, gr.update(value=1.0), src)
+        return (*out, *steer, gr.Tabs(selected="playground"), "playground", "")
+    except Exception as e:
+        return (*(gr.skip(),) * (n_out - 1), warn(error_text(e)))
+
+
+def on_gate(ctx: AppContext, src: dict | None, gate: float, bg: bool, sha: str | None) -> tuple:
+    """The content gate moved: redraw the steered head at that fraction of the learned gate."""
+    if not src:
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+    try:
+        v = playground.head_value(steering.steered_head(ctx, src, float(gate)))
+        extra = {"bg": playground.underlay_url(ctx, sha, v)} if bg and sha else {}
+        return (*playground.canvas_outputs(v, bool(extra), extra, new_value=True), "")
+    except Exception as e:
+        return gr.skip(), gr.skip(), gr.skip(), warn(error_text(e))
 
 
 def refresh_underlay(ctx: AppContext, canvas: Any, show: bool, sha: str | None, ckpt: str | None = None) -> tuple:
@@ -349,7 +408,7 @@ def restore_session(ctx: AppContext, path: Any) -> tuple:
         bg = playground.underlay_url(ctx, sha_for_bg, value) if (pgd.get("image_underlay") and sha_for_bg) else ""
     except AppError:
         bg = ""
-    canvas, fig, rows = playground._outputs(value, bool(bg), {"bg": bg}, new_value=True)
+    canvas, fig, rows = playground.canvas_outputs(value, bool(bg), {"bg": bg}, new_value=True)
     ex_d, cmp_d = data.get("export", {}), data.get("compare", {})
     st_d = data.get("steering", {})
     text = "Session restored." + (" Not restored: " + "; ".join(notes) + "." if notes else "")

@@ -181,8 +181,11 @@ def layer_density_plot(lf: LayerField, layer: int) -> go.Figure:
     return fig
 
 
-def map_plot(a: np.ndarray, title: str, colorbar: str, symmetric: bool = True) -> go.Figure:
-    """A patch-grid map with its value on hover (RdBu zero-centred when ``symmetric``)."""
+def map_plot(
+    a: np.ndarray, title: str, colorbar: str, symmetric: bool = True, mark: tuple[int, int] | None = None
+) -> go.Figure:
+    """A patch-grid map with its value on hover (RdBu zero-centred when ``symmetric``); ``mark`` outlines one
+    patch (the query picked in another view)."""
     lim = float(np.abs(a).max()) or 1e-12
     fig = go.Figure(
         go.Heatmap(
@@ -195,6 +198,9 @@ def map_plot(a: np.ndarray, title: str, colorbar: str, symmetric: bool = True) -
             hovertemplate="patch row %{y}, col %{x}<br>value %{z:.4f}<extra></extra>",
         )
     )
+    if mark is not None:
+        y, x = mark
+        fig.add_shape(type="rect", x0=x - 0.5, x1=x + 0.5, y0=y - 0.5, y1=y + 0.5, line=dict(color="#ffd400", width=3))
     fig.update_yaxes(autorange="reversed", scaleanchor="x", title="patch row")
     fig.update_xaxes(title="patch col", constrain="domain")
     fig.update_layout(

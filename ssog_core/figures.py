@@ -123,11 +123,15 @@ def steering_figure(
 
 
 def export_figure(
-    models: Sequence[tuple[str, ExportMaps]], display: Image.Image, layer: int, image_name: str | None = None
+    models: Sequence[tuple[str, ExportMaps]],
+    display: Image.Image,
+    layer: int,
+    image_name: str | None = None,
+    query: tuple[int, int] | None = None,
 ):
     """The export-maps figure exactly as the app shows it (checkpoint names without their suffix)."""
     title = f"on {image_name}" if image_name else ""
-    return viz.export_figure(display, [(stem_of(n), m) for n, m in models], layer, title)
+    return viz.export_figure(display, [(stem_of(n), m) for n, m in models], layer, title, query)
 
 
 def compare_figure(
@@ -144,9 +148,14 @@ def compare_figure(
 
 
 def export_files(
-    models: Sequence[tuple[str, ExportMaps]], display: Image.Image, layer: int, settings: Mapping[str, Any]
+    models: Sequence[tuple[str, ExportMaps]],
+    display: Image.Image,
+    layer: int,
+    settings: Mapping[str, Any],
+    query: tuple[int, int] | None = None,
 ) -> Files:
-    """The export-maps figure of one or more checkpoints (PNG + SVG) and each one's raw maps (.npz + CSV)."""
+    """The export-maps figure of one or more checkpoints (PNG + SVG, ``query`` outlined) and each one's raw maps
+    (.npz + CSV)."""
     alpha = models[0][1].alpha
     sha = str(settings.get("image_sha256", ""))[:8]
     names = "+".join(stem_of(n) for n, _ in models)
@@ -155,7 +164,9 @@ def export_files(
     meta = {**settings, "figure": "export maps", "checkpoints": [n for n, _ in models], "alpha": alpha,
             "layer": layer, "colormap": viz.NET_CMAP}  # fmt: skip
     stem = viz.safe_token(f"export_{names}_{sha}_L{layer}_alpha{alpha:.2f}_{viz.NET_CMAP}")
-    files = _figure_files(export_figure(models, display, layer, settings.get("image")), stem, meta)
+    if query is not None:
+        meta["query"] = list(query)
+    files = _figure_files(export_figure(models, display, layer, settings.get("image"), query), stem, meta)
     for name, m in models:
         one = viz.safe_token(f"export_maps_{stem_of(name)}_{sha}_alpha{alpha:.2f}")
         files[f"{one}.npz"] = report.npz_bytes(report.export_arrays(m), {**meta, "checkpoint": name})

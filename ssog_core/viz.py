@@ -25,7 +25,7 @@ import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.patches import Ellipse
+from matplotlib.patches import Ellipse, Rectangle
 from PIL import Image
 
 from ssog_core.analysis import ExportMaps, LayerField, SteeringOffsets
@@ -522,10 +522,23 @@ def attention_grid_figure(image: Image.Image, rows: np.ndarray, query: tuple[int
 # --------------------------------------------------------------------------------------- export maps
 
 
-def export_figure(image: Image.Image, models: Sequence[tuple[str, ExportMaps]], layer: int, title: str = "") -> Figure:
+def _outline(ax, cell: tuple[int, int] | None, grid: tuple[int, int]) -> None:
+    """A yellow square around ``cell`` (a query patch carried over from another view), when it is on ``grid``."""
+    if cell is not None and 0 <= cell[0] < grid[0] and 0 <= cell[1] < grid[1]:
+        ax.add_patch(Rectangle((cell[1] - 0.5, cell[0] - 0.5), 1, 1, fill=False, ec="#ffd400", lw=1.6, zorder=6))
+
+
+def export_figure(
+    image: Image.Image,
+    models: Sequence[tuple[str, ExportMaps]],
+    layer: int,
+    title: str = "",
+    query: tuple[int, int] | None = None,
+) -> Figure:
     """Per model (a block of rows): the input, layer ``layer``'s pull-in / pull-out / net export, the accumulated
     net export with its range and exporter share, and attention rollout; below, net export of every layer on
-    one shared colour scale (six panels per row)."""
+    one shared colour scale (six panels per row). ``query`` (a patch picked in the Steering view) is outlined
+    on every map."""
     depth = max(m.net.shape[1] for _, m in models)
     strip_rows = math.ceil(depth / 6)
     fig = new_figure(15.0, (2.7 + 2.35 * strip_rows) * len(models) + 0.8)
@@ -556,6 +569,7 @@ def export_figure(image: Image.Image, models: Sequence[tuple[str, ExportMaps]], 
         limits = [share, share, lim, symmetric_limit(acc), max(float(roll.max()), 1e-12)]
         for ax, (a, cmap, centred, name, unit), hi in zip(axes[1:], panels, limits, strict=True):
             im = _show_map(ax, img, a, cmap, -hi if centred else 0.0, hi)
+            _outline(ax, query, m.grid)
             ax.set_title(name, fontsize=8)
             _colorbar(top, im, ax, unit)
         strip = np.atleast_1d(bottom.subplots(strip_rows, 6, squeeze=False)).ravel()
@@ -564,6 +578,7 @@ def export_figure(image: Image.Image, models: Sequence[tuple[str, ExportMaps]], 
                 ax.axis("off")
                 continue
             im = _show_map(ax, img, m.net[0, k].numpy(), NET_CMAP, -lim, lim)
+            _outline(ax, query, m.grid)
             ax.set_title(f"{label}: net, layer {k}", fontsize=8)
         _colorbar(bottom, im, list(strip[: m.net.shape[1]]), "net export (shared scale)")
     suptitle(fig, title, f"Export maps with residual mixing Â = α·Ā + (1−α)·I, α = {models[0][1].alpha:.2f}", 10)

@@ -303,8 +303,10 @@ def test_a_head_clicked_in_the_geometry_grid_opens_in_the_playground(ctx, sha):
 
 
 def test_steering_render_click_and_downloads(ctx, sha):
-    note, click, pred, steer, qfig, slider = steering.render(ctx, "ssog_test.safetensors", sha, 1, None)
-    assert "Click a patch" in note and steer is not None and qfig is None
+    note, click, pred, steer, qfig, slider, head = steering.render(ctx, "ssog_test.safetensors", sha, 1, None, 3)
+    assert "Click a patch" in note and steer["visible"] and qfig is None and head["choices"] == [0, 1, 2, 3]
+    assert "μδ bound per atom" not in note and "resized 96×96 → 32×32 px" in note
+    steer = steer["value"]
     assert abs(sum(pred.values()) - 1) < 0.2 and set(pred) <= set(ctx.model("ssog_test.safetensors").class_names)
     h, w = click.shape[:2]
     sel = gr.SelectData(None, {"index": [w * 0.7, h * 0.2], "value": None})
@@ -319,9 +321,30 @@ def test_steering_render_click_and_downloads(ctx, sha):
     files, _ = steering.downloads(ctx, "ssog_test.safetensors", sha, 1, [1, 5])
     names = {Path(f).name for f in files}
     assert any(n.endswith("_L1.png") for n in names) and any(n.endswith("_q1-5.svg") for n in names)
-    note, click, pred, steer, qfig, slider = steering.render(ctx, "dot_test.safetensors", sha, 0, [2, 2])
-    assert "no field to steer" in note and steer is None and qfig is not None
+    note, click, pred, steer, qfig, slider, head = steering.render(ctx, "dot_test.safetensors", sha, 0, [2, 2])
+    assert "no field to steer" in note and steer == {"__type__": "update", "value": None, "visible": False}
+    assert qfig is not None and head["visible"] is False
     assert "Pick an image" in steering.render(ctx, "ssog_test.safetensors", None, 0, None)[0]
+
+
+def test_a_steering_query_opens_in_the_playground_with_a_content_gate(ctx, sha):
+    """Steering → playground: the clicked query's head on the model's grid, at the learned gate, and the gate
+    slider turns content's steering down to the fixed field (which is the model's fixed attention row)."""
+    out = app_main.on_open_steered(ctx, "ssog_test.safetensors", sha, 1, [2, 5], 2, False)
+    v = out[0]["value"]
+    assert v["grid"] == [8, 8] and v["query"] == [2, 5] and "query patch ★ (2, 5)" in out[11]
+    assert out[13]["visible"] and out[15]["value"] == 1.0 and out[-3].selected == "playground"
+    src = out[16]
+    assert src == {"checkpoint": "ssog_test.safetensors", "image_sha256": sha, "layer": 1, "head": 2, "query": [2, 5]}
+    fixed_canvas, _, _, status = app_main.on_gate(ctx, src, 0.0, False, sha)
+    lm = ctx.model("ssog_test.safetensors")
+    row = attention_maps(lm.model, lm.input(ctx.image(sha).image), steered=False).attn[1][0, 2, 2 * 8 + 5]
+    density = evaluate(HeadSpec.from_dict(fixed_canvas["value"])).density.numpy().ravel()
+    np.testing.assert_allclose(density, row.numpy(), atol=1e-5)
+    assert fixed_canvas["value"]["atoms"] != v["atoms"] and status == ""
+    assert app_main.on_gate(ctx, None, 0.5, False, sha) == (gr.skip(),) * 4
+    assert "click a patch" in app_main.on_open_steered(ctx, "ssog_test.safetensors", sha, 1, None, 0, False)[-1]
+    assert "no field" in app_main.on_open_steered(ctx, "dot_test.safetensors", sha, 0, [1, 1], 0, False)[-1]
 
 
 # ----------------------------------------------------------------------------------------------- export + compare
@@ -344,6 +367,11 @@ def test_export_maps_with_twin_and_downloads(ctx, sha):
     npz = np.load(next(f for f in files if f.endswith(".npz")))
     assert json.loads(str(npz["settings"]))["alpha"] == 0.25 and npz["net"].shape == (2, 8, 8)
     assert "Pick an image" in export.render(ctx, "ssog_test.safetensors", export.NO_TWIN, None, 0.5, 0)[0]
+    # the patch picked in Steering carries over: outlined on the maps, named in the text and the files
+    text, fig, acc, _ = export.render(ctx, "ssog_test.safetensors", export.NO_TWIN, sha, 0.5, 0, [2, 5])
+    assert "query patch (2, 5)" in text and "yellow" in text
+    assert [(sh.x0, sh.y0) for sh in acc.layout.shapes] == [(4.5, 1.5)]
+    assert json.loads(Image.open(fig).info["Description"])["query"] == [2, 5]
 
 
 def test_compare_side_by_side_and_mismatched_grids(ctx, sha, tmp_path):
@@ -368,8 +396,8 @@ def test_rbf_checkpoint_with_registers(ctx, sha, tmp_path):
     model = ViT(num_classes=5, img_size=32, patch_size=4, dim=32, depth=2, num_heads=4, attn="rbf", num_registers=2)
     name = ctx.add_upload([str(save_checkpoint(tmp_path / "rbf_regs.safetensors", model))])
     note, card, fig, _, _, stats, _, _ = geometry.render(ctx, name, 0, sha)
-    assert "**RBF (distance)** attention model" in note and "no field" in note and fig is not None
-    assert "register tokens take" in note and {t.name for t in stats.data} >= {"layer 0 (rbf)", "head 3"}
+    assert "**RBF (distance)** attention model" in note and "no field" in note and fig["value"] is not None
+    assert "register tokens take" in note and {t.name for t in stats["value"].data} >= {"layer 0 (rbf)", "head 3"}
     text, fig, _, _ = export.render(ctx, name, export.NO_TWIN, sha, 0.5, 0)
     assert "register tokens took" in text and fig is not None
 

@@ -281,7 +281,7 @@ def test_no_pickle_is_ever_loaded_by_any_tab_upload_or_api(server, folders, monk
     assert good_upload.startswith("Loaded") and converted.startswith("Loaded"), (good_upload, converted)
     # every tab
     for ckpt in (GOOD, "uploaded/ref.safetensors"):  # an SSOG model, and a dot one converted from a .pt
-        assert geometry.render(ctx, ckpt, 0, sha)[2] is not None
+        assert geometry.render(ctx, ckpt, 0, sha)[2]["value"] is not None
         assert steering.render(ctx, ckpt, sha, 0, [1, 1])[4] is not None
         assert export.render(ctx, ckpt, TWIN, sha, 0.5, 0)[1] is not None
     assert export.downloads(ctx, GOOD, TWIN, sha, 0.5, 0)[0]

@@ -30,7 +30,7 @@ def _spec(value: Any) -> HeadSpec:
     return HeadSpec.from_dict(value)
 
 
-def _value(spec: HeadSpec, sel: int = 0) -> dict[str, Any]:
+def head_value(spec: HeadSpec, sel: int = 0) -> dict[str, Any]:
     return {**spec.to_dict(), "sel": min(max(int(sel), 0), len(spec.atoms) - 1)}
 
 
@@ -80,7 +80,7 @@ def readout(spec: HeadSpec, view: HeadView) -> list[list[str]]:
     return rows
 
 
-def _outputs(value: Any, overlay: bool, extra: dict[str, Any] | None = None, new_value: bool = False):
+def canvas_outputs(value: Any, overlay: bool, extra: dict[str, Any] | None = None, new_value: bool = False):
     """Canvas update (props, plus the value itself when Python changed it) + kernel plot + readout."""
     props, spec, view = render(value, overlay)
     if new_value:
@@ -123,7 +123,7 @@ def on_details(value: Any):
 def on_pick(value: Any, evt: gr.EventData):
     """An atom was selected on the canvas: its σ and weight go to the sliders."""
     try:
-        return _sliders(_value(_spec(value), (evt._data or {}).get("i", value.get("sel", 0))))
+        return _sliders(head_value(_spec(value), (evt._data or {}).get("i", value.get("sel", 0))))
     except Exception:
         return (gr.skip(),) * 5
 
@@ -136,7 +136,7 @@ def on_atom_param(value: Any, sy: float, sx: float, w: float, bg: bool):
         atoms = [dict(a) for a in v["atoms"]]
         atoms[sel].update(sy=float(sy), sx=float(sx), w=float(w))
         v["atoms"] = atoms
-        return _outputs(_value(_spec(v), sel), bg, new_value=True)
+        return canvas_outputs(head_value(_spec(v), sel), bg, new_value=True)
     except Exception as e:
         return gr.update(err=error_text(e)), gr.skip(), gr.skip()
 
@@ -151,7 +151,7 @@ def on_head_param(value: Any, tau: float, grid: int, mode: str, bg: bool):
         dy, dx = q[0] - spec.query[0], q[1] - spec.query[1]
         v = {**spec.to_dict(), "grid": list(g), "query": list(q), "tau": float(tau), "mode": mode}
         v["atoms"] = [{**a, "y": a["y"] + dy, "x": a["x"] + dx} for a in v["atoms"]]
-        v = _value(_spec(v), value.get("sel", 0))
+        v = head_value(_spec(v), value.get("sel", 0))
         return _full(v, bg)
     except Exception as e:
         return gr.update(err=error_text(e)), gr.skip(), gr.skip()
@@ -164,7 +164,7 @@ def rescale_cell(c: int, n_old: int, n_new: int) -> int:
 
 
 def _full(v: dict[str, Any], bg: bool):
-    return _outputs(v, bg, new_value=True)
+    return canvas_outputs(v, bg, new_value=True)
 
 
 def on_add(value: Any, bg: bool, evt: gr.EventData):
@@ -179,7 +179,7 @@ def on_add(value: Any, bg: bool, evt: gr.EventData):
         x = float(data.get("x", spec.query[1] + 2))
         v = spec.to_dict()
         v["atoms"].append({"y": y, "x": x, "sy": sel.sy, "sx": sel.sx, "w": sel.w})
-        v = _value(_spec(v), len(v["atoms"]) - 1)
+        v = head_value(_spec(v), len(v["atoms"]) - 1)
         return (*_full(v, bg), *_sliders(v))
     except Exception as e:
         warn(error_text(e))
@@ -194,7 +194,7 @@ def on_remove(value: Any, bg: bool):
         sel = min(int(value.get("sel", 0)), len(spec.atoms) - 1)
         v = spec.to_dict()
         del v["atoms"][sel]
-        v = _value(_spec(v), max(sel - 1, 0))
+        v = head_value(_spec(v), max(sel - 1, 0))
         return (*_full(v, bg), *_sliders(v))
     except Exception as e:
         warn(error_text(e))
@@ -252,19 +252,32 @@ def open_head(ctx: AppContext, ckpt: str, layer: int, head: int, bg: bool, sha: 
     sees. Outputs: canvas, kernels, readout, the atom sliders and buttons, τ, grid, mode, note, status."""
     lm = ctx.model(ckpt)
     lf = lm.fields[layer]
-    v = _value(spec_from_head(lf, head, grid=tuple(lm.config.grid), mode=lm.config.field), 0)
+    v = head_value(spec_from_head(lf, head, grid=tuple(lm.config.grid), mode=lm.config.field), 0)
     note = (
         f"{prefix}layer {layer}, head {head} of {ckpt}, on the model's {lm.config.grid[0]}×{lm.config.grid[1]} "
         f"patch grid (★ = the centre query): over all queries its attention entropy is {lf.entropy[head]:.2f} "
         f"nats and its effective radius {lf.radius[head]:.2f} cells (τ = {lf.tau:.2f})."
     )
+    return load_head(ctx, v, bg, sha, note)
+
+
+def load_head(ctx: AppContext, v: dict[str, Any], bg: bool, sha: str | None, note: str):
+    """Every playground output for a head loaded from elsewhere (a preset, the geometry grid, a steered query):
+    canvas (over the picture when the underlay is on), kernels, readout, atom controls, τ, grid, mode, note,
+    status."""
     extra, status = {}, ""
     if bg:
         try:
             extra["bg"] = underlay_url(ctx, sha, v)
         except AppError as e:
             status = warn(error_text(e))
-    return (*_outputs(v, bg and bool(extra), extra, new_value=True), *_sliders(v), *head_controls(v), note, status)
+    return (
+        *canvas_outputs(v, bg and bool(extra), extra, new_value=True),
+        *_sliders(v),
+        *head_controls(v),
+        note,
+        status,
+    )
 
 
 def underlay_url(ctx: AppContext, sha: str | None, value: dict[str, Any]) -> str:
@@ -307,10 +320,10 @@ def on_underlay(ctx: AppContext, value: Any, show: bool, sha: str | None, ckpt: 
     """Turn the image underlay on or off (or refresh it after a new image was picked)."""
     try:
         bg = underlay_url(ctx, sha, value) if show else ""
-        canvas, fig, rows = _outputs(value, bool(bg), {"bg": bg})
+        canvas, fig, rows = canvas_outputs(value, bool(bg), {"bg": bg})
         return canvas, fig, rows, gr.update(value=bool(bg)), underlay_note(ctx, ckpt, sha, value) if bg else ""
     except Exception as e:  # no picture: the checkbox goes back off so the field is drawn opaque again
-        canvas, fig, rows = _outputs(value, False, {"bg": ""})
+        canvas, fig, rows = canvas_outputs(value, False, {"bg": ""})
         return canvas, fig, rows, gr.update(value=False), warn(error_text(e))
 
 
@@ -369,6 +382,17 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
                 )
                 mode = gr.Radio(["factorized", "axial"], value=v0["mode"], label="field mode")
                 underlay = gr.Checkbox(False, label="draw over the selected image", elem_id="pg-underlay")
+            with gr.Group(visible=False, elem_id="pg-steer") as steer_group:
+                steer_note = gr.Markdown(elem_id="pg-steer-note")
+                gate = gr.Slider(
+                    0,
+                    1,
+                    value=1,
+                    step=0.05,
+                    label="content gate: 0 = the fixed field … 1 = the learned gate",
+                    elem_id="pg-gate",
+                )
+            steer_src = gr.State(None)
             pg_status = gr.Markdown()
             with gr.Accordion("Export this head as a figure (PNG + SVG)", open=False):
                 fig_btn = gr.Button("Make figure", size="sm")
@@ -424,4 +448,8 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
         "status": pg_status,
         "head_controls": [tau, grid, mode],
         "atom_controls": atom_controls,
+        "steer_group": steer_group,
+        "steer_note": steer_note,
+        "gate": gate,
+        "steer_src": steer_src,
     }

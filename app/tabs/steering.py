@@ -11,9 +11,10 @@ import numpy as np
 from PIL import Image
 
 from app.common import LRU, error_text, shown_figure, warn, write_downloads
-from app.state import AppContext, LoadedModel, StoredImage, resize_note
+from app.state import AppContext, AppError, LoadedModel, StoredImage, resize_note
 from ssog_core import figures, report, viz
 from ssog_core.analysis import AttentionMaps, SteeringOffsets, attention_maps, steering_offsets
+from ssog_core.playground import HeadSpec, steered_spec
 
 _ANALYSES = LRU(3)  # full attention matrices are the largest thing the app keeps: only a few
 
@@ -78,11 +79,11 @@ def query_image(lm: LoadedModel, stored: StoredImage, s: Steering, layer: int, q
     return shown_figure(fig, f"{figure_stem(lm, stored, layer)}_q{query[0]}-{query[1]}", meta)
 
 
-def render(ctx: AppContext, ckpt: str | None, sha: str | None, layer: float, query: Any):
-    """(note, clickable picture, prediction, steering figure, query figure, layer slider)."""
+def render(ctx: AppContext, ckpt: str | None, sha: str | None, layer: float, query: Any, head: Any = 0):
+    """(note, clickable picture, prediction, steering figure, query figure, layer slider, head picker)."""
     if not ckpt or not sha:
         missing = "a checkpoint" if not ckpt else "an image (top of the page)"
-        return f"Pick {missing} to see how content steers the field.", None, None, None, None, gr.update()
+        return f"Pick {missing} to see how content steers the field.", None, None, None, None, gr.update(), gr.update()
     try:
         lm, stored = ctx.model(ckpt), ctx.image(sha)
         s = analyse(lm, stored)
@@ -108,9 +109,18 @@ def render(ctx: AppContext, ckpt: str | None, sha: str | None, layer: float, que
                 f"field to steer. **Click a patch** to see its attention per head (layer **{layer}**)."
             )
         qimg = query_image(lm, stored, s, layer, q) if q else None
-        return note, click, pred, steer, qimg, gr.update(maximum=max(depth - 1, 1), value=layer)
+        heads = lm.config.num_heads
+        return (
+            note,
+            click,
+            pred,
+            gr.update(value=steer, visible=steer is not None),
+            qimg,
+            gr.update(maximum=max(depth - 1, 1), value=layer),
+            gr.update(choices=list(range(heads)), value=min(int(head or 0), heads - 1), visible=lm.is_ssog),
+        )
     except Exception as e:
-        return warn(error_text(e)), None, None, None, None, gr.update()
+        return warn(error_text(e)), None, None, None, None, gr.update(), gr.update()
 
 
 def on_select(ctx: AppContext, ckpt: str | None, sha: str | None, layer: float, evt: gr.SelectData):
@@ -123,6 +133,20 @@ def on_select(ctx: AppContext, ckpt: str | None, sha: str | None, layer: float, 
         return list(q), viz.grid_overlay(s.display, s.grid, q), query_image(lm, stored, s, layer, q), f"query patch {q}"
     except Exception as e:
         return gr.skip(), gr.skip(), gr.skip(), warn(error_text(e))
+
+
+def steered_head(ctx: AppContext, src: dict[str, Any], gate: float) -> HeadSpec:
+    """The clicked query's head on the model's grid with content's steering at ``gate`` (0 = the fixed field,
+    1 = the learned gate), from the image's steering offsets (:func:`ssog_core.playground.steered_spec`)."""
+    lm, stored = ctx.model(src["checkpoint"]), ctx.image(src["image_sha256"])
+    if not lm.is_ssog:
+        raise AppError(f"{lm.name} is a {lm.kind} attention model: it has no field for content to steer")
+    s = analyse(lm, stored)
+    layer, head, (qy, qx) = int(src["layer"]), int(src["head"]), src["query"]
+    t = (0, qy, qx, head)
+    o = s.offsets
+    return steered_spec(lm.fields[layer], head, tuple(lm.config.grid), (qy, qx), o.dmu[layer][t],
+                        o.sigma_ratio[layer][t], o.dlam[layer][t], float(gate), lm.config.field)  # fmt: skip
 
 
 def downloads(ctx: AppContext, ckpt: str | None, sha: str | None, layer: float, query: Any):
@@ -167,6 +191,9 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
                 buttons=["fullscreen"],
             )
             qtext = gr.Markdown(elem_id="st-query")
+            with gr.Row(equal_height=True):
+                head = gr.Dropdown([0], value=0, label="head", elem_id="st-head", scale=1, min_width=80)
+                open_btn = gr.Button("Watch content steer it in the playground", size="sm", elem_id="st-open", scale=3)
             pred = gr.Label(num_top_classes=5, label="Prediction", elem_id="st-pred")
             layer = gr.Slider(0, 1, value=0, step=1, label="layer", elem_id="st-layer")
             with gr.Accordion("Download figures (PNG + SVG) and raw offsets (.npz)", open=False):
@@ -192,10 +219,10 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
                 show_label=False,
                 buttons=["download", "fullscreen"],
             )
-    outputs = [note, click, pred, steer, qfig, layer]
+    outputs = [note, click, pred, steer, qfig, layer, head]
 
-    def show(ckpt, sha, lay, q):
-        return render(ctx, ckpt, sha, lay, q)
+    def show(ckpt, sha, lay, q, h):
+        return render(ctx, ckpt, sha, lay, q, h)
 
     def select(ckpt: str | None, sha: str | None, lay: float, evt: gr.SelectData):
         return on_select(ctx, ckpt, sha, lay, evt)
@@ -212,4 +239,5 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
         [dl_files, dl_status],
         api_visibility="private",
     )
-    return {"render": show, "outputs": outputs, "layer": layer, "query": query}
+    return {"render": show, "outputs": outputs, "layer": layer, "query": query, "head": head, "open": open_btn,
+            "status": qtext}  # fmt: skip
