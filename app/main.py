@@ -35,7 +35,7 @@ from gradio.utils import get_upload_folder  # noqa: E402
 
 from app.common import EXPECTED_ERRORS, error_text, warn, write_downloads  # noqa: E402
 from app.state import AppContext, AppError, default_image  # noqa: E402
-from app.tabs import compare, export, geometry, playground, session, steering  # noqa: E402
+from app.tabs import compare, export, geometry, playground, scaling, session, steering  # noqa: E402
 from ssog_core import report, viz  # noqa: E402
 
 MAX_UPLOAD = "64mb"  # checkpoints of the size this project trains fit; anything larger is refused by Gradio
@@ -206,6 +206,8 @@ def build_app(ctx: AppContext) -> gr.Blocks:
                 ex = export.build(ctx, shared)
             with gr.Tab("Compare two checkpoints", id="compare", elem_id="tab-compare") as t_cmp:
                 cmp = compare.build(ctx, shared)
+            with gr.Tab("Scaling", id="scaling", elem_id="tab-scaling") as t_sc:
+                sc = scaling.build(ctx, shared)
             with gr.Tab("Session", id="session", elem_id="tab-session") as t_ses:
                 gr.Markdown(
                     "A session file records the checkpoint, the image (by SHA-256), the playground head and each "
@@ -235,6 +237,7 @@ def build_app(ctx: AppContext) -> gr.Blocks:
             ),  # fmt: skip
             "export": (t_ex, ex["render"], ex["inputs"], ex["outputs"], [ex["alpha"], ex["layer"]]),
             "compare": (t_cmp, cmp["render"], cmp["inputs"], cmp["outputs"], [cmp["alpha"], cmp["layer"]]),
+            "scaling": (t_sc, sc["render"], [ckpt], sc["outputs"], []),
         }
         for tab_id, (tab, show, inputs, outputs, controls) in views.items():
             last = gr.State(None)

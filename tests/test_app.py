@@ -20,12 +20,19 @@ from PIL import Image
 
 from app import main as app_main
 from app.state import UPLOADED, AppContext, AppError, default_image
-from app.tabs import compare, export, geometry, playground, session, steering
+from app.tabs import compare, export, geometry, playground, scaling, session, steering
 from ssog_core import ViT, save_checkpoint
 from ssog_core.analysis import attention_maps, export_maps
 from ssog_core.images import model_input
 from ssog_core.playground import MAX_ATOMS, HeadSpec, evaluate
-from tests.app_fixtures import dot_twin, write_bad_checkpoints, write_bad_files, write_checkpoints, write_images
+from tests.app_fixtures import (
+    designed_ssog,
+    dot_twin,
+    write_bad_checkpoints,
+    write_bad_files,
+    write_checkpoints,
+    write_images,
+)
 
 
 @pytest.fixture(scope="module")
@@ -400,6 +407,49 @@ def test_rbf_checkpoint_with_registers(ctx, sha, tmp_path):
     assert "register tokens take" in note and {t.name for t in stats["value"].data} >= {"layer 0 (rbf)", "head 3"}
     text, fig, _, _ = export.render(ctx, name, export.NO_TWIN, sha, 0.5, 0)
     assert "register tokens took" in text and fig is not None
+
+
+def test_scaling_latency_and_resolution_transfer(ctx, folders, tmp_path):
+    note, transfer = scaling.render(ctx, "ssog_test.safetensors")
+    assert note.startswith("No resolution-transfer curve for **ssog_test.safetensors**") and "\n" not in note
+    assert transfer["visible"] is False
+    curve = [{"img_size": [48, 48], "tokens": 144, "accuracy": 0.41}, {"img_size": [32, 32], "tokens": 64,
+              "accuracy": 0.61}, {"img_size": [16, 16], "tokens": 16, "accuracy": 0.2}]  # fmt: skip
+    beside = folders["ckpt"] / "ssog_test.transfer.json"  # evaluate --json beside the checkpoint
+    beside.write_text(json.dumps(curve))
+    try:
+        note, transfer = scaling.render(ctx, "ssog_test.safetensors")
+    finally:
+        beside.unlink()
+    assert "3 sizes, from `ssog_test.transfer.json`" in note and transfer["visible"]
+    trace = transfer["value"].data[0]
+    assert list(trace.x) == [16, 64, 144] and list(trace.y) == [0.2, 0.61, 0.41]
+    # written by train into the checkpoint's metadata, as a JSON string in the meta or in the header itself
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    in_meta = save_checkpoint(tmp_path / "in_meta.safetensors", designed_ssog(depth=1),
+                              {"resolution_transfer": json.dumps(curve)})  # fmt: skip
+    with safe_open(str(in_meta), framework="pt") as f:
+        header, state = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    header["meta"] = "{}"
+    header["resolution_transfer"] = json.dumps(curve[:2])
+    save_file(state, str(tmp_path / "in_header.safetensors"), metadata=header)
+    for file, n in ((in_meta, 3), (tmp_path / "in_header.safetensors", 2)):
+        name = ctx.add_upload([str(file)])
+        note, transfer = scaling.render(ctx, name)
+        assert f"({n} sizes, from the checkpoint's metadata)" in note and len(transfer["value"].data[0].x) == n
+    bad = save_checkpoint(tmp_path / "bad_curve.safetensors", designed_ssog(depth=1),
+                          {"resolution_transfer": '[{"tokens": 3}]'})  # fmt: skip
+    assert "expected img_size" in scaling.render(ctx, ctx.add_upload([str(bad)]))[0]
+    lm = ctx.model("ssog_test.safetensors")
+    assert scaling.sizes(lm) == [(16, 16), (32, 32), (48, 48), (64, 64), (96, 96)]
+    text, plot = scaling.on_measure(ctx, "ssog_test.safetensors")
+    assert "ssog_test.safetensors" in text and "dot_test.safetensors" in text and "slope" in text
+    assert [t.name.split(" ")[0] for t in plot.data[:2]] == ["ssog_test.safetensors", "dot_test.safetensors"]
+    assert list(plot.data[0].x) == [16, 64, 144, 256, 576] and all(v > 0 for v in plot.data[0].y)
+    assert "cpu" in plot.layout.title.text and len(plot.data) == 4  # two models, linear and quadratic guides
+    assert "pick a checkpoint" in scaling.on_measure(ctx, None)[0]
 
 
 # ----------------------------------------------------------------------------------------------- session + main
