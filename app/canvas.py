@@ -57,8 +57,8 @@ ${((V) => ((W, H) => `
       style="left:${(V.query[1] + 0.5) / V.grid[1] * 100}%;top:${(V.query[0] + 0.5) / V.grid[0] * 100}%"
       >★</div>
  </div>
- <svg class="ky" viewBox="0 -0.5 1 ${V.grid[0]}" preserveAspectRatio="none">
-  <polyline points="${ky.map((v, i) => `${0.97 * v},${i}`).join(' ')}"/></svg>
+ <div class="kyw"><svg class="ky" viewBox="0 -0.5 1 ${V.grid[0]}" preserveAspectRatio="none">
+  <polyline points="${ky.map((v, i) => `${0.97 * v},${i}`).join(' ')}"/></svg></div>
  <svg class="kx" viewBox="-0.5 0 ${V.grid[1]} 1" preserveAspectRatio="none">
   <polyline points="${kx.map((v, i) => `${i},${1 - 0.97 * v}`).join(' ')}"/></svg>
  <div class="info"><span class="inf">${info}</span><br/>
@@ -89,7 +89,8 @@ CSS_TEMPLATE = """
 .star { width: 30px; height: 30px; font-size: 28px; line-height: 1; color: #fff;
         text-shadow: 0 0 3px #000, 0 0 1px #000; }
 .ky, .kx { background: rgba(127,127,127,0.08); border-radius: 3px; }
-.ky { width: 64px; height: 100%; align-self: stretch; }
+.kyw { position: relative; align-self: stretch; }  /* as tall as the canvas beside it, at any width */
+.ky { position: absolute; inset: 0; width: 100%; height: 100%; }
 .kx { width: 100%; height: 56px; grid-column: 1; }
 .ky polyline, .kx polyline { fill: none; stroke: #3b82f6; stroke-width: 2; vector-effect: non-scaling-stroke; }
 .info { grid-column: 1 / span 2; font-size: 13px; line-height: 1.4; }

@@ -258,8 +258,12 @@ def build_app(ctx: AppContext) -> gr.Blocks:
         )
         # ---- linked views: a head clicked in the geometry grid opens in the playground --------------------------
         head_out = [*pg["main_out"], *pg["atom_controls"], *pg["head_controls"], pg["preset_note"], pg["status"]]
+
+        def geometry_click(ckpt: str | None, bg: bool, sha: str | None, evt: gr.SelectData) -> tuple:
+            return on_geometry_click(ctx, ckpt, bg, sha, evt)  # a plain function: Gradio finds its SelectData
+
         geo["figure"].select(
-            partial(on_geometry_click, ctx),
+            geometry_click,
             [ckpt, pg["underlay"], image_sha],
             [*head_out, tabs, active, geo["status"]],
             **hidden,

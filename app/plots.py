@@ -24,7 +24,7 @@ def kernel_plot(spec: HeadSpec, view: HeadView) -> go.Figure:
     fig = make_subplots(
         rows=1,
         cols=2,
-        subplot_titles=("row pass: weight of key row", "column pass: weight of key col"),
+        subplot_titles=("row pass", "column pass"),  # short: the two titles share a phone's width
         horizontal_spacing=0.12,
     )
     qy, qx = spec.query
@@ -69,7 +69,7 @@ def kernel_plot(spec: HeadSpec, view: HeadView) -> go.Figure:
             col=c,
         )
         fig.add_vline(x=q, line=dict(color="#888", dash="dash"), row=1, col=c)
-        fig.update_xaxes(title_text=f"key {axis} (★ at {q}, dashed)", row=1, col=c)
+        fig.update_xaxes(title_text=f"key {axis} (★ {q}, dashed)", row=1, col=c)
     fig.update_yaxes(title_text="weight", row=1, col=1)
     fig.update_layout(
         **_LAYOUT,

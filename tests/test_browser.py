@@ -13,6 +13,8 @@ from urllib.parse import urlparse
 import pytest
 
 from app.process import AppProcess
+from app.state import AppContext
+from app.tabs import geometry
 from tests.app_fixtures import write_bad_files, write_checkpoints, write_images, write_reference_checkpoint
 
 playwright = pytest.importorskip("playwright.sync_api")
@@ -40,7 +42,7 @@ def server(tmp_path_factory):
     env = {"GRADIO_TEMP_DIR": str(root / "gradio")}
     with AppProcess(root / "ckpt", root / "assets", root / "app.log", env=env) as app:
         yield {"url": app.url, "images": images, "bad": bad, "bad_ckpt": bad_ckpt, "log": root / "app.log",
-               "reference": reference}  # fmt: skip
+               "reference": reference, "ckpt": root / "ckpt"}  # fmt: skip
 
 
 def shot(page, name: str) -> None:
@@ -77,17 +79,20 @@ def test_browser_tour(server):
             page.wait_for_function("() => document.querySelector('#pg-canvas img.fld').src.startsWith('data:')")
             drag_an_atom(page)
             tau_keeps_the_query(page)
+            atoms_move_from_the_keyboard(page)
             lambda_labels_do_not_pile_up(page)
             switch_a_preset(page)
             geometry_tab(page)
             layer_controls_redraw(page)
             figure_downloads_are_named(page)
+            geometry_click_opens_the_head(page, server["ckpt"])
             export_tab_upload(page, server["images"]["rgba"])
             steering_tab_click(page)
             bad_upload_keeps_serving(page, server["bad"]["text"])
             bad_checkpoint_upload(page, server["bad_ckpt"])
             session_save_and_restore(page, server["log"].parent)
             session_with_an_uploaded_checkpoint(page, server["reference"], server["log"].parent)
+            phone_width(page)
         except Exception:
             shot(page, "failure")
             print(server["log"].read_text()[-4000:])
@@ -157,6 +162,7 @@ def export_tab_upload(page, image: Path) -> None:
 
 def steering_tab_click(page) -> None:
     open_tab(page, "steering")
+    page.wait_for_function("() => document.querySelector('#st-note').innerText.includes('rgba.png')")
     page.wait_for_selector("#st-click img[src]", state="attached")
     page.wait_for_selector("#st-steer img[src]", state="attached")
     assert not page.query_selector("#st-qfig img[src]")
@@ -327,9 +333,62 @@ def session_with_an_uploaded_checkpoint(page, reference: tuple[Path, Path], fold
     page.wait_for_function("() => document.querySelector('#status').innerText.includes('scene.png')")
     page.click("#ckpt input")
     page.locator("[role=option]", has_text="ssog_test.safetensors").click()
+    page.click("#ses-upload button[aria-label=Clear]")  # the file restored in the step before
     page.set_input_files("#ses-upload input[type=file]", str(path))
     page.wait_for_function("() => document.querySelector('#ses-status').innerText.includes('restored')")
     page.wait_for_timeout(300)
     assert page.input_value("#ckpt input") == "uploaded/ref_ssog_full.safetensors"
     assert page.input_value("#img-pick input") == "gray.png"
     shot(page, "11_session_uploaded_restored")
+
+
+def atoms_move_from_the_keyboard(page) -> None:
+    """An atom is a focusable button with a name; arrow keys move it a cell and Python gets the new head."""
+    atom = page.locator("#pg-canvas .atom").nth(1)
+    assert "atom 2" in atom.get_attribute("aria-label") and atom.get_attribute("tabindex") == "0"
+    before = atom.bounding_box()
+    readout = page.inner_text("#pg-readout")
+    atom.focus()
+    page.keyboard.press("ArrowDown")
+    page.wait_for_function("old => document.querySelector('#pg-readout').innerText !== old", arg=readout)
+    after = page.locator("#pg-canvas .atom").nth(1).bounding_box()
+    cell = page.locator("#pg-canvas .pg").bounding_box()["height"] / 24
+    assert abs(after["y"] - before["y"] - cell) < 1.5 and after["x"] == before["x"]
+    page.keyboard.press("ArrowUp")  # back where it was, for the steps that follow
+    page.wait_for_function("old => document.querySelector('#pg-readout').innerText === old", arg=readout)
+
+
+def phone_width(page) -> None:
+    """At 390 px the canvas fits the viewport (it was a fixed 440 px, cut off)."""
+    page.set_viewport_size({"width": 390, "height": 844})
+    try:
+        open_tab(page, "playground")
+        page.wait_for_timeout(500)
+        box = page.locator("#pg-canvas .pg").bounding_box()
+        assert box["x"] >= 0 and box["x"] + box["width"] <= 390, box
+        ky = page.locator("#pg-canvas .ky").bounding_box()
+        assert ky["x"] + ky["width"] <= 390 and abs(ky["height"] - box["height"]) < 2, ky
+        shot(page, "12_phone")
+    finally:
+        page.set_viewport_size({"width": 1400, "height": 1000})
+
+
+def geometry_click_opens_the_head(page, ckpt_dir: Path) -> None:
+    """Linked views: a click on a head's panel in the geometry grid opens that head in the playground."""
+    open_tab(page, "geometry")
+    page.wait_for_selector("#geo-figure img[src]", state="attached")
+    _, boxes = geometry.geometry_png(AppContext(ckpt_dir, ckpt_dir).model("ssog_test.safetensors"))
+    x0, y0, x1, y1 = boxes[1 * 2 + 1]  # head rows × layer columns: head 1 of layer 1
+    page.evaluate("f => { const b = document.querySelector('#geo-figure img').getBoundingClientRect();"
+                  " window.scrollBy(0, b.y + f * b.height - 400); }", (y0 + y1) / 2)  # fmt: skip
+    x, y, w, h, nw, nh = page.evaluate(
+        "() => { const i = document.querySelector('#geo-figure img'), b = i.getBoundingClientRect();"
+        " return [b.x, b.y, b.width, b.height, i.naturalWidth, i.naturalHeight]; }"
+    )
+    scale = min(w / nw, h / nh)  # the picture is drawn contained in its box
+    left, top = x + (w - nw * scale) / 2, y + (h - nh * scale) / 2
+    page.mouse.click(left + (x0 + x1) / 2 * nw * scale, top + (y0 + y1) / 2 * nh * scale)
+    page.wait_for_function("() => document.querySelector('#pg-preset-note').innerText.includes('layer 1, head 1')")
+    assert page.get_attribute("#tab-playground-button", "aria-selected") == "true"
+    page.wait_for_function("() => document.querySelector('#pg-canvas .inf').textContent.includes('★ query (3, 3)')")
+    shot(page, "13_geometry_click_playground")
