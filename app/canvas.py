@@ -1,14 +1,15 @@
 """The head playground's draggable canvas: a ``gr.HTML`` with a template, scoped CSS and pointer handlers.
 
-Mechanism (Gradio 6, no npm build; ../shared/APP_NOTES.md): the component's ``value`` is the head spec
-(:meth:`ssog_core.playground.HeadSpec.to_dict` plus ``sel``, the selected atom) and is what Python receives.
-The template places one marker per atom (key coordinates), the ★ query, μ arrows, σ ellipses and λ labels,
-over a server-rendered field image (``img`` prop) and an optional picture (``bg``). While an atom or the ★
-is dragged, JS assigns the head being dragged to the ``moving`` prop (markers follow at once; unlike ``value``
-it is not synced to Gradio on every move) and asks the ``preview`` server function for a new field image,
-with at most two requests in flight and always the latest positions; on release ``value`` takes the new head.
-On release it fires the custom ``release`` event; Python's answer carries ``ack`` (the release time), so the
-page can show the round trip. ``pick`` selects an atom, ``addatom`` adds one where the user double-clicks.
+Mechanism (Gradio 6's ``gr.HTML`` template + ``js_on_load``, no npm build): the component's ``value`` is the
+head spec (:meth:`ssog_core.playground.HeadSpec.to_dict` plus ``sel``, the selected atom) and is what Python
+receives. The template places one marker per atom (key coordinates), the ★ query, μ arrows, σ ellipses and λ
+labels, over a server-rendered field image (``img`` prop) and an optional picture (``bg``), with a colour bar
+and the weight of the cell under the pointer. While an atom or the ★ is dragged, JS assigns the head being
+dragged to the ``moving`` prop (markers follow at once; unlike ``value`` it is not synced to Gradio on every
+move) and asks the ``preview`` server function for a new field image, with at most two requests in flight and
+always the latest positions; on release ``value`` takes the new head. On release it fires the custom
+``release`` event; Python's answer carries ``ack`` (the release time), so the page can show the round trip.
+``pick`` selects an atom, ``addatom`` adds one where the user double-clicks; arrow keys move a focused atom.
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ ${((V) => ((W, H) => `
   <polyline points="${ky.map((v, i) => `${0.97 * v},${i}`).join(' ')}"/></svg></div>
  <svg class="kx" viewBox="-0.5 0 ${V.grid[1]} 1" preserveAspectRatio="none">
   <polyline points="${kx.map((v, i) => `${i},${1 - 0.97 * v}`).join(' ')}"/></svg>
- <div class="info"><span class="inf">${info}</span><br/>
+ <div class="info"><span class="cbar" title="colour = the ★ query's attention weight on each key cell">
+   <span>0</span><i style="background:${cbar}"></i><span class="vmax">${vmax}</span> weight</span>
+  <span class="hov"></span><br/><span class="inf">${info}</span><br/>
   <span class="lat">${lat}</span> <span class="err">${err}</span></div>
 </div>
 `)(Math.round(size * V.grid[1] / Math.max(...V.grid)), Math.round(size * V.grid[0] / Math.max(...V.grid)))
@@ -94,6 +97,9 @@ CSS_TEMPLATE = """
 .kx { width: 100%; height: 56px; grid-column: 1; }
 .ky polyline, .kx polyline { fill: none; stroke: #3b82f6; stroke-width: 2; vector-effect: non-scaling-stroke; }
 .info { grid-column: 1 / span 2; font-size: 13px; line-height: 1.4; }
+.cbar { display: inline-flex; align-items: center; gap: 4px; margin-right: 10px; }
+.cbar i { display: inline-block; width: 90px; height: 10px; border-radius: 2px; }
+.hov { font-variant-numeric: tabular-nums; color: #374151; }
 .lat { color: #6b7280; }
 .err { color: #dc2626; font-weight: 600; }
 """
@@ -121,6 +127,7 @@ const kyPoints = ky => ky.map((v, i) => `${0.97 * v},${i}`).join(' ');
 const kxPoints = kx => kx.map((v, i) => `${i},${1 - 0.97 * v}`).join(' ');
 function paint(r) {
   element.querySelector('img.fld').src = r.img;
+  element.querySelector('.vmax').textContent = r.vmax;
   element.querySelector('.ky polyline').setAttribute('points', kyPoints(r.ky));
   element.querySelector('.kx polyline').setAttribute('points', kxPoints(r.kx));
   element.querySelector('.inf').textContent = r.info;
@@ -130,7 +137,7 @@ function commitFrame() {
   const r = frame;
   frame = null;
   props.img = r.img; props.ky = r.ky; props.kx = r.kx; props.wid = r.wid; props.lam = r.lam;
-  props.info = r.info; props.err = '';
+  props.info = r.info; props.vmax = r.vmax; props.cbar = r.cbar; props.err = '';
 }
 function pump() {
   if (props.live !== 'server') return;
@@ -163,6 +170,13 @@ element.addEventListener('pointerdown', e => {
   } else {
     drag = { kind: 'star', start: pos(e), v0: clone(props.value) };
   }
+});
+// Hover: the weight of the key cell under the pointer (from the last head Python evaluated).
+element.addEventListener('pointermove', e => {
+  if (drag || !e.target.closest('.pg') || !props.dens) return;
+  const [y, x] = pos(e), i = Math.round(y), j = Math.round(x), row = props.dens[i];
+  if (!row || row[j] === undefined) return;
+  element.querySelector('.hov').textContent = `key (${i}, ${j}): weight ${row[j]}`;
 });
 element.addEventListener('pointermove', e => {
   if (!drag) return;
@@ -239,6 +253,9 @@ def canvas_props(size: int = 440) -> dict:
         ky=[],
         kx=[],
         info="",
+        dens=[],
+        vmax="",
+        cbar="",
         lat="",
         err="",
         ack=0,

@@ -24,6 +24,8 @@ from typing import Any
 import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Ellipse, Rectangle
 from PIL import Image
@@ -36,6 +38,7 @@ FIELD_CMAP = "viridis"  # densities (the seed's geometry figure)
 NET_CMAP = "RdBu_r"  # net export: red = source (positive), blue = gatherer, centred on 0
 PULL_IN_CMAP, PULL_OUT_CMAP = "Blues", "Reds"  # non-negative shares, 0 = white
 OFFSET_CMAP = "magma"  # |μδ| in grid cells
+OVERLAY_CMAP = "inferno"  # a density laid over a picture (opacity grows with the value)
 TAP_LABELS = {"mu": "s(μδ)", "sigma": "s(σδ)", "lambda": "s(λ)"}
 
 # --------------------------------------------------------------------------------------- raster helpers
@@ -57,10 +60,14 @@ def colorize(a: np.ndarray, cmap: str = FIELD_CMAP, vmin: float | None = None, v
     return _lut(cmap)[idx]
 
 
-def density_rgba(density: np.ndarray, cmap: str = "inferno", gamma: float = 0.6) -> np.ndarray:
-    """A density as RGBA whose opacity grows with the value: to lay a field over a picture."""
+def density_rgba(
+    density: np.ndarray, cmap: str = OVERLAY_CMAP, gamma: float = 0.6, vmax: float | None = None
+) -> np.ndarray:
+    """A density as RGBA whose opacity grows with the value: to lay a field over a picture. Colours run from 0 to
+    ``vmax`` (default: the density's own maximum; pass a shared one to compare several panels)."""
     d = np.asarray(density, dtype=np.float64)
-    t = d / d.max() if d.max() > 0 else d
+    top = float(d.max()) if vmax is None else float(vmax)
+    t = d / top if top > 0 else d
     rgb = colorize(t, cmap, 0.0, 1.0)
     alpha = (np.clip(t, 0, 1) ** gamma * 235.0).astype(np.uint8)
     return np.dstack([rgb, alpha])
@@ -198,6 +205,14 @@ def _colorbar(fig: Figure, im, ax, label: str) -> None:
     cb.ax.tick_params(labelsize=7)
 
 
+def _scale_bar(fig: Figure, axes: list, cmap: str, vmin: float, vmax: float, label: str) -> None:
+    """One colour bar for panels drawn without a mappable of their own (RGBA overlays, normalised fields)."""
+    sm = ScalarMappable(Normalize(vmin, vmax), cmap)
+    cb = fig.colorbar(sm, ax=axes, shrink=0.6, pad=0.02)
+    cb.set_label(label, fontsize=8)
+    cb.ax.tick_params(labelsize=7)
+
+
 def _show_map(ax, image: np.ndarray | None, a: np.ndarray, cmap: str, vmin: float, vmax: float, alpha: float = 0.7):
     """``a`` (patch cells) over ``image``, cells drawn as sharp squares."""
     gh, gw = a.shape
@@ -296,6 +311,7 @@ def geometry_figure(fields: Sequence[LayerField], title: str = "", layers: Seque
                 ax.set_ylabel(f"head {h}", fontsize=9)
             if h == 0:
                 ax.set_title(f"layer {layer}\n{gate_text(lf)}", fontsize=8, linespacing=1.15)
+    _scale_bar(fig, list(axes.ravel()), FIELD_CMAP, 0.0, 1.0, "weight ÷ the panel's peak")
     legend = (
         f"λ-weighted density over key offset, panels ±{vy:g} × ±{vx:g} cells (per panel normalised); "
         "+ atom centres (brightness = λ); ★ query. H = attention entropy (nats), r = effective radius (cells); "
@@ -477,16 +493,18 @@ def query_field_figure(
     axes = fig.subplots(len(rows), heads, squeeze=False)
     faded = backdrop(image, 260, 0.45)
     extent = (-0.5, gw - 0.5, gh - 0.5, -0.5)
+    vmax = max(float(m.max()) for _, m in rows)  # one colour scale: fixed and steered, every head
     for r, (name, maps) in enumerate(rows):
         for h in range(heads):
             ax = axes[r, h]
             ax.imshow(faded, extent=extent, interpolation="nearest")
-            ax.imshow(density_rgba(maps[h]), extent=extent, interpolation="nearest")
+            ax.imshow(density_rgba(maps[h], vmax=vmax), extent=extent, interpolation="nearest")
             _star(ax, query[0], query[1], size=120, color="cyan")
             ax.set_xlim(-0.5, gw - 0.5)
             ax.set_ylim(gh - 0.5, -0.5)
             _no_ticks(ax)
             ax.set_title(f"head {h} · {name}\npeak {maps[h].max():.2f}", fontsize=8)
+    _scale_bar(fig, list(axes.ravel()), OVERLAY_CMAP, 0.0, vmax, "attention weight")
     suptitle(
         fig,
         title,
@@ -522,7 +540,7 @@ def attention_grid_figure(image: Image.Image, rows: np.ndarray, query: tuple[int
 # --------------------------------------------------------------------------------------- export maps
 
 
-def _outline(ax, cell: tuple[int, int] | None, grid: tuple[int, int]) -> None:
+def _mark_cell(ax, cell: tuple[int, int] | None, grid: tuple[int, int]) -> None:
     """A yellow square around ``cell`` (a query patch carried over from another view), when it is on ``grid``."""
     if cell is not None and 0 <= cell[0] < grid[0] and 0 <= cell[1] < grid[1]:
         ax.add_patch(Rectangle((cell[1] - 0.5, cell[0] - 0.5), 1, 1, fill=False, ec="#ffd400", lw=1.6, zorder=6))
@@ -569,7 +587,7 @@ def export_figure(
         limits = [share, share, lim, symmetric_limit(acc), max(float(roll.max()), 1e-12)]
         for ax, (a, cmap, centred, name, unit), hi in zip(axes[1:], panels, limits, strict=True):
             im = _show_map(ax, img, a, cmap, -hi if centred else 0.0, hi)
-            _outline(ax, query, m.grid)
+            _mark_cell(ax, query, m.grid)
             ax.set_title(name, fontsize=8)
             _colorbar(top, im, ax, unit)
         strip = np.atleast_1d(bottom.subplots(strip_rows, 6, squeeze=False)).ravel()
@@ -578,7 +596,7 @@ def export_figure(
                 ax.axis("off")
                 continue
             im = _show_map(ax, img, m.net[0, k].numpy(), NET_CMAP, -lim, lim)
-            _outline(ax, query, m.grid)
+            _mark_cell(ax, query, m.grid)
             ax.set_title(f"{label}: net, layer {k}", fontsize=8)
         _colorbar(bottom, im, list(strip[: m.net.shape[1]]), "net export (shared scale)")
     suptitle(fig, title, f"Export maps with residual mixing Â = α·Ā + (1−α)·I, α = {models[0][1].alpha:.2f}", 10)

@@ -310,7 +310,7 @@ def test_a_head_clicked_in_the_geometry_grid_opens_in_the_playground(ctx, sha):
 
 
 def test_steering_render_click_and_downloads(ctx, sha):
-    note, click, pred, steer, qfig, slider, head = steering.render(ctx, "ssog_test.safetensors", sha, 1, None, 3)
+    note, click, pred, steer, qfig, slider, head, btn = steering.render(ctx, "ssog_test.safetensors", sha, 1, None, 3)
     assert "Click a patch" in note and steer["visible"] and qfig is None and head["choices"] == [0, 1, 2, 3]
     assert "μδ bound per atom" not in note and "resized 96×96 → 32×32 px" in note
     steer = steer["value"]
@@ -328,9 +328,9 @@ def test_steering_render_click_and_downloads(ctx, sha):
     files, _ = steering.downloads(ctx, "ssog_test.safetensors", sha, 1, [1, 5])
     names = {Path(f).name for f in files}
     assert any(n.endswith("_L1.png") for n in names) and any(n.endswith("_q1-5.svg") for n in names)
-    note, click, pred, steer, qfig, slider, head = steering.render(ctx, "dot_test.safetensors", sha, 0, [2, 2])
+    note, click, pred, steer, qfig, slider, head, btn = steering.render(ctx, "dot_test.safetensors", sha, 0, [2, 2])
     assert "no field to steer" in note and steer == {"__type__": "update", "value": None, "visible": False}
-    assert qfig is not None and head["visible"] is False
+    assert qfig is not None and head["visible"] is False and btn["visible"] is False
     assert "Pick an image" in steering.render(ctx, "ssog_test.safetensors", None, 0, None)[0]
 
 
@@ -513,7 +513,13 @@ def test_lazy_rendering_and_checkpoint_defaults(ctx, tmp_path):
     assert out == "x" and run("export", key, 1, 2) == (gr.skip(), gr.skip()) and len(calls) == 1
     assert app_main.default_checkpoint(ctx, ctx.checkpoint_names()) == "ssog_test.safetensors"
     presets, note, twin, a, b = app_main.on_checkpoint_change(ctx, "ssog_test.safetensors")
-    assert len(presets["choices"]) == 4 and twin["value"] == "dot_test.safetensors" and b["value"] == twin["value"]
+    assert app_main.on_checkpoint_change(ctx, "dot_test.safetensors")[0]["visible"] is False  # no dead picker
+    assert (
+        len(presets["choices"]) == 4
+        and presets["visible"]
+        and twin["value"] == "dot_test.safetensors"
+        and b["value"] == twin["value"]
+    )
     empty = AppContext(tmp_path / "none", tmp_path / "none", upload_dir=tmp_path / "up")
     (tmp_path / "up").mkdir()
     assert "No checkpoint found" in app_main.folder_status(empty, [])

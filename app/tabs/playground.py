@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import base64
 import io
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 import gradio as gr
+import numpy as np
 from PIL import Image
 
 from app import plots
@@ -43,6 +44,9 @@ def render(value: Any, overlay: bool = False) -> tuple[dict[str, Any], HeadSpec,
     ky, kx = view.row_marginal.numpy(), view.col_marginal.numpy()
     props = {
         "img": viz.data_url(viz.png_bytes(rgb)),
+        "dens": [[float(f"{v:.4g}") for v in row] for row in d],  # hover values (not sent with drag previews)
+        "vmax": f"{float(d.max()):.4g}",
+        "cbar": legend_gradient(viz.OVERLAY_CMAP if overlay else viz.FIELD_CMAP),
         "ky": [round(float(v), 4) for v in ky / max(ky.max(), 1e-30)],
         "kx": [round(float(v), 4) for v in kx / max(kx.max(), 1e-30)],
         "wid": [[round(float(w), 3) for w in row] for row in view.width],
@@ -53,12 +57,20 @@ def render(value: Any, overlay: bool = False) -> tuple[dict[str, Any], HeadSpec,
     return props, spec, view
 
 
+@lru_cache(maxsize=4)
+def legend_gradient(cmap: str) -> str:
+    """A CSS gradient of a colour map, for the canvas' colour bar."""
+    stops = viz.colorize(np.linspace(0.0, 1.0, 9)[None], cmap, 0.0, 1.0)[0]
+    return "linear-gradient(to right, " + ", ".join(f"rgb({r},{g},{b})" for r, g, b in stops) + ")"
+
+
 def preview(payload: dict) -> dict[str, Any]:
     """Server function for the live preview while dragging (one JSON argument, validated: the client sends it)."""
     try:
         if not isinstance(payload, dict):
             raise ValueError("preview needs {value, overlay}")
         props, _, _ = render(payload.get("value"), bool(payload.get("overlay")))
+        del props["dens"]  # hover reads the last released head's values: frames stay small while dragging
         return props
     except Exception as e:  # the page shows the message; the server keeps serving
         return {"error": error_text(e)}
@@ -228,8 +240,9 @@ def preset_choices(ctx: AppContext, ckpt: str | None) -> tuple[list[str], str]:
 
 
 def on_checkpoint(ctx: AppContext, ckpt: str | None):
+    """New presets for a new checkpoint; the picker is hidden when the model has none (the note says why)."""
     choices, note = preset_choices(ctx, ckpt)
-    return gr.update(choices=choices, value=None), note
+    return gr.update(choices=choices, value=None, visible=bool(choices)), note
 
 
 def on_preset(ctx: AppContext, ckpt: str, label: str | None, bg: bool, sha: str | None = None):

@@ -80,10 +80,11 @@ def query_image(lm: LoadedModel, stored: StoredImage, s: Steering, layer: int, q
 
 
 def render(ctx: AppContext, ckpt: str | None, sha: str | None, layer: float, query: Any, head: Any = 0):
-    """(note, clickable picture, prediction, steering figure, query figure, layer slider, head picker)."""
+    """(note, clickable picture, prediction, steering figure, query figure, layer slider, head picker, the
+    button that opens the head in the playground)."""
     if not ckpt or not sha:
         missing = "a checkpoint" if not ckpt else "an image (top of the page)"
-        return f"Pick {missing} to see how content steers the field.", None, None, None, None, gr.update(), gr.update()
+        return f"Pick {missing} to see how content steers the field.", None, None, None, None, *(gr.update(),) * 3
     try:
         lm, stored = ctx.model(ckpt), ctx.image(sha)
         s = analyse(lm, stored)
@@ -118,9 +119,10 @@ def render(ctx: AppContext, ckpt: str | None, sha: str | None, layer: float, que
             qimg,
             gr.update(maximum=max(depth - 1, 1), value=layer),
             gr.update(choices=list(range(heads)), value=min(int(head or 0), heads - 1), visible=lm.is_ssog),
+            gr.update(visible=lm.is_ssog),  # a dot model has no field for content to steer
         )
     except Exception as e:
-        return warn(error_text(e)), None, None, None, None, gr.update(), gr.update()
+        return warn(error_text(e)), None, None, None, None, *(gr.update(),) * 3
 
 
 def on_select(ctx: AppContext, ckpt: str | None, sha: str | None, layer: float, evt: gr.SelectData):
@@ -219,7 +221,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
                 show_label=False,
                 buttons=["download", "fullscreen"],
             )
-    outputs = [note, click, pred, steer, qfig, layer, head]
+    outputs = [note, click, pred, steer, qfig, layer, head, open_btn]
 
     def show(ckpt, sha, lay, q, h):
         return render(ctx, ckpt, sha, lay, q, h)
