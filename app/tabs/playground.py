@@ -35,8 +35,9 @@ def head_value(spec: HeadSpec, sel: int = 0) -> dict[str, Any]:
     return {**spec.to_dict(), "sel": min(max(int(sel), 0), len(spec.atoms) - 1)}
 
 
-def render(value: Any, overlay: bool = False) -> tuple[dict[str, Any], HeadSpec, HeadView]:
-    """Field image and overlay numbers for the canvas, computed by :func:`ssog_core.playground.evaluate`."""
+def render(value: Any, overlay: bool = False, hover: bool = True) -> tuple[dict[str, Any], HeadSpec, HeadView]:
+    """Field image and overlay numbers for the canvas, computed by :func:`ssog_core.playground.evaluate`; with
+    ``hover`` also every cell's weight (left out of drag previews, which stay small and fast)."""
     spec = _spec(value)
     view = evaluate(spec)
     d = view.density.numpy()
@@ -44,7 +45,6 @@ def render(value: Any, overlay: bool = False) -> tuple[dict[str, Any], HeadSpec,
     ky, kx = view.row_marginal.numpy(), view.col_marginal.numpy()
     props = {
         "img": viz.data_url(viz.png_bytes(rgb)),
-        "dens": [[float(f"{v:.4g}") for v in row] for row in d],  # hover values (not sent with drag previews)
         "vmax": f"{float(d.max()):.4g}",
         "cbar": legend_gradient(viz.OVERLAY_CMAP if overlay else viz.FIELD_CMAP),
         "ky": [round(float(v), 4) for v in ky / max(ky.max(), 1e-30)],
@@ -54,6 +54,8 @@ def render(value: Any, overlay: bool = False) -> tuple[dict[str, Any], HeadSpec,
         "info": f"★ query {tuple(spec.query)} · attention entropy {view.entropy:.2f} nats · "
         f"effective radius {view.radius:.2f} cells · {len(spec.atoms)} atoms = {5 * len(spec.atoms)} numbers",
     }
+    if hover:
+        props["dens"] = np.round(d, 5).tolist()
     return props, spec, view
 
 
@@ -69,9 +71,8 @@ def preview(payload: dict) -> dict[str, Any]:
     try:
         if not isinstance(payload, dict):
             raise ValueError("preview needs {value, overlay}")
-        props, _, _ = render(payload.get("value"), bool(payload.get("overlay")))
-        del props["dens"]  # hover reads the last released head's values: frames stay small while dragging
-        return props
+        props, _, _ = render(payload.get("value"), bool(payload.get("overlay")), hover=False)
+        return props  # hover reads the last released head's values
     except Exception as e:  # the page shows the message; the server keeps serving
         return {"error": error_text(e)}
 
