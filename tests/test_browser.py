@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts"
 pytestmark = [
     pytest.mark.browser,
+    pytest.mark.timeout(1500),  # one long tour: on a loaded 2-core box it outlasts the suite's 600 s default
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed"),
 ]
 
