@@ -1,26 +1,28 @@
 """The head playground's draggable canvas: a ``gr.HTML`` with a template, scoped CSS and pointer handlers.
 
-Mechanism (Gradio 6, no npm build; ../shared/APP_NOTES.md): the component's ``value`` is the head spec
-(:meth:`ssog_core.playground.HeadSpec.to_dict` plus ``sel``, the selected atom) and is what Python receives.
-The template places one marker per atom (key coordinates), the ★ query, μ arrows, σ ellipses and λ labels,
-over a server-rendered field image (``img`` prop) and an optional picture (``bg``). While an atom or the ★
-is dragged, JS assigns the head being dragged to the ``moving`` prop (markers follow at once; unlike ``value``
-it is not synced to Gradio on every move) and asks the ``preview`` server function for a new field image,
-with at most two requests in flight and always the latest positions; on release ``value`` takes the new head.
-On release it fires the custom ``release`` event; Python's answer carries ``ack`` (the release time), so the
-page can show the round trip. ``pick`` selects an atom, ``addatom`` adds one where the user double-clicks.
+Mechanism (Gradio 6's ``gr.HTML`` template + ``js_on_load``, no npm build): the component's ``value`` is the
+head spec (:meth:`ssog_core.playground.HeadSpec.to_dict` plus ``sel``, the selected atom) and is what Python
+receives. The template places one marker per atom (key coordinates), the ★ query, μ arrows, σ ellipses and λ
+labels, over a server-rendered field image (``img`` prop) and an optional picture (``bg``), with a colour bar
+and the weight of the cell under the pointer. While an atom or the ★ is dragged, JS assigns the head being
+dragged to the ``moving`` prop (markers follow at once; unlike ``value`` it is not synced to Gradio on every
+move) and asks the ``preview`` server function for a new field image, with at most two requests in flight and
+always the latest positions; on release ``value`` takes the new head. On release it fires the custom
+``release`` event; Python's answer carries ``ack`` (the release time), so the page can show the round trip.
+``pick`` selects an atom, ``addatom`` adds one where the user double-clicks; arrow keys move a focused atom.
 """
 
 from __future__ import annotations
 
 # Template: a JS template literal (no "{{": Handlebars runs first). It draws V, the head being dragged (``moving``)
-# or else the component's value. Coordinates are grid cells; the overlay SVG's viewBox makes a cell centre (y, x)
-# the point (x, y). Every prop used here must be passed at construction.
+# or else the component's value, in a W × H px box at most (narrower screens scale it down: every position is a
+# percentage). Coordinates are grid cells; the overlay SVG's viewBox makes a cell centre (y, x) the point (x, y).
+# λ labels are stacked downwards where they would overlap (clustered atoms). Every prop used here must be passed
+# at construction.
 HTML_TEMPLATE = """
-${((V) => `
-<div class="pgw" style="grid-template-columns:${Math.round(size * V.grid[1] / Math.max(...V.grid))}px 64px">
- <div class="pg" style="width:${Math.round(size * V.grid[1] / Math.max(...V.grid))}px;
-      height:${Math.round(size * V.grid[0] / Math.max(...V.grid))}px">
+${((V) => ((W, H) => `
+<div class="pgw" style="grid-template-columns:minmax(0, ${W}px) 64px">
+ <div class="pg" style="max-width:${W}px;aspect-ratio:${V.grid[1]} / ${V.grid[0]}">
   <img class="bg" src="${bg}" alt="" draggable="false" style="display:${bg ? 'block' : 'none'}"/>
   <img class="fld" src="${img}" alt="field" draggable="false"/>
   <svg class="ov" viewBox="-0.5 -0.5 ${V.grid[1]} ${V.grid[0]}" preserveAspectRatio="none">
@@ -39,31 +41,40 @@ ${((V) => `
              <ellipse class="sg" cx="${a.x}" cy="${a.y}" rx="${w[1]}" ry="${w[0]}"/>`;
    }).join('')}
   </svg>
-  ${V.atoms.map((a, i) => `<div class="atom ${i === V.sel ? 'sel' : ''}" data-i="${i}"
-      title="atom ${i + 1}: drag to move, click to select"
-      style="left:${(a.x + 0.5) / V.grid[1] * 100}%;top:${(a.y + 0.5) / V.grid[0] * 100}%">${i + 1}</div>
-     <div class="lam" style="left:${(a.x + 0.5) / V.grid[1] * 100}%;top:${(a.y + 0.5) / V.grid[0] * 100}%"
-      >λ=${(lam[i] ?? 0).toFixed(2)}</div>`).join('')}
-  <div class="star" title="the query: drag to move it (the atoms keep their offsets μ)"
+  ${V.atoms.map((a, i) => `<div class="atom ${i === V.sel ? 'sel' : ''}" data-i="${i}" tabindex="0" role="button"
+      aria-label="atom ${i + 1}, looks at row ${a.y}, column ${a.x}, λ ${(lam[i] ?? 0).toFixed(2)}: arrow keys move it"
+      title="atom ${i + 1}: drag (or focus and use the arrow keys) to move, click to select"
+      style="left:${(a.x + 0.5) / V.grid[1] * 100}%;top:${(a.y + 0.5) / V.grid[0] * 100}%">${i + 1}</div>`).join('')}
+  ${((placed) => V.atoms.map((a, i) => {
+     const x = (a.x + 0.5) / V.grid[1] * W + 14;
+     let y = (a.y + 0.5) / V.grid[0] * H - 24;
+     while (placed.some(p => Math.abs(p[0] - x) < 48 && Math.abs(p[1] - y) < 13)) y += 13;
+     placed.push([x, y]);
+     return `<div class="lam" style="left:${x / W * 100}%;top:${y / H * 100}%">λ=${(lam[i] ?? 0).toFixed(2)}</div>`;
+   }).join(''))([])}
+  <div class="star" tabindex="0" role="button"
+      aria-label="query ★ at row ${V.query[0]}, column ${V.query[1]}: arrow keys move it with its atoms"
+      title="the query: drag (or focus and use the arrow keys) to move it (the atoms keep their offsets μ)"
       style="left:${(V.query[1] + 0.5) / V.grid[1] * 100}%;top:${(V.query[0] + 0.5) / V.grid[0] * 100}%"
       >★</div>
  </div>
- <svg class="ky" viewBox="0 -0.5 1 ${V.grid[0]}" preserveAspectRatio="none"
-      style="height:${Math.round(size * V.grid[0] / Math.max(...V.grid))}px">
-  <polyline points="${ky.map((v, i) => `${0.97 * v},${i}`).join(' ')}"/></svg>
- <svg class="kx" viewBox="-0.5 0 ${V.grid[1]} 1" preserveAspectRatio="none"
-      style="width:${Math.round(size * V.grid[1] / Math.max(...V.grid))}px">
+ <div class="kyw"><svg class="ky" viewBox="0 -0.5 1 ${V.grid[0]}" preserveAspectRatio="none">
+  <polyline points="${ky.map((v, i) => `${0.97 * v},${i}`).join(' ')}"/></svg></div>
+ <svg class="kx" viewBox="-0.5 0 ${V.grid[1]} 1" preserveAspectRatio="none">
   <polyline points="${kx.map((v, i) => `${i},${1 - 0.97 * v}`).join(' ')}"/></svg>
- <div class="info"><span class="inf">${info}</span><br/>
+ <div class="info"><span class="cbar" title="colour = the ★ query's attention weight on each key cell">
+   <span>0</span><i style="background:${cbar}"></i><span class="vmax">${vmax}</span> weight</span>
+  <span class="hov"></span><br/><span class="inf">${info}</span><br/>
   <span class="lat">${lat}</span> <span class="err">${err}</span></div>
 </div>
-`)(moving && moving.atoms ? moving : value)}
+`)(Math.round(size * V.grid[1] / Math.max(...V.grid)), Math.round(size * V.grid[0] / Math.max(...V.grid)))
+)(moving && moving.atoms ? moving : value)}
 """
 
 CSS_TEMPLATE = """
 .pgw { display: grid; gap: 6px; align-items: start;
        font-family: ui-sans-serif, system-ui, sans-serif; user-select: none; }
-.pg { position: relative; touch-action: none; background: #111; border-radius: 4px; overflow: hidden; }
+.pg { position: relative; width: 100%; touch-action: none; background: #111; border-radius: 4px; overflow: hidden; }
 .pg img { position: absolute; inset: 0; width: 100%; height: 100%; image-rendering: pixelated; pointer-events: none; }
 .pg img.bg { image-rendering: auto; }
 .ov { position: absolute; inset: 0; width: 100%; height: 100%; pointer-events: none; overflow: visible; }
@@ -75,15 +86,20 @@ CSS_TEMPLATE = """
 .atom { width: 22px; height: 22px; border-radius: 50%; background: rgba(255,255,255,0.92); color: #111;
         font: 700 12px/1 ui-sans-serif, system-ui, sans-serif; border: 2px solid #222; }
 .atom.sel { border-color: #e5002b; box-shadow: 0 0 0 3px rgba(229,0,43,0.45); }
-.lam { position: absolute; transform: translate(14px, -24px); color: #fff; pointer-events: none; white-space: nowrap;
+.atom:focus-visible, .star:focus-visible { outline: 3px solid #3b82f6; outline-offset: 2px; }
+.lam { position: absolute; color: #fff; pointer-events: none; white-space: nowrap;
        font: 700 11px/1 ui-sans-serif, system-ui, sans-serif; text-shadow: 0 0 3px #000, 0 0 2px #000; }
 .star { width: 30px; height: 30px; font-size: 28px; line-height: 1; color: #fff;
         text-shadow: 0 0 3px #000, 0 0 1px #000; }
 .ky, .kx { background: rgba(127,127,127,0.08); border-radius: 3px; }
-.ky { width: 64px; }
-.kx { height: 56px; grid-column: 1; }
+.kyw { position: relative; align-self: stretch; }  /* as tall as the canvas beside it, at any width */
+.ky { position: absolute; inset: 0; width: 100%; height: 100%; }
+.kx { width: 100%; height: 56px; grid-column: 1; }
 .ky polyline, .kx polyline { fill: none; stroke: #3b82f6; stroke-width: 2; vector-effect: non-scaling-stroke; }
 .info { grid-column: 1 / span 2; font-size: 13px; line-height: 1.4; }
+.cbar { display: inline-flex; align-items: center; gap: 4px; margin-right: 10px; }
+.cbar i { display: inline-block; width: 90px; height: 10px; border-radius: 2px; }
+.hov { font-variant-numeric: tabular-nums; color: #374151; }
 .lat { color: #6b7280; }
 .err { color: #dc2626; font-weight: 600; }
 """
@@ -111,6 +127,7 @@ const kyPoints = ky => ky.map((v, i) => `${0.97 * v},${i}`).join(' ');
 const kxPoints = kx => kx.map((v, i) => `${i},${1 - 0.97 * v}`).join(' ');
 function paint(r) {
   element.querySelector('img.fld').src = r.img;
+  element.querySelector('.vmax').textContent = r.vmax;
   element.querySelector('.ky polyline').setAttribute('points', kyPoints(r.ky));
   element.querySelector('.kx polyline').setAttribute('points', kxPoints(r.kx));
   element.querySelector('.inf').textContent = r.info;
@@ -120,7 +137,7 @@ function commitFrame() {
   const r = frame;
   frame = null;
   props.img = r.img; props.ky = r.ky; props.kx = r.kx; props.wid = r.wid; props.lam = r.lam;
-  props.info = r.info; props.err = '';
+  props.info = r.info; props.vmax = r.vmax; props.cbar = r.cbar; props.err = '';
 }
 function pump() {
   if (props.live !== 'server') return;
@@ -154,6 +171,13 @@ element.addEventListener('pointerdown', e => {
     drag = { kind: 'star', start: pos(e), v0: clone(props.value) };
   }
 });
+// Hover: the weight of the key cell under the pointer (from the last head Python evaluated).
+element.addEventListener('pointermove', e => {
+  if (drag || !e.target.closest('.pg') || !props.dens) return;
+  const [y, x] = pos(e), i = Math.round(y), j = Math.round(x), row = props.dens[i];
+  if (!row || row[j] === undefined) return;
+  element.querySelector('.hov').textContent = `key (${i}, ${j}): weight ${row[j]}`;
+});
 element.addEventListener('pointermove', e => {
   if (!drag) return;
   stats.moves += 1;
@@ -182,6 +206,28 @@ const end = () => {
 };
 element.addEventListener('pointerup', end);
 element.addEventListener('pointercancel', end);
+// Keyboard: a focused atom (or the ★, which takes its atoms along) moves one cell per arrow key, a tenth with Shift;
+// the new head goes to Python as a drag release does.
+const STEPS = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
+element.addEventListener('keydown', e => {
+  const a = e.target.closest('.atom'), s = e.target.closest('.star'), step = STEPS[e.key];
+  if ((!a && !s) || !step || drag) return;
+  e.preventDefault();
+  const v = clone(props.value), [gh, gw] = v.grid, k = e.shiftKey ? 0.1 : 1;
+  const clip = (t, n) => Math.round(Math.min(Math.max(t, -0.5), n - 0.5) * 10) / 10;
+  if (a) {
+    const i = +a.dataset.i;
+    v.atoms[i].y = clip(v.atoms[i].y + step[0] * k, gh); v.atoms[i].x = clip(v.atoms[i].x + step[1] * k, gw);
+    if (v.sel !== i) { v.sel = i; trigger('pick', { i }); }
+  } else {
+    const qy = Math.min(Math.max(v.query[0] + step[0], 0), gh - 1);
+    const qx = Math.min(Math.max(v.query[1] + step[1], 0), gw - 1);
+    v.atoms.forEach(t => { t.y += qy - v.query[0]; t.x += qx - v.query[1]; });
+    v.query = [qy, qx];
+  }
+  props.value = v;
+  trigger('release', { t: performance.now() });
+});
 element.addEventListener('dblclick', e => {
   if (e.target.closest('.atom, .star') || !e.target.closest('.pg')) return;
   const [y, x] = pos(e);
@@ -207,6 +253,9 @@ def canvas_props(size: int = 440) -> dict:
         ky=[],
         kx=[],
         info="",
+        dens=[],
+        vmax="",
+        cbar="",
         lat="",
         err="",
         ack=0,

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import gradio as gr
-import numpy as np
-from PIL import Image
+from matplotlib.figure import Figure
 
 from app.state import AppError
+from ssog_core import viz
 from ssog_core.checkpoint import CheckpointError
 from ssog_core.images import ImageError
 
@@ -79,5 +79,7 @@ def write_downloads(files: Mapping[str, bytes | str]) -> list[str]:
     return paths
 
 
-def to_pil(rgb: np.ndarray) -> Image.Image:
-    return Image.fromarray(rgb)
+def shown_figure(fig: Figure, stem: str, settings: Mapping[str, Any]) -> str:
+    """A figure as a named PNG (settings in its metadata) for a ``gr.Image``: the image's own download button
+    then saves this name, not a generic ``image.webp``."""
+    return write_downloads({f"{viz.safe_token(stem)}.png": viz.figure_bytes(fig, "png", settings)})[0]

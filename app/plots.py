@@ -24,7 +24,7 @@ def kernel_plot(spec: HeadSpec, view: HeadView) -> go.Figure:
     fig = make_subplots(
         rows=1,
         cols=2,
-        subplot_titles=("row pass: weight of key row", "column pass: weight of key col"),
+        subplot_titles=("row pass", "column pass"),  # short: the two titles share a phone's width
         horizontal_spacing=0.12,
     )
     qy, qx = spec.query
@@ -69,7 +69,7 @@ def kernel_plot(spec: HeadSpec, view: HeadView) -> go.Figure:
             col=c,
         )
         fig.add_vline(x=q, line=dict(color="#888", dash="dash"), row=1, col=c)
-        fig.update_xaxes(title_text=f"key {axis} (★ at {q}, dashed)", row=1, col=c)
+        fig.update_xaxes(title_text=f"key {axis} (★ {q}, dashed)", row=1, col=c)
     fig.update_yaxes(title_text="weight", row=1, col=1)
     fig.update_layout(
         **_LAYOUT,
@@ -181,8 +181,11 @@ def layer_density_plot(lf: LayerField, layer: int) -> go.Figure:
     return fig
 
 
-def map_plot(a: np.ndarray, title: str, colorbar: str, symmetric: bool = True) -> go.Figure:
-    """A patch-grid map with its value on hover (RdBu zero-centred when ``symmetric``)."""
+def map_plot(
+    a: np.ndarray, title: str, colorbar: str, symmetric: bool = True, mark: tuple[int, int] | None = None
+) -> go.Figure:
+    """A patch-grid map with its value on hover (RdBu zero-centred when ``symmetric``); ``mark`` outlines one
+    patch (the query picked in another view)."""
     lim = float(np.abs(a).max()) or 1e-12
     fig = go.Figure(
         go.Heatmap(
@@ -195,6 +198,9 @@ def map_plot(a: np.ndarray, title: str, colorbar: str, symmetric: bool = True) -
             hovertemplate="patch row %{y}, col %{x}<br>value %{z:.4f}<extra></extra>",
         )
     )
+    if mark is not None:
+        y, x = mark
+        fig.add_shape(type="rect", x0=x - 0.5, x1=x + 0.5, y0=y - 0.5, y1=y + 0.5, line=dict(color="#ffd400", width=3))
     fig.update_yaxes(autorange="reversed", scaleanchor="x", title="patch row")
     fig.update_xaxes(title="patch col", constrain="domain")
     fig.update_layout(
@@ -203,15 +209,19 @@ def map_plot(a: np.ndarray, title: str, colorbar: str, symmetric: bool = True) -
     return fig
 
 
-def stats_plot(entropy: np.ndarray, radius: np.ndarray, title: str) -> go.Figure:
-    """Per layer × head attention entropy and effective radius, side by side, values on hover."""
+def stats_plot(entropy: np.ndarray, radius: np.ndarray, title: str, tokens: int) -> go.Figure:
+    """Per layer × head attention entropy and effective radius, side by side, values on hover. Colours span the
+    possible range (entropy 0 to ln N nats, radius from 0), so a 0.3-nat difference looks like one."""
     fig = make_subplots(
         rows=1, cols=2, subplot_titles=("attention entropy (nats)", "effective radius (cells)"), horizontal_spacing=0.16
     )
-    for c, (a, name) in enumerate(((entropy, "entropy"), (radius, "radius")), start=1):
+    ranges = ((0.0, float(np.log(tokens))), (0.0, max(float(radius.max()), 1e-9)))
+    for c, (a, name, (lo, hi)) in enumerate(((entropy, "entropy", ranges[0]), (radius, "radius", ranges[1])), 1):
         fig.add_trace(
             go.Heatmap(
                 z=a,
+                zmin=lo,
+                zmax=hi,
                 colorscale="Cividis",
                 colorbar=dict(title=dict(text=name, side="right"), x=0.43 if c == 1 else 1.0, len=0.9),
                 hovertemplate=f"layer %{{y}}, head %{{x}}<br>{name} %{{z:.3f}}<extra></extra>",

@@ -18,13 +18,14 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
+import torch
 from PIL import Image
-from torch import nn
+from torch import Tensor, nn
 
 from ssog_core.analysis import LayerField, head_fields
 from ssog_core.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ssog_core.convert import convert
-from ssog_core.images import ImageError, list_images, load_image
+from ssog_core.images import ImageError, list_images, load_image, model_input
 from ssog_core.presets import Preset, find_presets
 
 UPLOADED = "uploaded/"  # prefix of checkpoints a user uploaded in this session of the server
@@ -53,6 +54,15 @@ class LoadedModel:
         return self.model.config
 
     @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def input(self, image: Image.Image) -> Tensor:
+        """``image`` as this model's input batch, on the model's device (what the analysis functions take)."""
+        x, _ = model_input([image], self.config.img_size, self.meta)
+        return x.to(self.device)
+
+    @property
     def is_ssog(self) -> bool:
         return self.config.attn == "ssog"
 
@@ -78,8 +88,8 @@ class LoadedModel:
 
 
 @lru_cache(maxsize=MODEL_CACHE)
-def _load(path: str, mtime_ns: int, size: int, name: str) -> LoadedModel:
-    model, meta = load_checkpoint(path)
+def _load(path: str, mtime_ns: int, size: int, name: str, device: str = "cpu") -> LoadedModel:
+    model, meta = load_checkpoint(path, device)
     model.requires_grad_(False)
     return LoadedModel(name, (path, mtime_ns, size), model, meta)
 
@@ -89,6 +99,7 @@ class StoredImage:
     sha256: str
     name: str
     image: Image.Image  # RGB, at most DISPLAY_SIDE on its longer side
+    original_size: tuple[int, int]  # (width, height) of the file as decoded, for "size in → size used" notes
 
 
 @dataclass
@@ -99,6 +110,7 @@ class AppContext:
     assets_dir: Path
     upload_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ssog-lab-uploads-")))
     max_pixels: int = MAX_PIXELS
+    device: str = "cpu"  # where models and their analysis run (the playground's small field stays on the CPU)
     _images: OrderedDict[str, StoredImage] = field(default_factory=OrderedDict)
     _images_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -141,7 +153,7 @@ class AppContext:
         path = self.resolve(name)
         st = path.stat()
         try:
-            return _load(str(path), st.st_mtime_ns, st.st_size, name)
+            return _load(str(path), st.st_mtime_ns, st.st_size, name, self.device)
         except CheckpointError as e:
             raise AppError(str(e)) from None
 
@@ -221,8 +233,9 @@ class AppContext:
             img = load_image(data, max_pixels=self.max_pixels)
         except ImageError as e:  # the core names in-memory data "image": name the user's file instead
             raise AppError(str(e).replace("image", name, 1)) from None
+        size = img.size
         img.thumbnail((DISPLAY_SIDE, DISPLAY_SIDE), Image.Resampling.LANCZOS)
-        stored = StoredImage(sha, name, img)
+        stored = StoredImage(sha, name, img, size)
         with self._images_lock:
             self._images[sha] = stored
             while len(self._images) > IMAGE_CACHE:
@@ -266,6 +279,17 @@ class AppContext:
                 "SHA-256 of an uploaded one (send files with /upload_image)"
             )
         return self.image(ref)
+
+
+def resize_note(stored: StoredImage, lm: LoadedModel) -> str:
+    """A visible line when the picture is not the model's input size: "size in → size used" (and whether the
+    aspect ratio changed), so a squashed picture is never a surprise. Empty when it already fits."""
+    w, h = stored.original_size
+    mh, mw = (int(v) for v in lm.config.img_size)
+    if (w, h) == (mw, mh):
+        return ""
+    squash = " (stretched: a different aspect ratio)" if abs(w / h - mw / mh) > 0.01 else ""
+    return f"The picture is resized {w}×{h} → {mw}×{mh} px for {lm.name}{squash}. "
 
 
 def default_image(ctx: AppContext) -> StoredImage | None:

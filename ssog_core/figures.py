@@ -78,19 +78,21 @@ def steering_files(
     layer: int,
     settings: Mapping[str, Any],
     offsets: SteeringOffsets | None = None,
+    field: LayerField | None = None,
     max_offset: float = 4.0,
     query: tuple[int, int] | None = None,
     fixed_row: np.ndarray | None = None,
     steered_row: np.ndarray | None = None,
     title: str = "",
 ) -> Files:
-    """|μδ| maps with arrows (SSOG only) and one query's field, fixed vs steered (PNG + SVG + .npz)."""
+    """μδ / σδ / λ steering maps (SSOG only; ``field`` = the layer's learned field, for its gate bound and λ)
+    and one query's field, fixed vs steered (PNG + SVG + .npz)."""
     sha = str(settings.get("image_sha256", ""))[:8]
     stem = viz.safe_token(f"steering_{stem_of(checkpoint)}_{sha}_L{layer}")
     files: Files = {}
     if offsets is not None:
         meta = {**settings, "figure": "steering", "layer": layer, "colormap": viz.OFFSET_CMAP}
-        files |= _figure_files(viz.steering_figure(display, offsets, layer, max_offset, title), stem, meta)
+        files |= _figure_files(steering_figure(display, offsets, layer, field, max_offset, title), stem, meta)
         files[f"{stem}_offsets.npz"] = report.npz_bytes(report.steering_arrays(offsets), meta)
     if query is not None and steered_row is not None:
         meta = {**settings, "figure": "query field", "layer": layer, "query": list(query)}
@@ -102,12 +104,34 @@ def steering_files(
     return files
 
 
+def mu_bound(field: LayerField | None, max_offset: float) -> float | None:
+    """The layer's per-axis limit on an atom's μδ, ``s_μ·M`` (None when content does not steer μ)."""
+    return field.gates["mu"] * max_offset if field is not None and "mu" in field.gates else None
+
+
+def steering_figure(
+    display: Image.Image,
+    offsets: SteeringOffsets,
+    layer: int,
+    field: LayerField | None,
+    max_offset: float,
+    title: str = "",
+):
+    """The steering figure exactly as the app shows it."""
+    lam = field.lam.numpy() if field is not None else None
+    return viz.steering_figure(display, offsets, layer, mu_bound(field, max_offset), title, lam)
+
+
 def export_figure(
-    models: Sequence[tuple[str, ExportMaps]], display: Image.Image, layer: int, image_name: str | None = None
+    models: Sequence[tuple[str, ExportMaps]],
+    display: Image.Image,
+    layer: int,
+    image_name: str | None = None,
+    query: tuple[int, int] | None = None,
 ):
     """The export-maps figure exactly as the app shows it (checkpoint names without their suffix)."""
     title = f"on {image_name}" if image_name else ""
-    return viz.export_figure(display, [(stem_of(n), m) for n, m in models], layer, title)
+    return viz.export_figure(display, [(stem_of(n), m) for n, m in models], layer, title, query)
 
 
 def compare_figure(
@@ -117,21 +141,21 @@ def compare_figure(
     layer: int,
     image_name: str | None = None,
 ):
-    """The comparison figure exactly as the app shows it; refuses two different patch grids."""
+    """The comparison figure exactly as the app shows it (A − B only when both see the same patch grid)."""
     (na, ma), (nb, mb) = a, b
-    if ma.grid != mb.grid:
-        raise ValueError(
-            f"{na} sees a {ma.grid[0]}×{ma.grid[1]} patch grid and {nb} a {mb.grid[0]}×{mb.grid[1]} one: "
-            "a difference map needs the same grid"
-        )
     title = f"on {image_name}" if image_name else ""
     return viz.compare_figure(display, (f"A: {stem_of(na)}", ma), (f"B: {stem_of(nb)}", mb), layer, title)
 
 
 def export_files(
-    models: Sequence[tuple[str, ExportMaps]], display: Image.Image, layer: int, settings: Mapping[str, Any]
+    models: Sequence[tuple[str, ExportMaps]],
+    display: Image.Image,
+    layer: int,
+    settings: Mapping[str, Any],
+    query: tuple[int, int] | None = None,
 ) -> Files:
-    """The export-maps figure of one or more checkpoints (PNG + SVG) and each one's raw maps (.npz + CSV)."""
+    """The export-maps figure of one or more checkpoints (PNG + SVG, ``query`` outlined) and each one's raw maps
+    (.npz + CSV)."""
     alpha = models[0][1].alpha
     sha = str(settings.get("image_sha256", ""))[:8]
     names = "+".join(stem_of(n) for n, _ in models)
@@ -140,7 +164,9 @@ def export_files(
     meta = {**settings, "figure": "export maps", "checkpoints": [n for n, _ in models], "alpha": alpha,
             "layer": layer, "colormap": viz.NET_CMAP}  # fmt: skip
     stem = viz.safe_token(f"export_{names}_{sha}_L{layer}_alpha{alpha:.2f}_{viz.NET_CMAP}")
-    files = _figure_files(export_figure(models, display, layer, settings.get("image")), stem, meta)
+    if query is not None:
+        meta["query"] = list(query)
+    files = _figure_files(export_figure(models, display, layer, settings.get("image"), query), stem, meta)
     for name, m in models:
         one = viz.safe_token(f"export_maps_{stem_of(name)}_{sha}_alpha{alpha:.2f}")
         files[f"{one}.npz"] = report.npz_bytes(report.export_arrays(m), {**meta, "checkpoint": name})
@@ -151,7 +177,7 @@ def export_files(
 def compare_files(
     a: tuple[str, ExportMaps], b: tuple[str, ExportMaps], display: Image.Image, layer: int, settings: Mapping[str, Any]
 ) -> Files:
-    """Two checkpoints' net export (one layer and accumulated) with A − B (PNG + SVG + .npz)."""
+    """Two checkpoints' net export (one layer and accumulated) with A − B on a shared grid (PNG + SVG + .npz)."""
     (na, ma), (nb, mb) = a, b
     fig = compare_figure(a, b, display, layer, settings.get("image"))
     depth = min(ma.net.shape[1], mb.net.shape[1])
@@ -163,8 +189,9 @@ def compare_files(
     files = _figure_files(fig, stem, meta)
     arrays = {"A_" + k: v for k, v in report.export_arrays(ma).items()}
     arrays |= {"B_" + k: v for k, v in report.export_arrays(mb).items()}
-    arrays["net_difference"] = ma.net[0, :depth].numpy() - mb.net[0, :depth].numpy()
-    arrays["accumulated_difference"] = ma.accumulated[0].numpy() - mb.accumulated[0].numpy()
+    if ma.grid == mb.grid:  # a difference is defined cell by cell only on one grid
+        arrays["net_difference"] = ma.net[0, :depth].numpy() - mb.net[0, :depth].numpy()
+        arrays["accumulated_difference"] = ma.accumulated[0].numpy() - mb.accumulated[0].numpy()
     files[f"{stem}.npz"] = report.npz_bytes(arrays, meta)
     return files
 
@@ -238,10 +265,11 @@ def run(
         srow = query_rows(steered.attn, steered.grid, layer, q)
         if model.config.attn == "ssog":
             fixed = attention_maps(model, x, steered=False)
-            files = steering_files(name, display, layer, settings, steering_offsets(model, x), model.config.max_offset,
-                                   q, query_rows(fixed.attn, fixed.grid, layer, q), srow, name)  # fmt: skip
+            files = steering_files(name, display, layer, settings, steering_offsets(model, x), fields[layer],
+                                   model.config.max_offset, q, query_rows(fixed.attn, fixed.grid, layer, q), srow,
+                                   name)  # fmt: skip
         else:
-            files = steering_files(name, display, layer, settings, None, 0.0, q, None, srow, name)
+            files = steering_files(name, display, layer, settings, None, None, 0.0, q, None, srow, name)
         written += _write(out_dir, files)
         maps = [(name, export_maps(model, x, alpha))]
         if twin is not None:
@@ -250,7 +278,7 @@ def run(
             maps.append((twin.name, export_maps(tmodel, tx, alpha)))
         edisplay = viz.model_view(pil, model.config.img_size, EXPORT_WIDTH)
         written += _write(out_dir, export_files(maps, edisplay, layer, settings))
-        if twin is not None and maps[0][1].grid == maps[1][1].grid:
+        if twin is not None:
             written += _write(out_dir, compare_files(maps[0], maps[1], edisplay, layer, settings))
     if head is not None:
         written += _write(out_dir, playground_files(head, pil if underlay else None, sha))

@@ -153,6 +153,28 @@ def evaluate(spec: HeadSpec) -> HeadView:
     )
 
 
+def _clip(v: float, bounds: tuple[float, float]) -> float:
+    return min(max(float(v), bounds[0]), bounds[1])
+
+
+def _head_spec(
+    grid: tuple[int, int], query: tuple[int, int], mu: Tensor, sigma: Tensor, lam: Tensor, tau: float, mode: str
+) -> HeadSpec:
+    """Atoms at ``query − μ``; widths and weights raised into the playground's ranges where needed."""
+    qy, qx = query
+    atoms = tuple(
+        Atom(
+            qy - float(m[0]),
+            qx - float(m[1]),
+            _clip(s[0], SIGMA_RANGE),
+            _clip(s[1], SIGMA_RANGE),
+            _clip(w, WEIGHT_RANGE),
+        )
+        for m, s, w in zip(mu.double(), sigma.double(), lam.double(), strict=True)
+    )
+    return HeadSpec(grid, query, _clip(tau, TAU_RANGE), atoms, mode)
+
+
 def spec_from_head(
     lf: LayerField, head: int, grid: tuple[int, int] | None = None, mode: str = "factorized"
 ) -> HeadSpec:
@@ -166,19 +188,38 @@ def spec_from_head(
         grid = (2 * lf.extent[0] + 1, 2 * lf.extent[1] + 1)
     lo, hi = GRID_RANGE
     grid = (min(max(grid[0], lo), hi), min(max(grid[1], lo), hi))
-    qy, qx = (grid[0] - 1) // 2, (grid[1] - 1) // 2
-    mu, sigma, lam = lf.mu[head].double(), lf.sigma[head].double(), lf.lam[head].double()
+    query = ((grid[0] - 1) // 2, (grid[1] - 1) // 2)
+    return _head_spec(grid, query, lf.mu[head], lf.sigma[head], lf.lam[head], lf.tau, mode)
 
-    def clip(v: float, bounds: tuple[float, float]) -> float:
-        return min(max(float(v), bounds[0]), bounds[1])
 
-    atoms = tuple(
-        Atom(
-            qy - float(m[0]), qx - float(m[1]), clip(s[0], SIGMA_RANGE), clip(s[1], SIGMA_RANGE), clip(w, WEIGHT_RANGE)
-        )
-        for m, s, w in zip(mu, sigma, lam, strict=True)
-    )
-    return HeadSpec(grid, (qy, qx), clip(lf.tau, TAU_RANGE), atoms, mode)
+def steered_spec(
+    lf: LayerField,
+    head: int,
+    grid: tuple[int, int],
+    query: tuple[int, int],
+    dmu: Tensor,
+    sigma_ratio: Tensor,
+    dlam: Tensor,
+    gate: float = 1.0,
+    mode: str = "factorized",
+) -> HeadSpec:
+    """The head as one query of an image sees it, with content's steering turned up from 0 (the fixed field) to
+    ``gate`` = 1 (the learned gate), from :func:`~ssog_core.analysis.steering_offsets`' ``dmu``, ``sigma_ratio``
+    (``(R, 2)``) and ``dlam`` (``(R,)``) of that token and head.
+
+    Exact for every gate: :func:`~ssog_core.field.steer` scales each tap by its gate ``s`` outside the tanh, so
+    the query's atoms at gate ``g·s`` are ``μ + g·Δμ``, ``σ·ratio^g`` and ``λ ∝ λ·(λ'/λ)^g``. The spec draws the
+    query's own atoms; the model's exact steered attention row (``attention_maps``) can differ slightly from
+    this single-query field, since its separable passes use per-token fields.
+    """
+    if not 0.0 <= gate <= 1.0:
+        raise ValueError(f"gate must be in [0, 1] (0 = fixed field, 1 = learned gate), got {gate}")
+    lam0 = lf.lam[head].double()
+    lam1 = (lam0 + dlam.double()).clamp_min(1e-30)
+    lam = lam0.clamp_min(1e-30) * (lam1 / lam0.clamp_min(1e-30)) ** gate
+    mu = lf.mu[head].double() + gate * dmu.double()
+    sigma = lf.sigma[head].double() * sigma_ratio.double() ** gate
+    return _head_spec(grid, query, mu, sigma, lam / lam.sum(), lf.tau, mode)
 
 
 DEFAULT_SPEC = HeadSpec(

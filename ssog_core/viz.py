@@ -24,8 +24,10 @@ from typing import Any
 import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
-from matplotlib.patches import Ellipse
+from matplotlib.patches import Ellipse, Rectangle
 from PIL import Image
 
 from ssog_core.analysis import ExportMaps, LayerField, SteeringOffsets
@@ -36,6 +38,7 @@ FIELD_CMAP = "viridis"  # densities (the seed's geometry figure)
 NET_CMAP = "RdBu_r"  # net export: red = source (positive), blue = gatherer, centred on 0
 PULL_IN_CMAP, PULL_OUT_CMAP = "Blues", "Reds"  # non-negative shares, 0 = white
 OFFSET_CMAP = "magma"  # |μδ| in grid cells
+OVERLAY_CMAP = "inferno"  # a density laid over a picture (opacity grows with the value)
 TAP_LABELS = {"mu": "s(μδ)", "sigma": "s(σδ)", "lambda": "s(λ)"}
 
 # --------------------------------------------------------------------------------------- raster helpers
@@ -57,10 +60,14 @@ def colorize(a: np.ndarray, cmap: str = FIELD_CMAP, vmin: float | None = None, v
     return _lut(cmap)[idx]
 
 
-def density_rgba(density: np.ndarray, cmap: str = "inferno", gamma: float = 0.6) -> np.ndarray:
-    """A density as RGBA whose opacity grows with the value: to lay a field over a picture."""
+def density_rgba(
+    density: np.ndarray, cmap: str = OVERLAY_CMAP, gamma: float = 0.6, vmax: float | None = None
+) -> np.ndarray:
+    """A density as RGBA whose opacity grows with the value: to lay a field over a picture. Colours run from 0 to
+    ``vmax`` (default: the density's own maximum; pass a shared one to compare several panels)."""
     d = np.asarray(density, dtype=np.float64)
-    t = d / d.max() if d.max() > 0 else d
+    top = float(d.max()) if vmax is None else float(vmax)
+    t = d / top if top > 0 else d
     rgb = colorize(t, cmap, 0.0, 1.0)
     alpha = (np.clip(t, 0, 1) ** gamma * 235.0).astype(np.uint8)
     return np.dstack([rgb, alpha])
@@ -145,6 +152,16 @@ def figure_rgb(fig: Figure, dpi: int = 100) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
 
 
+def panel_boxes(fig: Figure) -> list[tuple[float, float, float, float]]:
+    """Where each of the figure's axes was drawn, as ``(x0, y0, x1, y1)`` fractions of the image with the origin
+    at the top left (call after the figure was rendered): to map a click on the picture back to a panel."""
+    boxes = []
+    for ax in fig.axes:
+        p = ax.get_position()
+        boxes.append((float(p.x0), float(1 - p.y1), float(p.x1), float(1 - p.y0)))
+    return boxes
+
+
 def save_figure(fig: Figure, stem: str | Path, metadata: Mapping[str, Any] | None = None) -> list[Path]:
     """Write ``stem.png`` and ``stem.svg`` atomically; returns both paths."""
     stem = Path(stem)
@@ -184,6 +201,14 @@ def _no_ticks(ax) -> None:
 
 def _colorbar(fig: Figure, im, ax, label: str) -> None:
     cb = fig.colorbar(im, ax=ax, shrink=0.85, pad=0.02)
+    cb.set_label(label, fontsize=8)
+    cb.ax.tick_params(labelsize=7)
+
+
+def _scale_bar(fig: Figure, axes: list, cmap: str, vmin: float, vmax: float, label: str) -> None:
+    """One colour bar for panels drawn without a mappable of their own (RGBA overlays, normalised fields)."""
+    sm = ScalarMappable(Normalize(vmin, vmax), cmap)
+    cb = fig.colorbar(sm, ax=axes, shrink=0.6, pad=0.02)
     cb.set_label(label, fontsize=8)
     cb.ax.tick_params(labelsize=7)
 
@@ -286,6 +311,7 @@ def geometry_figure(fields: Sequence[LayerField], title: str = "", layers: Seque
                 ax.set_ylabel(f"head {h}", fontsize=9)
             if h == 0:
                 ax.set_title(f"layer {layer}\n{gate_text(lf)}", fontsize=8, linespacing=1.15)
+    _scale_bar(fig, list(axes.ravel()), FIELD_CMAP, 0.0, 1.0, "weight ÷ the panel's peak")
     legend = (
         f"λ-weighted density over key offset, panels ±{vy:g} × ±{vx:g} cells (per panel normalised); "
         "+ atom centres (brightness = λ); ★ query. H = attention entropy (nats), r = effective radius (cells); "
@@ -373,37 +399,80 @@ def offset_magnitude(offsets: SteeringOffsets, layer: int, image_index: int = 0)
     return np.linalg.norm(offsets.shift[layer][image_index].permute(2, 0, 1, 3).numpy(), axis=-1)
 
 
+def steering_summary(
+    offsets: SteeringOffsets, layer: int, fixed_lam: np.ndarray | None = None, image_index: int = 0
+) -> dict[str, np.ndarray]:
+    """Per head ``(H, Gh, Gw)`` what content did at each query: ``mu`` = |λ-weighted shift| of where the head
+    looks (cells); ``sigma`` = mean log₂ of the σ ratio over axes, λ-weighted over atoms when the fixed ``(H, R)``
+    λ is given (+1 = twice as wide, −1 = half as wide); ``lambda`` = share of the head's weight moved between
+    its atoms, ½·Σ_r |Δλ_r| (0 = none, 1 = all)."""
+    dlam = offsets.dlam[layer][image_index].numpy()  # (Gh, Gw, H, R)
+    log_ratio = np.log2(offsets.sigma_ratio[layer][image_index].numpy()).mean(-1)  # (Gh, Gw, H, R)
+    if fixed_lam is None:
+        widen = log_ratio.mean(-1)
+    else:
+        widen = (np.clip(np.asarray(fixed_lam) + dlam, 0, None) * log_ratio).sum(-1)
+    return {
+        "mu": offset_magnitude(offsets, layer, image_index),
+        "sigma": widen.transpose(2, 0, 1),
+        "lambda": 0.5 * np.abs(dlam).sum(-1).transpose(2, 0, 1),
+    }
+
+
 def steering_figure(
-    image: Image.Image, offsets: SteeringOffsets, layer: int, max_offset: float, title: str = ""
+    image: Image.Image,
+    offsets: SteeringOffsets,
+    layer: int,
+    bound: float | None,
+    title: str = "",
+    fixed_lam: np.ndarray | None = None,
 ) -> Figure:
-    """Per head of one layer: the |μδ| map (mean shift of where the head looks) with direction arrows."""
+    """One layer, one column per head, one row per content tap: μδ (where the head looks moves; arrows scaled to
+    stay inside a cell, with a key giving their length in cells), σδ (widen / tighten) and λ (re-weighting).
+    Each row has one colour scale for all heads. ``bound`` is the layer's per-axis limit on an atom's μδ,
+    ``s_μ·M`` (None when μ is not steered)."""
+    summary = steering_summary(offsets, layer, fixed_lam)
     shift = offsets.shift[layer][0].numpy()  # (Gh, Gw, H, 2), key-space direction (dy, dx)
-    mag = offset_magnitude(offsets, layer)
-    heads, gh, gw = mag.shape
-    cols = min(heads, max(2, math.ceil(math.sqrt(heads))))
-    rows = math.ceil(heads / cols)
-    fig = new_figure(3.3 * cols + 0.4, 3.1 * rows * gh / gw + 0.8)
-    axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
-    faded = backdrop(image, 330, 0.55)
-    vmax = max(float(mag.max()), 1e-6)
+    heads, gh, gw = summary["mu"].shape
+    fig = new_figure(2.6 * heads + 1.2, 3 * 2.4 * gh / gw + 1.3)
+    axes = fig.subplots(3, heads, squeeze=False)
+    faded = backdrop(image, 260, 0.55)
     yy, xx = np.mgrid[0:gh, 0:gw]
-    for h, ax in enumerate(axes):
-        if h >= heads:
-            ax.axis("off")
-            continue
-        im = _show_map(ax, faded, mag[h], OFFSET_CMAP, 0.0, vmax, alpha=0.65)
-        dy, dx = shift[..., h, 0], shift[..., h, 1]
-        ax.quiver(
-            xx, yy, dx, dy, color="white", angles="xy", scale_units="xy", scale=1.0, width=0.006, headwidth=4, alpha=0.9
-        )
-        ax.set_title(f"head {h}: max |μδ| {mag[h].max():.2f}", fontsize=9)
-        if h % cols == cols - 1 or h == heads - 1:
-            _colorbar(fig, im, ax, "|μδ| (grid cells)")
+    longest = max(float(summary["mu"].max()), 1e-9)
+    scale = longest / 0.9  # the longest arrow spans 0.9 of a cell: arrows never cross their neighbours
+    ref = float(f"{longest:.1g}")  # a round reference length for the key
+    lim_sigma = symmetric_limit(summary["sigma"])
+    rows = [
+        ("mu", OFFSET_CMAP, 0.0, longest, "|μδ| (cells)"),
+        ("sigma", "PuOr_r", -lim_sigma, lim_sigma, "σδ: log₂ σ ratio\n(+ wider, − tighter)"),
+        ("lambda", "Greens", 0.0, max(float(summary["lambda"].max()), 1e-9), "λ moved between atoms (share)"),
+    ]
+    for r, (key, cmap, lo, hi, label) in enumerate(rows):
+        for h in range(heads):
+            ax = axes[r, h]
+            im = _show_map(ax, faded, summary[key][h], cmap, lo, hi, alpha=0.7)
+            peak = float(np.abs(summary[key][h]).max())
+            ax.set_title(f"head {h}: max {peak:.2f}", fontsize=8)
+            if key == "mu":
+                q = ax.quiver(xx, yy, shift[..., h, 1], shift[..., h, 0], color="white", angles="xy",
+                              scale_units="xy", scale=scale, width=0.007, headwidth=4, alpha=0.95)  # fmt: skip
+                if h == heads - 1:
+                    ax.quiverkey(q, 0.55, -0.07, ref, f"= {ref:g} cells", labelpos="E", coordinates="axes",
+                                 color="black", fontproperties={"size": 7})  # fmt: skip
+            if h == 0:
+                ax.set_ylabel({"mu": "μδ: looks elsewhere", "sigma": "σδ: widen / tighten",
+                               "lambda": "λ: re-weighting"}[key], fontsize=8)  # fmt: skip
+        _colorbar(fig, im, list(axes[r]), label)
+    bound_text = (
+        f"μδ bound per atom: ±{bound:.2f} cells per axis (s_μ·M), so up to {bound * math.sqrt(2):.2f} cells diagonally"
+        if bound is not None
+        else "μ is not steered in this layer"
+    )
     suptitle(
         fig,
         title,
-        f"layer {layer}: how far content moves where each head looks "
-        f"(λ-weighted mean shift; arrows to scale, bound ±{max_offset:g} cells per atom)",
+        f"layer {layer}: what content changes at each query patch, per head (λ-weighted over atoms). "
+        f"Arrows: where the head's gaze moves, scaled so the longest spans 0.9 cell (key below). {bound_text}.",
     )
     return fig
 
@@ -424,16 +493,18 @@ def query_field_figure(
     axes = fig.subplots(len(rows), heads, squeeze=False)
     faded = backdrop(image, 260, 0.45)
     extent = (-0.5, gw - 0.5, gh - 0.5, -0.5)
+    vmax = max(float(m.max()) for _, m in rows)  # one colour scale: fixed and steered, every head
     for r, (name, maps) in enumerate(rows):
         for h in range(heads):
             ax = axes[r, h]
             ax.imshow(faded, extent=extent, interpolation="nearest")
-            ax.imshow(density_rgba(maps[h]), extent=extent, interpolation="nearest")
+            ax.imshow(density_rgba(maps[h], vmax=vmax), extent=extent, interpolation="nearest")
             _star(ax, query[0], query[1], size=120, color="cyan")
             ax.set_xlim(-0.5, gw - 0.5)
             ax.set_ylim(gh - 0.5, -0.5)
             _no_ticks(ax)
             ax.set_title(f"head {h} · {name}\npeak {maps[h].max():.2f}", fontsize=8)
+    _scale_bar(fig, list(axes.ravel()), OVERLAY_CMAP, 0.0, vmax, "attention weight")
     suptitle(
         fig,
         title,
@@ -469,10 +540,23 @@ def attention_grid_figure(image: Image.Image, rows: np.ndarray, query: tuple[int
 # --------------------------------------------------------------------------------------- export maps
 
 
-def export_figure(image: Image.Image, models: Sequence[tuple[str, ExportMaps]], layer: int, title: str = "") -> Figure:
+def _mark_cell(ax, cell: tuple[int, int] | None, grid: tuple[int, int]) -> None:
+    """A yellow square around ``cell`` (a query patch carried over from another view), when it is on ``grid``."""
+    if cell is not None and 0 <= cell[0] < grid[0] and 0 <= cell[1] < grid[1]:
+        ax.add_patch(Rectangle((cell[1] - 0.5, cell[0] - 0.5), 1, 1, fill=False, ec="#ffd400", lw=1.6, zorder=6))
+
+
+def export_figure(
+    image: Image.Image,
+    models: Sequence[tuple[str, ExportMaps]],
+    layer: int,
+    title: str = "",
+    query: tuple[int, int] | None = None,
+) -> Figure:
     """Per model (a block of rows): the input, layer ``layer``'s pull-in / pull-out / net export, the accumulated
     net export with its range and exporter share, and attention rollout; below, net export of every layer on
-    one shared colour scale (six panels per row)."""
+    one shared colour scale (six panels per row). ``query`` (a patch picked in the Steering view) is outlined
+    on every map."""
     depth = max(m.net.shape[1] for _, m in models)
     strip_rows = math.ceil(depth / 6)
     fig = new_figure(15.0, (2.7 + 2.35 * strip_rows) * len(models) + 0.8)
@@ -498,18 +582,21 @@ def export_figure(image: Image.Image, models: Sequence[tuple[str, ExportMaps]], 
             (acc, NET_CMAP, True, acc_title, "Σ net"),
             (roll, "viridis", False, "attention rollout\n(share of pooled output)", "share"),
         ]
-        for ax, (a, cmap, centred, name, unit) in zip(axes[1:], panels, strict=True):
-            hi = symmetric_limit(a) if centred else max(float(a.max()), 1e-12)
+        lim = symmetric_limit(m.net[0].numpy())  # one scale for every layer's net export, in both rows
+        share = max(float(pin.max()), float(pout.max()), 1e-12)  # pull-in and pull-out: one quantity, one scale
+        limits = [share, share, lim, symmetric_limit(acc), max(float(roll.max()), 1e-12)]
+        for ax, (a, cmap, centred, name, unit), hi in zip(axes[1:], panels, limits, strict=True):
             im = _show_map(ax, img, a, cmap, -hi if centred else 0.0, hi)
+            _mark_cell(ax, query, m.grid)
             ax.set_title(name, fontsize=8)
             _colorbar(top, im, ax, unit)
-        lim = symmetric_limit(m.net[0].numpy())
         strip = np.atleast_1d(bottom.subplots(strip_rows, 6, squeeze=False)).ravel()
         for k, ax in enumerate(strip):
             if k >= m.net.shape[1]:
                 ax.axis("off")
                 continue
             im = _show_map(ax, img, m.net[0, k].numpy(), NET_CMAP, -lim, lim)
+            _mark_cell(ax, query, m.grid)
             ax.set_title(f"{label}: net, layer {k}", fontsize=8)
         _colorbar(bottom, im, list(strip[: m.net.shape[1]]), "net export (shared scale)")
     suptitle(fig, title, f"Export maps with residual mixing Â = α·Ā + (1−α)·I, α = {models[0][1].alpha:.2f}", 10)
@@ -519,10 +606,13 @@ def export_figure(image: Image.Image, models: Sequence[tuple[str, ExportMaps]], 
 def compare_figure(
     image: Image.Image, a: tuple[str, ExportMaps], b: tuple[str, ExportMaps], layer: int, title: str = ""
 ) -> Figure:
-    """Two models on one image: net export of ``layer`` and accumulated, each side by side with A − B."""
+    """Two models on one image: net export of ``layer`` and accumulated, side by side (one colour scale per
+    row), with A − B when both see the same patch grid; on different grids each map keeps its own grid."""
     (la, ma), (lb, mb) = a, b
-    fig = new_figure(12.0, 6.4)
-    axes = fig.subplots(2, 3)
+    same = ma.grid == mb.grid
+    cols = 3 if same else 2
+    fig = new_figure(4.0 * cols, 6.4)
+    axes = fig.subplots(2, cols)
     img = backdrop(image, 320)
     rows = [
         (
@@ -534,13 +624,17 @@ def compare_figure(
     ]
     for r, (name, xa, xb) in enumerate(rows):
         lim = symmetric_limit(xa, xb)
-        diff = xa - xb
-        for c, (arr, lab, lim_c) in enumerate(
-            ((xa, la, lim), (xb, lb, lim), (diff, f"A − B ({la} − {lb})", symmetric_limit(diff)))
-        ):
+        panels = [(xa, f"{la} ({ma.grid[0]}×{ma.grid[1]})", lim), (xb, f"{lb} ({mb.grid[0]}×{mb.grid[1]})", lim)]
+        if same:
+            diff = xa - xb
+            panels.append((diff, f"A − B ({la} − {lb})", symmetric_limit(diff)))
+        for c, (arr, lab, lim_c) in enumerate(panels):
             ax = axes[r, c]
             im = _show_map(ax, img, arr, NET_CMAP, -lim_c, lim_c)
             ax.set_title(f"{name}\n{lab}", fontsize=8)
-            _colorbar(fig, im, ax, "difference" if c == 2 else "net")
-    suptitle(fig, title, "Two checkpoints on the same image (shared colour scale for A, B)", 10)
+            _colorbar(fig, im, ax, "difference" if c == 2 else "net export")
+    legend = "Two checkpoints on the same image (one colour scale for A and B per row)"
+    if not same:
+        legend += "; no A − B map: the two see different patch grids, and a difference needs equal grids"
+    suptitle(fig, title, legend, 10)
     return fig

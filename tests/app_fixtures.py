@@ -102,6 +102,19 @@ def write_checkpoints(folder: Path, **size) -> dict[str, Path]:
     }
 
 
+def write_reference_checkpoint(folder: Path, depth: int = 2) -> tuple[Path, Path]:
+    """A reference-implementation state dict (``.pt``, compiled-model key prefix) and the ``.json`` of its ViT
+    arguments: the pair a user uploads; the app names it ``uploaded/ref_ssog_full.safetensors``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ref = dot_twin(img_size=32, patch=4, dim=32, depth=depth, heads=4)
+    pt, cfg = folder / "ref_ssog_full.pt", folder / "ref_ssog_full.json"
+    torch.save({"model": {f"_orig_mod.{k}": v for k, v in ref.state_dict().items()}}, pt)
+    kwargs = {"num_classes": 5, "img_size": 32, "patch_size": 4, "dim": 32, "depth": depth, "num_heads": 4,
+              "attn": "dot"}  # fmt: skip
+    cfg.write_text(json.dumps(kwargs))
+    return pt, cfg
+
+
 def shapes_image(size: int = 96, seed: int = 0) -> Image.Image:
     """A textured background with one bright off-centre disc (an object a model could find)."""
     rng = np.random.default_rng(seed)

@@ -6,6 +6,7 @@ images (grayscale, RGBA, 16-bit) must work.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import time
@@ -15,15 +16,23 @@ import gradio as gr
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from app import main as app_main
 from app.state import UPLOADED, AppContext, AppError, default_image
-from app.tabs import compare, export, geometry, playground, session, steering
+from app.tabs import compare, export, geometry, playground, scaling, session, steering
 from ssog_core import ViT, save_checkpoint
-from ssog_core.analysis import export_maps
+from ssog_core.analysis import attention_maps, export_maps
 from ssog_core.images import model_input
 from ssog_core.playground import MAX_ATOMS, HeadSpec, evaluate
-from tests.app_fixtures import dot_twin, write_bad_checkpoints, write_bad_files, write_checkpoints, write_images
+from tests.app_fixtures import (
+    designed_ssog,
+    dot_twin,
+    write_bad_checkpoints,
+    write_bad_files,
+    write_checkpoints,
+    write_images,
+)
 
 
 @pytest.fixture(scope="module")
@@ -187,6 +196,20 @@ def test_playground_grid_change_keeps_every_offset(ctx):
     nv = canvas["value"]
     assert nv["grid"] == [11, 11] and nv["query"] == [5, 5] and nv["tau"] == 2.0 and nv["mode"] == "axial"
     torch.testing.assert_close(evaluate(HeadSpec.from_dict(nv)).mu, mu0)
+    v["query"] = [6, 18]  # a corner query goes to the same relative place on the new grid
+    assert playground.on_head_param(v, 1.0, 48, "factorized", False)[0]["value"]["query"] == [12, 36]
+
+
+@pytest.mark.parametrize("tau, mode", [(1.5, "factorized"), (1.0, "axial"), (3.0, "axial")])
+def test_tau_and_mode_never_move_the_query_or_the_atoms(tau, mode):
+    """Issue 12, bug 2: τ or the mode changed the ★ to the grid centre (and the default one from (12, 12) to
+    (11, 11)), and every atom moved with it."""
+    for query in ([6, 6], [12, 12], [0, 23]):
+        v = playground.initial_value()
+        dq = (query[0] - v["query"][0], query[1] - v["query"][1])
+        v = {**v, "query": query, "atoms": [{**a, "y": a["y"] + dq[0], "x": a["x"] + dq[1]} for a in v["atoms"]]}
+        nv = playground.on_head_param(v, tau, 24, mode, False)[0]["value"]
+        assert nv["query"] == query and nv["atoms"] == v["atoms"] and (nv["tau"], nv["mode"]) == (tau, mode)
 
 
 def test_playground_add_remove_reset_limits(ctx):
@@ -215,11 +238,21 @@ def test_presets_underlay_and_figure(ctx, sha):
     v = out[0]["value"]
     lm = ctx.model("ssog_test.safetensors")
     s = lm.presets[1].shape
-    np.testing.assert_allclose(
-        evaluate(HeadSpec.from_dict(v)).density.numpy(), lm.fields[s.layer].density[s.head].double().numpy(), atol=1e-6
+    # Issue 12, bug 4: a preset sits on the model's own 8×8 patch grid (not its 15×15 displacement grid), so the
+    # picture under it is cut into the patches the model sees; its field is the centre query's fixed attention
+    assert v["grid"] == [8, 8] and v["query"] == [3, 3]
+    fixed = attention_maps(lm.model, torch.rand(1, 3, 32, 32), steered=False).attn[s.layer][0, s.head, 3 * 8 + 3]
+    np.testing.assert_allclose(evaluate(HeadSpec.from_dict(v)).density.numpy().ravel(), fixed.numpy(), atol=1e-5)
+    assert f"layer {s.layer}, head {s.head}" in out[-2] and "8×8 patch grid" in out[-2]
+    assert out[-3]["value"] == "factorized"
+    assert "not a head" in playground.on_preset(ctx, "ssog_test.safetensors", "nonsense", False)[-2]
+    over = playground.on_preset(ctx, "ssog_test.safetensors", choices[1], True, sha)[0]
+    assert over["bg"].startswith("data:image/jpeg") and over["value"]["grid"] == [8, 8]
+    note = playground.underlay_note(ctx, "ssog_test.safetensors", sha, v)
+    assert "one of ssog_test.safetensors's 8×8 patches" in note and "96×96 px" in note and "32×32 px" in note
+    assert "not ssog_test.safetensors's 8×8 patch grid" in playground.underlay_note(
+        ctx, "ssog_test.safetensors", sha, playground.initial_value()
     )
-    assert f"layer {s.layer}, head {s.head}" in out[-1] and out[-2]["value"] == "factorized"
-    assert "not a head" in playground.on_preset(ctx, "ssog_test.safetensors", "nonsense", False)[-1]
     canvas, fig, rows, box, status = playground.on_underlay(ctx, v, True, sha)
     assert canvas["bg"].startswith("data:image/jpeg;base64,") and box["value"] is True and status == ""
     canvas, fig, rows, box, status = playground.on_underlay(ctx, v, True, None)
@@ -227,7 +260,7 @@ def test_presets_underlay_and_figure(ctx, sha):
     assert app_main.refresh_underlay(ctx, v, False, sha) == (gr.skip(),) * 5  # off: a new image changes nothing
     assert app_main.refresh_underlay(ctx, v, True, sha)[0]["bg"].startswith("data:image/jpeg")
     files, status = playground.export_figure(ctx, v, True, sha)
-    assert sorted(Path(f).suffix for f in files) == [".png", ".svg"] and "grid15x15" in files[0]
+    assert sorted(Path(f).suffix for f in files) == [".png", ".svg"] and "grid8x8" in files[0]
 
 
 # ----------------------------------------------------------------------------------------------- geometry
@@ -236,13 +269,18 @@ def test_presets_underlay_and_figure(ctx, sha):
 def test_geometry_ssog_dot_and_missing(ctx, sha):
     note, card, fig, gates, layer_plot, stats, table, slider = geometry.render(ctx, "ssog_test.safetensors", 1, sha)
     assert "2 layers × 4 heads × 3 atoms" in note and "parameters" in card and "FLOPs" in card
-    assert fig.ndim == 3 and fig.shape[2] == 3
-    assert len(table) == 2 * 4 * 3 and slider["maximum"] == 1 and slider["value"] == 1
-    assert gates.layout.title.text and layer_plot.data[0].hovertemplate
-    note, card, fig, gates, layer_plot, stats, table, _ = geometry.render(ctx, "dot_test.safetensors", 0, sha)
-    assert "no field" in note and fig is not None and (gates, layer_plot, table) == (None, None, None)
-    assert "largest-norm keys" in note and "key norms" in stats.layout.title.text
-    assert len(stats.data) == 2 + 4  # one histogram per layer, one ratio line per head
+    assert Path(fig["value"]).name == "geometry_ssog_test.png" and Path(fig["value"]).read_bytes()[:4] == b"\x89PNG"
+    assert len(table["value"]) == 2 * 4 * 3 and slider["maximum"] == 1 and slider["value"] == 1
+    assert gates["value"].layout.title.text and layer_plot["value"].data[0].hovertemplate
+    entropy = stats["value"].data[0]  # the colours span 0 … ln N nats, not the observed min … max
+    assert (entropy.zmin, entropy.zmax) == (0.0, pytest.approx(np.log(64))) and stats["value"].data[1].zmin == 0
+    note, card, fig, gates, layer_plot, stats, table, slider = geometry.render(ctx, "dot_test.safetensors", 0, sha)
+    assert "no field" in note and fig["value"] is not None and fig["visible"]
+    # a dot model shows no empty plot boxes, tables or dead sliders: what it lacks is hidden
+    assert all(u == {"__type__": "update", "value": None, "visible": False} for u in (gates, layer_plot, table))
+    assert slider["visible"] is False
+    assert "largest-norm keys" in note and "key norms" in stats["value"].layout.title.text
+    assert len(stats["value"].data) == 2 + 4  # one histogram per layer, one ratio line per head
     assert "No checkpoint found" in geometry.render(ctx, None, 0, sha)[0]
     assert "refused" in geometry.render(ctx, "../../etc/passwd", 0, sha)[0]
     assert geometry.on_layer(ctx, "ssog_test.safetensors", 0).layout.title.text.startswith("Layer 0")
@@ -252,17 +290,37 @@ def test_geometry_ssog_dot_and_missing(ctx, sha):
     assert geometry.downloads(ctx, "dot_test.safetensors")[0] is None
 
 
+def test_a_head_clicked_in_the_geometry_grid_opens_in_the_playground(ctx, sha):
+    lm = ctx.model("ssog_test.safetensors")
+    png, boxes = geometry.geometry_png(lm)
+    width, height = Image.open(io.BytesIO(png)).size
+    x0, y0, x1, y1 = boxes[2 * 2 + 1]  # head rows × layer columns: head 2 of layer 1
+    click = gr.SelectData(None, {"index": [(x0 + x1) / 2 * width, (y0 + y1) / 2 * height], "value": None})
+    assert geometry.head_at(lm, click.index) == (1, 2)
+    out = app_main.on_geometry_click(ctx, "ssog_test.safetensors", False, sha, click)
+    v = out[0]["value"]
+    assert v["grid"] == [8, 8] and "layer 1, head 2" in out[11] and out[-3].selected == "playground"
+    fixed = attention_maps(lm.model, torch.rand(1, 3, 32, 32), steered=False).attn[1][0, 2, 3 * 8 + 3]
+    np.testing.assert_allclose(evaluate(HeadSpec.from_dict(v)).density.numpy().ravel(), fixed.numpy(), atol=1e-5)
+    missed = gr.SelectData(None, {"index": [1, 1], "value": None})
+    assert "inside a head's panel" in app_main.on_geometry_click(ctx, "ssog_test.safetensors", False, sha, missed)[-1]
+
+
 # ----------------------------------------------------------------------------------------------- steering
 
 
 def test_steering_render_click_and_downloads(ctx, sha):
-    note, click, pred, steer, qfig, slider = steering.render(ctx, "ssog_test.safetensors", sha, 1, None)
-    assert "Click a patch" in note and steer is not None and qfig is None
+    note, click, pred, steer, qfig, slider, head, btn = steering.render(ctx, "ssog_test.safetensors", sha, 1, None, 3)
+    assert "Click a patch" in note and steer["visible"] and qfig is None and head["choices"] == [0, 1, 2, 3]
+    assert "μδ bound per atom" not in note and "resized 96×96 → 32×32 px" in note
+    steer = steer["value"]
     assert abs(sum(pred.values()) - 1) < 0.2 and set(pred) <= set(ctx.model("ssog_test.safetensors").class_names)
     h, w = click.shape[:2]
     sel = gr.SelectData(None, {"index": [w * 0.7, h * 0.2], "value": None})
     q, click2, qfig, text = steering.on_select(ctx, "ssog_test.safetensors", sha, 1, sel)
-    assert q == [1, 5] and qfig.ndim == 3 and "(1, 5)" in text and not np.array_equal(click, click2)
+    assert q == [1, 5] and Path(qfig).name.endswith("_L1_q1-5.png") and "(1, 5)" in text
+    assert not np.array_equal(click, click2) and Path(steer).name == f"steering_ssog_test_{sha[:8]}_L1.png"
+    assert "layer **1**" in note
     s = steering.analyse(ctx.model("ssog_test.safetensors"), ctx.image(sha))
     fixed, steered_row = steering.query_rows(s, 1, (1, 5))
     assert fixed.shape == steered_row.shape == (4, 8, 8) and not np.allclose(fixed, steered_row)
@@ -270,9 +328,30 @@ def test_steering_render_click_and_downloads(ctx, sha):
     files, _ = steering.downloads(ctx, "ssog_test.safetensors", sha, 1, [1, 5])
     names = {Path(f).name for f in files}
     assert any(n.endswith("_L1.png") for n in names) and any(n.endswith("_q1-5.svg") for n in names)
-    note, click, pred, steer, qfig, slider = steering.render(ctx, "dot_test.safetensors", sha, 0, [2, 2])
-    assert "no field to steer" in note and steer is None and qfig is not None
+    note, click, pred, steer, qfig, slider, head, btn = steering.render(ctx, "dot_test.safetensors", sha, 0, [2, 2])
+    assert "no field to steer" in note and steer == {"__type__": "update", "value": None, "visible": False}
+    assert qfig is not None and head["visible"] is False and btn["visible"] is False
     assert "Pick an image" in steering.render(ctx, "ssog_test.safetensors", None, 0, None)[0]
+
+
+def test_a_steering_query_opens_in_the_playground_with_a_content_gate(ctx, sha):
+    """Steering → playground: the clicked query's head on the model's grid, at the learned gate, and the gate
+    slider turns content's steering down to the fixed field (which is the model's fixed attention row)."""
+    out = app_main.on_open_steered(ctx, "ssog_test.safetensors", sha, 1, [2, 5], 2, False)
+    v = out[0]["value"]
+    assert v["grid"] == [8, 8] and v["query"] == [2, 5] and "query patch ★ (2, 5)" in out[11]
+    assert out[13]["visible"] and out[15]["value"] == 1.0 and out[-3].selected == "playground"
+    src = out[16]
+    assert src == {"checkpoint": "ssog_test.safetensors", "image_sha256": sha, "layer": 1, "head": 2, "query": [2, 5]}
+    fixed_canvas, _, _, status = app_main.on_gate(ctx, src, 0.0, False, sha)
+    lm = ctx.model("ssog_test.safetensors")
+    row = attention_maps(lm.model, lm.input(ctx.image(sha).image), steered=False).attn[1][0, 2, 2 * 8 + 5]
+    density = evaluate(HeadSpec.from_dict(fixed_canvas["value"])).density.numpy().ravel()
+    np.testing.assert_allclose(density, row.numpy(), atol=1e-5)
+    assert fixed_canvas["value"]["atoms"] != v["atoms"] and status == ""
+    assert app_main.on_gate(ctx, None, 0.5, False, sha) == (gr.skip(),) * 4
+    assert "click a patch" in app_main.on_open_steered(ctx, "ssog_test.safetensors", sha, 1, None, 0, False)[-1]
+    assert "no field" in app_main.on_open_steered(ctx, "dot_test.safetensors", sha, 0, [1, 1], 0, False)[-1]
 
 
 # ----------------------------------------------------------------------------------------------- export + compare
@@ -286,7 +365,7 @@ def test_export_maps_with_twin_and_downloads(ctx, sha):
     x, _ = model_input([ctx.image(sha).image], lm.config.img_size, lm.meta)
     s = export_maps(lm.model, x, 0.25).summary()
     assert f"[{s['acc_min']:.3f}, {s['acc_max']:.3f}]" in text and f"{s['exporter_share']:.0%}" in text
-    assert "α = **0.25**" in text and "dot_test" in text and fig.shape[2] == 3
+    assert "α = **0.25**" in text and "dot_test" in text and Path(fig).name.startswith("export_ssog_test-dot_test_")
     assert acc.data[0].zmid == 0 and acc.data[0].colorbar.title.text
     files, _ = export.downloads(ctx, "ssog_test.safetensors", "dot_test.safetensors", sha, 0.25, 1)
     names = sorted(Path(f).name for f in files)
@@ -295,18 +374,28 @@ def test_export_maps_with_twin_and_downloads(ctx, sha):
     npz = np.load(next(f for f in files if f.endswith(".npz")))
     assert json.loads(str(npz["settings"]))["alpha"] == 0.25 and npz["net"].shape == (2, 8, 8)
     assert "Pick an image" in export.render(ctx, "ssog_test.safetensors", export.NO_TWIN, None, 0.5, 0)[0]
+    # the patch picked in Steering carries over: outlined on the maps, named in the text and the files
+    text, fig, acc, _ = export.render(ctx, "ssog_test.safetensors", export.NO_TWIN, sha, 0.5, 0, [2, 5])
+    assert "query patch (2, 5)" in text and "yellow" in text
+    assert [(sh.x0, sh.y0) for sh in acc.layout.shapes] == [(4.5, 1.5)]
+    assert json.loads(Image.open(fig).info["Description"])["query"] == [2, 5]
 
 
 def test_compare_side_by_side_and_mismatched_grids(ctx, sha, tmp_path):
     text, fig, slider = compare.render(ctx, "ssog_test.safetensors", "dot_test.safetensors", sha, 0.5, 1)
-    assert "A — **ssog_test" in text and "B — **dot_test" in text and fig.ndim == 3
+    assert "A — **ssog_test" in text and "B — **dot_test" in text and Path(fig).suffix == ".png"
     files, _ = compare.downloads(ctx, "ssog_test.safetensors", "dot_test.safetensors", sha, 0.5, 1)
     npz = np.load(next(f for f in files if f.endswith(".npz")))
     np.testing.assert_allclose(npz["accumulated_difference"], npz["A_accumulated"] - npz["B_accumulated"])
     other = write_checkpoints(tmp_path / "big", img_size=48, depth=1)["ssog"]
     name = ctx.add_upload([str(other)])
+    # Issue 12, bug 5: different grids showed nothing; now A and B side by side, and why there is no A − B
     text, fig, _ = compare.render(ctx, "ssog_test.safetensors", name, sha, 0.5, 0)
-    assert "same grid" in text and fig is None
+    assert fig is not None and "8×8" in text and "12×12" in text and "needs equal grids" in text
+    files, _ = compare.downloads(ctx, "ssog_test.safetensors", name, sha, 0.5, 0)
+    npz = np.load(next(f for f in files if f.endswith(".npz")))
+    assert npz["A_net"].shape[-2:] == (8, 8) and npz["B_net"].shape[-2:] == (12, 12)
+    assert "accumulated_difference" not in npz
 
 
 def test_rbf_checkpoint_with_registers(ctx, sha, tmp_path):
@@ -314,10 +403,53 @@ def test_rbf_checkpoint_with_registers(ctx, sha, tmp_path):
     model = ViT(num_classes=5, img_size=32, patch_size=4, dim=32, depth=2, num_heads=4, attn="rbf", num_registers=2)
     name = ctx.add_upload([str(save_checkpoint(tmp_path / "rbf_regs.safetensors", model))])
     note, card, fig, _, _, stats, _, _ = geometry.render(ctx, name, 0, sha)
-    assert "**RBF (distance)** attention model" in note and "no field" in note and fig is not None
-    assert "register tokens take" in note and {t.name for t in stats.data} >= {"layer 0 (rbf)", "head 3"}
+    assert "**RBF (distance)** attention model" in note and "no field" in note and fig["value"] is not None
+    assert "register tokens take" in note and {t.name for t in stats["value"].data} >= {"layer 0 (rbf)", "head 3"}
     text, fig, _, _ = export.render(ctx, name, export.NO_TWIN, sha, 0.5, 0)
     assert "register tokens took" in text and fig is not None
+
+
+def test_scaling_latency_and_resolution_transfer(ctx, folders, tmp_path):
+    note, transfer = scaling.render(ctx, "ssog_test.safetensors")
+    assert note.startswith("No resolution-transfer curve for **ssog_test.safetensors**") and "\n" not in note
+    assert transfer["visible"] is False
+    curve = [{"img_size": [48, 48], "tokens": 144, "accuracy": 0.41}, {"img_size": [32, 32], "tokens": 64,
+              "accuracy": 0.61}, {"img_size": [16, 16], "tokens": 16, "accuracy": 0.2}]  # fmt: skip
+    beside = folders["ckpt"] / "ssog_test.transfer.json"  # evaluate --json beside the checkpoint
+    beside.write_text(json.dumps(curve))
+    try:
+        note, transfer = scaling.render(ctx, "ssog_test.safetensors")
+    finally:
+        beside.unlink()
+    assert "3 sizes, from `ssog_test.transfer.json`" in note and transfer["visible"]
+    trace = transfer["value"].data[0]
+    assert list(trace.x) == [16, 64, 144] and list(trace.y) == [0.2, 0.61, 0.41]
+    # written by train into the checkpoint's metadata, as a JSON string in the meta or in the header itself
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    in_meta = save_checkpoint(tmp_path / "in_meta.safetensors", designed_ssog(depth=1),
+                              {"resolution_transfer": json.dumps(curve)})  # fmt: skip
+    with safe_open(str(in_meta), framework="pt") as f:
+        header, state = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    header["meta"] = "{}"
+    header["resolution_transfer"] = json.dumps(curve[:2])
+    save_file(state, str(tmp_path / "in_header.safetensors"), metadata=header)
+    for file, n in ((in_meta, 3), (tmp_path / "in_header.safetensors", 2)):
+        name = ctx.add_upload([str(file)])
+        note, transfer = scaling.render(ctx, name)
+        assert f"({n} sizes, from the checkpoint's metadata)" in note and len(transfer["value"].data[0].x) == n
+    bad = save_checkpoint(tmp_path / "bad_curve.safetensors", designed_ssog(depth=1),
+                          {"resolution_transfer": '[{"tokens": 3}]'})  # fmt: skip
+    assert "expected img_size" in scaling.render(ctx, ctx.add_upload([str(bad)]))[0]
+    lm = ctx.model("ssog_test.safetensors")
+    assert scaling.sizes(lm) == [(16, 16), (32, 32), (48, 48), (64, 64), (96, 96)]
+    text, plot = scaling.on_measure(ctx, "ssog_test.safetensors")
+    assert "ssog_test.safetensors" in text and "dot_test.safetensors" in text and "slope" in text
+    assert [t.name.split(" ")[0] for t in plot.data[:2]] == ["ssog_test.safetensors", "dot_test.safetensors"]
+    assert list(plot.data[0].x) == [16, 64, 144, 256, 576] and all(v > 0 for v in plot.data[0].y)
+    assert "cpu" in plot.layout.title.text and len(plot.data) == 4  # two models, linear and quadratic guides
+    assert "pick a checkpoint" in scaling.on_measure(ctx, None)[0]
 
 
 # ----------------------------------------------------------------------------------------------- session + main
@@ -332,14 +464,15 @@ def test_session_round_trip(ctx, sha, tmp_path):
     path = tmp_path / "s.json"
     path.write_text(json.dumps(data))
     out = app_main.restore_session(ctx, str(path))
-    assert len(out) == 21 and out[0]["value"] == "ssog_test.safetensors" and out[1] == sha
-    assert out[3]["value"]["atoms"][0]["x"] == 4.0 and out[3]["bg"].startswith("data:image/jpeg")
-    assert out[12] == [2, 3] and out[14]["value"] == 0.3 and out[-1] == "✅ Session restored."
+    assert len(out) == 22 and out[0]["value"] == "ssog_test.safetensors" and out[1] == sha
+    assert out[3]["value"] == "scene.png"  # issue 12, bug 6: the picker names the restored image
+    assert out[4]["value"]["atoms"][0]["x"] == 4.0 and out[4]["bg"].startswith("data:image/jpeg")
+    assert out[13] == [2, 3] and out[15]["value"] == 0.3 and out[-1] == "Session restored."
     data["image"]["sha256"] = "f" * 64
     data["checkpoint"] = "gone.safetensors"
     path.write_text(json.dumps(data))
     out = app_main.restore_session(ctx, str(path))
-    assert "gone.safetensors" in out[-1] and "no longer in memory" in out[-1] and out[3]["value"]["atoms"]
+    assert "gone.safetensors" in out[-1] and "no longer in memory" in out[-1] and out[4]["value"]["atoms"]
     path.write_text("{not json")
     assert "not a JSON session" in app_main.restore_session(ctx, str(path))[-1]
     path.write_text(json.dumps({"format": "other"}))
@@ -347,6 +480,29 @@ def test_session_round_trip(ctx, sha, tmp_path):
     file, text = app_main.save_session(ctx, "ssog_test.safetensors", sha, v, False, 0, 0, None, "(none)", 0.5, 0,
                                        None, None, 0.5, 0)  # fmt: skip
     assert json.loads(Path(file).read_text())["checkpoint"] == "ssog_test.safetensors" and text == "Session saved."
+
+
+def test_sessions_save_and_restore_uploaded_checkpoints(ctx, sha, tmp_path):
+    """Issue 12, bug 1: a checkpoint uploaded as reference .pt + .json is named ``uploaded/…``, and saving a
+    session with it selected failed (the ``/`` went into the file name). Any picker name saves and restores."""
+    from tests.app_fixtures import write_reference_checkpoint
+
+    name = ctx.add_upload([str(p) for p in write_reference_checkpoint(tmp_path)])
+    assert name.startswith(UPLOADED)
+    v = playground.initial_value()
+    for ckpt in (name, "ssog_test.safetensors"):
+        file, text = app_main.save_session(ctx, ckpt, sha, v, False, 0, 0, None, "(none)", 0.5, 0, None, None, 0.5, 0)
+        assert text == "Session saved." and Path(file).is_file() and "/" not in Path(file).name
+        assert json.loads(Path(file).read_text())["checkpoint"] == ckpt
+        out = app_main.restore_session(ctx, file)
+        assert out[0]["value"] == ckpt and out[-1] == "Session restored."
+    assert Path(file).name == "ssog_session_ssog_test.json"
+
+
+def test_messages_use_no_emoji_a_plain_font_cannot_draw(ctx, folders):
+    """Issue 12, bug 7: "✅" drew as an empty box on a machine without an emoji font."""
+    text = app_main.on_checkpoint_upload(ctx, [str(folders["ckpts"]["dot"])], None)[-1]
+    assert "Loaded" in text and not any(ord(c) >= 0x1F000 or c in "\u2705\ufe0f" for c in text)
 
 
 def test_lazy_rendering_and_checkpoint_defaults(ctx, tmp_path):
@@ -357,7 +513,13 @@ def test_lazy_rendering_and_checkpoint_defaults(ctx, tmp_path):
     assert out == "x" and run("export", key, 1, 2) == (gr.skip(), gr.skip()) and len(calls) == 1
     assert app_main.default_checkpoint(ctx, ctx.checkpoint_names()) == "ssog_test.safetensors"
     presets, note, twin, a, b = app_main.on_checkpoint_change(ctx, "ssog_test.safetensors")
-    assert len(presets["choices"]) == 4 and twin["value"] == "dot_test.safetensors" and b["value"] == twin["value"]
+    assert app_main.on_checkpoint_change(ctx, "dot_test.safetensors")[0]["visible"] is False  # no dead picker
+    assert (
+        len(presets["choices"]) == 4
+        and presets["visible"]
+        and twin["value"] == "dot_test.safetensors"
+        and b["value"] == twin["value"]
+    )
     empty = AppContext(tmp_path / "none", tmp_path / "none", upload_dir=tmp_path / "up")
     (tmp_path / "up").mkdir()
     assert "No checkpoint found" in app_main.folder_status(empty, [])

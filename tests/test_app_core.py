@@ -300,3 +300,44 @@ def test_dot_model_query_figure_has_one_row():
     assert row.shape == (4, 8, 8) and row.sum() == pytest.approx(4.0, rel=1e-5)
     fig = viz.query_field_figure(shapes_image(), None, row, (3, 3), 1)
     assert len([ax for ax in fig.axes if ax.get_title()]) == 4
+
+
+@pytest.mark.parametrize("gate", [0.0, 0.4, 1.0])
+def test_steered_spec_carries_the_querys_own_atoms_at_every_gate(gate):
+    """The playground's "content steers the head" view: its atoms are the ones the model's own field gives the
+    query when every gate scale is turned down to ``gate``·s (checked by scaling the model's gate parameters
+    themselves); at gate 0 its field is exactly the model's fixed-field attention row of the query."""
+    from ssog_core.analysis import _layer_inputs, attention_maps, ssog_layers
+    from ssog_core.field import EPS
+    from ssog_core.playground import steered_spec
+
+    model = designed_ssog(depth=2)
+    x = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    layer, head, query = 1, 2, (2, 5)
+    off = steering_offsets(model, x)
+    lf = head_fields(model)[layer]
+    t = (0, query[0], query[1], head)
+    spec = steered_spec(lf, head, model.config.grid, query, off.dmu[layer][t], off.sigma_ratio[layer][t],
+                        off.dlam[layer][t], gate)  # fmt: skip
+    attn = ssog_layers(model)[layer]
+    scales = attn.gate_scales()
+    with torch.no_grad():  # the model at gate scale g·s: every tap's scale parameter set to give it
+        for tap, name in (("mu", "raw_mu_delta_scale"), ("sigma", "raw_sigma_delta_scale"),
+                          ("lambda", "raw_lambda_gate_scale")):  # fmt: skip
+            target = (gate * scales[tap] - EPS).clamp_min(1e-30)
+            getattr(attn, name).copy_(torch.log(torch.expm1(target)).clamp_min(-80.0))
+        inputs, grid, _ = _layer_inputs(model, x)
+        field = attn.field(inputs[layer], grid)
+    looks = torch.tensor([[query[0] - a.y, query[1] - a.x] for a in spec.atoms])  # μ = ★ − key
+    atol = 1e-4 if gate else 1e-3  # gate 0 is reached up to the gate's positive floor
+    torch.testing.assert_close(looks, field.mu[t].double(), atol=atol, rtol=1e-4, check_dtype=False)
+    sig = torch.tensor([[a.sy, a.sx] for a in spec.atoms])
+    torch.testing.assert_close(sig, field.sigma[t].double(), atol=atol, rtol=1e-4, check_dtype=False)
+    lam = torch.tensor([a.w for a in spec.atoms])
+    torch.testing.assert_close(lam / lam.sum(), field.lam()[t].double(), atol=atol, rtol=1e-4, check_dtype=False)
+    if gate == 0:
+        row = attention_maps(model, x, steered=False).attn[layer][0, head, query[0] * 8 + query[1]]
+        np.testing.assert_allclose(evaluate(spec).density.numpy().ravel(), row.double().numpy(), atol=1e-5)
+    with pytest.raises(ValueError, match="gate must be in"):
+        steered_spec(lf, head, model.config.grid, query, off.dmu[layer][t], off.sigma_ratio[layer][t],
+                     off.dlam[layer][t], 1.5)  # fmt: skip

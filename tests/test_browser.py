@@ -13,7 +13,9 @@ from urllib.parse import urlparse
 import pytest
 
 from app.process import AppProcess
-from tests.app_fixtures import write_bad_files, write_checkpoints, write_images
+from app.state import AppContext
+from app.tabs import geometry
+from tests.app_fixtures import write_bad_files, write_checkpoints, write_images, write_reference_checkpoint
 
 playwright = pytest.importorskip("playwright.sync_api")
 
@@ -24,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts"
 pytestmark = [
     pytest.mark.browser,
+    pytest.mark.timeout(1500),  # one long tour: on a loaded 2-core box it outlasts the suite's 600 s default
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed"),
 ]
 
@@ -36,9 +39,11 @@ def server(tmp_path_factory):
     bad = write_bad_files(root / "bad")
     bad_ckpt = root / "bad" / "half.safetensors"
     bad_ckpt.write_bytes((root / "ckpt" / "ssog_test.safetensors").read_bytes()[:5000])
+    reference = write_reference_checkpoint(root / "ref")
     env = {"GRADIO_TEMP_DIR": str(root / "gradio")}
     with AppProcess(root / "ckpt", root / "assets", root / "app.log", env=env) as app:
-        yield {"url": app.url, "images": images, "bad": bad, "bad_ckpt": bad_ckpt, "log": root / "app.log"}
+        yield {"url": app.url, "images": images, "bad": bad, "bad_ckpt": bad_ckpt, "log": root / "app.log",
+               "reference": reference, "ckpt": root / "ckpt"}  # fmt: skip
 
 
 def shot(page, name: str) -> None:
@@ -74,13 +79,21 @@ def test_browser_tour(server):
             page.wait_for_selector("#pg-canvas .atom")
             page.wait_for_function("() => document.querySelector('#pg-canvas img.fld').src.startsWith('data:')")
             drag_an_atom(page)
+            tau_keeps_the_query(page)
+            atoms_move_from_the_keyboard(page)
+            lambda_labels_do_not_pile_up(page)
             switch_a_preset(page)
             geometry_tab(page)
+            layer_controls_redraw(page)
+            figure_downloads_are_named(page)
+            geometry_click_opens_the_head(page, server["ckpt"])
             export_tab_upload(page, server["images"]["rgba"])
             steering_tab_click(page)
             bad_upload_keeps_serving(page, server["bad"]["text"])
             bad_checkpoint_upload(page, server["bad_ckpt"])
             session_save_and_restore(page, server["log"].parent)
+            session_with_an_uploaded_checkpoint(page, server["reference"], server["log"].parent)
+            phone_width(page)
         except Exception:
             shot(page, "failure")
             print(server["log"].read_text()[-4000:])
@@ -150,6 +163,7 @@ def export_tab_upload(page, image: Path) -> None:
 
 def steering_tab_click(page) -> None:
     open_tab(page, "steering")
+    page.wait_for_function("() => document.querySelector('#st-note').innerText.includes('rgba.png')")
     page.wait_for_selector("#st-click img[src]", state="attached")
     page.wait_for_selector("#st-steer img[src]", state="attached")
     assert not page.query_selector("#st-qfig img[src]")
@@ -204,3 +218,178 @@ def session_save_and_restore(page, folder: Path) -> None:
     open_tab(page, "playground")
     assert page.input_value("#pg-tau input[type=number]") == "2"
     shot(page, "07_session_restored")
+
+
+def canvas_info(page) -> str:
+    return page.inner_text("#pg-canvas .inf")
+
+
+def centre(box: dict) -> tuple[float, float]:
+    return box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+
+
+def tau_keeps_the_query(page) -> None:
+    """Issue 12, bug 2: τ (and the mode) never move the ★ or the atoms; only the grid size may."""
+    assert "★ query (12, 12)" in canvas_info(page)
+    cell = page.locator("#pg-canvas .pg").bounding_box()["width"] / 24
+    x, y = centre(page.locator("#pg-canvas .star").bounding_box())
+    page.mouse.move(x, y)
+    page.mouse.down()
+    page.mouse.move(x - 6 * cell, y - 6 * cell, steps=8)
+    page.mouse.up()
+    page.wait_for_function("() => document.querySelector('#pg-canvas .inf').textContent.includes('★ query (6, 6)')")
+    star = page.locator("#pg-canvas .star").bounding_box()
+    atoms = [page.locator("#pg-canvas .atom").nth(i).bounding_box() for i in range(3)]
+    before = img_src(page, "#pg-canvas img.fld")
+    page.fill("#pg-tau input[type=number]", "1.5")
+    page.press("#pg-tau input[type=number]", "Enter")
+    wait_src_change(page, "#pg-canvas img.fld", before)
+    page.wait_for_timeout(300)  # the value Python sends back has arrived with the image
+    assert "★ query (6, 6)" in canvas_info(page), canvas_info(page)
+    assert page.locator("#pg-canvas .star").bounding_box() == star
+    assert [page.locator("#pg-canvas .atom").nth(i).bounding_box() for i in range(3)] == atoms
+    shot(page, "08_tau_keeps_query")
+
+
+def lambda_labels_do_not_pile_up(page) -> None:
+    """Issue 12, bug 4: λ labels of clustered atoms stay readable (no two overlap)."""
+    x, y = centre(page.locator("#pg-canvas .atom").nth(0).bounding_box())
+    for k in (1, 2):
+        page.mouse.dblclick(x + 14 * k, y + 6 * k)
+        page.wait_for_function(f"() => document.querySelectorAll('#pg-canvas .atom').length === {3 + k}")
+    page.wait_for_timeout(300)
+    boxes = [page.locator("#pg-canvas .lam").nth(i).bounding_box() for i in range(5)]
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            overlap = min(a["x"] + a["width"], b["x"] + b["width"]) > max(a["x"], b["x"]) and min(
+                a["y"] + a["height"], b["y"] + b["height"]
+            ) > max(a["y"], b["y"])
+            assert not overlap, f"λ labels overlap: {a} {b}"
+    shot(page, "09_lambda_labels")
+
+
+def plot_title(page, selector: str) -> str:
+    el = page.query_selector(f"{selector} .gtitle")
+    return el.text_content() if el else ""
+
+
+def layer_controls_redraw(page) -> None:
+    """Issue 12, bug 3: a typed value, the keyboard and the mouse all redraw, and the figure names its layer."""
+    page.wait_for_function("() => (document.querySelector('#geo-layer-plot .gtitle') || {}).textContent")
+    assert plot_title(page, "#geo-layer-plot").startswith("Layer 0")
+    page.fill("#geo-layer input[type=number]", "1")
+    page.press("#geo-layer input[type=number]", "Enter")
+    page.wait_for_function("() => document.querySelector('#geo-layer-plot .gtitle').textContent.startsWith('Layer 1')")
+    page.focus("#geo-layer input[type=range]")
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_function("() => document.querySelector('#geo-layer-plot .gtitle').textContent.startsWith('Layer 0')")
+    assert page.input_value("#geo-layer input[type=number]") == "0"
+    open_tab(page, "steering")
+    page.wait_for_selector("#st-steer img[src]", state="attached")
+    page.wait_for_function("() => document.querySelector('#st-note').innerText.includes('layer 0')")
+    page.focus("#st-layer input[type=range]")
+    page.keyboard.press("ArrowRight")
+    page.wait_for_function("() => document.querySelector('#st-note').innerText.includes('layer 1')")
+    page.fill("#st-layer input[type=number]", "0")
+    page.press("#st-layer input[type=number]", "Enter")
+    page.wait_for_function("() => document.querySelector('#st-note').innerText.includes('layer 0')")
+    shot(page, "10_layer_controls")
+
+
+def figure_downloads_are_named(page) -> None:
+    """Issue 12, bug 7: a figure's own download button saves a named PNG, not a generic image.webp."""
+    for tab, figure in (("geometry", "#geo-figure"), ("steering", "#st-steer")):
+        open_tab(page, tab)
+        link = page.wait_for_selector(f"{figure} a[download]", state="attached")
+        name = link.get_attribute("download")
+        assert name.endswith(".png") and "ssog_test" in name, name
+
+
+def session_with_an_uploaded_checkpoint(page, reference: tuple[Path, Path], folder: Path) -> None:
+    """Issue 12, bugs 1, 6, 7: an uploaded reference checkpoint saves and restores, the image picker follows a
+    restored session, and messages carry no emoji a font-less machine draws as an empty box."""
+    page.click("#img-pick input")
+    page.locator("[role=option]", has_text="gray.png").click()
+    page.wait_for_function("() => document.querySelector('#status').innerText.includes('gray.png')")
+    with page.expect_file_chooser() as chooser:
+        page.click("#ckpt-upload")
+    chooser.value.set_files([str(p) for p in reference])
+    page.wait_for_function("() => document.querySelector('#status').innerText.includes('ref_ssog_full')")
+    status = page.inner_text("#status")
+    assert not any(ord(c) >= 0x1F000 or c in "\u2705\ufe0f" for c in status), status
+    assert page.input_value("#ckpt input") == "uploaded/ref_ssog_full.safetensors"
+    open_tab(page, "session")
+    page.click("#ses-save")
+    page.wait_for_function("() => /saved|error/i.test(document.querySelector('#ses-status').innerText)")
+    assert "Session saved" in page.inner_text("#ses-status"), page.inner_text("#ses-status")
+    link = page.wait_for_selector("#ses-file a[href]", state="attached")
+    with page.expect_download() as download:
+        link.click()
+    path = folder / download.value.suggested_filename
+    download.value.save_as(path)
+    saved = json.loads(path.read_text())
+    assert saved["checkpoint"] == "uploaded/ref_ssog_full.safetensors" and saved["image"]["name"] == "gray.png"
+    page.click("#img-pick input")
+    page.locator("[role=option]", has_text="scene.png").click()
+    page.wait_for_function("() => document.querySelector('#status').innerText.includes('scene.png')")
+    page.click("#ckpt input")
+    page.locator("[role=option]", has_text="ssog_test.safetensors").click()
+    page.click("#ses-upload button[aria-label=Clear]")  # the file restored in the step before
+    page.set_input_files("#ses-upload input[type=file]", str(path))
+    page.wait_for_function("() => document.querySelector('#ses-status').innerText.includes('restored')")
+    page.wait_for_timeout(300)
+    assert page.input_value("#ckpt input") == "uploaded/ref_ssog_full.safetensors"
+    assert page.input_value("#img-pick input") == "gray.png"
+    shot(page, "11_session_uploaded_restored")
+
+
+def atoms_move_from_the_keyboard(page) -> None:
+    """An atom is a focusable button with a name; arrow keys move it a cell and Python gets the new head."""
+    atom = page.locator("#pg-canvas .atom").nth(1)
+    assert "atom 2" in atom.get_attribute("aria-label") and atom.get_attribute("tabindex") == "0"
+    before = atom.bounding_box()
+    readout = page.inner_text("#pg-readout")
+    atom.focus()
+    page.keyboard.press("ArrowDown")
+    page.wait_for_function("old => document.querySelector('#pg-readout').innerText !== old", arg=readout)
+    after = page.locator("#pg-canvas .atom").nth(1).bounding_box()
+    cell = page.locator("#pg-canvas .pg").bounding_box()["height"] / 24
+    assert abs(after["y"] - before["y"] - cell) < 1.5 and after["x"] == before["x"]
+    page.keyboard.press("ArrowUp")  # back where it was, for the steps that follow
+    page.wait_for_function("old => document.querySelector('#pg-readout').innerText === old", arg=readout)
+
+
+def phone_width(page) -> None:
+    """At 390 px the canvas fits the viewport (it was a fixed 440 px, cut off)."""
+    page.set_viewport_size({"width": 390, "height": 844})
+    try:
+        open_tab(page, "playground")
+        page.wait_for_timeout(500)
+        box = page.locator("#pg-canvas .pg").bounding_box()
+        assert box["x"] >= 0 and box["x"] + box["width"] <= 390, box
+        ky = page.locator("#pg-canvas .ky").bounding_box()
+        assert ky["x"] + ky["width"] <= 390 and abs(ky["height"] - box["height"]) < 2, ky
+        shot(page, "12_phone")
+    finally:
+        page.set_viewport_size({"width": 1400, "height": 1000})
+
+
+def geometry_click_opens_the_head(page, ckpt_dir: Path) -> None:
+    """Linked views: a click on a head's panel in the geometry grid opens that head in the playground."""
+    open_tab(page, "geometry")
+    page.wait_for_selector("#geo-figure img[src]", state="attached")
+    _, boxes = geometry.geometry_png(AppContext(ckpt_dir, ckpt_dir).model("ssog_test.safetensors"))
+    x0, y0, x1, y1 = boxes[1 * 2 + 1]  # head rows × layer columns: head 1 of layer 1
+    page.evaluate("f => { const b = document.querySelector('#geo-figure img').getBoundingClientRect();"
+                  " window.scrollBy(0, b.y + f * b.height - 400); }", (y0 + y1) / 2)  # fmt: skip
+    x, y, w, h, nw, nh = page.evaluate(
+        "() => { const i = document.querySelector('#geo-figure img'), b = i.getBoundingClientRect();"
+        " return [b.x, b.y, b.width, b.height, i.naturalWidth, i.naturalHeight]; }"
+    )
+    scale = min(w / nw, h / nh)  # the picture is drawn contained in its box
+    left, top = x + (w - nw * scale) / 2, y + (h - nh * scale) / 2
+    page.mouse.click(left + (x0 + x1) / 2 * nw * scale, top + (y0 + y1) / 2 * nh * scale)
+    page.wait_for_function("() => document.querySelector('#pg-preset-note').innerText.includes('layer 1, head 1')")
+    assert page.get_attribute("#tab-playground-button", "aria-selected") == "true"
+    page.wait_for_function("() => document.querySelector('#pg-canvas .inf').textContent.includes('★ query (3, 3)')")
+    shot(page, "13_geometry_click_playground")

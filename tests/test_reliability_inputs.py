@@ -81,10 +81,10 @@ def _works(ctx: AppContext, sha: str, every_tab: bool) -> None:
     if every_tab:
         text, fig, acc, _ = export.render(ctx, GOOD, TWIN, sha, 0.5, 1)
         assert fig is not None and "net exporters" in text, text
-        note, click, pred, steer, qfig, _ = steering.render(ctx, GOOD, sha, 0, [1, 1])
-        assert steer is not None and qfig is not None, note
+        note, click, pred, steer, qfig, *_ = steering.render(ctx, GOOD, sha, 0, [1, 1])
+        assert steer["value"] is not None and qfig is not None, note
         assert compare.render(ctx, GOOD, TWIN, sha, 0.5, 0)[1] is not None
-        assert geometry.render(ctx, TWIN, 0, sha)[2] is not None  # a dot model shows its maps on the picture
+        assert geometry.render(ctx, TWIN, 0, sha)[2]["value"] is not None  # a dot model's maps on the picture
 
 
 @pytest.mark.parametrize("key", REFUSED_IMAGES)
@@ -124,7 +124,7 @@ def test_bad_checkpoint_upload_in_the_page_says_why(ctx, corpus, key):
     assert out[:4] == (gr.skip(),) * 4  # pickers unchanged
     assert out[4].startswith("⚠️") and re.search(expected, out[4]), out[4]
     assert ctx.checkpoint_names() == names and not corpus["marker"].exists()
-    assert geometry.render(ctx, GOOD, 0, None)[2] is not None  # the next request works
+    assert geometry.render(ctx, GOOD, 0, None)[2]["value"] is not None  # the next request works
 
 
 def test_bad_checkpoints_in_the_folder_give_messages_in_every_tab(corpus, tmp_path):
@@ -150,7 +150,7 @@ def test_bad_checkpoints_in_the_folder_give_messages_in_every_tab(corpus, tmp_pa
         ):
             assert re.search(expected, text), (key, text)
         assert export.default_twin(ctx, path.name) == export.NO_TWIN
-    assert geometry.render(ctx, GOOD, 0, sha)[2] is not None
+    assert geometry.render(ctx, GOOD, 0, sha)[2]["value"] is not None
     assert not corpus["marker"].exists()
 
 

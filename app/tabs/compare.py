@@ -7,7 +7,7 @@ from typing import Any
 
 import gradio as gr
 
-from app.common import error_text, warn, write_downloads
+from app.common import error_text, shown_figure, warn, write_downloads
 from app.state import AppContext
 from app.tabs.export import maps_for, summary
 from ssog_core import figures, viz
@@ -31,7 +31,15 @@ def render(ctx: AppContext, a: str | None, b: str | None, sha: str | None, alpha
         layer = min(int(layer or 0), depth - 1)
         fig = figures.compare_figure((a, ma), (b, mb), display, layer, stored.name)
         text = f"α = **{alpha:.2f}**, layer **{layer}** for both.  \nA — {summary(a, ma)}  \nB — {summary(b, mb)}"
-        return text, viz.figure_rgb(fig), gr.update(maximum=max(depth - 1, 1), value=layer)
+        if ma.grid != mb.grid:
+            text += (
+                f"  \nA sees a {ma.grid[0]}×{ma.grid[1]} patch grid and B a {mb.grid[0]}×{mb.grid[1]} one: they are "
+                "shown side by side, each on its own grid; the difference map A − B needs equal grids."
+            )
+        meta = {"figure": "compare", "A": a, "B": b, "image": stored.name, "image_sha256": sha, "alpha": float(alpha),
+                "layer": layer, "colormap": viz.NET_CMAP}  # fmt: skip
+        stem = f"compare_{figures.stem_of(a)}_vs_{figures.stem_of(b)}_{sha[:8]}_L{layer}_alpha{alpha:.2f}"
+        return text, shown_figure(fig, stem, meta), gr.update(maximum=max(depth - 1, 1), value=layer)
     except Exception as e:
         return warn(error_text(e)), None, gr.update()
 
@@ -54,7 +62,8 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
     text = gr.Markdown(elem_id="cmp-summary")
     figure = gr.Image(
         label="A, B and A − B",
-        type="numpy",
+        type="filepath",
+        format="png",
         interactive=False,
         elem_id="cmp-figure",
         show_label=False,
@@ -72,7 +81,5 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
     inputs = [a, b, shared["image_sha"], alpha, layer]
     for c in (a, b):
         c.input(show, inputs, outputs, api_visibility="private")
-    for c in (alpha, layer):
-        c.release(show, inputs, outputs, api_visibility="private", trigger_mode="always_last")
     dl_btn.click(partial(downloads, ctx), inputs, [dl_files, dl_status], api_visibility="private")
     return {"render": show, "outputs": outputs, "a": a, "b": b, "alpha": alpha, "layer": layer, "inputs": inputs}

@@ -9,11 +9,10 @@ from typing import Any
 import gradio as gr
 
 from app import plots
-from app.common import LRU, error_text, warn, write_downloads
-from app.state import AppContext, LoadedModel, StoredImage
+from app.common import LRU, error_text, shown_figure, warn, write_downloads
+from app.state import AppContext, LoadedModel, StoredImage, resize_note
 from ssog_core import figures, viz
 from ssog_core.analysis import DEFAULT_ALPHA, ExportMaps, export_maps
-from ssog_core.images import model_input
 
 NO_TWIN = "(none)"
 _MAPS = LRU(8)
@@ -21,8 +20,7 @@ _MAPS = LRU(8)
 
 def maps_for(lm: LoadedModel, stored: StoredImage, alpha: float) -> ExportMaps:
     def make() -> ExportMaps:
-        x, _ = model_input([stored.image], lm.config.img_size, lm.meta)
-        return export_maps(lm.model, x, alpha)
+        return export_maps(lm.model, lm.input(stored.image), alpha)
 
     return _MAPS.get((lm.key, stored.sha256, round(float(alpha), 4)), make)
 
@@ -68,8 +66,17 @@ def summary(name: str, m: ExportMaps) -> str:
     )
 
 
-def render(ctx: AppContext, ckpt: str | None, twin: str | None, sha: str | None, alpha: float, layer: float):
-    """(summary, figure, accumulated-map plot, layer slider)."""
+def render(
+    ctx: AppContext,
+    ckpt: str | None,
+    twin: str | None,
+    sha: str | None,
+    alpha: float,
+    layer: float,
+    query: Any = None,
+):
+    """(summary, figure, accumulated-map plot, layer slider); ``query``, the patch picked in Steering, is
+    outlined on every map."""
     if not ckpt or not sha:
         missing = "a checkpoint" if not ckpt else "an image (top of the page)"
         return f"Pick {missing} to compute export maps.", None, None, gr.update()
@@ -81,19 +88,36 @@ def render(ctx: AppContext, ckpt: str | None, twin: str | None, sha: str | None,
             models.append((twin, tw, maps_for(tw, stored, alpha)))
         depth = max(m.net.shape[1] for _, _, m in models)
         layer = min(int(layer or 0), depth - 1)
-        fig = figures.export_figure([(n, m) for n, _, m in models], _display(stored, lm), layer, stored.name)
+        q = (int(query[0]), int(query[1])) if query else None
+        fig = figures.export_figure([(n, m) for n, _, m in models], _display(stored, lm), layer, stored.name, q)
+        names = "+".join(figures.stem_of(n) for n, _, _ in models)
+        meta = {"figure": "export maps", "checkpoints": [n for n, _, _ in models], "image": stored.name,
+                "image_sha256": sha, "alpha": float(alpha), "layer": layer, "colormap": viz.NET_CMAP,
+                "query": list(q) if q else None}  # fmt: skip
+        shown = shown_figure(fig, f"export_{names}_{sha[:8]}_L{layer}_alpha{alpha:.2f}_{viz.NET_CMAP}", meta)
         text = (
-            f"α = **{alpha:.2f}** (Â = α·Ā + (1−α)·I). Red = source (others read it), blue = gatherer.  \n"
+            f"α = **{alpha:.2f}** (Â = α·Ā + (1−α)·I). Red = source (others read it), blue = gatherer. "
+            f"{resize_note(stored, lm)}"
+            + (f"The query patch {q} picked in Steering is outlined in yellow. " if q else "")
+            + " \n"
             + "  \n".join(summary(n, m) for n, _, m in models)
         )
         acc = models[0][2].accumulated[0].numpy()
-        plot = plots.map_plot(acc, f"{lm.name}: accumulated net export (hover for values)", "Σ net export")
-        return text, viz.figure_rgb(fig), plot, gr.update(maximum=max(depth - 1, 1), value=layer)
+        plot = plots.map_plot(acc, f"{lm.name}: accumulated net export (hover for values)", "Σ net export", mark=q)
+        return text, shown, plot, gr.update(maximum=max(depth - 1, 1), value=layer)
     except Exception as e:
         return warn(error_text(e)), None, None, gr.update()
 
 
-def downloads(ctx: AppContext, ckpt: str | None, twin: str | None, sha: str | None, alpha: float, layer: float):
+def downloads(
+    ctx: AppContext,
+    ckpt: str | None,
+    twin: str | None,
+    sha: str | None,
+    alpha: float,
+    layer: float,
+    query: Any = None,
+):
     """The figure (PNG + SVG) and every model's raw maps (.npz + CSV); settings in file names and metadata."""
     try:
         lm, stored = ctx.model(ckpt), ctx.image(sha)
@@ -101,7 +125,8 @@ def downloads(ctx: AppContext, ckpt: str | None, twin: str | None, sha: str | No
         if twin and twin != NO_TWIN and twin != ckpt:
             models.append((twin, maps_for(ctx.model(twin), stored, alpha)))
         settings = {"image": stored.name, "image_sha256": sha}
-        return write_downloads(figures.export_files(models, _display(stored, lm), int(layer or 0), settings)), ""
+        q = (int(query[0]), int(query[1])) if query else None
+        return write_downloads(figures.export_files(models, _display(stored, lm), int(layer or 0), settings, q)), ""
     except Exception as e:
         return None, warn(error_text(e))
 
@@ -117,6 +142,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
             value=DEFAULT_ALPHA,
             step=0.05,
             label="α: residual mixing Â = α·Ā + (1−α)·I",
+            info="α only rescales the maps (their range grows with α); which patches export does not change.",
             elem_id="ex-alpha",
             scale=2,
         )
@@ -126,7 +152,8 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
     text = gr.Markdown(elem_id="ex-summary")
     figure = gr.Image(
         label="Export maps",
-        type="numpy",
+        type="filepath",
+        format="png",
         interactive=False,
         elem_id="ex-figure",
         show_label=False,
@@ -146,12 +173,10 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
             dl_status = gr.Markdown()
     outputs = [text, figure, acc, layer]
 
-    def show(ckpt, tw, sha, a, lay):
-        return render(ctx, ckpt, tw, sha, a, lay)
+    def show(ckpt, tw, sha, a, lay, q):
+        return render(ctx, ckpt, tw, sha, a, lay, q)
 
-    inputs = [shared["checkpoint"], twin, shared["image_sha"], alpha, layer]
-    for c in (alpha, layer):
-        c.release(show, inputs, outputs, api_visibility="private", trigger_mode="always_last")
+    inputs = [shared["checkpoint"], twin, shared["image_sha"], alpha, layer, shared["query"]]
     twin.input(show, inputs, outputs, api_visibility="private")
     dl_btn.click(partial(downloads, ctx), inputs, [dl_files, dl_status], api_visibility="private")
     return {"render": show, "outputs": outputs, "twin": twin, "alpha": alpha, "layer": layer, "inputs": inputs}

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import io
 from functools import partial
 from typing import Any
 
 import gradio as gr
 import numpy as np
+from PIL import Image
 
 from app import plots
-from app.common import LRU, error_text, warn, write_downloads
+from app.common import LRU, error_text, shown_figure, warn, write_downloads
 from app.state import AppContext, LoadedModel
 from ssog_core import figures, report, viz
 from ssog_core.analysis import attention_maps, has_keys, key_norms
-from ssog_core.images import model_input
 
 ATOM_HEADERS = [
     "layer",
@@ -49,47 +50,82 @@ def card_markdown(lm: LoadedModel) -> str:
     return "\n".join(lines)
 
 
-def geometry_image(lm: LoadedModel) -> np.ndarray:
-    return _FIGURES.get(("geometry", lm.key), lambda: viz.figure_rgb(viz.geometry_figure(lm.fields, lm.name)))
+def geometry_png(lm: LoadedModel) -> tuple[bytes, list[tuple[float, float, float, float]]]:
+    """The layers × heads figure as PNG bytes and where each panel sits in it (drawn once per checkpoint)."""
+
+    def draw() -> tuple[bytes, list[tuple[float, float, float, float]]]:
+        fig = viz.geometry_figure(lm.fields, lm.name)
+        settings = {"figure": "geometry", "checkpoint": lm.name, "colormap": viz.FIELD_CMAP}
+        png = viz.figure_bytes(fig, "png", settings)  # rendering fixes the layout: the boxes are read after it
+        return png, viz.panel_boxes(fig)
+
+    return _FIGURES.get(("geometry", lm.key), draw)
+
+
+def geometry_image(lm: LoadedModel) -> str:
+    """The figure as a named PNG file (its download keeps the name)."""
+    return write_downloads({f"{viz.safe_token('geometry_' + figures.stem_of(lm.name))}.png": geometry_png(lm)[0]})[0]
+
+
+def head_at(lm: LoadedModel, xy: Any) -> tuple[int, int] | None:
+    """The ``(layer, head)`` whose panel is under pixel ``(x, y)`` of the geometry figure, or None."""
+    png, boxes = geometry_png(lm)
+    width, height = Image.open(io.BytesIO(png)).size
+    x, y = float(xy[0]) / width, float(xy[1]) / height
+    layers = len(lm.fields)
+    for k, (x0, y0, x1, y1) in enumerate(boxes):  # the figure's axes, row-major: head rows × layer columns
+        if x0 <= x <= x1 and y0 <= y <= y1:
+            return k % layers, k // layers
+    return None
+
+
+def shown(value: Any) -> dict[str, Any]:
+    """A component's new value, hidden when there is none (no empty plot boxes or tables)."""
+    return gr.update(value=value, visible=value is not None)
 
 
 def render(ctx: AppContext, ckpt: str | None, layer: float, sha: str | None):
     """Everything the tab shows for a checkpoint: (note, card, figure, gates plot, layer plot, stats plot,
-    atom table, layer slider update)."""
-    empty = (None, None, None, None, None)
+    atom table, layer slider update). What a model does not have (a dot model's field, gates and atoms) is
+    hidden, and the note says what is shown instead."""
+    hidden = tuple(shown(None) for _ in range(5))
     if not ckpt:
         return (
             "No checkpoint found: put `.safetensors` files in the checkpoint folder or upload one above.",
             "",
-            *empty,
-            gr.update(),
+            *hidden,
+            gr.update(visible=False),
         )
     try:
         lm = ctx.model(ckpt)
         card = card_markdown(lm)
         if not lm.is_ssog:
             text, fig, norms = dot_view(ctx, lm, sha)
-            return text, card, fig, None, None, norms, None, gr.update(maximum=1, value=0)
+            return text, card, shown(fig), shown(None), shown(None), shown(norms), shown(None), gr.update(visible=False)
         layer = min(int(layer or 0), len(lm.fields) - 1)
         init = report.initial_gate_scale(lm.config)
         entropy = np.stack([lf.entropy.numpy() for lf in lm.fields])
         radius = np.stack([lf.radius.numpy() for lf in lm.fields])
         note = (
             f"**{ckpt}**: {len(lm.fields)} layers × {lm.config.num_heads} heads × {lm.config.num_atoms} atoms. "
-            "Each panel is a head's field over key offset; `+` marks where an atom looks (−μ), brighter = larger λ."
+            "Each panel is a head's field over key offset; `+` marks where an atom looks (−μ), brighter = larger λ. "
+            "**Click a panel** to open that head in the playground."
         )
+        stats = plots.stats_plot(entropy, radius, "Per-head attention entropy and effective radius (fixed field)",
+                                 lm.config.grid[0] * lm.config.grid[1])  # fmt: skip
+        atoms = [[round(v, 4) if isinstance(v, float) else v for v in row] for row in report.atom_rows(lm.fields)]
         return (
             note,
             card,
-            geometry_image(lm),
-            plots.gates_plot(lm.fields, init),
-            plots.layer_density_plot(lm.fields[layer], layer),
-            plots.stats_plot(entropy, radius, "Per-head attention entropy and effective radius (fixed field)"),
-            [[round(v, 4) if isinstance(v, float) else v for v in row] for row in report.atom_rows(lm.fields)],
-            gr.update(maximum=max(len(lm.fields) - 1, 1), value=layer),
+            shown(geometry_image(lm)),
+            shown(plots.gates_plot(lm.fields, init)),
+            shown(plots.layer_density_plot(lm.fields[layer], layer)),
+            shown(stats),
+            shown(atoms),
+            gr.update(maximum=max(len(lm.fields) - 1, 1), value=layer, visible=True),
         )
     except Exception as e:
-        return (warn(error_text(e)), "", *empty, gr.update())
+        return (warn(error_text(e)), "", *hidden, gr.update(visible=False))
 
 
 def dot_view(ctx: AppContext, lm: LoadedModel, sha: str | None):
@@ -103,7 +139,7 @@ def dot_view(ctx: AppContext, lm: LoadedModel, sha: str | None):
     if not sha:
         return text + "\n\nPick or upload an image at the top to see them.", None, None
     stored = ctx.image(sha)
-    x, _ = model_input([stored.image], lm.config.img_size, lm.meta)
+    x = lm.input(stored.image)
     norms = None
     if has_keys(lm.model):
         kn = key_norms(lm.model, x)
@@ -118,10 +154,12 @@ def dot_view(ctx: AppContext, lm: LoadedModel, sha: str | None):
     gh, gw = maps.grid
     q = ((gh - 1) // 2, (gw - 1) // 2)
     n = q[0] * gw + q[1]
-    rows = np.stack([a[0, :, n].reshape(-1, gh, gw).numpy() for a in maps.attn])
+    rows = np.stack([a[0, :, n].reshape(-1, gh, gw).cpu().numpy() for a in maps.attn])
     display = viz.model_view(stored.image, lm.config.img_size, figures.DISPLAY_WIDTH)
     fig = viz.attention_grid_figure(display, rows, q, f"{lm.name} on {stored.name}")
-    return text, viz.figure_rgb(fig), norms
+    settings = {"figure": "attention maps", "checkpoint": lm.name, "image": stored.name, "image_sha256": sha,
+                "query": list(q)}  # fmt: skip
+    return text, shown_figure(fig, f"attention_{figures.stem_of(lm.name)}_{sha[:8]}_q{q[0]}-{q[1]}", settings), norms
 
 
 def on_layer(ctx: AppContext, ckpt: str | None, layer: float):
@@ -154,7 +192,8 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
         with gr.Column(scale=3):
             figure = gr.Image(
                 label="Learned geometry: layers × heads",
-                type="numpy",
+                type="filepath",
+                format="png",
                 interactive=False,
                 elem_id="geo-figure",
                 show_label=False,
@@ -166,6 +205,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
                 dl_btn = gr.Button("Make files", size="sm")
                 dl_files = gr.File(label="files", file_count="multiple", interactive=False)
                 dl_status = gr.Markdown()
+            status = gr.Markdown(elem_id="geo-status")
     gates = gr.Plot(show_label=False, label="Gate scales vs layer", elem_id="geo-gates")
     layer = gr.Slider(0, 1, value=0, step=1, label="layer for the interactive view", elem_id="geo-layer")
     layer_plot = gr.Plot(show_label=False, label="One layer, interactive", elem_id="geo-layer-plot")
@@ -182,12 +222,13 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
     def show(ckpt, lay, sha):
         return render(ctx, ckpt, lay, sha)
 
-    layer.release(
+    layer.change(  # release, typed value and keyboard alike (a release alone missed the last two)
         partial(on_layer, ctx),
         [shared["checkpoint"], layer],
         [layer_plot],
         show_progress="hidden",
+        trigger_mode="always_last",
         api_visibility="private",
     )
     dl_btn.click(partial(downloads, ctx), [shared["checkpoint"]], [dl_files, dl_status], api_visibility="private")
-    return {"render": show, "outputs": outputs, "layer": layer}
+    return {"render": show, "outputs": outputs, "layer": layer, "figure": figure, "status": status}

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import base64
 import io
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 import gradio as gr
-from PIL import Image, ImageOps
+import numpy as np
+from PIL import Image
 
 from app import plots
 from app.canvas import CSS_TEMPLATE, HTML_TEMPLATE, JS_ON_LOAD, canvas_props
@@ -30,12 +31,13 @@ def _spec(value: Any) -> HeadSpec:
     return HeadSpec.from_dict(value)
 
 
-def _value(spec: HeadSpec, sel: int = 0) -> dict[str, Any]:
+def head_value(spec: HeadSpec, sel: int = 0) -> dict[str, Any]:
     return {**spec.to_dict(), "sel": min(max(int(sel), 0), len(spec.atoms) - 1)}
 
 
-def render(value: Any, overlay: bool = False) -> tuple[dict[str, Any], HeadSpec, HeadView]:
-    """Field image and overlay numbers for the canvas, computed by :func:`ssog_core.playground.evaluate`."""
+def render(value: Any, overlay: bool = False, hover: bool = True) -> tuple[dict[str, Any], HeadSpec, HeadView]:
+    """Field image and overlay numbers for the canvas, computed by :func:`ssog_core.playground.evaluate`; with
+    ``hover`` also every cell's weight (left out of drag previews, which stay small and fast)."""
     spec = _spec(value)
     view = evaluate(spec)
     d = view.density.numpy()
@@ -43,6 +45,8 @@ def render(value: Any, overlay: bool = False) -> tuple[dict[str, Any], HeadSpec,
     ky, kx = view.row_marginal.numpy(), view.col_marginal.numpy()
     props = {
         "img": viz.data_url(viz.png_bytes(rgb)),
+        "vmax": f"{float(d.max()):.4g}",
+        "cbar": legend_gradient(viz.OVERLAY_CMAP if overlay else viz.FIELD_CMAP),
         "ky": [round(float(v), 4) for v in ky / max(ky.max(), 1e-30)],
         "kx": [round(float(v), 4) for v in kx / max(kx.max(), 1e-30)],
         "wid": [[round(float(w), 3) for w in row] for row in view.width],
@@ -50,7 +54,16 @@ def render(value: Any, overlay: bool = False) -> tuple[dict[str, Any], HeadSpec,
         "info": f"★ query {tuple(spec.query)} · attention entropy {view.entropy:.2f} nats · "
         f"effective radius {view.radius:.2f} cells · {len(spec.atoms)} atoms = {5 * len(spec.atoms)} numbers",
     }
+    if hover:
+        props["dens"] = np.round(d, 5).tolist()
     return props, spec, view
+
+
+@lru_cache(maxsize=4)
+def legend_gradient(cmap: str) -> str:
+    """A CSS gradient of a colour map, for the canvas' colour bar."""
+    stops = viz.colorize(np.linspace(0.0, 1.0, 9)[None], cmap, 0.0, 1.0)[0]
+    return "linear-gradient(to right, " + ", ".join(f"rgb({r},{g},{b})" for r, g, b in stops) + ")"
 
 
 def preview(payload: dict) -> dict[str, Any]:
@@ -58,8 +71,8 @@ def preview(payload: dict) -> dict[str, Any]:
     try:
         if not isinstance(payload, dict):
             raise ValueError("preview needs {value, overlay}")
-        props, _, _ = render(payload.get("value"), bool(payload.get("overlay")))
-        return props
+        props, _, _ = render(payload.get("value"), bool(payload.get("overlay")), hover=False)
+        return props  # hover reads the last released head's values
     except Exception as e:  # the page shows the message; the server keeps serving
         return {"error": error_text(e)}
 
@@ -80,7 +93,7 @@ def readout(spec: HeadSpec, view: HeadView) -> list[list[str]]:
     return rows
 
 
-def _outputs(value: Any, overlay: bool, extra: dict[str, Any] | None = None, new_value: bool = False):
+def canvas_outputs(value: Any, overlay: bool, extra: dict[str, Any] | None = None, new_value: bool = False):
     """Canvas update (props, plus the value itself when Python changed it) + kernel plot + readout."""
     props, spec, view = render(value, overlay)
     if new_value:
@@ -123,7 +136,7 @@ def on_details(value: Any):
 def on_pick(value: Any, evt: gr.EventData):
     """An atom was selected on the canvas: its σ and weight go to the sliders."""
     try:
-        return _sliders(_value(_spec(value), (evt._data or {}).get("i", value.get("sel", 0))))
+        return _sliders(head_value(_spec(value), (evt._data or {}).get("i", value.get("sel", 0))))
     except Exception:
         return (gr.skip(),) * 5
 
@@ -136,29 +149,35 @@ def on_atom_param(value: Any, sy: float, sx: float, w: float, bg: bool):
         atoms = [dict(a) for a in v["atoms"]]
         atoms[sel].update(sy=float(sy), sx=float(sx), w=float(w))
         v["atoms"] = atoms
-        return _outputs(_value(_spec(v), sel), bg, new_value=True)
+        return canvas_outputs(head_value(_spec(v), sel), bg, new_value=True)
     except Exception as e:
         return gr.update(err=error_text(e)), gr.skip(), gr.skip()
 
 
 def on_head_param(value: Any, tau: float, grid: int, mode: str, bg: bool):
-    """τ, the grid size or the field mode changed. A new grid keeps every atom's offset μ from the ★,
-    which moves to the new centre."""
+    """τ, the grid size or the field mode changed. τ and the mode leave the ★ and the atoms where they are; a new
+    grid moves the ★ to the same relative place on it (proportionally) and keeps every atom's offset μ from it."""
     try:
         spec = _spec(value)
         g = (int(grid), int(grid))
-        q = ((g[0] - 1) // 2, (g[1] - 1) // 2)
+        q = tuple(rescale_cell(c, n0, n1) for c, n0, n1 in zip(spec.query, spec.grid, g, strict=True))
         dy, dx = q[0] - spec.query[0], q[1] - spec.query[1]
         v = {**spec.to_dict(), "grid": list(g), "query": list(q), "tau": float(tau), "mode": mode}
         v["atoms"] = [{**a, "y": a["y"] + dy, "x": a["x"] + dx} for a in v["atoms"]]
-        v = _value(_spec(v), value.get("sel", 0))
+        v = head_value(_spec(v), value.get("sel", 0))
         return _full(v, bg)
     except Exception as e:
         return gr.update(err=error_text(e)), gr.skip(), gr.skip()
 
 
+def rescale_cell(c: int, n_old: int, n_new: int) -> int:
+    """Cell ``c`` of an ``n_old``-cell axis at the same relative place on an ``n_new``-cell axis (cell centres
+    scale; unchanged when the size is)."""
+    return min(max(round((c + 0.5) * n_new / n_old - 0.5), 0), n_new - 1)
+
+
 def _full(v: dict[str, Any], bg: bool):
-    return _outputs(v, bg, new_value=True)
+    return canvas_outputs(v, bg, new_value=True)
 
 
 def on_add(value: Any, bg: bool, evt: gr.EventData):
@@ -173,7 +192,7 @@ def on_add(value: Any, bg: bool, evt: gr.EventData):
         x = float(data.get("x", spec.query[1] + 2))
         v = spec.to_dict()
         v["atoms"].append({"y": y, "x": x, "sy": sel.sy, "sx": sel.sx, "w": sel.w})
-        v = _value(_spec(v), len(v["atoms"]) - 1)
+        v = head_value(_spec(v), len(v["atoms"]) - 1)
         return (*_full(v, bg), *_sliders(v))
     except Exception as e:
         warn(error_text(e))
@@ -188,7 +207,7 @@ def on_remove(value: Any, bg: bool):
         sel = min(int(value.get("sel", 0)), len(spec.atoms) - 1)
         v = spec.to_dict()
         del v["atoms"][sel]
-        v = _value(_spec(v), max(sel - 1, 0))
+        v = head_value(_spec(v), max(sel - 1, 0))
         return (*_full(v, bg), *_sliders(v))
     except Exception as e:
         warn(error_text(e))
@@ -222,55 +241,103 @@ def preset_choices(ctx: AppContext, ckpt: str | None) -> tuple[list[str], str]:
 
 
 def on_checkpoint(ctx: AppContext, ckpt: str | None):
+    """New presets for a new checkpoint; the picker is hidden when the model has none (the note says why)."""
     choices, note = preset_choices(ctx, ckpt)
-    return gr.update(choices=choices, value=None), note
+    return gr.update(choices=choices, value=None, visible=bool(choices)), note
 
 
-def on_preset(ctx: AppContext, ckpt: str, label: str | None, bg: bool):
+def on_preset(ctx: AppContext, ckpt: str, label: str | None, bg: bool, sha: str | None = None):
     """Load a trained head (atoms, widths, weights, τ) onto the canvas."""
     try:
         if not label:
-            return (gr.skip(),) * 12
+            return (gr.skip(),) * 13
         lm = ctx.model(ckpt)
         match = [p for p in lm.presets if p.label == label]
         if not match:
             raise AppError(f"preset {label!r} is not a head of {ckpt}")
-        s = match[0].shape
-        lf = lm.fields[s.layer]
-        spec = spec_from_head(lf, s.head, mode=lm.config.field)
-        v = _value(spec, 0)
-        note = (
-            f"**{match[0].kind}** = layer {s.layer}, head {s.head} of {ckpt}: over all queries of the model's "
-            f"{lm.config.grid[0]}×{lm.config.grid[1]} grid its attention entropy is {lf.entropy[s.head]:.2f} nats "
-            f"and its effective radius {lf.radius[s.head]:.2f} cells (τ = {lf.tau:.2f})."
-        )
-        return (*_full(v, bg), *_sliders(v), *head_controls(v), note)
+        return open_head(ctx, ckpt, match[0].shape.layer, match[0].shape.head, bg, sha, f"**{match[0].kind}** = ")
     except Exception as e:
-        return (*(gr.skip(),) * 11, warn(error_text(e)))
+        return (*(gr.skip(),) * 11, warn(error_text(e)), gr.skip())
+
+
+def open_head(ctx: AppContext, ckpt: str, layer: int, head: int, bg: bool, sha: str | None, prefix: str = ""):
+    """A trained head as an editable one, on the model's own patch grid with the ★ at its centre query: the
+    field drawn is that query's fixed-field attention, and a picture under it is cut into the patches the model
+    sees. Outputs: canvas, kernels, readout, the atom sliders and buttons, τ, grid, mode, note, status."""
+    lm = ctx.model(ckpt)
+    lf = lm.fields[layer]
+    v = head_value(spec_from_head(lf, head, grid=tuple(lm.config.grid), mode=lm.config.field), 0)
+    note = (
+        f"{prefix}layer {layer}, head {head} of {ckpt}, on the model's {lm.config.grid[0]}×{lm.config.grid[1]} "
+        f"patch grid (★ = the centre query): over all queries its attention entropy is {lf.entropy[head]:.2f} "
+        f"nats and its effective radius {lf.radius[head]:.2f} cells (τ = {lf.tau:.2f})."
+    )
+    return load_head(ctx, v, bg, sha, note)
+
+
+def load_head(ctx: AppContext, v: dict[str, Any], bg: bool, sha: str | None, note: str):
+    """Every playground output for a head loaded from elsewhere (a preset, the geometry grid, a steered query):
+    canvas (over the picture when the underlay is on), kernels, readout, atom controls, τ, grid, mode, note,
+    status."""
+    extra, status = {}, ""
+    if bg:
+        try:
+            extra["bg"] = underlay_url(ctx, sha, v)
+        except AppError as e:
+            status = warn(error_text(e))
+    return (
+        *canvas_outputs(v, bg and bool(extra), extra, new_value=True),
+        *_sliders(v),
+        *head_controls(v),
+        note,
+        status,
+    )
 
 
 def underlay_url(ctx: AppContext, sha: str | None, value: dict[str, Any]) -> str:
-    """The picture under the canvas, cropped to the grid's aspect and sent once as a JPEG data URL."""
+    """The picture under the canvas, resized to the grid's aspect as the model's input is (stretched, never
+    cropped: on a model's patch grid every cell is then one patch), sent once as a JPEG data URL."""
     if not sha:
         raise AppError("pick or upload an image first (top of the page) to draw the head over it")
     img = ctx.image(sha).image
     gh, gw = value["grid"]
     w = CANVAS_SIZE * gw // max(gh, gw)
     h = CANVAS_SIZE * gh // max(gh, gw)
-    fitted = ImageOps.fit(img, (w, h), Image.Resampling.LANCZOS)
+    fitted = img.convert("RGB").resize((w, h), Image.Resampling.BICUBIC)
     buf = io.BytesIO()
     fitted.save(buf, format="JPEG", quality=85)
     return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def on_underlay(ctx: AppContext, value: Any, show: bool, sha: str | None):
+def underlay_note(ctx: AppContext, ckpt: str | None, sha: str | None, value: dict[str, Any]) -> str:
+    """Say on which scale the picture is drawn: the selected model's patches, or a grid of the user's own."""
+    if not ckpt:
+        return ""
+    try:
+        lm = ctx.model(ckpt)
+    except AppError:
+        return ""
+    grid, model_grid = tuple(value["grid"]), tuple(lm.config.grid)
+    size = ctx.image(sha).original_size if sha else None
+    h, w = lm.config.img_size
+    seen = f" The picture ({size[0]}×{size[1]} px) is resized to {w}×{h} px as {ckpt} sees it." if size else ""
+    if grid == model_grid:
+        return f"One canvas cell = one of {ckpt}'s {grid[0]}×{grid[1]} patches.{seen}"
+    return (
+        f"This head's grid is {grid[0]}×{grid[1]} cells, not {ckpt}'s {model_grid[0]}×{model_grid[1]} patch grid: "
+        f"the picture is stretched over it. Load a preset (or set the grid to {model_grid[0]}) to see a head at "
+        f"the model's scale.{seen}"
+    )
+
+
+def on_underlay(ctx: AppContext, value: Any, show: bool, sha: str | None, ckpt: str | None = None):
     """Turn the image underlay on or off (or refresh it after a new image was picked)."""
     try:
         bg = underlay_url(ctx, sha, value) if show else ""
-        canvas, fig, rows = _outputs(value, bool(bg), {"bg": bg})
-        return canvas, fig, rows, gr.update(value=bool(bg)), ""
+        canvas, fig, rows = canvas_outputs(value, bool(bg), {"bg": bg})
+        return canvas, fig, rows, gr.update(value=bool(bg)), underlay_note(ctx, ckpt, sha, value) if bg else ""
     except Exception as e:  # no picture: the checkbox goes back off so the field is drawn opaque again
-        canvas, fig, rows = _outputs(value, False, {"bg": ""})
+        canvas, fig, rows = canvas_outputs(value, False, {"bg": ""})
         return canvas, fig, rows, gr.update(value=False), warn(error_text(e))
 
 
@@ -288,7 +355,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
     v0 = initial_value()
     props0, spec0, view0 = render(v0)
     with gr.Row(equal_height=False):
-        with gr.Column(scale=3, min_width=520):
+        with gr.Column(scale=3, min_width=300):
             canvas = gr.HTML(
                 v0,
                 html_template=HTML_TEMPLATE,
@@ -320,7 +387,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
                 with gr.Row():
                     add = gr.Button("Add atom", size="sm", elem_id="pg-add")
                     remove = gr.Button("Remove atom", size="sm", elem_id="pg-remove")
-                    reset = gr.Button("Reset", size="sm")
+                    reset = gr.Button("Reset", size="sm", elem_id="pg-reset")
             with gr.Group():
                 gr.Markdown("**Head**")
                 tau = gr.Slider(0.5, 5, value=v0["tau"], step=0.05, label="temperature τ", elem_id="pg-tau")
@@ -329,6 +396,17 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
                 )
                 mode = gr.Radio(["factorized", "axial"], value=v0["mode"], label="field mode")
                 underlay = gr.Checkbox(False, label="draw over the selected image", elem_id="pg-underlay")
+            with gr.Group(visible=False, elem_id="pg-steer") as steer_group:
+                steer_note = gr.Markdown(elem_id="pg-steer-note")
+                gate = gr.Slider(
+                    0,
+                    1,
+                    value=1,
+                    step=0.05,
+                    label="content gate: 0 = the fixed field … 1 = the learned gate",
+                    elem_id="pg-gate",
+                )
+            steer_src = gr.State(None)
             pg_status = gr.Markdown()
             with gr.Accordion("Export this head as a figure (PNG + SVG)", open=False):
                 fig_btn = gr.Button("Make figure", size="sm")
@@ -359,13 +437,13 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
     reset.click(on_reset, [underlay], main_out + atom_controls + [tau, grid, mode, preset, preset_note], **fast)
     preset.input(
         partial(on_preset, ctx),
-        [shared["checkpoint"], preset, underlay],
-        main_out + atom_controls + [tau, grid, mode, preset_note],
+        [shared["checkpoint"], preset, underlay, shared["image_sha"]],
+        main_out + atom_controls + [tau, grid, mode, preset_note, pg_status],
         **fast,
     )
     underlay.input(
         partial(on_underlay, ctx),
-        [canvas, underlay, shared["image_sha"]],
+        [canvas, underlay, shared["image_sha"], shared["checkpoint"]],
         main_out + [underlay, pg_status],
         **fast,
     )
@@ -383,4 +461,9 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
         "main_out": main_out,
         "status": pg_status,
         "head_controls": [tau, grid, mode],
+        "atom_controls": atom_controls,
+        "steer_group": steer_group,
+        "steer_note": steer_note,
+        "gate": gate,
+        "steer_src": steer_src,
     }

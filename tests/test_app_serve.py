@@ -1,0 +1,119 @@
+"""Serving the app to a lab: the device models run on, logins (Gradio's own auth) and the start-up warning."""
+
+from __future__ import annotations
+
+import http.cookiejar
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+import torch
+from gradio_client import Client
+
+from app import main as app_main
+from app import state
+from app.main import build_app, launch
+from app.process import free_port
+from app.state import AppContext
+from tests.app_fixtures import write_checkpoints, write_images
+
+LOGIN = ("ana", "pa:ss word")
+
+
+def fake_gpus(monkeypatch, n: int) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+
+
+def test_device_defaults_to_a_gpu_when_there_is_one(monkeypatch):
+    fake_gpus(monkeypatch, 0)
+    assert app_main.choose_device(None) == "cpu" and app_main.choose_device("cpu") == "cpu"
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        app_main.choose_device("cuda")
+    fake_gpus(monkeypatch, 2)
+    assert app_main.choose_device(None) == "cuda" and app_main.choose_device("cuda:1") == "cuda:1"
+    assert app_main.choose_device("cpu") == "cpu"
+    for bad, message in (("cuda:2", "has 2 CUDA"), ("tpu", "use cpu, cuda"), ("mps", "use cpu, cuda")):
+        with pytest.raises(ValueError, match=message):
+            app_main.choose_device(bad)
+    with pytest.raises(SystemExit, match="error: --device 'tpu'"):
+        app_main.main(["--device", "tpu"])
+
+
+def test_models_load_on_the_chosen_device(tmp_path, monkeypatch):
+    """The checkpoint is loaded onto the app's device (a fake one here: the loader records where it was asked
+    to put the model), and every model input follows the model to its device."""
+    write_checkpoints(tmp_path / "ckpt", depth=1)
+    write_images(tmp_path / "assets")
+    asked = []
+    real = state.load_checkpoint
+
+    def recording(path, device="cpu"):
+        asked.append(device)
+        return real(path, "cpu")
+
+    monkeypatch.setattr(state, "load_checkpoint", recording)
+    ctx = AppContext(tmp_path / "ckpt", tmp_path / "assets", upload_dir=tmp_path / "up", device="cuda:3")
+    lm = ctx.model("ssog_test.safetensors")
+    assert asked == ["cuda:3"] and lm.device == torch.device("cpu")
+    x = lm.input(ctx.open_bundled("scene.png").image)
+    assert x.shape == (1, 3, 32, 32) and x.device == lm.device
+    assert "models run on **cuda:3**" in app_main.HEADER.format(device=ctx.device)
+
+
+def test_logins_from_a_file_or_the_environment(tmp_path):
+    f = tmp_path / "users.txt"
+    f.write_text("# lab\nana:pa:ss word\n\n bob : x\n")
+    assert app_main.read_auth(f, {}) == [("ana", "pa:ss word"), ("bob", " x")]
+    assert app_main.read_auth(None, {app_main.AUTH_ENV: "eve:secret"}) == [("eve", "secret")]
+    assert app_main.read_auth(None, {}) is None
+    f.write_text("ana\n")
+    with pytest.raises(ValueError, match="line 1: expected user:password"):
+        app_main.read_auth(f, {})
+    f.write_text("# nobody\n")
+    with pytest.raises(ValueError, match="no user:password"):
+        app_main.read_auth(f, {})
+    with pytest.raises(ValueError, match="--auth-file"):
+        app_main.read_auth(tmp_path / "missing.txt", {})
+    assert not any("pass" in k for k in vars(app_main.parse_args([])))  # no password on the command line
+
+
+def test_a_non_loopback_address_without_a_login_is_warned_about():
+    for host in ("127.0.0.1", "localhost", "::1", "127.0.0.2"):
+        assert app_main.access_warning(host, None) is None
+    for host in ("0.0.0.0", "192.168.1.5", "lab-server"):
+        warning = app_main.access_warning(host, None)
+        assert warning and "without a login" in warning and "--auth-file" in warning
+        assert app_main.access_warning(host, [LOGIN]) is None
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("auth")
+    write_checkpoints(root / "ckpt", depth=1)
+    write_images(root / "assets")
+    demo = build_app(AppContext(root / "ckpt", root / "assets", upload_dir=tmp_path_factory.mktemp("up")))
+    launch(demo, "127.0.0.1", free_port(), auth=[LOGIN], prevent_thread_lock=True, quiet=True)
+    try:
+        yield demo.local_url
+    finally:
+        demo.close()
+
+
+def test_with_a_login_the_page_and_the_api_refuse_strangers(guarded):
+    for path in ("config", "gradio_api/info"):  # what the page is built from, and the API's description
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(guarded + path, timeout=30)
+        assert refused.value.code == 401, path
+    browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+    form = urllib.parse.urlencode({"username": LOGIN[0], "password": LOGIN[1]}).encode()
+    browser.open(guarded + "login", data=form, timeout=30).close()  # the login form's post: a session cookie
+    with browser.open(guarded + "config", timeout=30) as config:
+        assert "pg-canvas" in config.read().decode("utf-8", "replace")
+    with pytest.raises(Exception):  # noqa: B017 (gradio_client raises a plain ValueError here)
+        Client(guarded, verbose=False)
+    with pytest.raises(Exception, match="(?i)login|credentials|incorrect"):
+        Client(guarded, auth=("ana", "wrong"), verbose=False)
+    client = Client(guarded, auth=LOGIN, verbose=False)
+    assert client.predict(api_name="/checkpoints") == ["dot_test.safetensors", "ssog_test.safetensors"]
