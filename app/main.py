@@ -66,8 +66,8 @@ def theme() -> gr.themes.Base:
 
 def default_checkpoint(ctx: AppContext, names: Sequence[str]) -> str | None:
     """The demo SSOG checkpoint if present, else the first SSOG one, else the first one."""
-    if "ssog_shapes.safetensors" in names:
-        return "ssog_shapes.safetensors"
+    if "ssog_layouts.safetensors" in names:
+        return "ssog_layouts.safetensors"
     for name in names:
         try:
             if ctx.model(name).is_ssog:

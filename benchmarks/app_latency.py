@@ -11,7 +11,7 @@ Measures, against the issue's targets:
   dragged (≥ 30), and the release → authoritative update round trip (≤ 100 ms), measured in the page from
   the pointer release to the re-rendered canvas, and by Playwright from ``mouse.up()`` to the new image.
 
-Uses ``checkpoints/ssog_shapes.safetensors`` (and its dot twin) when present; otherwise it writes a random
+Uses ``checkpoints/ssog_layouts.safetensors`` (and its dot twin) when present; otherwise it writes a random
 model of the seed's d256 / 6 layers / 4 heads, 224² / patch 16 size to a temporary folder, so the numbers are
 for a model of that size. The machine's load average is recorded with the numbers: on a shared 2-core box
 they move with what else runs.
@@ -75,14 +75,14 @@ def bench_core(threads: int) -> dict[str, float]:
 
 def demo_checkpoints(folder: Path | None) -> tuple[Path, str]:
     """The demo checkpoint folder, or a temporary one with random models of the seed's small size."""
-    if folder and (folder / "ssog_shapes.safetensors").is_file():
+    if folder and (folder / "ssog_layouts.safetensors").is_file():
         return folder, f"demo checkpoints in {folder}"
     tmp = Path(tempfile.mkdtemp(prefix="ssog-bench-"))
     names = {"class_names": [str(i) for i in range(10)]}
-    save_checkpoint(tmp / "ssog_shapes.safetensors", seed_size_model(), names)
+    save_checkpoint(tmp / "ssog_layouts.safetensors", seed_size_model(), names)
     torch.manual_seed(1)
     dot = ViT(num_classes=10, img_size=224, patch_size=16, dim=256, depth=6, num_heads=4, attn="dot")
-    save_checkpoint(tmp / "dot_shapes.safetensors", dot, names)
+    save_checkpoint(tmp / "dot_layouts.safetensors", dot, names)
     return tmp, "no demo checkpoints found: random models of the seed's d256 / 6 layers / 4 heads size (224², 14×14)"
 
 
@@ -107,7 +107,7 @@ def bench_export(folder: Path, threads: int) -> dict[str, dict[str, float]]:
     img = test_image(224)
     out = {}
     for name, (model, meta) in {
-        "demo": load_checkpoint(folder / "ssog_shapes.safetensors"),
+        "demo": load_checkpoint(folder / "ssog_layouts.safetensors"),
         "seed_size": (seed_size_model(), {}),
     }.items():
         x, _ = model_input([img], model.config.img_size, meta)
@@ -116,7 +116,7 @@ def bench_export(folder: Path, threads: int) -> dict[str, dict[str, float]]:
 
         def render(m=model, x=x, display=display) -> None:
             maps = export_maps(m, x)
-            viz.figure_rgb(export_figure([("ssog_shapes.safetensors", maps)], display, 0, "bench.png"))
+            viz.figure_rgb(export_figure([("ssog_layouts.safetensors", maps)], display, 0, "bench.png"))
 
         out[f"{name}_export_tab"] = summary(timed(render, 3, warmup=1))
         out[f"{name}_grid"] = list(model.config.grid)

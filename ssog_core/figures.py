@@ -1,7 +1,7 @@
 """Headless figure export: the app's figures and raw numbers, written by a script.
 
-    python -m ssog_core.figures --checkpoint checkpoints/ssog_shapes.safetensors --image assets/bird.jpg \\
-        [--twin checkpoints/dot_shapes.safetensors] [--layer 3] [--alpha 0.5] [--query 4,7] --out-dir figures/
+    python -m ssog_core.figures --checkpoint checkpoints/ssog_layouts.safetensors --image assets/bird.jpg \\
+        [--twin checkpoints/dot_layouts.safetensors] [--layer 3] [--alpha 0.5] [--query 4,7] --out-dir figures/
     python -m ssog_core.figures --session ssog_session.json --checkpoint-dir checkpoints --assets-dir assets \\
         --out-dir figures/
 

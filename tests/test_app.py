@@ -551,13 +551,13 @@ def test_caches_stay_bounded():
 DEMO = Path(__file__).resolve().parents[1] / "checkpoints"
 
 
-@pytest.mark.skipif(not (DEMO / "ssog_shapes.safetensors").is_file(), reason="demo checkpoints not in checkpoints/")
+@pytest.mark.skipif(not (DEMO / "ssog_layouts.safetensors").is_file(), reason="demo checkpoints not in checkpoints/")
 def test_demo_checkpoints_open_in_every_tab(tmp_path):
     demo = AppContext(DEMO, DEMO.parent / "assets", upload_dir=tmp_path)
     stored = default_image(demo) or demo.open_upload(str(write_images(tmp_path / "img")["rgb"]))
-    note, card, fig, *_ = geometry.render(demo, "ssog_shapes.safetensors", 0, stored.sha256)
+    note, card, fig, *_ = geometry.render(demo, "ssog_layouts.safetensors", 0, stored.sha256)
     assert fig is not None and "accuracy" in card
-    twin = export.default_twin(demo, "ssog_shapes.safetensors")
-    text, fig, _, _ = export.render(demo, "ssog_shapes.safetensors", twin, stored.sha256, 0.5, 0)
+    twin = export.default_twin(demo, "ssog_layouts.safetensors")
+    text, fig, _, _ = export.render(demo, "ssog_layouts.safetensors", twin, stored.sha256, 0.5, 0)
     assert fig is not None and "net exporters" in text
-    assert steering.render(demo, "ssog_shapes.safetensors", stored.sha256, 0, [1, 1])[4] is not None
+    assert steering.render(demo, "ssog_layouts.safetensors", stored.sha256, 0, [1, 1])[4] is not None
