@@ -21,8 +21,8 @@ from ssog_core.attention import SSOGAttention  # noqa: E402
 from ssog_core.field import Field  # noqa: E402
 from ssog_core.ops import triton_ssog  # noqa: E402
 from ssog_core.ops.dispatch import choose_backend, ssog_apply  # noqa: E402
-from ssog_core.ops.triton_ssog import apply_triton, kernel_params  # noqa: E402
 from ssog_core.ops.reference import FieldLeaves, grads, reference_apply, reference_matrix  # noqa: E402
+from ssog_core.ops.triton_ssog import apply_triton, kernel_params  # noqa: E402
 from tests.ops_reference import assert_close, assert_compiles_like_eager  # noqa: E402
 
 ALL = ("mu", "sigma", "lambda")
