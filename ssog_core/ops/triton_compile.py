@@ -12,6 +12,7 @@ blow-ups and compile failures show up on a CPU-only machine. Exits non-zero if a
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import re
 import subprocess
@@ -25,6 +26,10 @@ import torch
 PTR_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
 SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # opt-in shared memory per block, bytes
 VALUE_PTRS = {"v_ptr", "y_ptr", "dy_ptr", "dv_ptr"}
+HEADER = (
+    "| kernel | shape | mma.sync | wgmma | REG | STACK | SPILL | SHARED | SASS | EX2 | SASS/EX2 | key loop SASS/EX2 "
+    "| loop SASS per EX2 |"
+)
 
 
 @dataclass
@@ -38,6 +43,38 @@ class KernelReport:
     stack: int
     spill: int
     shared: int
+    sass: SassCounts
+
+    def row(self) -> str:
+        """One markdown table row (columns of :data:`HEADER`)."""
+        ratio = f"{self.per_ex2:.1f}" if self.per_ex2 else "—"
+        loop = f"{self.loop_per_ex2:.1f}" if self.loop_per_ex2 else "—"
+        cells = [
+            self.kernel,
+            self.shape,
+            self.mma_sync,
+            self.wgmma,
+            self.regs,
+            self.stack,
+            self.sass.spill_bytes,
+            self.shared,
+            self.sass.instr,
+            self.sass.ex2,
+            ratio,
+            f"{self.sass.loop_instr}/{self.sass.loop_ex2}",
+            loop,
+        ]
+        return "| " + " | ".join(map(str, cells)) + " |"
+
+    @property
+    def per_ex2(self) -> float | None:
+        """SASS instructions per ``MUFU.EX2``, whole kernel (``None`` without exponentials)."""
+        return self.sass.instr / self.sass.ex2 if self.sass.ex2 else None
+
+    @property
+    def loop_per_ex2(self) -> float | None:
+        """SASS instructions per ``MUFU.EX2`` in one iteration of the key loop."""
+        return self.sass.loop_instr / self.sass.loop_ex2 if self.sass.loop_ex2 else None
 
 
 def _signature(fn, constexprs: dict, dtype: torch.dtype) -> dict[str, str]:
@@ -52,16 +89,68 @@ def _signature(fn, constexprs: dict, dtype: torch.dtype) -> dict[str, str]:
     return sig
 
 
-def _resource_usage(cubin: bytes) -> dict[str, int]:
+def _nvidia_tool(name: str, cubin: bytes, *flags: str) -> str:
+    """Run one of the CUDA binary tools that ship inside the Triton wheel on a cubin; its stdout."""
     import triton
 
-    exe = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    exe = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(cubin)
     try:
-        out = subprocess.run([str(exe), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        return subprocess.run([str(exe), *flags, f.name], capture_output=True, text=True, check=True).stdout
     finally:
         os.unlink(f.name)
+
+
+_INSTR = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+_BRANCH = re.compile(r"\bBRA\s+`\((\.L_x_\d+)\)")
+
+
+@dataclass
+class SassCounts:
+    """Static SASS counts of one kernel: instructions (NOP padding excluded) and ``MUFU.EX2``, over the whole
+    kernel and over one iteration of its key loop (the outermost loop holding the most exponentials: unrolling,
+    peeling and prologues distort whole-kernel ratios, the loop body is what runs per key chunk)."""
+
+    instr: int
+    ex2: int
+    loop_instr: int
+    loop_ex2: int
+    spill_bytes: int  # bytes written by local-memory stores (STL): the kernels keep no local arrays, so spills
+
+
+def sass_counts(sass: str) -> SassCounts:
+    """Count instructions and exponentials in ``nvdisasm -c`` output."""
+    lines = sass.splitlines()
+    labels = {line[:-1]: n for n, line in enumerate(lines) if line.startswith(".L_x_") and line.endswith(":")}
+    ops = [(n, m.group(1)) for n, line in enumerate(lines) if (m := _INSTR.match(line)) and m.group(1) != "NOP"]
+
+    def count(lo: int, hi: int) -> tuple[int, int]:
+        inside = [op for n, op in ops if lo <= n <= hi]
+        return len(inside), sum(op == "MUFU.EX2" for op in inside)
+
+    loops = []  # (first line, backward branch line) of every loop
+    for n, line in enumerate(lines):
+        m = _BRANCH.search(line)
+        if m and labels.get(m.group(1), n + 1) < n:
+            loops.append((labels[m.group(1)], n))
+    outer = [a for a in loops if not any(b != a and b[0] <= a[0] and a[1] <= b[1] for b in loops)]
+    instr, ex2 = count(0, len(lines))
+    best = max(outer, key=lambda a: (count(*a)[1], a[1] - a[0]), default=None)
+    loop_instr, loop_ex2 = count(*best) if best else (0, 0)
+    width = {"64": 8, "128": 16, "U8": 1, "S8": 1, "U16": 2, "S16": 2}
+    spill = sum(width.get(op.split(".")[1] if "." in op else "", 4) for _, op in ops if op.split(".")[0] == "STL")
+    return SassCounts(instr, ex2, loop_instr, loop_ex2, spill)
+
+
+def _triton_version() -> str:
+    import triton
+
+    return triton.__version__
+
+
+def _resource_usage(cubin: bytes) -> dict[str, int]:
+    out = _nvidia_tool("cuobjdump", cubin, "--dump-resource-usage")
     usage = {}
     for key in ("REG", "STACK", "SHARED", "LOCAL"):
         m = re.search(rf"\b{key}:(\d+)", out.split("Function", 1)[-1])
@@ -125,6 +214,7 @@ def compile_kernels(
                 usage["STACK"],
                 usage["LOCAL"],
                 k.metadata.shared,
+                sass_counts(_nvidia_tool("nvdisasm", k.asm["cubin"], "-c")),
             )
         )
     return reports
@@ -139,28 +229,45 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", choices=("factorized", "axial", "both"), default="both")
     ap.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     ap.add_argument("--num-warps", type=int, help="default: the launchers' NUM_WARPS")
+    ap.add_argument("--out", type=Path, help="also write the report (a markdown table) to this file")
     args = ap.parse_args(argv)
     grids = [tuple(g) for g in args.grid] if args.grid else [(14, 14), (24, 24), (32, 32), (64, 64), (128, 128)]
     modes = ("factorized", "axial") if args.mode == "both" else (args.mode,)
     dtype = getattr(torch, args.dtype)
-    print(f"{'kernel':<12} {'shape':<36} {'mma.sync':>8} {'wgmma':>6} {'ex2':>5} {'REG':>4} {'STACK':>5} "
-          f"{'LOCAL':>5} {'SHARED':>7}")  # fmt: skip
-    failed = 0
     limit = SHARED_LIMIT.get(args.arch, 101376)
+    lines = [
+        f"`python -m ssog_core.ops.triton_compile {' '.join(argv if argv is not None else sys.argv[1:])}`".replace(
+            " `", "`"
+        ),
+        f"sm_{args.arch}, num_warps {args.num_warps or 'default'}, triton {_triton_version()}, "
+        f"{datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}. REG registers per thread; "
+        "STACK stack frame bytes; SPILL bytes stored by local-memory (STL) instructions; SHARED bytes per program "
+        f"(limit {limit}); SASS static instructions (NOP padding excluded); EX2 `MUFU.EX2` count; /EX2 the two "
+        "ratios over the whole kernel and over one iteration of the key loop.",
+        "",
+        HEADER,
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for line in lines:
+        print(line, flush=True)
+    failed = 0
     for grid in grids:
         for mode in modes:
             try:
                 reports = compile_kernels(grid, args.head_dim, args.atoms, mode, dtype, args.arch, args.num_warps)
             except Exception as e:  # report every failing shape, then fail
                 failed += 1
-                print(f"FAILED {grid} {mode}: {type(e).__name__}: {str(e).splitlines()[0]}", flush=True)
+                lines.append(f"FAILED {grid} {mode}: {type(e).__name__}: {str(e).splitlines()[0]}")
+                print(lines[-1], flush=True)
                 continue
             for r in reports:
                 over = r.shared > limit
                 failed += over
-                note = f"  FAILED: shared memory {r.shared} > {limit}" if over else ""
-                print(f"{r.kernel:<12} {r.shape:<36} {r.mma_sync:>8} {r.wgmma:>6} {r.ex2:>5} {r.regs:>4} {r.stack:>5} "
-                      f"{r.spill:>5} {r.shared:>7}{note}", flush=True)  # fmt: skip
+                lines.append(r.row() + (f" FAILED: shared memory {r.shared} > {limit}" if over else ""))
+                print(lines[-1], flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("\n".join(lines) + "\n")
     return 1 if failed else 0
 
 
