@@ -23,9 +23,7 @@ from pathlib import Path
 
 import torch
 
-PTR_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
 SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # opt-in shared memory per block, bytes
-VALUE_PTRS = {"v_ptr", "y_ptr", "dy_ptr", "dv_ptr"}
 HEADER = (
     "| kernel | shape | mma.sync | wgmma | REG | STACK | SPILL | SHARED | SASS | EX2 | SASS/EX2 | key loop SASS/EX2 "
     "| loop SASS per EX2 |"
@@ -75,18 +73,6 @@ class KernelReport:
     def loop_per_ex2(self) -> float | None:
         """SASS instructions per ``MUFU.EX2`` in one iteration of the key loop."""
         return self.sass.loop_instr / self.sass.loop_ex2 if self.sass.loop_ex2 else None
-
-
-def _signature(fn, constexprs: dict, dtype: torch.dtype) -> dict[str, str]:
-    sig = {}
-    for name in fn.arg_names:
-        if name in constexprs:
-            sig[name] = "constexpr"
-        elif name.endswith("_ptr"):
-            sig[name] = PTR_TYPES[dtype] if name in VALUE_PTRS else "*fp32"
-        else:
-            sig[name] = "i32"
-    return sig
 
 
 def _nvidia_tool(name: str, cubin: bytes, *flags: str) -> str:
@@ -158,6 +144,56 @@ def _resource_usage(cubin: bytes) -> dict[str, int]:
     return usage
 
 
+def problem_launches(
+    grid: tuple[int, int], head_dim: int, atoms: int, mode: str, dtype: torch.dtype, heads: int = 6, batch: int = 2
+) -> list:
+    """Every kernel launch of one problem (forward steered and fixed, ``inv_zx``, both backward kernels), built on
+    ``meta`` tensors laid out as the custom ops lay them out, so that the compile sees the launch's constexprs and
+    Triton's specialisation of its arguments (16-byte divisibility, ones) exactly as the JIT would."""
+    from ssog_core.ops import triton_ssog as ts
+
+    gh, gw = grid
+    axial = mode == "axial"
+    f = ts.AXIAL_FIELDS if axial else ts.FACTORIZED_FIELDS
+    ro = 1 if axial else atoms
+
+    def empty(*shape: int, dt: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.empty(shape, device="meta", dtype=dt)
+
+    v = empty(batch, gh * gw, heads, head_dim, dt=dtype)
+    prm = empty(batch, gh, gw, heads, atoms, f)
+    izx = empty(batch, gh, gw, heads, ro)
+    taby, tabx = empty(heads, ro, gh, gh), empty(heads, ro, gw, gw)
+    shared = empty(heads, atoms, f)[None, None, None].expand(batch, gh, gw, heads, atoms, f)
+    return [
+        ts.fwd_launch(v, prm, None, None, axial, empty(*v.shape, dt=dtype), izx),
+        ts.fwd_launch(v, shared, taby, tabx, axial, empty(*v.shape, dt=dtype), None),
+        ts.izx_launch(empty(gw, heads, atoms, f), axial, empty(gw, heads, ro)),
+        *ts.bwd_launches(empty(*v.shape, dt=dtype), v, prm, izx, axial, empty(*v.shape, dt=dtype), empty(*prm.shape)),
+    ]
+
+
+def _specialise(launch) -> tuple[dict, dict, dict]:
+    """Signature, constexprs and attributes of a launch as Triton's JIT derives them from the argument values."""
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime.jit import native_specialize_impl
+
+    fn = launch.kernel
+    sig, consts, attrs = {}, dict(launch.constexprs), {}
+    runtime = [n for n in fn.arg_names if n not in launch.constexprs]
+    for name, value in zip(runtime, launch.args, strict=True):
+        kind, spec = native_specialize_impl(BaseBackend, value, False, True, True)
+        if kind == "constexpr":
+            consts[name] = spec
+        else:
+            sig[name] = kind
+            if spec == "D":
+                attrs[(fn.arg_names.index(name),)] = [["tt.divisibility", 16]]
+    for name in consts:
+        sig[name] = "constexpr"
+    return sig, consts, attrs
+
+
 def compile_kernels(
     grid: tuple[int, int],
     head_dim: int,
@@ -174,38 +210,18 @@ def compile_kernels(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from ssog_core.ops import triton_kernels as K
-    from ssog_core.ops.triton_ssog import NUM_WARPS, _config, _fwd_cfg, _p2, col_tiles
-
-    num_warps = num_warps or NUM_WARPS
-
-    gh, gw = grid
-    axial = mode == "axial"
-    cfg = _config(gh, gw, head_dim, atoms, axial, dtype)
-    kt, ic, wc = col_tiles(cfg, axial)
-    fwd = dict(_fwd_cfg(cfg), AXIAL=axial)
-    jobs = [
-        ("fwd-steered", K._ssog_fwd_kernel, dict(fwd, FIXED=False)),
-        ("fwd-fixed", K._ssog_fwd_kernel, dict(fwd, FIXED=True)),
-        ("inv_zx", K._ssog_izx_kernel, {k: fwd[k] for k in ("R", "RO", "RP", "AXIAL", "WT", "KC")}),
-        ("bwd-rows", K._ssog_bwd_rows_kernel, dict(fwd, RA=_p2(atoms))),
-        (
-            "bwd-cols",
-            K._ssog_bwd_cols_kernel,
-            {k: cfg[k] for k in ("R", "RO", "RP", "GHP", "DHP", "DOT", "PREC")}
-            | dict(AXIAL=axial, KT=kt, IC=ic, WC=wc),
-        ),
-    ]
-    shape = f"{gh}x{gw} d{head_dim} R{atoms} {mode} {str(dtype).removeprefix('torch.')}"
+    shape = f"{grid[0]}x{grid[1]} d{head_dim} R{atoms} {mode} {str(dtype).removeprefix('torch.')}"
     reports = []
-    for name, fn, constexprs in jobs:
-        src = ASTSource(fn, _signature(fn, constexprs, dtype), constexprs)
-        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    for launch in problem_launches(grid, head_dim, atoms, mode, dtype):
+        sig, consts, attrs = _specialise(launch)
+        src = ASTSource(launch.kernel, sig, consts, attrs)
+        warps = num_warps or launch.num_warps
+        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
         ptx = k.asm["ptx"]
         usage = _resource_usage(k.asm["cubin"])
         reports.append(
             KernelReport(
-                name,
+                launch.name,
                 shape,
                 ptx.count("mma.sync"),
                 ptx.count("wgmma.mma_async"),
