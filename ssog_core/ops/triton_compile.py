@@ -1,12 +1,16 @@
-"""Compile every SSOG Triton kernel for a CUDA target without a GPU (KERNELS.md §3.5).
+"""Compile every SSOG Triton kernel for a CUDA target without a GPU (docs/KERNELS.md §4).
 
     python -m ssog_core.ops.triton_compile                 # sm_90, the benchmark shapes, bf16
     python -m ssog_core.ops.triton_compile --arch 80 --grid 14 14 --atoms 4 --head-dim 64
 
-Run it in a process *without* ``TRITON_INTERPRET``. For each kernel it reports what the PTX uses
-(``mma.sync`` / ``wgmma`` tensor-core instructions, ``ex2.approx`` exponentials) and, from Triton's bundled
-``cuobjdump``, the registers, stack, spilled local memory and shared memory of the cubin — so register
-blow-ups and compile failures show up on a CPU-only machine. Exits non-zero if any kernel fails to compile.
+Run it in a process *without* ``TRITON_INTERPRET``. Each kernel is compiled from the launch the custom ops would
+make (built on ``meta`` tensors, with the JIT's argument specialisation). The report gives the PTX's tensor-core
+instructions (``mma.sync`` / ``wgmma``) and, from Triton's bundled ``cuobjdump`` and ``nvdisasm``, the registers,
+stack, spill bytes (``STL``), shared memory, static SASS instructions and ``MUFU.EX2`` count of the cubin, and
+their ratio over the whole kernel and over one key-loop iteration — so register blow-ups, instruction bloat and
+compile failures show up on a CPU-only machine. ``--out`` also writes the markdown table to a file. Exits
+non-zero if any kernel fails to compile or needs more shared memory than the target has or than
+:func:`ssog_core.ops.triton_tiles.shared_memory_estimate` allows.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from ssog_core.ops.triton_tiles import shared_memory_estimate
 
 SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # opt-in shared memory per block, bytes
 HEADER = (
@@ -276,10 +282,12 @@ def main(argv: list[str] | None = None) -> int:
                 lines.append(f"FAILED {grid} {mode}: {type(e).__name__}: {str(e).splitlines()[0]}")
                 print(lines[-1], flush=True)
                 continue
+            bound = shared_memory_estimate(*grid, args.head_dim, args.atoms, mode == "axial", dtype.itemsize)
             for r in reports:
-                over = r.shared > limit
+                over = r.shared > limit or r.shared > bound
                 failed += over
-                lines.append(r.row() + (f" FAILED: shared memory {r.shared} > {limit}" if over else ""))
+                note = f" FAILED: shared memory {r.shared} > limit {limit} or estimate {bound}" if over else ""
+                lines.append(r.row() + note)
                 print(lines[-1], flush=True)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

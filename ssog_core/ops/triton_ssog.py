@@ -27,20 +27,13 @@ from torch.utils.flop_counter import register_flop_formula
 from ssog_core.field import Field, FieldMode, axis_kernels, check_grid
 from ssog_core.ops import triton_kernels as K
 from ssog_core.ops.dispatch import _interpreting
+from ssog_core.ops.triton_tiles import NUM_WARPS, col_tiles, p2, tiles
 
 triton = K.triton
 
 LOG2E = 1.0 / math.log(2.0)
 FACTORIZED_FIELDS = 5  # μy, μx, cy, cx, λ
 AXIAL_FIELDS = 8  # μy, μx, by, bx, βy, βx, 1/τ (rows), 1/τ (columns)
-TILE_BUDGET = 16384  # elements of the largest register / shared-memory tile of a program
-# Warps per program. With 4, the sm_90 compile report shows small register spills from 24×24 grids up
-# (benchmarks/results/triton_sm90.txt); with 8 they vanish but each SM holds one program. Untuned: no GPU yet.
-NUM_WARPS = 4
-
-
-def _p2(n: int, floor: int = 1) -> int:
-    return max(floor, 1 << max(0, (n - 1).bit_length()))
 
 
 def kernel_params(field: Field, mode: FieldMode) -> Tensor:
@@ -59,45 +52,14 @@ def kernel_params(field: Field, mode: FieldMode) -> Tensor:
 
 
 def _config(gh: int, gw: int, d: int, r: int, axial: bool, dtype: torch.dtype) -> dict:
-    """Tile sizes and dot settings for one problem shape (constexprs of the forward and row-backward kernels).
-
-    K of every 16-bit dot must be ≥ 16 (so KC·RP ≥ 16); the register and shared-memory tiles are bounded by
-    TILE_BUDGET elements (checked for sm_90 by :mod:`ssog_core.ops.triton_compile`).
-    """
-    ro = 1 if axial else r
-    rp = _p2(ro)
-    ghp, gwp, dhp = _p2(gh, 16), _p2(gw, 16), _p2(d, 16)
-    kc = max(1, 16 // rp)  # key columns per step: K = KC·RP of the row-pass dot
-    jc = ghp  # key rows per column-pass dot: the value tile [KC, JC, D]
-    while jc > 16 and kc * jc * dhp > TILE_BUDGET:
-        jc //= 2
-    t = min(8, max(1, 16 // rp))  # query rows per program: M = T·RP of the column-pass dot
-    while t > 1 and kc * t * rp * jc > TILE_BUDGET // 2:
-        t //= 2
-    wt = gwp  # query columns per program: the accumulator [T, WT, D]
-    while wt > 16 and t * wt * dhp > TILE_BUDGET // 2:
-        wt //= 2
+    """Tile sizes (:func:`ssog_core.ops.triton_tiles.tiles`) and dot settings for one problem shape."""
     if _interpreting():
         dot, prec = K.tl.float32, "ieee"  # bf16 tl.dot is wrong in the interpreter (triton#11584)
     elif dtype in (torch.bfloat16, torch.float16):
         dot, prec = (K.tl.bfloat16 if dtype == torch.bfloat16 else K.tl.float16), "ieee"
     else:
         dot, prec = K.tl.float32, ("ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32")
-    return dict(R=r, RO=ro, RP=rp, GHP=ghp, GWP=gwp, DHP=dhp, T=t, KC=kc, JC=jc, WT=wt, DOT=dot, PREC=prec, D=d,
-                EVEN_K=gw % kc == 0)  # fmt: skip
-
-
-def col_tiles(cfg: dict, axial: bool) -> tuple[int, int, int]:
-    """Column-backward tiles: key columns per program (KT), query rows per step (IC, K = IC·RP of the dV dot
-    must be ≥ 16) and query columns per dy1 step (WC)."""
-    ic = max(1, 16 // cfg["RP"])
-    kt = 4 if axial else ic
-    while kt > 1 and kt * cfg["GHP"] * cfg["DHP"] > TILE_BUDGET // 2:
-        kt //= 2
-    wc = cfg["GWP"]
-    while wc > 16 and ic * wc * cfg["DHP"] > TILE_BUDGET:
-        wc //= 2
-    return kt, ic, wc
+    return tiles(gh, gw, d, r, axial) | dict(DOT=dot, PREC=prec)
 
 
 def _pick(cfg: dict, *names: str) -> dict:
@@ -141,14 +103,12 @@ def fwd_launch(v: Tensor, prm: Tensor, taby: Tensor | None, tabx: Tensor | None,
     strides = (v.stride(0), v.stride(1), v.stride(2), *_strides6(prm), y.stride(0), y.stride(1), y.stride(2), *sz,
                *sty, *stx)  # fmt: skip
     if axial:
-        grid = (b * h, triton.cdiv(gh, cfg["T"]), triton.cdiv(gw, cfg["WT"]))
-        consts = _pick(cfg, "R", "RO", "RP", "T", "WT", "KC", "JC", "DHP", "DOT", "PREC") | dict(
-            AXIAL=True, FIXED=fixed
-        )
+        grid = (triton.cdiv(gh, cfg["T"]) * triton.cdiv(gw, cfg["WT"]), b * h)
+        consts = _pick(cfg, "R", "RO", "RP", "T", "WT", "KC", "JC", "DHP", "DOT", "PREC") | dict(FIXED=fixed)
         return Launch(name, K._ssog_fwd_kernel, grid, (*ptrs, h, gh, gw, d, *strides), consts)
     grid = (triton.cdiv(gh, cfg["T"]) * triton.cdiv(gw, cfg["WT"]), b * h)
     consts = _pick(cfg, "D", "R", "RP", "T", "WT", "KC", "GHP", "DHP", "EVEN_K", "DOT", "PREC") | dict(FIXED=fixed)
-    return Launch(name, K._fact_fwd_kernel, grid, (*ptrs, h, gh, gw, *strides), consts)
+    return Launch(name, K._fact_fwd_kernel, grid, (*ptrs, h, gh, gw, *strides), consts, cfg["WARPS"])
 
 
 def izx_launch(prm: Tensor, axial: bool, out: Tensor) -> Launch:
@@ -170,21 +130,23 @@ def bwd_launches(dy: Tensor, v: Tensor, prm: Tensor, izx: Tensor, axial: bool, d
     common = (v.stride(0), v.stride(1), v.stride(2), *_strides6(prm), *sz, dy.stride(0), dy.stride(1), dy.stride(2))
     if axial:
         rows = Launch(
-            "bwd-rows", K._ssog_bwd_rows_kernel, (b * h, triton.cdiv(gh, cfg["T"]), triton.cdiv(gw, cfg["WT"])),
+            "bwd-rows", K._ssog_bwd_rows_kernel, (triton.cdiv(gh, cfg["T"]) * triton.cdiv(gw, cfg["WT"]), b * h),
             (v, prm, izx, dy, dprm, h, gh, gw, d, *common, *sg),
-            _pick(cfg, "R", "RO", "RP", "T", "WT", "KC", "JC", "DHP", "DOT", "PREC") | dict(AXIAL=True, RA=_p2(r)),
+            _pick(cfg, "R", "RO", "RP", "T", "WT", "KC", "JC", "DHP", "DOT", "PREC") | dict(RA=p2(r)),
         )  # fmt: skip
     else:
         rows = Launch(
-            "bwd-rows", K._fact_bwd_rows_kernel, (triton.cdiv(gh, cfg["T"]) * triton.cdiv(gw, cfg["WT"]), b * h),
+            "bwd-rows", K._fact_bwd_rows_kernel, (triton.cdiv(gh, cfg["TR"]) * triton.cdiv(gw, cfg["WT"]), b * h),
             (v, prm, izx, dy, dprm, h, gh, gw, *common, *sg),
-            _pick(cfg, "D", "R", "RP", "T", "WT", "KC", "GHP", "DHP", "EVEN_K", "DOT", "PREC"),
+            _pick(cfg, "D", "R", "RP", "WT", "KC", "GHP", "DHP", "EVEN_K", "DOT", "PREC") | dict(T=cfg["TR"]),
+            cfg["WARPS"],
         )  # fmt: skip
     kt, ic, wc = col_tiles(cfg, axial)
     cols = Launch(
-        "bwd-cols", K._ssog_bwd_cols_kernel, (b * h, triton.cdiv(gw, kt)),
+        "bwd-cols", K._ssog_bwd_cols_kernel, (triton.cdiv(gw, kt), b * h),
         (v, prm, izx, dy, dv, dprm, h, gh, gw, d, *common, dv.stride(0), dv.stride(1), dv.stride(2), *sg),
         _pick(cfg, "R", "RO", "RP", "GHP", "DHP", "DOT", "PREC") | dict(AXIAL=axial, KT=kt, IC=ic, WC=wc),
+        cfg["WARPS"],
     )  # fmt: skip
     return [rows, cols]
 
