@@ -29,7 +29,6 @@ there as it would on CUDA); results go to ``--out``, never into ``benchmarks/RES
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -60,7 +59,6 @@ from ssog_core.vit import ViT  # noqa: E402
 
 ALL = ("mu", "sigma", "lambda")
 BEGIN, END = "<!-- GPU-RESULTS:BEGIN -->", "<!-- GPU-RESULTS:END -->"
-COMMAND = "python benchmarks/gpu_check.py --budget-s 480"
 
 # (batch, grid, heads, atoms, head_dim, taps, mode, dtype, rtol)
 CASES = [
@@ -286,7 +284,7 @@ def _sdpa_backends(dev: torch.device) -> dict[str, object]:
 
 
 def _timer(dev: torch.device, fn: Callable[[], object], graph: bool) -> tuple[float, str]:
-    """Median milliseconds of ``fn`` and how they were measured: a CUDA-graph replay (no launch overhead), CUDA
+    """Milliseconds per call of ``fn`` and how they were measured: a CUDA-graph replay (no launch overhead), CUDA
     events around eager calls, or (CPU) the wall clock."""
     if dev.type != "cuda":  # the dry run: one warm-up and one timed call
         fn()
@@ -410,6 +408,7 @@ def _bench_ops(run: Run, tokens: list[int], b: int, h: int, d: int, dtype: torch
             continue
         for name, build in _op_jobs(n, b, h, d, r, dtype, dev).items():
             row: dict = {"tokens": n, "op": name, "batch": b, "heads": h, "head_dim": d, "atoms": r}
+            fwd = fwdbwd = None  # the closures hold their inputs: released before the next row
             try:
                 fwd, fwdbwd = build()
                 row["fwd_ms"], row["timer"] = _timer(dev, fwd, graph=True)
@@ -423,8 +422,7 @@ def _bench_ops(run: Run, tokens: list[int], b: int, h: int, d: int, dtype: torch
             _log(f"N={n:>5} {name:<20} " + ("ERROR " + row["error"] if "error" in row else
                  f"fwd {row['fwd_ms']:8.3f} ms" + (f"  fwd+bwd {row['fwdbwd_ms']:8.3f} ms" if "fwdbwd_ms" in row
                                                     else "") + f"  ({row['timer']})"))  # fmt: skip
-            with contextlib.suppress(NameError):
-                del fwd, fwdbwd
+            fwd = fwdbwd = None
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
 
