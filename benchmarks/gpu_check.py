@@ -1,42 +1,61 @@
-"""The GPU check: prove the fused kernels right on the device, then benchmark them, then record the results.
+"""The GPU check: prove the fused kernels right on the device, benchmark them fairly, record the results.
 
-    python benchmarks/gpu_check.py                  # check, bench, results (Triton JIT compiles dominate the time)
-    python benchmarks/gpu_check.py --steps check    # only the correctness checks
-    python benchmarks/gpu_check.py --steps bench results
+    python benchmarks/gpu_check.py --budget-s 480      # the prepared command: check, bench, results in ≤ 8 min
+    python benchmarks/gpu_check.py --steps check       # only the correctness checks
+    TRITON_INTERPRET=1 python benchmarks/gpu_check.py --dry-run-cpu --out /tmp/gc   # this script, without a GPU
 
-Steps (each fails loudly: a non-zero exit and the reason on stderr):
+Steps:
 
-1. ``compile`` (not run by default) — register / shared-memory report of every kernel for this GPU's architecture;
-2. ``check`` — every kernel (steered factorized with each kind of tap subset, fixed, axial; fp32 with
-   ``input_precision="ieee"`` and bf16/fp16; odd and benchmark-sized grids; R 1, 4, 8; head_dim 16–128;
-   strided values) against the float64 definition on the GPU, forward and all gradients; dispatch picks
-   Triton for CUDA tensors; the analysis path's A·V equals the fused output; ``torch.compile(fullgraph=True)``
-   (Inductor) forward and backward through the custom ops;
-3. ``bench`` — ``benchmarks/attention.py`` and ``benchmarks/model.py`` on the GPU;
-4. ``results`` — rewrites the GPU section of ``benchmarks/RESULTS.md`` (GPU, versions, date, command, tables).
+1. ``compile`` (not run by default) — the compile report of every kernel for this GPU's architecture;
+2. ``check`` — every kernel against the float64 definition (forward and all gradients; fp32 with
+   ``input_precision="ieee"``, bf16, fp16; odd and benchmark-sized grids; R 1–8; head_dim 8–128; strided values),
+   dispatch and analysis parity, ``torch.compile(fullgraph=True)``, and one SSOG layer's forward + backward
+   captured in a CUDA graph (which fails on any per-call host→device copy or synchronisation);
+3. ``bench`` — the attention op (SSOG kernels alone, their host-side parameter preparation timed separately, and
+   SDPA with each backend pinned: flash and cuDNN where available) and the whole d384 ViT, SSOG against its dot
+   twin, both replayed from CUDA graphs (no launch overhead for either; eager times beside them);
+4. ``results`` — rewrites the GPU section of ``benchmarks/RESULTS.md`` from what was measured.
+
+A failed check is reported and the run goes on; the exit status is non-zero at the end if anything failed. Every
+check and benchmark row is appended to ``gpu_check.jsonl`` in ``--out`` the moment it finishes, and the CSV tables
+are rewritten after each row, so a time-out keeps what was measured. ``--budget-s`` bounds the whole run: items that
+would not fit are skipped (and listed as skipped).
+
+``--dry-run-cpu`` runs every step at tiny sizes on the CPU (kernels under Triton's interpreter) and, for the
+device plumbing, every check case on the ``meta`` device (a CPU tensor mixed into a device computation raises
+there as it would on CUDA); results go to ``--out``, never into ``benchmarks/RESULTS.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
-import re
+import statistics
 import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+from common import write_csv  # noqa: E402
 
 from ssog_core.attention import SSOGAttention  # noqa: E402
 from ssog_core.checkpoint import atomic_write  # noqa: E402
-from tests.ops_reference import FieldLeaves, grads, reference_apply, reference_matrix  # noqa: E402
+from ssog_core.config import SEED_CONFIGS  # noqa: E402
+from ssog_core.field import Field  # noqa: E402
+from ssog_core.ops.reference import FieldLeaves, grads, reference_apply, reference_matrix  # noqa: E402
+from ssog_core.vit import ViT  # noqa: E402
 
 ALL = ("mu", "sigma", "lambda")
 BEGIN, END = "<!-- GPU-RESULTS:BEGIN -->", "<!-- GPU-RESULTS:END -->"
@@ -58,28 +77,62 @@ CASES = [
     (1, (64, 64), 1, 4, 64, ALL, "factorized", torch.bfloat16, 3e-2),
     (1, (64, 48), 1, 2, 64, ALL, "axial", torch.float32, 5e-5),
 ]
-
-
-DEVICE = torch.device("cuda")
-COMPILE_BACKEND = "inductor"
+GRIDS = {196: (14, 14), 1024: (32, 32), 4096: (64, 64)}
 
 
 def _log(msg: str) -> None:
     print(msg, flush=True)
 
 
-def _check_case(case) -> str | None:
+class Run:
+    """Where results go and how much time is left: every record is appended to ``gpu_check.jsonl`` at once."""
+
+    def __init__(self, out: Path, budget_s: float, device: torch.device) -> None:
+        self.out, self.device = out, device
+        self.deadline = time.monotonic() + budget_s
+        out.mkdir(parents=True, exist_ok=True)
+        self.log_path = out / "gpu_check.jsonl"
+        self.log_path.write_text("")
+        self.checks: list[dict] = []
+        self.ops: list[dict] = []
+        self.models: list[dict] = []
+        self.skipped: list[str] = []
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def fits(self, what: str, need_s: float) -> bool:
+        """Whether ``need_s`` seconds are left for ``what``; if not it is recorded as skipped."""
+        if self.left() >= need_s:
+            return True
+        self.skipped.append(what)
+        self.record("skipped", {"what": what, "left_s": round(self.left(), 1)})
+        _log(f"[  skip] {what}: {self.left():.0f} s left of the budget, about {need_s:.0f} s needed")
+        return False
+
+    def record(self, kind: str, row: dict) -> None:
+        with self.log_path.open("a") as f:
+            f.write(json.dumps({"kind": kind, **row}, default=str) + "\n")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# check
+
+
+def _rel_err(a: torch.Tensor, e: torch.Tensor) -> float:
+    return ((a.double() - e).abs().max() / e.abs().max().clamp_min(1e-12)).item()
+
+
+def _check_case(case, dev: torch.device) -> str | None:
+    """One kernel configuration against the float64 definition; on ``meta`` only shapes, dtypes and devices."""
     from ssog_core.ops.triton_ssog import apply_triton
 
     b, grid, h, r, d, taps, mode, dtype, rtol = case
-    dev = DEVICE
-    leaves = FieldLeaves(b, grid, h, r, taps)
-    for k, t in leaves.leaves.items():
-        leaves.leaves[k] = t.detach().to(dev).requires_grad_(True)
+    leaves = FieldLeaves(b, grid, h, r, taps, device=dev)
     gh, gw = grid
-    wide = torch.randn(b, gh * gw, h, 2 * d, dtype=torch.float64, device=dev)
+    wide = torch.randn(b, gh * gw, h, 2 * d, dtype=torch.float64).to(dev)
     v = wide[..., d:].detach().requires_grad_(True)  # strided, like a slice of a fused projection
-    dy = torch.randn(b, gh * gw, h, d, dtype=torch.float64, device=dev)
+    dy = torch.randn(b, gh * gw, h, d, dtype=torch.float64).to(dev)
     inputs = [v, *leaves.tensors()]
     expected = reference_apply(v.to(dtype).double(), leaves.field(), grid, mode)  # same rounded input
     want = grads(expected, inputs, dy)
@@ -87,22 +140,26 @@ def _check_case(case) -> str | None:
     got = grads(out, inputs, dy)
     problems = []
     for name, a, e in zip(["output", "v", *leaves.names()], [out, *got], [expected, *want], strict=True):
-        tol = rtol if name == "output" else (10 * rtol if e.dim() else max(10 * rtol, 2e-3))
-        err = ((a.double() - e).abs().max() / e.abs().max().clamp_min(1e-12)).item()
-        if not torch.isfinite(a).all() or err > tol:
-            problems.append(f"{name}: rel err {err:.2e} > {tol:.0e}")
+        if a.shape != e.shape or a.device != e.device:
+            problems.append(f"{name}: {tuple(a.shape)} on {a.device}, expected {tuple(e.shape)} on {e.device}")
+        elif dev.type != "meta":
+            tol = rtol if name == "output" else (10 * rtol if e.dim() else max(10 * rtol, 2e-3))
+            err = _rel_err(a, e)
+            if not torch.isfinite(a).all() or err > tol:
+                problems.append(f"{name}: rel err {err:.2e} > {tol:.0e}")
+    if out.dtype != dtype:
+        problems.append(f"output dtype {out.dtype}, expected {dtype}")
     return "; ".join(problems) or None
 
 
-def _check_dispatch_and_analysis() -> str | None:
+def _check_dispatch_and_analysis(dev: torch.device) -> str | None:
     from ssog_core.ops.dispatch import choose_backend, ssog_apply
 
-    dev = DEVICE
     problems = []
     for mode in ("factorized", "axial"):
         attn = SSOGAttention(24, 3, 4, field=mode, cold_init=False).to(dev).eval()
         torch.nn.init.normal_(attn.mu_delta.weight, std=0.3)
-        x = torch.randn(2, 35, 24, device=dev)
+        x = torch.randn(2, 35, 24).to(dev)
         with torch.no_grad():
             field = attn.field(x, (7, 5))
             v = attn.v(x).view(2, 35, 3, 8)
@@ -111,160 +168,483 @@ def _check_dispatch_and_analysis() -> str | None:
             a = attn.attention_matrix(x, (7, 5))
             av = torch.einsum("bhnm,bmhd->bnhd", a, v)
             fused = ssog_apply(v, field, (7, 5), mode)
+            ref = reference_matrix(field, (7, 5), mode, batch=2)
+            if dev.type == "meta":
+                continue
             if not torch.allclose(av, fused, rtol=1e-4, atol=1e-5):
                 problems.append(f"{mode}: A·V differs from the fused output by {(av - fused).abs().max():.2e}")
-            ref = reference_matrix(field, (7, 5), mode, batch=2)
             if not torch.allclose(a.double(), ref, rtol=1e-5, atol=1e-6):
                 problems.append(f"{mode}: attention_matrix differs from the definition")
     return "; ".join(problems) or None
 
 
-def _check_compile() -> str | None:
-    dev = DEVICE
+def _check_compile(dev: torch.device, backend: str, quick: bool = False) -> str | None:
     problems = []
-    for mode, taps in (("factorized", ALL), ("axial", ALL), ("factorized", ())):
+    for mode, taps in (("factorized", ALL),) if quick else (("factorized", ALL), ("axial", ALL), ("factorized", ())):
         torch._dynamo.reset()
         attn = SSOGAttention(48, 3, 4, field=mode, steer=taps, cold_init=False).to(dev)
         if taps:
             torch.nn.init.normal_(attn.mu_delta.weight, std=0.3)
-        x = torch.randn(4, 35, 48, device=dev)
+        x = torch.randn(4, 35, 48).to(dev)
 
         def loss(module, inp):
             return module(inp, (7, 5)).square().mean()
 
         eager = loss(attn, x)
         g_eager = torch.autograd.grad(eager, list(attn.parameters()))
-        compiled = torch.compile(loss, fullgraph=True, backend=COMPILE_BACKEND)
-        out = compiled(attn, x)
+        out = torch.compile(loss, fullgraph=True, backend=backend)(attn, x)
         g_comp = torch.autograd.grad(out, list(attn.parameters()))
         if not torch.allclose(out, eager, rtol=1e-4, atol=1e-5):
             problems.append(f"{mode} {taps}: compiled forward differs")
-        names = [n for n, _ in attn.named_parameters()]
-        for p, a, e in zip(names, g_comp, g_eager, strict=True):
+        for (p, _), a, e in zip(attn.named_parameters(), g_comp, g_eager, strict=True):
             if not torch.allclose(a, e, rtol=1e-3, atol=1e-5):
                 problems.append(f"{mode} {taps}: compiled grad of {p} differs by {(a - e).abs().max():.2e}")
     return "; ".join(problems) or None
 
 
-def step_compile() -> None:
-    major, minor = torch.cuda.get_device_capability()
-    arch = str(major * 10 + minor)
-    _run([sys.executable, "-m", "ssog_core.ops.triton_compile", "--arch", arch], "compile report")
+def _check_graph_capture(dev: torch.device) -> str | None:
+    """One steered SSOG layer, forward + backward, captured in a CUDA graph and replayed: a per-call host→device
+    copy or a synchronisation makes the capture fail; the replay must reproduce the eager result."""
+    torch.manual_seed(0)
+    attn = SSOGAttention(384, 6, 4, cold_init=False).to(dev)
+    torch.nn.init.normal_(attn.mu_delta.weight, std=0.05)
+    x = torch.randn(8, 196, 384, device=dev)
+
+    def step() -> torch.Tensor:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = attn(x, (14, 14))
+        y.float().square().mean().backward()
+        return y
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            attn.zero_grad(set_to_none=False)
+            ref = step().detach().clone()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    attn.zero_grad(set_to_none=False)
+    with torch.cuda.graph(graph):
+        y = step()
+    attn.zero_grad(set_to_none=False)
+    graph.replay()
+    torch.cuda.synchronize()
+    err = (y.float() - ref.float()).abs().max().item()
+    return None if err <= 1e-3 else f"graph replay differs from eager by {err:.2e}"
 
 
-def step_check(quick: bool = False) -> None:
+def step_check(run: Run, quick: bool = False) -> None:
+    dev = run.device
     torch.set_float32_matmul_precision("highest")  # fp32 dots with input_precision="ieee"
-    failures = []
     cases = [c for c in CASES if c[1][0] * c[1][1] <= 64] if quick else CASES
-    checks = [(f"case {c[:7]} {str(c[7]).removeprefix('torch.')}", lambda c=c: _check_case(c)) for c in cases]
-    checks += [("dispatch + analysis parity", _check_dispatch_and_analysis), ("torch.compile", _check_compile)]
-    for name, fn in checks:
+    checks: list[tuple[str, Callable[[], str | None], float]] = [
+        (f"case {c[:7]} {str(c[7]).removeprefix('torch.')} on {dev.type}", lambda c=c: _check_case(c, dev), 8.0)
+        for c in cases
+    ]
+    checks.append(("dispatch + analysis parity", lambda: _check_dispatch_and_analysis(dev), 10.0))
+    if dev.type == "cuda":
+        checks.append(("torch.compile (inductor)", lambda: _check_compile(dev, "inductor"), 60.0))
+        checks.append(("CUDA-graph capture of an SSOG layer fwd+bwd", lambda: _check_graph_capture(dev), 10.0))
+    else:  # the dry run: one backend that needs no C++ compiler, and every case's plumbing on the meta device
+        checks.append(("torch.compile (aot_eager)", lambda: _check_compile(dev, "aot_eager", quick=True), 30.0))
+        meta = torch.device("meta")
+        checks += [
+            (f"case {c[:7]} {str(c[7]).removeprefix('torch.')} on meta", lambda c=c: _check_case(c, meta), 1.0)
+            for c in CASES
+        ]
+        checks.append(("dispatch + analysis parity on meta", lambda: _check_dispatch_and_analysis(meta), 1.0))
+    for name, fn, need in checks:
+        if not run.fits(f"check {name}", need):
+            continue
         t0 = time.time()
         try:
             problem = fn()
         except Exception:
-            problem = traceback.format_exc(limit=6)
-        status = "ok" if problem is None else "FAILED"
-        _log(f"[{status:>6}] {name} ({time.time() - t0:.1f} s){'' if problem is None else ': ' + problem}")
-        if problem is not None:
-            failures.append(name)
-    if failures:
-        sys.exit(f"GPU check FAILED for {len(failures)} case(s): {failures}")
-    _log(f"all {len(checks)} GPU checks passed")
+            problem = traceback.format_exc(limit=8)
+        ok = problem is None
+        row = {"check": name, "ok": ok, "seconds": round(time.time() - t0, 1), "problem": problem}
+        run.checks.append(row)
+        run.record("check", row)
+        _log(f"[{'ok' if ok else 'FAILED':>6}] {name} ({row['seconds']} s){'' if ok else ': ' + problem}")
+    failed = sum(not c["ok"] for c in run.checks)
+    _log(f"{len(run.checks) - failed} of {len(run.checks)} checks passed")
 
 
-def _run(cmd: list[str], what: str) -> None:
-    _log("$ " + " ".join(cmd))
-    proc = subprocess.run(cmd, cwd=ROOT)
-    if proc.returncode:
-        sys.exit(f"{what} FAILED (exit {proc.returncode}): {' '.join(cmd)}")
+# ----------------------------------------------------------------------------------------------------------------
+# bench
 
 
-def step_bench(out: Path) -> None:
-    _run([sys.executable, str(HERE / "attention.py"), "--device", "cuda", "--out", str(out)], "attention benchmark")
-    _run(
-        [sys.executable, str(HERE / "model.py"), "--device", "cuda", "--dtype", "bfloat16", "--batch", "64",
-         "--rounds", "20", "--out", str(out)],
-        "model benchmark",
-    )  # fmt: skip
+def _sdpa_backends(dev: torch.device) -> dict[str, object]:
+    from torch.nn.attention import SDPBackend
+
+    if dev.type == "cuda":
+        return {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+    return {"math": SDPBackend.MATH}
 
 
-def step_results(out: Path, command: str) -> None:
+def _timer(dev: torch.device, fn: Callable[[], object], graph: bool) -> tuple[float, str]:
+    """Milliseconds per call of ``fn`` and how they were measured: a CUDA-graph replay (no launch overhead), CUDA
+    events around eager calls, or (CPU) the wall clock."""
+    if dev.type != "cuda":  # the dry run: one warm-up and one timed call
+        fn()
+        times = []
+        for _ in range(1):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1e3, "wall clock"
+    import triton.testing
+
+    if graph:
+        try:
+            return triton.testing.do_bench_cudagraph(fn, rep=60), "CUDA graph"
+        except Exception as e:  # noted in the row: a capture failure is itself a finding
+            _log(f"        CUDA-graph capture failed ({type(e).__name__}: {str(e).splitlines()[0][:120]}); events")
+            torch.cuda.synchronize()
+            return triton.testing.do_bench(fn, rep=60), f"events (graph capture failed: {type(e).__name__})"
+    return triton.testing.do_bench(fn, rep=60), "events"
+
+
+def _rand_field(b: int, grid: tuple[int, int], h: int, r: int, steered: bool, dev: torch.device) -> Field:
+    gh, gw = grid
+    lead = (b, gh, gw) if steered else ()
+    g = torch.Generator().manual_seed(0)
+    mu = torch.randn(*lead, h, r, 2, generator=g) * 1.5
+    sigma = torch.rand(*lead, h, r, 2, generator=g) * 1.5 + 0.4
+    log_lam = torch.randn(*lead, h, r, generator=g)
+    return Field(mu.to(dev), sigma.to(dev), log_lam.to(dev), torch.tensor(0.8).to(dev))
+
+
+def _op_jobs(n: int, b: int, h: int, d: int, r: int, dtype: torch.dtype, dev: torch.device) -> dict[str, Callable]:
+    """name → a closure that builds its inputs (once, outside the timing) and returns ``(fwd, fwdbwd)`` closures."""
+    from torch.nn.attention import sdpa_kernel
+
+    from ssog_core.field import axis_kernels
+    from ssog_core.ops import triton_ssog as ts
+
+    grid = GRIDS.get(n, (int(n**0.5), int(n**0.5)))
+    gh, gw = grid
+    jobs: dict[str, Callable] = {}
+    for name, backend in _sdpa_backends(dev).items():
+
+        def sdpa(backend=backend):
+            q, k, v = (torch.randn(b, h, n, d, device=dev, dtype=dtype, requires_grad=True) for _ in range(3))
+            go = torch.randn(b, h, n, d, device=dev, dtype=dtype)
+
+            def fwd():
+                with sdpa_kernel(backend), torch.no_grad():
+                    return F.scaled_dot_product_attention(q, k, v)
+
+            def fwdbwd():
+                with sdpa_kernel(backend):
+                    y = F.scaled_dot_product_attention(q, k, v)
+                return torch.autograd.grad(y, (q, k, v), go)
+
+            return fwd, fwdbwd
+
+        jobs[f"sdpa-{name}"] = sdpa
+
+    def ssog_kernel(steered: bool):
+        def build():
+            field = _rand_field(b, grid, h, r, steered, dev)
+            v = torch.randn(b, n, h, d, device=dev, dtype=dtype, requires_grad=True)
+            go = torch.randn(b, n, h, d, device=dev, dtype=dtype)
+            prm = ts.kernel_params(field, "factorized")
+            if steered:
+                prm = prm.contiguous().requires_grad_(True)
+
+                def fwd():
+                    with torch.no_grad():
+                        return ts.steered_fwd(v, prm, False)[0]
+
+                def fwdbwd():
+                    return torch.autograd.grad(ts.steered_fwd(v, prm, False)[0], (v, prm), go)
+
+                return fwd, fwdbwd
+            k = axis_kernels(field, grid, "factorized")
+            taby = k.ay[0, :, 0].permute(1, 2, 0, 3).contiguous()
+            tabx = (k.ax[0, 0] * k.lam[0, 0, 0, :, :, None]).permute(1, 2, 0, 3).contiguous()
+            prm = prm[None, None, None].expand(b, gh, gw, *prm.shape).detach().requires_grad_(True)
+
+            def ffwd():
+                with torch.no_grad():
+                    return ts.fixed_fwd(v, prm, taby, tabx, False)
+
+            def ffwdbwd():
+                return torch.autograd.grad(ts.fixed_fwd(v, prm, taby, tabx, False), (v, prm), go)
+
+            return ffwd, ffwdbwd
+
+        return build
+
+    def ssog_prep(steered: bool):
+        def build():
+            field = _rand_field(b, grid, h, r, steered, dev)
+
+            def prep():
+                with torch.no_grad():
+                    if steered:
+                        return ts.kernel_params(field, "factorized").contiguous()
+                    k = axis_kernels(field, grid, "factorized")
+                    return ts.kernel_params(field, "factorized"), k.ay, k.ax
+
+            return prep, None
+
+        return build
+
+    jobs["ssog-steered kernel"] = ssog_kernel(True)
+    jobs["ssog-steered prep"] = ssog_prep(True)
+    jobs["ssog-fixed kernel"] = ssog_kernel(False)
+    jobs["ssog-fixed prep"] = ssog_prep(False)
+    return jobs
+
+
+def _bench_ops(run: Run, tokens: list[int], b: int, h: int, d: int, dtype: torch.dtype) -> None:
+    dev = run.device
+    r = 4
+    for n in tokens:
+        if not run.fits(f"op bench at {n} tokens", 25.0 if dev.type == "cuda" else 5.0):
+            continue
+        for name, build in _op_jobs(n, b, h, d, r, dtype, dev).items():
+            row: dict = {"tokens": n, "op": name, "batch": b, "heads": h, "head_dim": d, "atoms": r}
+            fwd = fwdbwd = None  # the closures hold their inputs: released before the next row
+            try:
+                fwd, fwdbwd = build()
+                row["fwd_ms"], row["timer"] = _timer(dev, fwd, graph=True)
+                if fwdbwd is not None:
+                    row["fwdbwd_ms"], _ = _timer(dev, fwdbwd, graph=True)
+            except Exception as e:  # e.g. a pinned SDPA backend this GPU or dtype does not have
+                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}" if str(e) else type(e).__name__
+            run.ops.append(row)
+            run.record("op", row)
+            _write_tables(run)
+            _log(f"N={n:>5} {name:<20} " + ("ERROR " + row["error"] if "error" in row else
+                 f"fwd {row['fwd_ms']:8.3f} ms" + (f"  fwd+bwd {row['fwdbwd_ms']:8.3f} ms" if "fwdbwd_ms" in row
+                                                    else "") + f"  ({row['timer']})"))  # fmt: skip
+            fwd = fwdbwd = None
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+
+
+def _bench_models(run: Run, imgs: list[int], b: int, dtype: torch.dtype, cfg_override: dict) -> None:
+    """The d384 ViT, SSOG (all taps) against its dot twin: forward (inference mode) and a training step, each
+    replayed from a CUDA graph (both models lose their launch overhead alike) and eager."""
+    dev = run.device
+    for img in imgs:
+        if not run.fits(f"model bench at {img}²", 40.0 if dev.type == "cuda" else 10.0):
+            continue
+        for name in ("ssog", "dot"):
+            cfg = SEED_CONFIGS[f"d384-{name}-all" if name == "ssog" else "d384-dot"][0]
+            cfg = cfg.replace(img_size=(img, img), **cfg_override)
+            tokens = (img // cfg.patch_size) ** 2
+            row: dict = {"model": name, "img": img, "tokens": tokens, "batch": b, "dtype": str(dtype)[6:]}
+            try:
+                torch.manual_seed(0)
+                model = ViT(cfg).to(dev)
+                x = torch.rand(b, 3, img, img, device=dev)
+                labels = torch.randint(0, cfg.num_classes, (b,), device=dev)
+
+                def fwd(model=model, x=x):
+                    with torch.inference_mode(), torch.autocast(dev.type, dtype=dtype, enabled=dtype != torch.float32):
+                        return model(x)
+
+                def train(model=model, x=x, labels=labels):
+                    with torch.autocast(dev.type, dtype=dtype, enabled=dtype != torch.float32):
+                        out = model(x)
+                    torch.nn.functional.cross_entropy(out.float(), labels).backward()
+
+                model.eval()
+                row["fwd_ms"], row["fwd_timer"] = _timer(dev, fwd, graph=True)
+                row["fwd_eager_ms"], _ = _timer(dev, fwd, graph=False)
+                model.train()
+                row["train_ms"], row["train_timer"] = _timer(dev, train, graph=True)
+                row["train_eager_ms"], _ = _timer(dev, train, graph=False)
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}" if str(e) else type(e).__name__
+            run.models.append(row)
+            run.record("model", row)
+            _write_tables(run)
+            _log(f"{name:>4} {img}² ({tokens} tokens) " + ("ERROR " + row["error"] if "error" in row else
+                 f"fwd {row['fwd_ms']:.2f} ms (eager {row['fwd_eager_ms']:.2f})  train step {row['train_ms']:.2f} "
+                 f"ms (eager {row['train_eager_ms']:.2f})"))  # fmt: skip
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+
+
+def _sdpa_ms(run: Run, n: int, key: str) -> float | None:
+    rows = [r for r in run.ops if r["tokens"] == n and r["op"].startswith("sdpa") and key in r]
+    return min(r[key] for r in rows) if rows else None
+
+
+def _op_table(run: Run) -> list[str]:
+    lines = [
+        "| N | op | fwd ms | fwd+bwd ms | best SDPA / this, fwd | fwd+bwd | timer |",
+        "|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for r in run.ops:
+        if "error" in r:
+            lines.append(f"| {r['tokens']} | {r['op']} | — | — | | | not available: {r['error']} |")
+            continue
+        sf, sb = _sdpa_ms(run, r["tokens"], "fwd_ms"), _sdpa_ms(run, r["tokens"], "fwdbwd_ms")
+        fb = r.get("fwdbwd_ms")
+        ratio_f = f"{sf / r['fwd_ms']:.2f}" if sf and "prep" not in r["op"] else ""
+        ratio_b = f"{sb / fb:.2f}" if sb and fb else ""
+        fb_s = f"{fb:.3f}" if fb is not None else "—"
+        lines.append(
+            f"| {r['tokens']} | {r['op']} | {r['fwd_ms']:.3f} | {fb_s} | {ratio_f} | {ratio_b} | {r['timer']} |"
+        )
+    return lines
+
+
+def _model_table(run: Run) -> list[str]:
+    lines = [
+        "| tokens | model | fwd ms (graph) | fwd ms (eager) | train step ms (graph) | train step ms (eager) | timer |",
+        "|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for r in run.models:
+        if "error" in r:
+            lines.append(f"| {r['tokens']} | {r['model']} | — | — | — | — | error: {r['error']} |")
+        else:
+            lines.append(
+                f"| {r['tokens']} | {r['model']} | {r['fwd_ms']:.2f} | {r['fwd_eager_ms']:.2f} | {r['train_ms']:.2f} | "
+                f"{r['train_eager_ms']:.2f} | {r['fwd_timer']} / {r['train_timer']} |"
+            )
+    return lines
+
+
+def _write_tables(run: Run) -> None:
+    """The CSVs and the markdown tables of everything measured so far (rewritten atomically after every row)."""
+    for name, rows in (("gpu_ops", run.ops), ("gpu_model", run.models)):
+        if rows:
+            fields = sorted({k for row in rows for k in row}, key=lambda k: (k not in rows[0], k))
+            write_csv(run.out / f"{name}_{run.device.type}.csv", rows, fields)
+    text = "\n".join(["### Attention op", "", *_op_table(run), "", "### Whole model", "", *_model_table(run), ""])
+    atomic_write(run.out / f"gpu_check_{run.device.type}.md", lambda tmp: Path(tmp).write_text(text))
+
+
+def step_bench(run: Run, dry: bool) -> None:
+    if dry:  # tiny shapes on the CPU: the same code, meaningless times
+        _bench_ops(run, [16], 1, 1, 8, torch.float32)
+        _bench_models(run, [32], 1, torch.float32, dict(depth=1, dim=48))
+        return
+    _bench_ops(run, [196, 1024, 4096], 64, 6, 64, torch.bfloat16)
+    _bench_models(run, [224, 512], 64, torch.bfloat16, {})
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# results
+
+
+def _environment(dev: torch.device) -> str:
     import triton
 
-    for name in ("attention_cuda.md", "model_cuda.md"):
-        if not (out / name).exists():
-            sys.exit(f"results FAILED: {out / name} is missing (run the bench step first)")
-    props = torch.cuda.get_device_properties(0)
-    section = "\n".join(
-        [
-            BEGIN,
-            "## GPU",
-            "",
-            f"* GPU: {props.name} ({props.total_memory / 2**30:.0f} GiB, sm_{props.major}{props.minor}); "
-            f"torch {torch.__version__}, CUDA {torch.version.cuda}, triton {triton.__version__}",
-            f"* date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-            f"* command: `{command}`",
-            "* correctness: every case of `benchmarks/gpu_check.py` passed on this GPU (forward and all gradients "
-            "against the float64 definition)",
-            "",
-            "### Attention op (`benchmarks/attention.py --device cuda`)",
-            "",
-            (out / "attention_cuda.md").read_text().strip(),
-            "",
-            "![latency vs tokens](results/attention_cuda.png)",
-            "",
-            "### Whole model (`benchmarks/model.py --device cuda --dtype bfloat16 --batch 64`)",
-            "",
-            (out / "model_cuda.md").read_text().strip(),
-            END,
-        ]
+    versions = f"torch {torch.__version__}, triton {triton.__version__}"
+    if dev.type != "cuda":
+        return f"CPU dry run ({dev.type}), {versions}"
+    props = torch.cuda.get_device_properties(dev)
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else "n/a"
+    return (
+        f"{props.name} ({props.total_memory / 2**30:.0f} GiB, sm_{props.major}{props.minor}); {versions}, "
+        f"CUDA {torch.version.cuda}, cuDNN {cudnn}"
     )
-    results = HERE / "RESULTS.md"
+
+
+def step_results(run: Run, command: str, results: Path, dry: bool) -> None:
+    failed = [c for c in run.checks if not c["ok"]]
+    checks = (
+        f"{len(run.checks) - len(failed)} of {len(run.checks)} checks passed"
+        + ("" if not failed else "; FAILED: " + "; ".join(f"{c['check']}: {c['problem'][:200]}" for c in failed))
+        if run.checks
+        else "not run"
+    )
+    section = [
+        BEGIN,
+        "## GPU",
+        "",
+        f"* machine: {_environment(run.device)}",
+        f"* date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"* command: `{command}`",
+        f"* correctness (`gpu_check.py` check step, float64 definition): {checks}",
+        f"* skipped for the time budget: {', '.join(run.skipped) or 'nothing'}",
+        "* timing: kernels and models replayed from CUDA graphs (the timer column says so; `events` means eager calls "
+        "timed with CUDA events); SDPA pinned to one backend per row; SSOG kernel rows exclude the host-side "
+        "parameter preparation, which has its own `prep` rows",
+        "",
+        "### Attention op: "
+        + ("1 head × d8, R4, batch 1, fp32 (dry run)" if dry else "6 heads × d64, R4, batch 64, bf16"),
+        "",
+        *_op_table(run),
+        "",
+        "### Whole "
+        + ("d48 ViT, 1 layer, batch 1, fp32 (dry run)" if dry else "d384 ViT, batch 64, bf16 autocast")
+        + " (SSOG: all taps, R4; dot twin)",
+        "",
+        *_model_table(run),
+        END,
+    ]
     text = results.read_text() if results.exists() else f"# Benchmark results\n\n{BEGIN}\n{END}\n"
     if BEGIN not in text:
         text += f"\n{BEGIN}\n{END}\n"
-    text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: section, text, flags=re.S)
+    start, stop = text.index(BEGIN), text.index(END) + len(END)
+    text = text[:start] + "\n".join(section) + text[stop:]
     atomic_write(results, lambda tmp: Path(tmp).write_text(text))
     _log(f"wrote the GPU section of {results}")
 
 
-def main(argv: list[str] | None = None) -> None:
+def step_compile() -> None:
+    major, minor = torch.cuda.get_device_capability()
+    cmd = [sys.executable, "-m", "ssog_core.ops.triton_compile", "--arch", str(major * 10 + minor)]
+    _log("$ " + " ".join(cmd))
+    if subprocess.run(cmd, cwd=ROOT).returncode:
+        _log("[FAILED] compile report")
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", nargs="+", default=["check", "bench", "results"],
                     choices=["compile", "check", "bench", "results"])  # fmt: skip
     ap.add_argument("--out", type=Path, default=HERE / "results")
-    ap.add_argument(
-        "--dry-run-cpu",
-        action="store_true",
-        help="run the check step's small cases on the CPU (needs TRITON_INTERPRET=1): tests this script",
-    )
+    ap.add_argument("--budget-s", type=float, default=480.0, help="wall-clock budget of the whole run (default 8 min)")
+    ap.add_argument("--dry-run-cpu", action="store_true",
+                    help="every step at tiny sizes on the CPU and every check case on the meta device (needs "
+                         "TRITON_INTERPRET=1); writes only into --out")  # fmt: skip
     args = ap.parse_args(argv)
+    command = " ".join(["python benchmarks/gpu_check.py", *(sys.argv[1:] if argv is None else argv)])
     if args.dry_run_cpu:
-        global DEVICE, COMPILE_BACKEND
-        if os.environ.get("TRITON_INTERPRET") != "1" or args.steps != ["check"]:
-            sys.exit("--dry-run-cpu runs only `--steps check`, with TRITON_INTERPRET=1 set")
-        DEVICE, COMPILE_BACKEND = torch.device("cpu"), "aot_eager"
-        step_check(quick=True)
-        return
-    if not torch.cuda.is_available():
-        sys.exit("gpu_check needs a CUDA device; torch.cuda.is_available() is False")
-    command = "python benchmarks/gpu_check.py" + ("" if argv is None and len(sys.argv) == 1 else " " + " ".join(
-        sys.argv[1:] if argv is None else argv))  # fmt: skip
-    _log(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            ap.error("--dry-run-cpu needs TRITON_INTERPRET=1 (the kernels run under Triton's interpreter)")
+        if args.out.resolve() == (HERE / "results").resolve():
+            ap.error("--dry-run-cpu writes its results into --out: pass a scratch folder")
+        dev = torch.device("cpu")
+    else:
+        if not torch.cuda.is_available():
+            ap.error("gpu_check needs a CUDA device (torch.cuda.is_available() is False); see --dry-run-cpu")
+        dev = torch.device("cuda")
+        _log(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+    run = Run(args.out, args.budget_s, dev)
     for step in args.steps:
         t0 = time.time()
-        _log(f"== {step}")
-        if step == "compile":
-            step_compile()
-        elif step == "check":
-            step_check()
-        elif step == "bench":
-            step_bench(args.out)
-        else:
-            step_results(args.out, command)
+        _log(f"== {step} ({run.left():.0f} s of the budget left)")
+        try:
+            if step == "compile":
+                step_compile()
+            elif step == "check":
+                step_check(run, quick=args.dry_run_cpu)
+            elif step == "bench":
+                step_bench(run, args.dry_run_cpu)
+            else:
+                results = args.out / "RESULTS.md" if args.dry_run_cpu else HERE / "RESULTS.md"
+                step_results(run, command, results, args.dry_run_cpu)
+        except Exception:  # a broken step must not cost the others (or what was measured)
+            run.checks.append({"check": f"step {step}", "ok": False, "problem": traceback.format_exc(limit=8)})
+            _log(f"[FAILED] step {step}:\n{traceback.format_exc(limit=8)}")
         _log(f"== {step} done in {time.time() - t0:.0f} s")
+    failed = [c["check"] for c in run.checks if not c["ok"]]
+    if failed:
+        _log(f"gpu_check: {len(failed)} FAILED: {failed}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

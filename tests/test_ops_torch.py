@@ -9,8 +9,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ssog_core.field import Field
 from ssog_core.ops import torch_ssog
+from ssog_core.ops.reference import TAP_SUBSETS, FieldLeaves, grads, reference_apply
 from ssog_core.ops.torch_ssog import apply_torch
-from tests.ops_reference import TAP_SUBSETS, FieldLeaves, assert_close, grads, reference_apply
+from tests.ops_reference import assert_close
 
 MODES = ("factorized", "axial")
 

@@ -263,3 +263,15 @@ def test_rbf_module_compiles_with_fullgraph():
     (gx,) = torch.autograd.grad(y.square().sum(), x)
     (want,) = torch.autograd.grad(attn(x, (1, 10)).square().sum(), x)
     torch.testing.assert_close(gx, want)
+
+
+def test_reference_path_keeps_the_key_penalty_in_fp32_for_bf16():
+    """Long bf16 keys: −‖k‖²/2 rounded to bf16 would shift logits by up to γ·2⁻⁸·‖k‖² (a 4 % output error here)."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 64, 64, generator=gen).mul(s).bfloat16() for s in (3.0, 3.0, 1.0))
+    want = rbf_weights(q.double(), k.double()) @ v.double()
+    k.requires_grad_()
+    out = rbf_attention_torch(q, k, v)
+    assert ((out.double() - want).abs().max() / want.abs().max()).item() < 5e-3
+    (gk,) = torch.autograd.grad(out.float().square().sum(), k)
+    assert torch.isfinite(gk).all() and gk.abs().sum() > 0

@@ -19,17 +19,11 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from ssog_core.attention import SSOGAttention  # noqa: E402
 from ssog_core.field import Field  # noqa: E402
-from ssog_core.ops import triton_ssog  # noqa: E402
+from ssog_core.ops import triton_ssog, triton_tiles  # noqa: E402
 from ssog_core.ops.dispatch import choose_backend, ssog_apply  # noqa: E402
+from ssog_core.ops.reference import FieldLeaves, grads, reference_apply, reference_matrix  # noqa: E402
 from ssog_core.ops.triton_ssog import apply_triton, kernel_params  # noqa: E402
-from tests.ops_reference import (  # noqa: E402
-    FieldLeaves,
-    assert_close,
-    assert_compiles_like_eager,
-    grads,
-    reference_apply,
-    reference_matrix,
-)
+from tests.ops_reference import assert_close, assert_compiles_like_eager  # noqa: E402
 
 ALL = ("mu", "sigma", "lambda")
 
@@ -83,13 +77,16 @@ def test_half_precision_values(mode: str, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("mode", ["factorized", "axial"])
 @pytest.mark.parametrize("grid", [(17, 2), (2, 17)], ids=["tall", "wide"])
 def test_tiled_and_chunked_programs(monkeypatch: pytest.MonkeyPatch, grid: tuple[int, int], mode: str) -> None:
-    """A small tile budget chunks key rows (tall grid), splits query columns over programs and chunks them in
-    the column backward kernel (wide grid), and narrows that kernel's key-column tile."""
-    monkeypatch.setattr(triton_ssog, "TILE_BUDGET", 2048)
+    """A small tile budget chunks key rows (axial) or takes fewer query rows per program (factorized) on a tall
+    grid, splits query columns over programs and chunks them in the column backward kernel on a wide grid, and
+    narrows that kernel's key-column tile."""
+    monkeypatch.setattr(triton_tiles, "TILE_BUDGET", 2048)
     cfg = triton_ssog._config(*grid, 4, 2, mode == "axial", torch.float32)
-    kt, ic, wc = triton_ssog.col_tiles(cfg, mode == "axial")
-    if grid[0] > 16:
-        assert cfg["JC"] < cfg["GHP"] and kt < (4 if mode == "axial" else ic)
+    kt, ic, wc = triton_tiles.col_tiles(cfg, mode == "axial")
+    if grid[0] > 16 and mode == "axial":
+        assert cfg["JC"] < cfg["GHP"] and kt < 4
+    elif grid[0] > 16:  # the factorized column pass takes every key row at once: fewer rows per program instead
+        assert cfg["T"] < 8 and kt < 2 * ic
     else:
         assert cfg["WT"] < cfg["GWP"] and wc < cfg["GWP"]
     _check(FieldLeaves(1, grid, 1, 2, ALL), mode, 4, torch.float32, rtol=1e-5, batch=1)

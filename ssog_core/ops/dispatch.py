@@ -24,6 +24,7 @@ from torch import Tensor
 
 from ssog_core.field import Field, FieldMode, apply_field
 from ssog_core.ops.torch_ssog import apply_torch
+from ssog_core.ops.triton_tiles import shared_memory_estimate
 
 BACKENDS = ("triton", "torch", "reference")
 ENV_VAR = "SSOG_BACKEND"
@@ -46,6 +47,11 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def _shared_memory_limit(device: torch.device) -> int | None:
+    """Shared memory a program may use on this device (bytes), ``None`` off CUDA (the interpreter has no limit)."""
+    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin if device.type == "cuda" else None
+
+
 def triton_problem(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode) -> str | None:
     """Why the Triton kernels cannot run this input, or ``None`` if they can."""
     if not _triton_installed():
@@ -60,6 +66,17 @@ def triton_problem(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
         return f"{field.num_atoms} atoms exceed {MAX_ATOMS}"
     if mode not in ("factorized", "axial"):
         return f"unknown field mode {mode!r}"
+    if v.shape[0] * v.shape[2] > 65535:  # batch·heads is the second launch-grid axis
+        return f"batch × heads = {v.shape[0] * v.shape[2]} exceeds the CUDA grid limit 65535"
+    limit = _shared_memory_limit(v.device)
+    if limit is not None:
+        dot_bytes = 4 if v.dtype == torch.float32 else 2
+        need = shared_memory_estimate(*grid, v.shape[-1], field.num_atoms, mode == "axial", dot_bytes)
+        if need > limit:
+            return (
+                f"a {grid[0]}×{grid[1]} grid with head_dim {v.shape[-1]}, {field.num_atoms} atoms and {v.dtype} "
+                f"needs up to {need} bytes of shared memory per program; this GPU allows {limit}"
+            )
     devices = {t.device for t in (field.mu, field.sigma, field.log_lam, field.tau)} - {v.device}
     if devices and not (len(devices) == 1 and field.tau.dim() == 0 and field.tau.device.type == "cpu"):
         return f"the field lives on {sorted(map(str, devices))}, the values on {v.device}"

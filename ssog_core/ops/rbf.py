@@ -5,7 +5,8 @@ of a query, so the softmax drops it: RBF attention is dot-product attention with
 penalty ``γ‖k‖²`` on each key. Neither backend ever builds the N × N distance matrix:
 
 * ``"torch"`` (the reference, used on CPU): PyTorch's fused SDPA on augmented vectors
-  ``q' = [q, 1]``, ``k' = [k, −‖k‖²/2]``, ``v' = [v, 0]``, so that ``2γ q'·k' = 2γ q·k − γ‖k‖²``. Passing the
+  ``q' = [q, 1]``, ``k' = [k, −‖k‖²/2]``, ``v' = [v, 0]``, so that ``2γ q'·k' = 2γ q·k − γ‖k‖²`` (in a 16-bit
+  dtype ``−‖k‖²/2`` is split into two 16-bit parts so that it keeps fp32 precision). Passing the
   penalty as an additive mask instead would force SDPA's math backend (N × N) as soon as the mask
   needs a gradient, i.e. in training;
 * ``"triton"`` (:mod:`ssog_core.ops.rbf_triton`, used on CUDA): fused flash-style kernels that compute the
@@ -68,13 +69,20 @@ def rbf_attention_torch(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -
     """
     _check_inputs(q, k, v)
     d, dv = q.shape[-1], v.shape[-1]
-    # the key norm summed in at least fp32 (a half-precision sum of D squares loses small distances)
-    half_norm = (k.to(torch.promote_types(k.dtype, torch.float32)).square().sum(-1, keepdim=True) * -0.5).to(k.dtype)
-    pad = (-(d + 1)) % 8 if q.is_cuda else 0  # CUDA's fused SDPA kernels want head dims in multiples of 8
-    q2 = torch.cat([q, torch.ones_like(q[..., :1]), q.new_zeros(*q.shape[:-1], pad)], dim=-1)
-    k2 = torch.cat([k, half_norm, k.new_zeros(*k.shape[:-1], pad)], dim=-1)
+    # −‖k‖²/2 summed and kept in at least fp32: in a 16-bit dtype it travels as two 16-bit parts (hi + lo, ~16
+    # mantissa bits; SDPA accumulates q'·k' in fp32), since rounding it to bf16 alone shifts a logit by up to
+    # γ·2⁻⁸·‖k‖², a large error for long keys
+    wide = torch.promote_types(k.dtype, torch.float32)
+    half_norm = k.to(wide).square().sum(-1, keepdim=True) * -0.5
+    parts = [half_norm.to(k.dtype)]
+    if k.dtype != wide:
+        parts.append((half_norm - parts[0].to(wide)).to(k.dtype))
+    extra = len(parts)
+    pad = (-(d + extra)) % 8 if q.is_cuda else 0  # CUDA's fused SDPA kernels want head dims in multiples of 8
+    q2 = torch.cat([q, torch.ones_like(q[..., :1]).expand(*q.shape[:-1], extra), q.new_zeros(*q.shape[:-1], pad)], -1)
+    k2 = torch.cat([k, *parts, k.new_zeros(*k.shape[:-1], pad)], dim=-1)
     # equal head dims for v let the fused (flash) kernels run; an identity basis (analysis) keeps its own width
-    v2 = F.pad(v, (0, 1 + pad)) if dv == d else v
+    v2 = F.pad(v, (0, extra + pad)) if dv == d else v
     out = F.scaled_dot_product_attention(q2, k2, v2, is_causal=causal, scale=2.0 * rbf_gamma(d))
     return out[..., :dv]
 

@@ -1,17 +1,22 @@
-"""Compile every SSOG Triton kernel for a CUDA target without a GPU (KERNELS.md §3.5).
+"""Compile every SSOG Triton kernel for a CUDA target without a GPU (docs/KERNELS.md §4).
 
     python -m ssog_core.ops.triton_compile                 # sm_90, the benchmark shapes, bf16
     python -m ssog_core.ops.triton_compile --arch 80 --grid 14 14 --atoms 4 --head-dim 64
 
-Run it in a process *without* ``TRITON_INTERPRET``. For each kernel it reports what the PTX uses
-(``mma.sync`` / ``wgmma`` tensor-core instructions, ``ex2.approx`` exponentials) and, from Triton's bundled
-``cuobjdump``, the registers, stack, spilled local memory and shared memory of the cubin — so register
-blow-ups and compile failures show up on a CPU-only machine. Exits non-zero if any kernel fails to compile.
+Run it in a process *without* ``TRITON_INTERPRET``. Each kernel is compiled from the launch the custom ops would
+make (built on ``meta`` tensors, with the JIT's argument specialisation). The report gives the PTX's tensor-core
+instructions (``mma.sync`` / ``wgmma``) and, from Triton's bundled ``cuobjdump`` and ``nvdisasm``, the registers,
+stack, spill bytes (``STL``), shared memory, static SASS instructions and ``MUFU.EX2`` count of the cubin, and
+their ratio over the whole kernel and over one key-loop iteration — so register blow-ups, instruction bloat and
+compile failures show up on a CPU-only machine. ``--out`` also writes the markdown table to a file. Exits
+non-zero if any kernel fails to compile or needs more shared memory than the target has or than
+:func:`ssog_core.ops.triton_tiles.shared_memory_estimate` allows.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import re
 import subprocess
@@ -22,9 +27,13 @@ from pathlib import Path
 
 import torch
 
-PTR_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
+from ssog_core.ops.triton_tiles import shared_memory_estimate
+
 SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # opt-in shared memory per block, bytes
-VALUE_PTRS = {"v_ptr", "y_ptr", "dy_ptr", "dv_ptr"}
+HEADER = (
+    "| kernel | shape | mma.sync | wgmma | REG | STACK | SPILL | SHARED | SASS | EX2 | SASS/EX2 | key loop SASS/EX2 "
+    "| loop SASS per EX2 |"
+)
 
 
 @dataclass
@@ -38,35 +47,157 @@ class KernelReport:
     stack: int
     spill: int
     shared: int
+    sass: SassCounts
+
+    def row(self) -> str:
+        """One markdown table row (columns of :data:`HEADER`)."""
+        ratio = f"{self.per_ex2:.1f}" if self.per_ex2 else "—"
+        loop = f"{self.loop_per_ex2:.1f}" if self.loop_per_ex2 else "—"
+        cells = [
+            self.kernel,
+            self.shape,
+            self.mma_sync,
+            self.wgmma,
+            self.regs,
+            self.stack,
+            self.sass.spill_bytes,
+            self.shared,
+            self.sass.instr,
+            self.sass.ex2,
+            ratio,
+            f"{self.sass.loop_instr}/{self.sass.loop_ex2}",
+            loop,
+        ]
+        return "| " + " | ".join(map(str, cells)) + " |"
+
+    @property
+    def per_ex2(self) -> float | None:
+        """SASS instructions per ``MUFU.EX2``, whole kernel (``None`` without exponentials)."""
+        return self.sass.instr / self.sass.ex2 if self.sass.ex2 else None
+
+    @property
+    def loop_per_ex2(self) -> float | None:
+        """SASS instructions per ``MUFU.EX2`` in one iteration of the key loop."""
+        return self.sass.loop_instr / self.sass.loop_ex2 if self.sass.loop_ex2 else None
 
 
-def _signature(fn, constexprs: dict, dtype: torch.dtype) -> dict[str, str]:
-    sig = {}
-    for name in fn.arg_names:
-        if name in constexprs:
-            sig[name] = "constexpr"
-        elif name.endswith("_ptr"):
-            sig[name] = PTR_TYPES[dtype] if name in VALUE_PTRS else "*fp32"
-        else:
-            sig[name] = "i32"
-    return sig
-
-
-def _resource_usage(cubin: bytes) -> dict[str, int]:
+def _nvidia_tool(name: str, cubin: bytes, *flags: str) -> str:
+    """Run one of the CUDA binary tools that ship inside the Triton wheel on a cubin; its stdout."""
     import triton
 
-    exe = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    exe = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(cubin)
     try:
-        out = subprocess.run([str(exe), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        return subprocess.run([str(exe), *flags, f.name], capture_output=True, text=True, check=True).stdout
     finally:
         os.unlink(f.name)
+
+
+_INSTR = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+_BRANCH = re.compile(r"\bBRA\s+`\((\.L_x_\d+)\)")
+
+
+@dataclass
+class SassCounts:
+    """Static SASS counts of one kernel: instructions (NOP padding excluded) and ``MUFU.EX2``, over the whole
+    kernel and over one iteration of its key loop (the outermost loop holding the most exponentials: unrolling,
+    peeling and prologues distort whole-kernel ratios, the loop body is what runs per key chunk)."""
+
+    instr: int
+    ex2: int
+    loop_instr: int
+    loop_ex2: int
+    spill_bytes: int  # bytes written by local-memory stores (STL): the kernels keep no local arrays, so spills
+
+
+def sass_counts(sass: str) -> SassCounts:
+    """Count instructions and exponentials in ``nvdisasm -c`` output."""
+    lines = sass.splitlines()
+    labels = {line[:-1]: n for n, line in enumerate(lines) if line.startswith(".L_x_") and line.endswith(":")}
+    ops = [(n, m.group(1)) for n, line in enumerate(lines) if (m := _INSTR.match(line)) and m.group(1) != "NOP"]
+
+    def count(lo: int, hi: int) -> tuple[int, int]:
+        inside = [op for n, op in ops if lo <= n <= hi]
+        return len(inside), sum(op == "MUFU.EX2" for op in inside)
+
+    loops = []  # (first line, backward branch line) of every loop
+    for n, line in enumerate(lines):
+        m = _BRANCH.search(line)
+        if m and labels.get(m.group(1), n + 1) < n:
+            loops.append((labels[m.group(1)], n))
+    outer = [a for a in loops if not any(b != a and b[0] <= a[0] and a[1] <= b[1] for b in loops)]
+    instr, ex2 = count(0, len(lines))
+    best = max(outer, key=lambda a: (count(*a)[1], a[1] - a[0]), default=None)
+    loop_instr, loop_ex2 = count(*best) if best else (0, 0)
+    width = {"64": 8, "128": 16, "U8": 1, "S8": 1, "U16": 2, "S16": 2}
+    spill = sum(width.get(op.split(".")[1] if "." in op else "", 4) for _, op in ops if op.split(".")[0] == "STL")
+    return SassCounts(instr, ex2, loop_instr, loop_ex2, spill)
+
+
+def _triton_version() -> str:
+    import triton
+
+    return triton.__version__
+
+
+def _resource_usage(cubin: bytes) -> dict[str, int]:
+    out = _nvidia_tool("cuobjdump", cubin, "--dump-resource-usage")
     usage = {}
     for key in ("REG", "STACK", "SHARED", "LOCAL"):
         m = re.search(rf"\b{key}:(\d+)", out.split("Function", 1)[-1])
         usage[key] = int(m.group(1)) if m else -1
     return usage
+
+
+def problem_launches(
+    grid: tuple[int, int], head_dim: int, atoms: int, mode: str, dtype: torch.dtype, heads: int = 6, batch: int = 2
+) -> list:
+    """Every kernel launch of one problem (forward steered and fixed, ``inv_zx``, both backward kernels), built on
+    ``meta`` tensors laid out as the custom ops lay them out, so that the compile sees the launch's constexprs and
+    Triton's specialisation of its arguments (16-byte divisibility, ones) exactly as the JIT would."""
+    from ssog_core.ops import triton_ssog as ts
+
+    gh, gw = grid
+    axial = mode == "axial"
+    f = ts.AXIAL_FIELDS if axial else ts.FACTORIZED_FIELDS
+    ro = 1 if axial else atoms
+
+    def empty(*shape: int, dt: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.empty(shape, device="meta", dtype=dt)
+
+    v = empty(batch, gh * gw, heads, head_dim, dt=dtype)
+    prm = empty(batch, gh, gw, heads, atoms, f)
+    izx = empty(batch, gh, gw, heads, ro)
+    taby, tabx = empty(heads, ro, gh, gh), empty(heads, ro, gw, gw)
+    shared = empty(heads, atoms, f)[None, None, None].expand(batch, gh, gw, heads, atoms, f)
+    return [
+        ts.fwd_launch(v, prm, None, None, axial, empty(*v.shape, dt=dtype), izx),
+        ts.fwd_launch(v, shared, taby, tabx, axial, empty(*v.shape, dt=dtype), None),
+        ts.izx_launch(empty(gw, heads, atoms, f), axial, empty(gw, heads, ro)),
+        *ts.bwd_launches(empty(*v.shape, dt=dtype), v, prm, izx, axial, empty(*v.shape, dt=dtype), empty(*prm.shape)),
+    ]
+
+
+def _specialise(launch) -> tuple[dict, dict, dict]:
+    """Signature, constexprs and attributes of a launch as Triton's JIT derives them from the argument values."""
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime.jit import native_specialize_impl
+
+    fn = launch.kernel
+    sig, consts, attrs = {}, dict(launch.constexprs), {}
+    runtime = [n for n in fn.arg_names if n not in launch.constexprs]
+    for name, value in zip(runtime, launch.args, strict=True):
+        kind, spec = native_specialize_impl(BaseBackend, value, False, True, True)
+        if kind == "constexpr":
+            consts[name] = spec
+        else:
+            sig[name] = kind
+            if spec == "D":
+                attrs[(fn.arg_names.index(name),)] = [["tt.divisibility", 16]]
+    for name in consts:
+        sig[name] = "constexpr"
+    return sig, consts, attrs
 
 
 def compile_kernels(
@@ -85,38 +216,18 @@ def compile_kernels(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from ssog_core.ops import triton_kernels as K
-    from ssog_core.ops.triton_ssog import NUM_WARPS, _config, _fwd_cfg, _p2, col_tiles
-
-    num_warps = num_warps or NUM_WARPS
-
-    gh, gw = grid
-    axial = mode == "axial"
-    cfg = _config(gh, gw, head_dim, atoms, axial, dtype)
-    kt, ic, wc = col_tiles(cfg, axial)
-    fwd = dict(_fwd_cfg(cfg), AXIAL=axial)
-    jobs = [
-        ("fwd-steered", K._ssog_fwd_kernel, dict(fwd, FIXED=False)),
-        ("fwd-fixed", K._ssog_fwd_kernel, dict(fwd, FIXED=True)),
-        ("inv_zx", K._ssog_izx_kernel, {k: fwd[k] for k in ("R", "RO", "RP", "AXIAL", "WT", "KC")}),
-        ("bwd-rows", K._ssog_bwd_rows_kernel, dict(fwd, RA=_p2(atoms))),
-        (
-            "bwd-cols",
-            K._ssog_bwd_cols_kernel,
-            {k: cfg[k] for k in ("R", "RO", "RP", "GHP", "DHP", "DOT", "PREC")}
-            | dict(AXIAL=axial, KT=kt, IC=ic, WC=wc),
-        ),
-    ]
-    shape = f"{gh}x{gw} d{head_dim} R{atoms} {mode} {str(dtype).removeprefix('torch.')}"
+    shape = f"{grid[0]}x{grid[1]} d{head_dim} R{atoms} {mode} {str(dtype).removeprefix('torch.')}"
     reports = []
-    for name, fn, constexprs in jobs:
-        src = ASTSource(fn, _signature(fn, constexprs, dtype), constexprs)
-        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    for launch in problem_launches(grid, head_dim, atoms, mode, dtype):
+        sig, consts, attrs = _specialise(launch)
+        src = ASTSource(launch.kernel, sig, consts, attrs)
+        warps = num_warps or launch.num_warps
+        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
         ptx = k.asm["ptx"]
         usage = _resource_usage(k.asm["cubin"])
         reports.append(
             KernelReport(
-                name,
+                launch.name,
                 shape,
                 ptx.count("mma.sync"),
                 ptx.count("wgmma.mma_async"),
@@ -125,6 +236,7 @@ def compile_kernels(
                 usage["STACK"],
                 usage["LOCAL"],
                 k.metadata.shared,
+                sass_counts(_nvidia_tool("nvdisasm", k.asm["cubin"], "-c")),
             )
         )
     return reports
@@ -139,28 +251,47 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", choices=("factorized", "axial", "both"), default="both")
     ap.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     ap.add_argument("--num-warps", type=int, help="default: the launchers' NUM_WARPS")
+    ap.add_argument("--out", type=Path, help="also write the report (a markdown table) to this file")
     args = ap.parse_args(argv)
     grids = [tuple(g) for g in args.grid] if args.grid else [(14, 14), (24, 24), (32, 32), (64, 64), (128, 128)]
     modes = ("factorized", "axial") if args.mode == "both" else (args.mode,)
     dtype = getattr(torch, args.dtype)
-    print(f"{'kernel':<12} {'shape':<36} {'mma.sync':>8} {'wgmma':>6} {'ex2':>5} {'REG':>4} {'STACK':>5} "
-          f"{'LOCAL':>5} {'SHARED':>7}")  # fmt: skip
-    failed = 0
     limit = SHARED_LIMIT.get(args.arch, 101376)
+    lines = [
+        f"`python -m ssog_core.ops.triton_compile {' '.join(argv if argv is not None else sys.argv[1:])}`".replace(
+            " `", "`"
+        ),
+        f"sm_{args.arch}, num_warps {args.num_warps or 'default'}, triton {_triton_version()}, "
+        f"{datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}. REG registers per thread; "
+        "STACK stack frame bytes; SPILL bytes stored by local-memory (STL) instructions; SHARED bytes per program "
+        f"(limit {limit}); SASS static instructions (NOP padding excluded); EX2 `MUFU.EX2` count; /EX2 the two "
+        "ratios over the whole kernel and over one iteration of the key loop.",
+        "",
+        HEADER,
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for line in lines:
+        print(line, flush=True)
+    failed = 0
     for grid in grids:
         for mode in modes:
             try:
                 reports = compile_kernels(grid, args.head_dim, args.atoms, mode, dtype, args.arch, args.num_warps)
             except Exception as e:  # report every failing shape, then fail
                 failed += 1
-                print(f"FAILED {grid} {mode}: {type(e).__name__}: {str(e).splitlines()[0]}", flush=True)
+                lines.append(f"FAILED {grid} {mode}: {type(e).__name__}: {str(e).splitlines()[0]}")
+                print(lines[-1], flush=True)
                 continue
+            bound = shared_memory_estimate(*grid, args.head_dim, args.atoms, mode == "axial", dtype.itemsize)
             for r in reports:
-                over = r.shared > limit
+                over = r.shared > limit or r.shared > bound
                 failed += over
-                note = f"  FAILED: shared memory {r.shared} > {limit}" if over else ""
-                print(f"{r.kernel:<12} {r.shape:<36} {r.mma_sync:>8} {r.wgmma:>6} {r.ex2:>5} {r.regs:>4} {r.stack:>5} "
-                      f"{r.spill:>5} {r.shared:>7}{note}", flush=True)  # fmt: skip
+                note = f" FAILED: shared memory {r.shared} > limit {limit} or estimate {bound}" if over else ""
+                lines.append(r.row() + note)
+                print(lines[-1], flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("\n".join(lines) + "\n")
     return 1 if failed else 0
 
 

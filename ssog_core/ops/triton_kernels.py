@@ -1,14 +1,15 @@
-"""Fused Triton kernels for the SSOG operator (forward and backward), following KERNELS.md §3.
+"""Fused Triton kernels for the SSOG operator (forward and backward); the design, its roofline argument and the
+compile report are in docs/KERNELS.md.
 
 Imported only by :mod:`ssog_core.ops.triton_ssog`, never by ``import ssog_core``. Set ``TRITON_INTERPRET=1``
 before importing this module to run the kernels on the CPU (the tests do).
 
-One program owns (batch b, head h, a tile of T query rows, a tile of WT query columns). It streams over
-chunks of KC key columns k:
+One program owns (a tile of T query rows × WT query columns) of one image and head; batch·heads is grid
+axis 1. It streams over chunks of KC key columns k:
 
 1. column pass (keys j, all rows): ``y1[(i, k), r] = Σ_j A_r((i, k), j) · v[j, k]`` as batched dots
-   ``[KC, T·RP, JC] @ [KC, JC, D]`` over chunks of JC key rows, normalised afterwards (the normaliser is a
-   row sum of the same unnormalised weights, so no weight is computed twice); v is read with its strides,
+   ``[KC, T·RP, JC] @ [KC, JC, D]`` (factorized: all key rows at once), normalised afterwards (the normaliser
+   is a row sum of the same unnormalised weights, so no weight is computed twice); v is read with its strides,
    no transposed copy;
 2. row pass: ``acc[(i, w)] += Σ_{(k, r)} λ_r(i, w) · P_r((i, w), k) · y1[(i, k), r]`` as one batched dot
    ``[T, WT, KC·RP] @ [T, KC·RP, D]``.
@@ -35,6 +36,10 @@ the row-axis kernels, and produces dV and the gradients of the y parameters.
 
 With a fixed field (``FIXED``) the forward kernel loads the normalised per-head kernels ``Ay[h, r, i, j]``
 and ``λ·Ax[h, r, w, k]`` instead of computing them.
+
+The factorized forward and row-backward kernels (``_fact_*``) hoist every per-(query, atom) term of the row pass
+out of the key loop, so that a weight costs ``e = e0 − k0``, ``e·(ca·e + cb)`` and one ``exp2``; the axial mode
+and the column backward use the generic kernels (``_ssog_*``).
 """
 
 from __future__ import annotations
@@ -186,15 +191,17 @@ def _ssog_izx_kernel(prm_ptr, out_ptr, H, GW, spw, sph, spr, sow, soh, R: tl.con
 def _ssog_fwd_kernel(v_ptr, prm_ptr, taby_ptr, tabx_ptr, y_ptr, izx_ptr, H, GH, GW, D,
                      svb, svn, svh, spb, spi, spw, sph, spr, syb, syn, syh, szb, szi, szw, szh,
                      sty_h, sty_r, sty_i, stx_h, stx_r, stx_w,
-                     R: tl.constexpr, RO: tl.constexpr, RP: tl.constexpr, AXIAL: tl.constexpr,
+                     R: tl.constexpr, RO: tl.constexpr, RP: tl.constexpr,
                      FIXED: tl.constexpr, T: tl.constexpr, WT: tl.constexpr, KC: tl.constexpr, JC: tl.constexpr,
                      DHP: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
-    """``y`` for one (b, h, row tile, column tile); stores ``1/Z_x`` unless the field is fixed."""
-    pid = tl.program_id(0)
-    b = (pid // H).to(tl.int64)  # batch offsets may exceed 2**31 elements
-    h = pid % H
-    i0 = tl.program_id(1) * T
-    w0 = tl.program_id(2) * WT
+    """Axial ``y`` for one (row tile, column tile) × (b, h); stores ``1/Z_x`` unless the field is fixed."""
+    pid = tl.program_id(0)  # (row tile, column tile); batch·heads on axis 1: programs sharing v run together
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)  # batch offsets may exceed 2**31 elements
+    h = bh % H
+    n_wt = tl.cdiv(GW, WT)
+    i0 = (pid // n_wt) * T
+    w0 = (pid % n_wt) * WT
 
     t = tl.arange(0, T)[:, None, None]
     w = w0 + tl.arange(0, WT)[None, :, None]
@@ -207,17 +214,15 @@ def _ssog_fwd_kernel(v_ptr, prm_ptr, taby_ptr, tabx_ptr, y_ptr, izx_ptr, H, GH, 
     base = prm_ptr + b * spb + i * spi + w * spw + h * sph + r * spr
 
     if not FIXED:
-        izx3 = _row_prologue(prm_ptr, b, h, i0, w0, GH, GW, spb, spi, spw, sph, spr, R, RO, RP, AXIAL, T, WT, KC)
+        izx3 = _row_prologue(prm_ptr, b, h, i0, w0, GH, GW, spb, spi, spw, sph, spr, R, RO, RP, True, T, WT, KC)
         r3 = tl.arange(0, RP)[None, None, :]
         tl.store(izx_ptr + b * szb + i * szi + w * szw + h * szh + r3, izx3, mask=(i < GH) & (w < GW) & (r3 < RO))
         scale = _expand_atoms(izx3, T, WT, KC, RP)
-        if not AXIAL:
-            scale = scale * tl.load(base + 4, mask=qmask, other=0.0)
 
     acc = tl.zeros((T, WT, DHP), dtype=tl.float32)
     for k0 in range(0, GW, KC):
         y1 = _column_pass(v_ptr, prm_ptr, taby_ptr, b, h, i0, k0, GH, GW, D, svb, svn, svh, spb, spi, spw, sph,
-                          spr, sty_h, sty_r, sty_i, R, RO, RP, AXIAL, FIXED, T, KC, JC, DHP, DOT, PREC)
+                          spr, sty_h, sty_r, sty_i, R, RO, RP, True, FIXED, T, KC, JC, DHP, DOT, PREC)
         key = k0 + kc
         if FIXED:
             p = tl.load(tabx_ptr + h * stx_h + r * stx_r + w * stx_w + key,
@@ -225,7 +230,7 @@ def _ssog_fwd_kernel(v_ptr, prm_ptr, taby_ptr, tabx_ptr, y_ptr, izx_ptr, H, GH, 
             p = tl.broadcast_to(p, (T, WT, KC * RP))
         else:
             p = tl.exp2(_log_weights(qf, key.to(tl.float32), base, qmask, qmask & (key < GW), spr, GW - 1.0,
-                                     AXIAL, 1, R)) * scale
+                                     True, 1, R)) * scale
         acc = tl.dot(p.to(DOT), y1.to(DOT), acc, input_precision=PREC)
 
     yd = tl.arange(0, DHP)[None, None, :]
@@ -238,18 +243,20 @@ def _ssog_bwd_rows_kernel(v_ptr, prm_ptr, izx_ptr, dy_ptr, dprm_ptr, H, GH, GW, 
                           svb, svn, svh, spb, spi, spw, sph, spr, szb, szi, szw, szh, sdyb, sdyn, sdyh,
                           sgb, sgi, sgw, sgh, sgr,
                           R: tl.constexpr, RO: tl.constexpr, RP: tl.constexpr, RA: tl.constexpr,
-                          AXIAL: tl.constexpr, T: tl.constexpr, WT: tl.constexpr, KC: tl.constexpr,
+                          T: tl.constexpr, WT: tl.constexpr, KC: tl.constexpr,
                           JC: tl.constexpr, DHP: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
-    """Gradients of λ and of the column-axis (x) parameters; one program per (b, h, row tile, column tile).
+    """Axial gradients of the column-axis (x) parameters and 1/τ; one program per (row tile, column tile) × (b, h).
 
     ``G = dY · y1ᵀ`` per key chunk; with ``g = λ·G`` and the softmax backward ``dL/dl_k = ln2·P_k (g_k − Σ P g)``,
     the gradients need only running sums over keys of ``P·G``, ``P·G·e``, ``P·e``, ``P·G·e²``, ``P·e²``.
     """
-    pid = tl.program_id(0)
-    b = (pid // H).to(tl.int64)  # batch offsets may exceed 2**31 elements
-    h = pid % H
-    i0 = tl.program_id(1) * T
-    w0 = tl.program_id(2) * WT
+    pid = tl.program_id(0)  # (row tile, column tile); batch·heads on axis 1: programs sharing v run together
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)  # batch offsets may exceed 2**31 elements
+    h = bh % H
+    n_wt = tl.cdiv(GW, WT)
+    i0 = (pid // n_wt) * T
+    w0 = (pid % n_wt) * WT
 
     t = tl.arange(0, T)[:, None, None]
     w = w0 + tl.arange(0, WT)[None, :, None]
@@ -265,99 +272,59 @@ def _ssog_bwd_rows_kernel(v_ptr, prm_ptr, izx_ptr, dy_ptr, dprm_ptr, H, GH, GW, 
     dy = tl.load(dy_ptr + b * sdyb + (i * GW + w) * sdyn + h * sdyh + yd, mask=(i < GH) & (w < GW) & (yd < D),
                  other=0.0).to(DOT)
 
-    if AXIAL:
-        s_pg = tl.zeros((T, WT), dtype=tl.float32)
-        s_pgl = tl.zeros((T, WT), dtype=tl.float32)
-        s_pl = tl.zeros((T, WT), dtype=tl.float32)
-        a_idx = tl.arange(0, RA)[None, None, :]
-        pg_e = tl.zeros((T, WT, RA), dtype=tl.float32)
-        p_e = tl.zeros((T, WT, RA), dtype=tl.float32)
-        pg_e2 = tl.zeros((T, WT, RA), dtype=tl.float32)
-        p_e2 = tl.zeros((T, WT, RA), dtype=tl.float32)
-        pg_1 = tl.zeros((T, WT, RA), dtype=tl.float32)
-        p_1 = tl.zeros((T, WT, RA), dtype=tl.float32)
-        itau = tl.load(base + 7, mask=qmask, other=1.0)
-    else:
-        mu = tl.load(base + 1, mask=qmask, other=0.0)
-        c = tl.load(base + 3, mask=qmask, other=1.0)
-        s1 = tl.zeros((T, WT, KC * RP), dtype=tl.float32)
-        s2 = tl.zeros((T, WT, KC * RP), dtype=tl.float32)
-        s3 = tl.zeros((T, WT, KC * RP), dtype=tl.float32)
-        s4 = tl.zeros((T, WT, KC * RP), dtype=tl.float32)
-        s5 = tl.zeros((T, WT, KC * RP), dtype=tl.float32)
-
+    s_pg = tl.zeros((T, WT), dtype=tl.float32)
+    s_pgl = tl.zeros((T, WT), dtype=tl.float32)
+    s_pl = tl.zeros((T, WT), dtype=tl.float32)
+    a_idx = tl.arange(0, RA)[None, None, :]
+    pg_e = tl.zeros((T, WT, RA), dtype=tl.float32)
+    p_e = tl.zeros((T, WT, RA), dtype=tl.float32)
+    pg_e2 = tl.zeros((T, WT, RA), dtype=tl.float32)
+    p_e2 = tl.zeros((T, WT, RA), dtype=tl.float32)
+    pg_1 = tl.zeros((T, WT, RA), dtype=tl.float32)
+    p_1 = tl.zeros((T, WT, RA), dtype=tl.float32)
+    itau = tl.load(base + 7, mask=qmask, other=1.0)
     for k0 in range(0, GW, KC):
         y1 = _column_pass(v_ptr, prm_ptr, prm_ptr, b, h, i0, k0, GH, GW, D, svb, svn, svh, spb, spi, spw, sph, spr,
-                          0, 0, 0, R, RO, RP, AXIAL, False, T, KC, JC, DHP, DOT, PREC)
+                          0, 0, 0, R, RO, RP, True, False, T, KC, JC, DHP, DOT, PREC)
         g = tl.dot(dy, tl.permute(y1.to(DOT), (0, 2, 1)), input_precision=PREC)  # [T, WT, KC·RP]
         key = k0 + kc
         kf = key.to(tl.float32)
         valid = qmask & (key < GW)
-        if AXIAL:
-            lse, mpk = _axial_terms(qf, kf, base, qmask, spr, 1, 3, 5, GW - 1.0, R)
-            p = tl.exp2(tl.where(valid, (lse - mpk) * itau, NEG_INF)) * izx
-            pg = p * g
-            s_pg += tl.sum(pg, axis=2)
-            s_pgl += tl.sum(pg * (lse - mpk), axis=2)
-            s_pl += tl.sum(p * (lse - mpk), axis=2)
-            for a in tl.static_range(R):
-                mu_a = tl.load(base + a * spr + 1, mask=qmask, other=0.0)
-                b_a = tl.load(base + a * spr + 3, mask=qmask, other=1.0)
-                beta_a = tl.load(base + a * spr + 5, mask=qmask, other=0.0)
-                d = qf - kf - mu_a
-                om = tl.exp2(tl.where(valid, beta_a - b_a * d * d - lse, NEG_INF))
-                sel = a_idx == a
-                pom = p * om
-                pgom = pg * om
-                pg_1 += tl.where(sel, tl.sum(pgom, axis=2)[:, :, None], 0.0)
-                p_1 += tl.where(sel, tl.sum(pom, axis=2)[:, :, None], 0.0)
-                pg_e += tl.where(sel, tl.sum(pgom * d, axis=2)[:, :, None], 0.0)
-                p_e += tl.where(sel, tl.sum(pom * d, axis=2)[:, :, None], 0.0)
-                pg_e2 += tl.where(sel, tl.sum(pgom * d * d, axis=2)[:, :, None], 0.0)
-                p_e2 += tl.where(sel, tl.sum(pom * d * d, axis=2)[:, :, None], 0.0)
-        else:
-            lg, e, ds = _fact_terms(qf, kf, mu, c, GW - 1.0)
-            p = tl.exp2(tl.where(valid, lg, NEG_INF)) * izx
-            pg = p * g
-            s1 += pg
-            s2 += pg * e
-            s3 += p * e
-            s4 += pg * e * e
-            s5 += p * e * e
-
+        lse, mpk = _axial_terms(qf, kf, base, qmask, spr, 1, 3, 5, GW - 1.0, R)
+        p = tl.exp2(tl.where(valid, (lse - mpk) * itau, NEG_INF)) * izx
+        pg = p * g
+        s_pg += tl.sum(pg, axis=2)
+        s_pgl += tl.sum(pg * (lse - mpk), axis=2)
+        s_pl += tl.sum(p * (lse - mpk), axis=2)
+        for a in tl.static_range(R):
+            mu_a = tl.load(base + a * spr + 1, mask=qmask, other=0.0)
+            b_a = tl.load(base + a * spr + 3, mask=qmask, other=1.0)
+            beta_a = tl.load(base + a * spr + 5, mask=qmask, other=0.0)
+            d = qf - kf - mu_a
+            om = tl.exp2(tl.where(valid, beta_a - b_a * d * d - lse, NEG_INF))
+            sel = a_idx == a
+            pom = p * om
+            pgom = pg * om
+            pg_1 += tl.where(sel, tl.sum(pgom, axis=2)[:, :, None], 0.0)
+            p_1 += tl.where(sel, tl.sum(pom, axis=2)[:, :, None], 0.0)
+            pg_e += tl.where(sel, tl.sum(pgom * d, axis=2)[:, :, None], 0.0)
+            p_e += tl.where(sel, tl.sum(pom * d, axis=2)[:, :, None], 0.0)
+            pg_e2 += tl.where(sel, tl.sum(pgom * d * d, axis=2)[:, :, None], 0.0)
+            p_e2 += tl.where(sel, tl.sum(pom * d * d, axis=2)[:, :, None], 0.0)
     gbase = dprm_ptr + b * sgb + i * sgi + w * sgw + h * sgh
-    if AXIAL:
-        amask = (i < GH) & (w < GW) & (a_idx < R)
-        pbase = prm_ptr + b * spb + i * spi + w * spw + h * sph + a_idx * spr
-        b_a = tl.load(pbase + 3, mask=amask, other=1.0)
-        itau3 = tl.load(pbase + 7, mask=amask, other=1.0)
-        s = s_pg[:, :, None]
-        d_om_e = LN2 * (pg_e - s * p_e)
-        d_om_e2 = LN2 * (pg_e2 - s * p_e2)
-        d_om = LN2 * (pg_1 - s * p_1)
-        d_itau = LN2 * (s_pgl - s_pg * s_pl)
-        tl.store(gbase + a_idx * sgr + 1, itau3 * 2.0 * b_a * d_om_e, mask=amask)
-        tl.store(gbase + a_idx * sgr + 3, -itau3 * d_om_e2, mask=amask)
-        tl.store(gbase + a_idx * sgr + 5, itau3 * d_om, mask=amask)
-        tl.store(gbase + a_idx * sgr + 7, tl.where(a_idx == 0, d_itau[:, :, None], 0.0), mask=amask)
-    else:
-        r3 = tl.arange(0, RP)[None, None, :]
-        rmask = (i < GH) & (w < GW) & (r3 < RO)
-        pbase = prm_ptr + b * spb + i * spi + w * spw + h * sph + r3 * spr
-        c3 = tl.load(pbase + 3, mask=rmask, other=1.0)
-        lam3 = tl.load(pbase + 4, mask=rmask, other=0.0)
-        x3 = w.to(tl.float32) - tl.load(pbase + 1, mask=rmask, other=0.0)
-        ds3 = x3 - tl.minimum(tl.maximum(tl.floor(x3 + 0.5), 0.0), GW - 1.0)
-        a1 = tl.sum(tl.reshape(s1, (T, WT, KC, RP)), axis=2)
-        a2 = tl.sum(tl.reshape(s2, (T, WT, KC, RP)), axis=2)
-        a3 = tl.sum(tl.reshape(s3, (T, WT, KC, RP)), axis=2)
-        a4 = tl.sum(tl.reshape(s4, (T, WT, KC, RP)), axis=2)
-        a5 = tl.sum(tl.reshape(s5, (T, WT, KC, RP)), axis=2)
-        d_e = LN2 * lam3 * (a2 - a1 * a3)  # Σ_k dL/dl_k · e_k
-        d_e2 = LN2 * lam3 * (a4 - a1 * a5)  # Σ_k dL/dl_k · e_k²
-        tl.store(gbase + r3 * sgr + 1, 2.0 * c3 * d_e, mask=rmask)
-        tl.store(gbase + r3 * sgr + 3, -(d_e2 + 2.0 * ds3 * d_e), mask=rmask)
-        tl.store(gbase + r3 * sgr + 4, a1, mask=rmask)
+    amask = (i < GH) & (w < GW) & (a_idx < R)
+    pbase = prm_ptr + b * spb + i * spi + w * spw + h * sph + a_idx * spr
+    b_a = tl.load(pbase + 3, mask=amask, other=1.0)
+    itau3 = tl.load(pbase + 7, mask=amask, other=1.0)
+    s = s_pg[:, :, None]
+    d_om_e = LN2 * (pg_e - s * p_e)
+    d_om_e2 = LN2 * (pg_e2 - s * p_e2)
+    d_om = LN2 * (pg_1 - s * p_1)
+    d_itau = LN2 * (s_pgl - s_pg * s_pl)
+    tl.store(gbase + a_idx * sgr + 1, itau3 * 2.0 * b_a * d_om_e, mask=amask)
+    tl.store(gbase + a_idx * sgr + 3, -itau3 * d_om_e2, mask=amask)
+    tl.store(gbase + a_idx * sgr + 5, itau3 * d_om, mask=amask)
+    tl.store(gbase + a_idx * sgr + 7, tl.where(a_idx == 0, d_itau[:, :, None], 0.0), mask=amask)
 
 
 @triton.jit
@@ -373,10 +340,10 @@ def _ssog_bwd_cols_kernel(v_ptr, prm_ptr, izx_ptr, dy_ptr, dv_ptr, dprm_ptr, H, 
     column-pass kernels of tokens (i, k) over all key rows j give ``dV += Aᵀ·dy1`` and, from
     ``G = dy1 · vᵀ``, the softmax backward over j.
     """
-    pid = tl.program_id(0)
-    b = (pid // H).to(tl.int64)  # batch offsets may exceed 2**31 elements
-    h = pid % H
-    k0 = tl.program_id(1) * KT
+    bh = tl.program_id(1)  # batch·heads on axis 1: programs sharing v run together
+    b = (bh // H).to(tl.int64)  # batch offsets may exceed 2**31 elements
+    h = bh % H
+    k0 = tl.program_id(0) * KT
 
     # values of this column tile, [KT, GHP, DHP]
     vk = k0 + tl.arange(0, KT)[:, None, None]
@@ -463,6 +430,292 @@ def _ssog_bwd_cols_kernel(v_ptr, prm_ptr, izx_ptr, dy_ptr, dv_ptr, dprm_ptr, H, 
             tl.store(gbase + r_c * sgr + 2, -(d_e2 + 2.0 * ds_y * d_e), mask=tok)
 
     tl.store(dv_ptr + b * sdvb + (vj * GW + vk) * sdvn + h * sdvh + vd, dv.to(dv_ptr.dtype.element_ty), mask=vmask)
+
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# factorized kernels (docs/KERNELS.md §2): per-query terms hoisted out of the key loop, integer key offsets
+
+
+@triton.jit
+def _fact_coeffs(q, mu, c, gmax):
+    """Per (query, atom) terms of the factorized log2-weight ``e·(ca·e + cb)`` with ``e = j* − key``:
+    ``j*`` (the analytic argmax, as float), ``ca = −c``, ``cb = −2c·δ`` (``δ = q − μ − j*``) and δ."""
+    x = q - mu
+    js = tl.minimum(tl.maximum(tl.floor(x + 0.5), 0.0), gmax)
+    ds = x - js
+    return js, -c, -2.0 * c * ds, ds
+
+
+@triton.jit
+def _fact_column_pass(vb, pb, k0, i0, GH, GW, svn, spi, spw, spr, jpen, D: tl.constexpr, R: tl.constexpr,
+                      RP: tl.constexpr, T: tl.constexpr, KC: tl.constexpr, GHP: tl.constexpr, DHP: tl.constexpr,
+                      DOT: tl.constexpr, PREC: tl.constexpr):
+    """Normalised ``y1`` of tokens (i0 + t, k0 + kc) for every atom as ``[KC, T·RP, DHP]`` (index t·RP + r); all key
+    rows j in one tile (``jpen`` ``[1, 1, GHP]``: 0, or −inf on padded rows, so no mask per weight)."""
+    kc = tl.arange(0, KC)[:, None, None]
+    m = tl.arange(0, T * RP)[None, :, None]
+    i = i0 + m // RP
+    r = m % RP
+    k = k0 + kc
+    tok = (i < GH) & (k < GW) & (r < R)
+    off = i * spi + k * spw + r * spr
+    js, ca, cb, _ = _fact_coeffs(i.to(tl.float32), tl.load(pb + off, mask=tok, other=0.0),
+                                 tl.load(pb + off + 2, mask=tok, other=1.0), GH - 1.0)
+    e = js - tl.arange(0, GHP)[None, None, :].to(tl.float32)
+    p = tl.exp2(e * (ca * e + cb) + jpen)  # [KC, T·RP, GHP]
+    z = tl.sum(p, axis=2)
+    vj = tl.arange(0, GHP)[None, :, None]
+    vd = tl.arange(0, DHP)[None, None, :]
+    vmask = (vj < GH) & (k < GW)
+    if D != DHP:
+        vmask = vmask & (vd < D)
+    vals = tl.load(vb + (vj * GW + k) * svn + vd, mask=vmask, other=0.0)
+    return tl.dot(p.to(DOT), vals.to(DOT), input_precision=PREC) * (1.0 / z)[:, :, None]
+
+
+@triton.jit
+def _fact_fwd_kernel(
+    v_ptr,
+    prm_ptr,
+    taby_ptr,
+    tabx_ptr,
+    y_ptr,
+    izx_ptr,
+    H,
+    GH,
+    GW,
+    svb,
+    svn,
+    svh,
+    spb,
+    spi,
+    spw,
+    sph,
+    spr,
+    syb,
+    syn,
+    syh,
+    szb,
+    szi,
+    szw,
+    szh,
+    sty_h,
+    sty_r,
+    sty_i,
+    stx_h,
+    stx_r,
+    stx_w,
+    D: tl.constexpr,
+    R: tl.constexpr,
+    RP: tl.constexpr,
+    FIXED: tl.constexpr,
+    T: tl.constexpr,
+    WT: tl.constexpr,
+    KC: tl.constexpr,
+    GHP: tl.constexpr,
+    DHP: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    DOT: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Factorized ``y`` for one (row tile, column tile) × (b, h): batch·heads on grid axis 1, so that the programs
+    sharing one value slab run together. Stores ``1/Z_x`` unless the field is fixed."""
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)  # batch offsets may exceed 2**31 elements
+    h = bh % H
+    n_wt = tl.cdiv(GW, WT)
+    i0 = (pid // n_wt) * T
+    w0 = (pid % n_wt) * WT
+    vb = v_ptr + b * svb + h * svh
+    pb = prm_ptr + b * spb + h * sph
+
+    # row-pass tile [T, WT, KC·RP]: query (i0 + t, w0 + w), atom r = m % RP, key k0 + m // RP
+    t = tl.arange(0, T)[:, None, None]
+    w = w0 + tl.arange(0, WT)[None, :, None]
+    m = tl.arange(0, KC * RP)[None, None, :]
+    kc = m // RP
+    r = m % RP
+    i = i0 + t
+    qmask = (i < GH) & (w < GW) & (r < R)
+    jpen = tl.where(tl.arange(0, GHP)[None, None, :] < GH, 0.0, NEG_INF)
+
+    if FIXED:
+        tx = tabx_ptr + h * stx_h + r * stx_r + w * stx_w + kc
+        tmask = (w < GW) & (r < R)
+    else:
+        qoff = i * spi + w * spw + r * spr
+        js, ca, cb, _ = _fact_coeffs(
+            w.to(tl.float32),
+            tl.load(pb + qoff + 1, mask=qmask, other=0.0),
+            tl.load(pb + qoff + 3, mask=qmask, other=1.0),
+            GW - 1.0,
+        )
+        e0 = js - kc.to(tl.float32)  # e = e0 − k0: one add per weight and chunk
+        z = tl.zeros((T, WT, KC * RP), dtype=tl.float32)
+        for k0 in range(0, GW - KC + 1, KC):
+            e = e0 - k0
+            z += tl.exp2(e * (ca * e + cb))
+        if not EVEN_K:
+            k0 = GW - GW % KC
+            e = e0 - k0
+            z += tl.where(kc < GW - k0, tl.exp2(e * (ca * e + cb)), 0.0)
+        izx3 = 1.0 / tl.sum(tl.reshape(z, (T, WT, KC, RP)), axis=2)
+        r3 = tl.arange(0, RP)[None, None, :]
+        tl.store(izx_ptr + b * szb + i * szi + w * szw + h * szh + r3, izx3, mask=(i < GH) & (w < GW) & (r3 < R))
+        scale = _expand_atoms(izx3, T, WT, KC, RP) * tl.load(pb + qoff + 4, mask=qmask, other=0.0)
+
+    acc = tl.zeros((T, WT, DHP), dtype=tl.float32)
+    for k0 in range(0, GW, KC):
+        if FIXED:
+            y1 = _fixed_column_pass(
+                vb, taby_ptr, h, k0, i0, GH, GW, svn, sty_h, sty_r, sty_i, D, R, RP, T, KC, GHP, DHP, DOT, PREC
+            )
+            p = tl.broadcast_to(tl.load(tx + k0, mask=tmask & (kc < GW - k0), other=0.0), (T, WT, KC * RP))
+        else:
+            y1 = _fact_column_pass(
+                vb, pb, k0, i0, GH, GW, svn, spi, spw, spr, jpen, D, R, RP, T, KC, GHP, DHP, DOT, PREC
+            )
+            e = e0 - k0
+            lg = e * (ca * e + cb)
+            if not EVEN_K:  # ≤ 0 on every real key; capped so that padded keys (y1 = 0 there) cannot overflow
+                lg = tl.minimum(lg, 0.0)
+            p = tl.exp2(lg) * scale
+        y1 = tl.reshape(tl.permute(tl.reshape(y1, (KC, T, RP, DHP)), (1, 0, 2, 3)), (T, KC * RP, DHP))
+        acc = tl.dot(p.to(DOT), y1.to(DOT), acc, input_precision=PREC)
+
+    yd = tl.arange(0, DHP)[None, None, :]
+    ymask = (i < GH) & (w < GW)
+    if D != DHP:
+        ymask = ymask & (yd < D)
+    tl.store(y_ptr + b * syb + h * syh + (i * GW + w) * syn + yd, acc.to(y_ptr.dtype.element_ty), mask=ymask)
+
+
+@triton.jit
+def _fixed_column_pass(
+    vb,
+    taby_ptr,
+    h,
+    k0,
+    i0,
+    GH,
+    GW,
+    svn,
+    sty_h,
+    sty_r,
+    sty_i,
+    D: tl.constexpr,
+    R: tl.constexpr,
+    RP: tl.constexpr,
+    T: tl.constexpr,
+    KC: tl.constexpr,
+    GHP: tl.constexpr,
+    DHP: tl.constexpr,
+    DOT: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """``y1`` of a fixed field: the per-head row kernels ``Ay[h, r, i, j]`` loaded, the same for every column."""
+    kc = tl.arange(0, KC)[:, None, None]
+    m = tl.arange(0, T * RP)[None, :, None]
+    i = i0 + m // RP
+    r = m % RP
+    j = tl.arange(0, GHP)[None, None, :]
+    p = tl.load(taby_ptr + h * sty_h + r * sty_r + i * sty_i + j, mask=(i < GH) & (r < R) & (j < GH), other=0.0)
+    p = tl.broadcast_to(p, (KC, T * RP, GHP))
+    vj = tl.arange(0, GHP)[None, :, None]
+    vd = tl.arange(0, DHP)[None, None, :]
+    k = k0 + kc
+    vmask = (vj < GH) & (k < GW)
+    if D != DHP:
+        vmask = vmask & (vd < D)
+    vals = tl.load(vb + (vj * GW + k) * svn + vd, mask=vmask, other=0.0)
+    return tl.dot(p.to(DOT), vals.to(DOT), input_precision=PREC)
+
+
+@triton.jit
+def _fact_bwd_rows_kernel(v_ptr, prm_ptr, izx_ptr, dy_ptr, dprm_ptr, H, GH, GW,
+                          svb, svn, svh, spb, spi, spw, sph, spr, szb, szi, szw, szh, sdyb, sdyn, sdyh,
+                          sgb, sgi, sgw, sgh, sgr,
+                          D: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, T: tl.constexpr, WT: tl.constexpr,
+                          KC: tl.constexpr, GHP: tl.constexpr, DHP: tl.constexpr, EVEN_K: tl.constexpr,
+                          DOT: tl.constexpr, PREC: tl.constexpr):
+    """Factorized gradients of λ and of the x parameters for one (row tile, column tile) × (b, h).
+
+    ``G = dY · y1ᵀ`` per key chunk; with ``g = λ·G`` and ``dL/dl_k = ln2·P_k (g_k − Σ P g)`` the gradients need
+    only running sums over keys of ``P·G``, ``P·G·e``, ``P·e``, ``P·G·e²``, ``P·e²`` (e = j* − key).
+    """
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)  # batch offsets may exceed 2**31 elements
+    h = bh % H
+    n_wt = tl.cdiv(GW, WT)
+    i0 = (pid // n_wt) * T
+    w0 = (pid % n_wt) * WT
+    vb = v_ptr + b * svb + h * svh
+    pb = prm_ptr + b * spb + h * sph
+
+    t = tl.arange(0, T)[:, None, None]
+    w = w0 + tl.arange(0, WT)[None, :, None]
+    m = tl.arange(0, KC * RP)[None, None, :]
+    kc = m // RP
+    r = m % RP
+    i = i0 + t
+    qmask = (i < GH) & (w < GW) & (r < R)
+    qoff = i * spi + w * spw + r * spr
+    js, ca, cb, _ = _fact_coeffs(w.to(tl.float32), tl.load(pb + qoff + 1, mask=qmask, other=0.0),
+                                 tl.load(pb + qoff + 3, mask=qmask, other=1.0), GW - 1.0)
+    e0 = js - kc.to(tl.float32)
+    izx = tl.load(izx_ptr + b * szb + i * szi + w * szw + h * szh + r, mask=qmask, other=0.0)
+    yd = tl.arange(0, DHP)[None, None, :]
+    dmask = (i < GH) & (w < GW)
+    if D != DHP:
+        dmask = dmask & (yd < D)
+    dy = tl.load(dy_ptr + b * sdyb + h * sdyh + (i * GW + w) * sdyn + yd, mask=dmask, other=0.0).to(DOT)
+    jpen = tl.where(tl.arange(0, GHP)[None, None, :] < GH, 0.0, NEG_INF)
+
+    s1 = tl.zeros((T, WT, KC * RP), dtype=tl.float32)
+    s2 = tl.zeros((T, WT, KC * RP), dtype=tl.float32)
+    s3 = tl.zeros((T, WT, KC * RP), dtype=tl.float32)
+    s4 = tl.zeros((T, WT, KC * RP), dtype=tl.float32)
+    s5 = tl.zeros((T, WT, KC * RP), dtype=tl.float32)
+    for k0 in range(0, GW, KC):
+        y1 = _fact_column_pass(vb, pb, k0, i0, GH, GW, svn, spi, spw, spr, jpen, D, R, RP, T, KC, GHP, DHP, DOT,
+                               PREC)
+        y1 = tl.reshape(tl.permute(tl.reshape(y1, (KC, T, RP, DHP)), (1, 0, 2, 3)), (T, KC * RP, DHP))
+        g = tl.dot(dy, tl.permute(y1.to(DOT), (0, 2, 1)), input_precision=PREC)  # [T, WT, KC·RP]
+        e = e0 - k0
+        p = tl.exp2(e * (ca * e + cb)) * izx
+        if not EVEN_K:
+            p = tl.where(kc < GW - k0, p, 0.0)
+        pg = p * g
+        pe = p * e
+        pge = pg * e
+        s1 += pg
+        s2 += pge
+        s3 += pe
+        s4 += pge * e
+        s5 += pe * e
+
+    gbase = dprm_ptr + b * sgb + h * sgh
+    r3 = tl.arange(0, RP)[None, None, :]
+    rmask = (i < GH) & (w < GW) & (r3 < R)
+    poff = i * spi + w * spw + r3 * spr
+    c3 = tl.load(pb + poff + 3, mask=rmask, other=1.0)
+    lam3 = tl.load(pb + poff + 4, mask=rmask, other=0.0)
+    x3 = w.to(tl.float32) - tl.load(pb + poff + 1, mask=rmask, other=0.0)
+    ds3 = x3 - tl.minimum(tl.maximum(tl.floor(x3 + 0.5), 0.0), GW - 1.0)
+    a1 = tl.sum(tl.reshape(s1, (T, WT, KC, RP)), axis=2)
+    a2 = tl.sum(tl.reshape(s2, (T, WT, KC, RP)), axis=2)
+    a3 = tl.sum(tl.reshape(s3, (T, WT, KC, RP)), axis=2)
+    a4 = tl.sum(tl.reshape(s4, (T, WT, KC, RP)), axis=2)
+    a5 = tl.sum(tl.reshape(s5, (T, WT, KC, RP)), axis=2)
+    d_e = LN2 * lam3 * (a2 - a1 * a3)  # Σ_k dL/dl_k · e_k
+    d_e2 = LN2 * lam3 * (a4 - a1 * a5)  # Σ_k dL/dl_k · e_k²
+    goff = i * sgi + w * sgw + r3 * sgr
+    tl.store(gbase + goff + 1, 2.0 * c3 * d_e, mask=rmask)
+    tl.store(gbase + goff + 3, -(d_e2 + 2.0 * ds3 * d_e), mask=rmask)
+    tl.store(gbase + goff + 4, a1, mask=rmask)
 
 
 # fmt: on

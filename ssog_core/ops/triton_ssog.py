@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -25,20 +27,13 @@ from torch.utils.flop_counter import register_flop_formula
 from ssog_core.field import Field, FieldMode, axis_kernels, check_grid
 from ssog_core.ops import triton_kernels as K
 from ssog_core.ops.dispatch import _interpreting
+from ssog_core.ops.triton_tiles import NUM_WARPS, col_tiles, p2, tiles
 
 triton = K.triton
 
 LOG2E = 1.0 / math.log(2.0)
 FACTORIZED_FIELDS = 5  # μy, μx, cy, cx, λ
 AXIAL_FIELDS = 8  # μy, μx, by, bx, βy, βx, 1/τ (rows), 1/τ (columns)
-TILE_BUDGET = 16384  # elements of the largest register / shared-memory tile of a program
-# Warps per program. With 4, the sm_90 compile report shows small register spills from 24×24 grids up
-# (benchmarks/results/triton_sm90.txt); with 8 they vanish but each SM holds one program. Untuned: no GPU yet.
-NUM_WARPS = 4
-
-
-def _p2(n: int, floor: int = 1) -> int:
-    return max(floor, 1 << max(0, (n - 1).bit_length()))
 
 
 def kernel_params(field: Field, mode: FieldMode) -> Tensor:
@@ -57,48 +52,34 @@ def kernel_params(field: Field, mode: FieldMode) -> Tensor:
 
 
 def _config(gh: int, gw: int, d: int, r: int, axial: bool, dtype: torch.dtype) -> dict:
-    """Tile sizes and dot settings for one problem shape (constexprs of the forward and row-backward kernels).
-
-    K of every 16-bit dot must be ≥ 16 (so KC·RP ≥ 16); the register and shared-memory tiles are bounded by
-    TILE_BUDGET elements (checked for sm_90 by :mod:`ssog_core.ops.triton_compile`).
-    """
-    ro = 1 if axial else r
-    rp = _p2(ro)
-    ghp, gwp, dhp = _p2(gh, 16), _p2(gw, 16), _p2(d, 16)
-    kc = max(1, 16 // rp)  # key columns per step: K = KC·RP of the row-pass dot
-    jc = ghp  # key rows per column-pass dot: the value tile [KC, JC, D]
-    while jc > 16 and kc * jc * dhp > TILE_BUDGET:
-        jc //= 2
-    t = min(8, max(1, 16 // rp))  # query rows per program: M = T·RP of the column-pass dot
-    while t > 1 and kc * t * rp * jc > TILE_BUDGET // 2:
-        t //= 2
-    wt = gwp  # query columns per program: the accumulator [T, WT, D]
-    while wt > 16 and t * wt * dhp > TILE_BUDGET // 2:
-        wt //= 2
+    """Tile sizes (:func:`ssog_core.ops.triton_tiles.tiles`) and dot settings for one problem shape."""
     if _interpreting():
         dot, prec = K.tl.float32, "ieee"  # bf16 tl.dot is wrong in the interpreter (triton#11584)
     elif dtype in (torch.bfloat16, torch.float16):
         dot, prec = (K.tl.bfloat16 if dtype == torch.bfloat16 else K.tl.float16), "ieee"
     else:
         dot, prec = K.tl.float32, ("ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32")
-    return dict(R=r, RO=ro, RP=rp, GHP=ghp, GWP=gwp, DHP=dhp, T=t, KC=kc, JC=jc, WT=wt, DOT=dot, PREC=prec)
+    return tiles(gh, gw, d, r, axial) | dict(DOT=dot, PREC=prec)
 
 
-def col_tiles(cfg: dict, axial: bool) -> tuple[int, int, int]:
-    """Column-backward tiles: key columns per program (KT), query rows per step (IC, K = IC·RP of the dV dot
-    must be ≥ 16) and query columns per dy1 step (WC)."""
-    ic = max(1, 16 // cfg["RP"])
-    kt = 4 if axial else ic
-    while kt > 1 and kt * cfg["GHP"] * cfg["DHP"] > TILE_BUDGET // 2:
-        kt //= 2
-    wc = cfg["GWP"]
-    while wc > 16 and ic * wc * cfg["DHP"] > TILE_BUDGET:
-        wc //= 2
-    return kt, ic, wc
+def _pick(cfg: dict, *names: str) -> dict:
+    return {k: cfg[k] for k in names}
 
 
-def _device_guard(t: Tensor):
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+@dataclass
+class Launch:
+    """One kernel launch, built without running it: the custom ops run it, the compile report compiles exactly
+    what it would run (same constexprs, same argument values for Triton's specialisation)."""
+
+    name: str
+    kernel: Any
+    grid: tuple[int, ...]
+    args: tuple
+    constexprs: dict
+    num_warps: int = NUM_WARPS
+
+    def __call__(self) -> None:
+        self.kernel[self.grid](*self.args, num_warps=self.num_warps, **self.constexprs)
 
 
 def _strides6(prm: Tensor) -> tuple[int, ...]:
@@ -107,29 +88,78 @@ def _strides6(prm: Tensor) -> tuple[int, ...]:
     return tuple(prm.stride())[:5]
 
 
-def _launch_fwd(v: Tensor, prm: Tensor, taby: Tensor | None, tabx: Tensor | None, axial: bool, izx: Tensor | None):
+def fwd_launch(v: Tensor, prm: Tensor, taby: Tensor | None, tabx: Tensor | None, axial: bool, y: Tensor,
+               izx: Tensor | None) -> Launch:  # fmt: skip
+    """The forward kernel writing ``y`` (and ``1/Z_x`` into ``izx`` for a steered field)."""
     b, n, h, d = v.shape
     gh, gw, r = prm.shape[1], prm.shape[2], prm.shape[4]
     cfg = _config(gh, gw, d, r, axial, v.dtype)
-    y = torch.empty_like(v, memory_format=torch.contiguous_format)
     fixed = taby is not None
     sty = (taby.stride(0), taby.stride(1), taby.stride(2)) if fixed else (0, 0, 0)
     stx = (tabx.stride(0), tabx.stride(1), tabx.stride(2)) if fixed else (0, 0, 0)
     sz = tuple(izx.stride())[:4] if izx is not None else (0, 0, 0, 0)
-    grid = (b * h, triton.cdiv(gh, cfg["T"]), triton.cdiv(gw, cfg["WT"]))
-    with _device_guard(v):
-        K._ssog_fwd_kernel[grid](
-            v, prm, taby if fixed else prm, tabx if fixed else prm, y, izx if izx is not None else prm,
-            h, gh, gw, d,
-            v.stride(0), v.stride(1), v.stride(2), *_strides6(prm), y.stride(0), y.stride(1), y.stride(2), *sz,
-            *sty, *stx,
-            AXIAL=axial, FIXED=fixed, num_warps=NUM_WARPS, **_fwd_cfg(cfg),
+    name = "fwd-fixed" if fixed else "fwd-steered"
+    ptrs = (v, prm, taby if fixed else prm, tabx if fixed else prm, y, izx if izx is not None else prm)
+    strides = (v.stride(0), v.stride(1), v.stride(2), *_strides6(prm), y.stride(0), y.stride(1), y.stride(2), *sz,
+               *sty, *stx)  # fmt: skip
+    if axial:
+        grid = (triton.cdiv(gh, cfg["T"]) * triton.cdiv(gw, cfg["WT"]), b * h)
+        consts = _pick(cfg, "R", "RO", "RP", "T", "WT", "KC", "JC", "DHP", "DOT", "PREC") | dict(FIXED=fixed)
+        return Launch(name, K._ssog_fwd_kernel, grid, (*ptrs, h, gh, gw, d, *strides), consts)
+    grid = (triton.cdiv(gh, cfg["T"]) * triton.cdiv(gw, cfg["WT"]), b * h)
+    consts = _pick(cfg, "D", "R", "RP", "T", "WT", "KC", "GHP", "DHP", "EVEN_K", "DOT", "PREC") | dict(FIXED=fixed)
+    return Launch(name, K._fact_fwd_kernel, grid, (*ptrs, h, gh, gw, *strides), consts, cfg["WARPS"])
+
+
+def izx_launch(prm: Tensor, axial: bool, out: Tensor) -> Launch:
+    """``1/Z_x`` of a shared field (``prm`` is ``(Gw, H, R, F)``) into ``out`` ``(Gw, H, R')``."""
+    gw, h, r, _ = prm.shape
+    cfg = _config(1, gw, 16, r, axial, torch.float32)
+    grid = (h, 1, triton.cdiv(gw, cfg["WT"]))
+    args = (prm, out, h, gw, prm.stride(0), prm.stride(1), prm.stride(2), out.stride(0), out.stride(1))
+    return Launch("inv_zx", K._ssog_izx_kernel, grid, args, _pick(cfg, "R", "RO", "RP", "WT", "KC") | dict(AXIAL=axial))
+
+
+def bwd_launches(dy: Tensor, v: Tensor, prm: Tensor, izx: Tensor, axial: bool, dv: Tensor, dprm: Tensor) -> list:
+    """The two backward kernels: rows (λ and x-parameter gradients), then columns (dV and y-parameter gradients)."""
+    b, n, h, d = v.shape
+    gh, gw, r = prm.shape[1], prm.shape[2], prm.shape[4]
+    cfg = _config(gh, gw, d, r, axial, v.dtype)
+    sz = tuple(izx.stride())[:4]
+    sg = tuple(dprm.stride())[:5]
+    common = (v.stride(0), v.stride(1), v.stride(2), *_strides6(prm), *sz, dy.stride(0), dy.stride(1), dy.stride(2))
+    if axial:
+        rows = Launch(
+            "bwd-rows", K._ssog_bwd_rows_kernel, (triton.cdiv(gh, cfg["T"]) * triton.cdiv(gw, cfg["WT"]), b * h),
+            (v, prm, izx, dy, dprm, h, gh, gw, d, *common, *sg),
+            _pick(cfg, "R", "RO", "RP", "T", "WT", "KC", "JC", "DHP", "DOT", "PREC") | dict(RA=p2(r)),
         )  # fmt: skip
+    else:
+        rows = Launch(
+            "bwd-rows", K._fact_bwd_rows_kernel, (triton.cdiv(gh, cfg["TR"]) * triton.cdiv(gw, cfg["WT"]), b * h),
+            (v, prm, izx, dy, dprm, h, gh, gw, *common, *sg),
+            _pick(cfg, "D", "R", "RP", "WT", "KC", "GHP", "DHP", "EVEN_K", "DOT", "PREC") | dict(T=cfg["TR"]),
+            cfg["WARPS"],
+        )  # fmt: skip
+    kt, ic, wc = col_tiles(cfg, axial)
+    cols = Launch(
+        "bwd-cols", K._ssog_bwd_cols_kernel, (triton.cdiv(gw, kt), b * h),
+        (v, prm, izx, dy, dv, dprm, h, gh, gw, d, *common, dv.stride(0), dv.stride(1), dv.stride(2), *sg),
+        _pick(cfg, "R", "RO", "RP", "GHP", "DHP", "DOT", "PREC") | dict(AXIAL=axial, KT=kt, IC=ic, WC=wc),
+        cfg["WARPS"],
+    )  # fmt: skip
+    return [rows, cols]
+
+
+def _device_guard(t: Tensor):
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def _launch_fwd(v: Tensor, prm: Tensor, taby: Tensor | None, tabx: Tensor | None, axial: bool, izx: Tensor | None):
+    y = torch.empty_like(v, memory_format=torch.contiguous_format)
+    with _device_guard(v):
+        fwd_launch(v, prm, taby, tabx, axial, y, izx)()
     return y
-
-
-def _fwd_cfg(cfg: dict) -> dict:
-    return {k: cfg[k] for k in ("R", "RO", "RP", "T", "WT", "KC", "JC", "DHP", "DOT", "PREC")}
 
 
 def _check(v: Tensor, prm: Tensor, axial: bool) -> None:
@@ -183,14 +213,9 @@ def inv_zx(prm: Tensor, axial: bool) -> Tensor:
     computes it (same code), for the backward pass of :func:`fixed_fwd`. ``prm`` is ``(Gw, H, R, F)``."""
     gw, h, r, _ = prm.shape
     prm = prm.contiguous()
-    cfg = _config(1, gw, 16, r, axial, torch.float32)
-    out = torch.empty(gw, h, cfg["RO"], device=prm.device, dtype=torch.float32)
-    grid = (h, 1, triton.cdiv(gw, cfg["WT"]))
+    out = torch.empty(gw, h, 1 if axial else r, device=prm.device, dtype=torch.float32)
     with _device_guard(prm):
-        K._ssog_izx_kernel[grid](
-            prm, out, h, gw, prm.stride(0), prm.stride(1), prm.stride(2), out.stride(0), out.stride(1),
-            R=cfg["R"], RO=cfg["RO"], RP=cfg["RP"], AXIAL=axial, WT=cfg["WT"], KC=cfg["KC"], num_warps=NUM_WARPS,
-        )  # fmt: skip
+        izx_launch(prm, axial, out)()
     return out
 
 
@@ -204,28 +229,11 @@ def _(prm: Tensor, axial: bool) -> Tensor:
 def bwd(dy: Tensor, v: Tensor, prm: Tensor, izx: Tensor, axial: bool) -> tuple[Tensor, Tensor]:
     _check(v, prm, axial)
     dy = dy.contiguous()
-    b, n, h, d = v.shape
-    gh, gw, r = prm.shape[1], prm.shape[2], prm.shape[4]
-    cfg = _config(gh, gw, d, r, axial, v.dtype)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    alloc = torch.zeros if axial else torch.empty
-    dprm = alloc(prm.shape, device=prm.device, dtype=torch.float32)
-    sz = tuple(izx.stride())[:4]
-    sg = tuple(dprm.stride())[:5]
-    common = (v.stride(0), v.stride(1), v.stride(2), *_strides6(prm), *sz, dy.stride(0), dy.stride(1), dy.stride(2))
+    dprm = (torch.zeros if axial else torch.empty)(prm.shape, device=prm.device, dtype=torch.float32)
     with _device_guard(v):
-        grid = (b * h, triton.cdiv(gh, cfg["T"]), triton.cdiv(gw, cfg["WT"]))
-        K._ssog_bwd_rows_kernel[grid](
-            v, prm, izx, dy, dprm, h, gh, gw, d, *common, *sg,
-            AXIAL=axial, RA=_p2(r), num_warps=NUM_WARPS, **_fwd_cfg(cfg),
-        )  # fmt: skip
-        kt, ic, wc = col_tiles(cfg, axial)
-        grid = (b * h, triton.cdiv(gw, kt))
-        K._ssog_bwd_cols_kernel[grid](
-            v, prm, izx, dy, dv, dprm, h, gh, gw, d, *common, dv.stride(0), dv.stride(1), dv.stride(2), *sg,
-            R=cfg["R"], RO=cfg["RO"], RP=cfg["RP"], AXIAL=axial, KT=kt, IC=ic, WC=wc, GHP=cfg["GHP"],
-            DHP=cfg["DHP"], DOT=cfg["DOT"], PREC=cfg["PREC"], num_warps=NUM_WARPS,
-        )  # fmt: skip
+        for launch in bwd_launches(dy, v, prm, izx, axial, dv, dprm):
+            launch()
     return dv, dprm
 
 

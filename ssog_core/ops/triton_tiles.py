@@ -1,0 +1,85 @@
+"""Tile sizes of the fused SSOG kernels and the shared memory they need — plain integer arithmetic, no Triton
+import, so that :mod:`ssog_core.ops.dispatch` can reject a shape before any kernel is built (and inside a
+``torch.compile`` graph).
+
+K of every 16-bit dot must be ≥ 16 (so KC·RP ≥ 16); the register and shared-memory tiles are bounded by
+:data:`TILE_BUDGET` elements. ``python -m ssog_core.ops.triton_compile`` checks both against the compiled kernels.
+"""
+
+from __future__ import annotations
+
+TILE_BUDGET = 16384  # elements of the largest register / shared-memory tile of a program
+NUM_WARPS = 4  # the axial kernels (they still spill from 14×14 up: docs/KERNELS.md)
+FACTORIZED_WARPS = 8  # the factorized kernels: no spills from 14×14 to 64×64 at d64, R4 (docs/KERNELS.md)
+
+
+def p2(n: int, floor: int = 1) -> int:
+    """The next power of two ≥ ``n`` (and ≥ ``floor``): Triton's tile sizes."""
+    return max(floor, 1 << max(0, (n - 1).bit_length()))
+
+
+def tiles(gh: int, gw: int, d: int, r: int, axial: bool) -> dict:
+    """Tile sizes for one problem shape (constexprs of the forward and row-backward kernels) and warps."""
+    ro = 1 if axial else r
+    rp = p2(ro)
+    ghp, gwp, dhp = p2(gh, 16), p2(gw, 16), p2(d, 16)
+    kc = max(1, 16 // rp)  # key columns per step: K = KC·RP of the row-pass dot
+    jc = ghp  # key rows per column-pass dot (axial): the value tile [KC, JC, D]
+    while jc > 16 and kc * jc * dhp > TILE_BUDGET:
+        jc //= 2
+    if axial:
+        t = min(8, max(1, 16 // rp))  # query rows per program: M = T·RP of the column-pass dot
+        while t > 1 and kc * t * rp * jc > TILE_BUDGET // 2:
+            t //= 2
+        wt = gwp  # query columns per program: the accumulator [T, WT, D]
+        while wt > 16 and t * wt * dhp > TILE_BUDGET // 2:
+            wt //= 2
+        tr, warps = t, NUM_WARPS
+    else:  # eight warps hold twice the tiles without spilling: more weights per thread for the same overheads
+        t = min(8, max(1, 32 // rp))  # the column pass takes all key rows at once: the weight tile [KC, T·RP, GHP]
+        while t > 1 and kc * t * rp * ghp > TILE_BUDGET:
+            t //= 2
+        wt = gwp
+        while wt > 16 and t * wt * dhp > TILE_BUDGET:
+            wt //= 2
+        # the row backward keeps five running sums live across the column pass: half the rows for tall columns
+        tr = t // 2 if t > 1 and kc * t * rp * ghp > TILE_BUDGET // 4 else t
+        warps = FACTORIZED_WARPS
+    return dict(R=r, RO=ro, RP=rp, GHP=ghp, GWP=gwp, DHP=dhp, T=t, TR=tr, KC=kc, JC=jc, WT=wt, D=d,
+                EVEN_K=gw % kc == 0, WARPS=warps)  # fmt: skip
+
+
+def col_tiles(cfg: dict, axial: bool) -> tuple[int, int, int]:
+    """Column-backward tiles: key columns per program (KT), query rows per step (IC, K = IC·RP of the dV dot
+    must be ≥ 16) and query columns per dy1 step (WC)."""
+    ic = max(1, 16 // cfg["RP"])
+    kt = 4 if axial else 2 * ic  # factorized: eight warps, twice the key columns (up to 16 key rows)
+    limit = TILE_BUDGET if not axial and cfg["GHP"] <= 16 else TILE_BUDGET // 2
+    while kt > 1 and kt * cfg["GHP"] * cfg["DHP"] > limit:
+        kt //= 2
+    wc = cfg["GWP"]
+    while wc > 16 and ic * wc * cfg["DHP"] > TILE_BUDGET:
+        wc //= 2
+    return kt, ic, wc
+
+
+def shared_memory_estimate(gh: int, gw: int, d: int, r: int, axial: bool, dot_bytes: int) -> int:
+    """An upper bound on the shared memory (bytes per program) of the largest kernel of this problem.
+
+    Every dot stages its operands in shared memory (``dot_bytes`` per element); on top of that Triton multi-buffers
+    the loads that feed a dot and borrows scratch for layout conversions. Those extras are modelled as a factor on
+    the operand bytes, calibrated on the sm_90 compile report (1.5 for the factorized forward and row backward, 2.5
+    for the factorized column backward, 3 for the axial kernels) and checked against every compiled kernel by
+    ``python -m ssog_core.ops.triton_compile`` (tests/test_ops_triton.py).
+    """
+    cfg = tiles(gh, gw, d, r, axial)
+    kt, ic, wc = col_tiles(cfg, axial)
+    kc, rp, dhp, ghp, wt = cfg["KC"], cfg["RP"], cfg["DHP"], cfg["GHP"], cfg["WT"]
+    jc = cfg["JC"] if axial else ghp
+    column = kc * jc * dhp  # the value tile of the column pass
+    forward = kc * cfg["T"] * rp * jc + column + cfg["T"] * kc * rp * (wt + dhp)
+    rows = kc * cfg["TR"] * rp * jc + column + cfg["TR"] * wt * dhp + cfg["TR"] * dhp * kc * rp
+    cols = ic * kt * rp * wc + ic * wc * dhp + 2 * kt * ic * rp * dhp + kt * dhp * ghp + kt * ghp * ic * rp
+    factors = (3.0, 3.0) if axial else (1.5, 2.5)
+    need = max(factors[0] * max(forward, rows), factors[1] * cols)
+    return int(dot_bytes * need) + 8192

@@ -1,0 +1,61 @@
+"""``benchmarks/gpu_check.py`` without a GPU: its dry run (kernels under the interpreter on the CPU, every check
+case's device plumbing on the ``meta`` device) and its time budget, so that the first GPU run does not fail on
+the script itself."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ssog_core.ops.reference import FieldLeaves, reference_apply
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+
+
+def _run(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "SSOG_BACKEND"}
+    env.update(TRITON_INTERPRET="1", TRITON_DEFAULT_FP_FUSION="1")
+    cmd = [sys.executable, str(SCRIPT), "--dry-run-cpu", "--out", str(out), *extra]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_reference_stays_on_the_device_of_its_field() -> None:
+    """The float64 definition built on a non-CPU device (meta): no CPU tensor mixed in (the first GPU run's bug)."""
+    leaves = FieldLeaves(1, (5, 4), 2, 3, ("mu",), device="meta")
+    v = torch.empty(1, 20, 2, 4, dtype=torch.float64, device="meta")
+    for mode in ("factorized", "axial"):
+        assert reference_apply(v, leaves.field(), (5, 4), mode).device.type == "meta"
+        assert reference_apply(v, FieldLeaves(1, (5, 4), 2, 3, (), device="meta").field(), (5, 4), mode).is_meta
+
+
+@needs_triton
+def test_dry_run_checks_benchmarks_and_writes_results(tmp_path: Path) -> None:
+    proc = _run(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "gpu_check.jsonl").read_text().splitlines()]
+    checks = [r for r in records if r["kind"] == "check"]
+    assert checks and all(r["ok"] for r in checks)
+    assert any("on meta" in r["check"] for r in checks) and any("on cpu" in r["check"] for r in checks)
+    ops = {r["op"] for r in records if r["kind"] == "op"}
+    assert {"ssog-steered kernel", "ssog-steered prep", "ssog-fixed kernel", "sdpa-math"} <= ops
+    assert {r["model"] for r in records if r["kind"] == "model" and "error" not in r} == {"ssog", "dot"}
+    assert (tmp_path / "gpu_ops_cpu.csv").exists() and (tmp_path / "gpu_model_cpu.csv").exists()
+    assert "23 of 23 checks passed" in (tmp_path / "RESULTS.md").read_text()
+
+
+@needs_triton
+def test_an_exhausted_budget_skips_cleanly(tmp_path: Path) -> None:
+    proc = _run(tmp_path, "--budget-s", "0")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "skipped for the time budget: check case" in text and "op bench at 16 tokens" in text
