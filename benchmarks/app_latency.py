@@ -12,7 +12,7 @@ Measures, against the issue's targets:
   the pointer release to the re-rendered canvas, and by Playwright from ``mouse.up()`` to the new image.
 
 Uses ``checkpoints/ssog_layouts.safetensors`` (and its dot twin) when present; otherwise it writes a random
-model of the seed's d256 / 6 layers / 4 heads, 224² / patch 16 size to a temporary folder, so the numbers are
+model of the SSOG post's d256 / 6 layers / 4 heads, 224² / patch 16 size to a temporary folder, so the numbers are
 for a model of that size. The machine's load average is recorded with the numbers: on a shared 2-core box
 they move with what else runs.
 """
@@ -74,7 +74,7 @@ def bench_core(threads: int) -> dict[str, float]:
 
 
 def demo_checkpoints(folder: Path | None) -> tuple[Path, str]:
-    """The demo checkpoint folder, or a temporary one with random models of the seed's small size."""
+    """The demo checkpoint folder, or a temporary one with random models of the SSOG post's small size."""
     if folder and (folder / "ssog_layouts.safetensors").is_file():
         return folder, f"demo checkpoints in {folder}"
     tmp = Path(tempfile.mkdtemp(prefix="ssog-bench-"))
@@ -83,7 +83,7 @@ def demo_checkpoints(folder: Path | None) -> tuple[Path, str]:
     torch.manual_seed(1)
     dot = ViT(num_classes=10, img_size=224, patch_size=16, dim=256, depth=6, num_heads=4, attn="dot")
     save_checkpoint(tmp / "dot_layouts.safetensors", dot, names)
-    return tmp, "no demo checkpoints found: random models of the seed's d256 / 6 layers / 4 heads size (224², 14×14)"
+    return tmp, "no demo checkpoints found: random models of the SSOG post's d256 / 6L / 4 heads size (224², 14×14)"
 
 
 def test_image(size: int = 224) -> Image.Image:
@@ -96,7 +96,7 @@ def test_image(size: int = 224) -> Image.Image:
 
 
 def seed_size_model() -> ViT:
-    """A random SSOG model of the seed's small ImageNet size: d256, 6 layers, 4 heads, 224², patch 16 (14×14)."""
+    """A random SSOG model of the SSOG post's small ImageNet size: d256, 6 layers, 4 heads, 224², patch 16 (14×14)."""
     torch.manual_seed(0)
     return ViT(num_classes=10, img_size=224, patch_size=16, dim=256, depth=6, num_heads=4, cold_init=False).eval()
 

@@ -11,7 +11,7 @@ forward+backward latencies are medians (CUDA: ``triton.testing.do_bench`` with C
 CPU: over interleaved rounds, wall clock or, with ``--clock cpu --threads 1``, the thread's CPU time). Memory
 is the peak allocated beyond the live inputs (CUDA: the caching allocator's peak; CPU: the peak of live
 tensors created inside the op, tracked through the dispatcher), also in multiples of the size of v. On CUDA
-every row also gets its roofline floor (KERNELS.md §2 model, H200 ceilings) and achieved/floor. A batch that
+every row also gets its roofline floor (``floor_us`` below, H200 ceilings) and achieved/floor. A batch that
 does not fit is halved until it does.
 
 Writes ``attention_<device>.csv``, ``attention_<device>.md`` and ``attention_<device>.png`` into ``--out``.
@@ -45,12 +45,12 @@ from ssog_core.ops.torch_ssog import apply_torch  # noqa: E402
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GRIDS = {196: (14, 14), 576: (24, 24), 1024: (32, 32), 4096: (64, 64), 16384: (128, 128)}
 
-# H200 ceilings (KERNELS.md header): bf16 tensor, HBM, ex2/MUFU, fp32 instructions per second
+# H200 ceilings: bf16 tensor, HBM, ex2/MUFU, fp32 instructions per second
 TC, HBM, MUFU, FP32 = 790e12, 4.3e12, 3.9e12, 30e12
 
 
 def floor_us(kind: str, b: int, n: int, h: int, d: int, r: int, train: bool) -> float:
-    """Roofline floor of one attention op in microseconds (KERNELS.md §2), bf16 tensors."""
+    """Roofline floor of one attention op in µs: the largest of FLOP, byte and exp2 time at the ceilings, bf16."""
     gh, gw = GRIDS.get(n, (round(math.sqrt(n)), round(math.sqrt(n))))
     dm = h * d
     if kind == "sdpa":

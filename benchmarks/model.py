@@ -5,7 +5,7 @@
     python benchmarks/model.py --model d64-4L --batch 64 --mode train --threads 2   # the small CPU models
     python benchmarks/model.py --device cuda --batch 64 --dtype bfloat16
 
-``--model``: ``d384`` (the seed's 12-layer ImageNet model, patch 16, sizes from ``--img``) or one of the small
+``--model``: ``d384`` (the SSOG post's 12-layer ImageNet model, patch 16, sizes from ``--img``) or one of the small
 models people train on a CPU (:data:`SMALL`: d64 / 4 layers / 64 tokens, d128 / 6 layers / 196 tokens, d64 /
 6 layers / 196 tokens), each at its own image size. ``--mode forward``: both models in eval mode under
 ``torch.inference_mode``. ``--mode train``: train mode, forward + loss + backward + ``AdamW.step`` (gradients

@@ -1,9 +1,9 @@
-"""The seed's small-data claim in miniature: SSOG vs its dot twin on scikit-learn's digits, under two crops.
+"""The SSOG post's small-data claim in miniature: SSOG vs its dot twin on scikit-learn's digits, under two crops.
 
     PYTHONPATH=/path/to/sklearn python docs/small_data.py [--root runs/small_data] [--jobs 2] [--seeds 0 1 2]
     python docs/small_data.py --report-only          # rebuild the tables from the finished runs
 
-The seed reports SSOG far ahead of a dot-product ViT at a matched recipe on small data (CIFAR-100 with 500
+The SSOG post reports SSOG far ahead of a dot-product ViT at a matched recipe on small data (CIFAR-100 with 500
 images per class: ~70% vs 53%). This script measures the same comparison offline, through the project's own
 ``train`` and ``evaluate`` command lines:
 
@@ -230,7 +230,7 @@ def markdown(table: dict[str, Any], counts: dict[str, int], epochs: int, seeds: 
     lines = [
         "# Small data: SSOG vs its dot twin on digits, under two crops",
         "",
-        "Written by `python docs/small_data.py` (numbers also in `docs/small_data.json`). The seed's headline is SSOG",
+        "Written by `python docs/small_data.py` (numbers in `docs/small_data.json`). The SSOG post's headline is SSOG",
         "~70% vs SDPA 53% at a matched recipe on small data (CIFAR-100, 500 images per class); this is the same",
         "comparison in miniature, run offline through `python -m ssog_core.train` and `python -m ssog_core.evaluate`.",
         "",

@@ -5,7 +5,7 @@ Every module has the same interface, so one :class:`~ssog_core.vit.Block` serves
 exact ``(B, H, N, N)`` weights by running the module's own operator on an identity basis of values.
 
 Parameter names and layouts match the reference implementation's PyTorch ViT, so its state dicts load
-without renaming (DESIGN.md §4).
+without renaming (docs/DESIGN.md §4).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Every other part of the project (attention modules, Triton kernels, analysis, the app) calls these
 functions, so the picture a user sees is the computation the model runs.
 
-Conventions (DESIGN.md §1):
+Conventions (docs/DESIGN.md §1):
     * tokens are the row-major raster of a ``Gh × Gw`` grid; positions are in grid cells;
     * displacements are **query minus key** (``dy = i − j``), so an atom with ``μy = +2`` reads the
       keys two rows *above* its query: where a head looks is ``query − μ``;
@@ -194,7 +194,7 @@ def apply_field(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode 
     """Reference SSOG operator: two 1D filter passes per atom, then the λ mix.
 
     ``y[(i,w)] = Σ_r λ_r(i,w) Σ_k ax_r((i,w),k) Σ_j ay_r((i,k),j) v[(j,k)]``; the row kernel used for
-    key column ``k`` is the one of token ``(i, k)``, exactly as the seed computes it.
+    key column ``k`` is the one of token ``(i, k)``, exactly as the SSOG post's einsums compute it.
 
     Args:
         v: values ``(B, N, H, D)`` with ``N = Gh·Gw`` in row-major order.

@@ -2,7 +2,7 @@
 
 A :class:`HeadSpec` is what a person edits: a grid, a ★ query, the temperature and 1–8 atoms placed where
 they look (key coordinates, grid cells), each with its widths and weight. :func:`evaluate` turns it into a
-:class:`~ssog_core.field.Field` (``μ = query − key``, DESIGN.md §1) and returns what the playground draws:
+:class:`~ssog_core.field.Field` (``μ = query − key``, docs/DESIGN.md §1) and returns what the playground draws:
 the query's 2D field, the row and column kernels, and the query's entropy and effective radius. Specs are
 plain JSON (:meth:`HeadSpec.to_dict`), so a browser canvas, a session file and the CLI share them.
 """
@@ -227,7 +227,7 @@ DEFAULT_SPEC = HeadSpec(
     query=(12, 12),
     tau=1.0,
     atoms=(
-        Atom(8.5, 11.0, 1.2, 1.2, 0.45),  # a tight blob up and to the left (the "head" of the seed's bird)
+        Atom(8.5, 11.0, 1.2, 1.2, 0.45),  # a tight blob up and to the left (the "head" of the SSOG post's bird)
         Atom(17.0, 12.0, 3.5, 0.8, 0.35),  # a vertical strip below (the "post")
         Atom(15.0, 6.0, 2.5, 2.5, 0.20),  # a broad, weak blob to the lower left
     ),

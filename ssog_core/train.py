@@ -1,11 +1,11 @@
-"""Train an SSOG ViT or its dot twin with the seed's matched recipe.
+"""Train an SSOG ViT or its dot twin with the SSOG post's matched recipe.
 
     python -m ssog_core.train --data cifar100:./cifar-100-python --attn ssog --out runs/ssog
     python -m ssog_core.train --data cifar100:./cifar-100-python --attn dot --out runs/dot
     python -m ssog_core.train --out runs/ssog --resume                  # continue after a kill
     torchrun --nproc_per_node 4 -m ssog_core.train --data imagefolder:/data/imagenet --out runs/in1k
 
-The recipe (defaults): AdamW (lr 1e-3, weight decay 0.05 on every parameter, as the seed does), linear
+The recipe (defaults): AdamW (lr 1e-3, weight decay 0.05 on every parameter, as the reference CIFAR example), linear
 warm-up for 5 epochs then cosine decay to 0, updated every step; the data kind's crop + horizontal flip
 (``--augment crop,flip``: a pad-4 random crop for cifar100 / shapes / layouts, an Inception random-resized crop
 for imagefolder; name ``pad-crop`` or ``resized-crop`` to choose); batch 128 with drop_last; dropout 0.1.
@@ -114,7 +114,7 @@ DEFAULT_PATCH = {
     "imagefolder": 16,
     "shapes": 4,
     "layouts": 4,
-}  # the seed's 16×16 (CIFAR) and 14×14 (224²) grids
+}  # the SSOG post's 16×16 (CIFAR) and 14×14 (224²) grids
 
 
 class TrainError(RuntimeError):
@@ -418,7 +418,7 @@ FIELD_PARAMETERS = ("mu", "raw_sigma", "log_lambda", "raw_temperature")  # the f
 
 
 def make_optimizer(model: nn.Module, args: argparse.Namespace) -> torch.optim.AdamW:
-    """AdamW with weight decay on every parameter (the seed's recipe).
+    """AdamW with weight decay on every parameter (the reference implementation's recipe).
 
     The steering gates and the fixed field's parameters (μ, σ, λ, τ) get their own learning-rate multipliers:
     under Adam a parameter moves about one learning rate per step, so a short run cannot open a cold gate or

@@ -34,7 +34,7 @@ from ssog_core.analysis import ExportMaps, LayerField, SteeringOffsets
 from ssog_core.checkpoint import atomic_write
 from ssog_core.playground import HeadSpec, HeadView
 
-FIELD_CMAP = "viridis"  # densities (the seed's geometry figure)
+FIELD_CMAP = "viridis"  # densities (the SSOG post's geometry figure)
 NET_CMAP = "RdBu_r"  # net export: red = source (positive), blue = gatherer, centred on 0
 PULL_IN_CMAP, PULL_OUT_CMAP = "Blues", "Reds"  # non-negative shares, 0 = white
 OFFSET_CMAP = "magma"  # |μδ| in grid cells
@@ -268,7 +268,7 @@ def visible_extent(fields: Sequence[LayerField], floor: float = 0.02, pad: float
 
 
 def geometry_figure(fields: Sequence[LayerField], title: str = "", layers: Sequence[int] | None = None) -> Figure:
-    """Layers × heads grid of each head's field over relative position (like the seed's figure).
+    """Layers × heads grid of each head's field over relative position (like the SSOG post's figure).
 
     Per panel: the λ-weighted density over key offsets (per-panel normalised), ``+`` atom centres at
     ``−μ`` with brightness λ, ★ the query, and the head's attention entropy H (nats) and effective

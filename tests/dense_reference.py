@@ -1,4 +1,4 @@
-"""An independent float64 reference for the models, written from DESIGN.md §1–2 for the tests only.
+"""An independent float64 reference for the models, written from docs/DESIGN.md §1–2 for the tests only.
 
 It builds every attention matrix densely (N × N) from a state dict in the reference implementation's
 key layout and never calls ssog_core, so agreement with ssog_core is evidence, not tautology.

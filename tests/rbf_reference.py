@@ -1,6 +1,6 @@
 """An independent dense float64 reference for RBF / dot attention, SuSiE, registers, the ViT and the causal LM.
 
-Written from DESIGN.md §2 and the RBF source for the tests only: it builds every distance and attention
+Written from docs/DESIGN.md §2 and the RBF-attention post for the tests only: it builds every distance and attention
 matrix explicitly (N × N, pairwise differences, no norm expansion) from a state dict and never calls
 ssog_core, so agreement with ssog_core is evidence, not tautology.
 """

@@ -1,6 +1,6 @@
 """ssog_core modules behind the app: the playground head, presets, query statistics, report, figures and the CLI.
 
-The playground is checked against an independent float64 numpy evaluation of the field formula (DESIGN.md §1)
+The playground is checked against an independent float64 numpy evaluation of the field formula (docs/DESIGN.md §1)
 and against the effective attention matrix, on odd grids, so "the atom is drawn where the head looks" is proven
 by the computation, not by convention.
 """

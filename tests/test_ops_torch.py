@@ -107,13 +107,13 @@ class _LargestIntermediate(TorchDispatchMode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_per_query_kernels_are_never_built_for_all_atoms_at_once(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
-    """With a small chunk budget no intermediate comes near the seed's B·N·H·R·(Gh + Gw) per-query kernels; the
+    """With a small chunk budget no intermediate comes near the B·N·H·R·(Gh + Gw) per-query kernels of the einsums; the
     largest tensors left are per-token parameters (a few numbers per atom), not per query × key."""
     b, (gh, gw), h, r, d = 2, (24, 24), 2, 4, 8
     monkeypatch.setattr(torch_ssog, "CHUNK_ELEMENTS", 4096)
     field = FieldLeaves(b, (gh, gw), h, r, ("mu", "sigma", "lambda"), dtype=torch.float32).field()
     v = torch.randn(b, gh * gw, h, d)
-    all_kernels = b * gh * gw * h * r * (gh + gw)  # what the seed materialises
+    all_kernels = b * gh * gw * h * r * (gh + gw)  # what the SSOG post's einsums materialise
     per_token = b * gh * gw * h * r * 6  # (x, c, shift) per axis
     with torch.no_grad(), _LargestIntermediate() as probe:
         apply_torch(v, field, (gh, gw), mode)

@@ -1,7 +1,7 @@
 """Tab 6, scaling: forward latency against the token count, measured live for a checkpoint and its dot twin on the
 app's device, beside the checkpoint's zero-shot resolution-transfer curve (measured by ``train`` / ``evaluate``).
 
-The seed claims SSOG's cost grows near-linearly with the number of tokens (its field is two 1D passes, no N×N
+The SSOG post claims SSOG's cost grows near-linearly with the number of tokens (its field is two 1D passes, no N×N
 matrix) while dot attention's grows quadratically; the fitted exponent of each measured curve is shown with it.
 """
 
@@ -213,7 +213,7 @@ def on_measure(ctx: AppContext, ckpt: str | None):
             for c in curves
         ]
         claim = (
-            "The seed's claim: SSOG's cost grows near-linearly with the token count (slope ≈ 1: its field is two 1D "
+            "The SSOG post: SSOG's cost grows near-linearly with the token count (slope ≈ 1: its field is two 1D "
             "passes, no N×N matrix), dot attention's towards quadratically (slope → 2 once attention dominates the "
             "MLPs). Measured now on this machine, batch 1:"
         )

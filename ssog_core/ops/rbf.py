@@ -1,4 +1,4 @@
-"""RBF (distance) attention: ``softmax_j(−γ‖q_i − k_j‖²)`` with ``γ = 1/√D`` (DESIGN.md §2).
+"""RBF (distance) attention: ``softmax_j(−γ‖q_i − k_j‖²)`` with ``γ = 1/√D`` (docs/DESIGN.md §2).
 
 Expanding the square, ``−γ‖q − k‖² = 2γ q·k − γ‖k‖² − γ‖q‖²``, and the last term is the same for every key
 of a query, so the softmax drops it: RBF attention is dot-product attention with scale ``2γ`` and a

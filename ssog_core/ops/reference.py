@@ -1,7 +1,7 @@
 """An independent float64 definition of the SSOG operator and random fields to check its backends against.
 
 Shared by the tests and ``benchmarks/gpu_check.py`` (which must not import from ``tests/``). The reference
-builds the whole ``(B, H, N, N)`` attention matrix from DESIGN.md §1 directly (per-query kernels for every atom,
+builds the whole ``(B, H, N, N)`` attention matrix from docs/DESIGN.md §1 directly (per-query kernels for every atom,
 no factorisation, nothing from ``ssog_core.field`` but the :class:`Field` container and the steering that the
 attention module applies), so the fast paths are checked against the definition rather than against another
 fast path. Everything is built on the device of its inputs.

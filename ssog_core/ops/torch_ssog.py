@@ -1,12 +1,12 @@
 """Fast PyTorch SSOG operator: the CPU path, and the fallback wherever the Triton kernels cannot run.
 
-Same operator as :func:`ssog_core.field.apply_field` (DESIGN.md §1), rearranged for speed:
+Same operator as :func:`ssog_core.field.apply_field` (docs/DESIGN.md §1), rearranged for speed:
 
 * every contraction is a batched matrix product with the atoms folded into an M or K dimension — the column
   pass multiplies ``[(r, i), j] @ [j, d]`` per key column, the row pass ``[w, (r, k)] @ [(r, k), d]`` per query
   row with λ folded into the row kernel — so there are no 6-D einsum permute copies; v is transposed once on
   the way in and the output once on the way out;
-* factorized kernels use the reparametrisation of KERNELS.md §3.1: ``softmax_j(ℓ/τ)`` is
+* factorized kernels use the reparametrisation of docs/DESIGN.md §1.6: ``softmax_j(ℓ/τ)`` is
   ``2^(−c((x − j)² − (x − j*)²)) / Z`` with ``c = log2(e)/(2σ²τ)``, ``x = query − μ`` and the analytic argmax
   ``j* = clamp(round(x))``, so every weight is ≤ 1, the peak is exactly 1 and no max pass is needed;
 * a shared (fixed) field's kernels are computed once per head by :func:`ssog_core.field.axis_kernels`
