@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ssog_core.analysis import LayerField, head_fields
 from ssog_core.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ssog_core.convert import convert
-from ssog_core.images import ImageError, list_images, load_image, model_input
+from ssog_core.images import MAX_BYTES, ImageError, list_images, load_image, model_input
 from ssog_core.presets import Preset, find_presets
 
 UPLOADED = "uploaded/"  # prefix of checkpoints a user uploaded in this session of the server
@@ -251,8 +251,8 @@ class AppContext:
         p = Path(path)
         if not p.is_file():
             raise AppError("the upload did not arrive; try again")
-        if p.stat().st_size > 50 * 1024**2:
-            raise AppError(f"{p.name} is over the 50 MB upload limit")
+        if p.stat().st_size > MAX_BYTES:
+            raise AppError(f"{p.name} is over the {MAX_BYTES // 1024**2} MB limit for pictures")
         return self._remember(p.read_bytes(), p.name)
 
     def image(self, sha: str) -> StoredImage:

@@ -147,9 +147,6 @@ class ShapesSpec:
             raise ValueError(f"{cls.KIND} needs train >= 1, val >= 1, size >= 8 and seed >= 0")
         return spec
 
-    def to_text(self) -> str:
-        return ",".join(f"{k}={getattr(self, k)}" for k in self.__dataclass_fields__)
-
 
 @lru_cache(maxsize=4)
 def _photos(folder: str) -> tuple[Image.Image, ...]:

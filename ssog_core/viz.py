@@ -18,7 +18,6 @@ import math
 import textwrap
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import matplotlib
@@ -31,7 +30,6 @@ from matplotlib.patches import Ellipse, Rectangle
 from PIL import Image
 
 from ssog_core.analysis import ExportMaps, LayerField, SteeringOffsets
-from ssog_core.checkpoint import atomic_write
 from ssog_core.playground import HeadSpec, HeadView
 
 FIELD_CMAP = "viridis"  # densities (the SSOG post's geometry figure)
@@ -82,14 +80,6 @@ def png_bytes(img: np.ndarray, compress_level: int = 1) -> bytes:
 
 def data_url(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-
-
-def fit_image(img: Image.Image, max_side: int) -> Image.Image:
-    """``img`` scaled down so its longer side is at most ``max_side`` (never up)."""
-    scale = max_side / max(img.size)
-    if scale >= 1:
-        return img
-    return img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))), Image.Resampling.LANCZOS)
 
 
 def model_view(img: Image.Image, img_size: Sequence[int], width: int) -> Image.Image:
@@ -160,16 +150,6 @@ def panel_boxes(fig: Figure) -> list[tuple[float, float, float, float]]:
         p = ax.get_position()
         boxes.append((float(p.x0), float(1 - p.y1), float(p.x1), float(1 - p.y0)))
     return boxes
-
-
-def save_figure(fig: Figure, stem: str | Path, metadata: Mapping[str, Any] | None = None) -> list[Path]:
-    """Write ``stem.png`` and ``stem.svg`` atomically; returns both paths."""
-    stem = Path(stem)
-    out = []
-    for fmt in ("png", "svg"):
-        data = figure_bytes(fig, fmt, metadata)
-        out.append(atomic_write(stem.with_name(f"{stem.name}.{fmt}"), lambda tmp, d=data: Path(tmp).write_bytes(d)))
-    return out
 
 
 def safe_token(text: str) -> str:

@@ -159,7 +159,7 @@ def test_file_size_caps_behind_the_upload_cap(tmp_path):
     huge = tmp_path / "huge.png"
     with open(huge, "wb") as f:
         f.truncate(51 * 1024**2)  # sparse: no disk used
-    with pytest.raises(AppError, match="over the 50 MB upload limit"):
+    with pytest.raises(AppError, match="over the 50 MB limit for pictures"):
         ctx.open_upload(str(huge))
     giant = tmp_path / "giant.safetensors"
     with open(giant, "wb") as f:

@@ -97,13 +97,6 @@ def can_run_triton(
     return False
 
 
-def can_run_torch(
-    v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode = "factorized", raise_error: bool = False
-) -> bool:
-    """The PyTorch paths run anything the reference runs."""
-    return True
-
-
 def choose_backend(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode = "factorized") -> str:
     """The backend :func:`ssog_apply` will use for this input."""
     forced = os.environ.get(ENV_VAR, "").strip().lower()
