@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from ssog_core.checkpoint import atomic_write, load_checkpoint  # noqa: E402
 from ssog_core.evaluate import evaluate_sizes, plot_transfer  # noqa: E402
 from ssog_core.info import count_flops, count_params  # noqa: E402
 
+SMALL_DATA = ("<!-- small-data:begin -->", "<!-- small-data:end -->")  # the section docs/small_data.py writes
 COLD = 3.35e-4  # softplus(-8) + 1e-4: a cold gate's starting scale
 WARM = 0.1270  # softplus(-2) + 1e-4
 ELONGATED = 2.0  # a head whose field's spread along one axis is ≥ 2× the other reads as a strip
@@ -177,6 +179,7 @@ def main() -> None:
             f"| {name} | {r['params']:,} | {r['flops'] / 1e6:.1f} M | {m['epochs']:g} of {m['epochs_planned']} "
             f"| {100 * r['acc']:.2f}% | {r['bytes'] / 1e6:.2f} MB |"
         )
+    lines += ["", "(epochs: of the checkpoint's last training stage; a run in stages is described in the model card.)"]
     header = " | ".join(f"{a}²" for a in args.sizes)
     lines += ["", "Zero-shot resolution transfer (validation accuracy, %):", "", f"| model | {header} |"]
     lines.append("|---|" + "---:|" * len(args.sizes))
@@ -252,6 +255,10 @@ def main() -> None:
         for e in range(epochs):
             lines.append(f"| {e + 1} | " + " | ".join(f"{100 * v[e]['val_acc']:.1f}%" for v in logs.values()) + " |")
         lines.append("")
+    previous = (out / "RESULTS.md").read_text() if (out / "RESULTS.md").is_file() else ""
+    kept = re.search(re.escape(SMALL_DATA[0]) + ".*?" + re.escape(SMALL_DATA[1]), previous, re.S)
+    if kept:  # docs/small_data.py owns that section; keep it
+        lines += ["", kept.group(0), ""]
     atomic_write(out / "RESULTS.md", lambda tmp: Path(tmp).write_text("\n".join(lines)))
     print(f"wrote {out / 'RESULTS.md'}")
 

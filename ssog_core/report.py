@@ -102,6 +102,8 @@ def model_card(model: nn.Module, meta: Mapping[str, Any], flops: bool = True) ->
     ):
         if key in meta and label not in card:
             card[label] = meta[key]
+    if isinstance(card.get("transforms"), Mapping):  # {"train": ..., "eval": ...} as one readable line
+        card["transforms"] = "; ".join(f"{k}: {v}" for k, v in card["transforms"].items())
     software = meta.get("software")
     if isinstance(software, Mapping):
         card["software"] = ", ".join(f"{k} {v}" for k, v in software.items())

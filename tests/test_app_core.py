@@ -228,10 +228,11 @@ def test_geometry_figure_titles_do_not_overlap_and_metadata_is_stored():
 
 def test_report_card_atoms_classes_and_files(tmp_path):
     model = designed_ssog()
-    card = report.model_card(model, {"accuracy": 0.5, "command": "python -m x", "transforms": "train: pad-crop"})
+    meta = {"accuracy": 0.5, "command": "python -m x", "transforms": {"train": "pad-crop", "eval": "as is"}}
+    card = report.model_card(model, meta)
     assert card["parameters"] == count_params(model) and card["FLOPs per forward"] > 0
     assert card["accuracy"] == 0.5 and card["training command"] == "python -m x"
-    assert card["transforms"] == "train: pad-crop"
+    assert card["transforms"] == "train: pad-crop; eval: as is"
     fields = head_fields(model)
     rows = report.atom_rows(fields)
     assert len(rows) == 3 * 4 * 3 and len(rows[0]) == len(report.ATOM_COLUMNS)
