@@ -21,7 +21,17 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from ssog_core.shapes import BACKGROUNDS, SPLITS, SUPERSAMPLE, ShapesSpec, _background, _colour, _photos, _stroke
+from ssog_core.shapes import (
+    BACKGROUNDS,
+    SPLITS,
+    SUPERSAMPLE,
+    ShapesDataset,
+    ShapesSpec,
+    _background,
+    _colour,
+    _photos,
+    _stroke,
+)
 
 Polygon = list[tuple[float, float]]
 
@@ -143,26 +153,8 @@ class LayoutsSpec(ShapesSpec):
     CLASSES = len(CLASS_NAMES)
 
 
-class LayoutsDataset:
+class LayoutsDataset(ShapesDataset):
     """One split of ``layouts`` at a given resolution; ``ds[i]`` is ``(H×W×3 uint8 array, label)``."""
 
-    def __init__(
-        self, spec: LayoutsSpec, split: str, size: tuple[int, int] | None = None, photos_dir: str | Path = BACKGROUNDS
-    ):
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {tuple(SPLITS)}, got {split!r}")
-        self.spec, self.split = spec, split
-        self.size = tuple(size) if size else (spec.size, spec.size)
-        self.photos_dir = str(photos_dir)
-        self.class_names = list(CLASS_NAMES[: spec.classes])
-
-    def __len__(self) -> int:
-        return self.spec.train if self.split == "train" else self.spec.val
-
-    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
-        if not 0 <= index < len(self):
-            raise IndexError(f"index {index} out of range for {len(self)} images")
-        img, label, _ = render_with_mask(
-            self.spec.seed, self.split, index, self.spec.classes, self.size, self.photos_dir
-        )
-        return img, label
+    CLASS_NAMES = CLASS_NAMES
+    render_with_mask = staticmethod(render_with_mask)

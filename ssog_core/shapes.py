@@ -232,7 +232,13 @@ def render(
 
 
 class ShapesDataset:
-    """One split of ``shapes`` at a given resolution; ``ds[i]`` is ``(H×W×3 uint8 array, label)``."""
+    """One split of ``shapes`` at a given resolution; ``ds[i]`` is ``(H×W×3 uint8 array, label)``.
+
+    Another procedural set subclasses it with its own ``CLASS_NAMES`` and ``render_with_mask``.
+    """
+
+    CLASS_NAMES = CLASS_NAMES
+    render_with_mask = staticmethod(render_with_mask)
 
     def __init__(
         self, spec: ShapesSpec, split: str, size: tuple[int, int] | None = None, photos_dir: str | Path = BACKGROUNDS
@@ -242,7 +248,7 @@ class ShapesDataset:
         self.spec, self.split = spec, split
         self.size = tuple(size) if size else (spec.size, spec.size)
         self.photos_dir = str(photos_dir)
-        self.class_names = list(CLASS_NAMES[: spec.classes])
+        self.class_names = list(self.CLASS_NAMES[: spec.classes])
 
     def __len__(self) -> int:
         return self.spec.train if self.split == "train" else self.spec.val
@@ -250,4 +256,7 @@ class ShapesDataset:
     def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
         if not 0 <= index < len(self):
             raise IndexError(f"index {index} out of range for {len(self)} images")
-        return render(self.spec.seed, self.split, index, self.spec.classes, self.size, self.photos_dir)
+        img, label, _ = self.render_with_mask(
+            self.spec.seed, self.split, index, self.spec.classes, self.size, self.photos_dir
+        )
+        return img, label
