@@ -36,10 +36,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import add_run_flags, apply_run_flags, provenance, write_csv  # noqa: E402
+from common import add_run_flags, apply_run_flags, provenance, rand_field, write_csv  # noqa: E402
 
 from ssog_core.checkpoint import atomic_write  # noqa: E402
-from ssog_core.field import Field, apply_field  # noqa: E402
+from ssog_core.field import apply_field  # noqa: E402
 from ssog_core.ops.torch_ssog import apply_torch  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -104,17 +104,6 @@ class PeakLive(TorchDispatchMode):
         return out
 
 
-def _rand_field(b: int, grid: tuple[int, int], h: int, r: int, steered: bool, device, grad: bool) -> Field:
-    gh, gw = grid
-    lead = (b, gh, gw) if steered else ()
-    g = torch.Generator().manual_seed(0)
-    mu = torch.randn(*lead, h, r, 2, generator=g) * 1.5
-    sigma = torch.rand(*lead, h, r, 2, generator=g) * 1.5 + 0.4
-    log_lam = torch.randn(*lead, h, r, generator=g)
-    tensors = [t.to(device).requires_grad_(grad) for t in (mu, sigma, log_lam)]
-    return Field(*tensors, torch.tensor(0.8, device=device))
-
-
 def _ops(path: str, kind: str, b: int, n: int, h: int, d: int, r: int, device, dtype, train: bool) -> Callable:
     """A closure running one forward (and backward when ``train``)."""
     if kind == "sdpa":
@@ -128,7 +117,7 @@ def _ops(path: str, kind: str, b: int, n: int, h: int, d: int, r: int, device, d
         return run
     grid = GRIDS[n]
     mode = "axial" if kind == "axial" else "factorized"
-    field = _rand_field(b, grid, h, r, kind != "fixed", device, train)
+    field = rand_field(b, grid, h, r, kind != "fixed", device, train)
     v = torch.randn(b, n, h, d, device=device, dtype=dtype, requires_grad=train)
     if path == "triton":
         from ssog_core.ops.triton_ssog import apply_triton as impl

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from ssog_core.checkpoint import atomic_write
+from ssog_core.field import Field
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -55,3 +56,15 @@ def write_csv(path: Path, rows: list[dict], fields: list[str]) -> None:
             w.writerows(rows)
 
     atomic_write(path, write)
+
+
+def rand_field(b: int, grid: tuple[int, int], h: int, r: int, steered: bool, device, grad: bool) -> Field:
+    """A random field (fixed, or steered per token) for the op benchmarks, the same on every run."""
+    gh, gw = grid
+    lead = (b, gh, gw) if steered else ()
+    g = torch.Generator().manual_seed(0)
+    mu = torch.randn(*lead, h, r, 2, generator=g) * 1.5
+    sigma = torch.rand(*lead, h, r, 2, generator=g) * 1.5 + 0.4
+    log_lam = torch.randn(*lead, h, r, generator=g)
+    tensors = [t.to(device).requires_grad_(grad) for t in (mu, sigma, log_lam)]
+    return Field(*tensors, torch.tensor(0.8, device=device))

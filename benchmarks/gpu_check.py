@@ -48,12 +48,11 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from common import write_csv  # noqa: E402
+from common import rand_field, write_csv  # noqa: E402
 
 from ssog_core.attention import SSOGAttention  # noqa: E402
 from ssog_core.checkpoint import atomic_write  # noqa: E402
 from ssog_core.config import SEED_CONFIGS  # noqa: E402
-from ssog_core.field import Field  # noqa: E402
 from ssog_core.ops.reference import FieldLeaves, grads, reference_apply, reference_matrix  # noqa: E402
 from ssog_core.vit import ViT  # noqa: E402
 
@@ -306,16 +305,6 @@ def _timer(dev: torch.device, fn: Callable[[], object], graph: bool) -> tuple[fl
     return triton.testing.do_bench(fn, rep=60), "events"
 
 
-def _rand_field(b: int, grid: tuple[int, int], h: int, r: int, steered: bool, dev: torch.device) -> Field:
-    gh, gw = grid
-    lead = (b, gh, gw) if steered else ()
-    g = torch.Generator().manual_seed(0)
-    mu = torch.randn(*lead, h, r, 2, generator=g) * 1.5
-    sigma = torch.rand(*lead, h, r, 2, generator=g) * 1.5 + 0.4
-    log_lam = torch.randn(*lead, h, r, generator=g)
-    return Field(mu.to(dev), sigma.to(dev), log_lam.to(dev), torch.tensor(0.8).to(dev))
-
-
 def _op_jobs(n: int, b: int, h: int, d: int, r: int, dtype: torch.dtype, dev: torch.device) -> dict[str, Callable]:
     """name → a closure that builds its inputs (once, outside the timing) and returns ``(fwd, fwdbwd)`` closures."""
     from torch.nn.attention import sdpa_kernel
@@ -347,7 +336,7 @@ def _op_jobs(n: int, b: int, h: int, d: int, r: int, dtype: torch.dtype, dev: to
 
     def ssog_kernel(steered: bool):
         def build():
-            field = _rand_field(b, grid, h, r, steered, dev)
+            field = rand_field(b, grid, h, r, steered, dev, grad=False)
             v = torch.randn(b, n, h, d, device=dev, dtype=dtype, requires_grad=True)
             go = torch.randn(b, n, h, d, device=dev, dtype=dtype)
             prm = ts.kernel_params(field, "factorized")
@@ -380,7 +369,7 @@ def _op_jobs(n: int, b: int, h: int, d: int, r: int, dtype: torch.dtype, dev: to
 
     def ssog_prep(steered: bool):
         def build():
-            field = _rand_field(b, grid, h, r, steered, dev)
+            field = rand_field(b, grid, h, r, steered, dev, grad=False)
 
             def prep():
                 with torch.no_grad():
