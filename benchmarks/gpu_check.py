@@ -152,7 +152,7 @@ def _check_case(case, dev: torch.device) -> str | None:
 
 
 def _check_dispatch_and_analysis(dev: torch.device) -> str | None:
-    from ssog_core.ops.dispatch import choose_backend, ssog_apply
+    from ssog_core.ops.dispatch import choose_ssog_backend, ssog_apply
 
     problems = []
     for mode in ("factorized", "axial"):
@@ -162,7 +162,7 @@ def _check_dispatch_and_analysis(dev: torch.device) -> str | None:
         with torch.no_grad():
             field = attn.field(x, (7, 5))
             v = attn.v(x).view(2, 35, 3, 8)
-            if choose_backend(v, field, (7, 5), mode) != "triton":
+            if choose_ssog_backend(v, field, (7, 5), mode) != "triton":
                 problems.append(f"{mode}: {dev.type} tensors did not dispatch to triton")
             a = attn.attention_matrix(x, (7, 5))
             av = torch.einsum("bhnm,bmhd->bnhd", a, v)

@@ -35,7 +35,7 @@ from common import add_run_flags, apply_run_flags, provenance, write_csv  # noqa
 
 from ssog_core.checkpoint import atomic_write  # noqa: E402
 from ssog_core.config import SEED_CONFIGS, ViTConfig  # noqa: E402
-from ssog_core.ops.dispatch import choose_backend  # noqa: E402
+from ssog_core.ops.dispatch import choose_ssog_backend  # noqa: E402
 from ssog_core.vit import ViT  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -143,7 +143,7 @@ def measure(
         "median_ratio": statistics.median(ratios),
         "ratio_q1": statistics.quantiles(ratios, n=4)[0] if len(ratios) > 1 else ratios[0],
         "ratio_q3": statistics.quantiles(ratios, n=4)[2] if len(ratios) > 1 else ratios[0],
-        "backend": choose_backend(v, field, grid, blk.mode),
+        "backend": choose_ssog_backend(v, field, grid, blk.mode),
     }
 
 

@@ -18,8 +18,7 @@ from torch import Tensor, nn
 
 from ssog_core.config import ViTConfig
 from ssog_core.field import TAPS, Field, apply_field, base_field, check_grid, positive, steer
-from ssog_core.ops import ssog_apply
-from ssog_core.ops.rbf import rbf_attention
+from ssog_core.ops import rbf_attention, ssog_apply
 from ssog_core.susie import SuSiE
 
 # tap → (probe layer name, gate parameter name, probe outputs per atom)
@@ -50,6 +49,7 @@ class SSOGAttention(nn.Module):
         max_offset: bound on content's shift of an atom, in grid cells.
         sigma_floor: narrowest atom width, in grid cells.
         cold_init: gates start at −8 (cold) instead of −2 (warm).
+        backend: ``"triton"``, ``"torch"``, ``"reference"`` or ``None`` for automatic (:mod:`ssog_core.ops.dispatch`).
     """
 
     def __init__(
@@ -62,9 +62,11 @@ class SSOGAttention(nn.Module):
         max_offset: float = 4.0,
         sigma_floor: float = 0.25,
         cold_init: bool = True,
+        backend: str | None = None,
     ):
         super().__init__()
         self.dim, self.num_heads, self.num_atoms = dim, num_heads, num_atoms
+        self.backend = backend
         self.head_dim = dim // num_heads
         self.mode = field
         self.taps = tuple(t for t in TAPS if t in steer)
@@ -113,7 +115,7 @@ class SSOGAttention(nn.Module):
         check_grid(x.shape[1], grid)
         b, n, _ = x.shape
         v = self.v(x).view(b, n, self.num_heads, self.head_dim)
-        y = ssog_apply(v, self.field(x, grid), grid, self.mode)
+        y = ssog_apply(v, self.field(x, grid), grid, self.mode, self.backend)
         return self.out(y.reshape(b, n, self.dim))
 
     def attention_matrix(self, x: Tensor, grid: tuple[int, int], steered: bool = True) -> Tensor:

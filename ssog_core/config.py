@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ssog_core.field import FIELD_MODES, TAPS
+from ssog_core.field import FIELD_MODES, MAX_ATOMS, TAPS
 
 ATTENTION_KINDS = ("ssog", "dot", "rbf")
 
@@ -58,8 +58,8 @@ class ViTConfig:
             problems.append(f"img_size={self.img_size} must be positive multiples of patch_size={self.patch_size}")
         if self.dim % self.num_heads:
             problems.append(f"dim={self.dim} must be divisible by num_heads={self.num_heads}")
-        if not 1 <= self.num_atoms <= 8:
-            problems.append(f"num_atoms={self.num_atoms} must be between 1 and 8")
+        if not 1 <= self.num_atoms <= MAX_ATOMS:
+            problems.append(f"num_atoms={self.num_atoms} must be between 1 and {MAX_ATOMS}")
         if self.field not in FIELD_MODES:
             problems.append(f"field={self.field!r} is not one of {FIELD_MODES}")
         unknown = [t for t in self.steer if t not in TAPS]

@@ -30,6 +30,8 @@ TAU_MIN = 0.5  # τ = softplus(raw) + 0.5: the field can sharpen, but never coll
 TAPS = ("mu", "sigma", "lambda")  # the three steering taps, in the order the ablation table lists them
 FieldMode = Literal["factorized", "axial"]
 FIELD_MODES = ("factorized", "axial")
+MAX_ATOMS = 8  # atoms per head: the model's cap, and what the fused kernels are built for
+LOG2E = 1.0 / math.log(2.0)  # the fast paths work in base 2: e^t = 2^(t·log2 e)
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -122,6 +124,21 @@ def steer(field: Field, probes: dict[str, Tensor], scales: dict[str, Tensor], ma
         log_lam.expand(*lead, h, r),
         field.tau,
     )
+
+
+def exp2_rate(sigma: Tensor, tau: Tensor | float = 1.0) -> Tensor:
+    """``log2(e) / (2σ²τ)``: an atom's log-density (over τ) is ``−rate·(d − μ)²`` plus a constant, in base 2.
+
+    With ``τ = 1`` it is the ``b`` of the axial kernels; with the field's τ the ``c`` of the factorized ones
+    (docs/DESIGN.md §1.6). Every backend takes its kernel terms from here and :func:`exp2_log_weight`.
+    """
+    return (0.5 * LOG2E) / (sigma.square() * tau)
+
+
+def exp2_log_weight(sigma: Tensor, log_lam: Tensor) -> Tensor:
+    """``β = log2(e)·(log λ − log σ)`` per atom and axis (λ normalised over the atoms): the base-2 constant of
+    an atom's term in an axial mixture, ``(..., R)`` → ``(..., R, 2)``."""
+    return LOG2E * (torch.log_softmax(log_lam, dim=-1)[..., None] - torch.log(sigma))
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ def compare(case: str, q, k, v, causal: bool, tol_of) -> None:
     ``tol_of(name, err_torch)`` gives the allowed relative error, given the torch reference path's own error
     at the input dtype (so low-precision tolerances follow the dtype, as flash-attention's tests do).
     """
-    from ssog_core.ops.rbf import rbf_attention, rbf_attention_torch
+    from ssog_core.ops.dispatch import rbf_attention
+    from ssog_core.ops.rbf import rbf_attention_torch
 
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     out = rbf_attention(q, k, v, causal, backend="triton")

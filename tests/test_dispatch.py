@@ -15,7 +15,7 @@ from ssog_core.attention import SSOGAttention
 from ssog_core.field import apply_field
 from ssog_core.info import count_flops
 from ssog_core.ops import dispatch
-from ssog_core.ops.dispatch import BackendUnavailable, can_run_triton, choose_backend, ssog_apply
+from ssog_core.ops.dispatch import BackendUnavailable, can_run_triton_ssog, choose_ssog_backend, ssog_apply
 from ssog_core.ops.torch_ssog import apply_torch
 from ssog_core.vit import ViT
 from tests.ops_reference import FieldLeaves, assert_compiles_like_eager, reference_matrix
@@ -37,7 +37,7 @@ def _inputs(steered: bool = True, head_dim: int = 4):
 def test_cpu_tensors_use_the_fast_torch_path(caplog: pytest.LogCaptureFixture) -> None:
     v, field, grid = _inputs()
     with caplog.at_level(logging.DEBUG, logger="ssog_core.ops"):
-        assert choose_backend(v, field, grid) == "torch"
+        assert choose_ssog_backend(v, field, grid) == "torch"
     assert "SSOG backend torch" in caplog.text
     assert "CUDA" in caplog.text  # the reason Triton was skipped
     torch.testing.assert_close(ssog_apply(v, field, grid), apply_torch(v, field, grid), rtol=0, atol=0)
@@ -47,14 +47,29 @@ def test_cpu_tensors_use_the_fast_torch_path(caplog: pytest.LogCaptureFixture) -
 def test_environment_forces_a_backend(monkeypatch: pytest.MonkeyPatch, backend: str, impl) -> None:
     monkeypatch.setenv("SSOG_BACKEND", backend.upper())
     v, field, grid = _inputs()
-    assert choose_backend(v, field, grid) == backend
+    assert choose_ssog_backend(v, field, grid) == backend
     torch.testing.assert_close(ssog_apply(v, field, grid), impl(v, field, grid), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("backend", "impl"), [("torch", apply_torch), ("reference", apply_field)])
+def test_argument_picks_a_backend_per_call(monkeypatch: pytest.MonkeyPatch, backend: str, impl) -> None:
+    monkeypatch.setenv("SSOG_BACKEND", "triton")  # the argument wins over the environment
+    v, field, grid = _inputs()
+    assert choose_ssog_backend(v, field, grid, backend=backend) == backend
+    torch.testing.assert_close(ssog_apply(v, field, grid, backend=backend), impl(v, field, grid), rtol=0, atol=0)
+    attn = SSOGAttention(8, 2, 3, backend=backend)
+    x = torch.randn(2, 12, 8)
+    with torch.no_grad():
+        expected = attn.out(impl(attn.v(x).view(2, 12, 2, 4), attn.field(x, grid), grid).reshape(2, 12, 8))
+        torch.testing.assert_close(attn(x, grid), expected, rtol=0, atol=0)
+    with pytest.raises(BackendUnavailable, match="backend='cuda' is not one of triton, torch, reference"):
+        ssog_apply(v, field, grid, backend="cuda")
 
 
 def test_forced_triton_that_cannot_run_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SSOG_BACKEND", "triton")
     v, field, grid = _inputs()
-    with pytest.raises(BackendUnavailable, match="SSOG_BACKEND=triton cannot run this input: .*(CUDA|not installed)"):
+    with pytest.raises(BackendUnavailable, match="SSOG triton backend cannot run this input: .*(CUDA|not installed)"):
         ssog_apply(v, field, grid)
 
 
@@ -70,15 +85,15 @@ def test_unknown_backend_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     [("head_dim", "head_dim 200 exceeds 128"), ("dtype", "dtype torch.float64 is not supported")],
 )
 def test_triton_predicate_reasons(monkeypatch: pytest.MonkeyPatch, change: str, reason: str) -> None:
-    monkeypatch.setattr(dispatch, "_interpreting", lambda: True)  # pretend the device is fine
-    monkeypatch.setattr(dispatch, "_triton_installed", lambda: True)
+    monkeypatch.setattr(dispatch, "interpreting", lambda: True)  # pretend the device is fine
+    monkeypatch.setattr(dispatch, "triton_installed", lambda: True)
     v, field, grid = _inputs(head_dim=200 if change == "head_dim" else 4)
     if change == "dtype":
         v = v.double()
-    assert dispatch.triton_problem(v, field, grid, "factorized").startswith(reason)
-    assert not can_run_triton(v, field, grid)
+    assert dispatch.ssog_triton_problem(v, field, grid, "factorized").startswith(reason)
+    assert not can_run_triton_ssog(v, field, grid)
     with pytest.raises(BackendUnavailable, match=reason):
-        can_run_triton(v, field, grid, raise_error=True)
+        can_run_triton_ssog(v, field, grid, raise_error=True)
 
 
 def test_importing_and_running_on_cpu_never_imports_triton() -> None:

@@ -105,12 +105,12 @@ def test_dispatch_rejects_shapes_over_the_shared_memory_limit(monkeypatch: pytes
     from ssog_core.ops import dispatch
     from ssog_core.ops.reference import FieldLeaves
 
-    monkeypatch.setattr(dispatch, "_interpreting", lambda: True)
-    monkeypatch.setattr(dispatch, "_shared_memory_limit", lambda device: 101376)
+    monkeypatch.setattr(dispatch, "interpreting", lambda: True)
+    monkeypatch.setattr(dispatch, "shared_memory_limit", lambda device: 101376)
     for grid, d, ok in (((64, 64), 64, False), ((7, 5), 16, True)):
         field = FieldLeaves(1, grid, 2, 4, ("mu",), dtype=torch.float32).field()
         v = torch.empty(1, grid[0] * grid[1], 2, d, dtype=torch.bfloat16)
-        problem = dispatch.triton_problem(v, field, grid, "factorized")
+        problem = dispatch.ssog_triton_problem(v, field, grid, "factorized")
         assert (problem is None) == ok, problem
         if not ok:
             assert "shared memory" in problem and "101376" in problem

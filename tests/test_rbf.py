@@ -10,7 +10,15 @@ import torch
 from ssog_core import ViT, load_checkpoint, save_checkpoint
 from ssog_core.attention import DotAttention, RBFAttention
 from ssog_core.config import ViTConfig
-from ssog_core.ops.rbf import RBFBackendError, can_run_triton, rbf_attention, rbf_attention_torch, select_backend
+from ssog_core.ops import dispatch
+from ssog_core.ops.dispatch import (
+    BackendUnavailable,
+    can_run_triton_rbf,
+    choose_rbf_backend,
+    rbf_attention,
+    rbf_triton_problem,
+)
+from ssog_core.ops.rbf import rbf_attention_torch
 from tests.rbf_reference import rbf_weights, vit_forward
 
 CFG = dict(num_classes=5, img_size=(28, 20), patch_size=4, dim=24, depth=2, num_heads=3)
@@ -211,27 +219,32 @@ def test_dispatch_on_cpu(monkeypatch):
     q, k, v = qkv(b=1, h=1, n=5, d=8, dtype=torch.float32)
     monkeypatch.delenv("RBF_BACKEND", raising=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert select_backend(q, k, v) == "torch"
-    ok, why = can_run_triton(q, k, v)
-    assert not ok and "need CUDA" in why
-    with pytest.raises(RBFBackendError, match="requested but cannot run: .*need CUDA"):
+    assert choose_rbf_backend(q, k, v) == "torch"
+    assert not can_run_triton_rbf(q, k, v)
+    assert "need CUDA" in rbf_triton_problem(q, k, v)
+    with pytest.raises(BackendUnavailable, match="RBF triton backend cannot run this input: .*need CUDA"):
         rbf_attention(q, k, v, backend="triton")
+    with pytest.raises(BackendUnavailable, match="need CUDA"):
+        can_run_triton_rbf(q, k, v, raise_error=True)
     monkeypatch.setenv("RBF_BACKEND", "triton")
-    with pytest.raises(RBFBackendError, match="need CUDA"):
+    with pytest.raises(BackendUnavailable, match="need CUDA"):
         rbf_attention(q, k, v)
     monkeypatch.setenv("RBF_BACKEND", "cuda")
-    with pytest.raises(RBFBackendError, match="RBF_BACKEND='cuda' is not one of"):
+    with pytest.raises(BackendUnavailable, match="RBF_BACKEND='cuda' is not one of triton, torch"):
         rbf_attention(q, k, v)
+    with pytest.raises(BackendUnavailable, match="backend='flash' is not one of"):
+        rbf_attention(q, k, v, backend="flash")
     monkeypatch.setenv("RBF_BACKEND", "torch")
     torch.testing.assert_close(rbf_attention(q, k, v), rbf_attention_torch(q, k, v))
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # interpretable on CPU, but only when asked for
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # interpretable on CPU: chosen automatically, as for SSOG
     monkeypatch.delenv("RBF_BACKEND")
-    assert select_backend(q, k, v) == "torch"
-    assert can_run_triton(q, k, v) == (True, "")
-    assert not can_run_triton(q, k, torch.randn(1, 1, 5, 3))[0]
+    assert can_run_triton_rbf(q, k, v)
+    assert choose_rbf_backend(q, k, v) == "triton"
+    assert choose_rbf_backend(q, k, v, backend="torch") == "torch"  # the per-call argument wins
+    assert rbf_triton_problem(q, k, torch.randn(1, 1, 5, 3)).startswith("value width 3")
     big = torch.empty(300, 300, 2, 8)
-    assert "grid limit" in can_run_triton(big, big, big)[1]
-    assert "float64" in can_run_triton(*qkv(b=1, h=1, n=5, d=8))[1]
+    assert "grid limit" in rbf_triton_problem(big, big, big)
+    assert "float64" in rbf_triton_problem(*qkv(b=1, h=1, n=5, d=8))
 
 
 def test_bad_inputs_get_clear_errors():
@@ -243,12 +256,10 @@ def test_bad_inputs_get_clear_errors():
 
 
 def test_dispatch_without_triton(monkeypatch):
-    import ssog_core.ops.rbf as rbf_ops
-
-    monkeypatch.setattr(rbf_ops, "HAS_TRITON", False)
+    monkeypatch.setattr(dispatch, "triton_installed", lambda: False)
     q, k, v = qkv(b=1, h=1, n=5, d=8, dtype=torch.float32)
-    assert can_run_triton(q, k, v) == (False, "the triton package is not installed")
-    with pytest.raises(RBFBackendError, match="not installed"):
+    assert rbf_triton_problem(q, k, v) == "triton is not installed"
+    with pytest.raises(BackendUnavailable, match="not installed"):
         rbf_attention(q, k, v, backend="triton")
 
 

@@ -20,7 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from ssog_core.attention import SSOGAttention  # noqa: E402
 from ssog_core.field import Field  # noqa: E402
 from ssog_core.ops import triton_ssog, triton_tiles  # noqa: E402
-from ssog_core.ops.dispatch import choose_backend, ssog_apply  # noqa: E402
+from ssog_core.ops.dispatch import choose_ssog_backend, ssog_apply  # noqa: E402
 from ssog_core.ops.reference import FieldLeaves, grads, reference_apply, reference_matrix  # noqa: E402
 from ssog_core.ops.triton_ssog import apply_triton, kernel_params  # noqa: E402
 from tests.ops_reference import assert_close, assert_compiles_like_eager  # noqa: E402
@@ -166,7 +166,7 @@ def test_dispatch_picks_triton_and_matrix_parity(monkeypatch: pytest.MonkeyPatch
             for steered in (True, False):
                 field = attn.field(x, (7, 5), steered=steered)
                 v = attn.v(x).view(2, 35, 3, 4)
-                assert choose_backend(v, field, (7, 5), mode) == "triton"
+                assert choose_ssog_backend(v, field, (7, 5), mode) == "triton"
                 a = attn.attention_matrix(x, (7, 5), steered=steered)
                 torch.testing.assert_close(
                     torch.einsum("bhnm,bmhd->bnhd", a, v), ssog_apply(v, field, (7, 5), mode), rtol=1e-5, atol=1e-6

@@ -1,16 +1,21 @@
-"""Choose the implementation of the SSOG operator for a given input.
+"""Choose the implementation of each attention operator: SSOG and RBF, in one vocabulary.
 
-Backends (all compute :func:`ssog_core.field.apply_field` exactly, up to rounding):
+Backends (each computes its operator exactly, up to rounding):
 
-* ``triton`` — fused GPU kernels (:mod:`ssog_core.ops.triton_ssog`): CUDA tensors, or CPU tensors under
-  ``TRITON_INTERPRET=1`` (how the tests run them without a GPU);
-* ``torch`` — the fast PyTorch path (:mod:`ssog_core.ops.torch_ssog`): any device;
-* ``reference`` — :func:`ssog_core.field.apply_field` itself.
+* SSOG (:func:`ssog_apply`, the definition is :func:`ssog_core.field.apply_field`): ``triton`` — the fused kernels
+  of :mod:`ssog_core.ops.triton_ssog`; ``torch`` — the fast PyTorch path (:mod:`ssog_core.ops.torch_ssog`, any
+  device); ``reference`` — :func:`~ssog_core.field.apply_field` itself.
+* RBF (:func:`rbf_attention`, defined in :mod:`ssog_core.ops.rbf`): ``triton`` — the fused flash-style kernels
+  of :mod:`ssog_core.ops.rbf_triton`; ``torch`` — SDPA on augmented vectors
+  (:func:`~ssog_core.ops.rbf.rbf_attention_torch`).
 
-Automatic choice: ``triton`` where :func:`can_run_triton` says yes, else ``torch``; it is logged at debug level
-(logger ``ssog_core.ops``). The environment variable ``SSOG_BACKEND=triton|torch|reference`` forces a backend;
-a forced backend that cannot run this input raises :class:`BackendUnavailable` with the reason.
-Importing this module never imports Triton.
+Both operators choose the same way, per call: the ``backend=`` argument, else the environment variable
+(``SSOG_BACKEND`` / ``RBF_BACKEND``), else ``triton`` where :func:`can_run_triton_ssog` /
+:func:`can_run_triton_rbf` say it can run and ``torch`` otherwise (the choice and the reason are logged at debug
+level, logger ``ssog_core.ops``). The Triton kernels run on CUDA tensors, or on CPU tensors under
+``TRITON_INTERPRET=1`` (how the tests run them without a GPU). A backend that was asked for but cannot run this
+input raises :class:`BackendUnavailable` with the reason. Every environment check lives in this module, and
+importing it never imports Triton.
 """
 
 from __future__ import annotations
@@ -18,57 +23,102 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from ssog_core.field import Field, FieldMode, apply_field
+from ssog_core.field import MAX_ATOMS, Field, FieldMode, apply_field
+from ssog_core.ops.rbf import check_rbf_inputs, rbf_attention_torch
 from ssog_core.ops.torch_ssog import apply_torch
 from ssog_core.ops.triton_tiles import shared_memory_estimate
 
-BACKENDS = ("triton", "torch", "reference")
-ENV_VAR = "SSOG_BACKEND"
-MAX_HEAD_DIM = 128  # the fused kernels keep a (rows, Gw, head_dim) fp32 accumulator on chip
-MAX_ATOMS = 8
+SSOG_BACKENDS = ("triton", "torch", "reference")
+RBF_BACKENDS = ("triton", "torch")
+SSOG_ENV_VAR, RBF_ENV_VAR = "SSOG_BACKEND", "RBF_BACKEND"
+MAX_HEAD_DIM = 128  # both kernels keep a (rows, head_dim) fp32 accumulator on chip
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+MAX_GRID_Y = 65535  # batch·heads is the second launch-grid axis of every kernel
 
 logger = logging.getLogger("ssog_core.ops")
 
 
 class BackendUnavailable(RuntimeError):
-    """A backend forced through ``SSOG_BACKEND`` cannot run the given input."""
+    """A backend that was asked for (argument or environment variable) cannot run the given input."""
 
 
-def _triton_installed() -> bool:
+# ------------------------------------------------------------------------------------------- the environment
+
+
+def triton_installed() -> bool:
+    """Whether the triton package is there (found without importing it)."""
     return importlib.util.find_spec("triton") is not None
 
 
-def _interpreting() -> bool:
+def interpreting() -> bool:
+    """Whether Triton's interpreter runs the kernels on the CPU (``TRITON_INTERPRET=1``, read before Triton loads)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _shared_memory_limit(device: torch.device) -> int | None:
+def shared_memory_limit(device: torch.device) -> int | None:
     """Shared memory a program may use on this device (bytes), ``None`` off CUDA (the interpreter has no limit)."""
     return torch.cuda.get_device_properties(device).shared_memory_per_block_optin if device.type == "cuda" else None
 
 
-def triton_problem(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode) -> str | None:
-    """Why the Triton kernels cannot run this input, or ``None`` if they can."""
-    if not _triton_installed():
+def _triton_common_problem(t: Tensor, head_dim: int, batch_heads: int) -> str | None:
+    """Why neither operator's kernels can run on ``t`` (installation, device, dtype, sizes), or ``None``."""
+    if not triton_installed():
         return "triton is not installed"
-    if not (v.is_cuda or _interpreting()):
-        return f"the values are on {v.device}; the kernels need CUDA tensors (or TRITON_INTERPRET=1 on the CPU)"
-    if v.dtype not in TRITON_DTYPES:
-        return f"dtype {v.dtype} is not supported (float32, bfloat16, float16)"
-    if v.shape[-1] > MAX_HEAD_DIM:
-        return f"head_dim {v.shape[-1]} exceeds {MAX_HEAD_DIM}"
+    if not (t.is_cuda or interpreting()):
+        return f"the tensors are on {t.device}; the kernels need CUDA tensors (or TRITON_INTERPRET=1 on the CPU)"
+    if t.dtype not in TRITON_DTYPES:
+        return f"dtype {t.dtype} is not supported (float32, bfloat16, float16)"
+    if t.is_cuda and t.dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        return "this GPU has no bfloat16 support"
+    if head_dim > MAX_HEAD_DIM:
+        return f"head_dim {head_dim} exceeds {MAX_HEAD_DIM}"
+    if batch_heads > MAX_GRID_Y:
+        return f"batch × heads = {batch_heads} exceeds the CUDA grid limit {MAX_GRID_Y}"
+    return None
+
+
+def _verdict(op: str, problem: str | None, raise_error: bool) -> bool:
+    """``can_run_*``'s answer: True, or False with the reason logged (or raised when asked)."""
+    if problem is None:
+        return True
+    if raise_error:
+        raise BackendUnavailable(f"the {op} triton backend cannot run this input: {problem}")
+    if not torch.compiler.is_compiling():  # logging is not traceable: torch.compile(fullgraph=True) must work
+        logger.debug("%s triton backend skipped: %s", op, problem)
+    return False
+
+
+def _choose(op: str, backend: str | None, env_var: str, choices: tuple[str, ...], can_run: Callable) -> str:
+    """The backend asked for (argument, else environment; checked), else ``triton`` where it can run, else ``torch``."""
+    requested = (backend or os.environ.get(env_var, "")).strip().lower()
+    if requested:
+        if requested not in choices:
+            source = "backend" if backend else env_var
+            raise BackendUnavailable(f"{source}={requested!r} is not one of {', '.join(choices)}")
+        if requested == "triton":
+            can_run(raise_error=True)
+        return requested
+    return "triton" if can_run(raise_error=False) else "torch"
+
+
+# ------------------------------------------------------------------------------------------------------ SSOG
+
+
+def ssog_triton_problem(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode) -> str | None:
+    """Why the SSOG kernels cannot run this input, or ``None`` if they can."""
+    problem = _triton_common_problem(v, v.shape[-1], v.shape[0] * v.shape[2])
+    if problem is not None:
+        return problem
     if field.num_atoms > MAX_ATOMS:
         return f"{field.num_atoms} atoms exceed {MAX_ATOMS}"
     if mode not in ("factorized", "axial"):
         return f"unknown field mode {mode!r}"
-    if v.shape[0] * v.shape[2] > 65535:  # batch·heads is the second launch-grid axis
-        return f"batch × heads = {v.shape[0] * v.shape[2]} exceeds the CUDA grid limit 65535"
-    limit = _shared_memory_limit(v.device)
+    limit = shared_memory_limit(v.device)
     if limit is not None:
         dot_bytes = 4 if v.dtype == torch.float32 else 2
         need = shared_memory_estimate(*grid, v.shape[-1], field.num_atoms, mode == "axial", dot_bytes)
@@ -83,49 +133,72 @@ def triton_problem(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
     return None
 
 
-def can_run_triton(
+def can_run_triton_ssog(
     v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode = "factorized", raise_error: bool = False
 ) -> bool:
-    """Whether the fused Triton kernels can run this input (with the reason logged, or raised if asked)."""
-    problem = triton_problem(v, field, grid, mode)
-    if problem is None:
-        return True
-    if raise_error:
-        raise BackendUnavailable(f"{ENV_VAR}=triton cannot run this input: {problem}")
-    if not torch.compiler.is_compiling():  # logging is not traceable: torch.compile(fullgraph=True) must work
-        logger.debug("SSOG triton backend skipped: %s", problem)
-    return False
+    """Whether the fused SSOG kernels can run this input (the reason logged, or raised if ``raise_error``)."""
+    return _verdict("SSOG", ssog_triton_problem(v, field, grid, mode), raise_error)
 
 
-def choose_backend(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode = "factorized") -> str:
-    """The backend :func:`ssog_apply` will use for this input."""
-    forced = os.environ.get(ENV_VAR, "").strip().lower()
-    if forced:
-        if forced not in BACKENDS:
-            raise BackendUnavailable(f"{ENV_VAR}={forced!r} is not one of {', '.join(BACKENDS)}")
-        if forced == "triton":
-            can_run_triton(v, field, grid, mode, raise_error=True)
-        return forced
-    backend = "triton" if can_run_triton(v, field, grid, mode) else "torch"
+def choose_ssog_backend(
+    v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode = "factorized", backend: str | None = None
+) -> str:
+    """The backend :func:`ssog_apply` will use for this input (module docstring: how it is chosen)."""
+
+    def can_run(raise_error: bool) -> bool:
+        return can_run_triton_ssog(v, field, grid, mode, raise_error)
+
+    chosen = _choose("SSOG", backend, SSOG_ENV_VAR, SSOG_BACKENDS, can_run)
     if not torch.compiler.is_compiling() and logger.isEnabledFor(logging.DEBUG):
-        logger.debug(
-            "SSOG backend %s for %s values %s on %s, %s field",
-            backend,
-            v.dtype,
-            tuple(v.shape),
-            v.device,
-            "steered" if field.per_token else "fixed",
-        )
-    return backend
+        kind = "steered" if field.per_token else "fixed"
+        shape = tuple(v.shape)
+        logger.debug("SSOG backend %s for %s values %s on %s, %s field", chosen, v.dtype, shape, v.device, kind)
+    return chosen
 
 
-def ssog_apply(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode = "factorized") -> Tensor:
+def ssog_apply(
+    v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode = "factorized", backend: str | None = None
+) -> Tensor:
     """Apply an SSOG field to values ``v`` of shape ``(B, N, H, D)``; returns ``(B, N, H, D)``."""
-    backend = choose_backend(v, field, grid, mode)
-    if backend == "triton":
+    chosen = choose_ssog_backend(v, field, grid, mode, backend)
+    if chosen == "triton":
         from ssog_core.ops.triton_ssog import apply_triton
 
         return apply_triton(v, field, grid, mode)
-    if backend == "torch":
+    if chosen == "torch":
         return apply_torch(v, field, grid, mode)
     return apply_field(v, field, grid, mode)
+
+
+# ------------------------------------------------------------------------------------------------------- RBF
+
+
+def rbf_triton_problem(q: Tensor, k: Tensor, v: Tensor) -> str | None:
+    """Why the RBF kernels cannot run these inputs, or ``None`` if they can."""
+    if v.shape[-1] != q.shape[-1]:
+        return f"value width {v.shape[-1]} differs from the head dim {q.shape[-1]}"
+    return _triton_common_problem(q, q.shape[-1], q.shape[0] * q.shape[1])
+
+
+def can_run_triton_rbf(q: Tensor, k: Tensor, v: Tensor, raise_error: bool = False) -> bool:
+    """Whether the fused RBF kernels can run these inputs (the reason logged, or raised if ``raise_error``)."""
+    return _verdict("RBF", rbf_triton_problem(q, k, v), raise_error)
+
+
+def choose_rbf_backend(q: Tensor, k: Tensor, v: Tensor, backend: str | None = None) -> str:
+    """The backend :func:`rbf_attention` will use for these inputs (module docstring: how it is chosen)."""
+
+    def can_run(raise_error: bool) -> bool:
+        return can_run_triton_rbf(q, k, v, raise_error)
+
+    return _choose("RBF", backend, RBF_ENV_VAR, RBF_BACKENDS, can_run)
+
+
+def rbf_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, backend: str | None = None) -> Tensor:
+    """``softmax(−γ‖q − k‖²) v`` for ``q, k`` of shape ``(B, H, N, D)`` and ``v`` of ``(B, H, N, Dv)``."""
+    check_rbf_inputs(q, k, v)
+    if choose_rbf_backend(q, k, v, backend) == "triton":
+        from ssog_core.ops.rbf_triton import rbf_attention_triton
+
+        return rbf_attention_triton(q, k, v, causal)
+    return rbf_attention_torch(q, k, v, causal)

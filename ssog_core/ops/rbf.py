@@ -12,33 +12,17 @@ penalty ``γ‖k‖²`` on each key. Neither backend ever builds the N × N dist
 * ``"triton"`` (:mod:`ssog_core.ops.rbf_triton`, used on CUDA): fused flash-style kernels that compute the
   key norms on chip.
 
-Choice: ``backend=`` argument, else the ``RBF_BACKEND`` environment variable (``triton`` or ``torch``), else
-Triton on CUDA when it can run and the reference otherwise (the reason is logged at debug level). A
-backend that was asked for but cannot run raises :class:`RBFBackendError` with the reason. Importing this
-module never imports Triton.
+:func:`ssog_core.ops.dispatch.rbf_attention` chooses between them (the same vocabulary as SSOG's backends).
+Importing this module never imports Triton.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import logging
 import math
-import os
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-
-BACKENDS = ("torch", "triton")
-ENV_VAR = "RBF_BACKEND"
-TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-MAX_TRITON_HEAD_DIM = 128  # the largest head dim in rbf_triton.GPU_TILES (that module imports Triton)
-
-log = logging.getLogger(__name__)
-
-
-class RBFBackendError(RuntimeError):
-    """A requested RBF backend cannot run these inputs; the message says why."""
 
 
 def rbf_gamma(head_dim: int) -> float:
@@ -46,7 +30,7 @@ def rbf_gamma(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)
 
 
-def _check_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
+def check_rbf_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
     if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:3] != q.shape[:3]:
         raise ValueError(
             f"RBF attention expects q and k of shape (B, H, N, D) and v of shape (B, H, N, Dv); "
@@ -67,7 +51,7 @@ def rbf_attention_torch(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -
     Returns:
         ``(B, H, N, Dv)``.
     """
-    _check_inputs(q, k, v)
+    check_rbf_inputs(q, k, v)
     d, dv = q.shape[-1], v.shape[-1]
     # −‖k‖²/2 summed and kept in at least fp32: in a 16-bit dtype it travels as two 16-bit parts (hi + lo, ~16
     # mantissa bits; SDPA accumulates q'·k' in fp32), since rounding it to bf16 alone shifts a logit by up to
@@ -85,59 +69,3 @@ def rbf_attention_torch(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -
     v2 = F.pad(v, (0, extra + pad)) if dv == d else v
     out = F.scaled_dot_product_attention(q2, k2, v2, is_causal=causal, scale=2.0 * rbf_gamma(d))
     return out[..., :dv]
-
-
-HAS_TRITON = importlib.util.find_spec("triton") is not None  # looks for the package without importing it
-
-
-def can_run_triton(q: Tensor, k: Tensor, v: Tensor) -> tuple[bool, str]:
-    """Whether the fused Triton kernels can run these inputs, and if not, why."""
-    if not HAS_TRITON:
-        return False, "the triton package is not installed"
-    interpret = os.environ.get("TRITON_INTERPRET") == "1"
-    if not q.is_cuda and not (interpret and q.device.type == "cpu"):
-        return False, f"tensors are on {q.device}; the Triton kernels need CUDA (or TRITON_INTERPRET=1 on CPU)"
-    if q.dtype not in TRITON_DTYPES:
-        return False, f"dtype {q.dtype} is not one of float32, float16, bfloat16"
-    if v.shape[-1] != q.shape[-1]:
-        return False, f"value width {v.shape[-1]} differs from the head dim {q.shape[-1]}"
-    if q.shape[-1] > MAX_TRITON_HEAD_DIM:
-        return False, f"head dim {q.shape[-1]} exceeds {MAX_TRITON_HEAD_DIM}"
-    if q.shape[0] * q.shape[1] > 65535:  # batch·heads is the second launch-grid axis
-        return False, f"batch × heads = {q.shape[0] * q.shape[1]} exceeds the CUDA grid limit 65535"
-    if q.is_cuda and q.dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
-        return False, "this GPU has no bfloat16 support"
-    return True, ""
-
-
-def select_backend(q: Tensor, k: Tensor, v: Tensor, backend: str | None = None) -> str:
-    """The backend that will run: the requested one (checked), else the best one that can run."""
-    requested = backend or os.environ.get(ENV_VAR) or None
-    if requested is not None and requested not in BACKENDS:
-        source = "backend" if backend else ENV_VAR
-        raise RBFBackendError(f"{source}={requested!r} is not one of {BACKENDS}")
-    if requested == "torch":
-        return "torch"
-    ok, why = can_run_triton(q, k, v)
-    if requested == "triton":
-        if not ok:
-            raise RBFBackendError(f"the triton RBF backend was requested but cannot run: {why}")
-        return "triton"
-    if ok and q.is_cuda:
-        return "triton"
-    if not torch.compiler.is_compiling():  # logging would break a torch.compile graph
-        log.debug("RBF attention runs the torch reference: %s", why or "interpreted Triton runs only when asked for")
-    return "torch"
-
-
-def rbf_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, backend: str | None = None) -> Tensor:
-    """``softmax(−γ‖q − k‖²) v`` for ``q, k`` of shape ``(B, H, N, D)`` and ``v`` of ``(B, H, N, Dv)``.
-
-    ``backend``: ``"torch"``, ``"triton"`` or ``None`` (environment variable ``RBF_BACKEND``, else automatic).
-    """
-    _check_inputs(q, k, v)
-    if select_backend(q, k, v, backend) == "triton":
-        from ssog_core.ops.rbf_triton import rbf_attention_triton
-
-        return rbf_attention_triton(q, k, v, causal)
-    return rbf_attention_torch(q, k, v, causal)

@@ -11,7 +11,7 @@ reduction per key tile; nothing of size N × N is ever written.
   queries, ``dq`` with one program per query tile looping over keys. With ``dS = P ∘ (dP − δ)`` and
   ``δ_i = o_i·do_i``: ``dq_i = 2γ Σ_j dS_ij k_j`` and ``dk_j = 2γ (Σ_i dS_ij q_i − k_j Σ_i dS_ij)``.
 
-Importing this module imports Triton; :mod:`ssog_core.ops.rbf` imports it only when the Triton backend
+Importing this module imports Triton; :mod:`ssog_core.ops.dispatch` imports it only when the Triton backend
 is chosen. Under ``TRITON_INTERPRET=1`` (set before this import) the kernels run on CPU tensors through
 Triton's interpreter, which multiplies bf16 tiles wrongly (triton-lang/triton#11584): bf16 dots are then
 done in fp32 (the ``DOT_F32`` switch; fp16 and fp32 dots are exact there).
@@ -20,15 +20,16 @@ done in fp32 (the ``DOT_F32`` switch; fp16 and fp32 dots are exact there).
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-LOG2E = 1.4426950408889634
+from ssog_core.field import LOG2E
+from ssog_core.ops.dispatch import interpreting
+
+INTERPRET = interpreting()  # fixed at import, as it is for Triton itself
 
 
 @triton.jit

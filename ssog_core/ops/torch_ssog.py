@@ -29,9 +29,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ssog_core.field import Field, FieldMode, axis_kernels, check_grid
+from ssog_core.field import Field, FieldMode, axis_kernels, check_grid, exp2_log_weight, exp2_rate
 
-LOG2E = 1.0 / math.log(2.0)
 LN2 = math.log(2.0)
 CHUNK_ELEMENTS = 1 << 21  # per-chunk bound on kernel and intermediate elements on the CPU (8 MiB in fp32)
 CUDA_CHUNK_ELEMENTS = 1 << 27  # on a GPU, memory rather than cache bounds the chunk (512 MiB in fp32)
@@ -106,7 +105,7 @@ def _field_terms(field: Field, b: int, grid: tuple[int, int]) -> _Terms:
     rows, cols = torch.arange(gh, device=dev, dtype=dt), torch.arange(gw, device=dev, dtype=dt)
     pos = torch.stack(torch.meshgrid(rows, cols, indexing="ij"), dim=-1)[:, :, None, None]  # (Gh, Gw, 1, 1, 2)
     x = (pos - field.mu).expand(b, gh, gw, h, r, 2)
-    c = field.sigma.square().mul_(field.tau).reciprocal_().mul_(0.5 * LOG2E).expand(b, gh, gw, h, r, 2)
+    c = exp2_rate(field.sigma, field.tau).expand(b, gh, gw, h, r, 2)
     lam = torch.softmax(field.log_lam.expand(b, gh, gw, h, r).permute(0, 3, 4, 1, 2), dim=2)  # (B, H, R, i, w)
     col, row = (0, 3, 2, 4, 1), (0, 3, 1, 2, 4)
     return _Terms(
@@ -330,8 +329,7 @@ def _axial_terms(field: Field, b: int, grid: tuple[int, int]) -> tuple[Tensor, T
     rows, cols = torch.arange(gh, device=dev, dtype=dt), torch.arange(gw, device=dev, dtype=dt)
     pos = torch.stack(torch.meshgrid(rows, cols, indexing="ij"), dim=-1)[:, :, None, None]  # (Gh, Gw, 1, 1, 2)
     x = pos - mu
-    bb = (0.5 * LOG2E) / field.sigma.square()
-    beta = LOG2E * (torch.log_softmax(field.log_lam, dim=-1)[..., None] - torch.log(field.sigma))
+    bb, beta = exp2_rate(field.sigma), exp2_log_weight(field.sigma, field.log_lam)
     with torch.no_grad():  # the bound cancels in the normalisation: no gradient needed
         top = torch.tensor([gh - 1, gw - 1], device=dev, dtype=dt)
         delta = x - torch.minimum(torch.round(x).clamp_(min=0), top)

@@ -16,7 +16,6 @@ The kernels need CUDA tensors, or CPU tensors with ``TRITON_INTERPRET=1`` set be
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,14 +23,13 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from ssog_core.field import Field, FieldMode, axis_kernels, check_grid
+from ssog_core.field import Field, FieldMode, axis_kernels, check_grid, exp2_log_weight, exp2_rate
 from ssog_core.ops import triton_kernels as K
-from ssog_core.ops.dispatch import _interpreting
+from ssog_core.ops.dispatch import interpreting
 from ssog_core.ops.triton_tiles import NUM_WARPS, col_tiles, p2, tiles
 
 triton = K.triton
 
-LOG2E = 1.0 / math.log(2.0)
 FACTORIZED_FIELDS = 5  # μy, μx, cy, cx, λ
 AXIAL_FIELDS = 8  # μy, μx, by, bx, βy, βx, 1/τ (rows), 1/τ (columns)
 
@@ -42,18 +40,17 @@ def kernel_params(field: Field, mode: FieldMode) -> Tensor:
     mu, sigma = field.mu.float(), field.sigma.float()
     tau = field.tau.float()
     if mode == "factorized":
-        c = (0.5 * LOG2E) / (sigma.square() * tau)
+        c = exp2_rate(sigma, tau)
         lam = torch.softmax(field.log_lam.float(), dim=-1)
         return torch.stack([mu[..., 0], mu[..., 1], c[..., 0], c[..., 1], lam], dim=-1)
-    b = (0.5 * LOG2E) / sigma.square()
-    beta = LOG2E * (torch.log_softmax(field.log_lam.float(), dim=-1)[..., None] - torch.log(sigma))
+    b, beta = exp2_rate(sigma), exp2_log_weight(sigma, field.log_lam.float())
     itau = (1.0 / tau).expand_as(mu[..., 0])
     return torch.stack([mu[..., 0], mu[..., 1], b[..., 0], b[..., 1], beta[..., 0], beta[..., 1], itau, itau], dim=-1)
 
 
 def _config(gh: int, gw: int, d: int, r: int, axial: bool, dtype: torch.dtype) -> dict:
     """Tile sizes (:func:`ssog_core.ops.triton_tiles.tiles`) and dot settings for one problem shape."""
-    if _interpreting():
+    if interpreting():
         dot, prec = K.tl.float32, "ieee"  # bf16 tl.dot is wrong in the interpreter (triton#11584)
     elif dtype in (torch.bfloat16, torch.float16):
         dot, prec = (K.tl.bfloat16 if dtype == torch.bfloat16 else K.tl.float16), "ieee"
