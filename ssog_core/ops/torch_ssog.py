@@ -331,8 +331,8 @@ def _axial_terms(field: Field, b: int, grid: tuple[int, int]) -> tuple[Tensor, T
     x = pos - mu
     bb, beta = exp2_rate(field.sigma), exp2_log_weight(field.sigma, field.log_lam)
     with torch.no_grad():  # the bound cancels in the normalisation: no gradient needed
-        top = torch.tensor([gh - 1, gw - 1], device=dev, dtype=dt)
-        delta = x - torch.minimum(torch.round(x).clamp_(min=0), top)
+        peak = torch.stack([x[..., 0].round().clamp_(0, gh - 1), x[..., 1].round().clamp_(0, gw - 1)], dim=-1)
+        delta = x - peak  # no per-call host → device tensor (CUDA-graph capture)
         m = (beta - bb * delta.square()).amax(dim=-2)  # (B, Gh, Gw, H, 2)
     terms = torch.stack(torch.broadcast_tensors(x, bb, beta), dim=-1)  # (B, Gh, Gw, H, R, 2, 3)
     col = terms[..., 0, :].permute(0, 3, 2, 1, 4, 5).contiguous()
