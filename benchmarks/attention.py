@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import add_run_flags, apply_run_flags, provenance, rand_field, write_csv  # noqa: E402
 
-from ssog_core.checkpoint import atomic_write  # noqa: E402
 from ssog_core.field import apply_field  # noqa: E402
+from ssog_core.files import atomic_write  # noqa: E402
 from ssog_core.ops.torch_ssog import apply_torch  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -51,8 +51,8 @@ sys.path.insert(0, str(HERE))
 from common import rand_field, write_csv  # noqa: E402
 
 from ssog_core.attention import SSOGAttention  # noqa: E402
-from ssog_core.checkpoint import atomic_write  # noqa: E402
 from ssog_core.config import SEED_CONFIGS  # noqa: E402
+from ssog_core.files import atomic_write  # noqa: E402
 from ssog_core.ops.reference import FieldLeaves, grads, reference_apply, reference_matrix  # noqa: E402
 from ssog_core.vit import ViT  # noqa: E402
 

@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import add_run_flags, apply_run_flags, provenance, write_csv  # noqa: E402
 
-from ssog_core.checkpoint import atomic_write  # noqa: E402
 from ssog_core.config import SEED_CONFIGS, ViTConfig  # noqa: E402
+from ssog_core.files import atomic_write  # noqa: E402
 from ssog_core.ops.dispatch import choose_backend  # noqa: E402
 from ssog_core.vit import ViT  # noqa: E402
 

@@ -26,8 +26,9 @@ sys.path.insert(0, str(ROOT))
 
 from ssog_core import layouts, shapes  # noqa: E402
 from ssog_core.analysis import export_maps, head_fields  # noqa: E402
-from ssog_core.checkpoint import atomic_write, load_checkpoint  # noqa: E402
+from ssog_core.checkpoint import load_checkpoint  # noqa: E402
 from ssog_core.evaluate import evaluate_sizes, plot_transfer  # noqa: E402
+from ssog_core.files import atomic_write  # noqa: E402
 from ssog_core.info import count_flops, count_params  # noqa: E402
 
 SMALL_DATA = ("<!-- small-data:begin -->", "<!-- small-data:end -->")  # the section docs/small_data.py writes

@@ -9,9 +9,7 @@ previous checkpoint intact.
 from __future__ import annotations
 
 import json
-import os
 import platform
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from ssog_core.config import ViTConfig
+from ssog_core.files import atomic_write
 
 FORMAT = "ssog-lab/1"
 MAX_CHECKPOINT_BYTES = 2 * 1024**3  # far above any ViT this project trains; refuses absurd uploads early
@@ -46,26 +45,6 @@ def software_versions() -> dict[str, str]:
     from ssog_core import __version__
 
     return {"ssog_lab": __version__, "torch": torch.__version__, "python": platform.python_version()}
-
-
-def atomic_write(path: str | Path, write: Any) -> Path:
-    """Call ``write(tmp_path)`` and move the result onto ``path`` only once it is complete."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp (or the writer) made it 0600; give it a normal file's permissions
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def save_checkpoint(

@@ -32,13 +32,13 @@ from torch.utils.data import DataLoader, Subset
 from ssog_core.checkpoint import (
     TRANSFER_KEY,
     CheckpointError,
-    atomic_write,
     load_checkpoint,
     read_checkpoint,
     update_metadata,
 )
 from ssog_core.data import DataError, ShardSampler, Transformed, open_data, to_float
 from ssog_core.export_maps import parse_size
+from ssog_core.files import atomic_write
 from ssog_core.images import ImageError
 
 TRANSFER_FACTORS = (0.5, 0.75, 1.0, 1.5, 2.0)  # the default sizes of a transfer curve, relative to training

@@ -20,7 +20,8 @@ import torch
 from tqdm import tqdm
 
 from ssog_core.analysis import DEFAULT_ALPHA, ExportMaps, export_maps
-from ssog_core.checkpoint import CheckpointError, atomic_write, load_checkpoint
+from ssog_core.checkpoint import CheckpointError, load_checkpoint
+from ssog_core.files import atomic_write
 from ssog_core.images import ImageError, list_images, model_input
 
 PREFIX_NOTE = "prefix tokens removed from each attention matrix; patch rows renormalised (see prefix_share)"

@@ -35,7 +35,8 @@ from ssog_core.analysis import (
     head_fields,
     steering_offsets,
 )
-from ssog_core.checkpoint import CheckpointError, atomic_write, load_checkpoint
+from ssog_core.checkpoint import CheckpointError, load_checkpoint
+from ssog_core.files import atomic_write
 from ssog_core.images import ImageError, list_images, load_image, model_input
 from ssog_core.playground import DEFAULT_SPEC, HeadSpec, evaluate
 

@@ -34,11 +34,11 @@ from torch import Tensor, nn
 from ssog_core.attention import DotAttention, RBFAttention
 from ssog_core.checkpoint import (
     CheckpointError,
-    atomic_write,
     read_safetensors,
     software_versions,
     state_dict_problems,
 )
+from ssog_core.files import atomic_write
 from ssog_core.vit import Block
 
 LM_FORMAT = "ssog-lab-lm/1"

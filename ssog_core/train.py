@@ -54,7 +54,6 @@ from tqdm import tqdm
 from ssog_core.checkpoint import (
     TRANSFER_KEY,
     CheckpointError,
-    atomic_write,
     read_checkpoint,
     save_checkpoint,
     software_versions,
@@ -86,6 +85,7 @@ from ssog_core.evaluate import (
 )
 from ssog_core.export_maps import parse_size
 from ssog_core.field import TAPS
+from ssog_core.files import atomic_write
 from ssog_core.vit import ViT
 
 STATE_VERSION = 1
