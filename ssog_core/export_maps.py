@@ -22,23 +22,9 @@ from tqdm import tqdm
 from ssog_core.analysis import DEFAULT_ALPHA, ExportMaps, export_maps
 from ssog_core.checkpoint import CheckpointError, load_checkpoint
 from ssog_core.files import atomic_write
-from ssog_core.images import ImageError, list_images, model_input
+from ssog_core.images import ImageError, list_images, model_input, parse_size
 
 PREFIX_NOTE = "prefix tokens removed from each attention matrix; patch rows renormalised (see prefix_share)"
-
-
-def parse_size(text: str) -> tuple[int, int]:
-    """``"224"`` or ``"224x160"`` (height × width) → ``(H, W)``."""
-    parts = text.lower().replace("×", "x").split("x")
-    try:
-        size = tuple(int(p) for p in parts)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"image size {text!r} is not N or HxW") from None
-    if len(size) == 1:
-        size = (size[0], size[0])
-    if len(size) != 2 or min(size) < 1:
-        raise argparse.ArgumentTypeError(f"image size {text!r} is not N or HxW")
-    return size
 
 
 def _arrays(maps: ExportMaps) -> dict[str, np.ndarray]:
