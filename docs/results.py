@@ -2,7 +2,7 @@
 
     python docs/results.py [--ssog checkpoints/ssog_layouts.safetensors] [--dot checkpoints/dot_layouts.safetensors]
 
-For each checkpoint: parameters, FLOPs per forward (``ssog_core.info.count_flops``), validation accuracy at
+For each checkpoint: parameters, FLOPs per forward (``ssog_core.cost.count_flops``), validation accuracy at
 the training size and zero-shot at other sizes (``ssog_core.evaluate``); for the SSOG model the geometry of every
 layer (reach, entropy, elongated heads: ``ssog_core.analysis.head_fields``) and its steering gates against their
 cold start; and where the accumulated export map is positive: the mean accumulated value on the object's patches
@@ -27,9 +27,9 @@ sys.path.insert(0, str(ROOT))
 from ssog_core import layouts, shapes  # noqa: E402
 from ssog_core.analysis import export_maps, head_fields  # noqa: E402
 from ssog_core.checkpoint import load_checkpoint  # noqa: E402
+from ssog_core.cost import count_flops, count_params  # noqa: E402
 from ssog_core.evaluate import evaluate_sizes, plot_transfer  # noqa: E402
 from ssog_core.files import atomic_write  # noqa: E402
-from ssog_core.info import count_flops, count_params  # noqa: E402
 
 SMALL_DATA = ("<!-- small-data:begin -->", "<!-- small-data:end -->")  # the section docs/small_data.py writes
 COLD = 3.35e-4  # softplus(-8) + 1e-4: a cold gate's starting scale

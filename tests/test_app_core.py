@@ -18,8 +18,8 @@ from PIL import Image
 
 from ssog_core import figures, report, viz
 from ssog_core.analysis import export_maps, head_fields, head_stats, query_stats, steering_offsets
+from ssog_core.cost import count_params
 from ssog_core.field import attention_matrix
-from ssog_core.info import count_params
 from ssog_core.playground import DEFAULT_SPEC, Atom, HeadSpec, evaluate, spec_from_head
 from ssog_core.presets import find_presets, head_shapes
 from tests.app_fixtures import CLASS_NAMES, designed_ssog, dot_twin, shapes_image, write_checkpoints
