@@ -25,10 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ssog_core import layouts, shapes  # noqa: E402
+from ssog_core.accuracy import evaluate_sizes, plot_transfer  # noqa: E402
 from ssog_core.analysis import export_maps, head_fields  # noqa: E402
 from ssog_core.checkpoint import load_checkpoint  # noqa: E402
 from ssog_core.cost import count_flops, count_params  # noqa: E402
-from ssog_core.evaluate import evaluate_sizes, plot_transfer  # noqa: E402
 from ssog_core.files import atomic_write  # noqa: E402
 
 SMALL_DATA = ("<!-- small-data:begin -->", "<!-- small-data:end -->")  # the section docs/small_data.py writes

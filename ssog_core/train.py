@@ -51,6 +51,15 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from ssog_core.accuracy import (
+    autocast,
+    eval_loader,
+    evaluate_loader,
+    evaluate_model_sizes,
+    format_transfer,
+    transfer_curve,
+    transfer_sizes,
+)
 from ssog_core.checkpoint import (
     TRANSFER_KEY,
     CheckpointError,
@@ -73,15 +82,6 @@ from ssog_core.data import (
     parse_data_spec,
     resolve_augment,
     to_float,
-)
-from ssog_core.evaluate import (
-    autocast,
-    eval_loader,
-    evaluate_loader,
-    evaluate_model_sizes,
-    format_transfer,
-    transfer_curve,
-    transfer_sizes,
 )
 from ssog_core.field import TAPS
 from ssog_core.files import atomic_write
