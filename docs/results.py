@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from ssog_core import layouts, shapes  # noqa: E402
 from ssog_core.accuracy import evaluate_sizes, plot_transfer  # noqa: E402
-from ssog_core.analysis import export_maps, head_fields  # noqa: E402
+from ssog_core.analysis import compute_export_maps, head_fields  # noqa: E402
 from ssog_core.checkpoint import load_checkpoint  # noqa: E402
 from ssog_core.cost import count_flops, count_params  # noqa: E402
 from ssog_core.files import atomic_write  # noqa: E402
@@ -56,7 +56,7 @@ def object_export(model: torch.nn.Module, kind: str, spec, n: int, size: tuple[i
             img, _, alpha = render_with_mask(spec.seed, "val", i, spec.classes, size)
             imgs.append(torch.from_numpy(img).permute(2, 0, 1).float() / 255)
             masks.append(alpha.reshape(gh, p, gw, p).mean(axis=(1, 3)) >= COVERED)
-        acc = export_maps(model, torch.stack(imgs)).accumulated.numpy()
+        acc = compute_export_maps(model, torch.stack(imgs)).accumulated.numpy()
         for a, m in zip(acc, masks, strict=True):
             if m.any() and (~m).any():
                 on.append(a[m].mean())
@@ -108,7 +108,7 @@ def example_figure(models: dict[str, torch.nn.Module], kind: str, spec, size: tu
         axes[0, col].imshow(img)
         x = torch.from_numpy(img).permute(2, 0, 1)[None].float() / 255
         for row, (name, model) in enumerate(models.items(), start=1):
-            acc = export_maps(model, x).accumulated[0].numpy()
+            acc = compute_export_maps(model, x).accumulated[0].numpy()
             lim = np.abs(acc).max()
             axes[row, col].imshow(acc, cmap="RdBu_r", vmin=-lim, vmax=lim)
             axes[row, 0].set_ylabel(f"{name}\naccumulated net", fontsize=8)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ssog_core.analysis import DEFAULT_ALPHA, ExportMaps, export_maps
+from ssog_core.analysis import DEFAULT_ALPHA, ExportMaps, compute_export_maps
 from ssog_core.checkpoint import CheckpointError, load_checkpoint
 from ssog_core.files import atomic_write
 from ssog_core.images import ImageError, list_images, model_input, parse_size
@@ -66,7 +66,7 @@ def run(
                     raise
                 skipped.append(f"{p.name}: {e}")
         if good:
-            chunks.append(_arrays(export_maps(model, torch.cat([x for _, x in good]), alpha)))
+            chunks.append(_arrays(compute_export_maps(model, torch.cat([x for _, x in good]), alpha)))
             names += [p.name for p, _ in good]
     if not chunks:
         raise ImageError("no readable images: " + "; ".join(skipped))
