@@ -33,16 +33,15 @@ import numpy as np
 import torch
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from app.process import AppProcess
+from ssog_core import ViT, save_checkpoint, viz
+from ssog_core.analysis import compute_export_maps
+from ssog_core.checkpoint import load_checkpoint
+from ssog_core.figures import EXPORT_WIDTH, export_figure
+from ssog_core.images import model_input
+from ssog_core.playground import Atom, HeadSpec, evaluate
 
-from app.process import AppProcess  # noqa: E402
-from ssog_core import ViT, save_checkpoint, viz  # noqa: E402
-from ssog_core.analysis import compute_export_maps  # noqa: E402
-from ssog_core.checkpoint import load_checkpoint  # noqa: E402
-from ssog_core.figures import EXPORT_WIDTH, export_figure  # noqa: E402
-from ssog_core.images import model_input  # noqa: E402
-from ssog_core.playground import Atom, HeadSpec, evaluate  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",

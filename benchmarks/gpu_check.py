@@ -43,18 +43,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ssog_core.attention import SSOGAttention
+from ssog_core.config import SEED_CONFIGS
+from ssog_core.files import atomic_write
+from ssog_core.ops.reference import FieldLeaves, grads, reference_apply, reference_matrix
+from ssog_core.vit import ViT
+
+from common import rand_field, write_csv
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
-
-from common import rand_field, write_csv  # noqa: E402
-
-from ssog_core.attention import SSOGAttention  # noqa: E402
-from ssog_core.config import SEED_CONFIGS  # noqa: E402
-from ssog_core.files import atomic_write  # noqa: E402
-from ssog_core.ops.reference import FieldLeaves, grads, reference_apply, reference_matrix  # noqa: E402
-from ssog_core.vit import ViT  # noqa: E402
 
 ALL = ("mu", "sigma", "lambda")
 BEGIN, END = "<!-- GPU-RESULTS:BEGIN -->", "<!-- GPU-RESULTS:END -->"

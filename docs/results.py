@@ -15,21 +15,19 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from ssog_core import layouts, shapes
+from ssog_core.accuracy import evaluate_sizes, plot_transfer
+from ssog_core.analysis import compute_export_maps, head_fields
+from ssog_core.checkpoint import load_checkpoint
+from ssog_core.cost import count_flops, count_params
+from ssog_core.files import atomic_write
 
-from ssog_core import layouts, shapes  # noqa: E402
-from ssog_core.accuracy import evaluate_sizes, plot_transfer  # noqa: E402
-from ssog_core.analysis import compute_export_maps, head_fields  # noqa: E402
-from ssog_core.checkpoint import load_checkpoint  # noqa: E402
-from ssog_core.cost import count_flops, count_params  # noqa: E402
-from ssog_core.files import atomic_write  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SMALL_DATA = ("<!-- small-data:begin -->", "<!-- small-data:end -->")  # the section docs/small_data.py writes
 COLD = 3.35e-4  # softplus(-8) + 1e-4: a cold gate's starting scale
