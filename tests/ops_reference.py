@@ -1,7 +1,10 @@
-"""Test helpers for the SSOG operator backends: tolerances and the compile check; the float64 reference and the
-random fields live in :mod:`ssog_core.ops.reference` (shared with ``benchmarks/gpu_check.py``)."""
+"""Test helpers for the SSOG operator backends: tolerances, the check of a backend against the definition and the
+compile check; the float64 reference and the random fields live in :mod:`ssog_core.ops.reference` (shared with
+``benchmarks/gpu_check.py``)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -13,6 +16,7 @@ __all__ = [
     "FieldLeaves",
     "assert_close",
     "assert_compiles_like_eager",
+    "check_against_definition",
     "grads",
     "reference_apply",
     "reference_matrix",
@@ -26,6 +30,35 @@ def assert_close(actual: Tensor, expected: Tensor, rtol: float, what: str) -> No
     err = (actual - expected).abs().max() / scale
     assert torch.isfinite(actual).all(), f"{what}: non-finite values"
     assert err <= rtol, f"{what}: relative error {err:.2e} > {rtol:.0e}"
+
+
+def check_against_definition(
+    apply: Callable[..., Tensor],
+    leaves: FieldLeaves,
+    mode: str,
+    batch: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    rtol: float,
+    scalar_grad_rtol: float = 0.0,
+) -> None:
+    """A backend's ``apply(v, field, grid, mode)`` against the float64 definition on the same rounded input: the
+    output within ``rtol``, the gradient of ``v`` and of every field leaf within ``10·rtol``, and at least
+    ``scalar_grad_rtol`` for a scalar leaf (a gate or temperature sums signed contributions of every token, so
+    fp32 cancellation, not the kernel, sets its error). The field is float64 for float64 values, else float32."""
+    gh, gw = leaves.grid
+    heads = leaves.leaves["mu"].shape[0]
+    v = torch.randn(batch, gh * gw, heads, head_dim, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(batch, gh * gw, heads, head_dim, dtype=torch.float64)
+    inputs = [v, *leaves.tensors()]
+    expected = reference_apply(v.to(dtype).double(), leaves.field(), leaves.grid, mode)  # same rounded input
+    field_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    out = apply(v.to(dtype), leaves.field(field_dtype), leaves.grid, mode)
+    assert out.dtype == dtype and out.shape == v.shape
+    assert_close(out, expected, rtol, "output")
+    expected_grads = grads(expected, inputs, dy)
+    for name, got, want in zip(["v", *leaves.names()], grads(out, inputs, dy), expected_grads, strict=True):
+        assert_close(got, want, 10 * rtol if want.dim() else max(10 * rtol, scalar_grad_rtol), f"d/d{name}")
 
 
 def assert_compiles_like_eager(attn: torch.nn.Module, x: Tensor, grid: tuple[int, int]) -> None:
