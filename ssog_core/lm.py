@@ -31,7 +31,7 @@ from ssog_core.checkpoint import (
     software_versions,
     write_safetensors,
 )
-from ssog_core.vit import Block
+from ssog_core.vit import Block, init_registers
 
 LM_FORMAT = "ssog-lab-lm/1"
 POSITIONS = ("susie", "learned", "none")
@@ -157,8 +157,7 @@ class CausalLM(nn.Module):
         if cfg.position == "learned":
             self.pos_embed = nn.Parameter(torch.randn(1, cfg.context, cfg.dim) * 0.02)
         if cfg.num_registers:
-            std = 0.0 if cfg.attn == "rbf" else 0.02  # RBF: keys start at the origin, equally close to all queries
-            self.registers = nn.Parameter(torch.randn(1, cfg.num_registers, cfg.dim) * std)
+            self.registers = init_registers(cfg.num_registers, cfg.dim, cfg.attn)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(
             Block(cfg.dim, _attention(cfg), cfg.mlp_ratio, cfg.dropout) for _ in range(cfg.depth)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ssog_core.field import Field
 from ssog_core.ops.reference import TAP_SUBSETS, FieldLeaves, grads, reference_apply, reference_matrix
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "assert_close",
     "assert_compiles_like_eager",
     "check_against_definition",
+    "far_narrow_field",
     "grads",
     "reference_apply",
     "reference_matrix",
@@ -59,6 +61,19 @@ def check_against_definition(
     expected_grads = grads(expected, inputs, dy)
     for name, got, want in zip(["v", *leaves.names()], grads(out, inputs, dy), expected_grads, strict=True):
         assert_close(got, want, 10 * rtol if want.dim() else max(10 * rtol, scalar_grad_rtol), f"d/d{name}")
+
+
+def far_narrow_field(batch: int, grid: tuple[int, int], heads: int) -> Field:
+    """A steered float64 field of 3 atoms per head far off the grid (μ ≈ 30, −25 and 3 cells) with tiny widths
+    (σ = 0.06): every weight underflows but the peak, so only an analytic max keeps the output finite."""
+    gh, gw = grid
+    mu = torch.tensor([30.0, -25.0, 3.3], dtype=torch.float64)[None, :, None].expand(heads, 3, 2)
+    return Field(
+        (mu + torch.randn(batch, gh, gw, heads, 3, 2, dtype=torch.float64)).requires_grad_(),
+        torch.full((batch, gh, gw, heads, 3, 2), 0.06, dtype=torch.float64).requires_grad_(),
+        torch.randn(batch, gh, gw, heads, 3, dtype=torch.float64).requires_grad_(),
+        torch.tensor(0.5, dtype=torch.float64),
+    )
 
 
 def assert_compiles_like_eager(attn: torch.nn.Module, x: Tensor, grid: tuple[int, int]) -> None:

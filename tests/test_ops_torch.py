@@ -7,11 +7,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from ssog_core.field import Field
 from ssog_core.ops import torch_ssog
 from ssog_core.ops.reference import TAP_SUBSETS, FieldLeaves, grads, reference_apply
 from ssog_core.ops.torch_ssog import apply_torch
-from tests.ops_reference import assert_close, check_against_definition
+from tests.ops_reference import assert_close, check_against_definition, far_narrow_field
 
 MODES = ("factorized", "axial")
 
@@ -68,14 +67,8 @@ def test_inference_path_equals_autograd_path(taps: tuple[str, ...], mode: str) -
 @pytest.mark.parametrize("mode", MODES)
 def test_far_and_narrow_atoms_stay_finite(mode: str) -> None:
     """Atoms far outside the grid with tiny widths: every weight underflows but the analytic max does not."""
-    b, (gh, gw), h, r = 2, (6, 7), 2, 3
-    mu = torch.tensor([30.0, -25.0, 3.3], dtype=torch.float64)[None, :, None].expand(h, r, 2).contiguous()
-    field = Field(
-        (mu + torch.randn(b, gh, gw, h, r, 2, dtype=torch.float64)).requires_grad_(),
-        torch.full((b, gh, gw, h, r, 2), 0.06, dtype=torch.float64).requires_grad_(),
-        torch.randn(b, gh, gw, h, r, dtype=torch.float64).requires_grad_(),
-        torch.tensor(0.5, dtype=torch.float64),
-    )
+    b, (gh, gw), h = 2, (6, 7), 2
+    field = far_narrow_field(b, (gh, gw), h)
     v = torch.randn(b, gh * gw, h, 4, dtype=torch.float64)
     out = apply_torch(v, field, (gh, gw), mode)
     assert_close(out, reference_apply(v, field, (gh, gw), mode), 1e-10, "output")

@@ -18,12 +18,16 @@ if os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover - guarded by t
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from ssog_core.attention import SSOGAttention  # noqa: E402
-from ssog_core.field import Field  # noqa: E402
 from ssog_core.ops import triton_ssog, triton_tiles  # noqa: E402
 from ssog_core.ops.dispatch import choose_backend, ssog_apply  # noqa: E402
 from ssog_core.ops.reference import FieldLeaves, reference_apply, reference_matrix  # noqa: E402
 from ssog_core.ops.triton_ssog import apply_triton, kernel_params  # noqa: E402
-from tests.ops_reference import assert_close, assert_compiles_like_eager, check_against_definition  # noqa: E402
+from tests.ops_reference import (  # noqa: E402
+    assert_close,
+    assert_compiles_like_eager,
+    check_against_definition,
+    far_narrow_field,
+)
 
 ALL = ("mu", "sigma", "lambda")
 # a scalar leaf (gate, temperature) sums signed contributions of every token: fp32 cancellation, not the kernel
@@ -86,14 +90,8 @@ def test_tiled_and_chunked_programs(monkeypatch: pytest.MonkeyPatch, grid: tuple
 @pytest.mark.parametrize("mode", ["factorized", "axial"])
 def test_far_narrow_atoms_and_strided_values(mode: str) -> None:
     """Atoms far off the grid with tiny widths (all weights underflow but the peak), values read through strides."""
-    b, (gh, gw), h, r, d = 2, (6, 5), 2, 3, 8
-    mu = torch.tensor([30.0, -25.0, 3.3], dtype=torch.float64)[None, :, None].expand(h, r, 2)
-    field = Field(
-        (mu + torch.randn(b, gh, gw, h, r, 2, dtype=torch.float64)).requires_grad_(),
-        torch.full((b, gh, gw, h, r, 2), 0.06, dtype=torch.float64).requires_grad_(),
-        torch.randn(b, gh, gw, h, r, dtype=torch.float64).requires_grad_(),
-        torch.tensor(0.5, dtype=torch.float64),
-    )
+    b, (gh, gw), h, d = 2, (6, 5), 2, 8
+    field = far_narrow_field(b, (gh, gw), h)
     wide = torch.randn(b, gh * gw, h, 3 * d, dtype=torch.float64)
     v = wide[..., d : 2 * d]  # not contiguous: like a slice of a fused projection
     expected = reference_apply(v, field, (gh, gw), mode)
