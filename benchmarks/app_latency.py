@@ -5,7 +5,7 @@
 Measures, against the issue's targets:
 
 * core: the playground head (32×32 grid, 8 atoms) evaluated by ``ssog_core.playground.evaluate`` (≤ 5 ms);
-* export maps of a demo-size checkpoint on a 224² image (``ssog_core.analysis.export_maps``, ≤ 2 s), and the
+* export maps of a demo-size checkpoint on a 224² image (``ssog_core.analysis.compute_export_maps``, ≤ 2 s), and the
   whole export-tab render (maps + the matplotlib figure) for context;
 * browser (Playwright + Debian Chromium, the app as a subprocess): preview frames per second while an atom is
   dragged (≥ 30), and the release → authoritative update round trip (≤ 100 ms), measured in the page from
@@ -33,16 +33,15 @@ import numpy as np
 import torch
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from app.process import AppProcess
+from ssog_core import ViT, save_checkpoint, viz
+from ssog_core.analysis import compute_export_maps
+from ssog_core.checkpoint import load_checkpoint
+from ssog_core.figures import EXPORT_WIDTH, export_figure
+from ssog_core.images import model_input
+from ssog_core.playground import Atom, HeadSpec, evaluate
 
-from app.process import AppProcess  # noqa: E402
-from ssog_core import ViT, save_checkpoint, viz  # noqa: E402
-from ssog_core.analysis import export_maps  # noqa: E402
-from ssog_core.checkpoint import load_checkpoint  # noqa: E402
-from ssog_core.figures import EXPORT_WIDTH, export_figure  # noqa: E402
-from ssog_core.images import model_input  # noqa: E402
-from ssog_core.playground import Atom, HeadSpec, evaluate  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
@@ -111,11 +110,11 @@ def bench_export(folder: Path, threads: int) -> dict[str, dict[str, float]]:
         "seed_size": (seed_size_model(), {}),
     }.items():
         x, _ = model_input([img], model.config.img_size, meta)
-        out[f"{name}_export_maps"] = summary(timed(lambda m=model, x=x: export_maps(m, x), 5, warmup=1))
+        out[f"{name}_export_maps"] = summary(timed(lambda m=model, x=x: compute_export_maps(m, x), 5, warmup=1))
         display = viz.model_view(img, model.config.img_size, EXPORT_WIDTH)
 
         def render(m=model, x=x, display=display) -> None:
-            maps = export_maps(m, x)
+            maps = compute_export_maps(m, x)
             viz.figure_rgb(export_figure([("ssog_layouts.safetensors", maps)], display, 0, "bench.png"))
 
         out[f"{name}_export_tab"] = summary(timed(render, 3, warmup=1))

@@ -24,7 +24,6 @@ import math
 import os
 import platform
 import statistics
-import sys
 import time
 import weakref
 from collections.abc import Callable
@@ -34,13 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ssog_core.field import apply_field
+from ssog_core.files import atomic_write
+from ssog_core.ops.torch_ssog import apply_torch
 
-from common import add_run_flags, apply_run_flags, provenance, rand_field, write_csv  # noqa: E402
-
-from ssog_core.checkpoint import atomic_write  # noqa: E402
-from ssog_core.field import apply_field  # noqa: E402
-from ssog_core.ops.torch_ssog import apply_torch  # noqa: E402
+from common import add_run_flags, apply_run_flags, provenance, rand_field, write_csv
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GRIDS = {196: (14, 14), 576: (24, 24), 1024: (32, 32), 4096: (64, 64), 16384: (128, 128)}

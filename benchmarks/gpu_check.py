@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -43,18 +42,17 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ssog_core.attention import SSOGAttention
+from ssog_core.config import SEED_CONFIGS
+from ssog_core.files import atomic_write
+from ssog_core.ops.dispatch import interpreting
+from ssog_core.ops.reference import FieldLeaves, grads, reference_apply, reference_matrix
+from ssog_core.vit import ViT
+
+from common import rand_field, write_csv
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
-
-from common import rand_field, write_csv  # noqa: E402
-
-from ssog_core.attention import SSOGAttention  # noqa: E402
-from ssog_core.checkpoint import atomic_write  # noqa: E402
-from ssog_core.config import SEED_CONFIGS  # noqa: E402
-from ssog_core.ops.reference import FieldLeaves, grads, reference_apply, reference_matrix  # noqa: E402
-from ssog_core.vit import ViT  # noqa: E402
 
 ALL = ("mu", "sigma", "lambda")
 BEGIN, END = "<!-- GPU-RESULTS:BEGIN -->", "<!-- GPU-RESULTS:END -->"
@@ -601,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     command = " ".join(["python benchmarks/gpu_check.py", *(sys.argv[1:] if argv is None else argv)])
     if args.dry_run_cpu:
-        if os.environ.get("TRITON_INTERPRET") != "1":
+        if not interpreting():
             ap.error("--dry-run-cpu needs TRITON_INTERPRET=1 (the kernels run under Triton's interpreter)")
         if args.out.resolve() == (HERE / "results").resolve():
             ap.error("--dry-run-cpu writes its results into --out: pass a scratch folder")

@@ -44,11 +44,10 @@ import numpy as np  # noqa: E402
 from gradio_client import Client, handle_file  # noqa: E402
 from PIL import Image  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from app import main as app_main  # the queue settings, reported with the figures
+from app.process import AppProcess
 
-from app import main as app_main  # noqa: E402  (the queue settings, reported with the figures)
-from app.process import AppProcess  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 REQUEST_TIMEOUT = 300.0  # seconds one request may wait in the queue and run
 

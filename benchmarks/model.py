@@ -23,20 +23,17 @@ import argparse
 import contextlib
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ssog_core.config import SEED_CONFIGS, ViTConfig
+from ssog_core.files import atomic_write
+from ssog_core.ops.dispatch import choose_ssog_backend
+from ssog_core.vit import ViT
 
-from common import add_run_flags, apply_run_flags, provenance, write_csv  # noqa: E402
-
-from ssog_core.checkpoint import atomic_write  # noqa: E402
-from ssog_core.config import SEED_CONFIGS, ViTConfig  # noqa: E402
-from ssog_core.ops.dispatch import choose_ssog_backend  # noqa: E402
-from ssog_core.vit import ViT  # noqa: E402
+from common import add_run_flags, apply_run_flags, provenance, write_csv
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # small models people train on a CPU: (SSOG config with all taps, gates open; image side). The dot twin is the

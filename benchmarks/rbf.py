@@ -34,10 +34,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from ssog_core.ops.rbf import rbf_attention_torch, rbf_gamma
 
-from ssog_core.ops.rbf import rbf_attention_torch, rbf_gamma  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "benchmarks" / "results"
 

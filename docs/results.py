@@ -2,7 +2,7 @@
 
     python docs/results.py [--ssog checkpoints/ssog_layouts.safetensors] [--dot checkpoints/dot_layouts.safetensors]
 
-For each checkpoint: parameters, FLOPs per forward (``ssog_core.info.count_flops``), validation accuracy at
+For each checkpoint: parameters, FLOPs per forward (``ssog_core.cost.count_flops``), validation accuracy at
 the training size and zero-shot at other sizes (``ssog_core.evaluate``); for the SSOG model the geometry of every
 layer (reach, entropy, elongated heads: ``ssog_core.analysis.head_fields``) and its steering gates against their
 cold start; and where the accumulated export map is positive: the mean accumulated value on the object's patches
@@ -15,20 +15,19 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from ssog_core import layouts, shapes
+from ssog_core.accuracy import evaluate_sizes, plot_transfer
+from ssog_core.analysis import compute_export_maps, head_fields
+from ssog_core.checkpoint import load_checkpoint
+from ssog_core.cost import count_flops, count_params
+from ssog_core.files import atomic_write
 
-from ssog_core import layouts, shapes  # noqa: E402
-from ssog_core.analysis import export_maps, head_fields  # noqa: E402
-from ssog_core.checkpoint import atomic_write, load_checkpoint  # noqa: E402
-from ssog_core.evaluate import evaluate_sizes, plot_transfer  # noqa: E402
-from ssog_core.info import count_flops, count_params  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SMALL_DATA = ("<!-- small-data:begin -->", "<!-- small-data:end -->")  # the section docs/small_data.py writes
 COLD = 3.35e-4  # softplus(-8) + 1e-4: a cold gate's starting scale
@@ -55,7 +54,7 @@ def object_export(model: torch.nn.Module, kind: str, spec, n: int, size: tuple[i
             img, _, alpha = render_with_mask(spec.seed, "val", i, spec.classes, size)
             imgs.append(torch.from_numpy(img).permute(2, 0, 1).float() / 255)
             masks.append(alpha.reshape(gh, p, gw, p).mean(axis=(1, 3)) >= COVERED)
-        acc = export_maps(model, torch.stack(imgs)).accumulated.numpy()
+        acc = compute_export_maps(model, torch.stack(imgs)).accumulated.numpy()
         for a, m in zip(acc, masks, strict=True):
             if m.any() and (~m).any():
                 on.append(a[m].mean())
@@ -107,7 +106,7 @@ def example_figure(models: dict[str, torch.nn.Module], kind: str, spec, size: tu
         axes[0, col].imshow(img)
         x = torch.from_numpy(img).permute(2, 0, 1)[None].float() / 255
         for row, (name, model) in enumerate(models.items(), start=1):
-            acc = export_maps(model, x).accumulated[0].numpy()
+            acc = compute_export_maps(model, x).accumulated[0].numpy()
             lim = np.abs(acc).max()
             axes[row, col].imshow(acc, cmap="RdBu_r", vmin=-lim, vmax=lim)
             axes[row, 0].set_ylabel(f"{name}\naccumulated net", fontsize=8)

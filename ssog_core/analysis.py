@@ -7,7 +7,7 @@ All functions take a model (eval mode is set for the duration) and tensors, run 
 * :func:`steering_offsets` — per layer: how content moved every token's atoms;
 * :func:`attention_maps` — the exact per-layer, per-head attention matrices for an input, obtained by
   running each layer's own operator on an identity basis (so the picture is the computation);
-* :func:`export_maps` — pull-in / pull-out / net export per layer and accumulated, and attention rollout;
+* :func:`compute_export_maps` — pull-in / pull-out / net export per layer and accumulated, and attention rollout;
 * :func:`head_stats` — attention entropy and effective radius per head (:func:`query_stats` for one query).
 
 Prefix (register) tokens: maps cover the patch tokens only. Their columns are removed from each
@@ -315,7 +315,7 @@ def residual_mix(mean_attn: Tensor, alpha: float = DEFAULT_ALPHA) -> Tensor:
     return alpha * mean_attn + (1.0 - alpha) * eye
 
 
-def export_maps(model: nn.Module, img: Tensor, alpha: float = DEFAULT_ALPHA) -> ExportMaps:
+def compute_export_maps(model: nn.Module, img: Tensor, alpha: float = DEFAULT_ALPHA) -> ExportMaps:
     """Pull-in / pull-out / net export per layer, accumulated, and rollout for ``img`` (``(B, C, H, W)``)."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")

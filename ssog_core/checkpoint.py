@@ -9,9 +9,7 @@ previous checkpoint intact.
 from __future__ import annotations
 
 import json
-import os
 import platform
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from ssog_core.config import ViTConfig
+from ssog_core.files import atomic_write
 
 FORMAT = "ssog-lab/1"
 MAX_CHECKPOINT_BYTES = 2 * 1024**3  # far above any ViT this project trains; refuses absurd uploads early
@@ -48,24 +47,22 @@ def software_versions() -> dict[str, str]:
     return {"ssog_lab": __version__, "torch": torch.__version__, "python": platform.python_version()}
 
 
-def atomic_write(path: str | Path, write: Any) -> Path:
-    """Call ``write(tmp_path)`` and move the result onto ``path`` only once it is complete."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp (or the writer) made it 0600; give it a normal file's permissions
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+def cpu_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+    """What a checkpoint stores of ``model``: its tensors on the CPU, contiguous, floating-point ones in ``dtype``
+    when given; ``torch.compile`` / DDP wrappers are unwrapped, so no ``_orig_mod.`` or ``module.`` in the keys."""
+    state = {}
+    for name, t in unwrap(model).state_dict().items():
+        t = t.detach().to("cpu")
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        state[name] = t.contiguous()
+    return state
+
+
+def write_safetensors(path: str | Path, state: Mapping[str, Tensor], header: Mapping[str, str]) -> Path:
+    """The one safetensors writer (ViT and language-model checkpoints): tensors and header, written atomically."""
+    tensors, entries = dict(state), dict(header)
+    return atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=entries))
 
 
 def save_checkpoint(
@@ -83,14 +80,7 @@ def save_checkpoint(
         dtype: store floating-point weights in this dtype (e.g. ``torch.float16`` for shipping).
         header: further safetensors header entries (strings), e.g. ``TRANSFER_KEY``.
     """
-    model = unwrap(model)
-    config: ViTConfig = model.config
-    state = {}
-    for name, t in model.state_dict().items():
-        t = t.detach().to("cpu")
-        if dtype is not None and t.is_floating_point():
-            t = t.to(dtype)
-        state[name] = t.contiguous()
+    config: ViTConfig = unwrap(model).config
     full_meta = {"software": software_versions(), **(meta or {})}
     entries = {
         **(header or {}),
@@ -98,7 +88,7 @@ def save_checkpoint(
         "config": json.dumps(config.to_dict()),
         "meta": json.dumps(full_meta),
     }
-    return atomic_write(path, lambda tmp: save_file(state, tmp, metadata=entries))
+    return write_safetensors(path, cpu_state_dict(model, dtype), entries)
 
 
 def update_metadata(path: str | Path, entries: Mapping[str, str]) -> Path:
@@ -107,10 +97,8 @@ def update_metadata(path: str | Path, entries: Mapping[str, str]) -> Path:
     if {"format", "config", "meta"} & set(entries):
         raise ValueError("format, config and meta are written by save_checkpoint only")
     read_checkpoint(path)  # refuse to touch anything but a valid SSOG Lab checkpoint
-    with safe_open(str(path), framework="pt") as f:
-        header = {**(f.metadata() or {}), **entries}
-        state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
-    return atomic_write(path, lambda tmp: save_file(state, tmp, metadata=header))
+    header, state = read_safetensors(path)
+    return write_safetensors(path, state, {**header, **entries})
 
 
 def state_dict_problems(model: nn.Module, state: Mapping[str, Tensor]) -> list[str]:
@@ -140,9 +128,15 @@ def build_model(config: ViTConfig, state: Mapping[str, Tensor], source: str = "c
 
     with torch.device("meta"):
         model = ViT(config)
+    return load_weights(model, state, source, config.attn)
+
+
+def load_weights(model: nn.Module, state: Mapping[str, Tensor], source: str, attn: str) -> nn.Module:
+    """``model`` in eval mode holding ``state`` as float32, after checking every tensor fits (one
+    :class:`CheckpointError` naming ``source``, its attention kind ``attn`` and every problem otherwise)."""
     problems = state_dict_problems(model, state)
     if problems:
-        raise CheckpointError(f"{source} does not match its config ({config.attn}): " + "; ".join(problems))
+        raise CheckpointError(f"{source} does not match its config ({attn}): " + "; ".join(problems))
     model.load_state_dict({k: v.float() for k, v in state.items()}, assign=True)
     return model.eval()
 

@@ -19,25 +19,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ssog_core.analysis import DEFAULT_ALPHA, ExportMaps, export_maps
-from ssog_core.checkpoint import CheckpointError, atomic_write, load_checkpoint
-from ssog_core.images import ImageError, list_images, model_input
+from ssog_core.analysis import DEFAULT_ALPHA, ExportMaps, compute_export_maps
+from ssog_core.checkpoint import CheckpointError, load_checkpoint
+from ssog_core.files import atomic_write
+from ssog_core.images import ImageError, list_images, model_input, parse_size
 
 PREFIX_NOTE = "prefix tokens removed from each attention matrix; patch rows renormalised (see prefix_share)"
-
-
-def parse_size(text: str) -> tuple[int, int]:
-    """``"224"`` or ``"224x160"`` (height × width) → ``(H, W)``."""
-    parts = text.lower().replace("×", "x").split("x")
-    try:
-        size = tuple(int(p) for p in parts)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"image size {text!r} is not N or HxW") from None
-    if len(size) == 1:
-        size = (size[0], size[0])
-    if len(size) != 2 or min(size) < 1:
-        raise argparse.ArgumentTypeError(f"image size {text!r} is not N or HxW")
-    return size
 
 
 def _arrays(maps: ExportMaps) -> dict[str, np.ndarray]:
@@ -79,7 +66,7 @@ def run(
                     raise
                 skipped.append(f"{p.name}: {e}")
         if good:
-            chunks.append(_arrays(export_maps(model, torch.cat([x for _, x in good]), alpha)))
+            chunks.append(_arrays(compute_export_maps(model, torch.cat([x for _, x in good]), alpha)))
             names += [p.name for p, _ in good]
     if not chunks:
         raise ImageError("no readable images: " + "; ".join(skipped))

@@ -31,11 +31,12 @@ from ssog_core.analysis import (
     LayerField,
     SteeringOffsets,
     attention_maps,
-    export_maps,
+    compute_export_maps,
     head_fields,
     steering_offsets,
 )
-from ssog_core.checkpoint import CheckpointError, atomic_write, load_checkpoint
+from ssog_core.checkpoint import CheckpointError, load_checkpoint
+from ssog_core.files import atomic_write
 from ssog_core.images import ImageError, list_images, load_image, model_input
 from ssog_core.playground import DEFAULT_SPEC, HeadSpec, evaluate
 
@@ -271,11 +272,11 @@ def run(
         else:
             files = steering_files(name, display, layer, settings, None, None, 0.0, q, None, srow, name)
         written += _write(out_dir, files)
-        maps = [(name, export_maps(model, x, alpha))]
+        maps = [(name, compute_export_maps(model, x, alpha))]
         if twin is not None:
             tmodel, tmeta = load_checkpoint(twin)
             tx, _ = model_input([pil], tmodel.config.img_size, tmeta)
-            maps.append((twin.name, export_maps(tmodel, tx, alpha)))
+            maps.append((twin.name, compute_export_maps(tmodel, tx, alpha)))
         edisplay = viz.model_view(pil, model.config.img_size, EXPORT_WIDTH)
         written += _write(out_dir, export_files(maps, edisplay, layer, settings))
         if twin is not None:

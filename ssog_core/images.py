@@ -8,6 +8,7 @@ animations give their first frame.
 
 from __future__ import annotations
 
+import argparse
 import io
 import warnings
 from collections.abc import Mapping, Sequence
@@ -112,6 +113,21 @@ def to_tensor(
         std = torch.tensor(normalization["std"], dtype=torch.float32).view(-1, 1, 1)
         x = (x - mean) / std
     return x
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """``"224"`` or ``"224x160"`` (height × width) → ``(H, W)``: the ``--img-size`` type of every command line
+    (an ``ArgumentTypeError``, so argparse shows the message as it is)."""
+    parts = text.lower().replace("×", "x").split("x")
+    try:
+        size = tuple(int(p) for p in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"image size {text!r} is not N or HxW") from None
+    if len(size) == 1:
+        size = (size[0], size[0])
+    if len(size) != 2 or min(size) < 1:
+        raise argparse.ArgumentTypeError(f"image size {text!r} is not N or HxW")
+    return size
 
 
 def model_input(

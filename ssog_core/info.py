@@ -1,8 +1,7 @@
-"""Count parameters and FLOPs per forward: ``python -m ssog_core.info [--config JSON]``.
+"""Print parameters and FLOPs per forward: ``python -m ssog_core.info [--config JSON]``.
 
-FLOPs count 2 per multiply-add and include the attention itself. They are measured with
-``torch.utils.flop_counter`` on a real forward pass, adding formulas for the operators it does not see
-(the fused CPU SDPA kernel). Elementwise work (softmax, the Gaussians) is not counted, as in the SSOG post.
+Without ``--config`` it lists the SSOG post's six ImageNet configurations beside the counts the post reports.
+The counting itself is :mod:`ssog_core.cost`.
 """
 
 from __future__ import annotations
@@ -11,38 +10,10 @@ import argparse
 import json
 
 import torch
-from torch import nn
-from torch.utils.flop_counter import FlopCounterMode, sdpa_flop
 
 from ssog_core.config import SEED_CONFIGS, ViTConfig
+from ssog_core.cost import count_flops, count_params
 from ssog_core.vit import ViT
-
-
-def count_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
-def _cpu_sdpa_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
-    return sdpa_flop(query_shape, key_shape, value_shape)
-
-
-# Operators the flop counter has no formula for; each key maps to a formula over input shapes.
-_EXTRA_FORMULAS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flop}
-
-
-def count_flops(model: nn.Module, img_size: tuple[int, int] | None = None, batch: int = 1) -> int:
-    """FLOPs of one forward pass of ``model`` on ``batch`` images (of ``img_size``, default the training size)."""
-    cfg = model.config
-    h, w = img_size or cfg.img_size
-    img = torch.rand(batch, cfg.in_chans, h, w, device=next(model.parameters()).device)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=_EXTRA_FORMULAS) as counter:
-            model(img)
-    finally:
-        model.train(was_training)
-    return counter.get_total_flops()
 
 
 def describe(cfg: ViTConfig) -> dict[str, float | int]:

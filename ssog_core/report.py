@@ -1,7 +1,7 @@
 """Tables and files about a checkpoint and its analysis: model card, atom table, predictions, CSV / npz.
 
 Shared by the app (which shows them) and the headless CLI (which writes them), so both report the same
-numbers. Everything is derived from :mod:`ssog_core.analysis`, :mod:`ssog_core.info` and the checkpoint's
+numbers. Everything is derived from :mod:`ssog_core.analysis`, :mod:`ssog_core.cost` and the checkpoint's
 metadata.
 """
 
@@ -19,8 +19,8 @@ from torch import Tensor, nn
 from ssog_core.analysis import ExportMaps, LayerField, SteeringOffsets
 from ssog_core.attention import COLD_GATE, WARM_GATE
 from ssog_core.config import ViTConfig
+from ssog_core.cost import count_flops, count_params
 from ssog_core.field import positive
-from ssog_core.info import count_flops, count_params
 
 ATOM_COLUMNS = [
     "layer",

@@ -51,10 +51,18 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from ssog_core.accuracy import (
+    autocast,
+    eval_loader,
+    evaluate_loader,
+    evaluate_model_sizes,
+    format_transfer,
+    transfer_curve,
+    transfer_sizes,
+)
 from ssog_core.checkpoint import (
     TRANSFER_KEY,
     CheckpointError,
-    atomic_write,
     read_checkpoint,
     save_checkpoint,
     software_versions,
@@ -75,17 +83,9 @@ from ssog_core.data import (
     resolve_augment,
     to_float,
 )
-from ssog_core.evaluate import (
-    autocast,
-    eval_loader,
-    evaluate_loader,
-    evaluate_model_sizes,
-    format_transfer,
-    transfer_curve,
-    transfer_sizes,
-)
-from ssog_core.export_maps import parse_size
 from ssog_core.field import TAPS
+from ssog_core.files import atomic_write
+from ssog_core.images import parse_size
 from ssog_core.vit import ViT
 
 STATE_VERSION = 1
@@ -186,15 +186,11 @@ def _data(text: str) -> str:
     return text
 
 
-def _img_size(text: str) -> tuple[int, int]:
-    return tuple(parse_size(text))
-
-
 def _transfer_sizes(text: str) -> str | tuple[tuple[int, int], ...]:
     """``auto`` (0.5×–2× the training size), ``none``, or a comma list of sizes (N or HxW)."""
     if text in ("auto", "none"):
         return text
-    return tuple(tuple(parse_size(t.strip())) for t in text.split(",") if t.strip()) or "none"
+    return tuple(parse_size(t.strip()) for t in text.split(",") if t.strip()) or "none"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -208,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="shapes",
         help="cifar100:PATH, imagefolder:PATH, shapes[:SPEC] or layouts[:SPEC] (default: shapes)",
     )
-    g.add_argument("--img-size", type=_img_size, help="N or HxW (default: the data's size; 224 for imagefolder)")
+    g.add_argument("--img-size", type=parse_size, help="N or HxW (default: the data's size; 224 for imagefolder)")
     g.add_argument(
         "--augment",
         type=_augment,

@@ -18,6 +18,13 @@ from ssog_core.attention import build_attention
 from ssog_core.config import ViTConfig
 
 
+def init_registers(count: int, dim: int, attn: str) -> nn.Parameter:
+    """``count`` register tokens ``(1, count, dim)`` for the ViT and the language model: zero for RBF, so a query
+    "looks away" at distance ‖q‖ from them; N(0, 0.02²) for dot, whose registers need a random start."""
+    std = 0.0 if attn == "rbf" else 0.02
+    return nn.Parameter(torch.randn(1, count, dim) * std)
+
+
 class Block(nn.Module):
     """Pre-norm block: ``x + drop(attn(LN(x)))``, then ``x + drop(MLP(LN(x)))``.
 
@@ -60,9 +67,7 @@ class ViT(nn.Module):
         gh, gw = cfg.grid
         self.pos_embed = nn.Parameter(torch.randn(1, gh * gw, cfg.dim) * 0.02)
         if cfg.num_registers:
-            # RBF queries "look away" at distance ‖q‖ from a zero register; dot registers need a random start
-            std = 0.0 if cfg.attn == "rbf" else 0.02
-            self.registers = nn.Parameter(torch.randn(1, cfg.num_registers, cfg.dim) * std)
+            self.registers = init_registers(cfg.num_registers, cfg.dim, cfg.attn)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(
             Block(cfg.dim, build_attention(cfg), cfg.mlp_ratio, cfg.dropout) for _ in range(cfg.depth)

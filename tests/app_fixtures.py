@@ -17,6 +17,7 @@ from PIL import Image
 
 from ssog_core import ViT, save_checkpoint
 from ssog_core.analysis import ssog_layers
+from tests.helpers import RunsCode
 
 CLASS_NAMES = ["circle", "square", "triangle", "star", "heart"]
 
@@ -157,16 +158,6 @@ def write_bad_files(folder: Path) -> dict[str, Path]:
     return paths
 
 
-class _RunsCode:
-    """Unpickling this calls ``Path.touch(marker)``: the checkpoint must be refused before that happens."""
-
-    def __init__(self, marker: Path):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (Path.touch, (self.marker,))
-
-
 def write_bad_checkpoints(folder: Path, good: Path) -> dict[str, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     paths = {"truncated": folder / "truncated.safetensors"}
@@ -188,7 +179,7 @@ def write_bad_checkpoints(folder: Path, good: Path) -> dict[str, Path]:
     paths["pickle"] = folder / "evil.pt"
     paths["marker"] = folder / "PWNED"
     with open(paths["pickle"], "wb") as f:
-        pickle.dump({"weights": _RunsCode(paths["marker"])}, f)
+        pickle.dump({"weights": RunsCode(paths["marker"])}, f)
     paths["pickle_safetensors"] = folder / "evil.safetensors"
     paths["pickle_safetensors"].write_bytes(paths["pickle"].read_bytes())
     return paths

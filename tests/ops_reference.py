@@ -1,11 +1,15 @@
-"""Test helpers for the SSOG operator backends: tolerances and the compile check; the float64 reference and the
-random fields live in :mod:`ssog_core.ops.reference` (shared with ``benchmarks/gpu_check.py``)."""
+"""Test helpers for the SSOG operator backends: tolerances, the check of a backend against the definition and the
+compile check; the float64 reference and the random fields live in :mod:`ssog_core.ops.reference` (shared with
+``benchmarks/gpu_check.py``)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
+from ssog_core.field import Field
 from ssog_core.ops.reference import TAP_SUBSETS, FieldLeaves, grads, reference_apply, reference_matrix
 
 __all__ = [
@@ -13,6 +17,8 @@ __all__ = [
     "FieldLeaves",
     "assert_close",
     "assert_compiles_like_eager",
+    "check_against_definition",
+    "far_narrow_field",
     "grads",
     "reference_apply",
     "reference_matrix",
@@ -26,6 +32,48 @@ def assert_close(actual: Tensor, expected: Tensor, rtol: float, what: str) -> No
     err = (actual - expected).abs().max() / scale
     assert torch.isfinite(actual).all(), f"{what}: non-finite values"
     assert err <= rtol, f"{what}: relative error {err:.2e} > {rtol:.0e}"
+
+
+def check_against_definition(
+    apply: Callable[..., Tensor],
+    leaves: FieldLeaves,
+    mode: str,
+    batch: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    rtol: float,
+    scalar_grad_rtol: float = 0.0,
+) -> None:
+    """A backend's ``apply(v, field, grid, mode)`` against the float64 definition on the same rounded input: the
+    output within ``rtol``, the gradient of ``v`` and of every field leaf within ``10·rtol``, and at least
+    ``scalar_grad_rtol`` for a scalar leaf (a gate or temperature sums signed contributions of every token, so
+    fp32 cancellation, not the kernel, sets its error). The field is float64 for float64 values, else float32."""
+    gh, gw = leaves.grid
+    heads = leaves.leaves["mu"].shape[0]
+    v = torch.randn(batch, gh * gw, heads, head_dim, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(batch, gh * gw, heads, head_dim, dtype=torch.float64)
+    inputs = [v, *leaves.tensors()]
+    expected = reference_apply(v.to(dtype).double(), leaves.field(), leaves.grid, mode)  # same rounded input
+    field_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    out = apply(v.to(dtype), leaves.field(field_dtype), leaves.grid, mode)
+    assert out.dtype == dtype and out.shape == v.shape
+    assert_close(out, expected, rtol, "output")
+    expected_grads = grads(expected, inputs, dy)
+    for name, got, want in zip(["v", *leaves.names()], grads(out, inputs, dy), expected_grads, strict=True):
+        assert_close(got, want, 10 * rtol if want.dim() else max(10 * rtol, scalar_grad_rtol), f"d/d{name}")
+
+
+def far_narrow_field(batch: int, grid: tuple[int, int], heads: int) -> Field:
+    """A steered float64 field of 3 atoms per head far off the grid (μ ≈ 30, −25 and 3 cells) with tiny widths
+    (σ = 0.06): every weight underflows but the peak, so only an analytic max keeps the output finite."""
+    gh, gw = grid
+    mu = torch.tensor([30.0, -25.0, 3.3], dtype=torch.float64)[None, :, None].expand(heads, 3, 2)
+    return Field(
+        (mu + torch.randn(batch, gh, gw, heads, 3, 2, dtype=torch.float64)).requires_grad_(),
+        torch.full((batch, gh, gw, heads, 3, 2), 0.06, dtype=torch.float64).requires_grad_(),
+        torch.randn(batch, gh, gw, heads, 3, dtype=torch.float64).requires_grad_(),
+        torch.tensor(0.5, dtype=torch.float64),
+    )
 
 
 def assert_compiles_like_eager(attn: torch.nn.Module, x: Tensor, grid: tuple[int, int]) -> None:

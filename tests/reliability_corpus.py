@@ -20,6 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from tests.app_fixtures import shapes_image
+from tests.helpers import RunsCode
 
 BOMB_SIDE = 20_000
 
@@ -78,16 +79,6 @@ def bad_images(folder: Path) -> dict[str, tuple[Path, str | None]]:
     rgba.save(folder / "transparent.png")
     out["rgba_transparent"] = (folder / "transparent.png", None)
     return out
-
-
-class RunsCode:
-    """Unpickling this calls ``Path.touch(marker)``: a file that appears only if a pickle was ever loaded."""
-
-    def __init__(self, marker: Path):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (Path.touch, (self.marker,))
 
 
 def _rewrite(good: Path, dest: Path, state_fn=None, config_fn=None) -> Path:

@@ -22,7 +22,7 @@ from app import main as app_main
 from app.state import UPLOADED, AppContext, AppError, default_image
 from app.tabs import compare, export, geometry, playground, scaling, session, steering
 from ssog_core import ViT, save_checkpoint
-from ssog_core.analysis import attention_maps, export_maps
+from ssog_core.analysis import attention_maps, compute_export_maps
 from ssog_core.images import model_input
 from ssog_core.playground import MAX_ATOMS, HeadSpec, evaluate
 from tests.app_fixtures import (
@@ -363,7 +363,7 @@ def test_export_maps_with_twin_and_downloads(ctx, sha):
     text, fig, acc, slider = export.render(ctx, "ssog_test.safetensors", "dot_test.safetensors", sha, 0.25, 1)
     lm = ctx.model("ssog_test.safetensors")
     x, _ = model_input([ctx.image(sha).image], lm.config.img_size, lm.meta)
-    s = export_maps(lm.model, x, 0.25).summary()
+    s = compute_export_maps(lm.model, x, 0.25).summary()
     assert f"[{s['acc_min']:.3f}, {s['acc_max']:.3f}]" in text and f"{s['exporter_share']:.0%}" in text
     assert "α = **0.25**" in text and "dot_test" in text and Path(fig).name.startswith("export_ssog_test-dot_test_")
     assert acc.data[0].zmid == 0 and acc.data[0].colorbar.title.text

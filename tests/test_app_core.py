@@ -17,9 +17,9 @@ import torch
 from PIL import Image
 
 from ssog_core import figures, report, viz
-from ssog_core.analysis import export_maps, head_fields, head_stats, query_stats, steering_offsets
+from ssog_core.analysis import compute_export_maps, head_fields, head_stats, query_stats, steering_offsets
+from ssog_core.cost import count_params
 from ssog_core.field import attention_matrix
-from ssog_core.info import count_params
 from ssog_core.playground import DEFAULT_SPEC, Atom, HeadSpec, evaluate, spec_from_head
 from ssog_core.presets import find_presets, head_shapes
 from tests.app_fixtures import CLASS_NAMES, designed_ssog, dot_twin, shapes_image, write_checkpoints
@@ -242,7 +242,7 @@ def test_report_card_atoms_classes_and_files(tmp_path):
     top = report.top_classes(logits, CLASS_NAMES, k=3)
     assert list(top) == ["square", "star", "circle"] and sum(top.values()) < 1
     x = torch.rand(1, 3, 32, 32)
-    maps = export_maps(model, x)
+    maps = compute_export_maps(model, x)
     arrays = report.export_arrays(maps)
     npz = np.load(io.BytesIO(report.npz_bytes(arrays, {"alpha": 0.5})))
     assert json.loads(str(npz["settings"])) == {"alpha": 0.5}

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from ssog_core.attention import SSOGAttention
+from ssog_core.cost import count_flops
 from ssog_core.field import apply_field
-from ssog_core.info import count_flops
 from ssog_core.ops import dispatch
 from ssog_core.ops.dispatch import BackendUnavailable, can_run_triton_ssog, choose_ssog_backend, ssog_apply
 from ssog_core.ops.torch_ssog import apply_torch

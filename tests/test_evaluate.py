@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from ssog_core import evaluate, train
+from ssog_core import accuracy, evaluate, train
 from ssog_core.checkpoint import TRANSFER_KEY, CheckpointError, load_checkpoint, read_checkpoint, update_metadata
 from ssog_core.data import Transformed, open_data
 from tests.data_files import write_cifar
@@ -100,19 +100,19 @@ def test_transfer_json_matches_what_train_stored_and_store_adds_it(checkpoint, t
 
 
 def test_max_images_takes_a_fixed_subset_of_every_class(checkpoint):
-    rows, _ = evaluate.evaluate_sizes(checkpoint, max_images=9)
+    rows, _ = accuracy.evaluate_sizes(checkpoint, max_images=9)
     assert rows[0]["n"] == 9
-    assert evaluate.evaluate_sizes(checkpoint, max_images=9)[0] == rows  # the same images every time
-    assert evaluate.evaluate_sizes(checkpoint, max_images=100)[0][0]["n"] == 24
-    loader = evaluate.eval_loader(open_data(DATA, (16, 16)).val, (16, 16), 4, 0, max_images=8)
+    assert accuracy.evaluate_sizes(checkpoint, max_images=9)[0] == rows  # the same images every time
+    assert accuracy.evaluate_sizes(checkpoint, max_images=100)[0][0]["n"] == 24
+    loader = accuracy.eval_loader(open_data(DATA, (16, 16)).val, (16, 16), 4, 0, max_images=8)
     labels = [int(y) for _, ys in loader for y in ys]
     assert len(labels) == 8 and sorted(set(labels)) == [0, 1, 2]  # label = index mod 3: a stride of 3 keeps one
 
 
 def test_transfer_sizes_round_to_the_patch():
-    assert evaluate.transfer_sizes((16, 16), 4) == [(8, 8), (12, 12), (16, 16), (24, 24), (32, 32)]
-    assert evaluate.transfer_sizes((224, 160), 16) == [(112, 80), (160, 128), (224, 160), (336, 240), (448, 320)]
-    assert evaluate.transfer_sizes((4, 4), 4) == [(4, 4), (8, 8)]  # never below one patch, duplicates dropped
+    assert accuracy.transfer_sizes((16, 16), 4) == [(8, 8), (12, 12), (16, 16), (24, 24), (32, 32)]
+    assert accuracy.transfer_sizes((224, 160), 16) == [(112, 80), (160, 128), (224, 160), (336, 240), (448, 320)]
+    assert accuracy.transfer_sizes((4, 4), 4) == [(4, 4), (8, 8)]  # never below one patch, duplicates dropped
 
 
 def test_evaluate_errors(checkpoint, tmp_path, capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import zlib
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from ssog_core.images import ImageError, load_image, model_input, to_tensor
+from ssog_core.images import ImageError, load_image, model_input, parse_size, to_tensor
 
 
 def _png(img: Image.Image, **kw) -> bytes:
@@ -99,3 +100,11 @@ def test_model_input_resizes_scales_and_normalises():
     assert float(batch.min()) >= 0 and float(batch.max()) <= 1
     norm = to_tensor(PHOTO, normalization={"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]})
     torch.testing.assert_close(norm, (to_tensor(PHOTO) - 0.5) / 0.25)
+
+
+def test_parse_size_reads_n_or_hxw_and_refuses_the_rest():
+    assert parse_size("224") == (224, 224)
+    assert parse_size("224x160") == parse_size("224×160") == parse_size("224X160") == (224, 160)
+    for bad in ("", "abc", "0", "2x3x4", "16x-1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="is not N or HxW"):
+            parse_size(bad)

@@ -7,35 +7,20 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from ssog_core.field import Field
 from ssog_core.ops import torch_ssog
 from ssog_core.ops.reference import TAP_SUBSETS, FieldLeaves, grads, reference_apply
 from ssog_core.ops.torch_ssog import apply_torch
-from tests.ops_reference import assert_close
+from tests.ops_reference import assert_close, check_against_definition, far_narrow_field
 
 MODES = ("factorized", "axial")
-
-
-def _check(leaves: FieldLeaves, mode: str, batch: int, head_dim: int, dtype: torch.dtype, rtol: float) -> None:
-    gh, gw = leaves.grid
-    heads = leaves.leaves["mu"].shape[0]
-    v = torch.randn(batch, gh * gw, heads, head_dim, dtype=torch.float64, requires_grad=True)
-    dy = torch.randn(batch, gh * gw, heads, head_dim, dtype=torch.float64)
-    inputs = [v, *leaves.tensors()]
-    expected = reference_apply(v.to(dtype).double(), leaves.field(), leaves.grid, mode)  # same rounded input
-    expected_grads = grads(expected, inputs, dy)
-    field_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-    out = apply_torch(v.to(dtype), leaves.field(field_dtype), leaves.grid, mode)
-    assert out.dtype == dtype and out.shape == v.shape
-    assert_close(out, expected, rtol, "output")
-    for name, got, want in zip(["v", *leaves.names()], grads(out, inputs, dy), expected_grads, strict=True):
-        assert_close(got, want, rtol * 10, f"d/d{name}")
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("taps", TAP_SUBSETS, ids=lambda t: "+".join(t) or "fixed")
 def test_every_tap_subset_matches_definition(taps: tuple[str, ...], mode: str) -> None:
-    _check(FieldLeaves(2, (7, 5), 3, 4, taps), mode, batch=2, head_dim=5, dtype=torch.float64, rtol=1e-10)
+    check_against_definition(
+        apply_torch, FieldLeaves(2, (7, 5), 3, 4, taps), mode, batch=2, head_dim=5, dtype=torch.float64, rtol=1e-10
+    )
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -45,21 +30,26 @@ def test_every_tap_subset_matches_definition(taps: tuple[str, ...], mode: str) -
 )
 def test_shapes_match_definition(grid: tuple[int, int], heads: int, atoms: int, mode: str) -> None:
     for taps in ((), ("mu", "sigma", "lambda")):
-        _check(FieldLeaves(2, grid, heads, atoms, taps), mode, batch=2, head_dim=3, dtype=torch.float64, rtol=1e-10)
+        leaves = FieldLeaves(2, grid, heads, atoms, taps)
+        check_against_definition(apply_torch, leaves, mode, batch=2, head_dim=3, dtype=torch.float64, rtol=1e-10)
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("taps", [(), ("mu", "sigma", "lambda")], ids=["fixed", "steered"])
 @pytest.mark.parametrize(("dtype", "rtol"), [(torch.float32, 2e-6), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"])
 def test_low_precision_inputs(taps: tuple[str, ...], mode: str, dtype: torch.dtype, rtol: float) -> None:
-    _check(FieldLeaves(2, (7, 5), 3, 4, taps), mode, batch=2, head_dim=16, dtype=dtype, rtol=rtol)
+    check_against_definition(
+        apply_torch, FieldLeaves(2, (7, 5), 3, 4, taps), mode, batch=2, head_dim=16, dtype=dtype, rtol=rtol
+    )
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("taps", [(), ("mu", "sigma", "lambda")], ids=["fixed", "steered"])
 def test_chunked_over_rows_and_batch(monkeypatch: pytest.MonkeyPatch, taps: tuple[str, ...], mode: str) -> None:
     monkeypatch.setattr(torch_ssog, "CHUNK_ELEMENTS", 64)  # forces one row and one image per chunk
-    _check(FieldLeaves(3, (5, 4), 2, 3, taps), mode, batch=3, head_dim=4, dtype=torch.float64, rtol=1e-10)
+    check_against_definition(
+        apply_torch, FieldLeaves(3, (5, 4), 2, 3, taps), mode, batch=3, head_dim=4, dtype=torch.float64, rtol=1e-10
+    )
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -77,14 +67,8 @@ def test_inference_path_equals_autograd_path(taps: tuple[str, ...], mode: str) -
 @pytest.mark.parametrize("mode", MODES)
 def test_far_and_narrow_atoms_stay_finite(mode: str) -> None:
     """Atoms far outside the grid with tiny widths: every weight underflows but the analytic max does not."""
-    b, (gh, gw), h, r = 2, (6, 7), 2, 3
-    mu = torch.tensor([30.0, -25.0, 3.3], dtype=torch.float64)[None, :, None].expand(h, r, 2).contiguous()
-    field = Field(
-        (mu + torch.randn(b, gh, gw, h, r, 2, dtype=torch.float64)).requires_grad_(),
-        torch.full((b, gh, gw, h, r, 2), 0.06, dtype=torch.float64).requires_grad_(),
-        torch.randn(b, gh, gw, h, r, dtype=torch.float64).requires_grad_(),
-        torch.tensor(0.5, dtype=torch.float64),
-    )
+    b, (gh, gw), h = 2, (6, 7), 2
+    field = far_narrow_field(b, (gh, gw), h)
     v = torch.randn(b, gh * gw, h, 4, dtype=torch.float64)
     out = apply_torch(v, field, (gh, gw), mode)
     assert_close(out, reference_apply(v, field, (gh, gw), mode), 1e-10, "output")

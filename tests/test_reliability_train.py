@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from ssog_core import checkpoint, train
 from ssog_core.checkpoint import load_checkpoint, read_checkpoint
+from tests.helpers import assert_same_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--atoms", "2", "--batch-size", "8", "--no-progress"]
@@ -55,17 +55,6 @@ else:
     torch.save = held(torch.save)
 sys.exit(train.main(sys.argv[4:]))
 """
-
-
-def weights(path: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(path))
-
-
-def assert_same_weights(a: Path, b: Path) -> None:
-    wa, wb = weights(a), weights(b)
-    assert wa.keys() == wb.keys()
-    for k in wa:
-        torch.testing.assert_close(wb[k], wa[k], rtol=0, atol=0, msg=k)
 
 
 @pytest.fixture(scope="module")

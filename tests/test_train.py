@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from ssog_core import train
 from ssog_core.checkpoint import load_checkpoint, read_checkpoint
 from tests.data_files import write_cifar_tar, write_imagefolder
+from tests.helpers import assert_same_weights, weights
 
 ROOT = Path(__file__).resolve().parent.parent
 # A tiny model and data set: 6 steps per epoch, a second or two per run on one CPU core.
@@ -25,10 +25,6 @@ SHAPES = ["--data", "shapes:size=16,train=48,val=16,classes=3"]
 
 def run(out: Path, *extra: str) -> int:
     return train.main([*SHAPES, *TINY, "--epochs", "2", "--out", str(out), *extra])
-
-
-def weights(path: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(path))
 
 
 def test_train_shapes_writes_everything(tmp_path, capsys):
@@ -93,10 +89,7 @@ def test_resume_is_bit_identical(tmp_path):
     stopped = read_checkpoint(tmp_path / "b" / "last.safetensors")[2]
     assert stopped["step"] == 4 and stopped["accuracy"] is None  # not evaluated at this step
     assert train.main(["--out", str(tmp_path / "b"), "--resume", "--no-progress"]) == 0
-    a, b = weights(tmp_path / "a" / "last.safetensors"), weights(tmp_path / "b" / "last.safetensors")
-    assert a.keys() == b.keys()
-    for k in a:
-        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
+    assert_same_weights(tmp_path / "a" / "last.safetensors", tmp_path / "b" / "last.safetensors")
     rows_a = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
     rows_b = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
     timing = ("epoch_time_s", "epoch_cpu_s", "img_per_s")
@@ -265,9 +258,9 @@ def test_torchrun_two_processes_match_one(tmp_path):
     meta = read_checkpoint(tmp_path / "ddp" / "last.safetensors")[2]
     assert meta["processes"] == 2 and meta["step"] == 6
     assert train.main([*common, "--out", str(tmp_path / "one")]) == 0
-    ddp, one = weights(tmp_path / "ddp" / "last.safetensors"), weights(tmp_path / "one" / "last.safetensors")
-    for k in one:
-        torch.testing.assert_close(ddp[k], one[k], rtol=1e-4, atol=1e-5, msg=k)
+    assert_same_weights(
+        tmp_path / "one" / "last.safetensors", tmp_path / "ddp" / "last.safetensors", rtol=1e-4, atol=1e-5
+    )
 
 
 def test_sigint_saves_and_resume_continues_exactly(tmp_path, monkeypatch, capsys):
@@ -289,9 +282,7 @@ def test_sigint_saves_and_resume_continues_exactly(tmp_path, monkeypatch, capsys
     assert read_checkpoint(tmp_path / "b" / "last.safetensors")[2]["step"] == 3
     monkeypatch.setattr(train, "loss_fn", real)
     assert train.main(["--out", str(tmp_path / "b"), "--resume", "--no-progress"]) == 0
-    a, b = weights(tmp_path / "a" / "last.safetensors"), weights(tmp_path / "b" / "last.safetensors")
-    for k in a:
-        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
+    assert_same_weights(tmp_path / "a" / "last.safetensors", tmp_path / "b" / "last.safetensors")
 
 
 def test_corrupt_train_state_is_a_clear_error(tmp_path, capsys):
@@ -332,9 +323,7 @@ def test_resume_of_a_run_saved_before_crop_pad_field_lr_and_transfer(tmp_path):
         del state["args"][name]
     torch.save(state, path)
     assert train.main(["--out", str(tmp_path / "b"), "--resume", "--no-progress"]) == 0
-    a, b = weights(tmp_path / "a" / "last.safetensors"), weights(tmp_path / "b" / "last.safetensors")
-    for k in a:
-        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
+    assert_same_weights(tmp_path / "a" / "last.safetensors", tmp_path / "b" / "last.safetensors")
     meta = read_checkpoint(tmp_path / "b" / "last.safetensors")[2]
     assert meta["crop_pad"] == 4 and len(meta["resolution_transfer"]) == 5
 

@@ -24,7 +24,7 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, re
 
 def _run(out: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "SSOG_BACKEND"}
-    env.update(TRITON_INTERPRET="1", TRITON_DEFAULT_FP_FUSION="1")
+    env.update(TRITON_INTERPRET="1", TRITON_DEFAULT_FP_FUSION="1", PYTHONPATH=str(ROOT))  # this checkout's ssog_core
     cmd = [sys.executable, str(SCRIPT), "--dry-run-cpu", "--out", str(out), *extra]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ssog_core.config import SEED_CONFIGS, ViTConfig
-from ssog_core.info import count_flops, count_params
+from ssog_core.cost import count_flops, count_params
 from ssog_core.info import main as info_main
 from ssog_core.vit import ViT
 from tests.dense_reference import reference_state_dict, vit_forward

@@ -18,14 +18,20 @@ if os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover - guarded by t
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from ssog_core.attention import SSOGAttention  # noqa: E402
-from ssog_core.field import Field  # noqa: E402
 from ssog_core.ops import triton_ssog, triton_tiles  # noqa: E402
 from ssog_core.ops.dispatch import choose_ssog_backend, ssog_apply  # noqa: E402
-from ssog_core.ops.reference import FieldLeaves, grads, reference_apply, reference_matrix  # noqa: E402
+from ssog_core.ops.reference import FieldLeaves, reference_apply, reference_matrix  # noqa: E402
 from ssog_core.ops.triton_ssog import apply_triton, kernel_params  # noqa: E402
-from tests.ops_reference import assert_close, assert_compiles_like_eager  # noqa: E402
+from tests.ops_reference import (  # noqa: E402
+    assert_close,
+    assert_compiles_like_eager,
+    check_against_definition,
+    far_narrow_field,
+)
 
 ALL = ("mu", "sigma", "lambda")
+# a scalar leaf (gate, temperature) sums signed contributions of every token: fp32 cancellation, not the kernel
+SCALAR_GRAD_RTOL = 2e-3
 
 # (grid, heads, atoms, head_dim, taps, mode): odd grids, R 1–8, heads 1 and 3, each kind of tap subset
 CASES = [
@@ -46,32 +52,19 @@ def _ids(case) -> str:
     return f"{grid[0]}x{grid[1]}-H{h}-R{r}-d{d}-{'+'.join(taps) or 'fixed'}-{mode}"
 
 
-def _check(leaves: FieldLeaves, mode: str, head_dim: int, dtype: torch.dtype, rtol: float, batch: int = 2) -> None:
-    gh, gw = leaves.grid
-    heads = leaves.leaves["mu"].shape[0]
-    v = torch.randn(batch, gh * gw, heads, head_dim, dtype=torch.float64, requires_grad=True)
-    dy = torch.randn(batch, gh * gw, heads, head_dim, dtype=torch.float64)
-    inputs = [v, *leaves.tensors()]
-    expected = reference_apply(v.to(dtype).double(), leaves.field(), leaves.grid, mode)  # same rounded input
-    out = apply_triton(v.to(dtype), leaves.field(torch.float32), leaves.grid, mode)
-    assert out.dtype == dtype
-    assert_close(out, expected, rtol, "output")
-    expected_grads = grads(expected, inputs, dy)
-    for name, got, want in zip(["v", *leaves.names()], grads(out, inputs, dy), expected_grads, strict=True):
-        # a scalar (gate, temperature) sums signed contributions of every token: fp32 cancellation, not the kernel
-        assert_close(got, want, 10 * rtol if want.dim() else max(10 * rtol, 2e-3), f"d/d{name}")
-
-
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_forward_and_gradients_fp32(case) -> None:
     grid, heads, atoms, head_dim, taps, mode = case
-    _check(FieldLeaves(2, grid, heads, atoms, taps), mode, head_dim, torch.float32, rtol=1e-5)
+    leaves = FieldLeaves(2, grid, heads, atoms, taps)
+    check_against_definition(apply_triton, leaves, mode, 2, head_dim, torch.float32, 1e-5, SCALAR_GRAD_RTOL)
 
 
 @pytest.mark.parametrize("mode", ["factorized", "axial"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_half_precision_values(mode: str, dtype: torch.dtype) -> None:
-    _check(FieldLeaves(2, (5, 6), 3, 4, ALL), mode, 16, dtype, rtol=2e-2)
+    check_against_definition(
+        apply_triton, FieldLeaves(2, (5, 6), 3, 4, ALL), mode, 2, 16, dtype, 2e-2, SCALAR_GRAD_RTOL
+    )
 
 
 @pytest.mark.parametrize("mode", ["factorized", "axial"])
@@ -89,20 +82,16 @@ def test_tiled_and_chunked_programs(monkeypatch: pytest.MonkeyPatch, grid: tuple
         assert cfg["T"] < 8 and kt < 2 * ic
     else:
         assert cfg["WT"] < cfg["GWP"] and wc < cfg["GWP"]
-    _check(FieldLeaves(1, grid, 1, 2, ALL), mode, 4, torch.float32, rtol=1e-5, batch=1)
+    check_against_definition(
+        apply_triton, FieldLeaves(1, grid, 1, 2, ALL), mode, 1, 4, torch.float32, 1e-5, SCALAR_GRAD_RTOL
+    )
 
 
 @pytest.mark.parametrize("mode", ["factorized", "axial"])
 def test_far_narrow_atoms_and_strided_values(mode: str) -> None:
     """Atoms far off the grid with tiny widths (all weights underflow but the peak), values read through strides."""
-    b, (gh, gw), h, r, d = 2, (6, 5), 2, 3, 8
-    mu = torch.tensor([30.0, -25.0, 3.3], dtype=torch.float64)[None, :, None].expand(h, r, 2)
-    field = Field(
-        (mu + torch.randn(b, gh, gw, h, r, 2, dtype=torch.float64)).requires_grad_(),
-        torch.full((b, gh, gw, h, r, 2), 0.06, dtype=torch.float64).requires_grad_(),
-        torch.randn(b, gh, gw, h, r, dtype=torch.float64).requires_grad_(),
-        torch.tensor(0.5, dtype=torch.float64),
-    )
+    b, (gh, gw), h, d = 2, (6, 5), 2, 8
+    field = far_narrow_field(b, (gh, gw), h)
     wide = torch.randn(b, gh * gw, h, 3 * d, dtype=torch.float64)
     v = wide[..., d : 2 * d]  # not contiguous: like a slice of a fused projection
     expected = reference_apply(v, field, (gh, gw), mode)

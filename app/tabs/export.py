@@ -12,7 +12,7 @@ from app import plots
 from app.common import LRU, error_text, shown_figure, warn, write_downloads
 from app.state import AppContext, LoadedModel, StoredImage, resize_note
 from ssog_core import figures, viz
-from ssog_core.analysis import DEFAULT_ALPHA, ExportMaps, export_maps
+from ssog_core.analysis import DEFAULT_ALPHA, ExportMaps, compute_export_maps
 
 NO_TWIN = "(none)"
 _MAPS = LRU(8)
@@ -20,7 +20,7 @@ _MAPS = LRU(8)
 
 def maps_for(lm: LoadedModel, stored: StoredImage, alpha: float) -> ExportMaps:
     def make() -> ExportMaps:
-        return export_maps(lm.model, lm.input(stored.image), alpha)
+        return compute_export_maps(lm.model, lm.input(stored.image), alpha)
 
     return _MAPS.get((lm.key, stored.sha256, round(float(alpha), 4)), make)
 
