@@ -40,7 +40,7 @@ from app.process import AppProcess  # noqa: E402
 from ssog_core import ViT, save_checkpoint, viz  # noqa: E402
 from ssog_core.analysis import export_maps  # noqa: E402
 from ssog_core.checkpoint import load_checkpoint  # noqa: E402
-from ssog_core.figures import EXPORT_WIDTH, export_figure  # noqa: E402
+from ssog_core.figures import EXPORT_WIDTH, app_export_maps_figure  # noqa: E402
 from ssog_core.images import model_input  # noqa: E402
 from ssog_core.playground import Atom, HeadSpec, evaluate  # noqa: E402
 
@@ -116,7 +116,7 @@ def bench_export(folder: Path, threads: int) -> dict[str, dict[str, float]]:
 
         def render(m=model, x=x, display=display) -> None:
             maps = export_maps(m, x)
-            viz.figure_rgb(export_figure([("ssog_layouts.safetensors", maps)], display, 0, "bench.png"))
+            viz.figure_rgb(app_export_maps_figure([("ssog_layouts.safetensors", maps)], display, 0, "bench.png"))
 
         out[f"{name}_export_tab"] = summary(timed(render, 3, warmup=1))
         out[f"{name}_grid"] = list(model.config.grid)
