@@ -1,8 +1,8 @@
 """The app's typed API for scripts (``gradio_client``): the same computations the tabs draw, as JSON.
 
-    from gradio_client import Client, handle_file
+    from gradio_client import Client
     client = Client("http://127.0.0.1:7860/")
-    client.predict("ssog_layouts.safetensors", "bird.jpg", 0.5, api_name="/export_summary")
+    client.predict("ssog_layouts.safetensors", "layouts_val0008_plus.png", 0.5, api_name="/export_summary")
 
 Endpoints: ``/checkpoints``, ``/head_field``, ``/geometry_summary``, ``/export_summary``, ``/upload_image``,
 ``/upload_checkpoint`` (docs/APP.md lists what each returns).
