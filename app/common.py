@@ -1,17 +1,16 @@
-"""Small helpers every tab uses: visible messages, download files, a bounded cache of analysis results."""
+"""Small helpers every tab uses: the handlers' return type, visible messages and download files."""
 
 from __future__ import annotations
 
 import shutil
 import tempfile
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import gradio as gr
+from gradio.blocks import Block
 from matplotlib.figure import Figure
 
 from app.state import AppError
@@ -19,7 +18,7 @@ from ssog_core import viz
 from ssog_core.checkpoint import CheckpointError
 from ssog_core.images import ImageError
 
-T = TypeVar("T")
+Updates = dict[Block, Any]  # what a handler returns: {component: new value or gr.update(...)} for those it changes
 EXPECTED_ERRORS = (AppError, CheckpointError, ImageError, ValueError)
 DOWNLOAD_ROOT = Path(tempfile.gettempdir()) / "ssog-lab-downloads"
 KEEP_DOWNLOADS = 64  # download folders kept; older ones are removed as new ones are made
@@ -34,31 +33,6 @@ def warn(message: str) -> str:
 def error_text(e: Exception) -> str:
     """A person-readable message for an expected failure (no tracebacks in the UI)."""
     return str(e) if isinstance(e, EXPECTED_ERRORS) else f"unexpected error: {type(e).__name__}: {e}"
-
-
-class LRU:
-    """A small thread-safe least-recently-used cache: memory stays flat across repeated requests."""
-
-    def __init__(self, size: int):
-        self.size = size
-        self._data: OrderedDict[Hashable, Any] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: Hashable, make: Callable[[], T]) -> T:
-        with self._lock:
-            if key in self._data:
-                self._data.move_to_end(key)
-                return self._data[key]
-        value = make()  # computed outside the lock: other requests keep being served meanwhile
-        with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            while len(self._data) > self.size:
-                self._data.popitem(last=False)
-        return value
-
-    def __len__(self) -> int:
-        return len(self._data)
 
 
 def write_downloads(files: Mapping[str, bytes | str]) -> list[str]:

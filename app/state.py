@@ -11,10 +11,8 @@ import hashlib
 import json
 import shutil
 import tempfile
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
+from app.cache import LRU
 from ssog_core.analysis import LayerField, head_fields
 from ssog_core.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ssog_core.convert import convert
@@ -29,11 +28,16 @@ from ssog_core.images import MAX_BYTES, ImageError, list_images, load_image, mod
 from ssog_core.presets import Preset, find_presets
 
 UPLOADED = "uploaded/"  # prefix of checkpoints a user uploaded in this session of the server
+MAX_UPLOAD_BYTES = 64 * 1024**2  # any file sent to the server; checkpoints of the size this project trains fit
 MAX_PIXELS = 25_000_000  # decoded-image cap for uploads (decompression bombs are refused before decoding)
 DISPLAY_SIDE = 768  # images are kept at most this large for overlays: plenty for a figure, cheap to draw
+MAX_UPLOADED_CHECKPOINTS = 8  # older uploads are deleted: disk use stays bounded however long the server runs
 MODEL_CACHE = 4  # models kept in memory (a demo pair plus a comparison pair)
 IMAGE_CACHE = 32
-MAX_UPLOADED_CHECKPOINTS = 8  # older uploads are deleted: disk use stays bounded however long the server runs
+CARD_CACHE = 8  # model cards (counting FLOPs runs the model once)
+FIGURE_CACHE = 8  # geometry figures as PNG bytes with their panel boxes
+STEERING_CACHE = 3  # full attention matrices are the largest thing the app keeps: only a few
+MAPS_CACHE = 8  # export maps, shared by the export and compare tabs and the API
 
 
 class AppError(ValueError):
@@ -87,13 +91,6 @@ class LoadedModel:
         return find_presets(self.fields) if self.fields else []
 
 
-@lru_cache(maxsize=MODEL_CACHE)
-def _load(path: str, mtime_ns: int, size: int, name: str, device: str = "cpu") -> LoadedModel:
-    model, meta = load_checkpoint(path, device)
-    model.requires_grad_(False)
-    return LoadedModel(name, (path, mtime_ns, size), model, meta)
-
-
 @dataclass
 class StoredImage:
     sha256: str
@@ -103,16 +100,29 @@ class StoredImage:
 
 
 @dataclass
+class Caches:
+    """Every process cache of the app, each bounded (docs/APP.md, "State and caches"). Keys hold what the value
+    depends on: a model's key changes with its file, an image's is the SHA-256 of its file."""
+
+    models: LRU[LoadedModel] = field(default_factory=lambda: LRU(MODEL_CACHE))  # (path, mtime, size, name)
+    images: LRU[StoredImage] = field(default_factory=lambda: LRU(IMAGE_CACHE))  # sha256
+    cards: LRU[dict[str, Any]] = field(default_factory=lambda: LRU(CARD_CACHE))  # model key
+    figures: LRU[Any] = field(default_factory=lambda: LRU(FIGURE_CACHE))  # (figure kind, model key)
+    steering: LRU[Any] = field(default_factory=lambda: LRU(STEERING_CACHE))  # (model key, sha256)
+    export_maps: LRU[Any] = field(default_factory=lambda: LRU(MAPS_CACHE))  # (model key, sha256, α)
+
+
+@dataclass
 class AppContext:
-    """Where the app reads checkpoints and bundled images, and its limits."""
+    """Where the app reads checkpoints and bundled images, its limits, and its caches: all the state the app
+    keeps outside Gradio's per-session ``gr.State``."""
 
     checkpoint_dir: Path
     assets_dir: Path
     upload_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ssog-lab-uploads-")))
     max_pixels: int = MAX_PIXELS
     device: str = "cpu"  # where models and their analysis run (the playground's small field stays on the CPU)
-    _images: OrderedDict[str, StoredImage] = field(default_factory=OrderedDict)
-    _images_lock: threading.Lock = field(default_factory=threading.Lock)
+    cache: Caches = field(default_factory=Caches)
 
     def __post_init__(self) -> None:
         self.checkpoint_dir = Path(self.checkpoint_dir)
@@ -152,8 +162,15 @@ class AppContext:
         """The checkpoint ``name`` loaded (cached by path + modification time + size)."""
         path = self.resolve(name)
         st = path.stat()
+        key = (str(path), st.st_mtime_ns, st.st_size)
+
+        def load() -> LoadedModel:
+            model, meta = load_checkpoint(key[0], self.device)
+            model.requires_grad_(False)
+            return LoadedModel(name, key, model, meta)
+
         try:
-            return _load(str(path), st.st_mtime_ns, st.st_size, name, self.device)
+            return self.cache.models.get((*key, name), load)
         except CheckpointError as e:
             raise AppError(str(e)) from None
 
@@ -225,22 +242,17 @@ class AppContext:
     def _remember(self, data: bytes, name: str) -> StoredImage:
         """Decode (safely, with the pixel cap) and keep an image under the SHA-256 of its file."""
         sha = hashlib.sha256(data).hexdigest()
-        with self._images_lock:
-            if sha in self._images:
-                self._images.move_to_end(sha)
-                return self._images[sha]
-        try:
-            img = load_image(data, max_pixels=self.max_pixels)
-        except ImageError as e:  # the core names in-memory data "image": name the user's file instead
-            raise AppError(str(e).replace("image", name, 1)) from None
-        size = img.size
-        img.thumbnail((DISPLAY_SIDE, DISPLAY_SIDE), Image.Resampling.LANCZOS)
-        stored = StoredImage(sha, name, img, size)
-        with self._images_lock:
-            self._images[sha] = stored
-            while len(self._images) > IMAGE_CACHE:
-                self._images.popitem(last=False)
-        return stored
+
+        def decode() -> StoredImage:
+            try:
+                img = load_image(data, max_pixels=self.max_pixels)
+            except ImageError as e:  # the core names in-memory data "image": name the user's file instead
+                raise AppError(str(e).replace("image", name, 1)) from None
+            size = img.size
+            img.thumbnail((DISPLAY_SIDE, DISPLAY_SIDE), Image.Resampling.LANCZOS)
+            return StoredImage(sha, name, img, size)
+
+        return self.cache.images.get(sha, decode)
 
     def open_bundled(self, name: str) -> StoredImage:
         if name not in self.bundled_images():
@@ -257,9 +269,9 @@ class AppContext:
 
     def image(self, sha: str) -> StoredImage:
         """An image seen by this server (bundled or uploaded), by the SHA-256 of its file."""
-        with self._images_lock:
-            if sha in self._images:
-                return self._images[sha]
+        stored = self.cache.images.peek(sha)
+        if stored is not None:
+            return stored
         for name in self.bundled_images():  # after a cache eviction or a server restart
             data = (self.assets_dir / name).read_bytes()
             if hashlib.sha256(data).hexdigest() == sha:
@@ -281,15 +293,15 @@ class AppContext:
         return self.image(ref)
 
 
-def resize_note(stored: StoredImage, lm: LoadedModel) -> str:
+def resize_note(stored: StoredImage, loaded: LoadedModel) -> str:
     """A visible line when the picture is not the model's input size: "size in → size used" (and whether the
     aspect ratio changed), so a squashed picture is never a surprise. Empty when it already fits."""
     w, h = stored.original_size
-    mh, mw = (int(v) for v in lm.config.img_size)
+    mh, mw = (int(v) for v in loaded.config.img_size)
     if (w, h) == (mw, mh):
         return ""
     squash = " (stretched: a different aspect ratio)" if abs(w / h - mw / mh) > 0.01 else ""
-    return f"The picture is resized {w}×{h} → {mw}×{mh} px for {lm.name}{squash}. "
+    return f"The picture is resized {w}×{h} → {mw}×{mh} px for {loaded.name}{squash}. "
 
 
 def default_image(ctx: AppContext) -> StoredImage | None:

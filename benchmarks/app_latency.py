@@ -37,7 +37,7 @@ from app.process import AppProcess
 from ssog_core import ViT, save_checkpoint, viz
 from ssog_core.analysis import compute_export_maps
 from ssog_core.checkpoint import load_checkpoint
-from ssog_core.figures import EXPORT_WIDTH, export_figure
+from ssog_core.figures import EXPORT_WIDTH, app_export_maps_figure
 from ssog_core.images import model_input
 from ssog_core.playground import Atom, HeadSpec, evaluate
 
@@ -115,7 +115,7 @@ def bench_export(folder: Path, threads: int) -> dict[str, dict[str, float]]:
 
         def render(m=model, x=x, display=display) -> None:
             maps = compute_export_maps(m, x)
-            viz.figure_rgb(export_figure([("ssog_layouts.safetensors", maps)], display, 0, "bench.png"))
+            viz.figure_rgb(app_export_maps_figure([("ssog_layouts.safetensors", maps)], display, 0, "bench.png"))
 
         out[f"{name}_export_tab"] = summary(timed(render, 3, warmup=1))
         out[f"{name}_grid"] = list(model.config.grid)

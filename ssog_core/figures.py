@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from ssog_core import report, viz
+from ssog_core import report, session, viz
 from ssog_core.analysis import (
     DEFAULT_ALPHA,
     ExportMaps,
@@ -123,16 +122,17 @@ def steering_figure(
     return viz.steering_figure(display, offsets, layer, mu_bound(field, max_offset), title, lam)
 
 
-def export_figure(
+def app_export_maps_figure(
     models: Sequence[tuple[str, ExportMaps]],
     display: Image.Image,
     layer: int,
     image_name: str | None = None,
     query: tuple[int, int] | None = None,
 ):
-    """The export-maps figure exactly as the app shows it (checkpoint names without their suffix)."""
+    """The export-maps figure exactly as the app shows it: ``models`` are ``(checkpoint file name, maps)``,
+    labelled without the suffix, and the image's name goes in the title (drawn by :func:`viz.export_maps_figure`)."""
     title = f"on {image_name}" if image_name else ""
-    return viz.export_figure(display, [(stem_of(n), m) for n, m in models], layer, title, query)
+    return viz.export_maps_figure(display, [(stem_of(n), m) for n, m in models], layer, title, query)
 
 
 def compare_figure(
@@ -167,7 +167,8 @@ def export_files(
     stem = viz.safe_token(f"export_{names}_{sha}_L{layer}_alpha{alpha:.2f}_{viz.NET_CMAP}")
     if query is not None:
         meta["query"] = list(query)
-    files = _figure_files(export_figure(models, display, layer, settings.get("image"), query), stem, meta)
+    fig = app_export_maps_figure(models, display, layer, settings.get("image"), query)
+    files = _figure_files(fig, stem, meta)
     for name, m in models:
         one = viz.safe_token(f"export_maps_{stem_of(name)}_{sha}_alpha{alpha:.2f}")
         files[f"{one}.npz"] = report.npz_bytes(report.export_arrays(m), {**meta, "checkpoint": name})
@@ -307,33 +308,26 @@ def main(argv: list[str] | None = None) -> int:
             if len(query) != 2:
                 raise ValueError("--query takes 'row,col'")
         if args.session:
-            s = json.loads(args.session.read_text(encoding="utf-8"))
-            if not isinstance(s, dict) or s.get("format") != "ssog-lab-session/1":
-                raise ValueError(f"{args.session} is not an SSOG Lab session file")
-            ckpt = ckpt or (args.checkpoint_dir / s["checkpoint"] if s.get("checkpoint") else None)
-            head = HeadSpec.from_dict(s["playground"]["head"])
-            underlay = bool(s["playground"].get("image_underlay"))
-            sha = (s.get("image") or {}).get("sha256")
+            s = session.read(args.session)
+            ckpt = ckpt or (args.checkpoint_dir / s.checkpoint if s.checkpoint else None)
+            head, underlay = s.head, s.image_underlay
+            sha = s.image_sha256
             if image is None and sha:
                 image = _find_image(sha, [args.assets_dir, *([args.image.parent] if args.image else [])])
                 if image is None:
                     print(f"note: the session's image (sha256 {sha[:12]}…) is not in {args.assets_dir}; "
                           "pass it with --image", file=sys.stderr)  # fmt: skip
-            ex = s.get("export") or {}
-            layer = int(ex.get("layer", layer))
-            alpha = float(ex.get("alpha", alpha))
-            tw = ex.get("twin")
-            if twin is None and tw and tw != "(none)":
-                twin = args.checkpoint_dir / tw
-            st = s.get("steering") or {}
-            query = query or (tuple(st["query"]) if st.get("query") else None)
+            layer, alpha = s.export_layer, s.export_alpha
+            if twin is None and s.twin:
+                twin = args.checkpoint_dir / s.twin
+            query = query or s.steering_query
         if ckpt is None:
             if head is None:
                 head = DEFAULT_SPEC
             written = _write_only_head(args.out_dir, head)
         else:
             written = run(Path(ckpt), args.out_dir, image, twin, layer, alpha, query, head, underlay)
-    except (CheckpointError, ImageError, ValueError, KeyError, OSError, json.JSONDecodeError) as e:
+    except (CheckpointError, ImageError, ValueError, KeyError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for p in written:

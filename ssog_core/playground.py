@@ -10,16 +10,15 @@ plain JSON (:meth:`HeadSpec.to_dict`), so a browser canvas, a session file and t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from ssog_core.analysis import LayerField, query_stats
-from ssog_core.field import FIELD_MODES, TAU_MIN, Field, axis_kernels, query_field
+from ssog_core.field import FIELD_MODES, MAX_ATOMS, TAU_MIN, Field, axis_kernels, query_field
 
-MAX_ATOMS = 8  # the model's cap (ViTConfig.num_atoms)
 GRID_RANGE = (3, 96)  # smallest grid with a neighbourhood; largest a browser canvas still draws cell by cell
 SIGMA_RANGE = (0.05, 64.0)  # grid cells
 WEIGHT_RANGE = (1e-4, 1e4)  # relative atom weights; λ = w / Σw
@@ -96,6 +95,50 @@ class HeadSpec:
             "atoms": [{"y": a.y, "x": a.x, "sy": a.sy, "sx": a.sx, "w": a.w} for a in self.atoms],
         }
 
+    # ---- edits: each returns a new, validated spec (a spec is never changed in place)
+
+    def with_grid(self, grid: tuple[int, int]) -> HeadSpec:
+        """The head on a ``grid`` of another size: the ★ goes to the same relative place on it (cell centres
+        scale) and every atom keeps its offset μ from the ★, so the field's shape is unchanged."""
+        gh, gw = (int(n) for n in grid)
+        query = (rescale_cell(self.query[0], self.grid[0], gh), rescale_cell(self.query[1], self.grid[1], gw))
+        return self._moved(query, (gh, gw))
+
+    def move_query(self, query: tuple[int, int]) -> HeadSpec:
+        """The ★ moved to cell ``query``; the atoms move with it (their offsets μ = ★ − key stay the same)."""
+        return self._moved((int(query[0]), int(query[1])), self.grid)
+
+    def _moved(self, query: tuple[int, int], grid: tuple[int, int]) -> HeadSpec:
+        dy, dx = query[0] - self.query[0], query[1] - self.query[1]
+        atoms = tuple(replace(a, y=a.y + dy, x=a.x + dx) for a in self.atoms)
+        return replace(self, grid=grid, query=query, atoms=atoms)
+
+    def add_atom(self, atom: Atom) -> HeadSpec:
+        """One more atom (last in the list); a head has at most :data:`MAX_ATOMS`."""
+        if len(self.atoms) >= MAX_ATOMS:
+            raise ValueError(f"a head has at most {MAX_ATOMS} atoms")
+        return replace(self, atoms=(*self.atoms, atom))
+
+    def remove_atom(self, index: int) -> HeadSpec:
+        """The head without atom ``index`` (0-based); a head keeps at least one atom."""
+        self._check_index(index)
+        if len(self.atoms) <= 1:
+            raise ValueError("a head needs at least one atom")
+        return replace(self, atoms=self.atoms[:index] + self.atoms[index + 1 :])
+
+    def with_atom(self, index: int, **changes: float) -> HeadSpec:
+        """Atom ``index`` with some of its numbers (``y``, ``x``, ``sy``, ``sx``, ``w``) changed."""
+        self._check_index(index)
+        unknown = set(changes) - {"y", "x", "sy", "sx", "w"}
+        if unknown:
+            raise ValueError(f"an atom has y, x, sy, sx and w, not {', '.join(sorted(unknown))}")
+        atom = replace(self.atoms[index], **{k: float(v) for k, v in changes.items()})
+        return replace(self, atoms=self.atoms[:index] + (atom,) + self.atoms[index + 1 :])
+
+    def _check_index(self, index: int) -> None:
+        if not (isinstance(index, int) and 0 <= index < len(self.atoms)):
+            raise ValueError(f"atom index {index!r} does not exist: the head has {len(self.atoms)} atoms (0-based)")
+
     def field(self) -> Field:
         """The spec as a one-head fixed field: ``μ = query − key``, ``log λ = log w``."""
         qy, qx = self.query
@@ -151,6 +194,12 @@ def evaluate(spec: HeadSpec) -> HeadView:
         entropy=float(stats["entropy"]),
         radius=float(stats["radius"]),
     )
+
+
+def rescale_cell(c: int, n_old: int, n_new: int) -> int:
+    """Cell ``c`` of an ``n_old``-cell axis at the same relative place on an ``n_new``-cell axis (cell centres
+    scale; unchanged when the size is)."""
+    return min(max(round((c + 0.5) * n_new / n_old - 0.5), 0), n_new - 1)
 
 
 def _clip(v: float, bounds: tuple[float, float]) -> float:

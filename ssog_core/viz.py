@@ -526,7 +526,7 @@ def _mark_cell(ax, cell: tuple[int, int] | None, grid: tuple[int, int]) -> None:
         ax.add_patch(Rectangle((cell[1] - 0.5, cell[0] - 0.5), 1, 1, fill=False, ec="#ffd400", lw=1.6, zorder=6))
 
 
-def export_figure(
+def export_maps_figure(
     image: Image.Image,
     models: Sequence[tuple[str, ExportMaps]],
     layer: int,

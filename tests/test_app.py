@@ -1,7 +1,8 @@
 """Every callback of the app, called directly (no server), on tiny checkpoints and images made in tmp dirs.
 
-Bad inputs must come back as a visible message (never an exception escaping to Gradio), and awkward but valid
-images (grayscale, RGBA, 16-bit) must work.
+Handlers return ``{component: value}`` for the components they change; the tests look the values up by the
+components of a page built once (``page``). Bad inputs must come back as a visible message (never an exception
+escaping to Gradio), and awkward but valid images (grayscale, RGBA, 16-bit) must work.
 """
 
 from __future__ import annotations
@@ -18,13 +19,16 @@ import pytest
 import torch
 from PIL import Image
 
-from app import main as app_main
+from app import layout
+from app.cache import LRU
+from app.layout import build_page
 from app.state import UPLOADED, AppContext, AppError, default_image
 from app.tabs import compare, export, geometry, playground, scaling, session, steering
 from ssog_core import ViT, save_checkpoint
 from ssog_core.analysis import attention_maps, compute_export_maps
 from ssog_core.images import model_input
 from ssog_core.playground import MAX_ATOMS, HeadSpec, evaluate
+from ssog_core.session import NO_TWIN
 from tests.app_fixtures import (
     designed_ssog,
     dot_twin,
@@ -53,12 +57,27 @@ def sha(ctx):
     return ctx.open_bundled("scene.png").sha256
 
 
+@pytest.fixture(scope="module")
+def page(ctx):
+    return build_page(ctx)[1]
+
+
+@pytest.fixture(scope="module")
+def pg(page):
+    return page.playground
+
+
 def event(**data) -> gr.EventData:
     return gr.EventData(None, data)
 
 
 def props(update: dict) -> dict:
     return {k: v for k, v in update.items() if k != "__type__"}
+
+
+def values(out: dict, components: list) -> list:
+    """A handler's values for ``components``, in their order (each one must be there)."""
+    return [out[c] for c in components]
 
 
 # ----------------------------------------------------------------------------------------------- state
@@ -82,9 +101,9 @@ def test_checkpoint_picker_is_confined_to_its_folder(ctx, folders):
 def test_model_cache_is_bounded_and_follows_file_changes(ctx, folders, tmp_path):
     a = ctx.model("ssog_test.safetensors")
     assert ctx.model("ssog_test.safetensors") is a
-    from app.state import MODEL_CACHE, _load
+    from app.state import MODEL_CACHE
 
-    assert _load.cache_info().maxsize == MODEL_CACHE
+    assert ctx.cache.models.size == MODEL_CACHE and len(ctx.cache.models) <= MODEL_CACHE
     path = folders["ckpts"]["dot"]
     st = path.stat()
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
@@ -93,7 +112,7 @@ def test_model_cache_is_bounded_and_follows_file_changes(ctx, folders, tmp_path)
     assert ctx.model("dot_test.safetensors") is not b
 
 
-def test_bad_checkpoint_uploads_are_refused_with_reasons_and_never_run_code(ctx, folders, tmp_path):
+def test_bad_checkpoint_uploads_are_refused_with_reasons_and_never_run_code(ctx, page, folders, tmp_path):
     bad = write_bad_checkpoints(tmp_path, folders["ckpts"]["ssog"])
     cases = {
         "truncated": "truncated or corrupt",
@@ -111,13 +130,14 @@ def test_bad_checkpoint_uploads_are_refused_with_reasons_and_never_run_code(ctx,
         ctx.add_upload([str(bad["pickle"]), str(cfg)])
     assert not bad["marker"].exists()
     names_before = ctx.checkpoint_names()
-    update = app_main.on_checkpoint_upload(ctx, [str(bad["truncated"])], "ssog_test.safetensors")
-    assert "truncated" in update[-1] and ctx.checkpoint_names() == names_before
+    update = layout.on_checkpoint_upload(ctx, page, [str(bad["truncated"])], "ssog_test.safetensors")
+    assert set(update) == {page.status}  # the pickers stay as they are
+    assert "truncated" in update[page.status] and ctx.checkpoint_names() == names_before
     with pytest.raises(AppError, match="upload one .safetensors"):
         ctx.add_upload([str(cfg)])
 
 
-def test_good_uploads_ours_and_a_reference_pt_with_its_config(ctx, folders, tmp_path):
+def test_good_uploads_ours_and_a_reference_pt_with_its_config(ctx, page, folders, tmp_path):
     name = ctx.add_upload([str(folders["ckpts"]["dot"])])
     assert name == UPLOADED + "dot_test.safetensors" and name in ctx.checkpoint_names()
     assert ctx.model(name).config.attn == "dot"
@@ -130,8 +150,8 @@ def test_good_uploads_ours_and_a_reference_pt_with_its_config(ctx, folders, tmp_
     assert name == UPLOADED + "ref_model.safetensors"
     x = torch.rand(1, 3, 32, 32)
     torch.testing.assert_close(ctx.model(name).model(x), ref(x))
-    updates = app_main.checkpoint_updates(ctx, name)
-    assert name in updates[0]["choices"] and updates[0]["value"] == name
+    updates = layout.checkpoint_updates(ctx, page, name)
+    assert name in updates[page.checkpoint]["choices"] and updates[page.checkpoint]["value"] == name
     for _ in range(10):  # disk use stays bounded: the oldest uploads go
         ctx.add_upload([str(folders["ckpts"]["dot"])])
     from app.state import MAX_UPLOADED_CHECKPOINTS
@@ -139,7 +159,7 @@ def test_good_uploads_ours_and_a_reference_pt_with_its_config(ctx, folders, tmp_
     assert len(list(ctx.upload_dir.glob("*.safetensors"))) == MAX_UPLOADED_CHECKPOINTS
 
 
-def test_images_awkward_ones_work_bad_ones_are_refused(ctx, folders, tmp_path):
+def test_images_awkward_ones_work_bad_ones_are_refused(ctx, page, folders, tmp_path):
     for key in ("gray", "rgba", "16bit"):
         stored = ctx.open_upload(str(folders["images"][key]))
         assert stored.image.mode == "RGB" and stored.image.size == (96, 96)
@@ -148,14 +168,14 @@ def test_images_awkward_ones_work_bad_ones_are_refused(ctx, folders, tmp_path):
     for key, message in {"text": "not an image", "truncated_image": "truncated or corrupt", "bomb": "MP limit"}.items():
         with pytest.raises(AppError, match=message):
             ctx.open_upload(str(bad[key]))
-        sha, thumb, pick, text = app_main.on_image_upload(ctx, str(bad[key]))
-        assert sha == gr.skip() and text.startswith("⚠️")
+        out = layout.on_image_upload(ctx, page, str(bad[key]))
+        assert set(out) == {page.status} and out[page.status].startswith("⚠️")
     with pytest.raises(AppError, match="no longer in memory"):
         ctx.image("0" * 64)
     with pytest.raises(AppError, match="not one of the bundled"):
         ctx.open_bundled("../ckpt/ssog_test.safetensors")
-    sha, thumb, text = app_main.on_image_pick(ctx, "rgba.png")
-    assert len(sha) == 64 and thumb.height <= 96 and "rgba.png" in text
+    out = layout.on_image_pick(ctx, page, "rgba.png")
+    assert len(out[page.image_sha]) == 64 and out[page.thumb].height <= 96 and "rgba.png" in out[page.status]
 
 
 # ----------------------------------------------------------------------------------------------- playground
@@ -172,245 +192,275 @@ def test_playground_render_and_preview(ctx):
         assert set(out) == {"error"} and out["error"]
 
 
-def test_playground_release_pick_and_sliders(ctx):
+def test_playground_release_pick_and_sliders(ctx, pg):
     v = playground.initial_value()
     v["atoms"][1]["y"] = 3.0
     canvas = playground.on_release(v, False, event(t=123.5))
     assert canvas["ack"] == 123.5 and canvas["img"].startswith("data:") and "value" not in canvas
-    fig, rows = playground.on_details(v)
+    details = playground.on_details(pg, v)
+    fig, rows = details[pg.kernels], details[pg.table]
     assert rows[1][1] == "(3.0, 12.0)" and len(fig.data) == 2 * (3 + 1)
     bad = playground.on_release({**v, "grid": [1, 1]}, False, event(t=1))
     assert "grid" in bad["err"]
-    sy, sx, w, add, remove = playground.on_pick(v, event(i=2))
-    assert (sy["value"], sx["value"], w["value"]) == (2.5, 2.5, 0.2)
+    picked = playground.on_pick(pg, v, event(i=2))
+    assert (picked[pg.sy]["value"], picked[pg.sx]["value"], picked[pg.w]["value"]) == (2.5, 2.5, 0.2)
     v["sel"] = 2
-    canvas, fig, rows = playground.on_atom_param(v, 4.0, 0.5, 0.9, False)
-    atom = canvas["value"]["atoms"][2]
-    assert (atom["sy"], atom["sx"], atom["w"]) == (4.0, 0.5, 0.9) and rows[2][3] == "(4.00, 0.50)"
+    out = playground.on_atom_param(pg, v, 4.0, 0.5, 0.9, False)
+    atom = out[pg.canvas]["value"]["atoms"][2]
+    assert (atom["sy"], atom["sx"], atom["w"]) == (4.0, 0.5, 0.9) and out[pg.table][2][3] == "(4.00, 0.50)"
+    bad = playground.on_atom_param(pg, v, 0.0, 0.5, 0.9, False)  # σ out of range: the canvas says why
+    assert set(bad) == {pg.canvas} and "σ must be" in bad[pg.canvas]["err"]
 
 
-def test_playground_grid_change_keeps_every_offset(ctx):
+def test_playground_grid_change_keeps_every_offset(ctx, pg):
     v = playground.initial_value()
     mu0 = evaluate(HeadSpec.from_dict(v)).mu
-    canvas, _, _ = playground.on_head_param(v, 2.0, 11, "axial", False)
-    nv = canvas["value"]
+    nv = playground.on_head_param(pg, v, 2.0, 11, "axial", False)[pg.canvas]["value"]
     assert nv["grid"] == [11, 11] and nv["query"] == [5, 5] and nv["tau"] == 2.0 and nv["mode"] == "axial"
     torch.testing.assert_close(evaluate(HeadSpec.from_dict(nv)).mu, mu0)
     v["query"] = [6, 18]  # a corner query goes to the same relative place on the new grid
-    assert playground.on_head_param(v, 1.0, 48, "factorized", False)[0]["value"]["query"] == [12, 36]
+    assert playground.on_head_param(pg, v, 1.0, 48, "factorized", False)[pg.canvas]["value"]["query"] == [12, 36]
+    bad = playground.on_head_param(pg, v, 1.0, 2, "factorized", False)
+    assert set(bad) == {pg.canvas} and "between 3 and 96" in bad[pg.canvas]["err"]
 
 
 @pytest.mark.parametrize("tau, mode", [(1.5, "factorized"), (1.0, "axial"), (3.0, "axial")])
-def test_tau_and_mode_never_move_the_query_or_the_atoms(tau, mode):
+def test_tau_and_mode_never_move_the_query_or_the_atoms(pg, tau, mode):
     """Issue 12, bug 2: τ or the mode changed the ★ to the grid centre (and the default one from (12, 12) to
     (11, 11)), and every atom moved with it."""
     for query in ([6, 6], [12, 12], [0, 23]):
         v = playground.initial_value()
         dq = (query[0] - v["query"][0], query[1] - v["query"][1])
         v = {**v, "query": query, "atoms": [{**a, "y": a["y"] + dq[0], "x": a["x"] + dq[1]} for a in v["atoms"]]}
-        nv = playground.on_head_param(v, tau, 24, mode, False)[0]["value"]
+        nv = playground.on_head_param(pg, v, tau, 24, mode, False)[pg.canvas]["value"]
         assert nv["query"] == query and nv["atoms"] == v["atoms"] and (nv["tau"], nv["mode"]) == (tau, mode)
 
 
-def test_playground_add_remove_reset_limits(ctx):
+def test_playground_add_remove_reset_limits(ctx, pg):
     v = playground.initial_value()
-    out = playground.on_add(v, False, event(y=2.0, x=3.0))
-    v = out[0]["value"]
+    out = playground.on_add(pg, v, False, event(y=2.0, x=3.0))
+    v = out[pg.canvas]["value"]
     assert len(v["atoms"]) == 4 and v["atoms"][-1]["y"] == 2.0 and v["sel"] == 3
+    assert set(out) == set(pg.main_out + pg.atom_controls)
     while len(v["atoms"]) < MAX_ATOMS:
-        v = playground.on_add(v, False, event())[0]["value"]
-    assert playground.on_add(v, False, event()) == (gr.skip(),) * 8  # the 9th is refused with a warning
-    out = playground.on_remove(v, False)
-    assert len(out[0]["value"]["atoms"]) == MAX_ATOMS - 1 and out[6]["interactive"] is True
+        v = playground.on_add(pg, v, False, event())[pg.canvas]["value"]
+    assert playground.on_add(pg, v, False, event()) == gr.skip()  # the 9th is refused with a warning
+    out = playground.on_remove(pg, v, False)
+    assert len(out[pg.canvas]["value"]["atoms"]) == MAX_ATOMS - 1 and out[pg.add]["interactive"] is True
     one = {**playground.initial_value(), "atoms": playground.initial_value()["atoms"][:1]}
-    assert playground.on_remove(one, False) == (gr.skip(),) * 8
-    reset = playground.on_reset(False)
-    assert reset[0]["value"] == playground.initial_value() and len(reset) == 13
+    assert playground.on_remove(pg, one, False) == gr.skip()
+    reset = playground.on_reset(pg, False)
+    assert reset[pg.canvas]["value"] == playground.initial_value() and len(reset) == 13
 
 
-def test_presets_underlay_and_figure(ctx, sha):
+def test_presets_underlay_and_figure(ctx, sha, pg):
     choices, note = playground.preset_choices(ctx, "ssog_test.safetensors")
     assert len(choices) == 4 and "layer" in choices[1]
     assert playground.preset_choices(ctx, "dot_test.safetensors")[0] == []
     assert playground.preset_choices(ctx, None)[0] == []
     assert "unavailable" in playground.preset_choices(ctx, "../x")[1]
-    out = playground.on_preset(ctx, "ssog_test.safetensors", choices[1], False)
-    v = out[0]["value"]
-    lm = ctx.model("ssog_test.safetensors")
-    s = lm.presets[1].shape
+    out = playground.on_preset(ctx, pg, "ssog_test.safetensors", choices[1], False)
+    assert set(out) == set(pg.head_out)
+    v = out[pg.canvas]["value"]
+    loaded = ctx.model("ssog_test.safetensors")
+    s = loaded.presets[1].shape
     # Issue 12, bug 4: a preset sits on the model's own 8×8 patch grid (not its 15×15 displacement grid), so the
     # picture under it is cut into the patches the model sees; its field is the centre query's fixed attention
     assert v["grid"] == [8, 8] and v["query"] == [3, 3]
-    fixed = attention_maps(lm.model, torch.rand(1, 3, 32, 32), steered=False).attn[s.layer][0, s.head, 3 * 8 + 3]
+    fixed = attention_maps(loaded.model, torch.rand(1, 3, 32, 32), steered=False).attn[s.layer][0, s.head, 3 * 8 + 3]
     np.testing.assert_allclose(evaluate(HeadSpec.from_dict(v)).density.numpy().ravel(), fixed.numpy(), atol=1e-5)
-    assert f"layer {s.layer}, head {s.head}" in out[-2] and "8×8 patch grid" in out[-2]
-    assert out[-3]["value"] == "factorized"
-    assert "not a head" in playground.on_preset(ctx, "ssog_test.safetensors", "nonsense", False)[-2]
-    over = playground.on_preset(ctx, "ssog_test.safetensors", choices[1], True, sha)[0]
+    assert f"layer {s.layer}, head {s.head}" in out[pg.preset_note] and "8×8 patch grid" in out[pg.preset_note]
+    assert out[pg.mode]["value"] == "factorized"
+    assert "not a head" in playground.on_preset(ctx, pg, "ssog_test.safetensors", "nonsense", False)[pg.preset_note]
+    over = playground.on_preset(ctx, pg, "ssog_test.safetensors", choices[1], True, sha)[pg.canvas]
     assert over["bg"].startswith("data:image/jpeg") and over["value"]["grid"] == [8, 8]
     note = playground.underlay_note(ctx, "ssog_test.safetensors", sha, v)
     assert "one of ssog_test.safetensors's 8×8 patches" in note and "96×96 px" in note and "32×32 px" in note
     assert "not ssog_test.safetensors's 8×8 patch grid" in playground.underlay_note(
         ctx, "ssog_test.safetensors", sha, playground.initial_value()
     )
-    canvas, fig, rows, box, status = playground.on_underlay(ctx, v, True, sha)
-    assert canvas["bg"].startswith("data:image/jpeg;base64,") and box["value"] is True and status == ""
-    canvas, fig, rows, box, status = playground.on_underlay(ctx, v, True, None)
-    assert canvas["bg"] == "" and box["value"] is False and "pick or upload an image" in status
-    assert app_main.refresh_underlay(ctx, v, False, sha) == (gr.skip(),) * 5  # off: a new image changes nothing
-    assert app_main.refresh_underlay(ctx, v, True, sha)[0]["bg"].startswith("data:image/jpeg")
-    files, status = playground.export_figure(ctx, v, True, sha)
+    out = playground.on_underlay(ctx, pg, v, True, sha)
+    assert out[pg.canvas]["bg"].startswith("data:image/jpeg;base64,") and out[pg.underlay]["value"] is True
+    assert out[pg.status] == ""
+    out = playground.on_underlay(ctx, pg, v, True, None)
+    assert out[pg.canvas]["bg"] == "" and out[pg.underlay]["value"] is False
+    assert "pick or upload an image" in out[pg.status]
+    assert layout.refresh_underlay(ctx, pg, v, False, sha) == gr.skip()  # off: a new image changes nothing
+    assert layout.refresh_underlay(ctx, pg, v, True, sha)[pg.canvas]["bg"].startswith("data:image/jpeg")
+    out = playground.on_make_figure(ctx, pg, v, True, sha)
+    files = out[pg.figure_files]
     assert sorted(Path(f).suffix for f in files) == [".png", ".svg"] and "grid8x8" in files[0]
 
 
 # ----------------------------------------------------------------------------------------------- geometry
 
 
-def test_geometry_ssog_dot_and_missing(ctx, sha):
-    note, card, fig, gates, layer_plot, stats, table, slider = geometry.render(ctx, "ssog_test.safetensors", 1, sha)
+def test_geometry_ssog_dot_and_missing(ctx, sha, page):
+    geo = page.geometry
+    out = geometry.render(ctx, geo, "ssog_test.safetensors", 1, sha)
+    note, card, fig, gates, layer_plot, stats, table, slider = values(out, geo.outputs)
     assert "2 layers × 4 heads × 3 atoms" in note and "parameters" in card and "FLOPs" in card
     assert Path(fig["value"]).name == "geometry_ssog_test.png" and Path(fig["value"]).read_bytes()[:4] == b"\x89PNG"
     assert len(table["value"]) == 2 * 4 * 3 and slider["maximum"] == 1 and slider["value"] == 1
     assert gates["value"].layout.title.text and layer_plot["value"].data[0].hovertemplate
     entropy = stats["value"].data[0]  # the colours span 0 … ln N nats, not the observed min … max
     assert (entropy.zmin, entropy.zmax) == (0.0, pytest.approx(np.log(64))) and stats["value"].data[1].zmin == 0
-    note, card, fig, gates, layer_plot, stats, table, slider = geometry.render(ctx, "dot_test.safetensors", 0, sha)
+    out = geometry.render(ctx, geo, "dot_test.safetensors", 0, sha)
+    note, card, fig, gates, layer_plot, stats, table, slider = values(out, geo.outputs)
     assert "no field" in note and fig["value"] is not None and fig["visible"]
     # a dot model shows no empty plot boxes, tables or dead sliders: what it lacks is hidden
     assert all(u == {"__type__": "update", "value": None, "visible": False} for u in (gates, layer_plot, table))
     assert slider["visible"] is False
     assert "largest-norm keys" in note and "key norms" in stats["value"].layout.title.text
     assert len(stats["value"].data) == 2 + 4  # one histogram per layer, one ratio line per head
-    assert "No checkpoint found" in geometry.render(ctx, None, 0, sha)[0]
-    assert "refused" in geometry.render(ctx, "../../etc/passwd", 0, sha)[0]
+    assert "No checkpoint found" in geometry.render(ctx, geo, None, 0, sha)[geo.note]
+    assert "refused" in geometry.render(ctx, geo, "../../etc/passwd", 0, sha)[geo.note]
     assert geometry.on_layer(ctx, "ssog_test.safetensors", 0).layout.title.text.startswith("Layer 0")
-    files, _ = geometry.downloads(ctx, "ssog_test.safetensors")
+    files = geometry.downloads(ctx, geo, "ssog_test.safetensors")[geo.files]
     assert {Path(f).name for f in files} >= {"geometry_ssog_test.png", "geometry_ssog_test.svg",
                                              "geometry_ssog_test_atoms.csv"}  # fmt: skip
-    assert geometry.downloads(ctx, "dot_test.safetensors")[0] is None
+    refused = geometry.downloads(ctx, geo, "dot_test.safetensors")
+    assert refused[geo.files] is None and "no field to export" in refused[geo.files_status]
 
 
-def test_a_head_clicked_in_the_geometry_grid_opens_in_the_playground(ctx, sha):
-    lm = ctx.model("ssog_test.safetensors")
-    png, boxes = geometry.geometry_png(lm)
+def test_a_head_clicked_in_the_geometry_grid_opens_in_the_playground(ctx, sha, page, pg):
+    loaded = ctx.model("ssog_test.safetensors")
+    png, boxes = geometry.geometry_png(ctx, loaded)
     width, height = Image.open(io.BytesIO(png)).size
     x0, y0, x1, y1 = boxes[2 * 2 + 1]  # head rows × layer columns: head 2 of layer 1
     click = gr.SelectData(None, {"index": [(x0 + x1) / 2 * width, (y0 + y1) / 2 * height], "value": None})
-    assert geometry.head_at(lm, click.index) == (1, 2)
-    out = app_main.on_geometry_click(ctx, "ssog_test.safetensors", False, sha, click)
-    v = out[0]["value"]
-    assert v["grid"] == [8, 8] and "layer 1, head 2" in out[11] and out[-3].selected == "playground"
-    fixed = attention_maps(lm.model, torch.rand(1, 3, 32, 32), steered=False).attn[1][0, 2, 3 * 8 + 3]
+    assert geometry.head_at(ctx, loaded, click.index) == (1, 2)
+    out = layout.on_geometry_click(ctx, page, "ssog_test.safetensors", False, sha, click)
+    v = out[pg.canvas]["value"]
+    assert v["grid"] == [8, 8] and "layer 1, head 2" in out[pg.preset_note]
+    assert out[page.tabs].selected == "playground" and out[page.active] == "playground"
+    assert set(out) == {*pg.head_out, page.tabs, page.active, page.geometry.status}
+    fixed = attention_maps(loaded.model, torch.rand(1, 3, 32, 32), steered=False).attn[1][0, 2, 3 * 8 + 3]
     np.testing.assert_allclose(evaluate(HeadSpec.from_dict(v)).density.numpy().ravel(), fixed.numpy(), atol=1e-5)
     missed = gr.SelectData(None, {"index": [1, 1], "value": None})
-    assert "inside a head's panel" in app_main.on_geometry_click(ctx, "ssog_test.safetensors", False, sha, missed)[-1]
+    missed_out = layout.on_geometry_click(ctx, page, "ssog_test.safetensors", False, sha, missed)
+    assert set(missed_out) == {page.geometry.status} and "inside a head's panel" in missed_out[page.geometry.status]
 
 
 # ----------------------------------------------------------------------------------------------- steering
 
 
-def test_steering_render_click_and_downloads(ctx, sha):
-    note, click, pred, steer, qfig, slider, head, btn = steering.render(ctx, "ssog_test.safetensors", sha, 1, None, 3)
+def test_steering_render_click_and_downloads(ctx, sha, page):
+    st = page.steering
+    out = steering.render(ctx, st, "ssog_test.safetensors", sha, 1, None, 3)
+    note, click, pred, steer, qfig, slider, head, btn = values(out, st.outputs)
     assert "Click a patch" in note and steer["visible"] and qfig is None and head["choices"] == [0, 1, 2, 3]
     assert "μδ bound per atom" not in note and "resized 96×96 → 32×32 px" in note
     steer = steer["value"]
     assert abs(sum(pred.values()) - 1) < 0.2 and set(pred) <= set(ctx.model("ssog_test.safetensors").class_names)
     h, w = click.shape[:2]
     sel = gr.SelectData(None, {"index": [w * 0.7, h * 0.2], "value": None})
-    q, click2, qfig, text = steering.on_select(ctx, "ssog_test.safetensors", sha, 1, sel)
+    out = steering.on_select(ctx, st, "ssog_test.safetensors", sha, 1, sel)
+    q, click2, qfig, text = values(out, [st.query, st.click, st.query_figure, st.query_text])
     assert q == [1, 5] and Path(qfig).name.endswith("_L1_q1-5.png") and "(1, 5)" in text
     assert not np.array_equal(click, click2) and Path(steer).name == f"steering_ssog_test_{sha[:8]}_L1.png"
     assert "layer **1**" in note
-    s = steering.analyse(ctx.model("ssog_test.safetensors"), ctx.image(sha))
+    s = steering.analyse(ctx, ctx.model("ssog_test.safetensors"), ctx.image(sha))
     fixed, steered_row = steering.query_rows(s, 1, (1, 5))
     assert fixed.shape == steered_row.shape == (4, 8, 8) and not np.allclose(fixed, steered_row)
     np.testing.assert_allclose(steered_row.sum((1, 2)), 1, rtol=1e-5)
-    files, _ = steering.downloads(ctx, "ssog_test.safetensors", sha, 1, [1, 5])
+    files = steering.downloads(ctx, st, "ssog_test.safetensors", sha, 1, [1, 5])[st.files]
     names = {Path(f).name for f in files}
     assert any(n.endswith("_L1.png") for n in names) and any(n.endswith("_q1-5.svg") for n in names)
-    note, click, pred, steer, qfig, slider, head, btn = steering.render(ctx, "dot_test.safetensors", sha, 0, [2, 2])
+    out = steering.render(ctx, st, "dot_test.safetensors", sha, 0, [2, 2])
+    note, click, pred, steer, qfig, slider, head, btn = values(out, st.outputs)
     assert "no field to steer" in note and steer == {"__type__": "update", "value": None, "visible": False}
     assert qfig is not None and head["visible"] is False and btn["visible"] is False
-    assert "Pick an image" in steering.render(ctx, "ssog_test.safetensors", None, 0, None)[0]
+    assert "Pick an image" in steering.render(ctx, st, "ssog_test.safetensors", None, 0, None)[st.note]
 
 
-def test_a_steering_query_opens_in_the_playground_with_a_content_gate(ctx, sha):
+def test_a_steering_query_opens_in_the_playground_with_a_content_gate(ctx, sha, page, pg):
     """Steering → playground: the clicked query's head on the model's grid, at the learned gate, and the gate
     slider turns content's steering down to the fixed field (which is the model's fixed attention row)."""
-    out = app_main.on_open_steered(ctx, "ssog_test.safetensors", sha, 1, [2, 5], 2, False)
-    v = out[0]["value"]
-    assert v["grid"] == [8, 8] and v["query"] == [2, 5] and "query patch ★ (2, 5)" in out[11]
-    assert out[13]["visible"] and out[15]["value"] == 1.0 and out[-3].selected == "playground"
-    src = out[16]
+    out = layout.on_open_steered(ctx, page, "ssog_test.safetensors", sha, 1, [2, 5], 2, False)
+    v = out[pg.canvas]["value"]
+    assert v["grid"] == [8, 8] and v["query"] == [2, 5] and "query patch ★ (2, 5)" in out[pg.preset_note]
+    assert out[pg.steer_group]["visible"] and out[pg.gate]["value"] == 1.0
+    assert out[page.tabs].selected == "playground" and out[page.steering.query_text] == ""
+    src = out[pg.steer_src]
     assert src == {"checkpoint": "ssog_test.safetensors", "image_sha256": sha, "layer": 1, "head": 2, "query": [2, 5]}
-    fixed_canvas, _, _, status = app_main.on_gate(ctx, src, 0.0, False, sha)
-    lm = ctx.model("ssog_test.safetensors")
-    row = attention_maps(lm.model, lm.input(ctx.image(sha).image), steered=False).attn[1][0, 2, 2 * 8 + 5]
+    gated = layout.on_gate(ctx, pg, src, 0.0, False, sha)
+    fixed_canvas, status = gated[pg.canvas], gated[pg.status]
+    loaded = ctx.model("ssog_test.safetensors")
+    row = attention_maps(loaded.model, loaded.input(ctx.image(sha).image), steered=False).attn[1][0, 2, 2 * 8 + 5]
     density = evaluate(HeadSpec.from_dict(fixed_canvas["value"])).density.numpy().ravel()
     np.testing.assert_allclose(density, row.numpy(), atol=1e-5)
     assert fixed_canvas["value"]["atoms"] != v["atoms"] and status == ""
-    assert app_main.on_gate(ctx, None, 0.5, False, sha) == (gr.skip(),) * 4
-    assert "click a patch" in app_main.on_open_steered(ctx, "ssog_test.safetensors", sha, 1, None, 0, False)[-1]
-    assert "no field" in app_main.on_open_steered(ctx, "dot_test.safetensors", sha, 0, [1, 1], 0, False)[-1]
+    assert layout.on_gate(ctx, pg, None, 0.5, False, sha) == gr.skip()
+    status = page.steering.query_text
+    assert "click a patch" in layout.on_open_steered(ctx, page, "ssog_test.safetensors", sha, 1, None, 0, False)[status]
+    assert "no field" in layout.on_open_steered(ctx, page, "dot_test.safetensors", sha, 0, [1, 1], 0, False)[status]
 
 
 # ----------------------------------------------------------------------------------------------- export + compare
 
 
-def test_export_maps_with_twin_and_downloads(ctx, sha):
+def test_export_maps_with_twin_and_downloads(ctx, sha, page):
+    ex = page.export
     assert export.default_twin(ctx, "ssog_test.safetensors") == "dot_test.safetensors"
-    assert export.default_twin(ctx, None) == export.NO_TWIN
-    text, fig, acc, slider = export.render(ctx, "ssog_test.safetensors", "dot_test.safetensors", sha, 0.25, 1)
-    lm = ctx.model("ssog_test.safetensors")
-    x, _ = model_input([ctx.image(sha).image], lm.config.img_size, lm.meta)
-    s = compute_export_maps(lm.model, x, 0.25).summary()
+    assert export.default_twin(ctx, None) == NO_TWIN
+    out = export.render(ctx, ex, "ssog_test.safetensors", "dot_test.safetensors", sha, 0.25, 1)
+    text, fig, acc, slider = values(out, ex.outputs)
+    loaded = ctx.model("ssog_test.safetensors")
+    x, _ = model_input([ctx.image(sha).image], loaded.config.img_size, loaded.meta)
+    s = compute_export_maps(loaded.model, x, 0.25).summary()
     assert f"[{s['acc_min']:.3f}, {s['acc_max']:.3f}]" in text and f"{s['exporter_share']:.0%}" in text
     assert "α = **0.25**" in text and "dot_test" in text and Path(fig).name.startswith("export_ssog_test-dot_test_")
     assert acc.data[0].zmid == 0 and acc.data[0].colorbar.title.text
-    files, _ = export.downloads(ctx, "ssog_test.safetensors", "dot_test.safetensors", sha, 0.25, 1)
+    files = export.downloads(ctx, ex, "ssog_test.safetensors", "dot_test.safetensors", sha, 0.25, 1)[ex.files]
     names = sorted(Path(f).name for f in files)
     assert any("alpha0.25_RdBu_r.png" in n and "_L1_" in n for n in names)
     assert any(n.endswith(".svg") for n in names) and sum(n.endswith(".npz") for n in names) == 2
     npz = np.load(next(f for f in files if f.endswith(".npz")))
     assert json.loads(str(npz["settings"]))["alpha"] == 0.25 and npz["net"].shape == (2, 8, 8)
-    assert "Pick an image" in export.render(ctx, "ssog_test.safetensors", export.NO_TWIN, None, 0.5, 0)[0]
+    assert "Pick an image" in export.render(ctx, ex, "ssog_test.safetensors", NO_TWIN, None, 0.5, 0)[ex.text]
     # the patch picked in Steering carries over: outlined on the maps, named in the text and the files
-    text, fig, acc, _ = export.render(ctx, "ssog_test.safetensors", export.NO_TWIN, sha, 0.5, 0, [2, 5])
+    out = export.render(ctx, ex, "ssog_test.safetensors", NO_TWIN, sha, 0.5, 0, [2, 5])
+    text, fig, acc, _ = values(out, ex.outputs)
     assert "query patch (2, 5)" in text and "yellow" in text
     assert [(sh.x0, sh.y0) for sh in acc.layout.shapes] == [(4.5, 1.5)]
     assert json.loads(Image.open(fig).info["Description"])["query"] == [2, 5]
 
 
-def test_compare_side_by_side_and_mismatched_grids(ctx, sha, tmp_path):
-    text, fig, slider = compare.render(ctx, "ssog_test.safetensors", "dot_test.safetensors", sha, 0.5, 1)
+def test_compare_side_by_side_and_mismatched_grids(ctx, sha, page, tmp_path):
+    cmp = page.compare
+    out = compare.render(ctx, cmp, "ssog_test.safetensors", "dot_test.safetensors", sha, 0.5, 1)
+    text, fig, slider = values(out, cmp.outputs)
     assert "A — **ssog_test" in text and "B — **dot_test" in text and Path(fig).suffix == ".png"
-    files, _ = compare.downloads(ctx, "ssog_test.safetensors", "dot_test.safetensors", sha, 0.5, 1)
+    files = compare.downloads(ctx, cmp, "ssog_test.safetensors", "dot_test.safetensors", sha, 0.5, 1)[cmp.files]
     npz = np.load(next(f for f in files if f.endswith(".npz")))
     np.testing.assert_allclose(npz["accumulated_difference"], npz["A_accumulated"] - npz["B_accumulated"])
     other = write_checkpoints(tmp_path / "big", img_size=48, depth=1)["ssog"]
     name = ctx.add_upload([str(other)])
     # Issue 12, bug 5: different grids showed nothing; now A and B side by side, and why there is no A − B
-    text, fig, _ = compare.render(ctx, "ssog_test.safetensors", name, sha, 0.5, 0)
+    text, fig, _ = values(compare.render(ctx, cmp, "ssog_test.safetensors", name, sha, 0.5, 0), cmp.outputs)
     assert fig is not None and "8×8" in text and "12×12" in text and "needs equal grids" in text
-    files, _ = compare.downloads(ctx, "ssog_test.safetensors", name, sha, 0.5, 0)
+    files = compare.downloads(ctx, cmp, "ssog_test.safetensors", name, sha, 0.5, 0)[cmp.files]
     npz = np.load(next(f for f in files if f.endswith(".npz")))
     assert npz["A_net"].shape[-2:] == (8, 8) and npz["B_net"].shape[-2:] == (12, 12)
     assert "accumulated_difference" not in npz
 
 
-def test_rbf_checkpoint_with_registers(ctx, sha, tmp_path):
+def test_rbf_checkpoint_with_registers(ctx, sha, page, tmp_path):
     torch.manual_seed(2)
     model = ViT(num_classes=5, img_size=32, patch_size=4, dim=32, depth=2, num_heads=4, attn="rbf", num_registers=2)
     name = ctx.add_upload([str(save_checkpoint(tmp_path / "rbf_regs.safetensors", model))])
-    note, card, fig, _, _, stats, _, _ = geometry.render(ctx, name, 0, sha)
+    geo = page.geometry
+    note, card, fig, _, _, stats, _, _ = values(geometry.render(ctx, geo, name, 0, sha), geo.outputs)
     assert "**RBF (distance)** attention model" in note and "no field" in note and fig["value"] is not None
     assert "register tokens take" in note and {t.name for t in stats["value"].data} >= {"layer 0 (rbf)", "head 3"}
-    text, fig, _, _ = export.render(ctx, name, export.NO_TWIN, sha, 0.5, 0)
+    text, fig, _, _ = values(export.render(ctx, page.export, name, NO_TWIN, sha, 0.5, 0), page.export.outputs)
     assert "register tokens took" in text and fig is not None
 
 
-def test_scaling_latency_and_resolution_transfer(ctx, folders, tmp_path):
-    note, transfer = scaling.render(ctx, "ssog_test.safetensors")
+def test_scaling_latency_and_resolution_transfer(ctx, folders, page, tmp_path):
+    sc = page.scaling
+    note, transfer = values(scaling.render(ctx, sc, "ssog_test.safetensors"), sc.outputs)
     assert note.startswith("No resolution-transfer curve for **ssog_test.safetensors**") and "\n" not in note
     assert transfer["visible"] is False
     curve = [{"img_size": [48, 48], "tokens": 144, "accuracy": 0.41}, {"img_size": [32, 32], "tokens": 64,
@@ -418,7 +468,7 @@ def test_scaling_latency_and_resolution_transfer(ctx, folders, tmp_path):
     beside = folders["ckpt"] / "ssog_test.transfer.json"  # evaluate --json beside the checkpoint
     beside.write_text(json.dumps(curve))
     try:
-        note, transfer = scaling.render(ctx, "ssog_test.safetensors")
+        note, transfer = values(scaling.render(ctx, sc, "ssog_test.safetensors"), sc.outputs)
     finally:
         beside.unlink()
     assert "3 sizes, from `ssog_test.transfer.json`" in note and transfer["visible"]
@@ -437,52 +487,63 @@ def test_scaling_latency_and_resolution_transfer(ctx, folders, tmp_path):
     save_file(state, str(tmp_path / "in_header.safetensors"), metadata=header)
     for file, n in ((in_meta, 3), (tmp_path / "in_header.safetensors", 2)):
         name = ctx.add_upload([str(file)])
-        note, transfer = scaling.render(ctx, name)
+        note, transfer = values(scaling.render(ctx, sc, name), sc.outputs)
         assert f"({n} sizes, from the checkpoint's metadata)" in note and len(transfer["value"].data[0].x) == n
     bad = save_checkpoint(tmp_path / "bad_curve.safetensors", designed_ssog(depth=1),
                           {"resolution_transfer": '[{"tokens": 3}]'})  # fmt: skip
-    assert "expected img_size" in scaling.render(ctx, ctx.add_upload([str(bad)]))[0]
-    lm = ctx.model("ssog_test.safetensors")
-    assert scaling.sizes(lm) == [(16, 16), (32, 32), (48, 48), (64, 64), (96, 96)]
-    text, plot = scaling.on_measure(ctx, "ssog_test.safetensors")
+    assert "expected img_size" in scaling.render(ctx, sc, ctx.add_upload([str(bad)]))[sc.transfer_note]
+    loaded = ctx.model("ssog_test.safetensors")
+    assert scaling.sizes(loaded) == [(16, 16), (32, 32), (48, 48), (64, 64), (96, 96)]
+    measured = scaling.on_measure(ctx, sc, "ssog_test.safetensors")
+    text, plot = measured[sc.latency_note], measured[sc.latency]
     assert "ssog_test.safetensors" in text and "dot_test.safetensors" in text and "slope" in text
     assert [t.name.split(" ")[0] for t in plot.data[:2]] == ["ssog_test.safetensors", "dot_test.safetensors"]
     assert list(plot.data[0].x) == [16, 64, 144, 256, 576] and all(v > 0 for v in plot.data[0].y)
     assert "cpu" in plot.layout.title.text and len(plot.data) == 4  # two models, linear and quadratic guides
-    assert "pick a checkpoint" in scaling.on_measure(ctx, None)[0]
+    assert "pick a checkpoint" in scaling.on_measure(ctx, sc, None)[sc.latency_note]
 
 
 # ----------------------------------------------------------------------------------------------- session + main
 
 
-def test_session_round_trip(ctx, sha, tmp_path):
+def test_session_round_trip(ctx, sha, page, pg, tmp_path):
     v = playground.initial_value()
     v["atoms"][0]["x"] = 4.0
     data = session.make_session(ctx, "ssog_test.safetensors", sha, v, True, 1, 1, [2, 3], "dot_test.safetensors",
-                                0.3, 1, "ssog_test.safetensors", "dot_test.safetensors", 0.6, 0)  # fmt: skip
+                                0.3, 1, "ssog_test.safetensors", "dot_test.safetensors", 0.6, 0).to_dict()  # fmt: skip
     assert data["image"] == {"sha256": sha, "name": "scene.png"} and data["playground"]["head"]["atoms"][0]["x"] == 4
     path = tmp_path / "s.json"
     path.write_text(json.dumps(data))
-    out = app_main.restore_session(ctx, str(path))
-    assert len(out) == 22 and out[0]["value"] == "ssog_test.safetensors" and out[1] == sha
-    assert out[3]["value"] == "scene.png"  # issue 12, bug 6: the picker names the restored image
-    assert out[4]["value"]["atoms"][0]["x"] == 4.0 and out[4]["bg"].startswith("data:image/jpeg")
-    assert out[13] == [2, 3] and out[15]["value"] == 0.3 and out[-1] == "Session restored."
+    ses = page.session
+    out = layout.restore_session(ctx, page, str(path))
+    restored = [page.checkpoint, page.image_sha, page.thumb, page.image_pick, *pg.main_out, pg.underlay,
+                *pg.head_controls, *page.tab_settings, ses.status]  # fmt: skip
+    assert set(out) == set(restored) and len(restored) == 22
+    assert out[page.checkpoint]["value"] == "ssog_test.safetensors" and out[page.image_sha] == sha
+    assert out[page.image_pick]["value"] == "scene.png"  # issue 12, bug 6: the picker names the restored image
+    assert out[pg.canvas]["value"]["atoms"][0]["x"] == 4.0 and out[pg.canvas]["bg"].startswith("data:image/jpeg")
+    assert out[page.steering.query] == [2, 3] and out[page.export.alpha]["value"] == 0.3
+    assert out[page.export.twin]["value"] == "dot_test.safetensors" and out[page.compare.alpha]["value"] == 0.6
+    assert out[ses.status] == "Session restored."
     data["image"]["sha256"] = "f" * 64
     data["checkpoint"] = "gone.safetensors"
     path.write_text(json.dumps(data))
-    out = app_main.restore_session(ctx, str(path))
-    assert "gone.safetensors" in out[-1] and "no longer in memory" in out[-1] and out[4]["value"]["atoms"]
+    out = layout.restore_session(ctx, page, str(path))
+    assert page.checkpoint not in out and page.image_sha not in out  # what cannot be restored stays as it is
+    assert "gone.safetensors" in out[ses.status] and "no longer in memory" in out[ses.status]
+    assert out[pg.canvas]["value"]["atoms"]
     path.write_text("{not json")
-    assert "not a JSON session" in app_main.restore_session(ctx, str(path))[-1]
+    assert "not a JSON session" in layout.restore_session(ctx, page, str(path))[ses.status]
     path.write_text(json.dumps({"format": "other"}))
-    assert "not an SSOG Lab session" in app_main.restore_session(ctx, str(path))[-1]
-    file, text = app_main.save_session(ctx, "ssog_test.safetensors", sha, v, False, 0, 0, None, "(none)", 0.5, 0,
-                                       None, None, 0.5, 0)  # fmt: skip
+    refused = layout.restore_session(ctx, page, str(path))
+    assert set(refused) == {ses.status} and "not an SSOG Lab session" in refused[ses.status]
+    saved = layout.save_session(ctx, page, "ssog_test.safetensors", sha, v, False, 0, 0, None, "(none)", 0.5, 0,
+                                None, None, 0.5, 0)  # fmt: skip
+    file, text = saved[ses.file], saved[ses.status]
     assert json.loads(Path(file).read_text())["checkpoint"] == "ssog_test.safetensors" and text == "Session saved."
 
 
-def test_sessions_save_and_restore_uploaded_checkpoints(ctx, sha, tmp_path):
+def test_sessions_save_and_restore_uploaded_checkpoints(ctx, sha, page, tmp_path):
     """Issue 12, bug 1: a checkpoint uploaded as reference .pt + .json is named ``uploaded/…``, and saving a
     session with it selected failed (the ``/`` went into the file name). Any picker name saves and restores."""
     from tests.app_fixtures import write_reference_checkpoint
@@ -490,30 +551,34 @@ def test_sessions_save_and_restore_uploaded_checkpoints(ctx, sha, tmp_path):
     name = ctx.add_upload([str(p) for p in write_reference_checkpoint(tmp_path)])
     assert name.startswith(UPLOADED)
     v = playground.initial_value()
+    ses = page.session
     for ckpt in (name, "ssog_test.safetensors"):
-        file, text = app_main.save_session(ctx, ckpt, sha, v, False, 0, 0, None, "(none)", 0.5, 0, None, None, 0.5, 0)
+        saved = layout.save_session(ctx, page, ckpt, sha, v, False, 0, 0, None, "(none)", 0.5, 0, None, None, 0.5, 0)
+        file, text = saved[ses.file], saved[ses.status]
         assert text == "Session saved." and Path(file).is_file() and "/" not in Path(file).name
         assert json.loads(Path(file).read_text())["checkpoint"] == ckpt
-        out = app_main.restore_session(ctx, file)
-        assert out[0]["value"] == ckpt and out[-1] == "Session restored."
+        out = layout.restore_session(ctx, page, file)
+        assert out[page.checkpoint]["value"] == ckpt and out[ses.status] == "Session restored."
     assert Path(file).name == "ssog_session_ssog_test.json"
 
 
-def test_messages_use_no_emoji_a_plain_font_cannot_draw(ctx, folders):
+def test_messages_use_no_emoji_a_plain_font_cannot_draw(ctx, page, folders):
     """Issue 12, bug 7: "✅" drew as an empty box on a machine without an emoji font."""
-    text = app_main.on_checkpoint_upload(ctx, [str(folders["ckpts"]["dot"])], None)[-1]
+    text = layout.on_checkpoint_upload(ctx, page, [str(folders["ckpts"]["dot"])], None)[page.status]
     assert "Loaded" in text and not any(ord(c) >= 0x1F000 or c in "\u2705\ufe0f" for c in text)
 
 
-def test_lazy_rendering_and_checkpoint_defaults(ctx, tmp_path):
-    calls = []
-    run = app_main.lazy("export", lambda *a: calls.append(a) or ("x",), 1)
-    assert run("playground", None, 1, 2) == (gr.skip(), gr.skip()) and not calls
-    key, out = run("export", None, 1, 2)
-    assert out == "x" and run("export", key, 1, 2) == (gr.skip(), gr.skip()) and len(calls) == 1
-    assert app_main.default_checkpoint(ctx, ctx.checkpoint_names()) == "ssog_test.safetensors"
-    presets, note, twin, a, b = app_main.on_checkpoint_change(ctx, "ssog_test.safetensors")
-    assert app_main.on_checkpoint_change(ctx, "dot_test.safetensors")[0]["visible"] is False  # no dead picker
+def test_lazy_rendering_and_checkpoint_defaults(ctx, page, tmp_path):
+    calls, last, shown = [], gr.State(None), gr.Markdown()
+    run = layout.lazy("export", lambda *a: calls.append(a) or {shown: "x"}, last)
+    assert run("playground", None, 1, 2) == gr.skip() and not calls
+    out = run("export", None, 1, 2)
+    assert out[shown] == "x" and run("export", out[last], 1, 2) == gr.skip() and len(calls) == 1
+    assert layout.default_checkpoint(ctx, ctx.checkpoint_names()) == "ssog_test.safetensors"
+    follow = [page.playground.preset, page.playground.preset_note, page.export.twin, page.compare.a, page.compare.b]
+    presets, note, twin, a, b = values(layout.on_checkpoint_change(ctx, page, "ssog_test.safetensors"), follow)
+    dot = layout.on_checkpoint_change(ctx, page, "dot_test.safetensors")
+    assert dot[page.playground.preset]["visible"] is False  # no dead picker
     assert (
         len(presets["choices"]) == 4
         and presets["visible"]
@@ -522,42 +587,47 @@ def test_lazy_rendering_and_checkpoint_defaults(ctx, tmp_path):
     )
     empty = AppContext(tmp_path / "none", tmp_path / "none", upload_dir=tmp_path / "up")
     (tmp_path / "up").mkdir()
-    assert "No checkpoint found" in app_main.folder_status(empty, [])
+    assert "No checkpoint found" in layout.folder_status(empty, [])
 
 
 def test_build_app_without_checkpoints_serves_the_playground(tmp_path):
     (tmp_path / "up").mkdir()
     empty = AppContext(tmp_path / "none", tmp_path / "none", upload_dir=tmp_path / "up")
     t = time.perf_counter()
-    demo = app_main.build_app(empty)
+    demo = layout.build_app(empty)
     assert isinstance(demo, gr.Blocks) and time.perf_counter() - t < 60
     config = demo.get_config_file()
     names = {c.get("props", {}).get("elem_id") for c in config["components"]}
     assert {"pg-canvas", "ckpt", "ex-figure", "st-click", "geo-figure"} <= names
 
 
-def test_caches_stay_bounded():
-    from app.common import LRU
-    from app.tabs.export import _MAPS
-    from app.tabs.steering import _ANALYSES
-
+def test_caches_stay_bounded(ctx):
     cache, made = LRU(2), []
     for key in [1, 2, 1, 3, 4, 1]:
         cache.get(key, lambda k=key: made.append(k) or k)
     assert len(cache) == 2 and made == [1, 2, 3, 4, 1]
-    assert _MAPS.size <= 8 and _ANALYSES.size <= 3 and len(_MAPS) <= _MAPS.size
+    assert cache.peek(4) == 4 and cache.peek(3) is None and 1 in cache and 3 not in cache
+    cache.put(5, 5)  # peeking at 4 made it the more recent one: 1 goes
+    assert 1 not in cache and {4, 5} == {k for k in (1, 2, 3, 4, 5) if k in cache}
+    with pytest.raises(ValueError, match="at least one"):
+        LRU(0)
+    sizes = {name: getattr(ctx.cache, name).size for name in vars(ctx.cache)}
+    assert sizes == {"models": 4, "images": 32, "cards": 8, "figures": 8, "steering": 3, "export_maps": 8}
+    assert all(len(c) <= c.size for c in vars(ctx.cache).values())
 
 
 DEMO = Path(__file__).resolve().parents[1] / "checkpoints"
 
 
 @pytest.mark.skipif(not (DEMO / "ssog_layouts.safetensors").is_file(), reason="demo checkpoints not in checkpoints/")
-def test_demo_checkpoints_open_in_every_tab(tmp_path):
+def test_demo_checkpoints_open_in_every_tab(page, tmp_path):
     demo = AppContext(DEMO, DEMO.parent / "assets", upload_dir=tmp_path)
     stored = default_image(demo) or demo.open_upload(str(write_images(tmp_path / "img")["rgb"]))
-    note, card, fig, *_ = geometry.render(demo, "ssog_layouts.safetensors", 0, stored.sha256)
+    geo = geometry.render(demo, page.geometry, "ssog_layouts.safetensors", 0, stored.sha256)
+    note, card, fig, *_ = values(geo, page.geometry.outputs)
     assert fig is not None and "accuracy" in card
     twin = export.default_twin(demo, "ssog_layouts.safetensors")
-    text, fig, _, _ = export.render(demo, "ssog_layouts.safetensors", twin, stored.sha256, 0.5, 0)
-    assert fig is not None and "net exporters" in text
-    assert steering.render(demo, "ssog_layouts.safetensors", stored.sha256, 0, [1, 1])[4] is not None
+    ex = export.render(demo, page.export, "ssog_layouts.safetensors", twin, stored.sha256, 0.5, 0)
+    assert ex[page.export.figure] is not None and "net exporters" in ex[page.export.text]
+    st = steering.render(demo, page.steering, "ssog_layouts.safetensors", stored.sha256, 0, [1, 1])
+    assert st[page.steering.query_figure] is not None

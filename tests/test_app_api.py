@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from gradio_client import Client
 
-from app.main import CONCURRENCY, QUEUE_SIZE, build_app, launch, parse_args
+from app.layout import build_app
+from app.main import CONCURRENCY, QUEUE_SIZE, launch, parse_args
 from app.process import free_port
-from app.state import AppContext
+from app.state import MAX_UPLOAD_BYTES, AppContext
 from ssog_core.playground import DEFAULT_SPEC
 from tests.app_fixtures import write_checkpoints, write_images
 
@@ -33,7 +34,7 @@ def client(demo):
 
 def test_server_settings(demo):
     assert parse_args([]).host == "127.0.0.1" and parse_args([]).port == 7860
-    assert demo.max_file_size == 64 * 1024**2 and demo.share is False
+    assert demo.max_file_size == MAX_UPLOAD_BYTES == 64 * 1024**2 and demo.share is False
     assert demo._queue.max_size == QUEUE_SIZE and demo._queue.default_concurrency_limit == CONCURRENCY
 
 

@@ -13,7 +13,8 @@ from gradio_client import Client
 
 from app import main as app_main
 from app import state
-from app.main import build_app, launch
+from app.layout import HEADER, build_app
+from app.main import launch
 from app.process import free_port
 from app.state import AppContext
 from tests.app_fixtures import write_checkpoints, write_images
@@ -55,11 +56,11 @@ def test_models_load_on_the_chosen_device(tmp_path, monkeypatch):
 
     monkeypatch.setattr(state, "load_checkpoint", recording)
     ctx = AppContext(tmp_path / "ckpt", tmp_path / "assets", upload_dir=tmp_path / "up", device="cuda:3")
-    lm = ctx.model("ssog_test.safetensors")
-    assert asked == ["cuda:3"] and lm.device == torch.device("cpu")
-    x = lm.input(ctx.open_bundled("scene.png").image)
-    assert x.shape == (1, 3, 32, 32) and x.device == lm.device
-    assert "models run on **cuda:3**" in app_main.HEADER.format(device=ctx.device)
+    loaded = ctx.model("ssog_test.safetensors")
+    assert asked == ["cuda:3"] and loaded.device == torch.device("cpu")
+    x = loaded.input(ctx.open_bundled("scene.png").image)
+    assert x.shape == (1, 3, 32, 32) and x.device == loaded.device
+    assert "models run on **cuda:3**" in HEADER.format(device=ctx.device)
 
 
 def test_logins_from_a_file_or_the_environment(tmp_path):

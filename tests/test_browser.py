@@ -378,7 +378,8 @@ def geometry_click_opens_the_head(page, ckpt_dir: Path) -> None:
     """Linked views: a click on a head's panel in the geometry grid opens that head in the playground."""
     open_tab(page, "geometry")
     page.wait_for_selector("#geo-figure img[src]", state="attached")
-    _, boxes = geometry.geometry_png(AppContext(ckpt_dir, ckpt_dir).model("ssog_test.safetensors"))
+    ctx = AppContext(ckpt_dir, ckpt_dir)
+    _, boxes = geometry.geometry_png(ctx, ctx.model("ssog_test.safetensors"))
     x0, y0, x1, y1 = boxes[1 * 2 + 1]  # head rows × layer columns: head 1 of layer 1
     page.evaluate("f => { const b = document.querySelector('#geo-figure img').getBoundingClientRect();"
                   " window.scrollBy(0, b.y + f * b.height - 400); }", (y0 + y1) / 2)  # fmt: skip

@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 from gradio_client import Client, handle_file
 
-from app import main as app_main
-from app.main import build_app, launch
+from app import layout
+from app.layout import build_app, build_page
+from app.main import launch
 from app.process import free_port
 from app.state import AppContext
 from app.tabs import compare, export, geometry, playground, steering
+from ssog_core.session import NO_TWIN
 from tests.app_fixtures import write_checkpoints, write_images
 from tests.reliability_corpus import BOMB_SIDE, bad_checkpoints, bad_images
 
@@ -40,6 +42,11 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ctx(corpus, tmp_path_factory):
     return AppContext(corpus["root"] / "ckpt", corpus["root"] / "assets", upload_dir=tmp_path_factory.mktemp("up"))
+
+
+@pytest.fixture(scope="module")
+def page(ctx):
+    return build_page(ctx)[1]
 
 
 @pytest.fixture(scope="module")
@@ -68,39 +75,44 @@ def test_the_corpus_is_what_it_claims(corpus):
     assert set(corpus["checkpoints"]) == set(CHECKPOINTS)
 
 
-def _works(ctx: AppContext, sha: str, every_tab: bool) -> None:
+def _works(ctx: AppContext, page: layout.Page, sha: str, every_tab: bool) -> None:
     """An accepted picture goes through both models, the steering analysis and the playground underlay; with
     ``every_tab`` every tab also draws its figures of it."""
     stored = ctx.image(sha)
     for name in (GOOD, TWIN):
-        maps = export.maps_for(ctx.model(name), stored, 0.5)
+        maps = export.maps_for(ctx, ctx.model(name), stored, 0.5)
         assert maps.grid == (8, 8) and np.isfinite(maps.accumulated.numpy()).all()
-    assert steering.analyse(ctx.model(GOOD), stored).offsets is not None
-    canvas, *_ = playground.on_underlay(ctx, playground.initial_value(), True, sha)
-    assert canvas["bg"].startswith("data:image/jpeg")
+    assert steering.analyse(ctx, ctx.model(GOOD), stored).offsets is not None
+    pg = page.playground
+    assert playground.on_underlay(ctx, pg, playground.initial_value(), True, sha)[pg.canvas]["bg"].startswith(
+        "data:image/jpeg"
+    )
     if every_tab:
-        text, fig, acc, _ = export.render(ctx, GOOD, TWIN, sha, 0.5, 1)
-        assert fig is not None and "net exporters" in text, text
-        note, click, pred, steer, qfig, *_ = steering.render(ctx, GOOD, sha, 0, [1, 1])
-        assert steer["value"] is not None and qfig is not None, note
-        assert compare.render(ctx, GOOD, TWIN, sha, 0.5, 0)[1] is not None
-        assert geometry.render(ctx, TWIN, 0, sha)[2]["value"] is not None  # a dot model's maps on the picture
+        ex, st, cmp, geo = page.export, page.steering, page.compare, page.geometry
+        out = export.render(ctx, ex, GOOD, TWIN, sha, 0.5, 1)
+        assert out[ex.figure] is not None and "net exporters" in out[ex.text], out[ex.text]
+        out = steering.render(ctx, st, GOOD, sha, 0, [1, 1])
+        assert out[st.steering]["value"] is not None and out[st.query_figure] is not None, out[st.note]
+        assert compare.render(ctx, cmp, GOOD, TWIN, sha, 0.5, 0)[cmp.figure] is not None
+        assert geometry.render(ctx, geo, TWIN, 0, sha)[geo.figure]["value"] is not None  # a dot model's maps
 
 
 @pytest.mark.parametrize("key", REFUSED_IMAGES)
-def test_bad_image_upload_in_the_page_says_why_and_the_next_one_works(ctx, corpus, key):
+def test_bad_image_upload_in_the_page_says_why_and_the_next_one_works(ctx, page, corpus, key):
     path, expected = corpus["images"][key]
-    sha, thumb, pick, text = app_main.on_image_upload(ctx, str(path))
-    assert (sha, thumb, pick) == (gr.skip(),) * 3  # the page keeps its current picture
+    out = layout.on_image_upload(ctx, page, str(path))
+    assert set(out) == {page.status}  # the page keeps its current picture
+    text = out[page.status]
     assert text.startswith("⚠️") and re.search(expected, text), text
-    good = app_main.on_image_pick(ctx, "scene.png")
-    assert len(good[0]) == 64 and "scene.png" in good[2]
+    good = layout.on_image_pick(ctx, page, "scene.png")
+    assert len(good[page.image_sha]) == 64 and "scene.png" in good[page.status]
 
 
 @pytest.mark.parametrize("key", VALID_IMAGES)
-def test_awkward_images_are_converted_and_work_in_every_tab(ctx, corpus, key):
+def test_awkward_images_are_converted_and_work_in_every_tab(ctx, page, corpus, key):
     path, _ = corpus["images"][key]
-    sha, thumb, pick, text = app_main.on_image_upload(ctx, str(path))
+    out = layout.on_image_upload(ctx, page, str(path))
+    sha, text = out[page.image_sha], out[page.status]
     assert len(sha) == 64 and path.name in text and not text.startswith("⚠️")
     img = ctx.image(sha).image
     assert img.mode == "RGB"
@@ -113,21 +125,22 @@ def test_awkward_images_are_converted_and_work_in_every_tab(ctx, corpus, key):
         assert a[0, 0].tolist() == [255, 255, 255] and a[48, 48].tolist() != [255, 255, 255]  # on white
     elif key == "animated_gif":
         assert img.size == (64, 64)  # the first frame
-    _works(ctx, sha, every_tab=key == "one_pixel")  # the figures of the most extreme one
+    _works(ctx, page, sha, every_tab=key == "one_pixel")  # the figures of the most extreme one
 
 
 @pytest.mark.parametrize("key", CHECKPOINTS)
-def test_bad_checkpoint_upload_in_the_page_says_why(ctx, corpus, key):
+def test_bad_checkpoint_upload_in_the_page_says_why(ctx, page, corpus, key):
     files, expected = corpus["checkpoints"][key]
     names = ctx.checkpoint_names()
-    out = app_main.on_checkpoint_upload(ctx, [str(p) for p in files], GOOD)
-    assert out[:4] == (gr.skip(),) * 4  # pickers unchanged
-    assert out[4].startswith("⚠️") and re.search(expected, out[4]), out[4]
+    out = layout.on_checkpoint_upload(ctx, page, [str(p) for p in files], GOOD)
+    assert set(out) == {page.status}  # pickers unchanged
+    assert out[page.status].startswith("⚠️") and re.search(expected, out[page.status]), out[page.status]
     assert ctx.checkpoint_names() == names and not corpus["marker"].exists()
-    assert geometry.render(ctx, GOOD, 0, None)[2]["value"] is not None  # the next request works
+    geo = page.geometry
+    assert geometry.render(ctx, geo, GOOD, 0, None)[geo.figure]["value"] is not None  # the next request works
 
 
-def test_bad_checkpoints_in_the_folder_give_messages_in_every_tab(corpus, tmp_path):
+def test_bad_checkpoints_in_the_folder_give_messages_in_every_tab(corpus, page, tmp_path):
     """Files dropped into the checkpoint folder by hand are listed, and each tab says what is wrong with them."""
     folder = tmp_path / "ckpt"
     shutil.copytree(corpus["root"] / "ckpt", folder)
@@ -136,21 +149,22 @@ def test_bad_checkpoints_in_the_folder_give_messages_in_every_tab(corpus, tmp_pa
         shutil.copy(path, folder / path.name)
     ctx = AppContext(folder, corpus["root"] / "assets", upload_dir=tmp_path / "up")
     sha = ctx.open_bundled("scene.png").sha256
-    assert app_main.default_checkpoint(ctx, ctx.checkpoint_names()) == GOOD
+    assert layout.default_checkpoint(ctx, ctx.checkpoint_names()) == GOOD
     demo = build_app(ctx)  # the page builds with broken files in the folder
     assert isinstance(demo, gr.Blocks)
+    geo, st, ex, cmp = page.geometry, page.steering, page.export, page.compare
     for key, path in bad.items():
         expected = corpus["checkpoints"][key][1]
         for text in (
-            geometry.render(ctx, path.name, 0, sha)[0],
-            steering.render(ctx, path.name, sha, 0, None)[0],
-            export.render(ctx, path.name, TWIN, sha, 0.5, 0)[0],
-            compare.render(ctx, path.name, TWIN, sha, 0.5, 0)[0],
+            geometry.render(ctx, geo, path.name, 0, sha)[geo.note],
+            steering.render(ctx, st, path.name, sha, 0, None)[st.note],
+            export.render(ctx, ex, path.name, TWIN, sha, 0.5, 0)[ex.text],
+            compare.render(ctx, cmp, path.name, TWIN, sha, 0.5, 0)[cmp.text],
             playground.preset_choices(ctx, path.name)[1],
         ):
             assert re.search(expected, text), (key, text)
-        assert export.default_twin(ctx, path.name) == export.NO_TWIN
-    assert geometry.render(ctx, GOOD, 0, sha)[2]["value"] is not None
+        assert export.default_twin(ctx, path.name) == NO_TWIN
+    assert geometry.render(ctx, geo, GOOD, 0, sha)[geo.figure]["value"] is not None
     assert not corpus["marker"].exists()
 
 

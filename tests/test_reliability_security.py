@@ -22,16 +22,18 @@ import pytest
 import torch
 from gradio_client import Client, handle_file
 
+from app import layout
 from app import main as app_main
+from app.api import uploaded_path
 from app.process import AppProcess, free_port
-from app.state import AppContext, AppError
+from app.state import MAX_UPLOAD_BYTES, AppContext, AppError
 from app.tabs import compare, export, geometry, playground, session, steering
 from tests.app_fixtures import dot_twin, write_checkpoints, write_images
 from tests.reliability_corpus import bad_checkpoints, bad_images
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD, TWIN = "ssog_test.safetensors", "dot_test.safetensors"
-CAP = "1mb"  # the test server's upload cap (the real one is 64 MB: too large to send in a test)
+CAP = 1024**2  # the test server's upload cap (the real one is 64 MB: too large to send in a test)
 
 
 def listening(port: int) -> list[str]:
@@ -68,12 +70,12 @@ def folders(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(folders, tmp_path_factory):
     ctx = AppContext(folders["ckpt"], folders["assets"], upload_dir=tmp_path_factory.mktemp("up"))
-    demo = app_main.build_app(ctx)
+    demo, page = layout.build_page(ctx)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(app_main, "MAX_UPLOAD", CAP)
+        mp.setattr(app_main, "MAX_UPLOAD_BYTES", CAP)
         app_main.launch(demo, "127.0.0.1", free_port(), prevent_thread_lock=True, quiet=True)
     try:
-        yield demo, Client(demo.local_url, verbose=False, download_files=False)
+        yield demo, Client(demo.local_url, verbose=False, download_files=False), page
     finally:
         demo.close()
 
@@ -112,7 +114,8 @@ def test_host_flag_and_launch_settings(monkeypatch, tmp_path):
     assert default["server_name"] == "127.0.0.1" and default["server_port"] == 7860
     assert public["server_name"] == "0.0.0.0" and public["server_port"] == 9123
     for kw in calls:
-        assert kw["share"] is False and kw["max_file_size"] == "64mb" and kw["show_error"] is False
+        assert kw["share"] is False and kw["max_file_size"] == MAX_UPLOAD_BYTES == 64 * 1024**2
+        assert kw["show_error"] is False
         assert kw["state_session_capacity"] == app_main.SESSIONS
 
 
@@ -141,7 +144,7 @@ def test_sigterm_while_gradio_is_still_starting_is_a_clean_stop(monkeypatch, tmp
 
 
 def test_uploads_over_the_cap_are_refused_by_the_server(server, tmp_path):
-    demo, client = server
+    demo, client, _ = server
     assert demo.max_file_size == 1024**2
     url = demo.local_url.rstrip("/") + "/gradio_api/upload"
     big = os.urandom(1024**2 + 1)
@@ -152,7 +155,7 @@ def test_uploads_over_the_cap_are_refused_by_the_server(server, tmp_path):
     assert client.predict(api_name="/checkpoints")  # still serving
 
 
-def test_file_size_caps_behind_the_upload_cap(tmp_path):
+def test_file_size_caps_behind_the_upload_cap(server, tmp_path):
     """Files reaching the app by other routes (the checkpoint folder, a raised cap) are checked before reading."""
     ctx = AppContext(tmp_path, tmp_path, upload_dir=tmp_path / "up")
     (tmp_path / "up").mkdir()
@@ -166,7 +169,8 @@ def test_file_size_caps_behind_the_upload_cap(tmp_path):
         f.truncate(3 * 1024**3)
     with pytest.raises(AppError, match="over the 2 GB limit"):
         ctx.add_upload([str(giant)])
-    assert "over the 2 GB limit" in geometry.render(ctx, "giant.safetensors", 0, None)[0]
+    geo = server[2].geometry
+    assert "over the 2 GB limit" in geometry.render(ctx, geo, "giant.safetensors", 0, None)[geo.note]
 
 
 # ---------------------------------------------------------------------------------------------- confinement
@@ -178,7 +182,7 @@ def test_file_size_caps_behind_the_upload_cap(tmp_path):
      "outside/stolen.safetensors", "..%2Foutside%2Fstolen.safetensors", "./../outside/stolen.safetensors"],
 )  # fmt: skip
 def test_api_checkpoint_names_stay_in_the_folder(server, folders, name):
-    _, client = server
+    _, client, _ = server
     if name == "ABSOLUTE":  # an existing, valid checkpoint: refused because of where it is
         name = str(folders["outside"] / "stolen.safetensors")
     for endpoint, args in (("/geometry_summary", ()), ("/export_summary", ("scene.png", 0.5))):
@@ -187,17 +191,18 @@ def test_api_checkpoint_names_stay_in_the_folder(server, folders, name):
     assert client.predict(GOOD, api_name="/geometry_summary")["card"]["attention"] == "ssog"
 
 
-def test_picker_names_stay_in_the_folder(folders, tmp_path):
+def test_picker_names_stay_in_the_folder(server, folders, tmp_path):
+    geo = server[2].geometry
     ctx = AppContext(folders["ckpt"], folders["assets"], upload_dir=tmp_path)
     assert "link.safetensors" in ctx.checkpoint_names()  # listed (it is in the folder) but never opened
     for name in ("link.safetensors", str(folders["outside"] / "stolen.safetensors"), "../outside/stolen.safetensors"):
-        for text in (geometry.render(ctx, name, 0, None)[0], playground.preset_choices(ctx, name)[1]):
+        for text in (geometry.render(ctx, geo, name, 0, None)[geo.note], playground.preset_choices(ctx, name)[1]):
             assert "refused" in text, text
 
 
 @pytest.mark.parametrize("image", ["/etc/passwd", "../assets/scene.png", "scene.png/../../ckpt", "0" * 63 + "g"])
 def test_api_images_are_named_never_pathed(server, image):
-    _, client = server
+    _, client, _ = server
     with pytest.raises(Exception, match="neither a bundled image"):
         client.predict(GOOD, image, 0.5, api_name="/export_summary")
     with pytest.raises(Exception, match="neither a bundled image"):
@@ -205,7 +210,7 @@ def test_api_images_are_named_never_pathed(server, image):
 
 
 def test_api_file_arguments_must_be_uploads(server, folders, monkeypatch):
-    demo, client = server
+    demo, client, _ = server
     secret = folders["outside"] / "stolen.safetensors"
     for endpoint, arg in (("/upload_image", str(folders["images"]["rgb"])), ("/upload_checkpoint", [str(secret)])):
         with pytest.raises(Exception, match="send the file itself"):
@@ -220,12 +225,12 @@ def test_api_file_arguments_must_be_uploads(server, folders, monkeypatch):
         client.predict([ref], api_name="/upload_checkpoint")
     assert client.predict(api_name="/checkpoints") == names
     with pytest.raises(AppError, match="only files uploaded"):
-        app_main.uploaded_path(ref)  # and our own check refuses it too
+        uploaded_path(ref)  # and our own check refuses it too
     assert client.predict(GOOD, api_name="/geometry_summary")
 
 
 def test_gradio_file_route_serves_no_checkpoint_or_system_file(server, folders):
-    demo, _ = server
+    demo, _, _ = server
     base = demo.local_url.rstrip("/")
     for path in (folders["ckpt"] / GOOD, folders["outside"] / "stolen.safetensors", Path("/etc/passwd")):
         r = httpx.get(f"{base}/gradio_api/file={path}", timeout=30)
@@ -247,7 +252,7 @@ class _NoUnpickler:
 def test_no_pickle_is_ever_loaded_by_any_tab_upload_or_api(server, folders, monkeypatch, tmp_path):
     """With pickle's loaders replaced by a failure, every tab, every upload path and every API endpoint works (or
     refuses with its message); ``torch.load`` is only ever called with ``weights_only=True``."""
-    demo, client = server
+    demo, client, page = server
     ctx = AppContext(folders["ckpt"], folders["assets"], upload_dir=tmp_path / "up")
     (tmp_path / "up").mkdir()
     images = bad_images(tmp_path / "images")
@@ -271,27 +276,29 @@ def test_no_pickle_is_ever_loaded_by_any_tab_upload_or_api(server, folders, monk
 
     # every upload path of the page
     for path, expected in images.values():
-        text = app_main.on_image_upload(ctx, str(path))[-1]
+        text = layout.on_image_upload(ctx, page, str(path))[page.status]
         assert text.startswith("⚠️") == bool(expected), text
     sha = ctx.open_bundled("scene.png").sha256
     for files, _ in checkpoints.values():
-        assert app_main.on_checkpoint_upload(ctx, [str(p) for p in files], GOOD)[-1].startswith("⚠️")
-    good_upload = app_main.on_checkpoint_upload(ctx, [str(folders["ckpt"] / TWIN)], GOOD)[-1]
-    converted = app_main.on_checkpoint_upload(ctx, [str(tmp_path / "ref.pt"), str(tmp_path / "ref.json")], GOOD)[-1]
+        assert layout.on_checkpoint_upload(ctx, page, [str(p) for p in files], GOOD)[page.status].startswith("⚠️")
+    good_upload = layout.on_checkpoint_upload(ctx, page, [str(folders["ckpt"] / TWIN)], GOOD)[page.status]
+    pair = [str(tmp_path / "ref.pt"), str(tmp_path / "ref.json")]
+    converted = layout.on_checkpoint_upload(ctx, page, pair, GOOD)[page.status]
     assert good_upload.startswith("Loaded") and converted.startswith("Loaded"), (good_upload, converted)
     # every tab
+    geo, st, ex, cmp, pg = page.geometry, page.steering, page.export, page.compare, page.playground
     for ckpt in (GOOD, "uploaded/ref.safetensors"):  # an SSOG model, and a dot one converted from a .pt
-        assert geometry.render(ctx, ckpt, 0, sha)[2]["value"] is not None
-        assert steering.render(ctx, ckpt, sha, 0, [1, 1])[4] is not None
-        assert export.render(ctx, ckpt, TWIN, sha, 0.5, 0)[1] is not None
-    assert export.downloads(ctx, GOOD, TWIN, sha, 0.5, 0)[0]
-    assert compare.render(ctx, GOOD, TWIN, sha, 0.5, 0)[1] is not None
+        assert geometry.render(ctx, geo, ckpt, 0, sha)[geo.figure]["value"] is not None
+        assert steering.render(ctx, st, ckpt, sha, 0, [1, 1])[st.query_figure] is not None
+        assert export.render(ctx, ex, ckpt, TWIN, sha, 0.5, 0)[ex.figure] is not None
+    assert export.downloads(ctx, ex, GOOD, TWIN, sha, 0.5, 0)[ex.files]
+    assert compare.render(ctx, cmp, GOOD, TWIN, sha, 0.5, 0)[cmp.figure] is not None
     label = playground.preset_choices(ctx, GOOD)[0][0]
-    value = playground.on_preset(ctx, GOOD, label, True)[0]["value"]
-    assert playground.on_underlay(ctx, value, True, sha)[0]["bg"]
+    value = playground.on_preset(ctx, pg, GOOD, label, True)[pg.canvas]["value"]
+    assert playground.on_underlay(ctx, pg, value, True, sha)[pg.canvas]["bg"]
     data = session.make_session(ctx, GOOD, sha, value, True, 0, 0, None, TWIN, 0.5, 0, GOOD, TWIN, 0.5, 0)
-    (tmp_path / "s.json").write_text(json.dumps(data))
-    assert app_main.restore_session(ctx, str(tmp_path / "s.json"))[-1] == "Session restored."
+    (tmp_path / "s.json").write_text(json.dumps(data.to_dict()))
+    assert layout.restore_session(ctx, page, str(tmp_path / "s.json"))[page.session.status] == "Session restored."
     # every API endpoint, through the running server
     assert client.predict([handle_file(str(tmp_path / "ref.pt")), handle_file(str(tmp_path / "ref.json"))],
                           api_name="/upload_checkpoint").startswith("uploaded/ref")  # fmt: skip

@@ -2,29 +2,53 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import gradio as gr
+from gradio.blocks import Block
 
-from app.common import error_text, shown_figure, warn, write_downloads
+from app.common import Updates, error_text, shown_figure, warn, write_downloads
 from app.state import AppContext
 from app.tabs.export import maps_for, summary
 from ssog_core import figures, viz
 from ssog_core.analysis import DEFAULT_ALPHA
 
 
+@dataclass(frozen=True)
+class CompareUI:
+    """The tab's components, by name, and the inputs every render reads."""
+
+    a: gr.Dropdown
+    b: gr.Dropdown
+    alpha: gr.Slider
+    layer: gr.Slider
+    text: gr.Markdown
+    figure: gr.Image
+    files: gr.File
+    files_status: gr.Markdown
+    inputs: list[Block]  # A, B, image, α, layer
+
+    @property
+    def outputs(self) -> list[Block]:
+        """What :func:`render` changes."""
+        return [self.text, self.figure, self.layer]
+
+
 def _analyse(ctx: AppContext, a: str, b: str, sha: str, alpha: float):
     stored = ctx.image(sha)
     la, lb = ctx.model(a), ctx.model(b)
     display = viz.model_view(stored.image, la.config.img_size, figures.EXPORT_WIDTH)
-    return stored, display, maps_for(la, stored, alpha), maps_for(lb, stored, alpha)
+    return stored, display, maps_for(ctx, la, stored, alpha), maps_for(ctx, lb, stored, alpha)
 
 
-def render(ctx: AppContext, a: str | None, b: str | None, sha: str | None, alpha: float, layer: float):
-    """(summary, figure, layer slider)."""
+def render(
+    ctx: AppContext, ui: CompareUI, a: str | None, b: str | None, sha: str | None, alpha: float, layer: float
+) -> Updates:
+    """The summary, the figure and the layer slider."""
     if not a or not b or not sha:
-        return "Pick two checkpoints and an image (top of the page) to compare them.", None, gr.update()
+        return {ui.text: "Pick two checkpoints and an image (top of the page) to compare them.", ui.figure: None}
     try:
         stored, display, ma, mb = _analyse(ctx, a, b, sha, alpha)
         depth = min(ma.net.shape[1], mb.net.shape[1])
@@ -39,21 +63,28 @@ def render(ctx: AppContext, a: str | None, b: str | None, sha: str | None, alpha
         meta = {"figure": "compare", "A": a, "B": b, "image": stored.name, "image_sha256": sha, "alpha": float(alpha),
                 "layer": layer, "colormap": viz.NET_CMAP}  # fmt: skip
         stem = f"compare_{figures.stem_of(a)}_vs_{figures.stem_of(b)}_{sha[:8]}_L{layer}_alpha{alpha:.2f}"
-        return text, shown_figure(fig, stem, meta), gr.update(maximum=max(depth - 1, 1), value=layer)
+        return {
+            ui.text: text,
+            ui.figure: shown_figure(fig, stem, meta),
+            ui.layer: gr.update(maximum=max(depth - 1, 1), value=layer),
+        }
     except Exception as e:
-        return warn(error_text(e)), None, gr.update()
+        return {ui.text: warn(error_text(e)), ui.figure: None}
 
 
-def downloads(ctx: AppContext, a: str | None, b: str | None, sha: str | None, alpha: float, layer: float):
+def downloads(
+    ctx: AppContext, ui: CompareUI, a: str | None, b: str | None, sha: str | None, alpha: float, layer: float
+) -> Updates:
     try:
         stored, display, ma, mb = _analyse(ctx, a, b, sha, alpha)
         settings = {"image": stored.name, "image_sha256": sha}
-        return write_downloads(figures.compare_files((a, ma), (b, mb), display, int(layer or 0), settings)), ""
+        files = figures.compare_files((a, ma), (b, mb), display, int(layer or 0), settings)
+        return {ui.files: write_downloads(files), ui.files_status: ""}
     except Exception as e:
-        return None, warn(error_text(e))
+        return {ui.files: None, ui.files_status: warn(error_text(e))}
 
 
-def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
+def build(ctx: AppContext, shared: dict[str, Any]) -> CompareUI:
     with gr.Row():
         a = gr.Dropdown([], label="Checkpoint A", elem_id="cmp-a", scale=2)
         b = gr.Dropdown([], label="Checkpoint B", elem_id="cmp-b", scale=2)
@@ -70,16 +101,13 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
         buttons=["download", "fullscreen"],
     )
     with gr.Accordion("Download the figure (PNG + SVG) and the maps of both (.npz)", open=False):
-        dl_btn = gr.Button("Make files", size="sm")
-        dl_files = gr.File(label="files", file_count="multiple", interactive=False)
-        dl_status = gr.Markdown()
-    outputs = [text, figure, layer]
-
-    def show(ca, cb, sha, al, lay):
-        return render(ctx, ca, cb, sha, al, lay)
-
+        files_button = gr.Button("Make files", size="sm")
+        files = gr.File(label="files", file_count="multiple", interactive=False)
+        files_status = gr.Markdown()
     inputs = [a, b, shared["image_sha"], alpha, layer]
-    for c in (a, b):
-        c.input(show, inputs, outputs, api_visibility="private")
-    dl_btn.click(partial(downloads, ctx), inputs, [dl_files, dl_status], api_visibility="private")
-    return {"render": show, "outputs": outputs, "a": a, "b": b, "alpha": alpha, "layer": layer, "inputs": inputs}
+    ui = CompareUI(a=a, b=b, alpha=alpha, layer=layer, text=text, figure=figure, files=files,
+                   files_status=files_status, inputs=inputs)  # fmt: skip
+    for picker in (a, b):
+        picker.input(partial(render, ctx, ui), inputs, ui.outputs, api_visibility="private")
+    files_button.click(partial(downloads, ctx, ui), inputs, [files, files_status], api_visibility="private")
+    return ui

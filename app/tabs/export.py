@@ -3,26 +3,48 @@ the SSOG model beside its dot twin, and attention rollout for comparison."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import gradio as gr
+from gradio.blocks import Block
 
 from app import plots
-from app.common import LRU, error_text, shown_figure, warn, write_downloads
+from app.common import Updates, error_text, shown_figure, warn, write_downloads
 from app.state import AppContext, LoadedModel, StoredImage, resize_note
 from ssog_core import figures, viz
 from ssog_core.analysis import DEFAULT_ALPHA, ExportMaps, compute_export_maps
-
-NO_TWIN = "(none)"
-_MAPS = LRU(8)
+from ssog_core.session import NO_TWIN
 
 
-def maps_for(lm: LoadedModel, stored: StoredImage, alpha: float) -> ExportMaps:
+@dataclass(frozen=True)
+class ExportUI:
+    """The tab's components, by name, and the inputs every render reads."""
+
+    twin: gr.Dropdown
+    alpha: gr.Slider
+    layer: gr.Slider
+    text: gr.Markdown
+    figure: gr.Image
+    accumulated: gr.Plot
+    files: gr.File
+    files_status: gr.Markdown
+    inputs: list[Block]  # checkpoint, twin, image, α, layer, the query picked in Steering
+
+    @property
+    def outputs(self) -> list[Block]:
+        """What :func:`render` changes."""
+        return [self.text, self.figure, self.accumulated, self.layer]
+
+
+def maps_for(ctx: AppContext, loaded: LoadedModel, stored: StoredImage, alpha: float) -> ExportMaps:
+    """The export maps of a model on a picture (cached: the export and compare tabs and the API share them)."""
+
     def make() -> ExportMaps:
-        return compute_export_maps(lm.model, lm.input(stored.image), alpha)
+        return compute_export_maps(loaded.model, loaded.input(stored.image), alpha)
 
-    return _MAPS.get((lm.key, stored.sha256, round(float(alpha), 4)), make)
+    return ctx.cache.export_maps.get((loaded.key, stored.sha256, round(float(alpha), 4)), make)
 
 
 def default_twin(ctx: AppContext, ckpt: str | None) -> str:
@@ -32,28 +54,28 @@ def default_twin(ctx: AppContext, ckpt: str | None) -> str:
         return NO_TWIN
     names = ctx.checkpoint_names()
     try:
-        lm = ctx.model(ckpt)
+        loaded = ctx.model(ckpt)
     except Exception:
         return NO_TWIN
-    hinted = lm.meta.get("twin")
+    hinted = loaded.meta.get("twin")
     if isinstance(hinted, str) and hinted in names:
         return hinted
-    swapped = ckpt.replace("ssog", "dot") if lm.is_ssog else ckpt.replace("dot", "ssog")
+    swapped = ckpt.replace("ssog", "dot") if loaded.is_ssog else ckpt.replace("dot", "ssog")
     if swapped != ckpt and swapped in names:
         return swapped
     for name in names:
         if name == ckpt:
             continue
         try:
-            if ctx.model(name).config.attn != lm.config.attn:
+            if ctx.model(name).config.attn != loaded.config.attn:
                 return name
         except Exception:
             continue
     return NO_TWIN
 
 
-def _display(stored: StoredImage, lm: LoadedModel):
-    return viz.model_view(stored.image, lm.config.img_size, figures.EXPORT_WIDTH)
+def _display(stored: StoredImage, loaded: LoadedModel):
+    return viz.model_view(stored.image, loaded.config.img_size, figures.EXPORT_WIDTH)
 
 
 def summary(name: str, m: ExportMaps) -> str:
@@ -68,28 +90,30 @@ def summary(name: str, m: ExportMaps) -> str:
 
 def render(
     ctx: AppContext,
+    ui: ExportUI,
     ckpt: str | None,
     twin: str | None,
     sha: str | None,
     alpha: float,
     layer: float,
     query: Any = None,
-):
-    """(summary, figure, accumulated-map plot, layer slider); ``query``, the patch picked in Steering, is
-    outlined on every map."""
+) -> Updates:
+    """The summary, the figure, the accumulated-map plot and the layer slider; ``query``, the patch picked in
+    Steering, is outlined on every map."""
     if not ckpt or not sha:
         missing = "a checkpoint" if not ckpt else "an image (top of the page)"
-        return f"Pick {missing} to compute export maps.", None, None, gr.update()
+        return {ui.text: f"Pick {missing} to compute export maps.", ui.figure: None, ui.accumulated: None}
     try:
-        lm, stored = ctx.model(ckpt), ctx.image(sha)
-        models = [(ckpt, lm, maps_for(lm, stored, alpha))]
+        loaded, stored = ctx.model(ckpt), ctx.image(sha)
+        models = [(ckpt, loaded, maps_for(ctx, loaded, stored, alpha))]
         if twin and twin != NO_TWIN and twin != ckpt:
             tw = ctx.model(twin)
-            models.append((twin, tw, maps_for(tw, stored, alpha)))
+            models.append((twin, tw, maps_for(ctx, tw, stored, alpha)))
         depth = max(m.net.shape[1] for _, _, m in models)
         layer = min(int(layer or 0), depth - 1)
         q = (int(query[0]), int(query[1])) if query else None
-        fig = figures.export_figure([(n, m) for n, _, m in models], _display(stored, lm), layer, stored.name, q)
+        named = [(n, m) for n, _, m in models]
+        fig = figures.app_export_maps_figure(named, _display(stored, loaded), layer, stored.name, q)
         names = "+".join(figures.stem_of(n) for n, _, _ in models)
         meta = {"figure": "export maps", "checkpoints": [n for n, _, _ in models], "image": stored.name,
                 "image_sha256": sha, "alpha": float(alpha), "layer": layer, "colormap": viz.NET_CMAP,
@@ -97,41 +121,48 @@ def render(
         shown = shown_figure(fig, f"export_{names}_{sha[:8]}_L{layer}_alpha{alpha:.2f}_{viz.NET_CMAP}", meta)
         text = (
             f"α = **{alpha:.2f}** (Â = α·Ā + (1−α)·I). Red = source (others read it), blue = gatherer. "
-            f"{resize_note(stored, lm)}"
+            f"{resize_note(stored, loaded)}"
             + (f"The query patch {q} picked in Steering is outlined in yellow. " if q else "")
             + " \n"
             + "  \n".join(summary(n, m) for n, _, m in models)
         )
         acc = models[0][2].accumulated[0].numpy()
-        plot = plots.map_plot(acc, f"{lm.name}: accumulated net export (hover for values)", "Σ net export", mark=q)
-        return text, shown, plot, gr.update(maximum=max(depth - 1, 1), value=layer)
+        plot = plots.map_plot(acc, f"{loaded.name}: accumulated net export (hover for values)", "Σ net export", mark=q)
+        return {
+            ui.text: text,
+            ui.figure: shown,
+            ui.accumulated: plot,
+            ui.layer: gr.update(maximum=max(depth - 1, 1), value=layer),
+        }
     except Exception as e:
-        return warn(error_text(e)), None, None, gr.update()
+        return {ui.text: warn(error_text(e)), ui.figure: None, ui.accumulated: None}
 
 
 def downloads(
     ctx: AppContext,
+    ui: ExportUI,
     ckpt: str | None,
     twin: str | None,
     sha: str | None,
     alpha: float,
     layer: float,
     query: Any = None,
-):
+) -> Updates:
     """The figure (PNG + SVG) and every model's raw maps (.npz + CSV); settings in file names and metadata."""
     try:
-        lm, stored = ctx.model(ckpt), ctx.image(sha)
-        models = [(ckpt, maps_for(lm, stored, alpha))]
+        loaded, stored = ctx.model(ckpt), ctx.image(sha)
+        models = [(ckpt, maps_for(ctx, loaded, stored, alpha))]
         if twin and twin != NO_TWIN and twin != ckpt:
-            models.append((twin, maps_for(ctx.model(twin), stored, alpha)))
+            models.append((twin, maps_for(ctx, ctx.model(twin), stored, alpha)))
         settings = {"image": stored.name, "image_sha256": sha}
         q = (int(query[0]), int(query[1])) if query else None
-        return write_downloads(figures.export_files(models, _display(stored, lm), int(layer or 0), settings, q)), ""
+        files = figures.export_files(models, _display(stored, loaded), int(layer or 0), settings, q)
+        return {ui.files: write_downloads(files), ui.files_status: ""}
     except Exception as e:
-        return None, warn(error_text(e))
+        return {ui.files: None, ui.files_status: warn(error_text(e))}
 
 
-def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
+def build(ctx: AppContext, shared: dict[str, Any]) -> ExportUI:
     with gr.Row():
         twin = gr.Dropdown(
             [NO_TWIN], value=NO_TWIN, label="Beside it (its dot twin, or any checkpoint)", elem_id="ex-twin", scale=2
@@ -160,7 +191,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
         buttons=["download", "fullscreen"],
     )
     with gr.Row(equal_height=False):
-        acc = gr.Plot(show_label=False, label="Accumulated net export (interactive)", elem_id="ex-acc")
+        accumulated = gr.Plot(show_label=False, label="Accumulated net export (interactive)", elem_id="ex-acc")
         with gr.Column():
             gr.Markdown(
                 "**How to read it.** With the head-mean attention Ā of a layer and Â = α·Ā + (1−α)·I: "
@@ -168,15 +199,12 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
                 "the others read from i), net = pull-out − pull-in (sums to 0 in every layer). The accumulated map "
                 "sums net over layers; rollout multiplies the Â of all layers (Abnar & Zuidema 2020)."
             )
-            dl_btn = gr.Button("Make files: figure PNG + SVG, maps .npz + CSV", size="sm", elem_id="ex-dl")
-            dl_files = gr.File(label="files", file_count="multiple", interactive=False, elem_id="ex-files")
-            dl_status = gr.Markdown()
-    outputs = [text, figure, acc, layer]
-
-    def show(ckpt, tw, sha, a, lay, q):
-        return render(ctx, ckpt, tw, sha, a, lay, q)
-
+            files_button = gr.Button("Make files: figure PNG + SVG, maps .npz + CSV", size="sm", elem_id="ex-dl")
+            files = gr.File(label="files", file_count="multiple", interactive=False, elem_id="ex-files")
+            files_status = gr.Markdown()
     inputs = [shared["checkpoint"], twin, shared["image_sha"], alpha, layer, shared["query"]]
-    twin.input(show, inputs, outputs, api_visibility="private")
-    dl_btn.click(partial(downloads, ctx), inputs, [dl_files, dl_status], api_visibility="private")
-    return {"render": show, "outputs": outputs, "twin": twin, "alpha": alpha, "layer": layer, "inputs": inputs}
+    ui = ExportUI(twin=twin, alpha=alpha, layer=layer, text=text, figure=figure, accumulated=accumulated,
+                  files=files, files_status=files_status, inputs=inputs)  # fmt: skip
+    twin.input(partial(render, ctx, ui), inputs, ui.outputs, api_visibility="private")
+    files_button.click(partial(downloads, ctx, ui), inputs, [files, files_status], api_visibility="private")
+    return ui

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import gradio as gr
 import numpy as np
+from gradio.blocks import Block
 from PIL import Image
 
 from app import plots
-from app.common import LRU, error_text, shown_figure, warn, write_downloads
+from app.common import Updates, error_text, shown_figure, warn, write_downloads
 from app.state import AppContext, LoadedModel
 from ssog_core import figures, report, viz
 from ssog_core.analysis import attention_maps, has_keys, key_norms
@@ -30,13 +32,33 @@ ATOM_HEADERS = [
     "head entropy (nats)",
     "head radius (cells)",
 ]
-_CARDS = LRU(8)
-_FIGURES = LRU(8)
 
 
-def card_markdown(lm: LoadedModel) -> str:
-    card = _CARDS.get(lm.key, lambda: report.model_card(lm.model, lm.meta))
-    lines = [f"### {lm.name}", "", "| model card | |", "|---|---|"]
+@dataclass(frozen=True)
+class GeometryUI:
+    """The tab's components, by name."""
+
+    note: gr.Markdown
+    card: gr.Markdown
+    figure: gr.Image
+    gates: gr.Plot
+    layer: gr.Slider
+    layer_plot: gr.Plot
+    stats: gr.Plot
+    table: gr.Dataframe
+    files: gr.File
+    files_status: gr.Markdown
+    status: gr.Markdown
+
+    @property
+    def outputs(self) -> list[Block]:
+        """What :func:`render` changes."""
+        return [self.note, self.card, self.figure, self.gates, self.layer_plot, self.stats, self.table, self.layer]
+
+
+def card_markdown(ctx: AppContext, loaded: LoadedModel) -> str:
+    card = ctx.cache.cards.get(loaded.key, lambda: report.model_card(loaded.model, loaded.meta))
+    lines = [f"### {loaded.name}", "", "| model card | |", "|---|---|"]
     for k, v in card.items():
         if k == "parameters":
             v = f"{v:,}"
@@ -50,29 +72,30 @@ def card_markdown(lm: LoadedModel) -> str:
     return "\n".join(lines)
 
 
-def geometry_png(lm: LoadedModel) -> tuple[bytes, list[tuple[float, float, float, float]]]:
+def geometry_png(ctx: AppContext, loaded: LoadedModel) -> tuple[bytes, list[tuple[float, float, float, float]]]:
     """The layers × heads figure as PNG bytes and where each panel sits in it (drawn once per checkpoint)."""
 
     def draw() -> tuple[bytes, list[tuple[float, float, float, float]]]:
-        fig = viz.geometry_figure(lm.fields, lm.name)
-        settings = {"figure": "geometry", "checkpoint": lm.name, "colormap": viz.FIELD_CMAP}
+        fig = viz.geometry_figure(loaded.fields, loaded.name)
+        settings = {"figure": "geometry", "checkpoint": loaded.name, "colormap": viz.FIELD_CMAP}
         png = viz.figure_bytes(fig, "png", settings)  # rendering fixes the layout: the boxes are read after it
         return png, viz.panel_boxes(fig)
 
-    return _FIGURES.get(("geometry", lm.key), draw)
+    return ctx.cache.figures.get(("geometry", loaded.key), draw)
 
 
-def geometry_image(lm: LoadedModel) -> str:
+def geometry_image(ctx: AppContext, loaded: LoadedModel) -> str:
     """The figure as a named PNG file (its download keeps the name)."""
-    return write_downloads({f"{viz.safe_token('geometry_' + figures.stem_of(lm.name))}.png": geometry_png(lm)[0]})[0]
+    png = geometry_png(ctx, loaded)[0]
+    return write_downloads({f"{viz.safe_token('geometry_' + figures.stem_of(loaded.name))}.png": png})[0]
 
 
-def head_at(lm: LoadedModel, xy: Any) -> tuple[int, int] | None:
+def head_at(ctx: AppContext, loaded: LoadedModel, xy: Any) -> tuple[int, int] | None:
     """The ``(layer, head)`` whose panel is under pixel ``(x, y)`` of the geometry figure, or None."""
-    png, boxes = geometry_png(lm)
+    png, boxes = geometry_png(ctx, loaded)
     width, height = Image.open(io.BytesIO(png)).size
     x, y = float(xy[0]) / width, float(xy[1]) / height
-    layers = len(lm.fields)
+    layers = len(loaded.fields)
     for k, (x0, y0, x1, y1) in enumerate(boxes):  # the figure's axes, row-major: head rows × layer columns
         if x0 <= x <= x1 and y0 <= y <= y1:
             return k % layers, k // layers
@@ -84,109 +107,108 @@ def shown(value: Any) -> dict[str, Any]:
     return gr.update(value=value, visible=value is not None)
 
 
-def render(ctx: AppContext, ckpt: str | None, layer: float, sha: str | None):
-    """Everything the tab shows for a checkpoint: (note, card, figure, gates plot, layer plot, stats plot,
-    atom table, layer slider update). What a model does not have (a dot model's field, gates and atoms) is
-    hidden, and the note says what is shown instead."""
-    hidden = tuple(shown(None) for _ in range(5))
+def render(ctx: AppContext, ui: GeometryUI, ckpt: str | None, layer: float, sha: str | None) -> Updates:
+    """Everything the tab shows for a checkpoint (:attr:`GeometryUI.outputs`). What a model does not have (a dot
+    model's field, gates and atoms) is hidden, and the note says what is shown instead."""
+    hidden = {c: shown(None) for c in (ui.figure, ui.gates, ui.layer_plot, ui.stats, ui.table)}
     if not ckpt:
-        return (
-            "No checkpoint found: put `.safetensors` files in the checkpoint folder or upload one above.",
-            "",
-            *hidden,
-            gr.update(visible=False),
-        )
+        note = "No checkpoint found: put `.safetensors` files in the checkpoint folder or upload one above."
+        return {ui.note: note, ui.card: "", **hidden, ui.layer: gr.update(visible=False)}
     try:
-        lm = ctx.model(ckpt)
-        card = card_markdown(lm)
-        if not lm.is_ssog:
-            text, fig, norms = dot_view(ctx, lm, sha)
-            return text, card, shown(fig), shown(None), shown(None), shown(norms), shown(None), gr.update(visible=False)
-        layer = min(int(layer or 0), len(lm.fields) - 1)
-        init = report.initial_gate_scale(lm.config)
-        entropy = np.stack([lf.entropy.numpy() for lf in lm.fields])
-        radius = np.stack([lf.radius.numpy() for lf in lm.fields])
+        loaded = ctx.model(ckpt)
+        card = card_markdown(ctx, loaded)
+        if not loaded.is_ssog:
+            text, fig, norms = dot_view(ctx, loaded, sha)
+            return {**hidden, ui.note: text, ui.card: card, ui.figure: shown(fig), ui.stats: shown(norms),
+                    ui.layer: gr.update(visible=False)}  # fmt: skip
+        layer = min(int(layer or 0), len(loaded.fields) - 1)
+        init = report.initial_gate_scale(loaded.config)
+        entropy = np.stack([lf.entropy.numpy() for lf in loaded.fields])
+        radius = np.stack([lf.radius.numpy() for lf in loaded.fields])
         note = (
-            f"**{ckpt}**: {len(lm.fields)} layers × {lm.config.num_heads} heads × {lm.config.num_atoms} atoms. "
+            f"**{ckpt}**: {len(loaded.fields)} layers × {loaded.config.num_heads} heads × "
+            f"{loaded.config.num_atoms} atoms. "
             "Each panel is a head's field over key offset; `+` marks where an atom looks (−μ), brighter = larger λ. "
             "**Click a panel** to open that head in the playground."
         )
         stats = plots.stats_plot(entropy, radius, "Per-head attention entropy and effective radius (fixed field)",
-                                 lm.config.grid[0] * lm.config.grid[1])  # fmt: skip
-        atoms = [[round(v, 4) if isinstance(v, float) else v for v in row] for row in report.atom_rows(lm.fields)]
-        return (
-            note,
-            card,
-            shown(geometry_image(lm)),
-            shown(plots.gates_plot(lm.fields, init)),
-            shown(plots.layer_density_plot(lm.fields[layer], layer)),
-            shown(stats),
-            shown(atoms),
-            gr.update(maximum=max(len(lm.fields) - 1, 1), value=layer, visible=True),
-        )
+                                 loaded.config.grid[0] * loaded.config.grid[1])  # fmt: skip
+        atoms = [[round(v, 4) if isinstance(v, float) else v for v in row] for row in report.atom_rows(loaded.fields)]
+        return {
+            ui.note: note,
+            ui.card: card,
+            ui.figure: shown(geometry_image(ctx, loaded)),
+            ui.gates: shown(plots.gates_plot(loaded.fields, init)),
+            ui.layer_plot: shown(plots.layer_density_plot(loaded.fields[layer], layer)),
+            ui.stats: shown(stats),
+            ui.table: shown(atoms),
+            ui.layer: gr.update(maximum=max(len(loaded.fields) - 1, 1), value=layer, visible=True),
+        }
     except Exception as e:
-        return (warn(error_text(e)), "", *hidden, gr.update(visible=False))
+        return {ui.note: warn(error_text(e)), ui.card: "", **hidden, ui.layer: gr.update(visible=False)}
 
 
-def dot_view(ctx: AppContext, lm: LoadedModel, sha: str | None):
+def dot_view(ctx: AppContext, loaded: LoadedModel, sha: str | None):
     """A model without a field: say so, and show its attention maps (centre query) and key norms on the
     selected image."""
     text = (
-        f"**{lm.name}** is a **{lm.kind}** attention model: its attention is scored from content, so it has "
+        f"**{loaded.name}** is a **{loaded.kind}** attention model: its attention is scored from content, so it has "
         "no field, atoms or gates to draw. Shown instead: its attention maps — each layer × head's attention "
         "of the centre patch on the selected image (exact rows of the attention matrix) — and its key norms."
     )
     if not sha:
         return text + "\n\nPick or upload an image at the top to see them.", None, None
     stored = ctx.image(sha)
-    x = lm.input(stored.image)
+    x = loaded.input(stored.image)
     norms = None
-    if has_keys(lm.model):
-        kn = key_norms(lm.model, x)
+    if has_keys(loaded.model):
+        kn = key_norms(loaded.model, x)
         ratio = float((kn.topk_share / kn.uniform_share.clamp_min(1e-12)).max())
         text += (
             f"\n\n**Key norms** (magnitude bullying): the {kn.top_k} largest-norm keys of a head take at most "
             f"**{ratio:.1f}×** the attention uniform attention would give them"
             + (f"; register tokens take {float(kn.prefix_share.mean()):.0%} on average." if kn.prefix else ".")
         )
-        norms = plots.key_norm_plot(kn, f"{lm.name}: key norms on {stored.name}")
-    maps = attention_maps(lm.model, x)
+        norms = plots.key_norm_plot(kn, f"{loaded.name}: key norms on {stored.name}")
+    maps = attention_maps(loaded.model, x)
     gh, gw = maps.grid
     q = ((gh - 1) // 2, (gw - 1) // 2)
     n = q[0] * gw + q[1]
     rows = np.stack([a[0, :, n].reshape(-1, gh, gw).cpu().numpy() for a in maps.attn])
-    display = viz.model_view(stored.image, lm.config.img_size, figures.DISPLAY_WIDTH)
-    fig = viz.attention_grid_figure(display, rows, q, f"{lm.name} on {stored.name}")
-    settings = {"figure": "attention maps", "checkpoint": lm.name, "image": stored.name, "image_sha256": sha,
+    display = viz.model_view(stored.image, loaded.config.img_size, figures.DISPLAY_WIDTH)
+    fig = viz.attention_grid_figure(display, rows, q, f"{loaded.name} on {stored.name}")
+    settings = {"figure": "attention maps", "checkpoint": loaded.name, "image": stored.name, "image_sha256": sha,
                 "query": list(q)}  # fmt: skip
-    return text, shown_figure(fig, f"attention_{figures.stem_of(lm.name)}_{sha[:8]}_q{q[0]}-{q[1]}", settings), norms
+    stem = f"attention_{figures.stem_of(loaded.name)}_{sha[:8]}_q{q[0]}-{q[1]}"
+    return text, shown_figure(fig, stem, settings), norms
 
 
 def on_layer(ctx: AppContext, ckpt: str | None, layer: float):
     try:
-        lm = ctx.model(ckpt)
-        if not lm.is_ssog:
+        loaded = ctx.model(ckpt)
+        if not loaded.is_ssog:
             return None
-        layer = min(int(layer), len(lm.fields) - 1)
-        return plots.layer_density_plot(lm.fields[layer], layer)
+        layer = min(int(layer), len(loaded.fields) - 1)
+        return plots.layer_density_plot(loaded.fields[layer], layer)
     except Exception as e:
         warn(error_text(e))
         return gr.skip()
 
 
-def downloads(ctx: AppContext, ckpt: str | None):
+def downloads(ctx: AppContext, ui: GeometryUI, ckpt: str | None) -> Updates:
     """Geometry + gates figures (PNG, SVG) and the atom table (CSV), the checkpoint in names and metadata."""
     try:
-        lm = ctx.model(ckpt)
-        if not lm.is_ssog:
-            raise ValueError(f"{ckpt} has no field to export (a {lm.config.attn} model)")
-        init = report.initial_gate_scale(lm.config)
-        return write_downloads(figures.geometry_files(ckpt, lm.fields, init, lm.name)), ""
+        loaded = ctx.model(ckpt)
+        if not loaded.is_ssog:
+            raise ValueError(f"{ckpt} has no field to export (a {loaded.config.attn} model)")
+        init = report.initial_gate_scale(loaded.config)
+        files = write_downloads(figures.geometry_files(ckpt, loaded.fields, init, loaded.name))
+        return {ui.files: files, ui.files_status: ""}
     except Exception as e:
-        return None, warn(error_text(e))
+        return {ui.files: None, ui.files_status: warn(error_text(e))}
 
 
-def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
+def build(ctx: AppContext, shared: dict[str, Any]) -> GeometryUI:
     note = gr.Markdown(elem_id="geo-note")
     with gr.Row(equal_height=False):
         with gr.Column(scale=3):
@@ -202,9 +224,9 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
         with gr.Column(scale=2, min_width=300):
             card = gr.Markdown(elem_id="geo-card")
             with gr.Accordion("Download figures (PNG + SVG) and the atom table (CSV)", open=False):
-                dl_btn = gr.Button("Make files", size="sm")
-                dl_files = gr.File(label="files", file_count="multiple", interactive=False)
-                dl_status = gr.Markdown()
+                files_button = gr.Button("Make files", size="sm")
+                files = gr.File(label="files", file_count="multiple", interactive=False)
+                files_status = gr.Markdown()
             status = gr.Markdown(elem_id="geo-status")
     gates = gr.Plot(show_label=False, label="Gate scales vs layer", elem_id="geo-gates")
     layer = gr.Slider(0, 1, value=0, step=1, label="layer for the interactive view", elem_id="geo-layer")
@@ -217,11 +239,8 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
         elem_id="geo-atoms",
         max_height=420,
     )
-    outputs = [note, card, figure, gates, layer_plot, stats, table, layer]
-
-    def show(ckpt, lay, sha):
-        return render(ctx, ckpt, lay, sha)
-
+    ui = GeometryUI(note=note, card=card, figure=figure, gates=gates, layer=layer, layer_plot=layer_plot,
+                    stats=stats, table=table, files=files, files_status=files_status, status=status)  # fmt: skip
     layer.change(  # release, typed value and keyboard alike (a release alone missed the last two)
         partial(on_layer, ctx),
         [shared["checkpoint"], layer],
@@ -230,5 +249,6 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
         trigger_mode="always_last",
         api_visibility="private",
     )
-    dl_btn.click(partial(downloads, ctx), [shared["checkpoint"]], [dl_files, dl_status], api_visibility="private")
-    return {"render": show, "outputs": outputs, "layer": layer, "figure": figure, "status": status}
+    files_button.click(partial(downloads, ctx, ui), [shared["checkpoint"]], [files, files_status],
+                       api_visibility="private")  # fmt: skip
+    return ui

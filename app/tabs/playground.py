@@ -4,23 +4,71 @@ from __future__ import annotations
 
 import base64
 import io
-from functools import lru_cache, partial
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import gradio as gr
 import numpy as np
+from gradio.blocks import Block
 from PIL import Image
 
 from app import plots
 from app.canvas import CSS_TEMPLATE, HTML_TEMPLATE, JS_ON_LOAD, canvas_props
-from app.common import error_text, warn, write_downloads
+from app.common import Updates, error_text, warn, write_downloads
 from app.state import AppContext, AppError
 from ssog_core import figures, viz
-from ssog_core.playground import DEFAULT_SPEC, MAX_ATOMS, HeadSpec, HeadView, evaluate, spec_from_head
+from ssog_core.playground import DEFAULT_SPEC, MAX_ATOMS, Atom, HeadSpec, HeadView, evaluate, spec_from_head
 from ssog_core.presets import KINDS
 
 CANVAS_SIZE = 440  # px of the canvas' longer side
 READOUT_HEADERS = ["atom", "looks at (y, x)", "μ = ★ − key", "σ (y, x)", "width σ√τ", "λ"]
+
+
+@dataclass(frozen=True)
+class PlaygroundUI:
+    """The tab's components, by name: handlers return ``{component: value}`` for the ones they change."""
+
+    canvas: gr.HTML
+    kernels: gr.Plot
+    table: gr.Dataframe
+    sy: gr.Slider
+    sx: gr.Slider
+    w: gr.Slider
+    add: gr.Button
+    remove: gr.Button
+    reset: gr.Button
+    tau: gr.Slider
+    grid: gr.Slider
+    mode: gr.Radio
+    preset: gr.Dropdown
+    preset_note: gr.Markdown
+    underlay: gr.Checkbox
+    steer_group: gr.Group
+    steer_note: gr.Markdown
+    gate: gr.Slider
+    steer_src: gr.State
+    status: gr.Markdown
+    figure_button: gr.Button
+    figure_files: gr.File
+
+    @property
+    def main_out(self) -> list[Block]:
+        """The head as drawn: canvas, kernel plot, readout."""
+        return [self.canvas, self.kernels, self.table]
+
+    @property
+    def atom_controls(self) -> list[Block]:
+        return [self.sy, self.sx, self.w, self.add, self.remove]
+
+    @property
+    def head_controls(self) -> list[Block]:
+        return [self.tau, self.grid, self.mode]
+
+    @property
+    def head_out(self) -> list[Block]:
+        """Everything a head loaded from elsewhere (a preset, the geometry grid, a steered query) changes."""
+        return [*self.main_out, *self.atom_controls, *self.head_controls, self.preset_note, self.status]
 
 
 def initial_value() -> dict[str, Any]:
@@ -29,6 +77,11 @@ def initial_value() -> dict[str, Any]:
 
 def _spec(value: Any) -> HeadSpec:
     return HeadSpec.from_dict(value)
+
+
+def _selected(value: Any, spec: HeadSpec) -> int:
+    """The canvas' selected atom, kept inside the head."""
+    return min(max(int(value.get("sel", 0)), 0), len(spec.atoms) - 1)
 
 
 def head_value(spec: HeadSpec, sel: int = 0) -> dict[str, Any]:
@@ -46,7 +99,7 @@ def render(value: Any, overlay: bool = False, hover: bool = True) -> tuple[dict[
     props = {
         "img": viz.data_url(viz.png_bytes(rgb)),
         "vmax": f"{float(d.max()):.4g}",
-        "cbar": legend_gradient(viz.OVERLAY_CMAP if overlay else viz.FIELD_CMAP),
+        "cbar": LEGENDS[viz.OVERLAY_CMAP if overlay else viz.FIELD_CMAP],
         "ky": [round(float(v), 4) for v in ky / max(ky.max(), 1e-30)],
         "kx": [round(float(v), 4) for v in kx / max(kx.max(), 1e-30)],
         "wid": [[round(float(w), 3) for w in row] for row in view.width],
@@ -59,11 +112,13 @@ def render(value: Any, overlay: bool = False, hover: bool = True) -> tuple[dict[
     return props, spec, view
 
 
-@lru_cache(maxsize=4)
 def legend_gradient(cmap: str) -> str:
     """A CSS gradient of a colour map, for the canvas' colour bar."""
     stops = viz.colorize(np.linspace(0.0, 1.0, 9)[None], cmap, 0.0, 1.0)[0]
     return "linear-gradient(to right, " + ", ".join(f"rgb({r},{g},{b})" for r, g, b in stops) + ")"
+
+
+LEGENDS = {cmap: legend_gradient(cmap) for cmap in (viz.FIELD_CMAP, viz.OVERLAY_CMAP)}  # the canvas' two maps
 
 
 def preview(payload: dict) -> dict[str, Any]:
@@ -93,24 +148,38 @@ def readout(spec: HeadSpec, view: HeadView) -> list[list[str]]:
     return rows
 
 
-def canvas_outputs(value: Any, overlay: bool, extra: dict[str, Any] | None = None, new_value: bool = False):
-    """Canvas update (props, plus the value itself when Python changed it) + kernel plot + readout."""
+def canvas_outputs(
+    ui: PlaygroundUI, value: Any, overlay: bool, extra: dict[str, Any] | None = None, new_value: bool = False
+) -> Updates:
+    """Canvas update (props, plus the value itself when Python changed it), kernel plot and readout."""
     props, spec, view = render(value, overlay)
     if new_value:
         props["value"] = value
-    return gr.update(**props, **(extra or {}), err=""), plots.kernel_plot(spec, view), readout(spec, view)
+    return {
+        ui.canvas: gr.update(**props, **(extra or {}), err=""),
+        ui.kernels: plots.kernel_plot(spec, view),
+        ui.table: readout(spec, view),
+    }
 
 
-def _sliders(value: dict[str, Any]):
+def sliders(ui: PlaygroundUI, value: dict[str, Any]) -> Updates:
     """Slider values of the selected atom (rounded for display) and whether atoms can be added / removed."""
     a = value["atoms"][value.get("sel", 0)]
-    return (
-        gr.update(value=round(a["sy"], 3)),
-        gr.update(value=round(a["sx"], 3)),
-        gr.update(value=round(a["w"], 3)),
-        gr.update(interactive=len(value["atoms"]) < MAX_ATOMS),
-        gr.update(interactive=len(value["atoms"]) > 1),
-    )
+    return {
+        ui.sy: gr.update(value=round(a["sy"], 3)),
+        ui.sx: gr.update(value=round(a["sx"], 3)),
+        ui.w: gr.update(value=round(a["w"], 3)),
+        ui.add: gr.update(interactive=len(value["atoms"]) < MAX_ATOMS),
+        ui.remove: gr.update(interactive=len(value["atoms"]) > 1),
+    }
+
+
+def head_controls(ui: PlaygroundUI, value: dict[str, Any]) -> Updates:
+    return {
+        ui.tau: gr.update(value=round(value["tau"], 3)),
+        ui.grid: gr.update(value=value["grid"][0]),
+        ui.mode: gr.update(value=value["mode"]),
+    }
 
 
 def on_release(value: Any, bg: bool, evt: gr.EventData):
@@ -124,103 +193,79 @@ def on_release(value: Any, bg: bool, evt: gr.EventData):
         return gr.update(err=error_text(e))
 
 
-def on_details(value: Any):
+def on_details(ui: PlaygroundUI, value: Any) -> Updates:
     """Kernel plot and readout of the current head."""
     try:
         _, spec, view = render(value)
-        return plots.kernel_plot(spec, view), readout(spec, view)
+        return {ui.kernels: plots.kernel_plot(spec, view), ui.table: readout(spec, view)}
     except Exception:
-        return gr.skip(), gr.skip()
+        return gr.skip()
 
 
-def on_pick(value: Any, evt: gr.EventData):
+def on_pick(ui: PlaygroundUI, value: Any, evt: gr.EventData) -> Updates:
     """An atom was selected on the canvas: its σ and weight go to the sliders."""
     try:
-        return _sliders(head_value(_spec(value), (evt._data or {}).get("i", value.get("sel", 0))))
+        return sliders(ui, head_value(_spec(value), (evt._data or {}).get("i", value.get("sel", 0))))
     except Exception:
-        return (gr.skip(),) * 5
+        return gr.skip()
 
 
-def on_atom_param(value: Any, sy: float, sx: float, w: float, bg: bool):
+def on_atom_param(ui: PlaygroundUI, value: Any, sy: float, sx: float, w: float, bg: bool) -> Updates:
     """σy, σx or the weight of the selected atom changed."""
     try:
-        v = dict(value)
-        sel = int(v.get("sel", 0))
-        atoms = [dict(a) for a in v["atoms"]]
-        atoms[sel].update(sy=float(sy), sx=float(sx), w=float(w))
-        v["atoms"] = atoms
-        return canvas_outputs(head_value(_spec(v), sel), bg, new_value=True)
+        spec = _spec(value)
+        sel = _selected(value, spec)
+        return canvas_outputs(ui, head_value(spec.with_atom(sel, sy=sy, sx=sx, w=w), sel), bg, new_value=True)
     except Exception as e:
-        return gr.update(err=error_text(e)), gr.skip(), gr.skip()
+        return {ui.canvas: gr.update(err=error_text(e))}
 
 
-def on_head_param(value: Any, tau: float, grid: int, mode: str, bg: bool):
+def on_head_param(ui: PlaygroundUI, value: Any, tau: float, grid: int, mode: str, bg: bool) -> Updates:
     """τ, the grid size or the field mode changed. τ and the mode leave the ★ and the atoms where they are; a new
     grid moves the ★ to the same relative place on it (proportionally) and keeps every atom's offset μ from it."""
     try:
         spec = _spec(value)
-        g = (int(grid), int(grid))
-        q = tuple(rescale_cell(c, n0, n1) for c, n0, n1 in zip(spec.query, spec.grid, g, strict=True))
-        dy, dx = q[0] - spec.query[0], q[1] - spec.query[1]
-        v = {**spec.to_dict(), "grid": list(g), "query": list(q), "tau": float(tau), "mode": mode}
-        v["atoms"] = [{**a, "y": a["y"] + dy, "x": a["x"] + dx} for a in v["atoms"]]
-        v = head_value(_spec(v), value.get("sel", 0))
-        return _full(v, bg)
+        sel = _selected(value, spec)
+        spec = replace(spec.with_grid((int(grid), int(grid))), tau=float(tau), mode=mode)
+        return canvas_outputs(ui, head_value(spec, sel), bg, new_value=True)
     except Exception as e:
-        return gr.update(err=error_text(e)), gr.skip(), gr.skip()
+        return {ui.canvas: gr.update(err=error_text(e))}
 
 
-def rescale_cell(c: int, n_old: int, n_new: int) -> int:
-    """Cell ``c`` of an ``n_old``-cell axis at the same relative place on an ``n_new``-cell axis (cell centres
-    scale; unchanged when the size is)."""
-    return min(max(round((c + 0.5) * n_new / n_old - 0.5), 0), n_new - 1)
+def _edited(ui: PlaygroundUI, v: dict[str, Any], bg: bool) -> Updates:
+    """Every output of an edit that changes the atoms: the drawn head and the selected atom's controls."""
+    return {**canvas_outputs(ui, v, bg, new_value=True), **sliders(ui, v)}
 
 
-def _full(v: dict[str, Any], bg: bool):
-    return canvas_outputs(v, bg, new_value=True)
-
-
-def on_add(value: Any, bg: bool, evt: gr.EventData):
+def on_add(ui: PlaygroundUI, value: Any, bg: bool, evt: gr.EventData) -> Updates:
     """Add an atom (where the user double-clicked, else beside the ★), copying the selected atom's shape."""
     try:
         spec = _spec(value)
-        if len(spec.atoms) >= MAX_ATOMS:
-            raise AppError(f"a head has at most {MAX_ATOMS} atoms")
         data = evt._data if isinstance(evt._data, dict) else {}
-        sel = spec.atoms[min(int(value.get("sel", 0)), len(spec.atoms) - 1)]
+        shape = spec.atoms[_selected(value, spec)]
         y = float(data.get("y", spec.query[0] - 2))
         x = float(data.get("x", spec.query[1] + 2))
-        v = spec.to_dict()
-        v["atoms"].append({"y": y, "x": x, "sy": sel.sy, "sx": sel.sx, "w": sel.w})
-        v = head_value(_spec(v), len(v["atoms"]) - 1)
-        return (*_full(v, bg), *_sliders(v))
+        spec = spec.add_atom(Atom(y, x, shape.sy, shape.sx, shape.w))
+        return _edited(ui, head_value(spec, len(spec.atoms) - 1), bg)
     except Exception as e:
         warn(error_text(e))
-        return (gr.skip(),) * 8
+        return gr.skip()
 
 
-def on_remove(value: Any, bg: bool):
+def on_remove(ui: PlaygroundUI, value: Any, bg: bool) -> Updates:
+    """Remove the selected atom; the one before it becomes the selected one."""
     try:
         spec = _spec(value)
-        if len(spec.atoms) <= 1:
-            raise AppError("a head needs at least one atom")
-        sel = min(int(value.get("sel", 0)), len(spec.atoms) - 1)
-        v = spec.to_dict()
-        del v["atoms"][sel]
-        v = head_value(_spec(v), max(sel - 1, 0))
-        return (*_full(v, bg), *_sliders(v))
+        sel = _selected(value, spec)
+        return _edited(ui, head_value(spec.remove_atom(sel), max(sel - 1, 0)), bg)
     except Exception as e:
         warn(error_text(e))
-        return (gr.skip(),) * 8
+        return gr.skip()
 
 
-def head_controls(v: dict[str, Any]):
-    return gr.update(value=round(v["tau"], 3)), gr.update(value=v["grid"][0]), gr.update(value=v["mode"])
-
-
-def on_reset(bg: bool):
+def on_reset(ui: PlaygroundUI, bg: bool) -> Updates:
     v = initial_value()
-    return (*_full(v, bg), *_sliders(v), *head_controls(v), gr.update(value=None), "")
+    return {**_edited(ui, v, bg), **head_controls(ui, v), ui.preset: gr.update(value=None), ui.preset_note: ""}
 
 
 def preset_choices(ctx: AppContext, ckpt: str | None) -> tuple[list[str], str]:
@@ -228,70 +273,75 @@ def preset_choices(ctx: AppContext, ckpt: str | None) -> tuple[list[str], str]:
     if not ckpt:
         return [], "No checkpoint selected: presets are heads a trained SSOG model converged to."
     try:
-        lm = ctx.model(ckpt)
+        loaded = ctx.model(ckpt)
     except AppError as e:
         return [], f"Presets unavailable: {e}"
-    if not lm.is_ssog:
-        return [], f"{ckpt} is a {lm.kind} attention model: it has no field, so it gives no presets."
-    missing = [k for k in KINDS if k not in {p.kind for p in lm.presets}]
+    if not loaded.is_ssog:
+        return [], f"{ckpt} is a {loaded.kind} attention model: it has no field, so it gives no presets."
+    missing = [k for k in KINDS if k not in {p.kind for p in loaded.presets}]
     note = f"Presets are heads of **{ckpt}** (by the shape of their field)."
     if missing:
         note += f" No head of this model is a {' or '.join(missing)}."
-    return [p.label for p in lm.presets], note
+    return [p.label for p in loaded.presets], note
 
 
-def on_checkpoint(ctx: AppContext, ckpt: str | None):
+def on_checkpoint(ctx: AppContext, ui: PlaygroundUI, ckpt: str | None) -> Updates:
     """New presets for a new checkpoint; the picker is hidden when the model has none (the note says why)."""
     choices, note = preset_choices(ctx, ckpt)
-    return gr.update(choices=choices, value=None, visible=bool(choices)), note
+    return {ui.preset: gr.update(choices=choices, value=None, visible=bool(choices)), ui.preset_note: note}
 
 
-def on_preset(ctx: AppContext, ckpt: str, label: str | None, bg: bool, sha: str | None = None):
+def on_preset(
+    ctx: AppContext, ui: PlaygroundUI, ckpt: str, label: str | None, bg: bool, sha: str | None = None
+) -> Updates:
     """Load a trained head (atoms, widths, weights, τ) onto the canvas."""
     try:
         if not label:
-            return (gr.skip(),) * 13
-        lm = ctx.model(ckpt)
-        match = [p for p in lm.presets if p.label == label]
+            return gr.skip()
+        loaded = ctx.model(ckpt)
+        match = [p for p in loaded.presets if p.label == label]
         if not match:
             raise AppError(f"preset {label!r} is not a head of {ckpt}")
-        return open_head(ctx, ckpt, match[0].shape.layer, match[0].shape.head, bg, sha, f"**{match[0].kind}** = ")
+        shape = match[0].shape
+        return open_head(ctx, ui, ckpt, shape.layer, shape.head, bg, sha, f"**{match[0].kind}** = ")
     except Exception as e:
-        return (*(gr.skip(),) * 11, warn(error_text(e)), gr.skip())
+        return {ui.preset_note: warn(error_text(e))}
 
 
-def open_head(ctx: AppContext, ckpt: str, layer: int, head: int, bg: bool, sha: str | None, prefix: str = ""):
+def open_head(
+    ctx: AppContext, ui: PlaygroundUI, ckpt: str, layer: int, head: int, bg: bool, sha: str | None, prefix: str = ""
+) -> Updates:
     """A trained head as an editable one, on the model's own patch grid with the ★ at its centre query: the
     field drawn is that query's fixed-field attention, and a picture under it is cut into the patches the model
-    sees. Outputs: canvas, kernels, readout, the atom sliders and buttons, τ, grid, mode, note, status."""
-    lm = ctx.model(ckpt)
-    lf = lm.fields[layer]
-    v = head_value(spec_from_head(lf, head, grid=tuple(lm.config.grid), mode=lm.config.field), 0)
+    sees."""
+    loaded = ctx.model(ckpt)
+    lf = loaded.fields[layer]
+    grid = loaded.config.grid
+    v = head_value(spec_from_head(lf, head, grid=tuple(grid), mode=loaded.config.field), 0)
     note = (
-        f"{prefix}layer {layer}, head {head} of {ckpt}, on the model's {lm.config.grid[0]}×{lm.config.grid[1]} "
+        f"{prefix}layer {layer}, head {head} of {ckpt}, on the model's {grid[0]}×{grid[1]} "
         f"patch grid (★ = the centre query): over all queries its attention entropy is {lf.entropy[head]:.2f} "
         f"nats and its effective radius {lf.radius[head]:.2f} cells (τ = {lf.tau:.2f})."
     )
-    return load_head(ctx, v, bg, sha, note)
+    return load_head(ctx, ui, v, bg, sha, note)
 
 
-def load_head(ctx: AppContext, v: dict[str, Any], bg: bool, sha: str | None, note: str):
-    """Every playground output for a head loaded from elsewhere (a preset, the geometry grid, a steered query):
-    canvas (over the picture when the underlay is on), kernels, readout, atom controls, τ, grid, mode, note,
-    status."""
+def load_head(ctx: AppContext, ui: PlaygroundUI, v: dict[str, Any], bg: bool, sha: str | None, note: str) -> Updates:
+    """Every playground output for a head loaded from elsewhere (:attr:`PlaygroundUI.head_out`): the canvas (over
+    the picture when the underlay is on), kernels, readout, atom controls, τ, grid, mode, note and status."""
     extra, status = {}, ""
     if bg:
         try:
             extra["bg"] = underlay_url(ctx, sha, v)
         except AppError as e:
             status = warn(error_text(e))
-    return (
-        *canvas_outputs(v, bg and bool(extra), extra, new_value=True),
-        *_sliders(v),
-        *head_controls(v),
-        note,
-        status,
-    )
+    return {
+        **canvas_outputs(ui, v, bg and bool(extra), extra, new_value=True),
+        **sliders(ui, v),
+        **head_controls(ui, v),
+        ui.preset_note: note,
+        ui.status: status,
+    }
 
 
 def underlay_url(ctx: AppContext, sha: str | None, value: dict[str, Any]) -> str:
@@ -314,12 +364,12 @@ def underlay_note(ctx: AppContext, ckpt: str | None, sha: str | None, value: dic
     if not ckpt:
         return ""
     try:
-        lm = ctx.model(ckpt)
+        loaded = ctx.model(ckpt)
     except AppError:
         return ""
-    grid, model_grid = tuple(value["grid"]), tuple(lm.config.grid)
+    grid, model_grid = tuple(value["grid"]), tuple(loaded.config.grid)
     size = ctx.image(sha).original_size if sha else None
-    h, w = lm.config.img_size
+    h, w = loaded.config.img_size
     seen = f" The picture ({size[0]}×{size[1]} px) is resized to {w}×{h} px as {ckpt} sees it." if size else ""
     if grid == model_grid:
         return f"One canvas cell = one of {ckpt}'s {grid[0]}×{grid[1]} patches.{seen}"
@@ -330,28 +380,34 @@ def underlay_note(ctx: AppContext, ckpt: str | None, sha: str | None, value: dic
     )
 
 
-def on_underlay(ctx: AppContext, value: Any, show: bool, sha: str | None, ckpt: str | None = None):
+def on_underlay(
+    ctx: AppContext, ui: PlaygroundUI, value: Any, show: bool, sha: str | None, ckpt: str | None = None
+) -> Updates:
     """Turn the image underlay on or off (or refresh it after a new image was picked)."""
     try:
         bg = underlay_url(ctx, sha, value) if show else ""
-        canvas, fig, rows = canvas_outputs(value, bool(bg), {"bg": bg})
-        return canvas, fig, rows, gr.update(value=bool(bg)), underlay_note(ctx, ckpt, sha, value) if bg else ""
+        note = underlay_note(ctx, ckpt, sha, value) if bg else ""
+        drawn = canvas_outputs(ui, value, bool(bg), {"bg": bg})
+        return {**drawn, ui.underlay: gr.update(value=bool(bg)), ui.status: note}
     except Exception as e:  # no picture: the checkbox goes back off so the field is drawn opaque again
-        canvas, fig, rows = canvas_outputs(value, False, {"bg": ""})
-        return canvas, fig, rows, gr.update(value=False), warn(error_text(e))
+        return {
+            **canvas_outputs(ui, value, False, {"bg": ""}),
+            ui.underlay: gr.update(value=False),
+            ui.status: warn(error_text(e)),
+        }
 
 
-def export_figure(ctx: AppContext, value: Any, show: bool, sha: str | None):
+def on_make_figure(ctx: AppContext, ui: PlaygroundUI, value: Any, show: bool, sha: str | None) -> Updates:
     """PNG + SVG of the head (over the picture when the underlay is on), settings in names and metadata."""
     try:
         image = ctx.image(sha).image if (show and sha) else None
-        return write_downloads(figures.playground_files(_spec(value), image, sha)), ""
+        return {ui.figure_files: write_downloads(figures.playground_files(_spec(value), image, sha)), ui.status: ""}
     except Exception as e:
-        return None, warn(error_text(e))
+        return {ui.figure_files: None, ui.status: warn(error_text(e))}
 
 
-def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
-    """The tab's components and events; returns the components other parts of the app need."""
+def build(ctx: AppContext, shared: dict[str, Any]) -> PlaygroundUI:
+    """The tab's components and events; returns them by name for the rest of the page."""
     v0 = initial_value()
     props0, spec0, view0 = render(v0)
     with gr.Row(equal_height=False):
@@ -407,10 +463,10 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
                     elem_id="pg-gate",
                 )
             steer_src = gr.State(None)
-            pg_status = gr.Markdown()
+            status = gr.Markdown()
             with gr.Accordion("Export this head as a figure (PNG + SVG)", open=False):
-                fig_btn = gr.Button("Make figure", size="sm")
-                fig_files = gr.File(label="figure files", file_count="multiple", interactive=False)
+                figure_button = gr.Button("Make figure", size="sm")
+                figure_files = gr.File(label="figure files", file_count="multiple", interactive=False)
     kernels = gr.Plot(plots.kernel_plot(spec0, view0), show_label=False, label="1D kernels of the ★ query")
     table = gr.Dataframe(
         readout(spec0, view0),
@@ -419,51 +475,50 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
         interactive=False,
         elem_id="pg-readout",
     )
+    ui = PlaygroundUI(
+        canvas=canvas, kernels=kernels, table=table, sy=sy, sx=sx, w=w, add=add, remove=remove, reset=reset,
+        tau=tau, grid=grid, mode=mode, preset=preset, preset_note=preset_note, underlay=underlay,
+        steer_group=steer_group, steer_note=steer_note, gate=gate, steer_src=steer_src, status=status,
+        figure_button=figure_button, figure_files=figure_files,
+    )  # fmt: skip
+
+    # handlers that take gr.EventData must be plain functions (Gradio finds the parameter by its annotation)
+    def picked(value: Any, evt: gr.EventData) -> Updates:
+        return on_pick(ui, value, evt)
+
+    def added(value: Any, bg: bool, evt: gr.EventData) -> Updates:
+        return on_add(ui, value, bg, evt)
 
     fast = dict(show_progress="hidden", trigger_mode="always_last", api_visibility="private")
-    main_out = [canvas, kernels, table]
-    atom_controls = [sy, sx, w, add, remove]
+    edit_out = ui.main_out + ui.atom_controls
     canvas.release(on_release, [canvas, underlay], [canvas], queue=False, **fast).then(
-        on_details, [canvas], [kernels, table], **fast
+        partial(on_details, ui), [canvas], [kernels, table], **fast
     )
-    canvas.pick(on_pick, [canvas], atom_controls, queue=False, **fast)
-    canvas.addatom(on_add, [canvas, underlay], main_out + atom_controls, **fast)
+    canvas.pick(picked, [canvas], ui.atom_controls, queue=False, **fast)
+    canvas.addatom(added, [canvas, underlay], edit_out, **fast)
     for s in (sy, sx, w):
-        s.input(on_atom_param, [canvas, sy, sx, w, underlay], main_out, **fast)
+        s.input(partial(on_atom_param, ui), [canvas, sy, sx, w, underlay], ui.main_out, **fast)
     for c in (tau, grid, mode):
-        c.input(on_head_param, [canvas, tau, grid, mode, underlay], main_out, **fast)
-    add.click(on_add, [canvas, underlay], main_out + atom_controls, **fast)
-    remove.click(on_remove, [canvas, underlay], main_out + atom_controls, **fast)
-    reset.click(on_reset, [underlay], main_out + atom_controls + [tau, grid, mode, preset, preset_note], **fast)
+        c.input(partial(on_head_param, ui), [canvas, tau, grid, mode, underlay], ui.main_out, **fast)
+    add.click(added, [canvas, underlay], edit_out, **fast)
+    remove.click(partial(on_remove, ui), [canvas, underlay], edit_out, **fast)
+    reset.click(partial(on_reset, ui), [underlay], [*edit_out, *ui.head_controls, preset, preset_note], **fast)
     preset.input(
-        partial(on_preset, ctx),
+        partial(on_preset, ctx, ui),
         [shared["checkpoint"], preset, underlay, shared["image_sha"]],
-        main_out + atom_controls + [tau, grid, mode, preset_note, pg_status],
+        ui.head_out,
         **fast,
     )
     underlay.input(
-        partial(on_underlay, ctx),
+        partial(on_underlay, ctx, ui),
         [canvas, underlay, shared["image_sha"], shared["checkpoint"]],
-        main_out + [underlay, pg_status],
+        [*ui.main_out, underlay, status],
         **fast,
     )
-    fig_btn.click(
-        partial(export_figure, ctx),
+    figure_button.click(
+        partial(on_make_figure, ctx, ui),
         [canvas, underlay, shared["image_sha"]],
-        [fig_files, pg_status],
+        [figure_files, status],
         api_visibility="private",
     )
-    return {
-        "canvas": canvas,
-        "preset": preset,
-        "preset_note": preset_note,
-        "underlay": underlay,
-        "main_out": main_out,
-        "status": pg_status,
-        "head_controls": [tau, grid, mode],
-        "atom_controls": atom_controls,
-        "steer_group": steer_group,
-        "steer_note": steer_note,
-        "gate": gate,
-        "steer_src": steer_src,
-    }
+    return ui

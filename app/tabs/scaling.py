@@ -19,17 +19,35 @@ import gradio as gr
 import numpy as np
 import plotly.graph_objects as go
 import torch
+from gradio.blocks import Block
 from safetensors import safe_open
 
-from app.common import error_text, warn
+from app.common import Updates, error_text, warn
 from app.state import UPLOADED, AppContext, AppError, LoadedModel
-from app.tabs.export import NO_TWIN, default_twin
+from app.tabs.export import default_twin
+from ssog_core.session import NO_TWIN
 
 TRANSFER_KEY = "resolution_transfer"  # safetensors metadata key written by train at the end of a run
 GRID_FACTORS = (0.5, 1.0, 1.5, 2.0, 3.0)  # token grids measured, relative to the training grid's side
 MAX_TOKENS = 4096  # beyond this a CPU forward of a demo model takes seconds: the curve's shape is clear before
 REPEATS = 3  # timed forwards per size (the median is plotted); one untimed warm-up first
 _LAYOUT = dict(template="plotly_white", font=dict(size=12), hoverlabel=dict(font_size=12))
+
+
+@dataclass(frozen=True)
+class ScalingUI:
+    """The tab's components, by name."""
+
+    measure: gr.Button
+    latency_note: gr.Markdown
+    latency: gr.Plot
+    transfer_note: gr.Markdown
+    transfer: gr.Plot
+
+    @property
+    def outputs(self) -> list[Block]:
+        """What :func:`render` changes."""
+        return [self.transfer_note, self.transfer]
 
 
 @dataclass
@@ -48,9 +66,9 @@ class Latency:
         return float(np.polyfit(np.log(self.tokens), np.log(self.ms), 1)[0])
 
 
-def sizes(lm: LoadedModel) -> list[tuple[int, int]]:
+def sizes(loaded: LoadedModel) -> list[tuple[int, int]]:
     """Input sizes (H, W) to time: multiples of the patch around the training grid, up to MAX_TOKENS tokens."""
-    (gh, gw), p = lm.config.grid, lm.config.patch_size
+    (gh, gw), p = loaded.config.grid, loaded.config.patch_size
     out = []
     for f in GRID_FACTORS:
         h, w = max(1, round(gh * f)), max(1, round(gw * f))
@@ -59,26 +77,26 @@ def sizes(lm: LoadedModel) -> list[tuple[int, int]]:
     return out
 
 
-def measure(lm: LoadedModel, repeats: int = REPEATS) -> Latency:
-    """Time ``lm``'s forward on random inputs of every size in :func:`sizes`, on the model's own device."""
-    device = lm.device
+def measure(loaded: LoadedModel, repeats: int = REPEATS) -> Latency:
+    """Time ``loaded``'s forward on random inputs of every size in :func:`sizes`, on the model's own device."""
+    device = loaded.device
     tokens, ms = [], []
     with torch.no_grad():
-        for h, w in sizes(lm):
+        for h, w in sizes(loaded):
             x = torch.rand(1, 3, h, w, device=device)
-            lm.model(x)  # warm-up: allocations, kernel compilation on a GPU
+            loaded.model(x)  # warm-up: allocations, kernel compilation on a GPU
             times = []
             for _ in range(repeats):
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 t = time.perf_counter()
-                lm.model(x)
+                loaded.model(x)
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 times.append((time.perf_counter() - t) * 1e3)
-            tokens.append((h // lm.config.patch_size) * (w // lm.config.patch_size))
+            tokens.append((h // loaded.config.patch_size) * (w // loaded.config.patch_size))
             ms.append(statistics.median(times))
-    return Latency(lm.name, lm.kind, tokens, ms)
+    return Latency(loaded.name, loaded.kind, tokens, ms)
 
 
 def latency_plot(curves: list[Latency], device: str) -> go.Figure:
@@ -132,19 +150,19 @@ def _transfer_rows(data: Any, source: str) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: r["tokens"])
 
 
-def transfer_curve(ctx: AppContext, lm: LoadedModel) -> tuple[list[dict[str, Any]], str] | None:
+def transfer_curve(ctx: AppContext, loaded: LoadedModel) -> tuple[list[dict[str, Any]], str] | None:
     """The checkpoint's zero-shot resolution-transfer curve and where it came from: its safetensors metadata
     (``resolution_transfer``, written by ``train``), else an ``evaluate --json`` file beside it
     (``<stem>.transfer.json``); None when neither exists."""
-    path = ctx.resolve(lm.name)
-    if TRANSFER_KEY in lm.meta:
-        return _transfer_rows(lm.meta[TRANSFER_KEY], f"{lm.name} metadata"), "the checkpoint's metadata"
+    path = ctx.resolve(loaded.name)
+    if TRANSFER_KEY in loaded.meta:
+        return _transfer_rows(loaded.meta[TRANSFER_KEY], f"{loaded.name} metadata"), "the checkpoint's metadata"
     with safe_open(str(path), framework="pt") as f:
         header = f.metadata() or {}
     if TRANSFER_KEY in header:
-        return _transfer_rows(header[TRANSFER_KEY], f"{lm.name} metadata"), "the checkpoint's metadata"
+        return _transfer_rows(header[TRANSFER_KEY], f"{loaded.name} metadata"), "the checkpoint's metadata"
     beside = path.with_name(path.name.removesuffix(".safetensors") + ".transfer.json")
-    if not lm.name.startswith(UPLOADED) and beside.is_file():
+    if not loaded.name.startswith(UPLOADED) and beside.is_file():
         try:
             return _transfer_rows(beside.read_text(encoding="utf-8"), beside.name), f"`{beside.name}`"
         except json.JSONDecodeError as e:
@@ -175,29 +193,31 @@ def transfer_plot(rows: list[dict[str, Any]], name: str, trained_tokens: int) ->
     return fig
 
 
-def render(ctx: AppContext, ckpt: str | None):
-    """(transfer note, transfer plot): what is known without measuring anything."""
+def render(ctx: AppContext, ui: ScalingUI, ckpt: str | None) -> Updates:
+    """The transfer note and plot: what is known without measuring anything."""
+    hidden = gr.update(value=None, visible=False)
     if not ckpt:
-        return "Pick a checkpoint to see how it scales.", gr.update(value=None, visible=False)
+        return {ui.transfer_note: "Pick a checkpoint to see how it scales.", ui.transfer: hidden}
     try:
-        lm = ctx.model(ckpt)
-        found = transfer_curve(ctx, lm)
+        loaded = ctx.model(ckpt)
+        found = transfer_curve(ctx, loaded)
         if found is None:
             stem = Path(ckpt).name.removesuffix(".safetensors")
-            return (
+            note = (
                 f"No resolution-transfer curve for **{ckpt}**: neither its metadata (`{TRANSFER_KEY}`, written by "
-                f"`train` at the end of a run) nor a `{stem}.transfer.json` from `evaluate --json` beside it.",
-                gr.update(value=None, visible=False),
+                f"`train` at the end of a run) nor a `{stem}.transfer.json` from `evaluate --json` beside it."
             )
+            return {ui.transfer_note: note, ui.transfer: hidden}
         rows, source = found
-        trained = lm.config.grid[0] * lm.config.grid[1]
+        trained = loaded.config.grid[0] * loaded.config.grid[1]
         text = f"Zero-shot resolution transfer of **{ckpt}** ({len(rows)} sizes, from {source})."
-        return text, gr.update(value=transfer_plot(rows, lm.name, trained), visible=True)
+        plot = transfer_plot(rows, loaded.name, trained)
+        return {ui.transfer_note: text, ui.transfer: gr.update(value=plot, visible=True)}
     except Exception as e:
-        return warn(error_text(e)), gr.update(value=None, visible=False)
+        return {ui.transfer_note: warn(error_text(e)), ui.transfer: hidden}
 
 
-def on_measure(ctx: AppContext, ckpt: str | None):
+def on_measure(ctx: AppContext, ui: ScalingUI, ckpt: str | None) -> Updates:
     """Time the checkpoint and its twin now (several seconds on a CPU), and say how each one grows."""
     try:
         if not ckpt:
@@ -217,12 +237,12 @@ def on_measure(ctx: AppContext, ckpt: str | None):
             "passes, no N×N matrix), dot attention's towards quadratically (slope → 2 once attention dominates the "
             "MLPs). Measured now on this machine, batch 1:"
         )
-        return f"{claim}  \n" + "  \n".join(lines), latency_plot(curves, ctx.device)
+        return {ui.latency_note: f"{claim}  \n" + "  \n".join(lines), ui.latency: latency_plot(curves, ctx.device)}
     except Exception as e:
-        return warn(error_text(e)), gr.skip()
+        return {ui.latency_note: warn(error_text(e))}
 
 
-def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
+def build(ctx: AppContext, shared: dict[str, Any]) -> ScalingUI:
     with gr.Row(equal_height=False):
         with gr.Column():
             gr.Markdown(
@@ -231,15 +251,14 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> dict[str, Any]:
                 "button (it takes the cores for several seconds).",
                 elem_classes="hint",
             )
-            btn = gr.Button("Measure latency now", size="sm", elem_id="sc-measure")
-            text = gr.Markdown(elem_id="sc-latency-note")
+            measure_button = gr.Button("Measure latency now", size="sm", elem_id="sc-measure")
+            latency_note = gr.Markdown(elem_id="sc-latency-note")
             latency = gr.Plot(show_label=False, label="Latency vs tokens", elem_id="sc-latency")
         with gr.Column():
-            note = gr.Markdown(elem_id="sc-transfer-note")
+            transfer_note = gr.Markdown(elem_id="sc-transfer-note")
             transfer = gr.Plot(show_label=False, label="Resolution transfer", elem_id="sc-transfer", visible=False)
-    btn.click(partial(on_measure, ctx), [shared["checkpoint"]], [text, latency], api_visibility="private")
-
-    def show(ckpt: str | None):
-        return render(ctx, ckpt)
-
-    return {"render": show, "outputs": [note, transfer]}
+    ui = ScalingUI(measure=measure_button, latency_note=latency_note, latency=latency, transfer_note=transfer_note,
+                   transfer=transfer)  # fmt: skip
+    measure_button.click(partial(on_measure, ctx, ui), [shared["checkpoint"]], [latency_note, latency],
+                         api_visibility="private")  # fmt: skip
+    return ui

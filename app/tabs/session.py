@@ -1,17 +1,30 @@
-"""A session file: checkpoint, image hash, playground head and the tabs' settings, to restore the same view
-(in the app, or headless with ``python -m ssog_core.figures --session FILE``)."""
+"""The Session tab: save the view (checkpoint, image hash, playground head, each tab's settings) as a session file,
+or restore one. The format is :mod:`ssog_core.session`, which ``python -m ssog_core.figures --session FILE`` reads
+too; restoring sets components of every tab, so its handler lives with the page (:mod:`app.layout`)."""
 
 from __future__ import annotations
 
-import json
+import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.state import AppContext, AppError
-from ssog_core.playground import HeadSpec
+import gradio as gr
 
-FORMAT = "ssog-lab-session/1"
-MAX_SESSION_BYTES = 1024**2
+from app.state import AppContext, AppError
+from ssog_core import session
+from ssog_core.playground import HeadSpec
+from ssog_core.session import Session
+
+
+@dataclass(frozen=True)
+class SessionUI:
+    """The tab's components, by name."""
+
+    save: gr.Button
+    file: gr.File  # the saved session, to download
+    upload: gr.File  # a session to restore
+    status: gr.Markdown
 
 
 def make_session(
@@ -30,42 +43,48 @@ def make_session(
     cmp_b: str | None,
     cmp_alpha: float,
     cmp_layer: float,
-) -> dict[str, Any]:
-    """Everything needed to see the same thing again (the image by its SHA-256, not its pixels)."""
-    image = None
+) -> Session:
+    """The page's current values as a session (the image by its SHA-256, not its pixels)."""
+    name = None
     if sha:
-        try:
-            image = {"sha256": sha, "name": ctx.image(sha).name}
-        except AppError:
-            image = {"sha256": sha, "name": None}
-    head = HeadSpec.from_dict(canvas).to_dict()
-    return {
-        "format": FORMAT,
-        "checkpoint": ckpt,
-        "image": image,
-        "playground": {"head": head, "selected_atom": int(canvas.get("sel", 0)), "image_underlay": bool(underlay)},
-        "geometry": {"layer": int(geo_layer or 0)},
-        "steering": {"layer": int(st_layer or 0), "query": list(query) if query else None},
-        "export": {"twin": twin, "alpha": float(alpha), "layer": int(ex_layer or 0)},
-        "compare": {"a": cmp_a, "b": cmp_b, "alpha": float(cmp_alpha), "layer": int(cmp_layer or 0)},
-    }
+        with contextlib.suppress(AppError):  # an image no longer in memory is saved by its hash alone
+            name = ctx.image(sha).name
+    return Session(
+        head=HeadSpec.from_dict(canvas),
+        checkpoint=ckpt,
+        image_sha256=sha or None,
+        image_name=name,
+        selected_atom=int(canvas.get("sel", 0)),
+        image_underlay=bool(underlay),
+        geometry_layer=int(geo_layer or 0),
+        steering_layer=int(st_layer or 0),
+        steering_query=(int(query[0]), int(query[1])) if query else None,
+        export_twin=twin,
+        export_alpha=float(alpha),
+        export_layer=int(ex_layer or 0),
+        compare_a=cmp_a,
+        compare_b=cmp_b,
+        compare_alpha=float(cmp_alpha),
+        compare_layer=int(cmp_layer or 0),
+    )
 
 
-def read_session(path: str | Path) -> dict[str, Any]:
-    """Parse and check a session file; raises :class:`AppError` with the reason."""
-    p = Path(path)
-    if not p.is_file():
+def read_session(path: str | Path) -> Session:
+    """An uploaded session file, checked (:func:`ssog_core.session.read`); raises with the reason."""
+    if not Path(path).is_file():
         raise AppError("the session file did not arrive; try again")
-    if p.stat().st_size > MAX_SESSION_BYTES:
-        raise AppError(f"{p.name} is too large for a session file")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise AppError(f"{p.name} is not a JSON session file: {e}") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise AppError(f'{p.name} is not an SSOG Lab session (expected "format": "{FORMAT}")')
-    try:
-        HeadSpec.from_dict(data["playground"]["head"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise AppError(f"{p.name} has an unusable playground head: {e}") from None
-    return data
+    return session.read(path)
+
+
+def build() -> SessionUI:
+    gr.Markdown(
+        "A session file records the checkpoint, the image (by SHA-256), the playground head and each "
+        "tab's settings. Restore it here, or export the same figures headless with "
+        "`python -m ssog_core.figures --session FILE`."
+    )
+    with gr.Row():
+        save = gr.Button("Save session", elem_id="ses-save")
+        file = gr.File(label="session.json", interactive=False, elem_id="ses-file")
+        upload = gr.File(label="Restore a session (.json)", file_types=[".json"], elem_id="ses-upload")
+    status = gr.Markdown(elem_id="ses-status")
+    return SessionUI(save=save, file=file, upload=upload, status=status)

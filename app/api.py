@@ -1,0 +1,113 @@
+"""The app's typed API for scripts (``gradio_client``): the same computations the tabs draw, as JSON.
+
+    from gradio_client import Client
+    client = Client("http://127.0.0.1:7860/")
+    client.predict("ssog_layouts.safetensors", "layouts_val0008_plus.png", 0.5, api_name="/export_summary")
+
+Endpoints: ``/checkpoints``, ``/head_field``, ``/geometry_summary``, ``/export_summary``, ``/upload_image``,
+``/upload_checkpoint`` (docs/APP.md lists what each returns).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+from gradio.data_classes import FileData
+from gradio.utils import get_upload_folder
+
+from app.common import EXPECTED_ERRORS, error_text
+from app.state import AppContext, AppError
+from app.tabs import export, playground
+from ssog_core import report
+
+
+def register_api(ctx: AppContext) -> None:
+    """Typed endpoints for scripts (gradio_client): the same computations the tabs draw. Expected failures
+    (a bad name, a path outside the folder, an unusable head) come back as a readable error message."""
+
+    def api(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @wraps(fn)
+        def call(*args: Any) -> Any:
+            try:
+                return fn(*args)
+            except EXPECTED_ERRORS as e:
+                raise gr.Error(error_text(e)) from None
+
+        return call
+
+    @api
+    def checkpoints() -> list[str]:
+        """Checkpoint names the app can open."""
+        return ctx.checkpoint_names()
+
+    @api
+    def head_field(head: dict, image: str = "") -> dict:
+        """A playground head (JSON as in a session file) → its query's field, kernels and statistics; with an
+        image (bundled name or SHA-256 from /upload_image) also the picture as the canvas draws it under the head."""
+        value = {**head, "sel": 0} if isinstance(head, dict) else head
+        _, spec, view = playground.render(value, overlay=bool(image))
+        out = {
+            "density": view.density.tolist(),
+            "row": view.row_marginal.tolist(),
+            "col": view.col_marginal.tolist(),
+            "lambda": view.lam.tolist(),
+            "entropy": view.entropy,
+            "radius": view.radius,
+        }
+        if image:
+            out["underlay"] = playground.underlay_url(ctx, ctx.find_image(image).sha256, spec.to_dict())
+        return out
+
+    @api
+    def geometry_summary(checkpoint: str) -> dict:
+        """Model card, gate scales and τ per layer, and the atom table of a checkpoint."""
+        loaded = ctx.model(checkpoint)
+        return {
+            "card": report.model_card(loaded.model, loaded.meta, flops=False),
+            "layers": report.gate_rows(loaded.fields),
+            "atoms": report.atom_rows(loaded.fields),
+        }
+
+    @api
+    def export_summary(checkpoint: str, image: str, alpha: float = 0.5) -> dict:
+        """Export-map summary of a checkpoint on a bundled image (by name) or a seen one (by SHA-256)."""
+        maps = export.maps_for(ctx, ctx.model(checkpoint), ctx.find_image(image), float(alpha))
+        return {
+            **maps.summary(),
+            "alpha": maps.alpha,
+            "grid": list(maps.grid),
+            "accumulated": maps.accumulated[0].tolist(),
+        }
+
+    @api
+    def upload_image(image: FileData) -> dict:
+        """Send a picture (``gradio_client.handle_file(path)``); returns its SHA-256 for the other endpoints."""
+        stored = ctx.open_upload(uploaded_path(image))
+        return {"sha256": stored.sha256, "name": stored.name, "size": list(stored.image.size)}
+
+    @api
+    def upload_checkpoint(files: list[FileData]) -> str:
+        """Send a ``.safetensors`` checkpoint, or a reference ``.pt`` with its config ``.json``; returns the
+        name to pass to the other endpoints (it also appears in the page's picker)."""
+        if not isinstance(files, list):
+            files = [files]
+        return ctx.add_upload([uploaded_path(f) for f in files])
+
+    for fn in (checkpoints, head_field, geometry_summary, export_summary, upload_image, upload_checkpoint):
+        gr.api(fn, api_name=fn.__name__)
+
+
+def uploaded_path(file: Any) -> str:
+    """The server-side path of a file sent with the request. Only files Gradio received in an upload are read:
+    a plain path string, or a file reference pointing anywhere else, is refused."""
+    path = file.get("path") if isinstance(file, dict) else None
+    if not isinstance(path, str) or not path:
+        raise AppError("send the file itself (gradio_client.handle_file(path)), not a path on the server")
+    real = Path(path).resolve()
+    if not real.is_relative_to(Path(get_upload_folder()).resolve()) or not real.is_file():
+        raise AppError(f"refused file {Path(path).name!r}: the API reads only files uploaded with the request")
+    return str(real)

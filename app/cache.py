@@ -1,0 +1,54 @@
+"""The app's one cache: a small, thread-safe, bounded least-recently-used map, so memory stays flat however long
+the server runs and however many requests repeat. Every process cache of the app is one of these (on
+:class:`app.state.AppContext`)."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+V = TypeVar("V")
+
+
+class LRU(Generic[V]):
+    """At most ``size`` values by hashable key; the least recently used goes first when a new one comes."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"a cache holds at least one value, got size {size}")
+        self.size = size
+        self._data: OrderedDict[Hashable, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, make: Callable[[], V]) -> V:
+        """The value under ``key``, made with ``make()`` and kept when missing. ``make`` runs outside the lock, so
+        other requests keep being served meanwhile (two requests may then both make it: the later one is kept)."""
+        found = self.peek(key)
+        if found is not None:
+            return found
+        value = make()
+        self.put(key, value)
+        return value
+
+    def peek(self, key: Hashable) -> V | None:
+        """The value under ``key`` (now the most recently used) or None; makes nothing."""
+        with self._lock:
+            if key not in self._data:
+                return None
+            self._data.move_to_end(key)
+            return self._data[key]
+
+    def put(self, key: Hashable, value: V) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._data

@@ -1,0 +1,464 @@
+"""The page: the top row (checkpoint and image pickers), the tabs, and the events that link them.
+
+Every handler returns ``{component: value}`` for the components it changes (Gradio leaves the other outputs of the
+event as they are), with components named by the tabs' UI dataclasses and :class:`Page`, so adding an output never
+shifts the others. Tabs render lazily: a change of checkpoint or image re-renders only the tab being looked at;
+the others catch up when they are opened (:func:`lazy`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import gradio as gr
+from gradio.blocks import Block
+from PIL import Image
+
+from app.api import register_api
+from app.common import Updates, error_text, warn, write_downloads
+from app.state import AppContext, AppError, StoredImage, default_image
+from app.tabs import compare, export, geometry, playground, scaling, session, steering
+from ssog_core import viz
+from ssog_core.session import NO_TWIN, dumps
+
+FONTS = ["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto", "sans-serif"]  # no web fonts
+MONO = ["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"]
+CSS = """
+.hint { font-size: 13px; color: var(--body-text-color-subdued); }
+#geo-card table { width: 100%; }
+#geo-card td:first-child { white-space: nowrap; }
+#geo-card td { overflow-wrap: anywhere; }
+#thumb img { object-fit: contain; }
+"""
+HEADER = (
+    "## SSOG Lab\nAttention as a handful of Gaussian atoms over relative position, which content may only "
+    "**steer**. Every number is computed by `ssog_core`, the code the models are trained with; models run on "
+    "**{device}**."
+)
+THUMB_HEIGHT = 96  # px of the picked image's thumbnail in the top row
+
+
+def theme() -> gr.themes.Base:
+    return gr.themes.Soft(font=FONTS, font_mono=MONO)
+
+
+@dataclass(frozen=True)
+class Page:
+    """Every component of the page by name: the top row, the shared state and each tab's components."""
+
+    checkpoint: gr.Dropdown
+    checkpoint_upload: gr.UploadButton
+    image_pick: gr.Dropdown
+    image_upload: gr.UploadButton
+    thumb: gr.Image
+    status: gr.Markdown
+    image_sha: gr.State  # the SHA-256 of the current picture's file: handlers look pictures up by it
+    active: gr.State  # the id of the open tab
+    tabs: gr.Tabs
+    playground: playground.PlaygroundUI
+    geometry: geometry.GeometryUI
+    steering: steering.SteeringUI
+    export: export.ExportUI
+    compare: compare.CompareUI
+    scaling: scaling.ScalingUI
+    session: session.SessionUI
+
+    @property
+    def tab_settings(self) -> list[Block]:
+        """The tabs' settings a session file records, in :func:`app.tabs.session.make_session`'s order."""
+        geo, st, ex, cmp = self.geometry, self.steering, self.export, self.compare
+        return [geo.layer, st.layer, st.query, ex.twin, ex.alpha, ex.layer, cmp.a, cmp.b, cmp.alpha, cmp.layer]
+
+
+def default_checkpoint(ctx: AppContext, names: Sequence[str]) -> str | None:
+    """The demo SSOG checkpoint if present, else the first SSOG one, else the first one."""
+    if "ssog_layouts.safetensors" in names:
+        return "ssog_layouts.safetensors"
+    for name in names:
+        try:
+            if ctx.model(name).is_ssog:
+                return name
+        except AppError:
+            continue
+    return names[0] if names else None
+
+
+def folder_status(ctx: AppContext, names: Sequence[str]) -> str:
+    if not names:
+        return (
+            f"⚠️ **No checkpoint found** in `{ctx.checkpoint_dir}`. The head playground works without one; for "
+            "geometry, steering and export maps put `.safetensors` checkpoints there (start with "
+            "`--checkpoint-dir`) or upload one above."
+        )
+    return f"{len(names)} checkpoint(s) in `{ctx.checkpoint_dir}`."
+
+
+def lazy(tab_id: str, render: Callable[..., Updates], last: gr.State) -> Callable[..., Updates]:
+    """Wrap a tab's render so it runs only while the tab is open and its inputs changed since last time (kept in
+    ``last``, which the event must list among its outputs)."""
+
+    def run(active: str, seen: str | None, *args: Any) -> Updates:
+        key = repr(args)
+        if active != tab_id or key == seen:
+            return gr.skip()
+        return {last: key, **render(*args)}
+
+    return run
+
+
+# ---- the top row ------------------------------------------------------------------------------------------
+
+
+def checkpoint_updates(ctx: AppContext, page: Page, value: str | None) -> Updates:
+    """Choices for every checkpoint picker after the folder or the uploads changed."""
+    names = ctx.checkpoint_names()
+    twin = export.default_twin(ctx, value)
+    return {
+        page.checkpoint: gr.update(choices=names, value=value),
+        page.export.twin: gr.update(choices=[NO_TWIN, *names], value=twin),
+        page.compare.a: gr.update(choices=names, value=value),
+        page.compare.b: gr.update(choices=names, value=twin if twin != NO_TWIN else value),
+    }
+
+
+def on_checkpoint_upload(ctx: AppContext, page: Page, files: Any, current: str | None) -> Updates:
+    try:
+        paths = files if isinstance(files, list) else [files]
+        name = ctx.add_upload([str(p) for p in paths if p])
+        return {**checkpoint_updates(ctx, page, name), page.status: f"Loaded **{name}**: it is now selected."}
+    except Exception as e:
+        return {page.status: warn(error_text(e))}
+
+
+def on_checkpoint_change(ctx: AppContext, page: Page, ckpt: str | None) -> Updates:
+    """Presets, twin and comparison defaults follow the selected checkpoint."""
+    names = ctx.checkpoint_names()
+    twin = export.default_twin(ctx, ckpt)
+    return {
+        **playground.on_checkpoint(ctx, page.playground, ckpt),
+        page.export.twin: gr.update(choices=[NO_TWIN, *names], value=twin),
+        page.compare.a: gr.update(choices=names, value=ckpt),
+        page.compare.b: gr.update(choices=names, value=twin if twin != NO_TWIN else ckpt),
+    }
+
+
+def thumbnail(stored: StoredImage) -> Image.Image:
+    thumb = stored.image.copy()
+    thumb.thumbnail((4 * THUMB_HEIGHT, THUMB_HEIGHT))
+    return thumb
+
+
+def image_view(page: Page, stored: StoredImage) -> Updates:
+    """A picture becomes the current one: its hash, its thumbnail and a status line naming it."""
+    return {
+        page.image_sha: stored.sha256,
+        page.thumb: thumbnail(stored),
+        page.status: f"Image **{stored.name}** (sha256 {stored.sha256[:12]}…)",
+    }
+
+
+def on_image_pick(ctx: AppContext, page: Page, name: str | None) -> Updates:
+    try:
+        if not name:
+            return {page.status: ""}
+        return image_view(page, ctx.open_bundled(name))
+    except Exception as e:
+        return {page.status: warn(error_text(e))}
+
+
+def on_image_upload(ctx: AppContext, page: Page, path: Any) -> Updates:
+    try:
+        return {**image_view(page, ctx.open_upload(str(path))), page.image_pick: gr.update(value=None)}
+    except Exception as e:  # the page keeps its current picture
+        return {page.status: warn(error_text(e))}
+
+
+# ---- linked views: heads opened in the playground from other tabs ----------------------------------------
+
+
+def show_playground(page: Page) -> Updates:
+    return {page.tabs: gr.Tabs(selected="playground"), page.active: "playground"}
+
+
+def on_geometry_click(
+    ctx: AppContext, page: Page, ckpt: str | None, bg: bool, sha: str | None, evt: gr.SelectData
+) -> Updates:
+    """Open the clicked head of the geometry grid in the playground, as an editable head on the model's grid."""
+    status = page.geometry.status
+    try:
+        loaded = ctx.model(ckpt)
+        at = geometry.head_at(ctx, loaded, evt.index) if loaded.is_ssog else None
+        if at is None:
+            return {status: "Click inside a head's panel to open it in the playground."}
+        out = playground.open_head(ctx, page.playground, ckpt, *at, bg, sha, "Opened from the geometry grid: ")
+        return {**out, **show_playground(page), status: ""}
+    except Exception as e:
+        return {status: warn(error_text(e))}
+
+
+def on_open_steered(
+    ctx: AppContext, page: Page, ckpt: str | None, sha: str | None, layer: float, query: Any, head: Any, bg: bool
+) -> Updates:
+    """Open the clicked Steering query's head in the playground at the learned gate, with the gate slider."""
+    pg, status = page.playground, page.steering.query_text
+    try:
+        if not query:
+            raise AppError("click a patch of the picture first: its head opens in the playground")
+        src = {"checkpoint": ckpt, "image_sha256": sha, "layer": int(layer or 0), "head": int(head or 0),
+               "query": [int(query[0]), int(query[1])]}  # fmt: skip
+        v = playground.head_value(steering.steered_head(ctx, src, 1.0))
+        name = ctx.image(sha).name
+        note = (
+            f"Head {src['head']} of layer {src['layer']} of {ckpt}, seen from query patch ★ {tuple(src['query'])} "
+            f"of {name}, on the model's patch grid. Turn the gate down to 0 to see its fixed field, up to 1 for "
+            "the learned gate: the atoms move, widen and re-weight as this patch's content steers them."
+        )
+        return {
+            **playground.load_head(ctx, pg, v, bg, sha, note),
+            pg.steer_group: gr.update(visible=True),
+            pg.steer_note: note,
+            pg.gate: gr.update(value=1.0),
+            pg.steer_src: src,
+            **show_playground(page),
+            status: "",
+        }
+    except Exception as e:
+        return {status: warn(error_text(e))}
+
+
+def on_gate(
+    ctx: AppContext, pg: playground.PlaygroundUI, src: dict | None, gate: float, bg: bool, sha: str | None
+) -> Updates:
+    """The content gate moved: redraw the steered head at that fraction of the learned gate."""
+    if not src:
+        return gr.skip()
+    try:
+        v = playground.head_value(steering.steered_head(ctx, src, float(gate)))
+        extra = {"bg": playground.underlay_url(ctx, sha, v)} if bg and sha else {}
+        return {**playground.canvas_outputs(pg, v, bool(extra), extra, new_value=True), pg.status: ""}
+    except Exception as e:
+        return {pg.status: warn(error_text(e))}
+
+
+def refresh_underlay(
+    ctx: AppContext, pg: playground.PlaygroundUI, canvas: Any, show: bool, sha: str | None, ckpt: str | None = None
+) -> Updates:
+    """A new picture was picked: redraw the playground's underlay if it is on."""
+    if not show:
+        return gr.skip()
+    return playground.on_underlay(ctx, pg, canvas, show, sha, ckpt)
+
+
+# ---- session ----------------------------------------------------------------------------------------------
+
+
+def save_session(ctx: AppContext, page: Page, ckpt: str | None, *values: Any) -> Updates:
+    """Write the page's current values as a session file to download."""
+    ui = page.session
+    try:
+        data = session.make_session(ctx, ckpt, *values)
+        # ckpt is a picker name: uploads carry an "uploaded/" prefix, which is no file name
+        name = "ssog_session" + (f"_{viz.safe_token(ckpt.removesuffix('.safetensors'))}" if ckpt else "") + ".json"
+        return {ui.file: write_downloads({name: dumps(data)})[0], ui.status: "Session saved."}
+    except Exception as e:
+        return {ui.file: None, ui.status: warn(error_text(e))}
+
+
+def restore_session(ctx: AppContext, page: Page, path: Any) -> Updates:
+    """Set every picker, slider and the canvas from a session file; say what could not be restored."""
+    pg, ui = page.playground, page.session
+    try:
+        s = session.read_session(str(path))
+    except Exception as e:
+        return {ui.status: warn(error_text(e))}
+    notes = []
+    out: Updates = {}
+    if s.checkpoint and s.checkpoint not in ctx.checkpoint_names():
+        notes.append(f"checkpoint {s.checkpoint!r} is not in the checkpoint folder")
+    else:
+        out[page.checkpoint] = gr.update(value=s.checkpoint)
+    sha = None
+    if s.image_sha256:
+        try:
+            stored = ctx.image(s.image_sha256)
+            sha = stored.sha256
+            out[page.image_sha], out[page.thumb] = sha, thumbnail(stored)
+            bundled = stored.name in ctx.bundled_images() and ctx.open_bundled(stored.name).sha256 == sha
+            out[page.image_pick] = gr.update(value=stored.name if bundled else None)  # an upload: named in the status
+        except AppError as e:
+            notes.append(f"image {s.image_name or s.image_sha256[:12]}: {e}")
+    value = playground.head_value(s.head, s.selected_atom)
+    try:
+        bg = playground.underlay_url(ctx, sha, value) if (s.image_underlay and sha) else ""
+    except AppError:
+        bg = ""
+    geo, st, ex, cmp = page.geometry, page.steering, page.export, page.compare
+    text = "Session restored." + (" Not restored: " + "; ".join(notes) + "." if notes else "")
+    return {
+        **out,
+        **playground.canvas_outputs(pg, value, bool(bg), {"bg": bg}, new_value=True),
+        pg.underlay: gr.update(value=bool(bg)),
+        **playground.head_controls(pg, value),
+        geo.layer: gr.update(value=s.geometry_layer),
+        st.layer: gr.update(value=s.steering_layer),
+        st.query: list(s.steering_query) if s.steering_query else None,
+        ex.twin: gr.update(value=s.export_twin or NO_TWIN),
+        ex.alpha: gr.update(value=s.export_alpha),
+        ex.layer: gr.update(value=s.export_layer),
+        cmp.a: gr.update(value=s.compare_a),
+        cmp.b: gr.update(value=s.compare_b),
+        cmp.alpha: gr.update(value=s.compare_alpha),
+        cmp.layer: gr.update(value=s.compare_layer),
+        ui.status: warn(text) if notes else text,
+    }
+
+
+# ---- the page ---------------------------------------------------------------------------------------------
+
+
+def build_page(ctx: AppContext) -> tuple[gr.Blocks, Page]:
+    """The whole UI for one checkpoint folder and one folder of bundled images, and its components by name."""
+    names = ctx.checkpoint_names()
+    ckpt0 = default_checkpoint(ctx, names)
+    img0 = default_image(ctx)
+    with gr.Blocks(title="SSOG Lab", delete_cache=(3600, 3600)) as demo:  # uploads older than an hour go
+        gr.Markdown(HEADER.format(device=ctx.device), elem_id="header")
+        status = gr.Markdown(folder_status(ctx, names), elem_id="status")
+        with gr.Row(equal_height=True):
+            ckpt = gr.Dropdown(names, value=ckpt0, label="Checkpoint", elem_id="ckpt", scale=3)
+            ckpt_up = gr.UploadButton(
+                "Upload checkpoint (.safetensors, or .pt + .json)",
+                file_count="multiple",
+                elem_id="ckpt-upload",
+                scale=2,
+                size="sm",
+            )
+            img_pick = gr.Dropdown(
+                ctx.bundled_images(),
+                value=img0.name if img0 else None,
+                label="Image (bundled)",
+                elem_id="img-pick",
+                scale=2,
+            )
+            img_up = gr.UploadButton("Upload image", file_count="single", elem_id="img-upload", scale=1, size="sm")
+            thumb = gr.Image(
+                thumbnail(img0) if img0 else None,
+                show_label=False,
+                height=THUMB_HEIGHT,
+                interactive=False,
+                elem_id="thumb",
+                scale=1,
+                container=False,
+                buttons=[],
+            )
+        image_sha = gr.State(img0.sha256 if img0 else None)
+        active = gr.State("playground")
+        shared = {"checkpoint": ckpt, "image_sha": image_sha}
+
+        with gr.Tabs(elem_id="tabs") as tabs:
+            with gr.Tab("Head playground", id="playground", elem_id="tab-playground") as t_pg:
+                pg = playground.build(ctx, shared)
+            with gr.Tab("Checkpoint geometry", id="geometry", elem_id="tab-geometry") as t_geo:
+                geo = geometry.build(ctx, shared)
+            with gr.Tab("Steering", id="steering", elem_id="tab-steering") as t_st:
+                st = steering.build(ctx, shared)
+            shared["query"] = st.query  # the patch picked in Steering is outlined in the export maps
+            with gr.Tab("Export maps", id="export", elem_id="tab-export") as t_ex:
+                ex = export.build(ctx, shared)
+            with gr.Tab("Compare two checkpoints", id="compare", elem_id="tab-compare") as t_cmp:
+                cmp = compare.build(ctx, shared)
+            with gr.Tab("Scaling", id="scaling", elem_id="tab-scaling") as t_sc:
+                sc = scaling.build(ctx, shared)
+            with gr.Tab("Session", id="session", elem_id="tab-session") as t_ses:
+                ses = session.build()
+        page = Page(
+            checkpoint=ckpt, checkpoint_upload=ckpt_up, image_pick=img_pick, image_upload=img_up, thumb=thumb,
+            status=status, image_sha=image_sha, active=active, tabs=tabs, playground=pg, geometry=geo, steering=st,
+            export=ex, compare=cmp, scaling=sc, session=ses,
+        )  # fmt: skip
+        hidden = dict(api_visibility="private")
+
+        # ---- global pickers and lazy tab rendering ---------------------------------------------------------
+        # A new checkpoint first updates presets, twin and comparison pickers, then the open tab renders with them.
+        follow = [pg.preset, pg.preset_note, ex.twin, cmp.a, cmp.b]
+        picked = ckpt.change(partial(on_checkpoint_change, ctx, page), [ckpt], follow, **hidden)
+        page_loaded = demo.load(partial(on_checkpoint_change, ctx, page), [ckpt], follow, **hidden)
+        views = {
+            "geometry": (t_geo, partial(geometry.render, ctx, geo), [ckpt, geo.layer, image_sha], geo.outputs, []),
+            "steering": (t_st, partial(steering.render, ctx, st), [ckpt, image_sha, st.layer, st.query, st.head],
+                         st.outputs, [st.layer]),
+            "export": (t_ex, partial(export.render, ctx, ex), ex.inputs, ex.outputs, [ex.alpha, ex.layer]),
+            "compare": (t_cmp, partial(compare.render, ctx, cmp), cmp.inputs, cmp.outputs, [cmp.alpha, cmp.layer]),
+            "scaling": (t_sc, partial(scaling.render, ctx, sc), [ckpt], sc.outputs, []),
+        }  # fmt: skip
+        for tab_id, (tab, render, inputs, outputs, controls) in views.items():
+            last = gr.State(None)
+            run = lazy(tab_id, render, last)
+            args = ([active, last, *inputs], [last, *outputs])
+            tab.select(lambda t=tab_id: t, None, active, **hidden).then(run, *args, **hidden)
+            picked.then(run, *args, **hidden)
+            page_loaded.then(run, *args, **hidden)
+            image_sha.change(run, *args, **hidden)
+            # every way a slider moves (mouse release, typed value, keyboard) is a change: the open tab redraws
+            # with the value the slider shows; a slider set by a restored session waits until its tab is opened
+            for control in controls:
+                control.change(run, *args, trigger_mode="always_last", **hidden)
+        t_ses.select(lambda: "session", None, active, **hidden)
+        # plots drawn while their tab was hidden come out narrow: redraw the playground's when it is shown
+        t_pg.select(lambda: "playground", None, active, **hidden).then(
+            partial(playground.on_details, pg), [pg.canvas], [pg.kernels, pg.table], show_progress="hidden", **hidden
+        )
+
+        # ---- linked views: a head clicked in the geometry grid opens in the playground --------------------------
+        def geometry_click(ckpt: str | None, bg: bool, sha: str | None, evt: gr.SelectData) -> Updates:
+            return on_geometry_click(ctx, page, ckpt, bg, sha, evt)  # a plain function: Gradio finds its SelectData
+
+        to_playground = [tabs, active]
+        geo.figure.select(
+            geometry_click, [ckpt, pg.underlay, image_sha], [*pg.head_out, *to_playground, geo.status], **hidden
+        )
+        # ... and a query clicked in Steering opens its head there, steered by the image's content
+        st.open.click(
+            partial(on_open_steered, ctx, page),
+            [ckpt, image_sha, st.layer, st.query, st.head, pg.underlay],
+            [*pg.head_out, pg.steer_group, pg.steer_note, pg.gate, pg.steer_src, *to_playground, st.query_text],
+            **hidden,
+        )
+        pg.gate.change(
+            partial(on_gate, ctx, pg),
+            [pg.steer_src, pg.gate, pg.underlay, image_sha],
+            [*pg.main_out, pg.status],
+            show_progress="hidden",
+            trigger_mode="always_last",
+            **hidden,
+        )
+        ckpt_up.upload(
+            partial(on_checkpoint_upload, ctx, page), [ckpt_up, ckpt], [ckpt, ex.twin, cmp.a, cmp.b, status], **hidden
+        )
+        img_pick.input(partial(on_image_pick, ctx, page), [img_pick], [image_sha, thumb, status], **hidden)
+        img_up.upload(partial(on_image_upload, ctx, page), [img_up], [image_sha, thumb, img_pick, status], **hidden)
+        image_sha.change(
+            partial(refresh_underlay, ctx, pg),
+            [pg.canvas, pg.underlay, image_sha, ckpt],
+            [*pg.main_out, pg.underlay, pg.status],
+            show_progress="hidden",
+            **hidden,
+        )
+
+        # ---- session -------------------------------------------------------------------------------------
+        ses_inputs = [ckpt, image_sha, pg.canvas, pg.underlay, *page.tab_settings]
+        ses.save.click(partial(save_session, ctx, page), ses_inputs, [ses.file, ses.status], **hidden)
+        ses_outputs = [ckpt, image_sha, thumb, img_pick, *pg.main_out, pg.underlay, *pg.head_controls,
+                       *page.tab_settings, ses.status]  # fmt: skip
+        ses.upload.upload(partial(restore_session, ctx, page), [ses.upload], ses_outputs, **hidden)
+
+        register_api(ctx)
+    return demo, page
+
+
+def build_app(ctx: AppContext) -> gr.Blocks:
+    """The whole UI for one checkpoint folder and one folder of bundled images."""
+    return build_page(ctx)[0]
