@@ -297,8 +297,39 @@ def results_section(table: dict[str, Any], seeds: list[int]) -> str:
                 f"* `{crop}`: SSOG {_ms([r['ssog'] for r in rows])}%, dot {_ms([r['dot'] for r in rows])}%, "
                 f"paired gap {_ms(gaps)} points ({len(rows)} of {len(seeds)} seeds finished)."
             )
-    lines += ["", "Recipe, per-seed numbers and the gap at matched CPU time: [SMALL_DATA.md](SMALL_DATA.md).", MARK_END]
+    lines += [
+        "",
+        _verdict(table),
+        "",
+        "Recipe, per-seed numbers and the gap at matched CPU time: [SMALL_DATA.md](SMALL_DATA.md).",
+        MARK_END,
+    ]
     return "\n".join(lines)
+
+
+def _verdict(table: dict[str, Any]) -> str:
+    """One sentence read off the numbers: per crop, is the paired gap clear of its seed-to-seed spread?"""
+    parts, ssog_clear = [], []
+    for crop, rows in table.items():
+        gaps = [100 * r["gap"] for r in rows]
+        if len(gaps) < 2:
+            continue
+        mean, std = statistics.mean(gaps), statistics.stdev(gaps)
+        side = "SSOG ahead" if mean > 0 else "the dot twin ahead"
+        clear = abs(mean) > std
+        if clear and mean > 0:
+            ssog_clear.append(f"`{crop}`")
+        parts.append(
+            f"`{crop}`: {side} by {abs(mean):.1f} points, {'beyond' if clear else 'within'} one std ({std:.1f})"
+        )
+    if not parts:
+        return "Too few finished seeds for a verdict."
+    found = f"it appears under {' and '.join(ssog_clear)}" if ssog_clear else "that advantage does not appear"
+    return (
+        "Read off the table: " + "; ".join(parts) + ". The SSOG post reports SSOG +17 points at a matched recipe "
+        "on small data (CIFAR-100, 500 images per class), and the reference implementation +10 to +22 points under "
+        f"a pad-2 crop; at this scale (d32, 2 layers, 36 tokens, digits) {found}."
+    )
 
 
 def write_reports(root: Path, seeds: list[int], counts: dict[str, int], epochs: int) -> None:
