@@ -2,6 +2,7 @@
 
     PYTHONPATH=/path/to/sklearn python docs/small_data.py [--root runs/small_data] [--jobs 2] [--seeds 0 1 2]
     python docs/small_data.py --report-only          # rebuild the tables from the finished runs
+    python docs/small_data.py --report-only --docs /tmp/check   # ... written elsewhere (to compare, or in tests)
 
 The SSOG post reports SSOG far ahead of a dot-product ViT at a matched recipe on small data (CIFAR-100 with 500
 images per class: ~70% vs 53%). This script measures the same comparison offline, through the project's own
@@ -154,8 +155,7 @@ def _ms(values: list[float]) -> str:
         return "–"
     if len(values) == 1:
         return f"{100 * values[0]:.1f}"
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{100 * statistics.mean(values):+.1f} ± {100 * sd:.1f}".lstrip("+")
+    return f"{100 * statistics.mean(values):+.1f} ± {100 * statistics.stdev(values):.1f}".lstrip("+")
 
 
 def summarise(root: Path, seeds: list[int]) -> dict[str, Any]:
@@ -332,15 +332,21 @@ def _verdict(table: dict[str, Any]) -> str:
     )
 
 
-def write_reports(root: Path, seeds: list[int], counts: dict[str, int], epochs: int) -> None:
+def write_reports(root: Path, seeds: list[int], counts: dict[str, int], epochs: int, docs: Path) -> None:
+    """small_data.json and SMALL_DATA.md in ``docs``, and the section between the markers in its RESULTS.md
+    (replaced where the markers are, appended otherwise; the rest of the file is left as it is)."""
     table = summarise(root, seeds)
-    (DOCS / "small_data.json").write_text(json.dumps({"data": counts, "epochs": epochs, "runs": table}, indent=1))
-    (DOCS / "SMALL_DATA.md").write_text(markdown(table, counts, epochs, seeds))
-    results = DOCS / "RESULTS.md"
+    docs.mkdir(parents=True, exist_ok=True)
+    (docs / "small_data.json").write_text(json.dumps({"data": counts, "epochs": epochs, "runs": table}, indent=1))
+    (docs / "SMALL_DATA.md").write_text(markdown(table, counts, epochs, seeds))
+    results = docs / "RESULTS.md"
     text = results.read_text() if results.is_file() else ""
     section = results_section(table, seeds)
     pattern = re.compile(re.escape(MARK_BEGIN) + ".*?" + re.escape(MARK_END), re.S)
-    text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section, text)
+    else:
+        text = (text.rstrip("\n") + "\n\n" if text.strip() else "") + section
     results.write_text(text + ("" if text.endswith("\n") else "\n"))
 
 
@@ -351,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=100)
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
     ap.add_argument("--report-only", action="store_true", help="only rebuild the tables from finished runs")
+    ap.add_argument("--docs", type=Path, default=DOCS, help="where the reports go (default: this checkout's docs/)")
     args = ap.parse_args(argv)
     data = args.root / "digits"
     counts = build_digits(data)
@@ -361,8 +368,9 @@ def main(argv: list[str] | None = None) -> int:
             futures = [pool.submit(train_and_evaluate, args.root, data, c, m, s, args.epochs) for c, m, s in jobs]
             for f in futures:
                 print(f"[{time.time() - t0:7.0f} s] {f.result()}", flush=True)
-    write_reports(args.root, args.seeds, counts, args.epochs)
-    print(f"wrote {DOCS / 'SMALL_DATA.md'}, {DOCS / 'small_data.json'} and the section in {DOCS / 'RESULTS.md'}")
+    write_reports(args.root, args.seeds, counts, args.epochs, args.docs)
+    docs = args.docs
+    print(f"wrote {docs / 'SMALL_DATA.md'}, {docs / 'small_data.json'} and the section in {docs / 'RESULTS.md'}")
     return 0
 
 

@@ -1,0 +1,432 @@
+"""The small-data study (``docs/small_data.py``): the digits tree it trains on, the report it reads off finished runs
+(accuracies, paired gaps, the gap at matched CPU time, the verdict, the section in RESULTS.md), and its runner's
+resume/skip logic on a one-epoch run. The report tests use fake finished runs whose files have the formats ``train``
+and ``evaluate --json`` write, with numbers chosen so every expected value below can be worked out by hand."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from ssog_core.accuracy import transfer_curve
+from ssog_core.checkpoint import read_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+MANIFEST = {"train": 1438, "val": 359, "size": 12}
+# sha256 of the sorted val indices (into load_digits()) of the published runs' tree: a changed split would make
+# new runs incomparable with the numbers in docs/SMALL_DATA.md.
+VAL_SPLIT_SHA256 = "c1bdfa56e8f8d393505d7d3acb814fe2e9f1a4d0f977044396c50f178f037d96"
+SIZES = [
+    (6, 9),
+    (8, 16),
+    (12, 36),
+    (18, 81),
+    (24, 144),
+]  # the standard transfer sizes at 12×12, patch 2: (side, tokens)
+
+
+@pytest.fixture(scope="module")
+def sd() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("small_data", ROOT / "docs" / "small_data.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ------------------------------------------------------------------------------------------------ the data set
+
+
+@pytest.fixture(scope="module")
+def digits_tree(sd, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("data") / "digits"
+    assert sd.build_digits(folder) == MANIFEST
+    return folder
+
+
+def _indices(folder: Path, split: str) -> dict[int, list[int]]:
+    """Digit -> the load_digits() indices its files in ``split`` hold (files are named by index)."""
+    return {int(d.name): sorted(int(p.stem) for p in d.glob("*.png")) for d in (folder / split).iterdir()}
+
+
+def test_digits_tree_is_a_stratified_split_of_every_image(digits_tree):
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    assert json.loads((digits_tree / "manifest.json").read_text()) == MANIFEST
+    train, val = _indices(digits_tree, "train"), _indices(digits_tree, "val")
+    assert sorted(train) == sorted(val) == list(range(10))
+    every = [i for split in (train, val) for idx in split.values() for i in idx]
+    assert sorted(every) == list(range(len(digits.target)))  # each image once, in one split only
+    for label in range(10):
+        assert all(digits.target[i] == label for i in train[label] + val[label])
+        in_class = int((digits.target == label).sum())
+        assert abs(len(val[label]) - 0.2 * in_class) <= 0.5  # 20% of each class, rounded
+    assert sum(map(len, train.values())) == MANIFEST["train"] and sum(map(len, val.values())) == MANIFEST["val"]
+    val_indices = sorted(i for idx in val.values() for i in idx)
+    assert hashlib.sha256(json.dumps(val_indices).encode()).hexdigest() == VAL_SPLIT_SHA256
+
+
+def test_digits_pngs_are_the_8x8_images_upsampled_to_full_range(digits_tree):
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    brightest = 0
+    for path in digits_tree.rglob("*.png"):
+        with Image.open(path) as im:
+            assert (im.mode, im.size) == ("L", (12, 12))
+            pixels = np.asarray(im)
+        source = digits.images[int(path.stem)] * (255 / 16)
+        back = np.asarray(Image.fromarray(pixels).resize((8, 8), Image.Resampling.BILINEAR), dtype=float)
+        assert np.corrcoef(back.ravel(), source.ravel())[0, 1] > 0.85, path  # the same digit, the right way up
+        assert abs(pixels.mean() - source.mean()) < 10, path  # 0..16 scaled to 0..255, not left at 0..16
+        brightest = max(brightest, int(pixels.max()))
+    assert brightest == 255
+
+
+def test_build_digits_twice_rewrites_nothing(sd, digits_tree):
+    before = {p: p.stat().st_mtime_ns for p in digits_tree.rglob("*")}
+    assert sd.build_digits(digits_tree) == MANIFEST
+    assert {p: p.stat().st_mtime_ns for p in digits_tree.rglob("*")} == before
+
+
+@pytest.mark.parametrize("manifest", [{"train": 1, "val": 1, "size": 8}, None], ids=["other-size", "no-manifest"])
+def test_build_digits_refuses_a_folder_holding_another_version(sd, tmp_path, manifest):
+    folder = tmp_path / "digits"
+    (folder / "train" / "0").mkdir(parents=True)
+    if manifest is not None:
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SystemExit, match="another version"):
+        sd.build_digits(folder)
+    assert sorted(p.name for p in folder.rglob("*")) == sorted(["train", "0"] + (["manifest.json"] if manifest else []))
+
+
+# ------------------------------------------------------------------------------------------------ fake runs
+
+
+def write_run(
+    out: Path,
+    val_acc: list[float],
+    epoch_cpu_s: list[float],
+    accuracy: float | None,
+    transfer: list[float] | None = None,
+    epoch_time_s: float = 3.0,
+) -> None:
+    """The files a run leaves: ``metrics.jsonl`` as ``train`` logs it, ``cpu_s.json`` from the runner, the final
+    model's ``model.transfer.json`` (``transfer``: accuracy at each of SIZES) and ``eval.json`` as
+    ``evaluate --json`` writes it at the training size (``accuracy`` None: an unfinished run, no eval.json)."""
+    out.mkdir(parents=True)
+    rows = [
+        {"epoch": e + 1, "step": 11 * (e + 1), "lr": 1e-3, "train_loss": 1.0, "train_acc": 0.5, "val_loss": 1.0,
+         "val_acc": acc, "epoch_time_s": epoch_time_s, "epoch_cpu_s": cpu, "img_per_s": 800.0}
+        for e, (acc, cpu) in enumerate(zip(val_acc, epoch_cpu_s, strict=True))
+    ]  # fmt: skip
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (out / "cpu_s.json").write_text(json.dumps({"train": sum(epoch_cpu_s) + 7.0}))
+    (out / "train_state.pt").write_bytes(b"")  # never read by the report
+    if transfer is not None:
+        curve = [
+            {"size": (s, s), "grid": (s // 2, s // 2), "accuracy": a} for (s, _), a in zip(SIZES, transfer, strict=True)
+        ]
+        (out / "model.transfer.json").write_text(json.dumps(transfer_curve(curve), indent=1))
+    if accuracy is not None:
+        (out / "model.safetensors").write_bytes(b"")
+        at_training_size = [{"size": (12, 12), "grid": (6, 6), "accuracy": accuracy}]
+        (out / "eval.json").write_text(json.dumps(transfer_curve(at_training_size), indent=1))
+
+
+# (crop, model, seed): val_acc per epoch, epoch_cpu_s per epoch, final accuracy (eval.json), transfer curve.
+# The final accuracies differ from the last val_acc on purpose: the table must take evaluate's number.
+# Matched CPU time, worked out by hand (cumulative CPU s; the pair is compared when the cheaper one finished):
+#   pad-crop s0: ssog 20,40,60,80  dot 15,30,45,60       -> 60:  ssog 0.80 (epoch 3), dot 0.84 (epoch 4)
+#   pad-crop s1: ssog 10,20,30,40  dot 12.5,25,37.5,50   -> 40:  ssog 0.91 (epoch 4), dot 0.75 (epoch 3)
+#   pad-crop s2: ssog 10.1,30.3,60.6,100 (float sums just off 100)  dot 25..100 -> 100: both at epoch 4
+#   resized s0:  ssog 5,10,15,20   dot 4,8,12,16         -> 16:  ssog 0.70 (epoch 3), dot 0.81 (epoch 4)
+#   resized s1:  ssog 5,10,15,20   dot 6,12,18,24        -> 20:  ssog 0.83 (epoch 4), dot 0.70 (epoch 3)
+#   resized s2:  the dot run is unfinished (no eval.json), so seed 2 is not paired there.
+FAKE_RUNS = {
+    ("pad-crop", "ssog", 0): ([0.3, 0.6, 0.8, 0.88], [20.0] * 4, 0.90, [0.3, 0.6, 0.9, 0.5, 0.4]),
+    ("pad-crop", "dot", 0): ([0.4, 0.6, 0.7, 0.84], [15.0] * 4, 0.85, [0.2, 0.5, 0.85, 0.3, 0.2]),
+    ("pad-crop", "ssog", 1): ([0.5, 0.7, 0.85, 0.91], [10.0] * 4, 0.92, [0.4, 0.7, 0.92, 0.6, 0.5]),
+    ("pad-crop", "dot", 1): ([0.4, 0.65, 0.75, 0.86], [12.5] * 4, 0.86, [0.4, 0.7, 0.86, 0.5, 0.3]),
+    ("pad-crop", "ssog", 2): ([0.5, 0.7, 0.9, 0.93], [10.1, 20.2, 30.3, 39.4], 0.94, [0.5, 0.8, 0.94, 0.7, 0.6]),
+    ("pad-crop", "dot", 2): ([0.5, 0.8, 0.85, 0.89], [25.0] * 4, 0.90, None),
+    ("resized-crop", "ssog", 0): ([0.2, 0.5, 0.7, 0.79], [5.0] * 4, 0.80, None),
+    ("resized-crop", "dot", 0): ([0.3, 0.6, 0.75, 0.81], [4.0] * 4, 0.83, None),
+    ("resized-crop", "ssog", 1): ([0.3, 0.6, 0.8, 0.83], [5.0] * 4, 0.84, None),
+    ("resized-crop", "dot", 1): ([0.2, 0.5, 0.7, 0.8], [6.0] * 4, 0.82, None),
+    ("resized-crop", "ssog", 2): ([0.9, 0.95, 0.97, 0.99], [5.0] * 4, 0.99, None),
+    ("resized-crop", "dot", 2): ([0.3, 0.5], [4.0] * 2, None, None),
+}
+SEEDS = [0, 1, 2]
+# seed: (ssog, dot, gap, matched CPU s, ssog then, dot then, gap then, ssog CPU s, dot CPU s)
+EXPECTED = {
+    "pad-crop": {
+        0: (0.90, 0.85, 0.05, 60.0, 0.80, 0.84, -0.04, 80.0, 60.0),
+        1: (0.92, 0.86, 0.06, 40.0, 0.91, 0.75, 0.16, 40.0, 50.0),
+        2: (0.94, 0.90, 0.04, 100.0, 0.93, 0.89, 0.04, 100.0, 100.0),
+    },
+    "resized-crop": {
+        0: (0.80, 0.83, -0.03, 16.0, 0.70, 0.81, -0.11, 20.0, 16.0),
+        1: (0.84, 0.82, 0.02, 20.0, 0.83, 0.70, 0.13, 20.0, 24.0),
+    },
+}
+KEYS = ("ssog", "dot", "gap", "matched_cpu_s", "ssog_at_matched", "dot_at_matched", "gap_at_matched")
+
+
+def write_fake_runs(sd: ModuleType, root: Path, runs: dict = FAKE_RUNS) -> Path:
+    for (crop, model, seed), (val_acc, cpu, accuracy, transfer) in runs.items():
+        write_run(sd.run_dir(root, crop, model, seed), val_acc, cpu, accuracy, transfer)
+    return root
+
+
+@pytest.fixture
+def fake_root(sd, tmp_path) -> Path:
+    return write_fake_runs(sd, tmp_path / "small_data")
+
+
+# ------------------------------------------------------------------------------------------------ the report
+
+
+def test_summarise_pairs_finished_runs_and_matches_cpu_time(sd, fake_root):
+    table = sd.summarise(fake_root, SEEDS)
+    assert list(table) == list(sd.CROPS)
+    for crop, expected in EXPECTED.items():
+        assert [r["seed"] for r in table[crop]] == list(expected)
+        for row in table[crop]:
+            want = expected[row["seed"]]
+            assert [row[k] for k in KEYS] == pytest.approx(list(want[: len(KEYS)]), abs=1e-9), (crop, row["seed"])
+            assert (row["ssog_cpu_s"], row["dot_cpu_s"]) == pytest.approx(want[len(KEYS) :])
+            assert row["ssog_wall_s"] == row["dot_wall_s"] == pytest.approx(3.0 * 4)
+            model_runs = {m: FAKE_RUNS[(crop, m, row["seed"])] for m in sd.MODELS}
+            assert row["ssog_val_acc"] == model_runs["ssog"][0] and row["dot_val_acc"] == model_runs["dot"][0]
+    first = table["pad-crop"][0]["ssog_transfer"]
+    assert [(p["img_size"], p["tokens"], p["accuracy"]) for p in first] == [
+        ([s, s], t, a) for (s, t), a in zip(SIZES, FAKE_RUNS[("pad-crop", "ssog", 0)][3], strict=True)
+    ]
+    assert table["pad-crop"][2]["dot_transfer"] is None and table["resized-crop"][0]["ssog_transfer"] is None
+
+
+def test_accuracy_at_a_cpu_budget(sd):
+    run = {"val_acc": [0.2, 0.5, 0.7], "cpu_s": [10.0, 20.0, 30.0]}
+    assert [sd._acc_at(run, t) for t in (9.99, 10.0, 29.0, 30.0, 99.0)] == [0.0, 0.2, 0.5, 0.7, 0.7]
+
+
+def test_mean_and_sample_std_in_points(sd):
+    assert sd._ms([0.80, 0.90, 0.85]) == "85.0 ± 5.0"
+    assert sd._ms([-0.01, -0.03]) == "-2.0 ± 1.4"  # the sign stays on a negative mean
+    assert sd._ms([0.873]) == "87.3" and sd._ms([]) == "–"
+
+
+def test_markdown_tables(sd, fake_root):
+    counts = {"train": 1438, "val": 359, "size": 12}
+    text = sd.markdown(sd.summarise(fake_root, SEEDS), counts, 4, SEEDS)
+    lines = text.splitlines()
+    assert "1438 train / 359 val images" in text and ", 4 epochs," in text
+    assert "**Unfinished:** `resized-crop` seed 2 (" in text and "planned pairs finished" not in text
+    # mean ± sample std over seeds: pad-crop SSOG 90, 92, 94; dot 85, 86, 90; gaps 5, 6, 4; gaps then -4, 16, 4;
+    # CPU s 80, 40, 100 and 60, 50, 100.  resized-crop: 80, 84; 83, 82; gaps -3, 2; then -11, 13; 20, 20 and 16, 24.
+    assert "| `pad-crop` | 3 | 92.0 ± 2.0 | 87.0 ± 2.6 | 5.0 ± 1.0 | 5.3 ± 10.1 | 73, 70 |" in lines
+    assert "| `resized-crop` | 2 | 82.0 ± 2.8 | 82.5 ± 0.7 | -0.5 ± 3.5 | 1.0 ± 17.0 | 20, 20 |" in lines
+    per_seed = [line for line in lines if line.startswith("| `") and line.count("|") == 10]
+    assert per_seed == [
+        "| `pad-crop` | 0 | 90.0 | 85.0 | +5.0 | 60 | 80.0 | 84.0 | -4.0 |",
+        "| `pad-crop` | 1 | 92.0 | 86.0 | +6.0 | 40 | 91.0 | 75.0 | +16.0 |",
+        "| `pad-crop` | 2 | 94.0 | 90.0 | +4.0 | 100 | 93.0 | 89.0 | +4.0 |",
+        "| `resized-crop` | 0 | 80.0 | 83.0 | -3.0 | 16 | 70.0 | 81.0 | -11.0 |",
+        "| `resized-crop` | 1 | 84.0 | 82.0 | +2.0 | 20 | 83.0 | 70.0 | +13.0 |",
+    ]
+    # transfer: the mean over the runs that have a curve (pad-crop dot: seeds 0 and 1 only); none for resized-crop
+    header = "| crop | model | 6² (9 tokens) | 8² (16 tokens) | 12² (36 tokens) | 18² (81 tokens) | 24² (144 tokens) |"
+    transfer_rows = [line for line in lines[lines.index(header) :] if line.startswith("| `")]
+    assert transfer_rows == [
+        "| `pad-crop` | ssog | 40.0 | 70.0 | 92.0 | 60.0 | 50.0 |",
+        "| `pad-crop` | dot | 30.0 | 60.0 | 85.5 | 40.0 | 25.0 |",
+    ]
+
+
+def test_markdown_and_section_with_one_seed_and_an_empty_crop(sd, tmp_path):
+    runs = {k: v for k, v in FAKE_RUNS.items() if k[0] == "pad-crop" and k[2] == 0}
+    table = sd.summarise(write_fake_runs(sd, tmp_path, runs), [0])
+    text = sd.markdown(table, MANIFEST, 4, [0])
+    assert table["resized-crop"] == []
+    assert "| `pad-crop` | 1 | 90.0 | 85.0 | 5.0 | -4.0 | 80, 60 |" in text.splitlines()  # one seed: no ± std
+    assert "| `resized-crop` | 0 | – | – | – | – | – |" in text.splitlines()
+    assert "**Unfinished:** `resized-crop` seed 0 (" in text
+    section = sd.results_section(table, [0])
+    assert "* `pad-crop`: SSOG 90.0%, dot 85.0%, paired gap 5.0 points (1 of 1 seeds finished)." in section
+    assert "`resized-crop`" not in section and "Too few finished seeds for a verdict." in section
+
+
+def test_results_section_and_verdict(sd, fake_root):
+    section = sd.results_section(sd.summarise(fake_root, SEEDS), SEEDS)
+    assert section.startswith(sd.MARK_BEGIN + "\n") and section.endswith("\n" + sd.MARK_END)
+    assert "* `pad-crop`: SSOG 92.0 ± 2.0%, dot 87.0 ± 2.6%, paired gap 5.0 ± 1.0 points (3 of 3 seeds finished)." in (
+        section
+    )
+    assert (
+        "* `resized-crop`: SSOG 82.0 ± 2.8%, dot 82.5 ± 0.7%, paired gap -0.5 ± 3.5 points (2 of 3 seeds finished)."
+        in (section)
+    )
+    assert "`pad-crop`: SSOG ahead by 5.0 points, beyond one std (1.0)" in section
+    assert "`resized-crop`: the dot twin ahead by 0.5 points, within one std (3.5)" in section
+    assert section.count(sd.MARK_BEGIN) == section.count(sd.MARK_END) == 1
+    assert "at this scale (d32, 2 layers, 36 tokens, digits) it appears under `pad-crop`." in section
+
+
+def _gaps(**crops: list[float]) -> dict[str, list[dict[str, float]]]:
+    """A table holding only the paired gaps, all the verdict reads (``pad_crop=`` names the crop ``pad-crop``)."""
+    return {crop.replace("_", "-"): [{"gap": g} for g in gaps] for crop, gaps in crops.items()}
+
+
+@pytest.mark.parametrize(
+    ("table", "reads", "found"),
+    [
+        (_gaps(pad_crop=[0.02, -0.01, 0.05]), "SSOG ahead by 2.0 points, within one std (3.0)", "does not appear"),
+        (_gaps(pad_crop=[-0.05, -0.06, -0.04]), "the dot twin ahead by 5.0 points, beyond one std (1.0)",
+         "does not appear"),
+        (_gaps(pad_crop=[0.05, 0.06, 0.04], resized_crop=[0.10, 0.12]), "`resized-crop`: SSOG ahead by 11.0 points",
+         "it appears under `pad-crop` and `resized-crop`."),
+        (_gaps(pad_crop=[0.05], resized_crop=[]), "Too few finished seeds for a verdict.", "Too few"),
+    ],
+    ids=["ssog-within-std", "dot-clearly-ahead", "ssog-clear-under-both", "one-seed"],
+)  # fmt: skip
+def test_verdict_counts_only_a_clear_ssog_lead(sd, table, reads, found):
+    verdict = sd._verdict(table)
+    assert reads in verdict and found in verdict
+    assert ("it appears under" in verdict) == (found.startswith("it appears"))
+
+
+def test_the_repository_results_md_holds_one_section_between_the_markers(sd):
+    text = (ROOT / "docs" / "RESULTS.md").read_text()
+    assert text.count(sd.MARK_BEGIN) == text.count(sd.MARK_END) == 1  # else a rerun appends a second section
+    assert text.index(sd.MARK_BEGIN) < text.index(sd.MARK_END)
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        ("# Results\n\nabove\n\nMARK\n\nbelow, kept\n", "# Results\n\nabove\n\nSECTION\n\nbelow, kept\n"),
+        ("# Results\n\nbody\n\n\n", "# Results\n\nbody\n\nSECTION\n"),
+        (None, "SECTION\n"),
+    ],
+    ids=["replaced", "appended", "new-file"],
+)
+def test_write_reports_places_the_section_and_writes_the_numbers(sd, fake_root, tmp_path, before, after):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    old = f"{sd.MARK_BEGIN}\n## an older section\n\n* stale numbers\n{sd.MARK_END}"
+    if before is not None:
+        (docs / "RESULTS.md").write_text(before.replace("MARK", old))
+    sd.write_reports(fake_root, SEEDS, MANIFEST, 4, docs)
+    table = sd.summarise(fake_root, SEEDS)
+    section = sd.results_section(table, SEEDS)
+    assert (docs / "RESULTS.md").read_text() == after.replace("SECTION", section)
+    sd.write_reports(fake_root, SEEDS, MANIFEST, 4, docs)  # a second write replaces its own section
+    assert (docs / "RESULTS.md").read_text() == after.replace("SECTION", section)
+    assert json.loads((docs / "small_data.json").read_text()) == json.loads(
+        json.dumps({"data": MANIFEST, "epochs": 4, "runs": table})
+    )
+    assert (docs / "SMALL_DATA.md").read_text() == sd.markdown(table, MANIFEST, 4, SEEDS)
+    assert sorted(p.name for p in docs.iterdir()) == ["RESULTS.md", "SMALL_DATA.md", "small_data.json"]
+
+
+def test_main_report_only_writes_the_reports_where_asked(sd, fake_root, tmp_path, monkeypatch, capsys):
+    (fake_root / "digits").mkdir()
+    (fake_root / "digits" / "manifest.json").write_text(json.dumps(MANIFEST))  # a built tree: nothing to build
+
+    def no_training(*args: object) -> str:
+        raise AssertionError(f"--report-only trained {args}")
+
+    monkeypatch.setattr(sd, "train_and_evaluate", no_training)
+    docs = tmp_path / "out" / "docs"
+    argv = ["--root", str(fake_root), "--seeds", "0", "1", "2", "--epochs", "4", "--report-only", "--docs", str(docs)]
+    assert sd.main(argv) == 0
+    assert str(docs / "SMALL_DATA.md") in capsys.readouterr().out
+    text = (docs / "SMALL_DATA.md").read_text()
+    assert "1438 train / 359 val images" in text and ", 4 epochs," in text
+    assert "| `pad-crop` | 3 | 92.0 ± 2.0 | 87.0 ± 2.6 | 5.0 ± 1.0 | 5.3 ± 10.1 | 73, 70 |" in text
+    saved = json.loads((docs / "small_data.json").read_text())
+    assert saved["data"] == MANIFEST and saved["epochs"] == 4
+    assert [r["seed"] for r in saved["runs"]["resized-crop"]] == [0, 1]
+    results = (docs / "RESULTS.md").read_text()
+    assert results.startswith(sd.MARK_BEGIN) and "it appears under `pad-crop`." in results
+
+
+# ------------------------------------------------------------------------------------------------ the runner
+
+
+def _tiny_tree(digits: Path, out: Path) -> Path:
+    """13 train (one batch of 128 needs 128) and 2 val images per digit, copied from the full tree."""
+    for split, n in (("train", 13), ("val", 2)):
+        for label in range(10):
+            (out / split / str(label)).mkdir(parents=True)
+            for path in sorted((digits / split / str(label)).glob("*.png"))[:n]:
+                shutil.copy(path, out / split / str(label) / path.name)
+    return out
+
+
+def _stamps(out: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+
+
+@pytest.mark.slow
+def test_runner_trains_skips_evaluates_and_resumes(sd, digits_tree, tmp_path):
+    root = tmp_path / "small_data"
+    data = _tiny_tree(digits_tree, root / "digits")
+    out = sd.run_dir(root, "resized-crop", "dot", 3)
+
+    assert sd.train_and_evaluate(root, data, "resized-crop", "dot", 3, 1) == f"{out}: done"
+    config, _, meta = read_checkpoint(out / "model.safetensors")
+    assert config.attn == "dot" and config.img_size == (12, 12) and config.dim == 32 and config.depth == 2
+    assert meta["augment"] == ["resized-crop"] and meta["epochs_planned"] == 1 and "--seed 3" in meta["command"]
+    result = sd._run_result(out)  # the report reads what train and evaluate really wrote
+    assert result["accuracy"] == json.loads((out / "eval.json").read_text())[0]["accuracy"]
+    assert len(result["val_acc"]) == len(result["cpu_s"]) == 1 and len(result["transfer"]) == len(SIZES)
+    assert json.loads((out / "cpu_s.json").read_text())["train"] > 0
+
+    finished = _stamps(out)
+    assert sd.train_and_evaluate(root, data, "resized-crop", "dot", 3, 1) == f"{out}: done"
+    assert _stamps(out) == finished  # a finished run is skipped: nothing runs, nothing is written
+
+    (out / "eval.json").unlink()
+    log_lines = len((out / "log.txt").read_text().splitlines())
+    assert sd.train_and_evaluate(root, data, "resized-crop", "dot", 3, 1) == f"{out}: done"
+    new_lines = (out / "log.txt").read_text().splitlines()[log_lines:]
+    assert new_lines == [f"accuracy: {result['accuracy']:.4f}"]  # evaluated only
+    assert (out / "eval.json").is_file() and sd._run_result(out)["accuracy"] == result["accuracy"]
+    assert {k: v for k, v in _stamps(out).items() if k not in ("eval.json", "log.txt")} == {
+        k: v for k, v in finished.items() if k not in ("eval.json", "log.txt")
+    }
+
+    # a run stopped before its final model (train_state.pt, no model.safetensors) continues with --resume; here the
+    # finished run's state, its final model removed, and the CPU time of an earlier part set to a known 1000 s
+    (out / "model.safetensors").unlink()
+    (out / "eval.json").unlink()
+    (out / "cpu_s.json").write_text(json.dumps({"train": 1000.0}))
+    assert sd.train_and_evaluate(root, data, "resized-crop", "dot", 3, 1) == f"{out}: done"
+    assert "resuming at step 1" in (out / "log.txt").read_text()
+    assert json.loads((out / "cpu_s.json").read_text())["train"] > 1000.0  # CPU time adds up over the parts
+    assert (out / "model.safetensors").is_file() and (out / "eval.json").is_file()
+
+
+@pytest.mark.slow
+def test_runner_reports_a_failed_training_and_does_not_evaluate(sd, digits_tree, tmp_path):
+    root = tmp_path / "small_data"
+    data = root / "digits"
+    for split in ("train", "val"):  # 10 train images: fewer than one batch, which train refuses
+        for label in range(10):
+            (data / split / str(label)).mkdir(parents=True)
+            shutil.copy(next((digits_tree / split / str(label)).glob("*.png")), data / split / str(label))
+    out = sd.run_dir(root, "pad-crop", "ssog", 0)
+    message = sd.train_and_evaluate(root, data, "pad-crop", "ssog", 0, 1)
+    assert message == f"{out}: train exited 2 (see {out / 'log.txt'})"
+    assert "fewer than one batch" in (out / "log.txt").read_text()
+    assert not (out / "eval.json").exists() and json.loads((out / "cpu_s.json").read_text())["train"] > 0
