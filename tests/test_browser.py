@@ -349,12 +349,12 @@ def atoms_move_from_the_keyboard(page) -> None:
     assert "atom 2" in atom.get_attribute("aria-label") and atom.get_attribute("tabindex") == "0"
     before = atom.bounding_box()
     readout = page.inner_text("#pg-readout")
-    acked = "old => document.querySelector('#pg-canvas .lat').innerText !== old"  # Python answered the release
-    lat = page.inner_text("#pg-canvas .lat")
+    acked = "n => window.ssogCanvasStats.release.length > n"  # Python answered the key's release
+    releases = page.evaluate("() => window.ssogCanvasStats.release.length")
     atom.focus()
     page.keyboard.press("ArrowDown")
     page.wait_for_function("old => document.querySelector('#pg-readout').innerText !== old", arg=readout)
-    page.wait_for_function(acked, arg=lat)  # on a busy machine the next key must not race this round trip
+    page.wait_for_function(acked, arg=releases)  # on a busy machine the next key must not race this round trip
     after = page.locator("#pg-canvas .atom").nth(1).bounding_box()
     cell = page.locator("#pg-canvas .pg").bounding_box()["height"] / 24
     assert abs(after["y"] - before["y"] - cell) < 1.5 and after["x"] == before["x"]
