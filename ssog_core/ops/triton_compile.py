@@ -170,7 +170,9 @@ def problem_launches(
     prm = empty(batch, gh, gw, heads, atoms, f)
     izx = empty(batch, gh, gw, heads, ro)
     taby, tabx = empty(heads, ro, gh, gh), empty(heads, ro, gw, gw)
-    shared = empty(heads, atoms, f)[None, None, None].expand(batch, gh, gw, heads, atoms, f)
+    shared = (empty(heads, atoms, f)[None, None, None] if axial else empty(1, gh, gw, heads, atoms, f)).expand(
+        batch, gh, gw, heads, atoms, f
+    )  # a shared field as kernel_params lays it out: factorized terms per grid cell, axial per head
     return [
         ts.fwd_launch(v, prm, None, None, axial, empty(*v.shape, dt=dtype), izx),
         ts.fwd_launch(v, shared, taby, tabx, axial, empty(*v.shape, dt=dtype), None),

@@ -49,6 +49,13 @@ def tiles(gh: int, gw: int, d: int, r: int, axial: bool) -> dict:
                 EVEN_K=gw % kc == 0, WARPS=warps)  # fmt: skip
 
 
+def row_split(tokens: int, ghp: int, warps: int = FACTORIZED_WARPS) -> int:
+    """Warps that share the key rows of one (token, atom) in a factorized column pass over ``tokens`` (token, atom)
+    pairs: enough that the kernel's load of the per-token terms has one element per thread (Triton then keeps that
+    load's layout, with the key rows within a thread), at most all ``ghp`` rows."""
+    return max(1, min(ghp, warps * 32 // tokens))
+
+
 def col_tiles(cfg: dict, axial: bool) -> tuple[int, int, int]:
     """Column-backward tiles: key columns per program (KT), query rows per step (IC, K = IC·RP of the dV dot
     must be ≥ 16) and query columns per dy1 step (WC)."""
