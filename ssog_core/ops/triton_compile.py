@@ -223,8 +223,8 @@ def compile_kernels(
     for launch in problem_launches(grid, head_dim, atoms, mode, dtype):
         sig, consts, attrs = _specialise(launch)
         src = ASTSource(launch.kernel, sig, consts, attrs)
-        warps = num_warps or launch.num_warps
-        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
+        options = launch.options | ({"num_warps": num_warps} if num_warps else {})
+        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
         ptx = k.asm["ptx"]
         usage = _resource_usage(k.asm["cubin"])
         reports.append(

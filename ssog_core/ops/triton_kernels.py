@@ -467,7 +467,6 @@ def _fact_fwd_kernel(
     tabx_ptr,
     y_ptr,
     izx_ptr,
-    H,
     GH,
     GW,
     svb,
@@ -505,12 +504,10 @@ def _fact_fwd_kernel(
     DOT: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Factorized ``y`` for one (row tile, column tile) × (b, h): batch·heads on grid axis 1, so that the programs
-    sharing one value slab run together. Stores ``1/Z_x`` unless the field is fixed."""
+    """Factorized ``y`` for one (row tile, column tile) × (h, b). Stores ``1/Z_x`` unless the field is fixed."""
     pid = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // H).to(tl.int64)  # batch offsets may exceed 2**31 elements
-    h = bh % H
+    h = tl.program_id(1)  # heads and images on axes 1 and 2: the programs sharing a value slab run together
+    b = tl.program_id(2).to(tl.int64)  # batch offsets may exceed 2**31 elements
     n_wt = tl.cdiv(GW, WT)
     i0 = (pid // n_wt) * T
     w0 = (pid % n_wt) * WT
@@ -614,21 +611,20 @@ def _fixed_column_pass(
 
 
 @triton.jit
-def _fact_bwd_rows_kernel(v_ptr, prm_ptr, izx_ptr, dy_ptr, dprm_ptr, H, GH, GW,
+def _fact_bwd_rows_kernel(v_ptr, prm_ptr, izx_ptr, dy_ptr, dprm_ptr, GH, GW,
                           svb, svn, svh, spb, spi, spw, sph, spr, szb, szi, szw, szh, sdyb, sdyn, sdyh,
                           sgb, sgi, sgw, sgh, sgr,
                           D: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, T: tl.constexpr, WT: tl.constexpr,
                           KC: tl.constexpr, GHP: tl.constexpr, DHP: tl.constexpr, EVEN_K: tl.constexpr,
                           JS: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
-    """Factorized gradients of λ and of the x parameters for one (row tile, column tile) × (b, h).
+    """Factorized gradients of λ and of the x terms (ca, cb) for one (row tile, column tile) × (h, b).
 
     ``G = dY · y1ᵀ`` per key chunk; with ``g = λ·G`` and ``dL/dl_k = ln2·P_k (g_k − Σ P g)`` the gradients need
     only running sums over keys of ``P·G``, ``P·G·e``, ``P·e``, ``P·G·e²``, ``P·e²`` (e = j* − key).
     """
     pid = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // H).to(tl.int64)  # batch offsets may exceed 2**31 elements
-    h = bh % H
+    h = tl.program_id(1)  # heads and images on axes 1 and 2: the programs sharing a value slab run together
+    b = tl.program_id(2).to(tl.int64)  # batch offsets may exceed 2**31 elements
     n_wt = tl.cdiv(GW, WT)
     i0 = (pid // n_wt) * T
     w0 = (pid % n_wt) * WT
@@ -690,22 +686,48 @@ def _fact_bwd_rows_kernel(v_ptr, prm_ptr, izx_ptr, dy_ptr, dprm_ptr, H, GH, GW,
 
 
 @triton.jit
-def _fact_bwd_cols_kernel(v_ptr, prm_ptr, izx_ptr, dy_ptr, dv_ptr, dprm_ptr, H, GH, GW,
+def _fact_dy1(pb, izx_ptr, dy_ptr, b, h, i0, w0, kf, GH, GW, spi, spw, spr, szb, szi, szw, szh, sdyb, sdyn, sdyh,
+              D: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, KT: tl.constexpr, IC: tl.constexpr,
+              WC: tl.constexpr, DHP: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
+    """``Σ_w λ·P_x·dY/Z_x`` over query columns w0 … w0 + WC of rows i0 … i0 + IC for the KT keys ``kf``, as
+    ``[IC, KT·RP, DHP]``: the row-pass weight tile is ``[KT, IC, RP, WC]`` with the terms of a (query, atom)
+    loaded once and its KT keys within a thread."""
+    iq = i0 + tl.arange(0, IC)[None, :, None, None]
+    rq = tl.arange(0, RP)[None, None, :, None]
+    wq = w0 + tl.arange(0, WC)[None, None, None, :]
+    qmask = (iq < GH) & (wq < GW) & (rq < R)
+    qb = pb + iq * spi + wq * spw + rq * spr + 3  # the x terms j*, ca, cb, then λ
+    scale = tl.load(izx_ptr + b * szb + iq * szi + wq * szw + h * szh + rq, mask=qmask, other=0.0) * tl.load(
+        qb + 3, mask=qmask, other=0.0)  # λ/Z_x, 0 on padding
+    e = tl.load(qb, mask=qmask, other=0.0) - kf
+    px = tl.exp2(e * (tl.load(qb + 1, mask=qmask, other=0.0) * e + tl.load(qb + 2, mask=qmask, other=0.0))) * scale
+    px = tl.reshape(tl.permute(px, (1, 0, 2, 3)), (IC, KT * RP, WC))
+    di = i0 + tl.arange(0, IC)[:, None, None]
+    dw = w0 + tl.arange(0, WC)[None, :, None]
+    dd = tl.arange(0, DHP)[None, None, :]
+    dmask = (di < GH) & (dw < GW)
+    if D != DHP:
+        dmask = dmask & (dd < D)
+    dyv = tl.load(dy_ptr + b * sdyb + h * sdyh + (di * GW + dw) * sdyn + dd, mask=dmask, other=0.0)
+    return tl.dot(px.to(DOT), dyv.to(DOT), input_precision=PREC)
+
+
+@triton.jit
+def _fact_bwd_cols_kernel(v_ptr, prm_ptr, izx_ptr, dy_ptr, dv_ptr, dprm_ptr, GH, GW,
                           svb, svn, svh, spb, spi, spw, sph, spr, szb, szi, szw, szh, sdyb, sdyn, sdyh,
                           sdvb, sdvn, sdvh, sgb, sgi, sgw, sgh, sgr,
                           D: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, KT: tl.constexpr, IC: tl.constexpr,
-                          WC: tl.constexpr, GHP: tl.constexpr, JS: tl.constexpr, DHP: tl.constexpr,
-                          DOT: tl.constexpr, PREC: tl.constexpr):
-    """Factorized dV and gradients of the y terms; one program per (tile of KT key columns) × (b, h), the only
+                          WC: tl.constexpr, W_CHUNKS: tl.constexpr, GHP: tl.constexpr, JS: tl.constexpr,
+                          DHP: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
+    """Factorized dV and gradients of the y terms; one program per (tile of KT key columns) × (h, b), the only
     writer of both.
 
-    For each chunk of IC query rows: ``dy1 = Σ_w λ·P_x·dY/Z_x`` (the row-pass weights of a query are built in one
-    thread for all KT keys, ``λ/Z_x`` folded into the exponent), then the column-pass weights of tokens (i, k)
-    over all key rows j give ``dV += Aᵀ·dy1`` and, from ``G = dy1 · vᵀ``, the softmax backward over j.
+    For each chunk of IC query rows: ``dy1 = Σ_w λ·P_x·dY/Z_x`` (:func:`_fact_dy1`), then the column-pass weights
+    of tokens (i, k) over all key rows j give ``dV += Aᵀ·dy1`` and, from ``G = dy1 · vᵀ``, the softmax backward
+    over j.
     """
-    bh = tl.program_id(1)  # batch·heads on axis 1: programs sharing v run together
-    b = (bh // H).to(tl.int64)  # batch offsets may exceed 2**31 elements
-    h = bh % H
+    h = tl.program_id(1)  # heads and images on axes 1 and 2: the programs sharing a value slab run together
+    b = tl.program_id(2).to(tl.int64)  # batch offsets may exceed 2**31 elements
     k0 = tl.program_id(0) * KT
     vb = v_ptr + b * svb + h * svh
     pb = prm_ptr + b * spb + h * sph
@@ -720,56 +742,40 @@ def _fact_bwd_cols_kernel(v_ptr, prm_ptr, izx_ptr, dy_ptr, dv_ptr, dprm_ptr, H, 
     vals = tl.load(vb + (vj * GW + vk) * svn + vd, mask=vmask, other=0.0).to(DOT)
     dv = tl.zeros((KT, GHP, DHP), dtype=tl.float32)
 
-    # row-pass weight tile [KT, IC, RP, WC]: key k0 + kt (within a thread), query (i0 + ic, w0 + w), atom r
-    kf = (k0 + tl.arange(0, KT)[:, None, None, None]).to(tl.float32)
-    ic = tl.arange(0, IC)[None, :, None, None]
-    rq = tl.arange(0, RP)[None, None, :, None]
-    wq = tl.arange(0, WC)[None, None, None, :]
-    dyw = tl.arange(0, WC)[None, :, None]
-    dyi = tl.arange(0, IC)[:, None, None]
+    kf = (k0 + tl.arange(0, KT)[:, None, None, None]).to(tl.float32)  # the keys of the row-pass weights
     # column-pass tokens [1, KT, IC·RP]: (i0 + m // RP, k0 + kt), atom m % RP
     mc = tl.arange(0, IC * RP)[None, None, :]
     kc = k0 + tl.arange(0, KT)[None, :, None]
 
     for i0 in range(0, GH, IC):
-        iq = i0 + ic
-        dy1 = tl.zeros((IC, KT * RP, DHP), dtype=tl.float32)
-        for w0 in range(0, GW, WC):
-            qmask = (iq < GH) & (w0 + wq < GW) & (rq < R)
-            qb = pb + iq * spi + (w0 + wq) * spw + rq * spr + 3  # the x terms j*, ca, cb, then λ
-            izx = tl.load(izx_ptr + b * szb + iq * szi + (w0 + wq) * szw + h * szh + rq, mask=qmask, other=0.0)
-            ls = tl.log2(izx * tl.load(qb + 3, mask=qmask, other=0.0))  # log2(λ/Z_x), −inf on padding
-            e = tl.load(qb, mask=qmask, other=0.0) - kf
-            px = tl.exp2(e * (tl.load(qb + 1, mask=qmask, other=0.0) * e + tl.load(qb + 2, mask=qmask, other=0.0))
-                         + ls)
-            px = tl.reshape(tl.permute(px, (1, 0, 2, 3)), (IC, KT * RP, WC))
-            dmask = (i0 + dyi < GH) & (w0 + dyw < GW)
-            if D != DHP:
-                dmask = dmask & (vd < D)
-            dyv = tl.load(dy_ptr + b * sdyb + h * sdyh + ((i0 + dyi) * GW + w0 + dyw) * sdyn + vd, mask=dmask,
-                          other=0.0)
-            dy1 = tl.dot(px.to(DOT), dyv.to(DOT), dy1, input_precision=PREC)  # [IC, KT·RP, DHP]
+        if not W_CHUNKS:  # one chunk of query columns: no inner loop
+            dy1 = _fact_dy1(pb, izx_ptr, dy_ptr, b, h, i0, 0, kf, GH, GW, spi, spw, spr, szb, szi, szw, szh, sdyb, sdyn,
+                            sdyh, D, R, RP, KT, IC, WC, DHP, DOT, PREC)
+        else:
+            dy1 = tl.zeros((IC, KT * RP, DHP), dtype=tl.float32)
+            for w0 in range(0, GW, WC):
+                dy1 += _fact_dy1(pb, izx_ptr, dy_ptr, b, h, i0, w0, kf, GH, GW, spi, spw, spr, szb, szi, szw, szh, sdyb,
+                                 sdyn, sdyh, D, R, RP, KT, IC, WC, DHP, DOT, PREC)
         dy1 = tl.reshape(tl.permute(tl.reshape(dy1, (IC, KT, RP, DHP)), (1, 0, 2, 3)), (KT, IC * RP, DHP)).to(DOT)
 
         py, ey, tok = _fact_column_weights(pb, k0, i0, GH, GW, spi, spw, spr, R, RP, IC, KT, GHP, JS)
+        pe = py * ey
+        m1 = tl.sum(pe, axis=0)  # Σ_j P·e and Σ_j P·e², in the weights' own layout
+        m2 = tl.sum(pe * ey, axis=0)
         g = tl.dot(dy1, tl.permute(vals, (0, 2, 1)), input_precision=PREC)  # [KT, IC·RP, GHP]
         dv = tl.dot(tl.permute(py, (1, 0, 2)).to(DOT), dy1, dv, input_precision=PREC)
 
         pg = py * tl.permute(g, (2, 0, 1))
-        pe = py * ey
         pge = pg * ey
         s = tl.sum(pg, axis=0)
-        d_e = LN2 * (tl.sum(pge, axis=0) - s * tl.sum(pe, axis=0))  # Σ_j dL/dl_j · e_j
-        d_e2 = LN2 * (tl.sum(pge * ey, axis=0) - s * tl.sum(pe * ey, axis=0))  # Σ_j dL/dl_j · e_j²
+        d_e = LN2 * (tl.sum(pge, axis=0) - s * m1)  # Σ_j dL/dl_j · e_j
+        d_e2 = LN2 * (tl.sum(pge * ey, axis=0) - s * m2)  # Σ_j dL/dl_j · e_j²
         gb = dprm_ptr + b * sgb + h * sgh + (i0 + mc // RP) * sgi + kc * sgw + (mc % RP) * sgr
         tl.store(gb, tl.zeros_like(d_e)[None], mask=tok)  # d/dj* = 0, d/dca = Σ dL/dl·e², d/dcb = Σ dL/dl·e
         tl.store(gb + 1, d_e2[None], mask=tok)
         tl.store(gb + 2, d_e[None], mask=tok)
 
-    dmask = (vk < GW) & (vj < GH)
-    if D != DHP:
-        dmask = dmask & (vd < D)
-    tl.store(dv_ptr + b * sdvb + (vj * GW + vk) * sdvn + h * sdvh + vd, dv.to(dv_ptr.dtype.element_ty), mask=dmask)
+    tl.store(dv_ptr + b * sdvb + (vj * GW + vk) * sdvn + h * sdvh + vd, dv.to(dv_ptr.dtype.element_ty), mask=vmask)
 
 
 # fmt: on

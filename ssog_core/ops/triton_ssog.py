@@ -27,7 +27,7 @@ from torch.utils.flop_counter import register_flop_formula
 from ssog_core.field import Field, FieldMode, axis_kernels, check_grid
 from ssog_core.ops import triton_kernels as K
 from ssog_core.ops.dispatch import _interpreting
-from ssog_core.ops.triton_tiles import NUM_WARPS, col_tiles, p2, row_split, tiles
+from ssog_core.ops.triton_tiles import FACTORIZED_STAGES, NUM_WARPS, col_tiles, p2, row_split, tiles
 
 triton = K.triton
 
@@ -93,9 +93,15 @@ class Launch:
     args: tuple
     constexprs: dict
     num_warps: int = NUM_WARPS
+    num_stages: int | None = None  # Triton's default unless set
+
+    @property
+    def options(self) -> dict:
+        """Compile options of the launch (warps, pipeline stages)."""
+        return {"num_warps": self.num_warps} | ({"num_stages": self.num_stages} if self.num_stages else {})
 
     def __call__(self) -> None:
-        self.kernel[self.grid](*self.args, num_warps=self.num_warps, **self.constexprs)
+        self.kernel[self.grid](*self.args, **self.options, **self.constexprs)
 
 
 def _strides6(prm: Tensor) -> tuple[int, ...]:
@@ -122,11 +128,11 @@ def fwd_launch(v: Tensor, prm: Tensor, taby: Tensor | None, tabx: Tensor | None,
         grid = (triton.cdiv(gh, cfg["T"]) * triton.cdiv(gw, cfg["WT"]), b * h)
         consts = _pick(cfg, "R", "RO", "RP", "T", "WT", "KC", "JC", "DHP", "DOT", "PREC") | dict(FIXED=fixed)
         return Launch(name, K._ssog_fwd_kernel, grid, (*ptrs, h, gh, gw, d, *strides), consts)
-    grid = (triton.cdiv(gh, cfg["T"]) * triton.cdiv(gw, cfg["WT"]), b * h)
+    grid = (triton.cdiv(gh, cfg["T"]) * triton.cdiv(gw, cfg["WT"]), h, b)
     consts = _pick(cfg, "D", "R", "RP", "T", "WT", "KC", "GHP", "DHP", "EVEN_K", "DOT", "PREC") | dict(
         FIXED=fixed, JS=row_split(cfg["KC"] * cfg["T"] * cfg["RP"], cfg["GHP"], cfg["WARPS"])
     )
-    return Launch(name, K._fact_fwd_kernel, grid, (*ptrs, h, gh, gw, *strides), consts, cfg["WARPS"])
+    return Launch(name, K._fact_fwd_kernel, grid, (*ptrs, gh, gw, *strides), consts, cfg["WARPS"], FACTORIZED_STAGES)
 
 
 def izx_launch(prm: Tensor, axial: bool, out: Tensor) -> Launch:
@@ -154,11 +160,12 @@ def bwd_launches(dy: Tensor, v: Tensor, prm: Tensor, izx: Tensor, axial: bool, d
         )  # fmt: skip
     else:
         rows = Launch(
-            "bwd-rows", K._fact_bwd_rows_kernel, (triton.cdiv(gh, cfg["TR"]) * triton.cdiv(gw, cfg["WT"]), b * h),
-            (v, prm, izx, dy, dprm, h, gh, gw, *common, *sg),
+            "bwd-rows", K._fact_bwd_rows_kernel, (triton.cdiv(gh, cfg["TR"]) * triton.cdiv(gw, cfg["WT"]), h, b),
+            (v, prm, izx, dy, dprm, gh, gw, *common, *sg),
             _pick(cfg, "D", "R", "RP", "WT", "KC", "GHP", "DHP", "EVEN_K", "DOT", "PREC")
             | dict(T=cfg["TR"], JS=row_split(cfg["KC"] * cfg["TR"] * cfg["RP"], cfg["GHP"], cfg["WARPS"])),
             cfg["WARPS"],
+            FACTORIZED_STAGES,
         )  # fmt: skip
     kt, ic, wc = col_tiles(cfg, axial)
     sdv = (dv.stride(0), dv.stride(1), dv.stride(2))
@@ -170,11 +177,12 @@ def bwd_launches(dy: Tensor, v: Tensor, prm: Tensor, izx: Tensor, axial: bool, d
         )  # fmt: skip
     else:
         cols = Launch(
-            "bwd-cols", K._fact_bwd_cols_kernel, (triton.cdiv(gw, kt), b * h),
-            (v, prm, izx, dy, dv, dprm, h, gh, gw, *common, *sdv, *sg),
+            "bwd-cols", K._fact_bwd_cols_kernel, (triton.cdiv(gw, kt), h, b),
+            (v, prm, izx, dy, dv, dprm, gh, gw, *common, *sdv, *sg),
             _pick(cfg, "D", "R", "RP", "GHP", "DHP", "DOT", "PREC")
-            | dict(KT=kt, IC=ic, WC=wc, JS=row_split(kt * ic * cfg["RP"], cfg["GHP"], cfg["WARPS"])),
+            | dict(KT=kt, IC=ic, WC=wc, W_CHUNKS=wc < gw, JS=row_split(kt * ic * cfg["RP"], cfg["GHP"], cfg["WARPS"])),
             cfg["WARPS"],
+            FACTORIZED_STAGES,
         )  # fmt: skip
     return [rows, cols]
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 TILE_BUDGET = 16384  # elements of the largest register / shared-memory tile of a program
 NUM_WARPS = 4  # the axial kernels (they still spill from 14×14 up: docs/KERNELS.md)
 FACTORIZED_WARPS = 8  # the factorized kernels: no spills from 14×14 to 64×64 at d64, R4 (docs/KERNELS.md)
+FACTORIZED_STAGES = 2  # software-pipeline stages of the factorized kernels: loads one step ahead (Triton's default
+# three holds a second copy of every staged tile: more shared memory and setup code for no more overlap here)
 
 
 def p2(n: int, floor: int = 1) -> int:
@@ -60,10 +62,17 @@ def col_tiles(cfg: dict, axial: bool) -> tuple[int, int, int]:
     """Column-backward tiles: key columns per program (KT), query rows per step (IC, K = IC·RP of the dV dot
     must be ≥ 16) and query columns per dy1 step (WC)."""
     ic = max(1, 16 // cfg["RP"])
-    kt = 4 if axial else 2 * ic  # factorized: eight warps, twice the key columns (up to 16 key rows)
-    limit = TILE_BUDGET if not axial and cfg["GHP"] <= 16 else TILE_BUDGET // 2
-    while kt > 1 and kt * cfg["GHP"] * cfg["DHP"] > limit:
-        kt //= 2
+    if axial:
+        kt = 4
+        while kt > 1 and kt * cfg["GHP"] * cfg["DHP"] > TILE_BUDGET // 2:
+            kt //= 2
+    else:  # eight warps: twice the key columns, and twice the query rows where one step still takes every column
+        kt = 2 * ic
+        if 2 * ic * cfg["GWP"] * cfg["DHP"] <= TILE_BUDGET:
+            ic *= 2
+        # the fp32 register tiles dV [KT, GHP, DHP] and dy1 [IC, KT·RP, DHP] share one and a half budgets
+        while kt > 1 and kt * (cfg["GHP"] + ic * cfg["RP"]) * cfg["DHP"] > 3 * TILE_BUDGET // 2:
+            kt //= 2
     wc = cfg["GWP"]
     while wc > 16 and ic * wc * cfg["DHP"] > TILE_BUDGET:
         wc //= 2
