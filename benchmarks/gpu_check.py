@@ -337,7 +337,7 @@ def _op_jobs(n: int, b: int, h: int, d: int, r: int, dtype: torch.dtype, dev: to
             field = rand_field(b, grid, h, r, steered, dev, grad=False)
             v = torch.randn(b, n, h, d, device=dev, dtype=dtype, requires_grad=True)
             go = torch.randn(b, n, h, d, device=dev, dtype=dtype)
-            prm = ts.kernel_params(field, "factorized")
+            prm = ts.kernel_params(field, "factorized", grid)
             if steered:
                 prm = prm.contiguous().requires_grad_(True)
 
@@ -352,7 +352,7 @@ def _op_jobs(n: int, b: int, h: int, d: int, r: int, dtype: torch.dtype, dev: to
             k = axis_kernels(field, grid, "factorized")
             taby = k.ay[0, :, 0].permute(1, 2, 0, 3).contiguous()
             tabx = (k.ax[0, 0] * k.lam[0, 0, 0, :, :, None]).permute(1, 2, 0, 3).contiguous()
-            prm = prm[None, None, None].expand(b, gh, gw, *prm.shape).detach().requires_grad_(True)
+            prm = prm.expand(b, gh, gw, *prm.shape[-3:]).detach().requires_grad_(True)
 
             def ffwd():
                 with torch.no_grad():
@@ -372,9 +372,9 @@ def _op_jobs(n: int, b: int, h: int, d: int, r: int, dtype: torch.dtype, dev: to
             def prep():
                 with torch.no_grad():
                     if steered:
-                        return ts.kernel_params(field, "factorized").contiguous()
+                        return ts.kernel_params(field, "factorized", grid).contiguous()
                     k = axis_kernels(field, grid, "factorized")
-                    return ts.kernel_params(field, "factorized"), k.ay, k.ax
+                    return ts.kernel_params(field, "factorized", grid), k.ay, k.ax
 
             return prep, None
 

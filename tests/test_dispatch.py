@@ -13,7 +13,7 @@ import torch
 
 from ssog_core.attention import SSOGAttention
 from ssog_core.cost import count_flops
-from ssog_core.field import apply_field
+from ssog_core.field import Field, apply_field
 from ssog_core.ops import dispatch
 from ssog_core.ops.dispatch import BackendUnavailable, can_run_triton_ssog, choose_ssog_backend, ssog_apply
 from ssog_core.ops.torch_ssog import apply_torch
@@ -94,6 +94,26 @@ def test_triton_predicate_reasons(monkeypatch: pytest.MonkeyPatch, change: str, 
     assert not can_run_triton_ssog(v, field, grid)
     with pytest.raises(BackendUnavailable, match=reason):
         can_run_triton_ssog(v, field, grid, raise_error=True)
+
+
+def test_triton_grid_limits_follow_each_kernel_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Factorized kernels put heads and images on grid axes 1 and 2; axial ones put batch·heads on axis 1."""
+    monkeypatch.setattr(dispatch, "interpreting", lambda: True)
+    monkeypatch.setattr(dispatch, "triton_installed", lambda: True)
+    _, field, grid = _inputs()
+    v = torch.empty(300, 12, 300, 4, device="meta")  # 90,000 (image, head) pairs: over one axis, under two
+    assert dispatch.ssog_triton_problem(v, field, grid, "factorized") == (
+        "the field lives on ['cpu'], the values on meta"
+    )
+    field = Field(*(t.to("meta") for t in (field.mu, field.sigma, field.log_lam)), field.tau)  # CPU scalar τ: fine
+    assert dispatch.ssog_triton_problem(v, field, grid, "factorized") is None
+    assert dispatch.ssog_triton_problem(v, field, grid, "axial") == (
+        "batch × heads = 90000 exceeds the CUDA grid limit 65535"
+    )
+    many = torch.empty(70000, 12, 2, 4, device="meta")
+    assert dispatch.ssog_triton_problem(many, field, grid, "factorized") == (
+        "batch = 70000 exceeds the CUDA grid limit 65535"
+    )
 
 
 def test_importing_and_running_on_cpu_never_imports_triton() -> None:

@@ -105,8 +105,8 @@ def _op_inputs(mode: str, steered: bool, small: bool = False):
     b, (gh, gw), h, r, d = (1, (3, 2), 1, 2, 4) if small else (2, (5, 4), 2, 3, 8)
     taps = ALL if steered else ()
     field = FieldLeaves(b, (gh, gw), h, r, taps, dtype=torch.float32).field()
-    prm = kernel_params(field, mode).detach()
-    prm = prm if steered else prm[None, None, None].expand(b, gh, gw, *prm.shape).contiguous()
+    prm = kernel_params(field, mode, (gh, gw)).detach()
+    prm = prm.expand(b, gh, gw, *prm.shape[-3:]).contiguous()
     v = torch.randn(b, gh * gw, h, d)
     return v, prm, field, (gh, gw)
 
@@ -127,8 +127,8 @@ def test_opcheck_custom_ops(mode: str) -> None:
     k = axis_kernels(fixed, grid, mode)
     taby = k.ay[0, :, 0].permute(1, 2, 0, 3).contiguous().detach()
     tabx = (k.ax[0, 0] * k.lam[0, 0, 0, :, :, None]).permute(1, 2, 0, 3).contiguous().detach()
-    fixed_prm = kernel_params(fixed, mode).detach()
-    fixed_prm = fixed_prm[None, None, None].expand(b, *grid, *fixed_prm.shape).contiguous().requires_grad_(True)
+    fixed_prm = kernel_params(fixed, mode, grid).detach()
+    fixed_prm = fixed_prm.expand(b, *grid, *fixed_prm.shape[-3:]).contiguous().requires_grad_(True)
     torch.library.opcheck(torch.ops.ssog.fixed_fwd.default, (v, fixed_prm, taby, tabx, axial))
     torch.library.opcheck(torch.ops.ssog.inv_zx.default, (fixed_prm[0, 0].detach(), axial))
 

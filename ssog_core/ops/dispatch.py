@@ -38,7 +38,7 @@ RBF_BACKENDS = ("triton", "torch")
 SSOG_ENV_VAR, RBF_ENV_VAR = "SSOG_BACKEND", "RBF_BACKEND"
 MAX_HEAD_DIM = 128  # both kernels keep a (rows, head_dim) fp32 accumulator on chip
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-MAX_GRID_Y = 65535  # batch·heads is the second launch-grid axis of every kernel
+MAX_GRID_Y = 65535  # CUDA's limit on launch-grid axes 1 and 2 (images and heads live there)
 
 logger = logging.getLogger("ssog_core.ops")
 
@@ -65,8 +65,9 @@ def shared_memory_limit(device: torch.device) -> int | None:
     return torch.cuda.get_device_properties(device).shared_memory_per_block_optin if device.type == "cuda" else None
 
 
-def _triton_common_problem(t: Tensor, head_dim: int, batch_heads: int) -> str | None:
-    """Why neither operator's kernels can run on ``t`` (installation, device, dtype, sizes), or ``None``."""
+def _triton_common_problem(t: Tensor, head_dim: int, grid_axes: dict[str, int]) -> str | None:
+    """Why neither operator's kernels can run on ``t`` (installation, device, dtype, sizes), or ``None``;
+    ``grid_axes``: what each kernel puts on launch-grid axes 1 and 2, by name."""
     if not triton_installed():
         return "triton is not installed"
     if not (t.is_cuda or interpreting()):
@@ -77,8 +78,9 @@ def _triton_common_problem(t: Tensor, head_dim: int, batch_heads: int) -> str | 
         return "this GPU has no bfloat16 support"
     if head_dim > MAX_HEAD_DIM:
         return f"head_dim {head_dim} exceeds {MAX_HEAD_DIM}"
-    if batch_heads > MAX_GRID_Y:
-        return f"batch × heads = {batch_heads} exceeds the CUDA grid limit {MAX_GRID_Y}"
+    for name, extent in grid_axes.items():
+        if extent > MAX_GRID_Y:
+            return f"{name} = {extent} exceeds the CUDA grid limit {MAX_GRID_Y}"
     return None
 
 
@@ -111,7 +113,9 @@ def _choose(op: str, backend: str | None, env_var: str, choices: tuple[str, ...]
 
 def ssog_triton_problem(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode) -> str | None:
     """Why the SSOG kernels cannot run this input, or ``None`` if they can."""
-    problem = _triton_common_problem(v, v.shape[-1], v.shape[0] * v.shape[2])
+    b, h = v.shape[0], v.shape[2]
+    axes = {"batch × heads": b * h} if mode == "axial" else {"batch": b, "heads": h}  # factorized: axes 2 and 1
+    problem = _triton_common_problem(v, v.shape[-1], axes)
     if problem is not None:
         return problem
     if field.num_atoms > MAX_ATOMS:
@@ -127,8 +131,10 @@ def ssog_triton_problem(v: Tensor, field: Field, grid: tuple[int, int], mode: Fi
                 f"a {grid[0]}×{grid[1]} grid with head_dim {v.shape[-1]}, {field.num_atoms} atoms and {v.dtype} "
                 f"needs up to {need} bytes of shared memory per program; this GPU allows {limit}"
             )
-    devices = {t.device for t in (field.mu, field.sigma, field.log_lam, field.tau)} - {v.device}
-    if devices and not (len(devices) == 1 and field.tau.dim() == 0 and field.tau.device.type == "cpu"):
+    devices = {t.device for t in (field.mu, field.sigma, field.log_lam)}
+    if not (field.tau.dim() == 0 and field.tau.device.type == "cpu"):  # a CPU scalar τ is fine anywhere
+        devices.add(field.tau.device)
+    if devices - {v.device}:
         return f"the field lives on {sorted(map(str, devices))}, the values on {v.device}"
     return None
 
@@ -177,7 +183,7 @@ def rbf_triton_problem(q: Tensor, k: Tensor, v: Tensor) -> str | None:
     """Why the RBF kernels cannot run these inputs, or ``None`` if they can."""
     if v.shape[-1] != q.shape[-1]:
         return f"value width {v.shape[-1]} differs from the head dim {q.shape[-1]}"
-    return _triton_common_problem(q, q.shape[-1], q.shape[0] * q.shape[1])
+    return _triton_common_problem(q, q.shape[-1], {"batch × heads": q.shape[0] * q.shape[1]})
 
 
 def can_run_triton_rbf(q: Tensor, k: Tensor, v: Tensor, raise_error: bool = False) -> bool:

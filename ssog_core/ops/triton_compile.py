@@ -170,7 +170,9 @@ def problem_launches(
     prm = empty(batch, gh, gw, heads, atoms, f)
     izx = empty(batch, gh, gw, heads, ro)
     taby, tabx = empty(heads, ro, gh, gh), empty(heads, ro, gw, gw)
-    shared = empty(heads, atoms, f)[None, None, None].expand(batch, gh, gw, heads, atoms, f)
+    shared = (empty(heads, atoms, f)[None, None, None] if axial else empty(1, gh, gw, heads, atoms, f)).expand(
+        batch, gh, gw, heads, atoms, f
+    )  # a shared field as kernel_params lays it out: factorized terms per grid cell, axial per head
     return [
         ts.fwd_launch(v, prm, None, None, axial, empty(*v.shape, dt=dtype), izx),
         ts.fwd_launch(v, shared, taby, tabx, axial, empty(*v.shape, dt=dtype), None),
@@ -221,8 +223,8 @@ def compile_kernels(
     for launch in problem_launches(grid, head_dim, atoms, mode, dtype):
         sig, consts, attrs = _specialise(launch)
         src = ASTSource(launch.kernel, sig, consts, attrs)
-        warps = num_warps or launch.num_warps
-        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
+        options = launch.options | ({"num_warps": num_warps} if num_warps else {})
+        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
         ptx = k.asm["ptx"]
         usage = _resource_usage(k.asm["cubin"])
         reports.append(

@@ -8,9 +8,9 @@ One program owns (a tile of T query rows × WT query columns) of one image and h
 axis 1. It streams over chunks of KC key columns k:
 
 1. column pass (keys j, all rows): ``y1[(i, k), r] = Σ_j A_r((i, k), j) · v[j, k]`` as batched dots
-   ``[KC, T·RP, JC] @ [KC, JC, D]`` (factorized: all key rows at once), normalised afterwards (the normaliser
-   is a row sum of the same unnormalised weights, so no weight is computed twice); v is read with its strides,
-   no transposed copy;
+   ``[KC, T·RP, JC] @ [KC, JC, D]`` (factorized: all key rows at once, the weights normalised before the dot;
+   axial: normalised afterwards — the normaliser is a row sum of the same unnormalised weights, so no weight is
+   computed twice); v is read with its strides, no transposed copy;
 2. row pass: ``acc[(i, w)] += Σ_{(k, r)} λ_r(i, w) · P_r((i, w), k) · y1[(i, k), r]`` as one batched dot
    ``[T, WT, KC·RP] @ [T, KC·RP, D]``.
 
@@ -22,9 +22,12 @@ and its reciprocal is stored for the backward pass. Nothing per query × key or 
 Parameter layout (last axis of ``prm``, fp32, indexed (b, i, w, h, r, f) through strides so that a shared
 field can be passed with zero strides):
 
-* factorized: ``(μy, μx, cy, cx, λ)`` with ``c = log2(e) / (2σ²τ)``; the weight of key j for query q is
-  ``2^(−c·e·(e + 2δ))`` with ``e = j* − j`` (an integer) and ``δ = q − μ − j*``, i.e.
-  ``exp(−(q − j − μ)² / (2σ²τ))`` divided by its peak;
+* factorized: ``(j*y, cay, cby, j*x, cax, cbx, λ)``, built per token on the host
+  (:func:`ssog_core.ops.triton_ssog.kernel_params`): with ``c = log2(e) / (2σ²τ)``, ``j* = clamp(round(q − μ))``
+  and ``δ = q − μ − j*``, ``ca = −c`` and ``cb = −2c·δ``; the weight of key j for query q is
+  ``2^(e·(ca·e + cb))`` with ``e = j* − j`` (an integer), i.e. ``exp(−(q − j − μ)² / (2σ²τ))`` divided by its
+  peak. The kernels return the gradients w.r.t. ``ca`` (``Σ dL/dl·e²``), ``cb`` (``Σ dL/dl·e``) and λ (zero for
+  ``j*``); autograd carries them on to μ and c;
 * axial: ``(μy, μx, by, bx, βy, βx, ιy, ιx)`` with ``b = log2(e) / (2σ²)``, ``β = log2(e)·(log λ − log σ)``
   and ``ι = 1/τ``; the mixed log2-density is ``ℓ(j) = log2 Σ_r 2^(β_r − b_r (q − j − μ_r)²)`` and the weight
   ``2^((ℓ(j) − m)·ι)``, where ``m = max_r (β_r − b_r δ_r²)`` ≤ max_j ℓ(j) is the analytic peak bound.
@@ -37,9 +40,9 @@ the row-axis kernels, and produces dV and the gradients of the y parameters.
 With a fixed field (``FIXED``) the forward kernel loads the normalised per-head kernels ``Ay[h, r, i, j]``
 and ``λ·Ax[h, r, w, k]`` instead of computing them.
 
-The factorized forward and row-backward kernels (``_fact_*``) hoist every per-(query, atom) term of the row pass
-out of the key loop, so that a weight costs ``e = e0 − k0``, ``e·(ca·e + cb)`` and one ``exp2``; the axial mode
-and the column backward use the generic kernels (``_ssog_*``).
+The factorized kernels (``_fact_*``) load every per-(token, atom) term once per thread and build the weights of
+all keys of that (token, atom) in the same thread (docs/KERNELS.md §2), so that a weight costs ``e = j* − key``,
+``e·(ca·e + cb)``, one ``exp2`` and one multiply; the axial mode uses the generic kernels (``_ssog_*``).
 """
 
 from __future__ import annotations
@@ -51,16 +54,6 @@ LN2 = tl.constexpr(0.6931471805599453)
 NEG_INF = tl.constexpr(float("-inf"))
 
 # fmt: off
-
-
-@triton.jit
-def _fact_terms(q, key, mu, c, gmax):
-    """Factorized log2-weight ``−c·e·(e + 2δ)`` with ``e = j* − key``, ``δ = q − μ − j*``; also e and δ."""
-    x = q - mu
-    js = tl.minimum(tl.maximum(tl.floor(x + 0.5), 0.0), gmax)
-    ds = x - js
-    e = js - key
-    return -c * e * (e + 2.0 * ds), e, ds
 
 
 @triton.jit
@@ -104,10 +97,10 @@ def _log_weights(qf, kf, base, pmask, valid, spr, gmax, AXIAL: tl.constexpr, F: 
     if AXIAL:
         lse, mpk = _axial_terms(qf, kf, base, pmask, spr, F, 2 + F, 4 + F, gmax, R)
         lg = (lse - mpk) * tl.load(base + 6 + F, mask=pmask, other=1.0)
-    else:
-        mu = tl.load(base + F, mask=pmask, other=0.0)
-        c = tl.load(base + 2 + F, mask=pmask, other=1.0)
-        lg, e, ds = _fact_terms(qf, kf, mu, c, gmax)
+    else:  # the host-side terms j*, ca, cb of this axis
+        e = tl.load(base + 3 * F, mask=pmask, other=0.0) - kf
+        lg = e * (tl.load(base + 3 * F + 1, mask=pmask, other=0.0) * e + tl.load(base + 3 * F + 2, mask=pmask,
+                                                                                    other=0.0))
     return tl.where(valid, lg, NEG_INF)
 
 
@@ -331,10 +324,10 @@ def _ssog_bwd_rows_kernel(v_ptr, prm_ptr, izx_ptr, dy_ptr, dprm_ptr, H, GH, GW, 
 def _ssog_bwd_cols_kernel(v_ptr, prm_ptr, izx_ptr, dy_ptr, dv_ptr, dprm_ptr, H, GH, GW, D,
                           svb, svn, svh, spb, spi, spw, sph, spr, szb, szi, szw, szh, sdyb, sdyn, sdyh,
                           sdvb, sdvn, sdvh, sgb, sgi, sgw, sgh, sgr,
-                          R: tl.constexpr, RO: tl.constexpr, RP: tl.constexpr, AXIAL: tl.constexpr,
+                          R: tl.constexpr, RO: tl.constexpr, RP: tl.constexpr,
                           KT: tl.constexpr, IC: tl.constexpr, WC: tl.constexpr, GHP: tl.constexpr,
                           DHP: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
-    """dV and the gradients of the row-axis (y) parameters; one program per (b, h, tile of KT key columns).
+    """Axial dV and the gradients of the row-axis (y) parameters; one program per (b, h, tile of KT key columns).
 
     For each chunk of IC query rows: ``dy1 = Σ_w λ·P_x·dY`` (chunked over w, with the saved ``1/Z_x``), then the
     column-pass kernels of tokens (i, k) over all key rows j give ``dV += Aᵀ·dy1`` and, from
@@ -374,10 +367,8 @@ def _ssog_bwd_cols_kernel(v_ptr, prm_ptr, izx_ptr, dy_ptr, dv_ptr, dprm_ptr, H, 
             qmask = (iq < GH) & (wq < GW) & (r_q < RO)
             qbase = prm_ptr + b * spb + iq * spi + wq * spw + h * sph + r_q * spr
             scale = tl.load(izx_ptr + b * szb + iq * szi + wq * szw + h * szh + r_q, mask=qmask, other=0.0)
-            if not AXIAL:
-                scale = scale * tl.load(qbase + 4, mask=qmask, other=0.0)
             px = tl.exp2(_log_weights(wq.to(tl.float32), key_q.to(tl.float32), qbase, qmask, qmask & (key_q < GW),
-                                      spr, GW - 1.0, AXIAL, 1, R)) * scale
+                                      spr, GW - 1.0, True, 1, R)) * scale
             dyv = tl.load(dy_ptr + b * sdyb + (iq * GW + w0 + dyw) * sdyn + h * sdyh + vd,
                           mask=(iq < GH) & (w0 + dyw < GW) & (vd < D), other=0.0)
             dy1 = tl.dot(px.to(DOT), dyv.to(DOT), dy1, input_precision=PREC)  # [IC, KT·RP, DHP]
@@ -387,15 +378,9 @@ def _ssog_bwd_cols_kernel(v_ptr, prm_ptr, izx_ptr, dy_ptr, dv_ptr, dprm_ptr, H, 
         tok = (i_c < GH) & (k_c < GW) & (r_c < RO)
         cbase = prm_ptr + b * spb + i_c * spi + k_c * spw + h * sph + r_c * spr
         qy = i_c.to(tl.float32)
-        if AXIAL:
-            lse_y, m_y = _axial_terms(qy, jf, cbase, tok, spr, 0, 2, 4, GH - 1.0, R)
-            itau_y = tl.load(cbase + 6, mask=tok, other=1.0)
-            py = tl.exp2(tl.where(tok & (j < GH), (lse_y - m_y) * itau_y, NEG_INF))
-        else:
-            mu_y = tl.load(cbase + 0, mask=tok, other=0.0)
-            c_y = tl.load(cbase + 2, mask=tok, other=1.0)
-            lg_y, e_y, ds_y = _fact_terms(qy, jf, mu_y, c_y, GH - 1.0)
-            py = tl.exp2(tl.where(tok & (j < GH), lg_y, NEG_INF))
+        lse_y, m_y = _axial_terms(qy, jf, cbase, tok, spr, 0, 2, 4, GH - 1.0, R)
+        itau_y = tl.load(cbase + 6, mask=tok, other=1.0)
+        py = tl.exp2(tl.where(tok & (j < GH), (lse_y - m_y) * itau_y, NEG_INF))
         zy = tl.sum(py, axis=2)[:, :, None]
         py = py / tl.where(zy > 0.0, zy, 1.0)  # [KT, IC·RP, GHP]
 
@@ -405,32 +390,25 @@ def _ssog_bwd_cols_kernel(v_ptr, prm_ptr, izx_ptr, dy_ptr, dv_ptr, dprm_ptr, H, 
         pg = py * g
         s = tl.sum(pg, axis=2)[:, :, None]
         gbase = dprm_ptr + b * sgb + i_c * sgi + k_c * sgw + h * sgh
-        if AXIAL:
-            dl = LN2 * (pg - py * s)
-            for a in tl.static_range(R):
-                mu_a = tl.load(cbase + a * spr + 0, mask=tok, other=0.0)
-                b_a = tl.load(cbase + a * spr + 2, mask=tok, other=1.0)
-                beta_a = tl.load(cbase + a * spr + 4, mask=tok, other=0.0)
-                d = qy - jf - mu_a
-                dlom = dl * tl.exp2(tl.where(tok & (j < GH), beta_a - b_a * d * d - lse_y, NEG_INF))
-                d_e = tl.sum(dlom * d, axis=2)[:, :, None]
-                d_e2 = tl.sum(dlom * d * d, axis=2)[:, :, None]
-                d_1 = tl.sum(dlom, axis=2)[:, :, None]
-                tl.store(gbase + a * sgr + 0, itau_y * 2.0 * b_a * d_e, mask=tok)
-                tl.store(gbase + a * sgr + 2, -itau_y * d_e2, mask=tok)
-                tl.store(gbase + a * sgr + 4, itau_y * d_1, mask=tok)
-                if a == 0:
-                    tl.store(gbase + 6, tl.sum(dl * (lse_y - m_y), axis=2)[:, :, None], mask=tok)
-                else:
-                    tl.store(gbase + a * sgr + 6, tl.zeros_like(d_1), mask=tok)
-        else:
-            d_e = LN2 * (tl.sum(pg * e_y, axis=2)[:, :, None] - s * tl.sum(py * e_y, axis=2)[:, :, None])
-            d_e2 = LN2 * (tl.sum(pg * e_y * e_y, axis=2)[:, :, None] - s * tl.sum(py * e_y * e_y, axis=2)[:, :, None])
-            tl.store(gbase + r_c * sgr + 0, 2.0 * c_y * d_e, mask=tok)
-            tl.store(gbase + r_c * sgr + 2, -(d_e2 + 2.0 * ds_y * d_e), mask=tok)
+        dl = LN2 * (pg - py * s)
+        for a in tl.static_range(R):
+            mu_a = tl.load(cbase + a * spr + 0, mask=tok, other=0.0)
+            b_a = tl.load(cbase + a * spr + 2, mask=tok, other=1.0)
+            beta_a = tl.load(cbase + a * spr + 4, mask=tok, other=0.0)
+            d = qy - jf - mu_a
+            dlom = dl * tl.exp2(tl.where(tok & (j < GH), beta_a - b_a * d * d - lse_y, NEG_INF))
+            d_e = tl.sum(dlom * d, axis=2)[:, :, None]
+            d_e2 = tl.sum(dlom * d * d, axis=2)[:, :, None]
+            d_1 = tl.sum(dlom, axis=2)[:, :, None]
+            tl.store(gbase + a * sgr + 0, itau_y * 2.0 * b_a * d_e, mask=tok)
+            tl.store(gbase + a * sgr + 2, -itau_y * d_e2, mask=tok)
+            tl.store(gbase + a * sgr + 4, itau_y * d_1, mask=tok)
+            if a == 0:
+                tl.store(gbase + 6, tl.sum(dl * (lse_y - m_y), axis=2)[:, :, None], mask=tok)
+            else:
+                tl.store(gbase + a * sgr + 6, tl.zeros_like(d_1), mask=tok)
 
     tl.store(dv_ptr + b * sdvb + (vj * GW + vk) * sdvn + h * sdvh + vd, dv.to(dv_ptr.dtype.element_ty), mask=vmask)
-
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -438,40 +416,47 @@ def _ssog_bwd_cols_kernel(v_ptr, prm_ptr, izx_ptr, dy_ptr, dv_ptr, dprm_ptr, H, 
 
 
 @triton.jit
-def _fact_coeffs(q, mu, c, gmax):
-    """Per (query, atom) terms of the factorized log2-weight ``e·(ca·e + cb)`` with ``e = j* − key``:
-    ``j*`` (the analytic argmax, as float), ``ca = −c``, ``cb = −2c·δ`` (``δ = q − μ − j*``) and δ."""
-    x = q - mu
-    js = tl.minimum(tl.maximum(tl.floor(x + 0.5), 0.0), gmax)
-    ds = x - js
-    return js, -c, -2.0 * c * ds, ds
+def _fact_column_weights(pb, k0, i0, GH, GW, spi, spw, spr, R: tl.constexpr, RP: tl.constexpr, T: tl.constexpr,
+                         KC: tl.constexpr, GHP: tl.constexpr, JS: tl.constexpr):
+    """Column-pass weights of tokens (i0 + t, k0 + kc), every atom, over all key rows j, normalised, as
+    ``[GHP, KC, T·RP]`` (index t·RP + r); also ``e = j* − j`` and the token mask ``[1, KC, T·RP]``.
 
-
-@triton.jit
-def _fact_column_pass(vb, pb, k0, i0, GH, GW, svn, spi, spw, spr, jpen, D: tl.constexpr, R: tl.constexpr,
-                      RP: tl.constexpr, T: tl.constexpr, KC: tl.constexpr, GHP: tl.constexpr, DHP: tl.constexpr,
-                      DOT: tl.constexpr, PREC: tl.constexpr):
-    """Normalised ``y1`` of tokens (i0 + t, k0 + kc) for every atom as ``[KC, T·RP, DHP]`` (index t·RP + r); all key
-    rows j in one tile (``jpen`` ``[1, 1, GHP]``: 0, or −inf on padded rows, so no mask per weight)."""
-    kc = tl.arange(0, KC)[:, None, None]
-    m = tl.arange(0, T * RP)[None, :, None]
+    The tile is built as ``[JS, GHP/JS, KC, T·RP]`` with the host terms j*, ca, cb loaded as a ``[JS, 1, KC, T·RP]``
+    tile (JS = :func:`ssog_core.ops.triton_tiles.row_split`): a load of at least one element per thread fixes its
+    layout, so each thread holds GHP/JS key rows of one (token, atom) — the terms are loaded once per thread, and
+    the normaliser is summed in registers and over JS warps, not across lanes. Padded rows get −inf."""
+    js4 = tl.arange(0, JS)[:, None, None, None]
+    j = js4 * (GHP // JS) + tl.arange(0, GHP // JS)[None, :, None, None]
+    kc = tl.arange(0, KC)[None, None, :, None]
+    m = tl.arange(0, T * RP)[None, None, None, :]
     i = i0 + m // RP
     r = m % RP
     k = k0 + kc
     tok = (i < GH) & (k < GW) & (r < R)
-    off = i * spi + k * spw + r * spr
-    js, ca, cb, _ = _fact_coeffs(i.to(tl.float32), tl.load(pb + off, mask=tok, other=0.0),
-                                 tl.load(pb + off + 2, mask=tok, other=1.0), GH - 1.0)
-    e = js - tl.arange(0, GHP)[None, None, :].to(tl.float32)
-    p = tl.exp2(e * (ca * e + cb) + jpen)  # [KC, T·RP, GHP]
-    z = tl.sum(p, axis=2)
+    tb = pb + i * spi + k * spw + r * spr + 0 * js4
+    tm = tok & (js4 < JS)
+    e = tl.load(tb, mask=tm, other=0.0) - j.to(tl.float32)
+    p = tl.exp2(e * (tl.load(tb + 1, mask=tm, other=0.0) * e + tl.load(tb + 2, mask=tm, other=0.0))
+                + tl.where(j < GH, 0.0, NEG_INF))
+    p = p * tl.fdiv(1.0, tl.sum(tl.sum(p, axis=1), axis=0), approx=True)[None, None]  # Z ≥ 1 (the peak is 1)
+    return tl.reshape(p, (GHP, KC, T * RP)), tl.reshape(e, (GHP, KC, T * RP)), tl.reshape(tok, (1, KC, T * RP))
+
+
+@triton.jit
+def _fact_column_pass(vb, pb, k0, i0, GH, GW, svn, spi, spw, spr, D: tl.constexpr, R: tl.constexpr,
+                      RP: tl.constexpr, T: tl.constexpr, KC: tl.constexpr, GHP: tl.constexpr, JS: tl.constexpr,
+                      DHP: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
+    """Normalised ``y1`` of tokens (i0 + t, k0 + kc) for every atom as ``[KC, T·RP, DHP]`` (index t·RP + r); all key
+    rows j in one dot."""
+    p, _, _ = _fact_column_weights(pb, k0, i0, GH, GW, spi, spw, spr, R, RP, T, KC, GHP, JS)
+    k = k0 + tl.arange(0, KC)[:, None, None]
     vj = tl.arange(0, GHP)[None, :, None]
     vd = tl.arange(0, DHP)[None, None, :]
     vmask = (vj < GH) & (k < GW)
     if D != DHP:
         vmask = vmask & (vd < D)
     vals = tl.load(vb + (vj * GW + k) * svn + vd, mask=vmask, other=0.0)
-    return tl.dot(p.to(DOT), vals.to(DOT), input_precision=PREC) * (1.0 / z)[:, :, None]
+    return tl.dot(tl.permute(p, (1, 2, 0)).to(DOT), vals.to(DOT), input_precision=PREC)
 
 
 @triton.jit
@@ -482,7 +467,6 @@ def _fact_fwd_kernel(
     tabx_ptr,
     y_ptr,
     izx_ptr,
-    H,
     GH,
     GW,
     svb,
@@ -516,55 +500,48 @@ def _fact_fwd_kernel(
     GHP: tl.constexpr,
     DHP: tl.constexpr,
     EVEN_K: tl.constexpr,
+    JS: tl.constexpr,
     DOT: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Factorized ``y`` for one (row tile, column tile) × (b, h): batch·heads on grid axis 1, so that the programs
-    sharing one value slab run together. Stores ``1/Z_x`` unless the field is fixed."""
+    """Factorized ``y`` for one (row tile, column tile) × (h, b). Stores ``1/Z_x`` unless the field is fixed."""
     pid = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // H).to(tl.int64)  # batch offsets may exceed 2**31 elements
-    h = bh % H
+    h = tl.program_id(1)  # heads and images on axes 1 and 2: the programs sharing a value slab run together
+    b = tl.program_id(2).to(tl.int64)  # batch offsets may exceed 2**31 elements
     n_wt = tl.cdiv(GW, WT)
     i0 = (pid // n_wt) * T
     w0 = (pid % n_wt) * WT
     vb = v_ptr + b * svb + h * svh
     pb = prm_ptr + b * spb + h * sph
 
-    # row-pass tile [T, WT, KC·RP]: query (i0 + t, w0 + w), atom r = m % RP, key k0 + m // RP
-    t = tl.arange(0, T)[:, None, None]
-    w = w0 + tl.arange(0, WT)[None, :, None]
-    m = tl.arange(0, KC * RP)[None, None, :]
-    kc = m // RP
-    r = m % RP
-    i = i0 + t
+    # row-pass tile [T, WT, KC, RP]: query (i0 + t, w0 + w), key k0 + kc, atom r; the per-(query, atom) terms are
+    # [T, WT, 1, RP] tiles, so each thread builds the weights of all KC keys of its (query, atom)
+    i = i0 + tl.arange(0, T)[:, None, None, None]
+    w = w0 + tl.arange(0, WT)[None, :, None, None]
+    kc = tl.arange(0, KC)[None, None, :, None]
+    r = tl.arange(0, RP)[None, None, None, :]
     qmask = (i < GH) & (w < GW) & (r < R)
-    jpen = tl.where(tl.arange(0, GHP)[None, None, :] < GH, 0.0, NEG_INF)
 
     if FIXED:
         tx = tabx_ptr + h * stx_h + r * stx_r + w * stx_w + kc
         tmask = (w < GW) & (r < R)
     else:
-        qoff = i * spi + w * spw + r * spr
-        js, ca, cb, _ = _fact_coeffs(
-            w.to(tl.float32),
-            tl.load(pb + qoff + 1, mask=qmask, other=0.0),
-            tl.load(pb + qoff + 3, mask=qmask, other=1.0),
-            GW - 1.0,
-        )
-        e0 = js - kc.to(tl.float32)  # e = e0 − k0: one add per weight and chunk
-        z = tl.zeros((T, WT, KC * RP), dtype=tl.float32)
+        qb = pb + i * spi + w * spw + r * spr + 3  # the x terms j*, ca, cb, then λ
+        js = tl.load(qb, mask=qmask, other=0.0)
+        ca = tl.load(qb + 1, mask=qmask, other=0.0)
+        cb = tl.load(qb + 2, mask=qmask, other=0.0)
+        kf = kc.to(tl.float32)
+        z = tl.zeros((T, WT, KC, RP), dtype=tl.float32)
         for k0 in range(0, GW - KC + 1, KC):
-            e = e0 - k0
+            e = (js - k0) - kf
             z += tl.exp2(e * (ca * e + cb))
         if not EVEN_K:
             k0 = GW - GW % KC
-            e = e0 - k0
+            e = (js - k0) - kf
             z += tl.where(kc < GW - k0, tl.exp2(e * (ca * e + cb)), 0.0)
-        izx3 = 1.0 / tl.sum(tl.reshape(z, (T, WT, KC, RP)), axis=2)
-        r3 = tl.arange(0, RP)[None, None, :]
-        tl.store(izx_ptr + b * szb + i * szi + w * szw + h * szh + r3, izx3, mask=(i < GH) & (w < GW) & (r3 < R))
-        scale = _expand_atoms(izx3, T, WT, KC, RP) * tl.load(pb + qoff + 4, mask=qmask, other=0.0)
+        izx = tl.fdiv(1.0, tl.sum(z, axis=2)[:, :, None, :], approx=True)  # Z_x ≥ 1: no range issue
+        tl.store(izx_ptr + b * szb + i * szi + w * szw + h * szh + r, izx, mask=qmask)
+        scale = izx * tl.load(qb + 3, mask=qmask, other=0.0)  # λ/Z_x
 
     acc = tl.zeros((T, WT, DHP), dtype=tl.float32)
     for k0 in range(0, GW, KC):
@@ -572,19 +549,19 @@ def _fact_fwd_kernel(
             y1 = _fixed_column_pass(
                 vb, taby_ptr, h, k0, i0, GH, GW, svn, sty_h, sty_r, sty_i, D, R, RP, T, KC, GHP, DHP, DOT, PREC
             )
-            p = tl.broadcast_to(tl.load(tx + k0, mask=tmask & (kc < GW - k0), other=0.0), (T, WT, KC * RP))
+            p = tl.broadcast_to(tl.load(tx + k0, mask=tmask & (kc < GW - k0), other=0.0), (T, WT, KC, RP))
         else:
-            y1 = _fact_column_pass(
-                vb, pb, k0, i0, GH, GW, svn, spi, spw, spr, jpen, D, R, RP, T, KC, GHP, DHP, DOT, PREC
-            )
-            e = e0 - k0
+            y1 = _fact_column_pass(vb, pb, k0, i0, GH, GW, svn, spi, spw, spr, D, R, RP, T, KC, GHP, JS, DHP, DOT, PREC)
+            e = (js - k0) - kf
             lg = e * (ca * e + cb)
             if not EVEN_K:  # ≤ 0 on every real key; capped so that padded keys (y1 = 0 there) cannot overflow
                 lg = tl.minimum(lg, 0.0)
             p = tl.exp2(lg) * scale
         y1 = tl.reshape(tl.permute(tl.reshape(y1, (KC, T, RP, DHP)), (1, 0, 2, 3)), (T, KC * RP, DHP))
-        acc = tl.dot(p.to(DOT), y1.to(DOT), acc, input_precision=PREC)
+        acc = tl.dot(tl.reshape(p, (T, WT, KC * RP)).to(DOT), y1.to(DOT), acc, input_precision=PREC)
 
+    i = i0 + tl.arange(0, T)[:, None, None]
+    w = w0 + tl.arange(0, WT)[None, :, None]
     yd = tl.arange(0, DHP)[None, None, :]
     ymask = (i < GH) & (w < GW)
     if D != DHP:
@@ -634,88 +611,171 @@ def _fixed_column_pass(
 
 
 @triton.jit
-def _fact_bwd_rows_kernel(v_ptr, prm_ptr, izx_ptr, dy_ptr, dprm_ptr, H, GH, GW,
+def _fact_bwd_rows_kernel(v_ptr, prm_ptr, izx_ptr, dy_ptr, dprm_ptr, GH, GW,
                           svb, svn, svh, spb, spi, spw, sph, spr, szb, szi, szw, szh, sdyb, sdyn, sdyh,
                           sgb, sgi, sgw, sgh, sgr,
                           D: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, T: tl.constexpr, WT: tl.constexpr,
                           KC: tl.constexpr, GHP: tl.constexpr, DHP: tl.constexpr, EVEN_K: tl.constexpr,
-                          DOT: tl.constexpr, PREC: tl.constexpr):
-    """Factorized gradients of λ and of the x parameters for one (row tile, column tile) × (b, h).
+                          JS: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
+    """Factorized gradients of λ and of the x terms (ca, cb) for one (row tile, column tile) × (h, b).
 
     ``G = dY · y1ᵀ`` per key chunk; with ``g = λ·G`` and ``dL/dl_k = ln2·P_k (g_k − Σ P g)`` the gradients need
     only running sums over keys of ``P·G``, ``P·G·e``, ``P·e``, ``P·G·e²``, ``P·e²`` (e = j* − key).
     """
     pid = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // H).to(tl.int64)  # batch offsets may exceed 2**31 elements
-    h = bh % H
+    h = tl.program_id(1)  # heads and images on axes 1 and 2: the programs sharing a value slab run together
+    b = tl.program_id(2).to(tl.int64)  # batch offsets may exceed 2**31 elements
     n_wt = tl.cdiv(GW, WT)
     i0 = (pid // n_wt) * T
     w0 = (pid % n_wt) * WT
     vb = v_ptr + b * svb + h * svh
     pb = prm_ptr + b * spb + h * sph
 
-    t = tl.arange(0, T)[:, None, None]
-    w = w0 + tl.arange(0, WT)[None, :, None]
-    m = tl.arange(0, KC * RP)[None, None, :]
-    kc = m // RP
-    r = m % RP
-    i = i0 + t
+    # row-pass tile [T, WT, KC, RP] as in the forward kernel: the terms of a (query, atom) in one thread
+    i = i0 + tl.arange(0, T)[:, None, None, None]
+    w = w0 + tl.arange(0, WT)[None, :, None, None]
+    kf = tl.arange(0, KC)[None, None, :, None].to(tl.float32)
+    r = tl.arange(0, RP)[None, None, None, :]
     qmask = (i < GH) & (w < GW) & (r < R)
-    qoff = i * spi + w * spw + r * spr
-    js, ca, cb, _ = _fact_coeffs(w.to(tl.float32), tl.load(pb + qoff + 1, mask=qmask, other=0.0),
-                                 tl.load(pb + qoff + 3, mask=qmask, other=1.0), GW - 1.0)
-    e0 = js - kc.to(tl.float32)
-    izx = tl.load(izx_ptr + b * szb + i * szi + w * szw + h * szh + r, mask=qmask, other=0.0)
+    qb = pb + i * spi + w * spw + r * spr + 3  # the x terms j*, ca, cb, then λ
+    js = tl.load(qb, mask=qmask, other=0.0)
+    ca = tl.load(qb + 1, mask=qmask, other=0.0)
+    cb = tl.load(qb + 2, mask=qmask, other=0.0)
+    i3 = i0 + tl.arange(0, T)[:, None, None]
+    w3 = w0 + tl.arange(0, WT)[None, :, None]
     yd = tl.arange(0, DHP)[None, None, :]
-    dmask = (i < GH) & (w < GW)
+    dmask = (i3 < GH) & (w3 < GW)
     if D != DHP:
         dmask = dmask & (yd < D)
-    dy = tl.load(dy_ptr + b * sdyb + h * sdyh + (i * GW + w) * sdyn + yd, mask=dmask, other=0.0).to(DOT)
-    jpen = tl.where(tl.arange(0, GHP)[None, None, :] < GH, 0.0, NEG_INF)
+    dy = tl.load(dy_ptr + b * sdyb + h * sdyh + (i3 * GW + w3) * sdyn + yd, mask=dmask, other=0.0).to(DOT)
 
-    s1 = tl.zeros((T, WT, KC * RP), dtype=tl.float32)
-    s2 = tl.zeros((T, WT, KC * RP), dtype=tl.float32)
-    s3 = tl.zeros((T, WT, KC * RP), dtype=tl.float32)
-    s4 = tl.zeros((T, WT, KC * RP), dtype=tl.float32)
-    s5 = tl.zeros((T, WT, KC * RP), dtype=tl.float32)
+    # running sums over keys of P·G, P·G·e, P·e, P·G·e², P·e² per (query, atom), P unnormalised (1/Z_x at the end)
+    s1 = tl.zeros((T, WT, 1, RP), dtype=tl.float32)
+    s2 = tl.zeros((T, WT, 1, RP), dtype=tl.float32)
+    s3 = tl.zeros((T, WT, 1, RP), dtype=tl.float32)
+    s4 = tl.zeros((T, WT, 1, RP), dtype=tl.float32)
+    s5 = tl.zeros((T, WT, 1, RP), dtype=tl.float32)
     for k0 in range(0, GW, KC):
-        y1 = _fact_column_pass(vb, pb, k0, i0, GH, GW, svn, spi, spw, spr, jpen, D, R, RP, T, KC, GHP, DHP, DOT,
-                               PREC)
+        y1 = _fact_column_pass(vb, pb, k0, i0, GH, GW, svn, spi, spw, spr, D, R, RP, T, KC, GHP, JS, DHP, DOT, PREC)
         y1 = tl.reshape(tl.permute(tl.reshape(y1, (KC, T, RP, DHP)), (1, 0, 2, 3)), (T, KC * RP, DHP))
         g = tl.dot(dy, tl.permute(y1.to(DOT), (0, 2, 1)), input_precision=PREC)  # [T, WT, KC·RP]
-        e = e0 - k0
-        p = tl.exp2(e * (ca * e + cb)) * izx
+        e = (js - k0) - kf
+        p = tl.exp2(e * (ca * e + cb))
         if not EVEN_K:
-            p = tl.where(kc < GW - k0, p, 0.0)
-        pg = p * g
+            p = tl.where(kf < GW - k0, p, 0.0)
+        pg = p * tl.reshape(g, (T, WT, KC, RP))
         pe = p * e
         pge = pg * e
-        s1 += pg
-        s2 += pge
-        s3 += pe
-        s4 += pge * e
-        s5 += pe * e
+        s1 += tl.sum(pg, axis=2)[:, :, None, :]
+        s2 += tl.sum(pge, axis=2)[:, :, None, :]
+        s3 += tl.sum(pe, axis=2)[:, :, None, :]
+        s4 += tl.sum(pge * e, axis=2)[:, :, None, :]
+        s5 += tl.sum(pe * e, axis=2)[:, :, None, :]
 
-    gbase = dprm_ptr + b * sgb + h * sgh
-    r3 = tl.arange(0, RP)[None, None, :]
-    rmask = (i < GH) & (w < GW) & (r3 < R)
-    poff = i * spi + w * spw + r3 * spr
-    c3 = tl.load(pb + poff + 3, mask=rmask, other=1.0)
-    lam3 = tl.load(pb + poff + 4, mask=rmask, other=0.0)
-    x3 = w.to(tl.float32) - tl.load(pb + poff + 1, mask=rmask, other=0.0)
-    ds3 = x3 - tl.minimum(tl.maximum(tl.floor(x3 + 0.5), 0.0), GW - 1.0)
-    a1 = tl.sum(tl.reshape(s1, (T, WT, KC, RP)), axis=2)
-    a2 = tl.sum(tl.reshape(s2, (T, WT, KC, RP)), axis=2)
-    a3 = tl.sum(tl.reshape(s3, (T, WT, KC, RP)), axis=2)
-    a4 = tl.sum(tl.reshape(s4, (T, WT, KC, RP)), axis=2)
-    a5 = tl.sum(tl.reshape(s5, (T, WT, KC, RP)), axis=2)
-    d_e = LN2 * lam3 * (a2 - a1 * a3)  # Σ_k dL/dl_k · e_k
-    d_e2 = LN2 * lam3 * (a4 - a1 * a5)  # Σ_k dL/dl_k · e_k²
-    goff = i * sgi + w * sgw + r3 * sgr
-    tl.store(gbase + goff + 1, 2.0 * c3 * d_e, mask=rmask)
-    tl.store(gbase + goff + 3, -(d_e2 + 2.0 * ds3 * d_e), mask=rmask)
-    tl.store(gbase + goff + 4, a1, mask=rmask)
+    izx = tl.load(izx_ptr + b * szb + i * szi + w * szw + h * szh + r, mask=qmask, other=0.0)
+    a1 = s1 * izx
+    a3 = s3 * izx
+    a5 = s5 * izx
+    lam = LN2 * tl.load(qb + 3, mask=qmask, other=0.0)
+    gb = dprm_ptr + b * sgb + h * sgh + i * sgi + w * sgw + r * sgr + 3
+    tl.store(gb, tl.zeros_like(a1), mask=qmask)  # d/dj* = 0
+    tl.store(gb + 1, lam * (s4 * izx - a1 * a5), mask=qmask)  # d/dca = Σ_k dL/dl_k · e_k²
+    tl.store(gb + 2, lam * (s2 * izx - a1 * a3), mask=qmask)  # d/dcb = Σ_k dL/dl_k · e_k
+    tl.store(gb + 3, a1, mask=qmask)  # d/dλ
+
+
+
+@triton.jit
+def _fact_dy1(pb, izx_ptr, dy_ptr, b, h, i0, w0, kf, GH, GW, spi, spw, spr, szb, szi, szw, szh, sdyb, sdyn, sdyh,
+              D: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, KT: tl.constexpr, IC: tl.constexpr,
+              WC: tl.constexpr, DHP: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
+    """``Σ_w λ·P_x·dY/Z_x`` over query columns w0 … w0 + WC of rows i0 … i0 + IC for the KT keys ``kf``, as
+    ``[IC, KT·RP, DHP]``: the row-pass weight tile is ``[KT, IC, RP, WC]`` with the terms of a (query, atom)
+    loaded once and its KT keys within a thread."""
+    iq = i0 + tl.arange(0, IC)[None, :, None, None]
+    rq = tl.arange(0, RP)[None, None, :, None]
+    wq = w0 + tl.arange(0, WC)[None, None, None, :]
+    qmask = (iq < GH) & (wq < GW) & (rq < R)
+    qb = pb + iq * spi + wq * spw + rq * spr + 3  # the x terms j*, ca, cb, then λ
+    scale = tl.load(izx_ptr + b * szb + iq * szi + wq * szw + h * szh + rq, mask=qmask, other=0.0) * tl.load(
+        qb + 3, mask=qmask, other=0.0)  # λ/Z_x, 0 on padding
+    e = tl.load(qb, mask=qmask, other=0.0) - kf
+    px = tl.exp2(e * (tl.load(qb + 1, mask=qmask, other=0.0) * e + tl.load(qb + 2, mask=qmask, other=0.0))) * scale
+    px = tl.reshape(tl.permute(px, (1, 0, 2, 3)), (IC, KT * RP, WC))
+    di = i0 + tl.arange(0, IC)[:, None, None]
+    dw = w0 + tl.arange(0, WC)[None, :, None]
+    dd = tl.arange(0, DHP)[None, None, :]
+    dmask = (di < GH) & (dw < GW)
+    if D != DHP:
+        dmask = dmask & (dd < D)
+    dyv = tl.load(dy_ptr + b * sdyb + h * sdyh + (di * GW + dw) * sdyn + dd, mask=dmask, other=0.0)
+    return tl.dot(px.to(DOT), dyv.to(DOT), input_precision=PREC)
+
+
+@triton.jit
+def _fact_bwd_cols_kernel(v_ptr, prm_ptr, izx_ptr, dy_ptr, dv_ptr, dprm_ptr, GH, GW,
+                          svb, svn, svh, spb, spi, spw, sph, spr, szb, szi, szw, szh, sdyb, sdyn, sdyh,
+                          sdvb, sdvn, sdvh, sgb, sgi, sgw, sgh, sgr,
+                          D: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, KT: tl.constexpr, IC: tl.constexpr,
+                          WC: tl.constexpr, W_CHUNKS: tl.constexpr, GHP: tl.constexpr, JS: tl.constexpr,
+                          DHP: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
+    """Factorized dV and gradients of the y terms; one program per (tile of KT key columns) × (h, b), the only
+    writer of both.
+
+    For each chunk of IC query rows: ``dy1 = Σ_w λ·P_x·dY/Z_x`` (:func:`_fact_dy1`), then the column-pass weights
+    of tokens (i, k) over all key rows j give ``dV += Aᵀ·dy1`` and, from ``G = dy1 · vᵀ``, the softmax backward
+    over j.
+    """
+    h = tl.program_id(1)  # heads and images on axes 1 and 2: the programs sharing a value slab run together
+    b = tl.program_id(2).to(tl.int64)  # batch offsets may exceed 2**31 elements
+    k0 = tl.program_id(0) * KT
+    vb = v_ptr + b * svb + h * svh
+    pb = prm_ptr + b * spb + h * sph
+
+    # values of this column tile, [KT, GHP, DHP]
+    vk = k0 + tl.arange(0, KT)[:, None, None]
+    vj = tl.arange(0, GHP)[None, :, None]
+    vd = tl.arange(0, DHP)[None, None, :]
+    vmask = (vk < GW) & (vj < GH)
+    if D != DHP:
+        vmask = vmask & (vd < D)
+    vals = tl.load(vb + (vj * GW + vk) * svn + vd, mask=vmask, other=0.0).to(DOT)
+    dv = tl.zeros((KT, GHP, DHP), dtype=tl.float32)
+
+    kf = (k0 + tl.arange(0, KT)[:, None, None, None]).to(tl.float32)  # the keys of the row-pass weights
+    # column-pass tokens [1, KT, IC·RP]: (i0 + m // RP, k0 + kt), atom m % RP
+    mc = tl.arange(0, IC * RP)[None, None, :]
+    kc = k0 + tl.arange(0, KT)[None, :, None]
+
+    for i0 in range(0, GH, IC):
+        if not W_CHUNKS:  # one chunk of query columns: no inner loop
+            dy1 = _fact_dy1(pb, izx_ptr, dy_ptr, b, h, i0, 0, kf, GH, GW, spi, spw, spr, szb, szi, szw, szh, sdyb, sdyn,
+                            sdyh, D, R, RP, KT, IC, WC, DHP, DOT, PREC)
+        else:
+            dy1 = tl.zeros((IC, KT * RP, DHP), dtype=tl.float32)
+            for w0 in range(0, GW, WC):
+                dy1 += _fact_dy1(pb, izx_ptr, dy_ptr, b, h, i0, w0, kf, GH, GW, spi, spw, spr, szb, szi, szw, szh, sdyb,
+                                 sdyn, sdyh, D, R, RP, KT, IC, WC, DHP, DOT, PREC)
+        dy1 = tl.reshape(tl.permute(tl.reshape(dy1, (IC, KT, RP, DHP)), (1, 0, 2, 3)), (KT, IC * RP, DHP)).to(DOT)
+
+        py, ey, tok = _fact_column_weights(pb, k0, i0, GH, GW, spi, spw, spr, R, RP, IC, KT, GHP, JS)
+        pe = py * ey
+        m1 = tl.sum(pe, axis=0)  # Σ_j P·e and Σ_j P·e², in the weights' own layout
+        m2 = tl.sum(pe * ey, axis=0)
+        g = tl.dot(dy1, tl.permute(vals, (0, 2, 1)), input_precision=PREC)  # [KT, IC·RP, GHP]
+        dv = tl.dot(tl.permute(py, (1, 0, 2)).to(DOT), dy1, dv, input_precision=PREC)
+
+        pg = py * tl.permute(g, (2, 0, 1))
+        pge = pg * ey
+        s = tl.sum(pg, axis=0)
+        d_e = LN2 * (tl.sum(pge, axis=0) - s * m1)  # Σ_j dL/dl_j · e_j
+        d_e2 = LN2 * (tl.sum(pge * ey, axis=0) - s * m2)  # Σ_j dL/dl_j · e_j²
+        gb = dprm_ptr + b * sgb + h * sgh + (i0 + mc // RP) * sgi + kc * sgw + (mc % RP) * sgr
+        tl.store(gb, tl.zeros_like(d_e)[None], mask=tok)  # d/dj* = 0, d/dca = Σ dL/dl·e², d/dcb = Σ dL/dl·e
+        tl.store(gb + 1, d_e2[None], mask=tok)
+        tl.store(gb + 2, d_e[None], mask=tok)
+
+    tl.store(dv_ptr + b * sdvb + (vj * GW + vk) * sdvn + h * sdvh + vd, dv.to(dv_ptr.dtype.element_ty), mask=vmask)
 
 
 # fmt: on

@@ -26,26 +26,42 @@ from torch.utils.flop_counter import register_flop_formula
 from ssog_core.field import Field, FieldMode, axis_kernels, check_grid, exp2_log_weight, exp2_rate
 from ssog_core.ops import triton_kernels as K
 from ssog_core.ops.dispatch import interpreting
-from ssog_core.ops.triton_tiles import NUM_WARPS, col_tiles, p2, tiles
+from ssog_core.ops.triton_tiles import FACTORIZED_STAGES, NUM_WARPS, col_tiles, p2, row_split, tiles
 
 triton = K.triton
 
-FACTORIZED_FIELDS = 5  # μy, μx, cy, cx, λ
+FACTORIZED_FIELDS = 7  # j*, ca, cb of the rows (y), the same of the columns (x), λ
 AXIAL_FIELDS = 8  # μy, μx, by, bx, βy, βx, 1/τ (rows), 1/τ (columns)
 
 
-def kernel_params(field: Field, mode: FieldMode) -> Tensor:
-    """The per-token kernel parameters the Triton kernels read, fp32, ``(..., H, R, F)`` (module docstring of
-    :mod:`ssog_core.ops.triton_kernels` for the fields); differentiable w.r.t. the field."""
+def kernel_params(field: Field, mode: FieldMode, grid: tuple[int, int]) -> Tensor:
+    """The per-token kernel parameters the Triton kernels read, fp32, ``(B or 1, Gh or 1, Gw or 1, H, R, F)`` —
+    broadcast to ``(B, Gh, Gw, H, R, F)`` by the launcher (module docstring of
+    :mod:`ssog_core.ops.triton_kernels` for the fields); differentiable w.r.t. the field.
+
+    Factorized: the kernels' per-(token, atom) terms ``(j*, ca, cb)`` of each axis are built here once, so that no
+    kernel rebuilds them per weight or per program: ``j* = clamp(round(q − μ), 0, G − 1)`` (the analytic argmax,
+    no gradient), ``ca = −c`` and ``cb = −2c·(q − μ − j*)``; a shared field gives them per grid cell (they depend
+    on the query position), the same for every image."""
     mu, sigma = field.mu.float(), field.sigma.float()
     tau = field.tau.float()
     if mode == "factorized":
         c = exp2_rate(sigma, tau)
         lam = torch.softmax(field.log_lam.float(), dim=-1)
-        return torch.stack([mu[..., 0], mu[..., 1], c[..., 0], c[..., 1], lam], dim=-1)
+        if not field.per_token:
+            mu, c, lam = mu[None, None, None], c[None, None, None], lam[None, None, None]
+        terms = []
+        for axis, n in enumerate(grid):
+            q = torch.arange(n, device=mu.device, dtype=torch.float32).view((n, 1, 1, 1) if axis == 0 else (n, 1, 1))
+            x = q - mu[..., axis]
+            js = torch.clamp(torch.floor(x.detach() + 0.5), 0.0, n - 1.0)
+            terms += [js, -c[..., axis], -2.0 * c[..., axis] * (x - js)]
+        shape = torch.broadcast_shapes(*(t.shape for t in terms))
+        return torch.stack([t.expand(shape) for t in (*terms, lam)], dim=-1)
     b, beta = exp2_rate(sigma), exp2_log_weight(sigma, field.log_lam.float())
     itau = (1.0 / tau).expand_as(mu[..., 0])
-    return torch.stack([mu[..., 0], mu[..., 1], b[..., 0], b[..., 1], beta[..., 0], beta[..., 1], itau, itau], dim=-1)
+    prm = torch.stack([mu[..., 0], mu[..., 1], b[..., 0], b[..., 1], beta[..., 0], beta[..., 1], itau, itau], dim=-1)
+    return prm if field.per_token else prm[None, None, None]
 
 
 def _config(gh: int, gw: int, d: int, r: int, axial: bool, dtype: torch.dtype) -> dict:
@@ -74,9 +90,15 @@ class Launch:
     args: tuple
     constexprs: dict
     num_warps: int = NUM_WARPS
+    num_stages: int | None = None  # Triton's default unless set
+
+    @property
+    def options(self) -> dict:
+        """Compile options of the launch (warps, pipeline stages)."""
+        return {"num_warps": self.num_warps} | ({"num_stages": self.num_stages} if self.num_stages else {})
 
     def __call__(self) -> None:
-        self.kernel[self.grid](*self.args, num_warps=self.num_warps, **self.constexprs)
+        self.kernel[self.grid](*self.args, **self.options, **self.constexprs)
 
 
 def _strides6(prm: Tensor) -> tuple[int, ...]:
@@ -103,9 +125,11 @@ def fwd_launch(v: Tensor, prm: Tensor, taby: Tensor | None, tabx: Tensor | None,
         grid = (triton.cdiv(gh, cfg["T"]) * triton.cdiv(gw, cfg["WT"]), b * h)
         consts = _pick(cfg, "R", "RO", "RP", "T", "WT", "KC", "JC", "DHP", "DOT", "PREC") | dict(FIXED=fixed)
         return Launch(name, K._ssog_fwd_kernel, grid, (*ptrs, h, gh, gw, d, *strides), consts)
-    grid = (triton.cdiv(gh, cfg["T"]) * triton.cdiv(gw, cfg["WT"]), b * h)
-    consts = _pick(cfg, "D", "R", "RP", "T", "WT", "KC", "GHP", "DHP", "EVEN_K", "DOT", "PREC") | dict(FIXED=fixed)
-    return Launch(name, K._fact_fwd_kernel, grid, (*ptrs, h, gh, gw, *strides), consts, cfg["WARPS"])
+    grid = (triton.cdiv(gh, cfg["T"]) * triton.cdiv(gw, cfg["WT"]), h, b)
+    consts = _pick(cfg, "D", "R", "RP", "T", "WT", "KC", "GHP", "DHP", "EVEN_K", "DOT", "PREC") | dict(
+        FIXED=fixed, JS=row_split(cfg["KC"] * cfg["T"] * cfg["RP"], cfg["GHP"], cfg["WARPS"])
+    )
+    return Launch(name, K._fact_fwd_kernel, grid, (*ptrs, gh, gw, *strides), consts, cfg["WARPS"], FACTORIZED_STAGES)
 
 
 def izx_launch(prm: Tensor, axial: bool, out: Tensor) -> Launch:
@@ -133,18 +157,30 @@ def bwd_launches(dy: Tensor, v: Tensor, prm: Tensor, izx: Tensor, axial: bool, d
         )  # fmt: skip
     else:
         rows = Launch(
-            "bwd-rows", K._fact_bwd_rows_kernel, (triton.cdiv(gh, cfg["TR"]) * triton.cdiv(gw, cfg["WT"]), b * h),
-            (v, prm, izx, dy, dprm, h, gh, gw, *common, *sg),
-            _pick(cfg, "D", "R", "RP", "WT", "KC", "GHP", "DHP", "EVEN_K", "DOT", "PREC") | dict(T=cfg["TR"]),
+            "bwd-rows", K._fact_bwd_rows_kernel, (triton.cdiv(gh, cfg["TR"]) * triton.cdiv(gw, cfg["WT"]), h, b),
+            (v, prm, izx, dy, dprm, gh, gw, *common, *sg),
+            _pick(cfg, "D", "R", "RP", "WT", "KC", "GHP", "DHP", "EVEN_K", "DOT", "PREC")
+            | dict(T=cfg["TR"], JS=row_split(cfg["KC"] * cfg["TR"] * cfg["RP"], cfg["GHP"], cfg["WARPS"])),
             cfg["WARPS"],
+            FACTORIZED_STAGES,
         )  # fmt: skip
     kt, ic, wc = col_tiles(cfg, axial)
-    cols = Launch(
-        "bwd-cols", K._ssog_bwd_cols_kernel, (triton.cdiv(gw, kt), b * h),
-        (v, prm, izx, dy, dv, dprm, h, gh, gw, d, *common, dv.stride(0), dv.stride(1), dv.stride(2), *sg),
-        _pick(cfg, "R", "RO", "RP", "GHP", "DHP", "DOT", "PREC") | dict(AXIAL=axial, KT=kt, IC=ic, WC=wc),
-        cfg["WARPS"],
-    )  # fmt: skip
+    sdv = (dv.stride(0), dv.stride(1), dv.stride(2))
+    if axial:
+        cols = Launch(
+            "bwd-cols", K._ssog_bwd_cols_kernel, (triton.cdiv(gw, kt), b * h),
+            (v, prm, izx, dy, dv, dprm, h, gh, gw, d, *common, *sdv, *sg),
+            _pick(cfg, "R", "RO", "RP", "GHP", "DHP", "DOT", "PREC") | dict(KT=kt, IC=ic, WC=wc),
+        )  # fmt: skip
+    else:
+        cols = Launch(
+            "bwd-cols", K._fact_bwd_cols_kernel, (triton.cdiv(gw, kt), h, b),
+            (v, prm, izx, dy, dv, dprm, gh, gw, *common, *sdv, *sg),
+            _pick(cfg, "D", "R", "RP", "GHP", "DHP", "DOT", "PREC")
+            | dict(KT=kt, IC=ic, WC=wc, W_CHUNKS=wc < gw, JS=row_split(kt * ic * cfg["RP"], cfg["GHP"], cfg["WARPS"])),
+            cfg["WARPS"],
+            FACTORIZED_STAGES,
+        )  # fmt: skip
     return [rows, cols]
 
 
@@ -311,16 +347,15 @@ def apply_triton(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode
     check_grid(n, grid)
     gh, gw = grid
     axial = mode == "axial"
-    prm = kernel_params(field, mode).to(v.device)
+    prm = kernel_params(field, mode, grid).to(v.device)
+    prm = prm.expand(b, gh, gw, *prm.shape[-3:])
     if v.stride(-1) != 1:
         v = v.contiguous()
     if field.per_token:
-        prm = prm.expand(b, gh, gw, *prm.shape[-3:])
         if prm.stride(-1) != 1:
             prm = prm.contiguous()
         return steered_fwd(v, prm, axial)[0]
     k = axis_kernels(field.to(torch.float32), grid, mode)
     taby = k.ay[0, :, 0].permute(1, 2, 0, 3).to(v.device)  # (H, R', Gh(i), Gh(j))
     tabx = (k.ax[0, 0] * k.lam[0, 0, 0, :, :, None]).permute(1, 2, 0, 3).to(v.device)  # (H, R', Gw(w), Gw(k))
-    prm = prm[None, None, None].expand(b, gh, gw, *prm.shape)
     return fixed_fwd(v, prm, taby, tabx, axial)

@@ -11,6 +11,8 @@ from __future__ import annotations
 TILE_BUDGET = 16384  # elements of the largest register / shared-memory tile of a program
 NUM_WARPS = 4  # the axial kernels (they still spill from 14×14 up: docs/KERNELS.md)
 FACTORIZED_WARPS = 8  # the factorized kernels: no spills from 14×14 to 64×64 at d64, R4 (docs/KERNELS.md)
+FACTORIZED_STAGES = 2  # software-pipeline stages of the factorized kernels: loads one step ahead (Triton's default
+# three holds a second copy of every staged tile: more shared memory and setup code for no more overlap here)
 
 
 def p2(n: int, floor: int = 1) -> int:
@@ -49,14 +51,28 @@ def tiles(gh: int, gw: int, d: int, r: int, axial: bool) -> dict:
                 EVEN_K=gw % kc == 0, WARPS=warps)  # fmt: skip
 
 
+def row_split(tokens: int, ghp: int, warps: int = FACTORIZED_WARPS) -> int:
+    """Warps that share the key rows of one (token, atom) in a factorized column pass over ``tokens`` (token, atom)
+    pairs: enough that the kernel's load of the per-token terms has one element per thread (Triton then keeps that
+    load's layout, with the key rows within a thread), at most all ``ghp`` rows."""
+    return max(1, min(ghp, warps * 32 // tokens))
+
+
 def col_tiles(cfg: dict, axial: bool) -> tuple[int, int, int]:
     """Column-backward tiles: key columns per program (KT), query rows per step (IC, K = IC·RP of the dV dot
     must be ≥ 16) and query columns per dy1 step (WC)."""
     ic = max(1, 16 // cfg["RP"])
-    kt = 4 if axial else 2 * ic  # factorized: eight warps, twice the key columns (up to 16 key rows)
-    limit = TILE_BUDGET if not axial and cfg["GHP"] <= 16 else TILE_BUDGET // 2
-    while kt > 1 and kt * cfg["GHP"] * cfg["DHP"] > limit:
-        kt //= 2
+    if axial:
+        kt = 4
+        while kt > 1 and kt * cfg["GHP"] * cfg["DHP"] > TILE_BUDGET // 2:
+            kt //= 2
+    else:  # eight warps: twice the key columns, and twice the query rows where one step still takes every column
+        kt = 2 * ic
+        if 2 * ic * cfg["GWP"] * cfg["DHP"] <= TILE_BUDGET:
+            ic *= 2
+        # the fp32 register tiles dV [KT, GHP, DHP] and dy1 [IC, KT·RP, DHP] share one and a half budgets
+        while kt > 1 and kt * (cfg["GHP"] + ic * cfg["RP"]) * cfg["DHP"] > 3 * TILE_BUDGET // 2:
+            kt //= 2
     wc = cfg["GWP"]
     while wc > 16 and ic * wc * cfg["DHP"] > TILE_BUDGET:
         wc //= 2
@@ -68,8 +84,8 @@ def shared_memory_estimate(gh: int, gw: int, d: int, r: int, axial: bool, dot_by
 
     Every dot stages its operands in shared memory (``dot_bytes`` per element); on top of that Triton multi-buffers
     the loads that feed a dot and borrows scratch for layout conversions. Those extras are modelled as a factor on
-    the operand bytes, calibrated on the sm_90 compile report (1.5 for the factorized forward and row backward, 2.5
-    for the factorized column backward, 3 for the axial kernels) and checked against every compiled kernel by
+    the operand bytes, calibrated on sm_90 compiles (1.5 for the factorized kernels, which use at most 1.21× their
+    operand bytes with two pipeline stages; 3 for the axial kernels) and checked against every compiled kernel by
     ``python -m ssog_core.ops.triton_compile`` (tests/test_ops_triton.py).
     """
     cfg = tiles(gh, gw, d, r, axial)
@@ -80,6 +96,6 @@ def shared_memory_estimate(gh: int, gw: int, d: int, r: int, axial: bool, dot_by
     forward = kc * cfg["T"] * rp * jc + column + cfg["T"] * kc * rp * (wt + dhp)
     rows = kc * cfg["TR"] * rp * jc + column + cfg["TR"] * wt * dhp + cfg["TR"] * dhp * kc * rp
     cols = ic * kt * rp * wc + ic * wc * dhp + 2 * kt * ic * rp * dhp + kt * dhp * ghp + kt * ghp * ic * rp
-    factors = (3.0, 3.0) if axial else (1.5, 2.5)
+    factors = (3.0, 3.0) if axial else (1.5, 1.5)
     need = max(factors[0] * max(forward, rows), factors[1] * cols)
     return int(dot_bytes * need) + 8192
