@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from ssog_core.ops.dispatch import interpreting
 from ssog_core.ops.triton_tiles import shared_memory_estimate
 
 SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # opt-in shared memory per block, bytes
@@ -212,7 +213,7 @@ def compile_kernels(
     num_warps: int | None = None,
 ) -> list[KernelReport]:
     """Compile the forward (steered and fixed), ``inv_zx`` and both backward kernels for one problem shape."""
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    if interpreting():
         raise RuntimeError("compile-only checks need a process without TRITON_INTERPRET=1")
     import triton
     from triton.backends.compiler import GPUTarget
