@@ -65,6 +65,25 @@ def test_inference_path_equals_autograd_path(taps: tuple[str, ...], mode: str) -
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("one_bmm", [1, 1 << 30], ids=["one-bmm", "per-image"])
+@pytest.mark.parametrize("chunk", [64, 1 << 21], ids=["chunked", "whole"])
+def test_inference_path_matches_definition(
+    monkeypatch: pytest.MonkeyPatch, mode: str, one_bmm: int, chunk: int
+) -> None:
+    """Without autograd the steered kernels are built with the keys outermost, in either row-pass layout (one bmm,
+    or one per image and head), whole or chunked over rows and images: the float64 definition, and far, narrow
+    atoms stay finite."""
+    monkeypatch.setattr(torch_ssog, "ONE_BMM_ROW_PASS", one_bmm)
+    monkeypatch.setattr(torch_ssog, "CHUNK_ELEMENTS", chunk)
+    b, grid, h = 3, (5, 4), 2
+    fields = (FieldLeaves(b, grid, h, 3, ("mu", "sigma", "lambda")).field(), far_narrow_field(b, grid, h))
+    v = torch.randn(b, grid[0] * grid[1], h, 4, dtype=torch.float64)
+    with torch.no_grad():
+        for field in fields:
+            assert_close(apply_torch(v, field, grid, mode), reference_apply(v, field, grid, mode), 1e-10, "output")
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_far_and_narrow_atoms_stay_finite(mode: str) -> None:
     """Atoms far outside the grid with tiny widths: every weight underflows but the analytic max does not."""
     b, (gh, gw), h = 2, (6, 7), 2

@@ -17,7 +17,8 @@ Same operator as :func:`ssog_core.field.apply_field` (docs/DESIGN.md §1), rearr
 Gradients: a steered factorized field trains through :class:`_SteeredFactorized`, one autograd node with an
 analytic backward (the softmax-of-a-quadratic gradient needs two moments of ``kernel ⊙ grad`` per atom), instead
 of a graph of ~30 broadcast ops per layer whose fresh full-size buffers dominated small models' training steps;
-the other paths use PyTorch autograd through their ops. Without autograd the kernels are built in place.
+the other paths use PyTorch autograd through their ops. Without autograd the kernels are built in place, the steered
+factorized ones with the keys outermost (:func:`_kernel_keys_outer`).
 """
 
 from __future__ import annotations
@@ -93,8 +94,10 @@ class _Terms(NamedTuple):
     lam: Tensor
 
 
-def _field_terms(field: Field, b: int, grid: tuple[int, int]) -> _Terms:
-    """:class:`_Terms` of a per-token factorized field (no autograd: :class:`_SteeredFactorized` differentiates it).
+def _field_terms(field: Field, b: int, grid: tuple[int, int], atoms_outer: bool = False) -> _Terms:
+    """:class:`_Terms` of a per-token factorized field (no autograd: :class:`_SteeredFactorized` differentiates it);
+    ``atoms_outer``: the row-pass terms as ``(R, B, H, i, w)`` instead (the layout :func:`_apply_steered` builds
+    its row kernels from).
 
     λ's softmax runs with the atoms on an outer axis (tokens innermost): over a last axis of 4 atoms PyTorch's CPU
     softmax is 10× slower.
@@ -107,13 +110,13 @@ def _field_terms(field: Field, b: int, grid: tuple[int, int]) -> _Terms:
     x = (pos - field.mu).expand(b, gh, gw, h, r, 2)
     c = exp2_rate(field.sigma, field.tau).expand(b, gh, gw, h, r, 2)
     lam = torch.softmax(field.log_lam.expand(b, gh, gw, h, r).permute(0, 3, 4, 1, 2), dim=2)  # (B, H, R, i, w)
-    col, row = (0, 3, 2, 4, 1), (0, 3, 1, 2, 4)
+    col, row = (0, 3, 2, 4, 1), ((4, 0, 3, 1, 2) if atoms_outer else (0, 3, 1, 2, 4))
     return _Terms(
         x[..., 0].permute(col).contiguous(),
         c[..., 0].permute(col).contiguous(),
         x[..., 1].permute(row).contiguous(),
         c[..., 1].permute(row).contiguous(),
-        lam.permute(0, 1, 3, 4, 2).contiguous(),
+        lam.permute((2, 0, 1, 3, 4) if atoms_outer else (0, 1, 3, 4, 2)).contiguous(),
     )
 
 
@@ -133,6 +136,23 @@ def _kernel(x: Tensor, c: Tensor, keys: Tensor, scale: Tensor | None) -> Tensor:
     w = torch.addcmul(shift[..., None], w, c[..., None], value=-1.0, out=w).exp2_()  # one pass for −c·d² + shift
     z = torch.mv(w.view(-1, n), torch.ones_like(keys)).view(x.shape)
     return w.mul_((z.reciprocal_() if scale is None else scale / z)[..., None])
+
+
+def _kernel_keys_outer(x: Tensor, c: Tensor, keys: Tensor, scale: Tensor | None, dim: int) -> Tensor:
+    """:func:`_kernel` with the keys on axis ``dim`` of the result instead of last: ``x``, ``c`` (and ``scale``)
+    have size 1 there and ``keys`` is shaped to broadcast along it. Built in place (no autograd).
+
+    The evaluation path puts the keys in front of the long, contiguous query axes, so every elementwise pass runs
+    over long vectors with one scalar key per run (half the time of the keys-last layout, whose runs are only
+    ``Gh`` or ``Gw`` long), ``Z`` is a sum over an outer axis, and the bmms read the kernels as column-major
+    matrices without a copy.
+    """
+    n = keys.numel()
+    shift = c * (x - torch.round(x).clamp_(0, n - 1)).square_()
+    w = torch.sub(x, keys).square_()
+    w = torch.addcmul(shift, w, c, value=-1.0, out=w).exp2_()  # one pass for −c·d² + shift
+    z = w.sum(dim, keepdim=True)
+    return w.mul_(z.reciprocal_() if scale is None else scale / z)
 
 
 def _kernel_grad(
@@ -231,8 +251,8 @@ def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
 
     Per chunk of query rows ``I``: the column pass builds ``A[b, h, k, r, i, j]`` for the tokens
     ``(i ∈ I, k)`` and runs one bmm ``[(r, i), j] @ [j, d]`` per key column (``y1`` comes out as
-    ``(b, h, k, r, i, d)``); the row pass builds ``U[b, h, i, w, r, k]`` (elementwise work along the long key
-    axis, λ folded in) and contracts ``(r, k)`` per query row (:func:`_row_pass`).
+    ``(b, h, k, r, i, d)``); the row pass builds ``U[b, h, i, w, r, k]`` (λ folded in) and contracts ``(r, k)``
+    per query row (:func:`_row_pass`). Factorized kernels are stored keys outermost and read as strided views.
     """
     b, n, h, d = v.shape
     gh, gw = grid
@@ -244,7 +264,7 @@ def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
     if mode == "factorized":
         if not inplace:
             return _SteeredFactorized.apply(v, field.mu, field.sigma, field.log_lam, field.tau, grid)
-        t = _field_terms(field, b, grid)
+        t = _field_terms(field, b, grid, atoms_outer=True)
     else:
         col_t, row_t, col_m, row_m = _axial_terms(field, b, grid)
         itau = 1.0 / field.tau
@@ -260,28 +280,26 @@ def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
         nb = bs.stop - bs.start
         for rows in _row_chunks(gh, nb * per_row, _budget(v)):
             ni = rows.stop - rows.start
+            one_bmm = single or nb * h >= ONE_BMM_ROW_PASS
             # column pass: A[b, h, k, r, i, j] for tokens (i ∈ rows, k), keys j
-            if mode == "factorized":
-                a = _kernel(t.x_col[bs, :, :, :, rows], t.c_col[bs, :, :, :, rows], ky, None)
+            if mode == "factorized":  # stored as (j, b, h, k, r, i): keys outermost (see _kernel_keys_outer)
+                xc, cc = t.x_col[None, bs, :, :, :, rows], t.c_col[None, bs, :, :, :, rows]
+                a = _kernel_keys_outer(xc, cc, ky.view(gh, 1, 1, 1, 1, 1), None, 0).permute(1, 2, 3, 4, 5, 0)
             else:
                 tc = col_t[bs, :, :, rows]
                 a = _axial_weights(tc[..., 0], tc[..., 1], tc[..., 2], col_m[bs, :, :, rows], itau, ky, inplace)
             y1 = torch.bmm(a.to(vdt).reshape(nb * h * gw, ro * ni, gh), vt[bs].reshape(nb * h * gw, gh, d))
             # row pass: U[b, h, i, w, r, k] for queries (i ∈ rows, w), keys k, λ folded in
-            if mode == "factorized":
-                u = _kernel(t.x_row[bs, :, rows], t.c_row[bs, :, rows], kx, t.lam[bs, :, rows])
+            if mode == "factorized":  # stored as (r, k, b, h, i, w), or (k, r, ...) for _row_pass's per-image bmms
+                key_dim = 1 if one_bmm else 0
+                xr, cr, lam = (z[:, bs, :, rows].unsqueeze(key_dim) for z in (t.x_row, t.c_row, t.lam))
+                u = _kernel_keys_outer(xr, cr, kx.view(*(1,) * key_dim, gw, *(1,) * (5 - key_dim)), lam, key_dim)
+                u = u.to(vdt).permute((2, 3, 4, 5, 0, 1) if one_bmm else (2, 3, 4, 5, 1, 0))
             else:
                 tr = row_t[bs, :, rows]
                 u = _axial_weights(tr[..., 0], tr[..., 1], tr[..., 2], row_m[bs, :, rows], itau, kx, inplace)
-            u = u.to(vdt)
-            out.append(
-                _row_pass(
-                    u.view(nb, h, ni, gw, ro, gw),
-                    y1.view(nb, h, gw, ro, ni, d),
-                    inplace,
-                    single or nb * h >= ONE_BMM_ROW_PASS,
-                )
-            )
+                u = u.to(vdt).view(nb, h, ni, gw, ro, gw)
+            out.append(_row_pass(u, y1.view(nb, h, gw, ro, ni, d), inplace, one_bmm))
     if len(out) > 1:  # chunks are ordered batch-major, rows within a batch chunk
         n_row_chunks = len(out) // len(range(0, b, b_step))
         out = [torch.cat(out[i : i + n_row_chunks], dim=2) for i in range(0, len(out), n_row_chunks)]
@@ -295,19 +313,18 @@ def _row_pass(u: Tensor, y1: Tensor, inplace: bool, single: bool) -> Tensor:
 
     ``single`` (a GPU, a compiled graph, or at least :data:`ONE_BMM_ROW_PASS` (image, head) pairs on the CPU):
     transpose y1 to ``(i, (r, k), d)`` and run one bmm — few large operations (d64 model, batch 64, 196 tokens: the
-    eval layer 10 % faster than 256 small bmms). Otherwise (the CPU, few images) y1 is read in place: U is stored
-    as ``(w, (k, r))`` — ``Gw/D`` of the data of y1 — and one strided bmm runs per (image, head). Skipping the copy
-    of y1 (R× the size of v, a fresh allocation per layer) pays on 1 and 2 threads alike: d384 model at 196 tokens,
-    2 threads, 1.09–1.13× → 1.05–1.06× the dot twin (benchmarks/RESULTS.md).
+    eval layer 10 % faster than 256 small bmms). Otherwise (the CPU, few images) y1 is read in place: U is read as
+    ``(w, (k, r))`` (steered factorized kernels are built in that order, axial ones have one atom; anything else is
+    copied) and one strided bmm runs per (image, head). Skipping the copy of y1 (R× the size of v, a fresh
+    allocation per layer) pays on 1 and 2 threads alike: d384 model at 196 tokens, 2 threads, 1.09–1.13× →
+    1.05–1.06× the dot twin (benchmarks/RESULTS.md).
     """
     nb, h, ni, gw, r, _ = u.shape
     d = y1.shape[-1]
     if single:
         y1t = y1.permute(0, 1, 4, 3, 2, 5).reshape(nb * h * ni, r * gw, d)
         return torch.bmm(u.reshape(nb * h * ni, gw, r * gw), y1t).view(nb, h, ni, gw, d)
-    u = u.transpose(-1, -2)
-    u = torch.empty(u.shape, dtype=u.dtype, device=u.device).copy_(u) if inplace else u.contiguous()
-    us = u.view(nb * h, ni, gw, gw * r).unbind(0)
+    us = u.transpose(-1, -2).reshape(nb * h, ni, gw, gw * r).unbind(0)
     ys = y1.view(nb * h, gw * r, ni, d).transpose(1, 2).unbind(0)  # each (I, (k, r), D), read in place
     if not inplace:
         return torch.stack([torch.bmm(a, b) for a, b in zip(us, ys, strict=True)]).view(nb, h, ni, gw, d)
