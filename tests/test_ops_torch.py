@@ -144,11 +144,14 @@ def test_flops_are_the_separable_attention_cost(mode: str, taps: tuple[str, ...]
 
 @pytest.mark.parametrize("inplace", [True, False])
 def test_both_row_pass_strategies_agree(inplace: bool) -> None:
-    """The single-bmm row pass (GPU, compiled graphs) and the strided one that reads y1 in place (CPU)."""
+    """The single-bmm row pass (y1 as (B, H, Gw, I, R, D)) and the strided one that reads y1 (B, H, Gw, R, I, D) in
+    place, each with U contiguous and stored keys outermost as the factorized kernels are."""
     u, y1 = torch.randn(2, 3, 5, 7, 4, 7), torch.randn(2, 3, 7, 4, 5, 8)  # (B, H, I, Gw, R, Gw), (B, H, Gw, R, I, D)
     expected = torch.einsum("bhiwrk,bhkrid->bhiwd", u, y1)
-    torch.testing.assert_close(torch_ssog._row_pass(u, y1, inplace, single=True), expected)
-    torch.testing.assert_close(torch_ssog._row_pass(u, y1, inplace, single=False), expected)
+    y1_ir = y1.transpose(3, 4).contiguous()
+    for stored in (u, u.permute(5, 4, 0, 1, 2, 3).contiguous().permute(2, 3, 4, 5, 1, 0)):
+        torch.testing.assert_close(torch_ssog._row_pass(stored, y1_ir, inplace, single=True), expected)
+        torch.testing.assert_close(torch_ssog._row_pass(stored, y1, inplace, single=False), expected)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
