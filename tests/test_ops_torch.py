@@ -65,6 +65,25 @@ def test_inference_path_equals_autograd_path(taps: tuple[str, ...], mode: str) -
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("one_bmm", [1, 1 << 30], ids=["one-bmm", "per-image"])
+@pytest.mark.parametrize("chunk", [64, 1 << 21], ids=["chunked", "whole"])
+def test_inference_path_matches_definition(
+    monkeypatch: pytest.MonkeyPatch, mode: str, one_bmm: int, chunk: int
+) -> None:
+    """Without autograd the steered kernels are built with the keys outermost, in either row-pass layout (one bmm,
+    or one per image and head), whole or chunked over rows and images: the float64 definition, and far, narrow
+    atoms stay finite."""
+    monkeypatch.setattr(torch_ssog, "ONE_BMM_ROW_PASS", one_bmm)
+    monkeypatch.setattr(torch_ssog, "CHUNK_ELEMENTS", chunk)
+    b, grid, h = 3, (5, 4), 2
+    fields = (FieldLeaves(b, grid, h, 3, ("mu", "sigma", "lambda")).field(), far_narrow_field(b, grid, h))
+    v = torch.randn(b, grid[0] * grid[1], h, 4, dtype=torch.float64)
+    with torch.no_grad():
+        for field in fields:
+            assert_close(apply_torch(v, field, grid, mode), reference_apply(v, field, grid, mode), 1e-10, "output")
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_far_and_narrow_atoms_stay_finite(mode: str) -> None:
     """Atoms far outside the grid with tiny widths: every weight underflows but the analytic max does not."""
     b, (gh, gw), h = 2, (6, 7), 2
@@ -125,11 +144,14 @@ def test_flops_are_the_separable_attention_cost(mode: str, taps: tuple[str, ...]
 
 @pytest.mark.parametrize("inplace", [True, False])
 def test_both_row_pass_strategies_agree(inplace: bool) -> None:
-    """The single-bmm row pass (GPU, compiled graphs) and the strided one that reads y1 in place (CPU)."""
+    """The single-bmm row pass (y1 as (B, H, Gw, I, R, D)) and the strided one that reads y1 (B, H, Gw, R, I, D) in
+    place, each with U contiguous and stored keys outermost as the factorized kernels are."""
     u, y1 = torch.randn(2, 3, 5, 7, 4, 7), torch.randn(2, 3, 7, 4, 5, 8)  # (B, H, I, Gw, R, Gw), (B, H, Gw, R, I, D)
     expected = torch.einsum("bhiwrk,bhkrid->bhiwd", u, y1)
-    torch.testing.assert_close(torch_ssog._row_pass(u, y1, inplace, single=True), expected)
-    torch.testing.assert_close(torch_ssog._row_pass(u, y1, inplace, single=False), expected)
+    y1_ir = y1.transpose(3, 4).contiguous()
+    for stored in (u, u.permute(5, 4, 0, 1, 2, 3).contiguous().permute(2, 3, 4, 5, 1, 0)):
+        torch.testing.assert_close(torch_ssog._row_pass(stored, y1_ir, inplace, single=True), expected)
+        torch.testing.assert_close(torch_ssog._row_pass(stored, y1, inplace, single=False), expected)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-from ssog_core.field import TAPS, Field, base_field, steer
+from ssog_core.field import TAPS, Field, base_field, bound, steer
 
 TAP_SUBSETS = [(), ("mu",), ("sigma",), ("lambda",), ("mu", "sigma"), ("mu", "lambda"), ("sigma", "lambda"), TAPS]
 
@@ -92,7 +92,7 @@ class FieldLeaves:
         fixed = base_field(lv["mu"], lv["raw_sigma"], lv["log_lambda"], lv["raw_tau"], sigma_floor=0.25)
         if not self.taps:
             return fixed
-        probes = {tap: lv[f"probe_{tap}"] for tap in self.taps}
+        probes = {tap: bound(lv[f"probe_{tap}"]) for tap in self.taps}
         scales = {tap: torch.nn.functional.softplus(lv[f"gate_{tap}"]) + 1e-4 for tap in self.taps}
         return steer(fixed, probes, scales, max_offset=4.0)
 

@@ -17,7 +17,8 @@ Same operator as :func:`ssog_core.field.apply_field` (docs/DESIGN.md §1), rearr
 Gradients: a steered factorized field trains through :class:`_SteeredFactorized`, one autograd node with an
 analytic backward (the softmax-of-a-quadratic gradient needs two moments of ``kernel ⊙ grad`` per atom), instead
 of a graph of ~30 broadcast ops per layer whose fresh full-size buffers dominated small models' training steps;
-the other paths use PyTorch autograd through their ops. Without autograd the kernels are built in place.
+the other paths use PyTorch autograd through their ops. Without autograd the kernels are built in place, the steered
+factorized ones with the keys outermost (:func:`_kernel_keys_outer`).
 """
 
 from __future__ import annotations
@@ -93,8 +94,18 @@ class _Terms(NamedTuple):
     lam: Tensor
 
 
-def _field_terms(field: Field, b: int, grid: tuple[int, int]) -> _Terms:
-    """:class:`_Terms` of a per-token factorized field (no autograd: :class:`_SteeredFactorized` differentiates it).
+_TERM_LAYOUTS = {  # column-pass x, c; row-pass x, c; λ: permutations of (B, Gh, Gw, H, R) and of λ's (B, H, R, i, w)
+    "keys_last": ((0, 3, 2, 4, 1), (0, 3, 1, 2, 4), (0, 1, 3, 4, 2)),  # the _Terms layouts (_SteeredFactorized)
+    "per_image": ((0, 3, 2, 4, 1), (4, 0, 3, 1, 2), (2, 0, 1, 3, 4)),  # (B, H, k, R, i), (R, B, H, i, w)
+    "one_bmm": ((0, 3, 2, 1, 4), (4, 0, 3, 1, 2), (2, 0, 1, 3, 4)),  # (B, H, k, i, R), (R, B, H, i, w)
+}
+
+
+def _field_terms(field: Field, b: int, grid: tuple[int, int], layout: str = "keys_last") -> _Terms:
+    """:class:`_Terms` of a per-token factorized field (no autograd: :class:`_SteeredFactorized` differentiates it),
+    in the layout ``layout`` of :data:`_TERM_LAYOUTS`: ``"keys_last"`` as :class:`_Terms` says, the other two the
+    layouts :func:`_apply_steered` builds its keys-outermost kernels from (atoms outermost for the row pass; for
+    the one-bmm row pass, query rows before atoms in the column pass).
 
     λ's softmax runs with the atoms on an outer axis (tokens innermost): over a last axis of 4 atoms PyTorch's CPU
     softmax is 10× slower.
@@ -107,13 +118,13 @@ def _field_terms(field: Field, b: int, grid: tuple[int, int]) -> _Terms:
     x = (pos - field.mu).expand(b, gh, gw, h, r, 2)
     c = exp2_rate(field.sigma, field.tau).expand(b, gh, gw, h, r, 2)
     lam = torch.softmax(field.log_lam.expand(b, gh, gw, h, r).permute(0, 3, 4, 1, 2), dim=2)  # (B, H, R, i, w)
-    col, row = (0, 3, 2, 4, 1), (0, 3, 1, 2, 4)
+    col, row, lam_perm = _TERM_LAYOUTS[layout]
     return _Terms(
         x[..., 0].permute(col).contiguous(),
         c[..., 0].permute(col).contiguous(),
         x[..., 1].permute(row).contiguous(),
         c[..., 1].permute(row).contiguous(),
-        lam.permute(0, 1, 3, 4, 2).contiguous(),
+        lam.permute(lam_perm).contiguous(),
     )
 
 
@@ -133,6 +144,23 @@ def _kernel(x: Tensor, c: Tensor, keys: Tensor, scale: Tensor | None) -> Tensor:
     w = torch.addcmul(shift[..., None], w, c[..., None], value=-1.0, out=w).exp2_()  # one pass for −c·d² + shift
     z = torch.mv(w.view(-1, n), torch.ones_like(keys)).view(x.shape)
     return w.mul_((z.reciprocal_() if scale is None else scale / z)[..., None])
+
+
+def _kernel_keys_outer(x: Tensor, c: Tensor, keys: Tensor, scale: Tensor | None, dim: int) -> Tensor:
+    """:func:`_kernel` with the keys on axis ``dim`` of the result instead of last: ``x``, ``c`` (and ``scale``)
+    have size 1 there and ``keys`` is shaped to broadcast along it. Built in place (no autograd).
+
+    The evaluation path puts the keys in front of the long, contiguous query axes, so every elementwise pass runs
+    over long vectors with one scalar key per run (half the time of the keys-last layout, whose runs are only
+    ``Gh`` or ``Gw`` long), ``Z`` is a sum over an outer axis, and the bmms read the kernels as column-major
+    matrices without a copy.
+    """
+    n = keys.numel()
+    shift = c * (x - torch.round(x).clamp_(0, n - 1)).square_()
+    w = torch.sub(x, keys).square_()
+    w = torch.addcmul(shift, w, c, value=-1.0, out=w).exp2_()  # one pass for −c·d² + shift
+    z = w.sum(dim, keepdim=True)
+    return w.mul_(z.reciprocal_() if scale is None else scale / z)
 
 
 def _kernel_grad(
@@ -231,57 +259,55 @@ def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
 
     Per chunk of query rows ``I``: the column pass builds ``A[b, h, k, r, i, j]`` for the tokens
     ``(i ∈ I, k)`` and runs one bmm ``[(r, i), j] @ [j, d]`` per key column (``y1`` comes out as
-    ``(b, h, k, r, i, d)``); the row pass builds ``U[b, h, i, w, r, k]`` (elementwise work along the long key
-    axis, λ folded in) and contracts ``(r, k)`` per query row (:func:`_row_pass`).
+    ``(b, h, k, r, i, d)``); the row pass builds ``U[b, h, i, w, r, k]`` (λ folded in) and contracts ``(r, k)``
+    per query row (:func:`_row_pass`). Factorized kernels are stored keys outermost and read as strided views.
     """
     b, n, h, d = v.shape
     gh, gw = grid
     r = field.num_atoms
     ro = r if mode == "factorized" else 1  # atoms left in the contractions (axial mixes them inside each axis)
     inplace = not _needs_grad(v, field)
-    single = v.is_cuda or torch.compiler.is_compiling()  # see _row_pass
+    per_row = h * gw * r * (gh + gw + 2 * d)  # kernel + y1 elements per query row and image
+    b_step = max(1, _budget(v) // (gh * per_row))
+    # see _row_pass; decided once, as the factorized kernels' layout follows it
+    one_bmm = v.is_cuda or torch.compiler.is_compiling() or min(b, b_step) * h >= ONE_BMM_ROW_PASS
     dev, pdt, vdt = v.device, field.mu.dtype, v.dtype
     if mode == "factorized":
         if not inplace:
             return _SteeredFactorized.apply(v, field.mu, field.sigma, field.log_lam, field.tau, grid)
-        t = _field_terms(field, b, grid)
+        t = _field_terms(field, b, grid, "one_bmm" if one_bmm else "per_image")
     else:
         col_t, row_t, col_m, row_m = _axial_terms(field, b, grid)
         itau = 1.0 / field.tau
     ky = torch.arange(gh, device=dev, dtype=pdt)
     kx = torch.arange(gw, device=dev, dtype=pdt)
     vt = v.reshape(b, gh, gw, h, d).permute(0, 3, 2, 1, 4).contiguous()  # (B, H, k, j, D)
-
-    per_row = h * gw * r * (gh + gw + 2 * d)  # kernel + y1 elements per query row and image
-    b_step = max(1, _budget(v) // (gh * per_row))
     out = []
     for b0 in range(0, b, b_step):
         bs = slice(b0, min(b0 + b_step, b))
         nb = bs.stop - bs.start
         for rows in _row_chunks(gh, nb * per_row, _budget(v)):
             ni = rows.stop - rows.start
-            # column pass: A[b, h, k, r, i, j] for tokens (i ∈ rows, k), keys j
-            if mode == "factorized":
-                a = _kernel(t.x_col[bs, :, :, :, rows], t.c_col[bs, :, :, :, rows], ky, None)
+            # column pass: A[b, h, k, (r, i), j] for tokens (i ∈ rows, k), keys j; (i, r) for the one-bmm row pass
+            if mode == "factorized":  # stored as (j, b, h, k, r, i) or (j, b, h, k, i, r): keys outermost
+                at = (bs, slice(None), slice(None)) + ((rows,) if one_bmm else (slice(None), rows))  # rows of i
+                xc, cc = t.x_col[at][None], t.c_col[at][None]
+                a = _kernel_keys_outer(xc, cc, ky.view(gh, 1, 1, 1, 1, 1), None, 0).permute(1, 2, 3, 4, 5, 0)
             else:
                 tc = col_t[bs, :, :, rows]
                 a = _axial_weights(tc[..., 0], tc[..., 1], tc[..., 2], col_m[bs, :, :, rows], itau, ky, inplace)
             y1 = torch.bmm(a.to(vdt).reshape(nb * h * gw, ro * ni, gh), vt[bs].reshape(nb * h * gw, gh, d))
             # row pass: U[b, h, i, w, r, k] for queries (i ∈ rows, w), keys k, λ folded in
-            if mode == "factorized":
-                u = _kernel(t.x_row[bs, :, rows], t.c_row[bs, :, rows], kx, t.lam[bs, :, rows])
+            if mode == "factorized":  # stored as (k, r, b, h, i, w): _row_pass reads U as (w, (k, r))
+                xr, cr, lam = (z[None, :, bs, :, rows] for z in (t.x_row, t.c_row, t.lam))
+                u = _kernel_keys_outer(xr, cr, kx.view(gw, 1, 1, 1, 1, 1), lam, 0)
+                u = u.to(vdt).permute(2, 3, 4, 5, 1, 0)
             else:
                 tr = row_t[bs, :, rows]
                 u = _axial_weights(tr[..., 0], tr[..., 1], tr[..., 2], row_m[bs, :, rows], itau, kx, inplace)
-            u = u.to(vdt)
-            out.append(
-                _row_pass(
-                    u.view(nb, h, ni, gw, ro, gw),
-                    y1.view(nb, h, gw, ro, ni, d),
-                    inplace,
-                    single or nb * h >= ONE_BMM_ROW_PASS,
-                )
-            )
+                u = u.to(vdt).view(nb, h, ni, gw, ro, gw)
+            y1 = y1.view((nb, h, gw, ni, ro, d) if one_bmm else (nb, h, gw, ro, ni, d))
+            out.append(_row_pass(u, y1, inplace, one_bmm))
     if len(out) > 1:  # chunks are ordered batch-major, rows within a batch chunk
         n_row_chunks = len(out) // len(range(0, b, b_step))
         out = [torch.cat(out[i : i + n_row_chunks], dim=2) for i in range(0, len(out), n_row_chunks)]
@@ -290,24 +316,25 @@ def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
 
 
 def _row_pass(u: Tensor, y1: Tensor, inplace: bool, single: bool) -> Tensor:
-    """``y[b, h, i, w] = Σ_{r, k} U[b, h, i, w, r, k] · y1[b, h, k, r, i]``, U ``(B, H, I, Gw, R, Gw)``, y1
-    ``(B, H, Gw, R, I, D)`` → ``(B, H, I, Gw, D)``.
+    """``y[b, h, i, w] = Σ_{r, k} U[b, h, i, w, r, k] · y1[b, h, k, r, i]``, U ``(B, H, I, Gw, R, Gw)`` in any
+    strides (read as ``(w, (k, r))``: the factorized kernels are built in that order, axial ones have one atom),
+    y1 ``(B, H, Gw, I, R, D)`` if ``single``, else ``(B, H, Gw, R, I, D)`` → ``(B, H, I, Gw, D)``.
 
     ``single`` (a GPU, a compiled graph, or at least :data:`ONE_BMM_ROW_PASS` (image, head) pairs on the CPU):
-    transpose y1 to ``(i, (r, k), d)`` and run one bmm — few large operations (d64 model, batch 64, 196 tokens: the
-    eval layer 10 % faster than 256 small bmms). Otherwise (the CPU, few images) y1 is read in place: U is stored
-    as ``(w, (k, r))`` — ``Gw/D`` of the data of y1 — and one strided bmm runs per (image, head). Skipping the copy
-    of y1 (R× the size of v, a fresh allocation per layer) pays on 1 and 2 threads alike: d384 model at 196 tokens,
-    2 threads, 1.09–1.13× → 1.05–1.06× the dot twin (benchmarks/RESULTS.md).
+    transpose y1 to ``(i, (k, r), d)`` — runs of ``R·D`` elements, twice as fast as the ``D``-element runs of an
+    ``(r, i)`` layout — and run one bmm: few large operations (d64 model, batch 64, 196 tokens: the eval layer
+    10 % faster than 256 small bmms). Otherwise (the CPU, few images) y1 is read in place and one strided bmm
+    runs per (image, head). Skipping the copy of y1 (R× the size of v, a fresh allocation per layer) pays on 1
+    and 2 threads alike: d384 model at 196 tokens, 2 threads, 1.09–1.13× → 1.05–1.06× the dot twin
+    (benchmarks/RESULTS.md).
     """
     nb, h, ni, gw, r, _ = u.shape
     d = y1.shape[-1]
+    uk = u.transpose(-1, -2)  # (B, H, I, w, k, r)
     if single:
-        y1t = y1.permute(0, 1, 4, 3, 2, 5).reshape(nb * h * ni, r * gw, d)
-        return torch.bmm(u.reshape(nb * h * ni, gw, r * gw), y1t).view(nb, h, ni, gw, d)
-    u = u.transpose(-1, -2)
-    u = torch.empty(u.shape, dtype=u.dtype, device=u.device).copy_(u) if inplace else u.contiguous()
-    us = u.view(nb * h, ni, gw, gw * r).unbind(0)
+        y1t = y1.permute(0, 1, 3, 2, 4, 5).reshape(nb * h * ni, gw * r, d)
+        return torch.bmm(uk.reshape(nb * h * ni, gw, gw * r), y1t).view(nb, h, ni, gw, d)
+    us = uk.reshape(nb * h, ni, gw, gw * r).unbind(0)
     ys = y1.view(nb * h, gw * r, ni, d).transpose(1, 2).unbind(0)  # each (I, (k, r), D), read in place
     if not inplace:
         return torch.stack([torch.bmm(a, b) for a, b in zip(us, ys, strict=True)]).view(nb, h, ni, gw, d)
