@@ -18,7 +18,7 @@ Gradients: a steered factorized field trains through :class:`_SteeredFactorized`
 analytic backward (the softmax-of-a-quadratic gradient needs two moments of ``kernel ⊙ grad`` per atom), instead
 of a graph of ~30 broadcast ops per layer whose fresh full-size buffers dominated small models' training steps;
 the other paths use PyTorch autograd through their ops. Without autograd the kernels are built in place, the steered
-factorized ones with the keys outermost (:func:`_kernel_keys_outer`).
+factorized ones with the keys outermost (:func:`_kernel`).
 """
 
 from __future__ import annotations
@@ -128,30 +128,19 @@ def _field_terms(field: Field, b: int, grid: tuple[int, int], layout: str = "key
     )
 
 
-def _kernel(x: Tensor, c: Tensor, keys: Tensor, scale: Tensor | None) -> Tensor:
-    """Normalised factorized weights ``2^(c·(x − j*)² − c·(x − key)²) · scale / Z`` for per-token ``x``, ``c``, keys
-    on a new last axis; built in place, so only ever called without autograd.
+def _kernel(x: Tensor, c: Tensor, keys: Tensor, scale: Tensor | None, dim: int = -1) -> Tensor:
+    """Normalised factorized weights ``2^(c·(x − j*)² − c·(x − key)²) · scale / Z`` for per-token ``x``, ``c`` (and
+    ``scale``), which have size 1 on the key axis ``dim``, and ``keys`` shaped to broadcast along it; built in
+    place, so only ever called without autograd.
 
     ``exp2`` rather than ``exp``: PyTorch's CPU ``exp`` takes a slow path (20–40× slower) for arguments below −87,
     which far-away keys of narrow atoms always produce; the analytic max ``j* = clamp(round(x))`` makes every
     weight ≤ 1 with peak 1 without a max pass. The per-query operand comes first in every broadcast
-    (TensorIterator picks a slow loop order when a broadcast operand leads). ``Z`` is a matrix-vector product:
-    on the CPU it is 3× faster than ``sum(-1)`` over a short key axis.
-    """
-    n = keys.shape[0]
-    shift = c * (x - torch.round(x).clamp_(0, n - 1)).square_()
-    w = torch.sub(x[..., None], keys).square_()
-    w = torch.addcmul(shift[..., None], w, c[..., None], value=-1.0, out=w).exp2_()  # one pass for −c·d² + shift
-    z = torch.mv(w.view(-1, n), torch.ones_like(keys)).view(x.shape)
-    return w.mul_((z.reciprocal_() if scale is None else scale / z)[..., None])
+    (TensorIterator picks a slow loop order when a broadcast operand leads).
 
-
-def _kernel_keys_outer(x: Tensor, c: Tensor, keys: Tensor, scale: Tensor | None, dim: int) -> Tensor:
-    """:func:`_kernel` with the keys on axis ``dim`` of the result instead of last: ``x``, ``c`` (and ``scale``)
-    have size 1 there and ``keys`` is shaped to broadcast along it. Built in place (no autograd).
-
-    The evaluation path puts the keys in front of the long, contiguous query axes, so every elementwise pass runs
-    over long vectors with one scalar key per run (half the time of the keys-last layout, whose runs are only
+    Keys last (``_SteeredFactorized``): ``Z`` is a matrix-vector product, on the CPU 3× faster than ``sum(-1)``
+    over a short key axis. Keys outermost (the evaluation path): every elementwise pass runs over long
+    contiguous vectors with one scalar key per run (half the time of the keys-last layout, whose runs are only
     ``Gh`` or ``Gw`` long), ``Z`` is a sum over an outer axis, and the bmms read the kernels as column-major
     matrices without a copy.
     """
@@ -159,7 +148,10 @@ def _kernel_keys_outer(x: Tensor, c: Tensor, keys: Tensor, scale: Tensor | None,
     shift = c * (x - torch.round(x).clamp_(0, n - 1)).square_()
     w = torch.sub(x, keys).square_()
     w = torch.addcmul(shift, w, c, value=-1.0, out=w).exp2_()  # one pass for −c·d² + shift
-    z = w.sum(dim, keepdim=True)
+    if dim % w.dim() == w.dim() - 1:
+        z = torch.mv(w.view(-1, n), torch.ones_like(keys)).view(x.shape)
+    else:
+        z = w.sum(dim, keepdim=True)
     return w.mul_(z.reciprocal_() if scale is None else scale / z)
 
 
@@ -214,8 +206,10 @@ class _SteeredFactorized(torch.autograd.Function):
         b, n, h, d = v.shape
         gh, gw = grid
         t = _field_terms(Field(mu, sigma, log_lam, tau), b, grid)
-        a = _kernel(t.x_col, t.c_col, torch.arange(gh, device=v.device, dtype=mu.dtype), None)
-        u = _kernel(t.x_row, t.c_row, torch.arange(gw, device=v.device, dtype=mu.dtype), t.lam)
+        ky = torch.arange(gh, device=v.device, dtype=mu.dtype)
+        kx = torch.arange(gw, device=v.device, dtype=mu.dtype)
+        a = _kernel(t.x_col[..., None], t.c_col[..., None], ky, None)
+        u = _kernel(t.x_row[..., None], t.c_row[..., None], kx, t.lam[..., None])
         vt = v.reshape(b, gh, gw, h, d).permute(0, 3, 2, 1, 4).contiguous()  # (B, H, k, j, D)
         y1t, y = _factorized_passes(vt, a.to(v.dtype), u.to(v.dtype))
         ctx.save_for_backward(vt, a, u, y1t, sigma, tau, *t)
@@ -292,7 +286,7 @@ def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
             if mode == "factorized":  # stored as (j, b, h, k, r, i) or (j, b, h, k, i, r): keys outermost
                 at = (bs, slice(None), slice(None)) + ((rows,) if one_bmm else (slice(None), rows))  # rows of i
                 xc, cc = t.x_col[at][None], t.c_col[at][None]
-                a = _kernel_keys_outer(xc, cc, ky.view(gh, 1, 1, 1, 1, 1), None, 0).permute(1, 2, 3, 4, 5, 0)
+                a = _kernel(xc, cc, ky.view(gh, 1, 1, 1, 1, 1), None, 0).permute(1, 2, 3, 4, 5, 0)
             else:
                 tc = col_t[bs, :, :, rows]
                 a = _axial_weights(tc[..., 0], tc[..., 1], tc[..., 2], col_m[bs, :, :, rows], itau, ky, inplace)
@@ -300,7 +294,7 @@ def _apply_steered(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMo
             # row pass: U[b, h, i, w, r, k] for queries (i ∈ rows, w), keys k, λ folded in
             if mode == "factorized":  # stored as (k, r, b, h, i, w): _row_pass reads U as (w, (k, r))
                 xr, cr, lam = (z[None, :, bs, :, rows] for z in (t.x_row, t.c_row, t.lam))
-                u = _kernel_keys_outer(xr, cr, kx.view(gw, 1, 1, 1, 1, 1), lam, 0)
+                u = _kernel(xr, cr, kx.view(gw, 1, 1, 1, 1, 1), lam, 0)
                 u = u.to(vdt).permute(2, 3, 4, 5, 1, 0)
             else:
                 tr = row_t[bs, :, rows]
