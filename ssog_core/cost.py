@@ -2,7 +2,9 @@
 
 FLOPs count 2 per multiply-add and include the attention itself. They are measured with
 ``torch.utils.flop_counter`` on a real forward pass, adding formulas for the operators it does not see
-(the fused CPU SDPA kernel). Elementwise work (softmax, the Gaussians) is not counted, as in the SSOG post.
+(the fused CPU SDPA kernel); SSOG layers are counted on the PyTorch path, whose GEMMs do the same multiply-adds
+as the fused C kernels, which the counter cannot see. Elementwise work (softmax, the Gaussians) is not counted,
+as in the SSOG post.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop
+
+from ssog_core.attention import SSOGAttention
 
 
 def count_params(model: nn.Module) -> int:
@@ -31,10 +35,16 @@ def count_flops(model: nn.Module, img_size: tuple[int, int] | None = None, batch
     h, w = img_size or cfg.img_size
     img = torch.rand(batch, cfg.in_chans, h, w, device=next(model.parameters()).device)
     was_training = model.training
+    ssog = [m for m in model.modules() if isinstance(m, SSOGAttention)]
+    backends = [m.backend for m in ssog]
     model.eval()
     try:
+        for m in ssog:
+            m.backend = "torch"
         with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=_EXTRA_FORMULAS) as counter:
             model(img)
     finally:
         model.train(was_training)
+        for m, backend in zip(ssog, backends, strict=True):
+            m.backend = backend
     return counter.get_total_flops()

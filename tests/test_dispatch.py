@@ -14,7 +14,7 @@ import torch
 from ssog_core.attention import SSOGAttention
 from ssog_core.cost import count_flops
 from ssog_core.field import Field, apply_field
-from ssog_core.ops import dispatch
+from ssog_core.ops import cpu_ssog, dispatch
 from ssog_core.ops.dispatch import BackendUnavailable, can_run_triton_ssog, choose_ssog_backend, ssog_apply
 from ssog_core.ops.torch_ssog import apply_torch
 from ssog_core.vit import ViT
@@ -34,13 +34,21 @@ def _inputs(steered: bool = True, head_dim: int = 4):
     return torch.randn(2, 12, 2, head_dim), field, (4, 3)
 
 
-def test_cpu_tensors_use_the_fast_torch_path(caplog: pytest.LogCaptureFixture) -> None:
+def test_cpu_tensors_use_the_c_kernels_or_the_fast_torch_path(caplog: pytest.LogCaptureFixture) -> None:
+    """Steered factorized fields run on the fused C kernels where they build; everything else on the torch path."""
     v, field, grid = _inputs()
+    c_kernels = cpu_ssog.unavailable_reason() is None
     with caplog.at_level(logging.DEBUG, logger="ssog_core.ops"):
-        assert choose_ssog_backend(v, field, grid) == "torch"
-    assert "SSOG backend torch" in caplog.text
+        assert choose_ssog_backend(v, field, grid) == ("cpu" if c_kernels else "torch")
     assert "CUDA" in caplog.text  # the reason Triton was skipped
-    torch.testing.assert_close(ssog_apply(v, field, grid), apply_torch(v, field, grid), rtol=0, atol=0)
+    fast = cpu_ssog.apply_cpu if c_kernels else apply_torch
+    torch.testing.assert_close(ssog_apply(v, field, grid), fast(v, field, grid), rtol=0, atol=0)
+    caplog.clear()
+    _, fixed, _ = _inputs(steered=False)
+    with caplog.at_level(logging.DEBUG, logger="ssog_core.ops"):
+        assert choose_ssog_backend(v, fixed, grid) == "torch"
+    assert "SSOG backend torch" in caplog.text
+    torch.testing.assert_close(ssog_apply(v, fixed, grid), apply_torch(v, fixed, grid), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(("backend", "impl"), [("torch", apply_torch), ("reference", apply_field)])
@@ -62,7 +70,7 @@ def test_argument_picks_a_backend_per_call(monkeypatch: pytest.MonkeyPatch, back
     with torch.no_grad():
         expected = attn.out(impl(attn.v(x).view(2, 12, 2, 4), attn.field(x, grid), grid).reshape(2, 12, 8))
         torch.testing.assert_close(attn(x, grid), expected, rtol=0, atol=0)
-    with pytest.raises(BackendUnavailable, match="backend='cuda' is not one of triton, torch, reference"):
+    with pytest.raises(BackendUnavailable, match="backend='cuda' is not one of triton, cpu, torch, reference"):
         ssog_apply(v, field, grid, backend="cuda")
 
 
@@ -76,7 +84,7 @@ def test_forced_triton_that_cannot_run_says_why(monkeypatch: pytest.MonkeyPatch)
 def test_unknown_backend_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SSOG_BACKEND", "cuda-magic")
     v, field, grid = _inputs()
-    with pytest.raises(BackendUnavailable, match="triton, torch, reference"):
+    with pytest.raises(BackendUnavailable, match="triton, cpu, torch, reference"):
         ssog_apply(v, field, grid)
 
 

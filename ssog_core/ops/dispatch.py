@@ -3,7 +3,8 @@
 Backends (each computes its operator exactly, up to rounding):
 
 * SSOG (:func:`ssog_apply`, the definition is :func:`ssog_core.field.apply_field`): ``triton`` — the fused kernels
-  of :mod:`ssog_core.ops.triton_ssog`; ``torch`` — the fast PyTorch path (:mod:`ssog_core.ops.torch_ssog`, any
+  of :mod:`ssog_core.ops.triton_ssog`; ``cpu`` — the fused C kernels of :mod:`ssog_core.ops.cpu_ssog` (steered
+  factorized fields on CPU tensors); ``torch`` — the fast PyTorch path (:mod:`ssog_core.ops.torch_ssog`, any
   device); ``reference`` — :func:`~ssog_core.field.apply_field` itself.
 * RBF (:func:`rbf_attention`, defined in :mod:`ssog_core.ops.rbf`): ``triton`` — the fused flash-style kernels
   of :mod:`ssog_core.ops.rbf_triton`; ``torch`` — SDPA on augmented vectors
@@ -11,8 +12,8 @@ Backends (each computes its operator exactly, up to rounding):
 
 Both operators choose the same way, per call: the ``backend=`` argument, else the environment variable
 (``SSOG_BACKEND`` / ``RBF_BACKEND``), else ``triton`` where :func:`can_run_triton_ssog` /
-:func:`can_run_triton_rbf` say it can run and ``torch`` otherwise (the choice and the reason are logged at debug
-level, logger ``ssog_core.ops``). The Triton kernels run on CUDA tensors, or on CPU tensors under
+:func:`can_run_triton_rbf` say it can run, for SSOG then ``cpu`` where :func:`can_run_cpu_ssog` says it can, and
+``torch`` otherwise (the choice and the reason are logged at debug level, logger ``ssog_core.ops``). The Triton kernels run on CUDA tensors, or on CPU tensors under
 ``TRITON_INTERPRET=1`` (how the tests run them without a GPU). A backend that was asked for but cannot run this
 input raises :class:`BackendUnavailable` with the reason. Every environment check lives in this module, and
 importing it never imports Triton.
@@ -28,12 +29,13 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ssog_core.field import MAX_ATOMS, Field, FieldMode, apply_field
+from ssog_core.field import MAX_ATOMS, Field, FieldMode, apply_field, check_grid
+from ssog_core.ops import cpu_ssog
 from ssog_core.ops.rbf import check_rbf_inputs, rbf_attention_torch
 from ssog_core.ops.torch_ssog import apply_torch
 from ssog_core.ops.triton_tiles import shared_memory_estimate
 
-SSOG_BACKENDS = ("triton", "torch", "reference")
+SSOG_BACKENDS = ("triton", "cpu", "torch", "reference")
 RBF_BACKENDS = ("triton", "torch")
 SSOG_ENV_VAR, RBF_ENV_VAR = "SSOG_BACKEND", "RBF_BACKEND"
 MAX_HEAD_DIM = 128  # both kernels keep a (rows, head_dim) fp32 accumulator on chip
@@ -84,28 +86,29 @@ def _triton_common_problem(t: Tensor, head_dim: int, grid_axes: dict[str, int]) 
     return None
 
 
-def _verdict(op: str, problem: str | None, raise_error: bool) -> bool:
+def _verdict(op: str, problem: str | None, raise_error: bool, backend: str = "triton") -> bool:
     """``can_run_*``'s answer: True, or False with the reason logged (or raised when asked)."""
     if problem is None:
         return True
     if raise_error:
-        raise BackendUnavailable(f"the {op} triton backend cannot run this input: {problem}")
+        raise BackendUnavailable(f"the {op} {backend} backend cannot run this input: {problem}")
     if not torch.compiler.is_compiling():  # logging is not traceable: torch.compile(fullgraph=True) must work
-        logger.debug("%s triton backend skipped: %s", op, problem)
+        logger.debug("%s %s backend skipped: %s", op, backend, problem)
     return False
 
 
-def _choose(op: str, backend: str | None, env_var: str, choices: tuple[str, ...], can_run: Callable) -> str:
-    """The backend asked for (argument, else environment; checked), else ``triton`` where it can run, else ``torch``."""
+def _choose(op: str, backend: str | None, env_var: str, choices: tuple[str, ...], checks: dict[str, Callable]) -> str:
+    """The backend asked for (argument, else environment; checked), else the first of ``checks`` (backend → its
+    ``can_run(raise_error)``) that can run, else ``torch``."""
     requested = (backend or os.environ.get(env_var, "")).strip().lower()
     if requested:
         if requested not in choices:
             source = "backend" if backend else env_var
             raise BackendUnavailable(f"{source}={requested!r} is not one of {', '.join(choices)}")
-        if requested == "triton":
-            can_run(raise_error=True)
+        if requested in checks:
+            checks[requested](raise_error=True)
         return requested
-    return "triton" if can_run(raise_error=False) else "torch"
+    return next((name for name, can_run in checks.items() if can_run(raise_error=False)), "torch")
 
 
 # ------------------------------------------------------------------------------------------------------ SSOG
@@ -146,15 +149,45 @@ def can_run_triton_ssog(
     return _verdict("SSOG", ssog_triton_problem(v, field, grid, mode), raise_error)
 
 
+CPU_DTYPES = (torch.float32, torch.float64)
+
+
+def ssog_cpu_problem(v: Tensor, field: Field, mode: FieldMode) -> str | None:
+    """Why the fused C kernels cannot run this input, or ``None`` if they can. They cover what the PyTorch path
+    is slowest at: steered factorized fields (a fixed field is two plain GEMMs there)."""
+    if v.device.type != "cpu":
+        return f"the values are on {v.device}; the C kernels run on CPU tensors"
+    if mode != "factorized":
+        return f"the C kernels compute factorized fields, not {mode!r}"
+    if not field.per_token:
+        return "the field is fixed (not steered by content): the PyTorch path's GEMMs are faster"
+    if v.dtype not in CPU_DTYPES:
+        return f"dtype {v.dtype} is not supported (float32, float64)"
+    devices = {t.device.type for t in (field.mu, field.sigma, field.log_lam, field.tau)}
+    if devices != {"cpu"}:
+        return f"the field lives on {sorted(devices)}"
+    if torch.compiler.is_compiling():
+        return "inside torch.compile the PyTorch path is traced instead"
+    return cpu_ssog.unavailable_reason()
+
+
+def can_run_cpu_ssog(v: Tensor, field: Field, mode: FieldMode = "factorized", raise_error: bool = False) -> bool:
+    """Whether the fused C kernels can run this input (the reason logged, or raised if ``raise_error``)."""
+    return _verdict("SSOG", ssog_cpu_problem(v, field, mode), raise_error, "cpu")
+
+
 def choose_ssog_backend(
     v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode = "factorized", backend: str | None = None
 ) -> str:
     """The backend :func:`ssog_apply` will use for this input (module docstring: how it is chosen)."""
 
-    def can_run(raise_error: bool) -> bool:
+    def triton_ok(raise_error: bool) -> bool:
         return can_run_triton_ssog(v, field, grid, mode, raise_error)
 
-    chosen = _choose("SSOG", backend, SSOG_ENV_VAR, SSOG_BACKENDS, can_run)
+    def cpu_ok(raise_error: bool) -> bool:
+        return can_run_cpu_ssog(v, field, mode, raise_error)
+
+    chosen = _choose("SSOG", backend, SSOG_ENV_VAR, SSOG_BACKENDS, {"triton": triton_ok, "cpu": cpu_ok})
     if not torch.compiler.is_compiling() and logger.isEnabledFor(logging.DEBUG):
         kind = "steered" if field.per_token else "fixed"
         shape = tuple(v.shape)
@@ -171,6 +204,9 @@ def ssog_apply(
         from ssog_core.ops.triton_ssog import apply_triton
 
         return apply_triton(v, field, grid, mode)
+    if chosen == "cpu":
+        check_grid(v.shape[1], grid)
+        return cpu_ssog.apply_cpu(v, field, grid)
     if chosen == "torch":
         return apply_torch(v, field, grid, mode)
     return apply_field(v, field, grid, mode)
@@ -194,10 +230,10 @@ def can_run_triton_rbf(q: Tensor, k: Tensor, v: Tensor, raise_error: bool = Fals
 def choose_rbf_backend(q: Tensor, k: Tensor, v: Tensor, backend: str | None = None) -> str:
     """The backend :func:`rbf_attention` will use for these inputs (module docstring: how it is chosen)."""
 
-    def can_run(raise_error: bool) -> bool:
+    def triton_ok(raise_error: bool) -> bool:
         return can_run_triton_rbf(q, k, v, raise_error)
 
-    return _choose("RBF", backend, RBF_ENV_VAR, RBF_BACKENDS, can_run)
+    return _choose("RBF", backend, RBF_ENV_VAR, RBF_BACKENDS, {"triton": triton_ok})
 
 
 def rbf_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, backend: str | None = None) -> Tensor:

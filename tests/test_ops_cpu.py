@@ -1,0 +1,216 @@
+"""The fused C kernels for steered factorized fields against the float64 definition: forward and every gradient,
+on odd grids and head widths, plus the build, its fallback and the dispatcher's choice."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from ssog_core.field import Field
+from ssog_core.ops import cpu_ssog, dispatch
+from ssog_core.ops.cpu_ssog import apply_cpu
+from ssog_core.ops.dispatch import BackendUnavailable, choose_ssog_backend, ssog_apply
+from ssog_core.ops.reference import TAP_SUBSETS, TAPS, FieldLeaves, grads, reference_apply
+from ssog_core.ops.torch_ssog import apply_torch
+from ssog_core.vit import ViT
+from tests.ops_reference import assert_close, check_against_definition, far_narrow_field
+
+STEERING = [taps for taps in TAP_SUBSETS if taps]  # the C kernels take steered fields only
+
+pytestmark = pytest.mark.skipif(cpu_ssog.unavailable_reason() is not None, reason="no C compiler here")
+
+
+def _cpu(v: torch.Tensor, field: Field, grid: tuple[int, int], mode: str) -> torch.Tensor:
+    assert mode == "factorized"
+    return apply_cpu(v, field, grid)
+
+
+@pytest.mark.parametrize("taps", STEERING, ids=lambda t: "+".join(t))
+def test_every_steering_tap_subset_matches_definition(taps: tuple[str, ...]) -> None:
+    check_against_definition(
+        _cpu, FieldLeaves(2, (7, 5), 3, 4, taps), "factorized", batch=2, head_dim=5, dtype=torch.float64, rtol=1e-10
+    )
+
+
+@pytest.mark.parametrize(
+    ("grid", "heads", "atoms", "head_dim"),
+    [((1, 9), 1, 1, 3), ((9, 1), 3, 4, 4), ((5, 7), 1, 4, 8), ((4, 3), 3, 1, 9), ((6, 6), 2, 8, 16), ((3, 11), 2, 3, 33)],
+)
+def test_shapes_and_head_widths_match_definition(
+    grid: tuple[int, int], heads: int, atoms: int, head_dim: int
+) -> None:
+    """Head widths below, at and between the vector widths (4 doubles, 8 floats), including ones that are padded."""
+    leaves = FieldLeaves(2, grid, heads, atoms, TAPS)
+    check_against_definition(_cpu, leaves, "factorized", batch=2, head_dim=head_dim, dtype=torch.float64, rtol=1e-10)
+
+
+@pytest.mark.parametrize("head_dim", [5, 16, 24, 64, 80, 136])
+def test_float32_matches_definition(head_dim: int) -> None:
+    """fp32 with the polynomial exp2: every common width (8, 16, 32, 64 channels are unrolled), several channel
+    blocks (136 = 64 + 64 + 8) and a padded one."""
+    leaves = FieldLeaves(2, (7, 5), 2, 4, TAPS)
+    check_against_definition(
+        _cpu, leaves, "factorized", batch=2, head_dim=head_dim, dtype=torch.float32, rtol=2e-6, scalar_grad_rtol=1e-4
+    )
+
+
+def test_gradcheck_in_float64() -> None:
+    """Finite differences of every per-token field tensor and τ (the double build)."""
+    b, grid, h, r = 2, (4, 3), 2, 2
+    shape = (b, *grid, h, r)
+    inputs = (
+        torch.randn(b, 12, h, 3, dtype=torch.float64),
+        torch.randn(*shape, 2, dtype=torch.float64) * 1.5,
+        torch.rand(*shape, 2, dtype=torch.float64) + 0.4,
+        torch.randn(*shape, dtype=torch.float64),
+        torch.tensor(0.8, dtype=torch.float64),
+    )
+    inputs = tuple(t.requires_grad_() for t in inputs)
+    assert torch.autograd.gradcheck(lambda v, *f: apply_cpu(v, Field(*f), grid), inputs)
+
+
+def test_far_and_narrow_atoms_stay_finite() -> None:
+    """Every weight but the peak underflows: the analytic peak keeps Z ≥ 1 and the gradients finite."""
+    grid = (5, 4)
+    field = far_narrow_field(2, grid, 2)
+    v = torch.randn(2, 20, 2, 8, dtype=torch.float64, requires_grad=True)
+    expected = reference_apply(v, field, grid, "factorized")
+    for dtype in (torch.float64, torch.float32):
+        out = apply_cpu(v.to(dtype), field.to(dtype), grid)
+        assert_close(out, expected, 1e-10 if dtype == torch.float64 else 2e-6, f"output {dtype}")
+        got = torch.autograd.grad(out.sum(), [v, field.mu, field.sigma, field.log_lam])
+        assert all(torch.isfinite(g).all() for g in got)
+
+
+def test_inference_path_equals_autograd_path_and_threads_do_not_matter() -> None:
+    """Without autograd nothing is saved; the arithmetic is the same, bit for bit, on one thread or two."""
+    leaves = FieldLeaves(3, (6, 5), 3, 4, TAPS, dtype=torch.float32)
+    v = torch.randn(3, 30, 3, 16, requires_grad=True)
+    with_grad = apply_cpu(v, leaves.field(), (6, 5))
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            with torch.inference_mode():
+                outs.append(apply_cpu(v.detach(), leaves.field(), (6, 5)))
+    finally:
+        torch.set_num_threads(before)
+    for out in outs:
+        torch.testing.assert_close(out, with_grad.detach(), rtol=0, atol=0)
+
+
+def test_backward_runs_twice_and_accepts_strided_inputs() -> None:
+    leaves = FieldLeaves(2, (7, 5), 3, 4, TAPS, dtype=torch.float32)
+    base = torch.randn(2, 35, 16, 3, requires_grad=True)
+    v = base.transpose(2, 3)  # (B, N, H, D) with strides that are not contiguous
+    out = apply_cpu(v, leaves.field(), (7, 5))
+    dy = torch.randn_like(out)
+    inputs = [base, *leaves.tensors()]
+    first = torch.autograd.grad(out, inputs, dy, retain_graph=True)
+    second = torch.autograd.grad(out, inputs, dy)
+    for a, b in zip(first, second, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    expected = reference_apply(v.detach().double(), leaves.field(torch.float64), (7, 5), "factorized")
+    assert_close(out, expected, 2e-6, "output")
+
+
+def test_vanishing_mixture_weights_stay_finite_in_fp32() -> None:
+    """An atom whose λ underflows in fp32 (log λ 120 below the others): no division by λ anywhere."""
+    leaves = FieldLeaves(2, (7, 5), 2, 3, TAPS)
+    with torch.no_grad():
+        leaves.leaves["log_lambda"][:, 0] -= 120.0
+    v = torch.randn(2, 35, 2, 8, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(2, 35, 2, 8, dtype=torch.float64)
+    inputs = [v, *leaves.tensors()]
+    expected = reference_apply(v.float().double(), leaves.field(), leaves.grid, "factorized")
+    out = apply_cpu(v.float(), leaves.field(torch.float32), leaves.grid)
+    assert_close(out, expected, 2e-6, "output")
+    for name, got, want in zip(["v", *leaves.names()], grads(out, inputs, dy), grads(expected, inputs, dy), strict=True):
+        assert torch.isfinite(got).all(), name
+
+
+def test_model_trains_the_same_on_the_c_kernels_and_the_torch_path() -> None:
+    """A whole ViT training step (loss and every parameter's gradient) through both CPU backends."""
+    results = []
+    for backend in ("cpu", "torch"):
+        torch.manual_seed(3)
+        model = ViT(img_size=14, patch_size=2, dim=32, depth=2, num_heads=2, num_classes=5, cold_init=False)
+        for block in model.blocks:
+            block.attn.backend = backend
+            for probe in (block.attn.mu_delta, block.attn.sigma_delta, block.attn.lambda_gate):
+                torch.nn.init.normal_(probe.weight, std=0.2)
+        x, labels = torch.randn(3, 3, 14, 14), torch.tensor([0, 3, 4])
+        loss = torch.nn.functional.cross_entropy(model(x), labels)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (loss_c, grads_c), (loss_t, grads_t) = results
+    torch.testing.assert_close(loss_c, loss_t, rtol=1e-5, atol=1e-6)
+    for name, grad in grads_c.items():
+        assert_close(grad, grads_t[name], 1e-4, name)
+
+
+# ------------------------------------------------------------------------------------ build and dispatch
+
+
+@pytest.fixture
+def fresh_build(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    """An empty kernel cache and no remembered build, restored afterwards."""
+    monkeypatch.setenv("SSOG_CACHE_DIR", str(tmp_path))
+    cpu_ssog._libraries.cache_clear()
+    yield tmp_path
+    cpu_ssog._libraries.cache_clear()
+
+
+def test_build_is_cached_and_written_whole(fresh_build) -> None:
+    assert cpu_ssog.unavailable_reason() is None
+    built = sorted(fresh_build.glob("*.so"))
+    assert [p.name.split("_")[2] for p in built] == ["double", "float"]  # nothing half-written is left
+    stamps = [p.stat().st_mtime_ns for p in built]
+    cpu_ssog._libraries.cache_clear()
+    assert cpu_ssog.unavailable_reason() is None
+    assert [p.stat().st_mtime_ns for p in sorted(fresh_build.glob("*.so"))] == stamps  # reused, not rebuilt
+    assert sorted(fresh_build.iterdir()) == built
+
+
+@pytest.mark.parametrize(
+    ("compiler", "reason"), [("no-such-cc", "no C compiler found"), ("false", "failed to compile cpu_kernels.c")]
+)
+def test_without_a_working_compiler_the_torch_path_runs(
+    monkeypatch: pytest.MonkeyPatch, fresh_build, caplog: pytest.LogCaptureFixture, compiler: str, reason: str
+) -> None:
+    monkeypatch.setenv("CC", compiler)
+    monkeypatch.delenv("SSOG_BACKEND", raising=False)
+    assert reason in cpu_ssog.unavailable_reason()
+    leaves = FieldLeaves(2, (4, 3), 2, 3, TAPS, dtype=torch.float32)
+    v = torch.randn(2, 12, 2, 8)
+    with caplog.at_level(logging.DEBUG, logger="ssog_core.ops"):
+        assert choose_ssog_backend(v, leaves.field(), (4, 3)) == "torch"
+    assert reason in caplog.text
+    torch.testing.assert_close(ssog_apply(v, leaves.field(), (4, 3)), apply_torch(v, leaves.field(), (4, 3)))
+    with pytest.raises(BackendUnavailable, match=f"SSOG cpu backend cannot run this input: .*{reason}"):
+        ssog_apply(v, leaves.field(), (4, 3), backend="cpu")
+    assert not list(fresh_build.glob("*.so"))
+
+
+def test_dispatcher_picks_the_c_kernels_for_what_they_cover(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SSOG_BACKEND", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    steered = FieldLeaves(2, (4, 3), 2, 3, TAPS, dtype=torch.float32).field()
+    fixed = FieldLeaves(2, (4, 3), 2, 3, (), dtype=torch.float32).field()
+    v = torch.randn(2, 12, 2, 8)
+    assert choose_ssog_backend(v, steered, (4, 3)) == "cpu"
+    assert choose_ssog_backend(v.double(), steered, (4, 3)) == "cpu"
+    assert choose_ssog_backend(v, fixed, (4, 3)) == "torch"
+    assert choose_ssog_backend(v, steered, (4, 3), "axial") == "torch"
+    assert choose_ssog_backend(v.bfloat16(), steered, (4, 3)) == "torch"
+    assert dispatch.ssog_cpu_problem(v.bfloat16(), steered, "factorized").startswith("dtype torch.bfloat16")
+    torch.testing.assert_close(
+        ssog_apply(v, steered, (4, 3)), reference_apply(v.double(), steered, (4, 3), "factorized").float()
+    )
+    with pytest.raises(BackendUnavailable, match="the field is fixed"):
+        ssog_apply(v, fixed, (4, 3), backend="cpu")
+    with pytest.raises(ValueError, match="tile the grid"):
+        ssog_apply(v[:, :11], steered, (4, 3), backend="cpu")
