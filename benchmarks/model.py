@@ -8,8 +8,9 @@
 ``--model``: ``d384`` (the SSOG post's 12-layer ImageNet model, patch 16, sizes from ``--img``) or one of the small
 models people train on a CPU (:data:`SMALL`: d64 / 4 layers / 64 tokens, d128 / 6 layers / 196 tokens, d64 /
 6 layers / 196 tokens), each at its own image size. ``--mode forward``: both models in eval mode under
-``torch.inference_mode``. ``--mode train``: train mode, forward + loss + backward + ``AdamW.step`` (gradients
-freed between steps). ``--compile`` wraps both models in ``torch.compile`` (warm-up then includes compilation).
+``torch.inference_mode``. ``--mode train``: train mode, forward + loss + backward + ``AdamW.step`` (the fused
+optimizer ``train`` builds; gradients freed between steps). ``--compile`` wraps both models in ``torch.compile``
+(warm-up then includes compilation).
 The two are measured interleaved (SSOG, dot, SSOG, dot, ..., the order flipping every round) so that
 load from other processes hits both alike; the table reports the median of each and the median of the
 per-round ratios. On CUDA every run is timed with CUDA events after a synchronise, and the growth of the
@@ -31,10 +32,12 @@ import torch
 from ssog_core.config import SEED_CONFIGS, ViTConfig
 from ssog_core.files import atomic_write
 from ssog_core.ops.dispatch import choose_ssog_backend
+from ssog_core.train import make_optimizer
 from ssog_core.vit import ViT
 
 from common import add_run_flags, apply_run_flags, provenance, write_csv
 
+OPTIMIZER = argparse.Namespace(lr=1e-4, weight_decay=0.05, gate_lr_mult=1.0)  # train's AdamW (fused), no multipliers
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # small models people train on a CPU: (SSOG config with all taps, gates open; image side). The dot twin is the
 # same config with attn="dot".
@@ -102,7 +105,7 @@ def measure(
     for name, cfg in configs(model, img).items():
         models[name] = ViT(cfg).to(device=device).train(mode == "train")
         steps[name] = torch.compile(models[name]) if compile_models else models[name]
-        optims[name] = torch.optim.AdamW(models[name].parameters(), lr=1e-4) if mode == "train" else None
+        optims[name] = make_optimizer(models[name], OPTIMIZER) if mode == "train" else None
     x = torch.rand(batch, 3, img, img, device=device)
     labels = torch.randint(0, cfg.num_classes, (batch,), device=device)
     half = dtype != torch.float32

@@ -36,11 +36,16 @@ def test_every_steering_tap_subset_matches_definition(taps: tuple[str, ...]) -> 
 
 @pytest.mark.parametrize(
     ("grid", "heads", "atoms", "head_dim"),
-    [((1, 9), 1, 1, 3), ((9, 1), 3, 4, 4), ((5, 7), 1, 4, 8), ((4, 3), 3, 1, 9), ((6, 6), 2, 8, 16), ((3, 11), 2, 3, 33)],
+    [
+        ((1, 9), 1, 1, 3),
+        ((9, 1), 3, 4, 4),
+        ((5, 7), 1, 4, 8),
+        ((4, 3), 3, 1, 9),
+        ((6, 6), 2, 8, 16),
+        ((3, 11), 2, 3, 33),
+    ],  # fmt: skip
 )
-def test_shapes_and_head_widths_match_definition(
-    grid: tuple[int, int], heads: int, atoms: int, head_dim: int
-) -> None:
+def test_shapes_and_head_widths_match_definition(grid: tuple[int, int], heads: int, atoms: int, head_dim: int) -> None:
     """Head widths below, at and between the vector widths (4 doubles, 8 floats), including ones that are padded."""
     leaves = FieldLeaves(2, grid, heads, atoms, TAPS)
     check_against_definition(_cpu, leaves, "factorized", batch=2, head_dim=head_dim, dtype=torch.float64, rtol=1e-10)
@@ -128,8 +133,9 @@ def test_vanishing_mixture_weights_stay_finite_in_fp32() -> None:
     expected = reference_apply(v.float().double(), leaves.field(), leaves.grid, "factorized")
     out = apply_cpu(v.float(), leaves.field(torch.float32), leaves.grid)
     assert_close(out, expected, 2e-6, "output")
-    for name, got, want in zip(["v", *leaves.names()], grads(out, inputs, dy), grads(expected, inputs, dy), strict=True):
-        assert torch.isfinite(got).all(), name
+    want = grads(expected, inputs, dy)
+    for name, got, w in zip(["v", *leaves.names()], grads(out, inputs, dy), want, strict=True):
+        assert_close(got, w, 1e-4, f"d/d{name}")
 
 
 def test_model_trains_the_same_on_the_c_kernels_and_the_torch_path() -> None:

@@ -167,6 +167,17 @@ static int scratch_alloc(Scratch *sc, idx N, idx R, idx D, idx n_max) {
 #define VW ((idx)(32 / sizeof(real)))
 #define BLOCK 8
 typedef real vec __attribute__((vector_size(32), aligned(sizeof(real))));
+#if defined(REAL_IS_DOUBLE)
+typedef int64_t lane;
+#else
+typedef int32_t lane;
+#endif
+typedef lane lanes __attribute__((vector_size(32))); /* a shuffle's lane indices, one per element */
+#if defined(__clang__)
+#define SHUFFLE(v, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
+#else
+#define SHUFFLE(v, ...) __builtin_shuffle(v, (lanes){__VA_ARGS__})
+#endif
 #define INLINE static inline __attribute__((always_inline))
 #define DISPATCH_WIDTH(body, ...)                                                                                   \
     switch (D) {                                                                                                   \
@@ -186,13 +197,19 @@ INLINE void store(real *dst, const vec *acc, idx nv) {
     for (idx u = 0; u < nv; u++) *(vec *)(dst + u * VW) = acc[u];
 }
 
-/* Σ g·src over nv vectors, g held in registers */
+/* Σ g·src over nv vectors, g held in registers; the lanes are summed by halving (log2 VW shuffles), not one by one */
 INLINE real dotv(const vec *g, const real *src, idx nv) {
     vec s = {0};
     for (idx u = 0; u < nv; u++) s += g[u] * *(const vec *)(src + u * VW);
-    real total = 0;
-    for (idx l = 0; l < VW; l++) total += s[l];
-    return total;
+#if defined(REAL_IS_DOUBLE)
+    s += SHUFFLE(s, 2, 3, 0, 1);
+    s += SHUFFLE(s, 1, 0, 3, 2);
+#else
+    s += SHUFFLE(s, 4, 5, 6, 7, 0, 1, 2, 3);
+    s += SHUFFLE(s, 2, 3, 0, 1, 6, 7, 4, 5);
+    s += SHUFFLE(s, 1, 0, 3, 2, 5, 4, 7, 6);
+#endif
+    return s[0];
 }
 
 /* One (image, head) pair's forward pass; mid (N, R, D) receives the column pass's output. */

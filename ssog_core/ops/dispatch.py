@@ -13,10 +13,10 @@ Backends (each computes its operator exactly, up to rounding):
 Both operators choose the same way, per call: the ``backend=`` argument, else the environment variable
 (``SSOG_BACKEND`` / ``RBF_BACKEND``), else ``triton`` where :func:`can_run_triton_ssog` /
 :func:`can_run_triton_rbf` say it can run, for SSOG then ``cpu`` where :func:`can_run_cpu_ssog` says it can, and
-``torch`` otherwise (the choice and the reason are logged at debug level, logger ``ssog_core.ops``). The Triton kernels run on CUDA tensors, or on CPU tensors under
-``TRITON_INTERPRET=1`` (how the tests run them without a GPU). A backend that was asked for but cannot run this
-input raises :class:`BackendUnavailable` with the reason. Every environment check lives in this module, and
-importing it never imports Triton.
+``torch`` otherwise (the choice and the reason are logged at debug level, logger ``ssog_core.ops``). The Triton
+kernels run on CUDA tensors, or on CPU tensors under ``TRITON_INTERPRET=1`` (how the tests run them without a
+GPU). A backend that was asked for but cannot run this input raises :class:`BackendUnavailable` with the reason.
+Every environment check lives in this module, and importing it never imports Triton.
 """
 
 from __future__ import annotations
