@@ -105,7 +105,7 @@ class SSOGAttention(nn.Module):
         h, r = self.num_heads, self.num_atoms
         layers = [getattr(self, _TAP_PARAMS[tap][0]) for tap in self.taps]
         # one GEMM and one bound for all taps (weights concatenated at run time; the stored layout stays one Linear
-        # per tap): tanh over the whole contiguous output costs half as much as over each tap's strided view
+        # per tap): the bound over the whole contiguous output costs half as much as over each tap's strided view
         bounded = bound(F.linear(x, torch.cat([m.weight for m in layers]), torch.cat([m.bias for m in layers])))
         probes = {}
         for tap, part in zip(self.taps, bounded.split([m.out_features for m in layers], dim=-1), strict=True):

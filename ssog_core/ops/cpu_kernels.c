@@ -148,13 +148,38 @@ typedef struct {
     real *xs, *cs, *ls, *gx, *gc, *work; /* N·R each (work: 2·N·R) */
     real *K, *A, *S;                     /* n_max·N·R each */
     real *mid;                           /* N·R·D */
-    void *block;
 } Scratch;
+
+/* Each thread keeps its scratch block between calls (OpenMP's threads persist), so that a block above malloc's
+ * mmap threshold is not mapped, faulted in and unmapped on every layer; blocks over KEEP_BYTES are not kept. */
+#define KEEP_BYTES ((size_t)64 << 20)
+static _Thread_local void *kept;
+static _Thread_local size_t kept_bytes;
+
+static void *scratch_block(size_t bytes) {
+    if (bytes <= kept_bytes) return kept;
+    free(kept);
+    kept = malloc(bytes);
+    kept_bytes = kept ? bytes : 0;
+    return kept;
+}
+
+static void scratch_release(size_t bytes) {
+    if (bytes > KEEP_BYTES) {
+        free(kept);
+        kept = NULL;
+        kept_bytes = 0;
+    }
+}
+
+static size_t scratch_bytes(idx N, idx R, idx D, idx n_max) {
+    return sizeof(real) * (size_t)(N * R * (7 + 3 * n_max + D));
+}
 
 static int scratch_alloc(Scratch *sc, idx N, idx R, idx D, idx n_max) {
     const idx NR = N * R;
-    real *m = sc->block = malloc(sizeof(real) * (7 * NR + 3 * n_max * NR + NR * D));
-    if (!m) return 1; /* free(NULL) is harmless */
+    real *m = scratch_block(scratch_bytes(N, R, D, n_max));
+    if (!m) return 1;
     sc->xs = m, sc->cs = m + NR, sc->ls = m + 2 * NR, sc->gx = m + 3 * NR, sc->gc = m + 4 * NR, sc->work = m + 5 * NR;
     sc->K = m + 7 * NR, sc->A = sc->K + n_max * NR, sc->S = sc->A + n_max * NR, sc->mid = sc->S + n_max * NR;
     return 0;
@@ -268,7 +293,7 @@ int ssog_forward(const real *v, const real *x, const real *c, const real *log_la
             real *mid = y1 ? y1 + task * N * R * D : sc.mid;
             DISPATCH_WIDTH(forward_pair, v, x, c, log_lam, y, mid, &sc, task / H, task % H, gh, gw, H, R)
         }
-        free(sc.block);
+        scratch_release(scratch_bytes(N, R, D, gh > gw ? gh : gw));
     }
     return failed;
 }
@@ -354,7 +379,7 @@ int ssog_backward(const real *v, const real *x, const real *c, const real *log_l
             DISPATCH_WIDTH(backward_pair, v, x, c, log_lam, y1 + task * N * R * D, dy, dv, dx, dc, dlog, &sc,
                            task / H, task % H, gh, gw, H, R)
         }
-        free(sc.block);
+        scratch_release(scratch_bytes(N, R, D, gh > gw ? gh : gw));
     }
     return failed;
 }
