@@ -66,6 +66,16 @@ def openmp_runtime() -> Path | None:
     return next(iter(sorted((Path(torch.__file__).parent / "lib").glob("libgomp*.so*"))), None)
 
 
+def _cpu_identity() -> str:
+    """What ``-march=native`` compiled for: the CPU's feature flags (Linux), else its name. A home directory shared
+    by machines with different CPUs then keeps one build per CPU instead of loading one that may not run."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next((line for line in info if line.startswith(("flags", "Features"))), platform.processor())
+    except OSError:
+        return platform.processor()
+
+
 def _build(cc: str, real: str) -> Path:
     """Compile the kernels for ``real`` (``float``/``double``) unless a build with this source, compiler and
     flags is cached; the library is written under a temporary name and renamed, so concurrent builds are safe.
@@ -74,7 +84,7 @@ def _build(cc: str, real: str) -> Path:
     runtime = openmp_runtime()
     openmp = ["-fopenmp", *([str(runtime)] if runtime else [])]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
-    key = "\n".join([SOURCE.read_text(), cc, version, platform.machine(), *FLAGS, *defines, *openmp])
+    key = "\n".join([SOURCE.read_text(), cc, version, platform.machine(), _cpu_identity(), *FLAGS, *defines, *openmp])
     target = cache_dir() / f"ssog_cpu_{real}_{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
     if target.exists():
         return target
