@@ -106,7 +106,8 @@ class SSOGAttention(nn.Module):
         layers = [getattr(self, _TAP_PARAMS[tap][0]) for tap in self.taps]
         # one GEMM and one bound for all taps (weights concatenated at run time; the stored layout stays one Linear
         # per tap): the bound over the whole contiguous output costs half as much as over each tap's strided view
-        bounded = bound(F.linear(x, torch.cat([m.weight for m in layers]), torch.cat([m.bias for m in layers])))
+        raw = F.linear(x, torch.cat([m.weight for m in layers]), torch.cat([m.bias for m in layers]))
+        bounded = bound(raw, out=None if torch.is_grad_enabled() else raw)  # in place when nothing records it
         probes = {}
         for tap, part in zip(self.taps, bounded.split([m.out_features for m in layers], dim=-1), strict=True):
             probes[tap] = part.view((b, gh, gw, h, r, 2) if _TAP_PARAMS[tap][2] == 2 else (b, gh, gw, h, r))

@@ -94,16 +94,19 @@ def base_field(mu: Tensor, raw_sigma: Tensor, log_lambda: Tensor, raw_temperatur
     return Field(mu, positive(raw_sigma, sigma_floor), log_lambda, temperature(raw_temperature))
 
 
-def bound(probe: Tensor) -> Tensor:
+def bound(probe: Tensor, out: Tensor | None = None) -> Tensor:
     """The steering bound ``tanh``: raw probe outputs → (−1, 1), elementwise, what :func:`steer` takes.
 
     Computed as ``2·sigmoid(2p) − 1`` (the same function): PyTorch's CPU ``tanh`` costs ~2 ns per element, its
     ``sigmoid`` a quarter of that, and the whole form half the time of ``tanh`` (absolute error ≤ 2e-7 in fp32,
-    below the rounding of the μ, σ and log λ it is added to). Separate from :func:`steer` so that a caller
+    below the rounding of the μ, σ and log λ it is added to). ``out`` (e.g. ``probe`` itself, when no gradient is
+    needed) receives the result without a fresh buffer per step. Separate from :func:`steer` so that a caller
     holding every tap's probe outputs in one tensor bounds them in one pass (twice as fast as each tap's strided
     view).
     """
-    return torch.sigmoid(probe * 2) * 2 - 1
+    if out is None:
+        return torch.sigmoid(probe * 2) * 2 - 1
+    return torch.mul(probe, 2, out=out).sigmoid_().mul_(2).sub_(1)
 
 
 def steer(field: Field, probes: dict[str, Tensor], scales: dict[str, Tensor], max_offset: float) -> Field:
@@ -117,18 +120,20 @@ def steer(field: Field, probes: dict[str, Tensor], scales: dict[str, Tensor], ma
         scales: the positive gate scale ``s`` of each enabled tap.
         max_offset: bound ``M`` on how far content may move an atom, in grid cells.
 
-    ``μ(t) = μ + s_μ·M·tanh(p_μ)``, ``σ(t) = σ·exp(s_σ·tanh(p_σ))``, ``log λ(t) = log λ + s_λ·tanh(p_λ)``.
+    ``μ(t) = μ + s_μ·M·tanh(p_μ)``, ``σ(t) = σ·exp(s_σ·tanh(p_σ))``, ``log λ(t) = log λ + s_λ·tanh(p_λ)``; each
+    one fused multiply-add per token (``σ(t)`` as ``exp(log σ + s_σ·b)``), which allocates one per-token tensor
+    per tap instead of two or three (0.6 ms of a d64 layer's 3 ms, one thread).
     """
     if not probes:
         raise ValueError("steer() needs at least one probe; a field without taps is the fixed field")
     lead = next(iter(probes.values())).shape[:3]
     mu, sigma, log_lam = field.mu, field.sigma, field.log_lam
     if "mu" in probes:
-        mu = mu + scales["mu"] * max_offset * probes["mu"]
+        mu = torch.addcmul(mu, probes["mu"], scales["mu"] * max_offset)
     if "sigma" in probes:
-        sigma = sigma * torch.exp(scales["sigma"] * probes["sigma"])
+        sigma = torch.addcmul(sigma.log(), probes["sigma"], scales["sigma"]).exp()
     if "lambda" in probes:
-        log_lam = log_lam + scales["lambda"] * probes["lambda"]
+        log_lam = torch.addcmul(log_lam, probes["lambda"], scales["lambda"])
     h, r = field.num_heads, field.num_atoms
     return Field(
         mu.expand(*lead, h, r, 2),

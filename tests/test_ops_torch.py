@@ -38,9 +38,11 @@ def test_shapes_match_definition(grid: tuple[int, int], heads: int, atoms: int, 
 @pytest.mark.parametrize("taps", [(), ("mu", "sigma", "lambda")], ids=["fixed", "steered"])
 @pytest.mark.parametrize(("dtype", "rtol"), [(torch.float32, 2e-6), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"])
 def test_low_precision_inputs(taps: tuple[str, ...], mode: str, dtype: torch.dtype, rtol: float) -> None:
+    """τ's gradient sums signed fp32 contributions of every token: 2e-5 relative either way, seed to seed."""
     check_against_definition(
-        apply_torch, FieldLeaves(2, (7, 5), 3, 4, taps), mode, batch=2, head_dim=16, dtype=dtype, rtol=rtol
-    )
+        apply_torch, FieldLeaves(2, (7, 5), 3, 4, taps), mode, batch=2, head_dim=16, dtype=dtype, rtol=rtol,
+        scalar_grad_rtol=1e-4,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -5,9 +5,10 @@
  *
  * Layouts (all contiguous; N = gh·gw tokens in raster order t = i·gw + k):
  *   v, y, dy, dv   (B, N, H, D)        values in, output, their gradients
- *   x, c, dx, dc   (B, N, H, R, 2)     per query and atom: x = query − μ and c = log2(e)/(2σ²τ) on the row axis y
- *                                      (index 0, the column pass over key rows j) and the column axis x (index 1,
- *                                      the row pass over key columns k), and their gradients
+ *   mu, c, dmu, dc (B, N, H, R, 2)     per query and atom: the steered centre μ and c = log2(e)/(2σ²τ) on the row
+ *                                      axis y (index 0, the column pass over key rows j) and the column axis x
+ *                                      (index 1, the row pass over key columns k), and their gradients; the kernels
+ *                                      use x = query − μ
  *   log_lam, dlog  (B, N, H, R)        unnormalised log atom weights (λ = softmax over the R atoms, as
  *                                      ssog_core.field.Field.lam) and their gradient
  *   y1             (B, H, N, R, D)     the column pass's output per token and atom (saved for the backward pass)
@@ -111,6 +112,16 @@ static void kernel_grads(idx m, idx n, const real *restrict x, const real *restr
 static void gather(const real *restrict src, idx H, idx N, idx R, idx width, idx axis, real *restrict dst) {
     for (idx t = 0; t < N; t++)
         for (idx r = 0; r < R; r++) dst[t * R + r] = src[(t * H * R + r) * width + axis];
+}
+
+/* x = query − μ of one pair on one axis, dense: xs[t·R + r] = (axis ? w : i) − μ[t, r, axis] for t = (i, w). */
+static void gather_offsets(const real *restrict mu, idx H, idx gh, idx gw, idx R, idx axis, real *restrict xs) {
+    for (idx i = 0; i < gh; i++)
+        for (idx w = 0; w < gw; w++) {
+            const idx t = i * gw + w;
+            const real query = (real)(axis ? w : i);
+            for (idx r = 0; r < R; r++) xs[t * R + r] = query - mu[(t * H * R + r) * 2 + axis];
+        }
 }
 
 static void scatter(const real *restrict src, idx H, idx N, idx R, idx width, idx axis, real *restrict dst) {
@@ -238,14 +249,14 @@ INLINE real dotv(const vec *g, const real *src, idx nv) {
 }
 
 /* One (image, head) pair's forward pass; mid (N, R, D) receives the column pass's output. */
-INLINE void forward_pair(const real *v, const real *x, const real *c, const real *log_lam, real *y, real *mid,
+INLINE void forward_pair(const real *v, const real *mu, const real *c, const real *log_lam, real *y, real *mid,
                          Scratch *sc, idx b, idx h, idx gh, idx gw, idx H, idx R, const idx D) {
     const idx N = gh * gw, NR = N * R, first = (b * N * H + h) * R; /* the pair's (t = 0, r = 0) term */
     const real *vb = v + (b * N * H + h) * D;                       /* token t's values: vb + t·H·D */
     real *yb = y + (b * N * H + h) * D;
     const real *K = sc->K;
     /* column pass: mid[t, r] = Σ_j a_r(t)[j] · v[(j, k)] for every token t = (i, k) */
-    gather(x + 2 * first, H, N, R, 2, 0, sc->xs);
+    gather_offsets(mu + 2 * first, H, gh, gw, R, 0, sc->xs);
     gather(c + 2 * first, H, N, R, 2, 0, sc->cs);
     kernels(NR, gh, sc->xs, sc->cs, NULL, sc->K, NULL, sc->work);
     for (idx d0 = 0; d0 < D; d0 += BLOCK * VW) {
@@ -260,7 +271,7 @@ INLINE void forward_pair(const real *v, const real *x, const real *c, const real
         }
     }
     /* row pass: y[t] = Σ_r λ_r(t) Σ_k u_r(t)[k] · mid[(i, k), r] for every query t = (i, w) */
-    gather(x + 2 * first, H, N, R, 2, 1, sc->xs);
+    gather_offsets(mu + 2 * first, H, gh, gw, R, 1, sc->xs);
     gather(c + 2 * first, H, N, R, 2, 1, sc->cs);
     gather_weights(log_lam + first, H, N, R, sc->ls);
     kernels(NR, gw, sc->xs, sc->cs, sc->ls, sc->K, NULL, sc->work);
@@ -279,7 +290,7 @@ INLINE void forward_pair(const real *v, const real *x, const real *c, const real
 /* Forward pass over all B·H (image, head) pairs, spread over `threads` OpenMP threads (the OpenMP runtime
  * PyTorch itself uses: its pool, no second set of spinning threads). y1 may be NULL (nothing saved). Returns 1 if
  * scratch memory could not be allocated. */
-int ssog_forward(const real *v, const real *x, const real *c, const real *log_lam, real *y, real *y1, idx B, idx gh,
+int ssog_forward(const real *v, const real *mu, const real *c, const real *log_lam, real *y, real *y1, idx B, idx gh,
                  idx gw, idx H, idx R, idx D, int threads) {
     const idx N = gh * gw;
     int failed = 0;
@@ -291,16 +302,16 @@ int ssog_forward(const real *v, const real *x, const real *c, const real *log_la
         for (idx task = 0; task < B * H; task++) {
             if (failed) continue;
             real *mid = y1 ? y1 + task * N * R * D : sc.mid;
-            DISPATCH_WIDTH(forward_pair, v, x, c, log_lam, y, mid, &sc, task / H, task % H, gh, gw, H, R)
+            DISPATCH_WIDTH(forward_pair, v, mu, c, log_lam, y, mid, &sc, task / H, task % H, gh, gw, H, R)
         }
         scratch_release(scratch_bytes(N, R, D, gh > gw ? gh : gw));
     }
     return failed;
 }
 
-/* One pair's backward pass: ∂L/∂v into its own head's rows of dv, and dx, dc, dlog of its queries. */
-INLINE void backward_pair(const real *v, const real *x, const real *c, const real *log_lam, const real *mid,
-                          const real *dy, real *dv, real *dx, real *dc, real *dlog, Scratch *sc, idx b, idx h, idx gh,
+/* One pair's backward pass: ∂L/∂v into its own head's rows of dv, and dmu, dc, dlog of its queries. */
+INLINE void backward_pair(const real *v, const real *mu, const real *c, const real *log_lam, const real *mid,
+                          const real *dy, real *dv, real *dmu, real *dc, real *dlog, Scratch *sc, idx b, idx h, idx gh,
                           idx gw, idx H, idx R, const idx D) {
     const idx N = gh * gw, NR = N * R, first = (b * N * H + h) * R;
     const real *vb = v + (b * N * H + h) * D, *dyb = dy + (b * N * H + h) * D;
@@ -308,7 +319,7 @@ INLINE void backward_pair(const real *v, const real *x, const real *c, const rea
     memset(dmid, 0, sizeof(real) * NR * D);
     for (idx t = 0; t < N; t++) memset(dvb + t * H * D, 0, sizeof(real) * D);
     /* row pass: ∂L/∂mid, ∂L/∂λ and the row kernels' gradients; S and gx accumulate over channel blocks */
-    gather(x + 2 * first, H, N, R, 2, 1, sc->xs);
+    gather_offsets(mu + 2 * first, H, gh, gw, R, 1, sc->xs);
     gather(c + 2 * first, H, N, R, 2, 1, sc->cs);
     gather_weights(log_lam + first, H, N, R, sc->ls);
     kernels(NR, gw, sc->xs, sc->cs, sc->ls, K, A, sc->work);
@@ -336,10 +347,11 @@ INLINE void backward_pair(const real *v, const real *x, const real *c, const rea
     weights_grad(sc->ls, N, R, sc->gx);
     scatter(sc->gx, H, N, R, 1, 0, dlog + first);
     kernel_grads(NR, gw, sc->xs, sc->cs, S, A, sc->gx, sc->gc, sc->work);
-    scatter(sc->gx, H, N, R, 2, 1, dx + 2 * first);
+    for (idx p = 0; p < NR; p++) sc->gx[p] = -sc->gx[p]; /* ∂L/∂μ = −∂L/∂x */
+    scatter(sc->gx, H, N, R, 2, 1, dmu + 2 * first);
     scatter(sc->gc, H, N, R, 2, 1, dc + 2 * first);
     /* column pass: ∂L/∂v and the column kernels' gradients (scale 1, so A = K) */
-    gather(x + 2 * first, H, N, R, 2, 0, sc->xs);
+    gather_offsets(mu + 2 * first, H, gh, gw, R, 0, sc->xs);
     gather(c + 2 * first, H, N, R, 2, 0, sc->cs);
     kernels(NR, gh, sc->xs, sc->cs, NULL, K, NULL, sc->work);
     memset(S, 0, sizeof(real) * gh * NR);
@@ -359,14 +371,15 @@ INLINE void backward_pair(const real *v, const real *x, const real *c, const rea
     }
     for (idx p = 0; p < gh * NR; p++) S[p] *= K[p];
     kernel_grads(NR, gh, sc->xs, sc->cs, S, K, sc->gx, sc->gc, sc->work);
-    scatter(sc->gx, H, N, R, 2, 0, dx + 2 * first);
+    for (idx p = 0; p < NR; p++) sc->gx[p] = -sc->gx[p];
+    scatter(sc->gx, H, N, R, 2, 0, dmu + 2 * first);
     scatter(sc->gc, H, N, R, 2, 0, dc + 2 * first);
 }
 
 /* Backward pass over all pairs (threads as in ssog_forward), from the saved y1. Writes dv (each pair its own head's
- * rows), and dx, dc, dlog for every query and atom. */
-int ssog_backward(const real *v, const real *x, const real *c, const real *log_lam, const real *y1, const real *dy,
-                  real *dv, real *dx, real *dc, real *dlog, idx B, idx gh, idx gw, idx H, idx R, idx D, int threads) {
+ * rows), and dmu, dc, dlog for every query and atom. */
+int ssog_backward(const real *v, const real *mu, const real *c, const real *log_lam, const real *y1, const real *dy,
+                  real *dv, real *dmu, real *dc, real *dlog, idx B, idx gh, idx gw, idx H, idx R, idx D, int threads) {
     const idx N = gh * gw;
     int failed = 0;
 #pragma omp parallel num_threads(threads) reduction(| : failed)
@@ -376,7 +389,7 @@ int ssog_backward(const real *v, const real *x, const real *c, const real *log_l
 #pragma omp for schedule(static)
         for (idx task = 0; task < B * H; task++) {
             if (failed) continue;
-            DISPATCH_WIDTH(backward_pair, v, x, c, log_lam, y1 + task * N * R * D, dy, dv, dx, dc, dlog, &sc,
+            DISPATCH_WIDTH(backward_pair, v, mu, c, log_lam, y1 + task * N * R * D, dy, dv, dmu, dc, dlog, &sc,
                            task / H, task % H, gh, gw, H, R)
         }
         scratch_release(scratch_bytes(N, R, D, gh > gw ? gh : gw));

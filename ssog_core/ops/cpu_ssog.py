@@ -5,9 +5,9 @@ that each stream a full-size intermediate through memory: per-query kernels, the
 its transpose. ``cpu_kernels.c`` does both filter passes for one (image, head) pair at a time instead, building
 each query's 1D kernels in a few cache lines and using them at once; only the column pass's output is kept
 (per pair, or for the whole batch when training needs it for the backward pass). The per-token kernel terms
-(``x = query − μ``, ``c``, ``λ``) are computed here from :mod:`ssog_core.field` with PyTorch ops, so autograd
-carries their gradients back to μ, σ, τ and log λ; the C code returns ``∂L/∂v``, ``∂L/∂x``, ``∂L/∂c`` and
-``∂L/∂λ``.
+(μ, ``c``, log λ) are taken from :mod:`ssog_core.field` with PyTorch ops, so autograd
+carries their gradients back through σ, τ and the steering; the C code returns ``∂L/∂v``, ``∂L/∂μ``, ``∂L/∂c`` and
+``∂L/∂log λ``.
 
 The C source is compiled on first use with the system C compiler (``$CC``, else ``cc``/``gcc``/``clang``),
 ``-O3 -march=native``, into ``$SSOG_CACHE_DIR`` (default ``~/.cache/ssog_lab``), once per source, flags and
@@ -140,64 +140,62 @@ def _run(fn, tensors: list[Tensor | None], sizes: tuple[int, ...]) -> None:
         raise MemoryError("the SSOG CPU kernels could not allocate their scratch memory")
 
 
-def _forward(v: Tensor, x: Tensor, c: Tensor, log_lam: Tensor, grid: tuple[int, int], save: bool):
+def _forward(v: Tensor, mu: Tensor, c: Tensor, log_lam: Tensor, grid: tuple[int, int], save: bool):
     b, n, h, d = v.shape
     r = log_lam.shape[-1]
     y = torch.empty_like(v)
     y1 = torch.empty(b, h, n, r, d, dtype=v.dtype) if save else None
-    _run(_libraries()[v.dtype].ssog_forward, [v, x, c, log_lam, y, y1], (b, *grid, h, r, d))
+    _run(_libraries()[v.dtype].ssog_forward, [v, mu, c, log_lam, y, y1], (b, *grid, h, r, d))
     return y, y1
 
 
 class _FusedSteered(torch.autograd.Function):
-    """``(v, x, c, λ)`` → ``y`` through the C kernels; the backward pass is the C kernels' too."""
+    """``(v, μ, c, log λ)`` → ``y`` through the C kernels; the backward pass is the C kernels' too."""
 
     @staticmethod
-    def forward(ctx, v: Tensor, x: Tensor, c: Tensor, log_lam: Tensor, grid: tuple[int, int]) -> Tensor:
-        y, y1 = _forward(v, x, c, log_lam, grid, save=True)
+    def forward(ctx, v: Tensor, mu: Tensor, c: Tensor, log_lam: Tensor, grid: tuple[int, int]) -> Tensor:
+        y, y1 = _forward(v, mu, c, log_lam, grid, save=True)
         ctx.grid = grid
-        ctx.save_for_backward(v, x, c, log_lam, y1)
+        ctx.save_for_backward(v, mu, c, log_lam, y1)
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, None]:
-        v, x, c, log_lam, y1 = ctx.saved_tensors
+        v, mu, c, log_lam, y1 = ctx.saved_tensors
         b, n, h, d = v.shape
         r = log_lam.shape[-1]
-        dv, dx, dc, dlog = torch.empty_like(v), torch.empty_like(x), torch.empty_like(c), torch.empty_like(log_lam)
-        tensors = [v, x, c, log_lam, y1, dy.to(v.dtype).contiguous(), dv, dx, dc, dlog]
+        dv, dmu, dc, dlog = torch.empty_like(v), torch.empty_like(mu), torch.empty_like(c), torch.empty_like(log_lam)
+        tensors = [v, mu, c, log_lam, y1, dy.to(v.dtype).contiguous(), dv, dmu, dc, dlog]
         _run(_libraries()[v.dtype].ssog_backward, tensors, (b, *ctx.grid, h, r, d))
-        return dv, dx, dc, dlog, None
+        return dv, dmu, dc, dlog, None
 
 
 def kernel_terms(field: Field, b: int, grid: tuple[int, int], dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
-    """The C kernels' per-token terms of a steered field, contiguous in ``dtype``: ``x = query − μ`` and
-    ``c = log2(e)/(2σ²τ)`` as ``(B, N, H, R, 2)``, and log λ as ``(B, N, H, R)`` (differentiable; the C code
-    normalises λ over the atoms, as :meth:`~ssog_core.field.Field.lam`, since PyTorch's CPU softmax over a last axis
-    of a few atoms costs more than the whole C forward pass)."""
+    """The C kernels' per-token terms of a steered field, contiguous in ``dtype`` (differentiable): μ and
+    ``c = log2(e)/(2σ²τ)`` as ``(B, N, H, R, 2)``, and log λ as ``(B, N, H, R)``. The C code forms ``x = query − μ``
+    itself and normalises λ over the atoms (as :meth:`~ssog_core.field.Field.lam`): on the CPU, PyTorch's
+    broadcast subtraction from the query grid and its softmax over a last axis of a few atoms each cost a
+    sizeable part of the whole C forward pass."""
     gh, gw = grid
     h, r = field.num_heads, field.num_atoms
-    rows = torch.arange(gh, dtype=field.mu.dtype)
-    cols = torch.arange(gw, dtype=field.mu.dtype)
-    pos = torch.stack(torch.meshgrid(rows, cols, indexing="ij"), dim=-1)[:, :, None, None]  # (Gh, Gw, 1, 1, 2)
-    shape = (b, gh * gw, h, r)
-    x = (pos - field.mu).to(dtype).expand(b, gh, gw, h, r, 2).reshape(*shape, 2)
-    c = exp2_rate(field.sigma, field.tau).to(dtype).expand(b, gh, gw, h, r, 2).reshape(*shape, 2)
-    log_lam = field.log_lam.to(dtype).expand(b, gh, gw, h, r).reshape(shape)
-    return x.contiguous(), c.contiguous(), log_lam.contiguous()
+
+    def per_token(t: Tensor, *axis: int) -> Tensor:  # (B, Gh, Gw, H, R[, 2]), maybe broadcast → (B, N, H, R[, 2])
+        return t.to(dtype).expand(b, gh, gw, h, r, *axis).reshape(b, gh * gw, h, r, *axis).contiguous()
+
+    return per_token(field.mu, 2), per_token(exp2_rate(field.sigma, field.tau), 2), per_token(field.log_lam)
 
 
 def apply_cpu(v: Tensor, field: Field, grid: tuple[int, int]) -> Tensor:
     """``apply_field`` semantics for a steered factorized field on CPU tensors: ``(B, N, H, D)`` → ``(B, N, H, D)``
     (float32 or float64; the dispatcher checks the input, :func:`unavailable_reason` the build)."""
     b, d = v.shape[0], v.shape[-1]
-    x, c, log_lam = kernel_terms(field, b, grid, v.dtype)
+    mu, c, log_lam = kernel_terms(field, b, grid, v.dtype)
     lanes = VECTOR_BYTES // v.element_size()
     pad = -d % lanes
     v = F.pad(v, (0, pad)) if pad else v.contiguous()
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (v, x, c, log_lam)):
-        y = _FusedSteered.apply(v, x, c, log_lam, grid)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (v, mu, c, log_lam)):
+        y = _FusedSteered.apply(v, mu, c, log_lam, grid)
     else:
-        y = _forward(v, x, c, log_lam, grid, save=False)[0]
+        y = _forward(v, mu, c, log_lam, grid, save=False)[0]
     return y[..., :d] if pad else y
