@@ -1,7 +1,8 @@
 /* Fused CPU kernels for a steered factorized SSOG field: both filter passes of docs/DESIGN.md §1 for one
- * (image, head) pair at a time, with every per-query kernel built in a few registers' worth of scratch and used
- * at once. ssog_core/ops/cpu_ssog.py compiles this file (once per machine, cached), calls it through ctypes and
- * spreads the (image, head) pairs over threads; it is built twice, with REAL = float and REAL = double.
+ * (image, head) pair at a time, the pair's per-query kernels built in per-thread scratch (keys outermost, so the
+ * loops vectorise) and used at once; docs/KERNELS.md §6. ssog_core/ops/cpu_ssog.py compiles this file (once per
+ * machine, cached) and calls it through ctypes; the pairs are spread over OpenMP threads. It is built twice, with
+ * REAL = float and REAL = double.
  *
  * Layouts (all contiguous; N = gh·gw tokens in raster order t = i·gw + k):
  *   v, y, dy, dv   (B, N, H, D)        values in, output, their gradients
