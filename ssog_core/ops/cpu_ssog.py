@@ -3,15 +3,15 @@
 The PyTorch path (:mod:`ssog_core.ops.torch_ssog`) spends most of a small model's SSOG layer on ~30 operations
 that each stream a full-size intermediate through memory: per-query kernels, the per-atom column-pass output and
 its transpose. ``cpu_kernels.c`` does both filter passes for one (image, head) pair at a time instead, building
-each query's 1D kernels in a few cache lines and using them at once; only the column pass's output is kept
-(per pair, or for the whole batch when training needs it for the backward pass). The per-token kernel terms
-(μ, ``c``, log λ) are taken from :mod:`ssog_core.field` with PyTorch ops, so autograd
-carries their gradients back through σ, τ and the steering; the C code returns ``∂L/∂v``, ``∂L/∂μ``, ``∂L/∂c`` and
-``∂L/∂log λ``.
+the pair's 1D kernels in per-thread scratch that stays in cache and using them at once; only the column pass's
+output is kept (per pair, or for the whole batch when training needs it for the backward pass). The per-token
+kernel terms (μ, ``c``, log λ) are taken from :mod:`ssog_core.field` with PyTorch ops, so autograd carries their
+gradients back through σ, τ and the steering; the C code returns ``∂L/∂v``, ``∂L/∂μ``, ``∂L/∂c`` and
+``∂L/∂log λ`` (docs/KERNELS.md §6).
 
 The C source is compiled on first use with the system C compiler (``$CC``, else ``cc``/``gcc``/``clang``),
-``-O3 -march=native``, into ``$SSOG_CACHE_DIR`` (default ``~/.cache/ssog_lab``), once per source, flags and
-compiler; a float and a double build (the double one for gradcheck). Without a compiler the dispatcher falls back
+``-O3 -march=native``, into ``$SSOG_CACHE_DIR`` (default ``~/.cache/ssog_lab``), once per source, flags, compiler
+and CPU; a float and a double build (the double one for gradcheck). Without a compiler the dispatcher falls back
 to the PyTorch path and says why. The (image, head) pairs are split over ``torch.get_num_threads()`` OpenMP
 threads of PyTorch's own runtime (:func:`openmp_runtime`).
 """
