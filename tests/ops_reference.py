@@ -15,6 +15,7 @@ from ssog_core.ops.reference import TAP_SUBSETS, FieldLeaves, grads, reference_a
 __all__ = [
     "TAP_SUBSETS",
     "FieldLeaves",
+    "assert_backward_repeats",
     "assert_close",
     "assert_compiles_like_eager",
     "check_against_definition",
@@ -32,6 +33,16 @@ def assert_close(actual: Tensor, expected: Tensor, rtol: float, what: str) -> No
     err = (actual - expected).abs().max() / scale
     assert torch.isfinite(actual).all(), f"{what}: non-finite values"
     assert err <= rtol, f"{what}: relative error {err:.2e} > {rtol:.0e}"
+
+
+def assert_backward_repeats(out: Tensor, inputs: list[Tensor]) -> None:
+    """The backward pass overwrites only its own buffers, never a saved tensor: a second pass over the same graph
+    (``retain_graph``) gives the same gradients, bit for bit."""
+    dy = torch.randn_like(out)
+    first = torch.autograd.grad(out, inputs, dy, retain_graph=True)
+    second = torch.autograd.grad(out, inputs, dy)
+    for a, b in zip(first, second, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def check_against_definition(

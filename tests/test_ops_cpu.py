@@ -4,6 +4,10 @@ on odd grids and head widths, plus the build, its fallback and the dispatcher's 
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,9 +19,11 @@ from ssog_core.ops.dispatch import BackendUnavailable, choose_ssog_backend, ssog
 from ssog_core.ops.reference import TAP_SUBSETS, TAPS, FieldLeaves, grads, reference_apply
 from ssog_core.ops.torch_ssog import apply_torch
 from ssog_core.vit import ViT
-from tests.ops_reference import assert_close, check_against_definition, far_narrow_field
+from tests.ops_reference import assert_backward_repeats, assert_close, check_against_definition, far_narrow_field
 
 STEERING = [taps for taps in TAP_SUBSETS if taps]  # the C kernels take steered fields only
+
+ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.skipif(cpu_ssog.unavailable_reason() is not None, reason="no C compiler here")
 
@@ -112,12 +118,7 @@ def test_backward_runs_twice_and_accepts_strided_inputs() -> None:
     base = torch.randn(2, 35, 16, 3, requires_grad=True)
     v = base.transpose(2, 3)  # (B, N, H, D) with strides that are not contiguous
     out = apply_cpu(v, leaves.field(), (7, 5))
-    dy = torch.randn_like(out)
-    inputs = [base, *leaves.tensors()]
-    first = torch.autograd.grad(out, inputs, dy, retain_graph=True)
-    second = torch.autograd.grad(out, inputs, dy)
-    for a, b in zip(first, second, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert_backward_repeats(out, [base, *leaves.tensors()])
     expected = reference_apply(v.detach().double(), leaves.field(torch.float64), (7, 5), "factorized")
     assert_close(out, expected, 2e-6, "output")
 
@@ -179,6 +180,31 @@ def test_build_is_cached_and_written_whole(fresh_build) -> None:
     assert cpu_ssog.unavailable_reason() is None
     assert [p.stat().st_mtime_ns for p in sorted(fresh_build.glob("*.so"))] == stamps  # reused, not rebuilt
     assert sorted(fresh_build.iterdir()) == built
+
+
+def test_a_damaged_cached_library_is_built_again(fresh_build) -> None:
+    """A cached library that no longer loads (truncated on a full disk, say) is replaced, not reported forever. Run
+    in a fresh process: this one has the library mapped, and the loader would hand back the mapped copy."""
+    assert cpu_ssog.unavailable_reason() is None
+    damaged = sorted(fresh_build.glob("ssog_cpu_float_*.so"))[0]
+    spare = damaged.with_suffix(".tmp")
+    spare.write_bytes(b"not a shared library")
+    os.replace(spare, damaged)  # a new file: the mapped one in this process stays intact
+    code = (
+        "import torch\n"
+        "from ssog_core.ops import cpu_ssog\n"
+        "from ssog_core.ops.reference import TAPS, FieldLeaves, reference_apply\n"
+        "assert cpu_ssog.unavailable_reason() is None, cpu_ssog.unavailable_reason()\n"
+        "leaves = FieldLeaves(1, (4, 3), 2, 3, TAPS, dtype=torch.float32)\n"
+        "v = torch.randn(1, 12, 2, 8)\n"
+        "out = cpu_ssog.apply_cpu(v, leaves.field(), (4, 3)).double()\n"
+        "ref = reference_apply(v.double(), leaves.field(torch.float64), (4, 3), 'factorized')\n"
+        "assert (out - ref).abs().max() < 1e-5\n"
+    )
+    env = {**os.environ, "SSOG_CACHE_DIR": str(fresh_build), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert damaged.read_bytes()[:4] == b"\x7fELF"
 
 
 @pytest.mark.parametrize(

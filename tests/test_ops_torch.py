@@ -10,7 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ssog_core.ops import torch_ssog
 from ssog_core.ops.reference import TAP_SUBSETS, FieldLeaves, grads, reference_apply
 from ssog_core.ops.torch_ssog import apply_torch
-from tests.ops_reference import assert_close, check_against_definition, far_narrow_field
+from tests.ops_reference import assert_backward_repeats, assert_close, check_against_definition, far_narrow_field
 
 MODES = ("factorized", "axial")
 
@@ -192,13 +192,7 @@ def test_backward_runs_twice_with_the_same_result() -> None:
     """The backward pass overwrites only its own buffers, never a saved tensor: ``retain_graph`` stays exact."""
     leaves = FieldLeaves(2, (7, 5), 3, 4, ("mu", "sigma", "lambda"), dtype=torch.float32)
     v = torch.randn(2, 35, 3, 8, requires_grad=True)
-    out = apply_torch(v, leaves.field(), (7, 5))
-    dy = torch.randn_like(out)
-    inputs = [v, *leaves.tensors()]
-    first = torch.autograd.grad(out, inputs, dy, retain_graph=True)
-    second = torch.autograd.grad(out, inputs, dy)
-    for a, b in zip(first, second, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert_backward_repeats(apply_torch(v, leaves.field(), (7, 5)), [v, *leaves.tensors()])
 
 
 def test_vanishing_mixture_weights_stay_finite_in_fp32() -> None:

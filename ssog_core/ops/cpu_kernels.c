@@ -288,28 +288,6 @@ INLINE void forward_pair(const real *v, const real *mu, const real *c, const rea
     }
 }
 
-/* Forward pass over all B·H (image, head) pairs, spread over `threads` OpenMP threads (the OpenMP runtime
- * PyTorch itself uses: its pool, no second set of spinning threads). y1 may be NULL (nothing saved). Returns 1 if
- * scratch memory could not be allocated. */
-int ssog_forward(const real *v, const real *mu, const real *c, const real *log_lam, real *y, real *y1, idx B, idx gh,
-                 idx gw, idx H, idx R, idx D, int threads) {
-    const idx N = gh * gw;
-    int failed = 0;
-#pragma omp parallel num_threads(threads) reduction(| : failed)
-    {
-        Scratch sc;
-        failed = scratch_alloc(&sc, N, R, D, gh > gw ? gh : gw);
-#pragma omp for schedule(static)
-        for (idx task = 0; task < B * H; task++) {
-            if (failed) continue;
-            real *mid = y1 ? y1 + task * N * R * D : sc.mid;
-            DISPATCH_WIDTH(forward_pair, v, mu, c, log_lam, y, mid, &sc, task / H, task % H, gh, gw, H, R)
-        }
-        scratch_release(scratch_bytes(N, R, D, gh > gw ? gh : gw));
-    }
-    return failed;
-}
-
 /* One pair's backward pass: ∂L/∂v into its own head's rows of dv, and dmu, dc, dlog of its queries. */
 INLINE void backward_pair(const real *v, const real *mu, const real *c, const real *log_lam, const real *mid,
                           const real *dy, real *dv, real *dmu, real *dc, real *dlog, Scratch *sc, idx b, idx h, idx gh,
@@ -377,23 +355,51 @@ INLINE void backward_pair(const real *v, const real *mu, const real *c, const re
     scatter(sc->gc, H, N, R, 2, 0, dc + 2 * first);
 }
 
-/* Backward pass over all pairs (threads as in ssog_forward), from the saved y1. Writes dv (each pair its own head's
- * rows), and dmu, dc, dlog for every query and atom. */
-int ssog_backward(const real *v, const real *mu, const real *c, const real *log_lam, const real *y1, const real *dy,
-                  real *dv, real *dmu, real *dc, real *dlog, idx B, idx gh, idx gw, idx H, idx R, idx D, int threads) {
-    const idx N = gh * gw;
+/* One call's arguments; the forward pass leaves the gradient fields NULL. */
+typedef struct {
+    const real *v, *mu, *c, *log_lam, *dy;
+    real *y, *y1, *dv, *dmu, *dc, *dlog;
+    idx B, gh, gw, H, R, D;
+} Call;
+
+/* Run every (image, head) pair of a call, spread over `threads` OpenMP threads (the OpenMP runtime PyTorch itself
+ * uses: its pool, no second set of spinning threads), each with its own scratch. Returns 1 if scratch memory could
+ * not be allocated. */
+static int over_pairs(const Call *a, int backward, int threads) {
+    const idx N = a->gh * a->gw, R = a->R, D = a->D, n_max = a->gh > a->gw ? a->gh : a->gw;
     int failed = 0;
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
-        Scratch sc;
-        failed = scratch_alloc(&sc, N, R, D, gh > gw ? gh : gw);
+        Scratch sc = {0};
+        failed = scratch_alloc(&sc, N, R, D, n_max);
 #pragma omp for schedule(static)
-        for (idx task = 0; task < B * H; task++) {
+        for (idx task = 0; task < a->B * a->H; task++) {
             if (failed) continue;
-            DISPATCH_WIDTH(backward_pair, v, mu, c, log_lam, y1 + task * N * R * D, dy, dv, dmu, dc, dlog, &sc,
-                           task / H, task % H, gh, gw, H, R)
+            real *mid = a->y1 ? a->y1 + task * N * R * D : sc.mid; /* the pair's column-pass output */
+            const idx b = task / a->H, h = task % a->H;
+            if (backward) {
+                DISPATCH_WIDTH(backward_pair, a->v, a->mu, a->c, a->log_lam, mid, a->dy, a->dv, a->dmu, a->dc,
+                               a->dlog, &sc, b, h, a->gh, a->gw, a->H, R)
+            } else {
+                DISPATCH_WIDTH(forward_pair, a->v, a->mu, a->c, a->log_lam, a->y, mid, &sc, b, h, a->gh, a->gw, a->H, R)
+            }
         }
-        scratch_release(scratch_bytes(N, R, D, gh > gw ? gh : gw));
+        scratch_release(scratch_bytes(N, R, D, n_max));
     }
     return failed;
+}
+
+/* Forward pass over all B·H pairs; y1 may be NULL (nothing saved for a backward pass). */
+int ssog_forward(const real *v, const real *mu, const real *c, const real *log_lam, real *y, real *y1, idx B, idx gh,
+                 idx gw, idx H, idx R, idx D, int threads) {
+    const Call call = {v, mu, c, log_lam, NULL, y, y1, NULL, NULL, NULL, NULL, B, gh, gw, H, R, D};
+    return over_pairs(&call, 0, threads);
+}
+
+/* Backward pass over all pairs from the saved y1. Writes dv (each pair its own head's rows), and dmu, dc, dlog for
+ * every query and atom. */
+int ssog_backward(const real *v, const real *mu, const real *c, const real *log_lam, const real *y1, const real *dy,
+                  real *dv, real *dmu, real *dc, real *dlog, idx B, idx gh, idx gw, idx H, idx R, idx D, int threads) {
+    const Call call = {v, mu, c, log_lam, dy, NULL, (real *)y1, dv, dmu, dc, dlog, B, gh, gw, H, R, D};
+    return over_pairs(&call, 1, threads);
 }

@@ -76,15 +76,12 @@ def _cpu_identity() -> str:
         return platform.processor()
 
 
-def _build(cc: str, real: str) -> Path:
-    """Compile the kernels for ``real`` (``float``/``double``) unless a build with this source, compiler and
-    flags is cached; the library is written under a temporary name and renamed, so concurrent builds are safe.
-    Without OpenMP support the kernels are built single-threaded."""
+def _build(cc: str, real: str, openmp: list[str], toolchain: str) -> Path:
+    """Compile the kernels for ``real`` (``float``/``double``) unless a build with this source, compiler, flags and
+    CPU (``toolchain``) is cached; the library is written under a temporary name and renamed, so concurrent builds
+    are safe. Without OpenMP support the kernels are built single-threaded."""
     defines = [f"-DREAL={real}"] + (["-DREAL_IS_DOUBLE"] if real == "double" else [])
-    runtime = openmp_runtime()
-    openmp = ["-fopenmp", *([str(runtime)] if runtime else [])]
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
-    key = "\n".join([SOURCE.read_text(), cc, version, platform.machine(), _cpu_identity(), *FLAGS, *defines, *openmp])
+    key = "\n".join([toolchain, *defines])
     target = cache_dir() / f"ssog_cpu_{real}_{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
     if target.exists():
         return target
@@ -117,14 +114,27 @@ def _bind(path: Path) -> ctypes.CDLL:
 
 @functools.cache
 def _libraries() -> dict[torch.dtype, ctypes.CDLL] | str:
-    """The loaded float and double kernels, or why they are unavailable (asked once per process)."""
+    """The loaded float and double kernels, or why they are unavailable (asked once per process). A cached library
+    that does not load (a file damaged on disk, say) is deleted and built again, once."""
     cc = compiler()
     if cc is None:
         return "no C compiler found (set $CC or install gcc)"
+    runtime = openmp_runtime()
+    openmp = ["-fopenmp", *([str(runtime)] if runtime else [])]
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
+    toolchain = "\n".join([SOURCE.read_text(), cc, version, platform.machine(), _cpu_identity(), *FLAGS, *openmp])
+    libs = {}
     try:
-        return {dtype: _bind(_build(cc, real)) for dtype, real in REALS.items()}
+        for dtype, real in REALS.items():
+            path = _build(cc, real, openmp, toolchain)
+            try:
+                libs[dtype] = _bind(path)
+            except OSError:
+                path.unlink(missing_ok=True)
+                libs[dtype] = _bind(_build(cc, real, openmp, toolchain))
     except (BuildError, OSError) as err:
         return str(err)
+    return libs
 
 
 def unavailable_reason() -> str | None:
