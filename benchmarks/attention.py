@@ -392,8 +392,8 @@ def _plot(rows: list[dict], out: Path, title: str) -> None:
                 (r["tokens"], r[f"{tag}_ms"] / r["batch"]) for r in rows if (r["path"], r["kind"]) == (path, kind)
             )
             style = "k-o" if kind == "sdpa" else STYLES[path]
-            label = "SDPA" if kind == "sdpa" else ("RBF" if kind == "rbf" else f"SSOG {kind}") + f" ({path})"
-            ax.plot(*zip(*pts, strict=True), style, label=label)
+            name = "SDPA" if kind == "sdpa" else ("RBF" if kind == "rbf" else f"SSOG {kind}") + f" ({path})"
+            ax.plot(*zip(*pts, strict=True), style, label=name)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ticks = sorted({r["tokens"] for r in rows})
