@@ -4,9 +4,9 @@ against ``F.scaled_dot_product_attention``.
     python benchmarks/attention.py --threads 2                       # CPU: definition, torch and cpu backends
     python benchmarks/attention.py --device cuda                     # GPU: d384 / 6 heads / R4 / batch 64 / bf16
 
-``--paths`` names the SSOG backends of :func:`ssog_core.ops.ssog_apply` to measure: ``definition`` (the
-definition, :func:`ssog_core.field.apply_field`), ``torch`` (the PyTorch path), ``cpu`` (the fused C kernels:
-steered factorized fields on CPU tensors) and ``triton`` (the fused Triton kernels: CUDA). Each row calls
+``--paths`` names the SSOG backends of :func:`ssog_core.ops.ssog_apply` to measure: ``definition``
+(:func:`ssog_core.field.apply_field`, the einsums as defined), ``torch`` (the PyTorch path), ``cpu`` (the fused
+C kernels: steered factorized fields on CPU tensors) and ``triton`` (the fused Triton kernels: CUDA). Each row calls
 ``ssog_apply(..., backend=path)``, so a row measures the backend it names or is left out with the dispatcher's
 reason (e.g. ``cpu`` for a fixed or axial field); an unknown name is refused. ``--kinds`` adds ``rbf``: RBF
 attention (:func:`ssog_core.ops.rbf_attention`) with its ``torch`` backend, and ``triton`` where that path is
