@@ -22,7 +22,7 @@ from gradio.utils import get_upload_folder
 from app.common import EXPECTED_ERRORS, error_text
 from app.state import AppContext, AppError
 from app.tabs import export, playground
-from ssog_core import report
+from ssog_core.analysis import report
 
 
 def register_api(ctx: AppContext) -> None:

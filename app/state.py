@@ -21,11 +21,11 @@ from PIL import Image
 from torch import Tensor, nn
 
 from app.cache import LRU
-from ssog_core.analysis import LayerField, head_fields
-from ssog_core.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from ssog_core.convert import convert
-from ssog_core.images import MAX_BYTES, ImageError, list_images, load_image, model_input
-from ssog_core.presets import Preset, find_presets
+from ssog_core.analysis.measures import LayerField, head_fields
+from ssog_core.analysis.presets import Preset, find_presets
+from ssog_core.checkpoint.format import CheckpointError, load_checkpoint, save_checkpoint
+from ssog_core.checkpoint.upstream import convert
+from ssog_core.data.images import MAX_BYTES, ImageError, list_images, load_image, model_input
 
 UPLOADED = "uploaded/"  # prefix of checkpoints a user uploaded in this session of the server
 MAX_UPLOAD_BYTES = 64 * 1024**2  # any file sent to the server; checkpoints of the size this project trains fit

@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ssog_core.checkpoint.files import atomic_write
 from ssog_core.field import apply_field
-from ssog_core.files import atomic_write
-from ssog_core.ops.torch_ssog import apply_torch
+from ssog_core.ops.ssog_torch import apply_torch
 
 from common import add_run_flags, apply_run_flags, provenance, rand_field, write_csv
 
@@ -117,7 +117,7 @@ def _ops(path: str, kind: str, b: int, n: int, h: int, d: int, r: int, device, d
     field = rand_field(b, grid, h, r, kind != "fixed", device, train)
     v = torch.randn(b, n, h, d, device=device, dtype=dtype, requires_grad=train)
     if path == "triton":
-        from ssog_core.ops.triton_ssog import apply_triton as impl
+        from ssog_core.ops.ssog_triton import apply_triton as impl
     elif path == "torch":
         impl = apply_torch
     else:

@@ -29,11 +29,11 @@ from pathlib import Path
 
 import torch
 
-from ssog_core.config import SEED_CONFIGS, ViTConfig
-from ssog_core.files import atomic_write
+from ssog_core.checkpoint.files import atomic_write
+from ssog_core.nn.config import SEED_CONFIGS, ViTConfig
+from ssog_core.nn.vit import ViT
 from ssog_core.ops.dispatch import choose_ssog_backend
-from ssog_core.train import make_optimizer
-from ssog_core.vit import ViT
+from ssog_core.train.trainer import make_optimizer
 
 from common import add_run_flags, apply_run_flags, provenance, write_csv
 

@@ -7,7 +7,7 @@ Methods (q, k, v of shape (B, H, N, D)):
 
 * ``sdpa``        — ``F.scaled_dot_product_attention`` (dot product; the fused kernel of the device);
 * ``sdpa-qknorm`` — the same after RMS-normalising q and k (the usual cure for key-magnitude dominance; GPU only);
-* ``rbf-torch``   — :func:`ssog_core.ops.rbf.rbf_attention_torch`: SDPA on augmented vectors, no N × N tensor;
+* ``rbf-torch``   — :func:`ssog_core.ops.rbf_torch.rbf_attention_torch`: SDPA on augmented vectors, no N × N tensor;
 * ``rbf-triton``  — the fused Triton kernels (GPU only);
 * ``rbf-dense``   — the naive formula with an explicit N × N distance matrix (the memory baseline; CPU only, N ≤ 2048).
 
@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ssog_core.ops.rbf import rbf_attention_torch, rbf_gamma
+from ssog_core.ops.rbf_torch import rbf_attention_torch, rbf_gamma
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from ssog_core import ViT, save_checkpoint
-from ssog_core.analysis import ssog_layers
+from ssog_core.analysis.measures import ssog_layers
 from tests.helpers import RunsCode
 
 CLASS_NAMES = ["circle", "square", "triangle", "star", "heart"]

@@ -1,5 +1,5 @@
 """Test helpers for the SSOG operator backends: tolerances, the check of a backend against the definition and the
-compile check; the float64 reference and the random fields live in :mod:`ssog_core.ops.reference` (shared with
+compile check; the float64 reference and the random fields live in :mod:`ssog_core.testing.oracles` (shared with
 ``benchmarks/gpu_check.py``)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from ssog_core.field import Field
-from ssog_core.ops.reference import TAP_SUBSETS, FieldLeaves, grads, reference_apply, reference_matrix
+from ssog_core.testing.oracles import TAP_SUBSETS, FieldLeaves, grads, reference_apply, reference_matrix
 
 __all__ = [
     "TAP_SUBSETS",

@@ -33,7 +33,7 @@ def compare(case: str, q, k, v, causal: bool, tol_of) -> None:
     at the input dtype (so low-precision tolerances follow the dtype, as flash-attention's tests do).
     """
     from ssog_core.ops.dispatch import rbf_attention
-    from ssog_core.ops.rbf import rbf_attention_torch
+    from ssog_core.ops.rbf_torch import rbf_attention_torch
 
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     out = rbf_attention(q, k, v, causal, backend="triton")
@@ -56,7 +56,7 @@ def compare(case: str, q, k, v, causal: bool, tol_of) -> None:
 
 
 def check_fp32() -> None:
-    from ssog_core.attention import RBFAttention
+    from ssog_core.nn.attention import RBFAttention
 
     torch.manual_seed(0)
     cases = [  # (B, H, N, D, causal, scale): ragged lengths, sub-tile lengths, big keys

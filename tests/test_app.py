@@ -25,10 +25,10 @@ from app.layout import build_page
 from app.state import UPLOADED, AppContext, AppError, default_image
 from app.tabs import compare, export, geometry, playground, scaling, session, steering
 from ssog_core import ViT, save_checkpoint
-from ssog_core.analysis import attention_maps, compute_export_maps
-from ssog_core.images import model_input
-from ssog_core.playground import MAX_ATOMS, HeadSpec, evaluate
-from ssog_core.session import NO_TWIN
+from ssog_core.analysis.measures import attention_maps, export_maps
+from ssog_core.analysis.playground import MAX_ATOMS, HeadSpec, evaluate
+from ssog_core.analysis.session import NO_TWIN
+from ssog_core.data.images import model_input
 from tests.app_fixtures import (
     designed_ssog,
     dot_twin,
@@ -408,7 +408,7 @@ def test_export_maps_with_twin_and_downloads(ctx, sha, page):
     text, fig, acc, slider = values(out, ex.outputs)
     loaded = ctx.model("ssog_test.safetensors")
     x, _ = model_input([ctx.image(sha).image], loaded.config.img_size, loaded.meta)
-    s = compute_export_maps(loaded.model, x, 0.25).summary()
+    s = export_maps(loaded.model, x, 0.25).summary()
     assert f"[{s['acc_min']:.3f}, {s['acc_max']:.3f}]" in text and f"{s['exporter_share']:.0%}" in text
     assert "α = **0.25**" in text and "dot_test" in text and Path(fig).name.startswith("export_ssog_test-dot_test_")
     assert acc.data[0].zmid == 0 and acc.data[0].colorbar.title.text

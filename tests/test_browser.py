@@ -12,9 +12,9 @@ from urllib.parse import urlparse
 
 import pytest
 
-from app.process import AppProcess
 from app.state import AppContext
 from app.tabs import geometry
+from ssog_core.testing.app_process import AppProcess
 from tests.app_fixtures import write_bad_files, write_checkpoints, write_images, write_reference_checkpoint
 
 playwright = pytest.importorskip("playwright.sync_api")

@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import save_file
 
 from ssog_core import CheckpointError, ViT, load_checkpoint, save_checkpoint
-from ssog_core.checkpoint import read_checkpoint
-from ssog_core.convert import main as convert_main
+from ssog_core.checkpoint.format import read_checkpoint
+from ssog_core.cli.convert import main as convert_main
 from tests.dense_reference import reference_state_dict, vit_forward
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
         Path(filename).write_bytes(b"partial")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("ssog_core.checkpoint.save_file", dies_halfway)
+    monkeypatch.setattr("ssog_core.checkpoint.format.save_file", dies_halfway)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(path, ViT(**TINY))
     assert path.read_bytes() == before and len(list(tmp_path.iterdir())) == 1

@@ -7,7 +7,6 @@ import itertools
 import pytest
 import torch
 
-from ssog_core.attention import SSOGAttention
 from ssog_core.field import (
     Field,
     apply_field,
@@ -17,6 +16,7 @@ from ssog_core.field import (
     displacement_density,
     query_field,
 )
+from ssog_core.nn.attention import SSOGAttention
 from tests.dense_reference import attention_layer
 
 TAP_SETS = [(), ("mu",), ("sigma",), ("lambda",), ("mu", "sigma", "lambda")]

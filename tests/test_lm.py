@@ -8,9 +8,11 @@ import pytest
 import torch
 from PIL import Image
 
-from ssog_core.checkpoint import CheckpointError
-from ssog_core.lm import CausalLM, LMConfig, Tokenizer, load_lm, save_lm
-from ssog_core.lm_train import TrainSettings, main, train_lm
+from ssog_core.checkpoint.format import CheckpointError
+from ssog_core.checkpoint.lm import load_lm, save_lm
+from ssog_core.cli.lm_train import main
+from ssog_core.nn.lm import CausalLM, LMConfig, Tokenizer
+from ssog_core.train.lm import TrainSettings, train_lm
 from tests.rbf_reference import lm_forward
 
 TINY = dict(vocab_size=31, context=24, dim=24, depth=2, num_heads=3, mlp_ratio=2.0)

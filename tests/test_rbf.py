@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from ssog_core import ViT, load_checkpoint, save_checkpoint
-from ssog_core.attention import DotAttention, RBFAttention
-from ssog_core.config import ViTConfig
+from ssog_core.nn.attention import DotAttention, RBFAttention
+from ssog_core.nn.config import ViTConfig
 from ssog_core.ops import dispatch
 from ssog_core.ops.dispatch import (
     BackendUnavailable,
@@ -18,7 +18,7 @@ from ssog_core.ops.dispatch import (
     rbf_attention,
     rbf_triton_problem,
 )
-from ssog_core.ops.rbf import rbf_attention_torch
+from ssog_core.ops.rbf_torch import rbf_attention_torch
 from tests.rbf_reference import rbf_weights, vit_forward
 
 CFG = dict(num_classes=5, img_size=(28, 20), patch_size=4, dim=24, depth=2, num_heads=3)
@@ -108,7 +108,7 @@ def test_zero_registers_are_keys_at_the_origin_in_the_first_block():
 def test_registers_absorb_attention_through_the_model():
     """With the key projection scaled up, every token's key is far from every query, so RBF queries fall back
     to the zero register (prefix share ≈ 1); the same weights under dot attention chase the biggest key."""
-    from ssog_core.analysis import attention_maps
+    from ssog_core.analysis.measures import attention_maps
 
     shares = {}
     for attn in ("rbf", "dot"):
@@ -164,7 +164,7 @@ def test_vit_matches_dense_reference(overrides):
     img = torch.rand(2, 3, 28, 20, dtype=torch.float64)
     want, maps = vit_forward(img, model.state_dict(), {**CFG, **overrides})
     torch.testing.assert_close(model(img), want, rtol=1e-9, atol=1e-10)
-    from ssog_core.analysis import attention_maps
+    from ssog_core.analysis.measures import attention_maps
 
     got = attention_maps(model, img)
     prefix = overrides.get("num_registers", 0)

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ssog_core import checkpoint, train
-from ssog_core.checkpoint import load_checkpoint, read_checkpoint
+from ssog_core.checkpoint import format as checkpoint
+from ssog_core.checkpoint.format import load_checkpoint, read_checkpoint
+from ssog_core.train import trainer as train
 from tests.helpers import assert_same_weights
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +33,8 @@ HOLD_SAVE = """
 import sys, time
 from pathlib import Path
 import torch
-from ssog_core import checkpoint, train
+from ssog_core.checkpoint import format as checkpoint
+from ssog_core.train import trainer as train
 
 which, nth, marker = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 calls = 0

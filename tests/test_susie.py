@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from ssog_core.susie import SuSiE, sinusoids
+from ssog_core.nn.susie import SuSiE, sinusoids
 from tests.rbf_reference import susie_code
 
 
@@ -56,7 +56,7 @@ def test_module_adds_weighted_code_on_the_subspace_and_skips_prefix_tokens():
 
 def test_position_becomes_a_distance_penalty_in_rbf_attention():
     """With identical content everywhere, RBF + SuSiE attends by position alone: nearest tokens first."""
-    from ssog_core.ops.rbf import rbf_attention_torch
+    from ssog_core.ops.rbf_torch import rbf_attention_torch
 
     s = SuSiE(num_heads=1, head_dim=8, mode="1d")
     with torch.no_grad():

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ssog_core import train
-from ssog_core.checkpoint import load_checkpoint, read_checkpoint
+from ssog_core.checkpoint.format import load_checkpoint, read_checkpoint
+from ssog_core.train import trainer as train
 from tests.data_files import write_cifar_tar, write_imagefolder
 from tests.helpers import assert_same_weights, weights
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ssog_core.ops.reference import FieldLeaves, reference_apply
+from ssog_core.testing.oracles import FieldLeaves, reference_apply
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ssog_core.config import SEED_CONFIGS, ViTConfig
-from ssog_core.cost import count_flops, count_params
-from ssog_core.info import main as info_main
-from ssog_core.vit import ViT
+from ssog_core.cli.info import main as info_main
+from ssog_core.nn.config import SEED_CONFIGS, ViTConfig
+from ssog_core.nn.cost import count_flops, count_params
+from ssog_core.nn.vit import ViT
 from tests.dense_reference import reference_state_dict, vit_forward
 
 SMALL = dict(num_classes=7, img_size=20, patch_size=4, dim=12, depth=2, num_heads=3, num_atoms=3)

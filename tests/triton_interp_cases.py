@@ -17,11 +17,11 @@ if os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover - guarded by t
 
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from ssog_core.attention import SSOGAttention  # noqa: E402
-from ssog_core.ops import triton_ssog, triton_tiles  # noqa: E402
+from ssog_core.nn.attention import SSOGAttention  # noqa: E402
+from ssog_core.ops import ssog_triton, triton_tiles  # noqa: E402
 from ssog_core.ops.dispatch import choose_ssog_backend, ssog_apply  # noqa: E402
-from ssog_core.ops.reference import FieldLeaves, reference_apply, reference_matrix  # noqa: E402
-from ssog_core.ops.triton_ssog import apply_triton, kernel_params  # noqa: E402
+from ssog_core.ops.ssog_triton import apply_triton, kernel_params  # noqa: E402
+from ssog_core.testing.oracles import FieldLeaves, reference_apply, reference_matrix  # noqa: E402
 from tests.ops_reference import (  # noqa: E402
     assert_close,
     assert_compiles_like_eager,
@@ -74,7 +74,7 @@ def test_tiled_and_chunked_programs(monkeypatch: pytest.MonkeyPatch, grid: tuple
     grid, splits query columns over programs and chunks them in the column backward kernel on a wide grid, and
     narrows that kernel's key-column tile."""
     monkeypatch.setattr(triton_tiles, "TILE_BUDGET", 2048)
-    cfg = triton_ssog._config(*grid, 4, 2, mode == "axial", torch.float32)
+    cfg = ssog_triton._config(*grid, 4, 2, mode == "axial", torch.float32)
     kt, ic, wc = triton_tiles.col_tiles(cfg, mode == "axial")
     if grid[0] > 16 and mode == "axial":
         assert cfg["JC"] < cfg["GHP"] and kt < 4
@@ -177,4 +177,4 @@ def test_flop_formulas_count_the_separable_cost(mode: str, steered: bool) -> Non
 def test_kernel_parameters_are_validated() -> None:
     v, prm, _, _ = _op_inputs("factorized", steered=True)
     with pytest.raises(ValueError, match="do not match"):
-        triton_ssog.steered_fwd(v, prm[..., :4].contiguous(), False)
+        ssog_triton.steered_fwd(v, prm[..., :4].contiguous(), False)

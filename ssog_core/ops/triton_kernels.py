@@ -1,7 +1,7 @@
 """Fused Triton kernels for the SSOG operator (forward and backward); the design, its roofline argument and the
 compile report are in docs/KERNELS.md.
 
-Imported only by :mod:`ssog_core.ops.triton_ssog`, never by ``import ssog_core``. Set ``TRITON_INTERPRET=1``
+Imported only by :mod:`ssog_core.ops.ssog_triton`, never by ``import ssog_core``. Set ``TRITON_INTERPRET=1``
 before importing this module to run the kernels on the CPU (the tests do).
 
 One program owns (a tile of T query rows × WT query columns) of one image and head; batch·heads is grid
@@ -23,7 +23,7 @@ Parameter layout (last axis of ``prm``, fp32, indexed (b, i, w, h, r, f) through
 field can be passed with zero strides):
 
 * factorized: ``(j*y, cay, cby, j*x, cax, cbx, λ)``, built per token on the host
-  (:func:`ssog_core.ops.triton_ssog.kernel_params`): with ``c = log2(e) / (2σ²τ)``, ``j* = clamp(round(q − μ))``
+  (:func:`ssog_core.ops.ssog_triton.kernel_params`): with ``c = log2(e) / (2σ²τ)``, ``j* = clamp(round(q − μ))``
   and ``δ = q − μ − j*``, ``ca = −c`` and ``cb = −2c·δ``; the weight of key j for query q is
   ``2^(e·(ca·e + cb))`` with ``e = j* − j`` (an integer), i.e. ``exp(−(q − j − μ)² / (2σ²τ))`` divided by its
   peak. The kernels return the gradients w.r.t. ``ca`` (``Σ dL/dl·e²``), ``cb`` (``Σ dL/dl·e``) and λ (zero for

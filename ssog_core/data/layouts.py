@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from ssog_core.shapes import (
+from ssog_core.data.shapes import (
     BACKGROUNDS,
     SPLITS,
     SUPERSAMPLE,

@@ -7,7 +7,7 @@ All functions take a model (eval mode is set for the duration) and tensors, run 
 * :func:`steering_offsets` — per layer: how content moved every token's atoms;
 * :func:`attention_maps` — the exact per-layer, per-head attention matrices for an input, obtained by
   running each layer's own operator on an identity basis (so the picture is the computation);
-* :func:`compute_export_maps` — pull-in / pull-out / net export per layer and accumulated, and attention rollout;
+* :func:`export_maps` — pull-in / pull-out / net export per layer and accumulated, and attention rollout;
 * :func:`head_stats` — attention entropy and effective radius per head (:func:`query_stats` for one query).
 
 Prefix (register) tokens: maps cover the patch tokens only. Their columns are removed from each
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ssog_core.attention import RBFAttention, SSOGAttention
 from ssog_core.field import Field, attention_matrix, displacement_density
+from ssog_core.nn.attention import RBFAttention, SSOGAttention
 
 DEFAULT_ALPHA = 0.5  # residual mixing Â = α·Ā + (1 − α)·I: half of a block's output is its own residual
 
@@ -315,7 +315,7 @@ def residual_mix(mean_attn: Tensor, alpha: float = DEFAULT_ALPHA) -> Tensor:
     return alpha * mean_attn + (1.0 - alpha) * eye
 
 
-def compute_export_maps(model: nn.Module, img: Tensor, alpha: float = DEFAULT_ALPHA) -> ExportMaps:
+def export_maps(model: nn.Module, img: Tensor, alpha: float = DEFAULT_ALPHA) -> ExportMaps:
     """Pull-in / pull-out / net export per layer, accumulated, and rollout for ``img`` (``(B, C, H, W)``)."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
@@ -362,7 +362,7 @@ def has_keys(model: nn.Module) -> bool:
 
 def _attention_inputs(model: nn.Module, inputs: Tensor) -> tuple[list[Tensor], tuple[int, int]]:
     """The LayerNormed input of every block's attention, and the token grid (``(1, T)`` for a sequence)."""
-    from ssog_core.lm import CausalLM
+    from ssog_core.nn.lm import CausalLM
 
     captured: list[Tensor] = []
     if isinstance(model, CausalLM):
@@ -445,8 +445,8 @@ def key_norms(model: nn.Module, inputs: Tensor, top_k: int = DEFAULT_TOP_K) -> K
     """Key norms of every layer and the attention the largest keys receive.
 
     Args:
-        model: a dot or RBF :class:`~ssog_core.vit.ViT` (images ``(B, C, H, W)``) or
-            :class:`~ssog_core.lm.CausalLM` (token ids ``(B, T)``).
+        model: a dot or RBF :class:`~ssog_core.nn.vit.ViT` (images ``(B, C, H, W)``) or
+            :class:`~ssog_core.nn.lm.CausalLM` (token ids ``(B, T)``).
         inputs: the images or token ids.
         top_k: number of largest-norm keys (per image and head) whose attention share is reported.
     Raises:

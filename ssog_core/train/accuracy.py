@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
-from ssog_core.checkpoint import load_checkpoint
-from ssog_core.data import DataError, ShardSampler, Transformed, open_data, to_float
-from ssog_core.files import atomic_write
+from ssog_core.checkpoint.files import atomic_write
+from ssog_core.checkpoint.format import load_checkpoint
+from ssog_core.data.sources import DataError, ShardSampler, Transformed, open_data, to_float
 
 TRANSFER_FACTORS = (0.5, 0.75, 1.0, 1.5, 2.0)  # the default sizes of a transfer curve, relative to training
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ssog_core.analysis import LayerField
+from ssog_core.analysis.measures import LayerField
 
 KINDS = ("tight local blob", "vertical strip", "horizontal strip", "broad global field")
 STRIP_RATIO = 1.5  # spread along one axis over the other: below this a field reads as a blob, not a strip

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ssog_core.analysis import LayerField, query_stats
+from ssog_core.analysis.measures import LayerField, query_stats
 from ssog_core.field import FIELD_MODES, MAX_ATOMS, TAU_MIN, Field, axis_kernels, query_field
 
 GRID_RANGE = (3, 96)  # smallest grid with a neighbourhood; largest a browser canvas still draws cell by cell

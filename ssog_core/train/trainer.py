@@ -51,16 +51,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from ssog_core.accuracy import (
-    autocast,
-    eval_loader,
-    evaluate_loader,
-    evaluate_model_sizes,
-    format_transfer,
-    transfer_curve,
-    transfer_sizes,
-)
-from ssog_core.checkpoint import (
+from ssog_core.checkpoint.files import atomic_write
+from ssog_core.checkpoint.format import (
     TRANSFER_KEY,
     CheckpointError,
     read_checkpoint,
@@ -69,8 +61,8 @@ from ssog_core.checkpoint import (
     unwrap,
     update_metadata,
 )
-from ssog_core.config import ATTENTION_KINDS, ViTConfig
-from ssog_core.data import (
+from ssog_core.data.images import parse_size
+from ssog_core.data.sources import (
     CROP_PADDING,
     DataError,
     DataSource,
@@ -84,9 +76,17 @@ from ssog_core.data import (
     to_float,
 )
 from ssog_core.field import TAPS
-from ssog_core.files import atomic_write
-from ssog_core.images import parse_size
-from ssog_core.vit import ViT
+from ssog_core.nn.config import ATTENTION_KINDS, ViTConfig
+from ssog_core.nn.vit import ViT
+from ssog_core.train.accuracy import (
+    autocast,
+    eval_loader,
+    evaluate_loader,
+    evaluate_model_sizes,
+    format_transfer,
+    transfer_curve,
+    transfer_sizes,
+)
 
 STATE_VERSION = 1
 # Options that only change how a run executes, not what it computes: a resumed run may change these.

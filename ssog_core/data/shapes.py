@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from ssog_core.images import list_images, load_image
+from ssog_core.data.images import list_images, load_image
 
 BACKGROUNDS = Path(__file__).resolve().parent.parent / "assets" / "backgrounds"  # the photos define the data set
 SUPERSAMPLE = 4  # mask drawn at 4× resolution, then box-filtered: smooth edges at any output size

@@ -1,6 +1,6 @@
 """Attention modules: SSOG (Gaussian field, content steers), its dot-product twin, and RBF (distance) attention.
 
-Every module has the same interface, so one :class:`~ssog_core.vit.Block` serves them all:
+Every module has the same interface, so one :class:`~ssog_core.nn.vit.Block` serves them all:
 ``forward(x, grid)`` maps ``(B, N, dim)`` to ``(B, N, dim)``, and ``attention_matrix(x, grid)`` returns the
 exact ``(B, H, N, N)`` weights by running the module's own operator on an identity basis of values.
 
@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ssog_core.config import ViTConfig
 from ssog_core.field import TAPS, Field, apply_field, base_field, bound, check_grid, positive, steer
+from ssog_core.nn.config import ViTConfig
+from ssog_core.nn.susie import SuSiE
 from ssog_core.ops import rbf_attention, ssog_apply
-from ssog_core.susie import SuSiE
 
 # tap → (probe layer name, gate parameter name, probe outputs per atom)
 _TAP_PARAMS = {
@@ -49,7 +49,8 @@ class SSOGAttention(nn.Module):
         max_offset: bound on content's shift of an atom, in grid cells.
         sigma_floor: narrowest atom width, in grid cells.
         cold_init: gates start at −8 (cold) instead of −2 (warm).
-        backend: ``"triton"``, ``"torch"``, ``"reference"`` or ``None`` for automatic (:mod:`ssog_core.ops.dispatch`).
+        backend: ``"triton"``, ``"cpu"``, ``"torch"``, ``"definition"`` or ``None`` for automatic
+            (:mod:`ssog_core.ops.dispatch`).
     """
 
     def __init__(
@@ -137,7 +138,7 @@ class _QKAttention(nn.Module, ABC):
     parameter-free QK-norm, optional SuSiE position code, optional causal mask.
 
     Tokens are ``[prefix..., grid raster...]``: whatever precedes the ``Gh·Gw`` grid tokens is a prefix
-    (register) token, which SuSiE leaves uncoded (see :mod:`ssog_core.susie`).
+    (register) token, which SuSiE leaves uncoded (see :mod:`ssog_core.nn.susie`).
     """
 
     def __init__(
@@ -191,7 +192,7 @@ class DotAttention(_QKAttention):
     Args:
         dim, num_heads: token width and heads.
         qk_norm: RMS-normalise q and k per head (no gain), the usual cure for key-magnitude dominance.
-        susie: ``"1d"`` / ``"2d"`` adds the SuSiE position code (:mod:`ssog_core.susie`); ``None`` for none.
+        susie: ``"1d"`` / ``"2d"`` adds the SuSiE position code (:mod:`ssog_core.nn.susie`); ``None`` for none.
         susie_dim: channels per head carrying the code (0: the whole head).
         causal: each token attends to itself and earlier tokens only.
     """
@@ -201,7 +202,7 @@ class DotAttention(_QKAttention):
 
 
 class RBFAttention(_QKAttention):
-    """Distance attention ``softmax(−γ‖q − k‖²)``, γ = 1/√head_dim (:mod:`ssog_core.ops.rbf`).
+    """Distance attention ``softmax(−γ‖q − k‖²)``, γ = 1/√head_dim (:mod:`ssog_core.ops.rbf_torch`).
 
     Arguments as :class:`DotAttention`, without QK-norm (with unit-RMS keys every ``‖k‖²`` is the same
     and RBF attention collapses to dot-product attention with scale 2γ), plus ``backend`` (``"torch"``,

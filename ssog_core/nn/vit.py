@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ssog_core.attention import build_attention
-from ssog_core.config import ViTConfig
+from ssog_core.nn.attention import build_attention
+from ssog_core.nn.config import ViTConfig
 
 
 def init_registers(count: int, dim: int, attn: str) -> nn.Parameter:
@@ -53,7 +53,7 @@ class Block(nn.Module):
 class ViT(nn.Module):
     """Image classifier; ``ViT(config)`` or ``ViT(num_classes=..., img_size=..., attn="ssog", ...)``.
 
-    Keyword arguments are the fields of :class:`~ssog_core.config.ViTConfig`; images are NCHW in [0, 1].
+    Keyword arguments are the fields of :class:`~ssog_core.nn.config.ViTConfig`; images are NCHW in [0, 1].
     """
 
     def __init__(self, config: ViTConfig | None = None, **kwargs: Any):

@@ -25,7 +25,7 @@ from torch.utils.flop_counter import register_flop_formula
 
 from ssog_core.field import Field, FieldMode, axis_kernels, check_grid, exp2_log_weight, exp2_rate
 from ssog_core.ops import triton_kernels as K
-from ssog_core.ops.dispatch import interpreting
+from ssog_core.ops.env import interpreting
 from ssog_core.ops.triton_tiles import FACTORIZED_STAGES, NUM_WARPS, col_tiles, p2, row_split, tiles
 
 triton = K.triton

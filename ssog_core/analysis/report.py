@@ -1,7 +1,7 @@
 """Tables and files about a checkpoint and its analysis: model card, atom table, predictions, CSV / npz.
 
 Shared by the app (which shows them) and the headless CLI (which writes them), so both report the same
-numbers. Everything is derived from :mod:`ssog_core.analysis`, :mod:`ssog_core.cost` and the checkpoint's
+numbers. Everything is derived from :mod:`ssog_core.analysis.measures`, :mod:`ssog_core.nn.cost` and the checkpoint's
 metadata.
 """
 
@@ -16,11 +16,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ssog_core.analysis import ExportMaps, LayerField, SteeringOffsets
-from ssog_core.attention import COLD_GATE, WARM_GATE
-from ssog_core.config import ViTConfig
-from ssog_core.cost import count_flops, count_params
+from ssog_core.analysis.measures import ExportMaps, LayerField, SteeringOffsets
 from ssog_core.field import positive
+from ssog_core.nn.attention import COLD_GATE, WARM_GATE
+from ssog_core.nn.config import ViTConfig
+from ssog_core.nn.cost import count_flops, count_params
 
 ATOM_COLUMNS = [
     "layer",

@@ -1,8 +1,8 @@
 """Fused CPU kernels for steered factorized SSOG fields (the ``cpu`` backend of :mod:`ssog_core.ops.dispatch`).
 
-The PyTorch path (:mod:`ssog_core.ops.torch_ssog`) spends most of a small model's SSOG layer on ~30 operations
+The PyTorch path (:mod:`ssog_core.ops.ssog_torch`) spends most of a small model's SSOG layer on ~30 operations
 that each stream a full-size intermediate through memory: per-query kernels, the per-atom column-pass output and
-its transpose. ``cpu_kernels.c`` does both filter passes for one (image, head) pair at a time instead, building
+its transpose. ``ssog_cpu.c`` does both filter passes for one (image, head) pair at a time instead, building
 the pair's 1D kernels in per-thread scratch that stays in cache and using them at once; only the column pass's
 output is kept (per pair, or for the whole batch when training needs it for the backward pass). The per-token
 kernel terms (μ, ``c``, log λ) are taken from :mod:`ssog_core.field` with PyTorch ops, so autograd carries their
@@ -35,7 +35,7 @@ from torch.autograd.function import once_differentiable
 
 from ssog_core.field import Field, exp2_rate
 
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
+SOURCE = Path(__file__).with_name("ssog_cpu.c")
 # no -ffast-math: linked into a shared library it would switch the whole process to flush-to-zero
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=fast", "-fPIC", "-shared")
 REALS = {torch.float32: "float", torch.float64: "double"}

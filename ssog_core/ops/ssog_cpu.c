@@ -1,6 +1,6 @@
 /* Fused CPU kernels for a steered factorized SSOG field: both filter passes of docs/DESIGN.md §1 for one
  * (image, head) pair at a time, the pair's per-query kernels built in per-thread scratch (keys outermost, so the
- * loops vectorise) and used at once; docs/KERNELS.md §6. ssog_core/ops/cpu_ssog.py compiles this file (once per
+ * loops vectorise) and used at once; docs/KERNELS.md §6. ssog_core/ops/ssog_cpu.py compiles this file (once per
  * machine, cached) and calls it through ctypes; the pairs are spread over OpenMP threads. It is built twice, with
  * REAL = float and REAL = double.
  *
@@ -89,7 +89,7 @@ static void kernels(idx m, idx n, const real *restrict x, const real *restrict c
 /* Gradients of m kernels K = scale·A (A normalised, both keys outermost as `kernels` makes them), given
  * S = K ⊙ ∂L/∂K: with P = Σ_key S, the softmax-of-a-quadratic gradient is ∂L/∂x = −2·ln2·c·Σ (S − A·P)(x − key) and
  * ∂L/∂c = −ln2·Σ (S − A·P)(x − key)², moments taken about the query's own x so that nothing cancels (the same as
- * ssog_core/ops/torch_ssog.py:_kernel_grad). `work` is scratch for m values. */
+ * ssog_core/ops/ssog_torch.py:_kernel_grad). `work` is scratch for m values. */
 static void kernel_grads(idx m, idx n, const real *restrict x, const real *restrict c, const real *restrict S,
                          const real *restrict A, real *restrict dx, real *restrict dc, real *restrict work) {
     real *total = work;
@@ -199,7 +199,7 @@ static int scratch_alloc(Scratch *sc, idx N, idx R, idx D, idx n_max) {
 
 /* Channels are processed as 256-bit vectors (GCC/Clang vector extensions: AVX where the CPU has it, pairs of
  * 128-bit registers elsewhere), at most BLOCK vectors at a time held in registers; D must be a multiple of VW
- * (cpu_ssog.py pads the values). The per-pair bodies are always inlined into a switch over the common block
+ * (ssog_cpu.py pads the values). The per-pair bodies are always inlined into a switch over the common block
  * counts, so that their channel loops are unrolled; other widths run the same code with a runtime count. */
 #define VW ((idx)(32 / sizeof(real)))
 #define BLOCK 8

@@ -13,7 +13,7 @@ ATTENTION_KINDS = ("ssog", "dot", "rbf")
 
 @dataclass(frozen=True)
 class ViTConfig:
-    """Architecture of a :class:`ssog_core.vit.ViT` (docs/DESIGN.md §2).
+    """Architecture of a :class:`ssog_core.nn.vit.ViT` (docs/DESIGN.md §2).
 
     Defaults are a small CIFAR-size model like the SSOG post's (patch 4 here; its CIFAR runs use patch 2); each
     field says why it is what it is.

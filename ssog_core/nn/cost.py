@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop
 
-from ssog_core.attention import SSOGAttention
+from ssog_core.nn.attention import SSOGAttention
 
 
 def count_params(model: nn.Module) -> int:

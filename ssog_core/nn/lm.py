@@ -1,20 +1,18 @@
-"""A small causal language model with dot-product or RBF attention, on the ViT's blocks, and its checkpoints.
+"""A small causal language model with dot-product or RBF attention, on the ViT's blocks.
 
 The model: token embedding (+ a learned absolute position embedding if ``position="learned"``), optional
 register tokens prepended (zero for RBF so a query can "look away" at distance ‖q‖, N(0, 0.02²) for dot),
-the ViT's pre-norm :class:`~ssog_core.vit.Block` with a causal attention module (a sequence is a ``1 × T`` grid)
+the ViT's pre-norm :class:`~ssog_core.nn.vit.Block` with a causal attention module (a sequence is a ``1 × T`` grid)
 and a GELU MLP, final LayerNorm, linear head. With ``position="susie"`` (default) the 1D SuSiE code is added to
 queries and keys in every layer instead. Tokens are bytes (vocabulary 256, any text) or the text's characters.
-Training, loss curves and the command line are :mod:`ssog_core.lm_train`.
+Its checkpoints are :mod:`ssog_core.checkpoint.lm`; training and loss curves :mod:`ssog_core.train.lm`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,18 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ssog_core.attention import DotAttention, RBFAttention
-from ssog_core.checkpoint import (
-    CheckpointError,
-    cpu_state_dict,
-    load_weights,
-    read_safetensors,
-    software_versions,
-    write_safetensors,
-)
-from ssog_core.vit import Block, init_registers
+from ssog_core.nn.attention import DotAttention, RBFAttention
+from ssog_core.nn.vit import Block, init_registers
 
-LM_FORMAT = "ssog-lab-lm/1"
 POSITIONS = ("susie", "learned", "none")
 LM_ATTENTION = ("dot", "rbf")
 
@@ -209,32 +198,3 @@ class CausalLM(nn.Module):
             nxt = torch.multinomial(torch.softmax(logits, -1).cpu(), 1, generator=generator).to(idx.device)
             idx = torch.cat([idx, nxt], dim=1)
         return idx
-
-
-def save_lm(path: str | Path, model: CausalLM, tokenizer: Tokenizer, meta: dict[str, Any] | None = None) -> Path:
-    """Weights, config, tokenizer and ``meta`` in one safetensors file, written atomically."""
-    header = {
-        "format": LM_FORMAT,
-        "config": json.dumps(model.config.to_dict()),
-        "tokenizer": json.dumps(tokenizer.to_dict()),
-        "meta": json.dumps({"software": software_versions(), **(meta or {})}),
-    }
-    return write_safetensors(path, cpu_state_dict(model), header)
-
-
-def load_lm(path: str | Path, device: str | torch.device = "cpu") -> tuple[CausalLM, Tokenizer, dict[str, Any]]:
-    """A checkpoint written by :func:`save_lm` as an eval-mode float32 model, its tokenizer and metadata."""
-    path = Path(path)
-    header, state = read_safetensors(path)
-    if header.get("format") != LM_FORMAT:
-        raise CheckpointError(f"{path.name} is not a language-model checkpoint (format {header.get('format')!r})")
-    try:
-        config = LMConfig.from_dict(json.loads(header["config"]))
-        tok = json.loads(header["tokenizer"])
-        tokenizer = Tokenizer(tok["kind"], tok["chars"])
-        meta = json.loads(header.get("meta", "{}"))
-    except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{path.name} has an unusable header: {e}") from None
-    with torch.device("meta"):  # the weights come from the file: no initialisation to throw away
-        model = CausalLM(config)
-    return load_weights(model, state, path.name, config.attn).to(device), tokenizer, meta

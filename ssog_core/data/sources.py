@@ -3,8 +3,8 @@
     cifar100:PATH      the official "python version": a ``cifar-100-python/`` folder (``train``, ``test``,
                        ``meta``) or the ``cifar-100-python.tar.gz`` archive (read in place, never extracted)
     imagefolder:PATH   ``PATH/train/CLASS/*.jpg|png|...`` and ``PATH/val/CLASS/*`` (the ImageNet layout)
-    shapes[:SPEC]      the procedural data set of :mod:`ssog_core.shapes` (SPEC e.g. ``classes=10,train=20000``)
-    layouts[:SPEC]     the procedural data set of :mod:`ssog_core.layouts` (bars, pairs, stripes; same SPEC keys)
+    shapes[:SPEC]      the procedural data set of :mod:`ssog_core.data.shapes` (SPEC e.g. ``classes=10,train=20000``)
+    layouts[:SPEC]     the procedural data set of :mod:`ssog_core.data.layouts` (bars, pairs, stripes; same SPEC keys)
 
 Every sample is an ``(H, W, 3)`` uint8 array at the requested size plus an integer label; pixels become
 floats in [0, 1] on the device (no normalisation: the models see raw [0, 1] pixels, like the reference CIFAR example).
@@ -35,9 +35,9 @@ import torch
 from PIL import Image
 from torch.utils.data import DistributedSampler, Sampler
 
-from ssog_core.images import IMAGE_SUFFIXES, ImageError, load_image
-from ssog_core.layouts import LayoutsDataset, LayoutsSpec
-from ssog_core.shapes import ShapesDataset, ShapesSpec
+from ssog_core.data.images import IMAGE_SUFFIXES, ImageError, load_image
+from ssog_core.data.layouts import LayoutsDataset, LayoutsSpec
+from ssog_core.data.shapes import ShapesDataset, ShapesSpec
 
 PROCEDURAL = {"shapes": (ShapesSpec, ShapesDataset), "layouts": (LayoutsSpec, LayoutsDataset)}
 DATA_KINDS = ("cifar100", "imagefolder", *PROCEDURAL)

@@ -19,8 +19,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from ssog_core.config import ViTConfig
-from ssog_core.files import atomic_write
+from ssog_core.checkpoint.files import atomic_write
+from ssog_core.nn.config import ViTConfig
 
 FORMAT = "ssog-lab/1"
 MAX_CHECKPOINT_BYTES = 2 * 1024**3  # far above any ViT this project trains; refuses absurd uploads early
@@ -124,7 +124,7 @@ def state_dict_problems(model: nn.Module, state: Mapping[str, Tensor]) -> list[s
 
 def build_model(config: ViTConfig, state: Mapping[str, Tensor], source: str = "checkpoint") -> nn.Module:
     """A ``ViT`` holding ``state`` (float32), after checking that every tensor fits."""
-    from ssog_core.vit import ViT
+    from ssog_core.nn.vit import ViT
 
     with torch.device("meta"):
         model = ViT(config)
