@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from ssog_core.checkpoint.files import atomic_write
+from ssog_core.checkpoint.history import History, split_history
 from ssog_core.nn.config import ViTConfig
 
 FORMAT = "ssog-lab/1"
@@ -71,6 +72,7 @@ def save_checkpoint(
     meta: Mapping[str, Any] | None = None,
     dtype: torch.dtype | None = None,
     header: Mapping[str, str] | None = None,
+    history: History | None = None,
 ) -> Path:
     """Write ``model`` (its config, weights and ``meta``) to ``path`` atomically.
 
@@ -79,6 +81,7 @@ def save_checkpoint(
             accuracy, ...); software versions are added.
         dtype: store floating-point weights in this dtype (e.g. ``torch.float16`` for shipping).
         header: further safetensors header entries (strings), e.g. ``TRANSFER_KEY``.
+        history: the training history, stored as float32 ``history.*`` tensors beside the weights.
     """
     config: ViTConfig = unwrap(model).config
     full_meta = {"software": software_versions(), **(meta or {})}
@@ -88,7 +91,10 @@ def save_checkpoint(
         "config": json.dumps(config.to_dict()),
         "meta": json.dumps(full_meta),
     }
-    return write_safetensors(path, cpu_state_dict(model, dtype), entries)
+    state = cpu_state_dict(model, dtype)
+    if history is not None:
+        state.update(history.to_tensors())
+    return write_safetensors(path, state, entries)
 
 
 def update_metadata(path: str | Path, entries: Mapping[str, str]) -> Path:
@@ -172,6 +178,19 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, str], dict[str, Tensor
 
 def read_checkpoint(path: str | Path) -> tuple[ViTConfig, dict[str, Tensor], dict[str, Any]]:
     """Config, raw tensors and metadata of a ViT checkpoint file, with clear errors for bad files."""
+    config, state, meta, _ = read_checkpoint_with_history(path)
+    return config, state, meta
+
+
+def read_history(path: str | Path) -> History | None:
+    """The training history stored in a checkpoint, or ``None`` (trained before histories, or converted)."""
+    return read_checkpoint_with_history(path)[3]
+
+
+def read_checkpoint_with_history(
+    path: str | Path,
+) -> tuple[ViTConfig, dict[str, Tensor], dict[str, Any], History | None]:
+    """:func:`read_checkpoint` plus the training history (``history.*`` tensors, never part of the model)."""
     name = Path(path).name
     header, state = read_safetensors(path)
     if header.get("format") != FORMAT or "config" not in header:
@@ -186,7 +205,11 @@ def read_checkpoint(path: str | Path) -> tuple[ViTConfig, dict[str, Tensor], dic
             meta[TRANSFER_KEY] = json.loads(header[TRANSFER_KEY])
     except (json.JSONDecodeError, ValueError, TypeError) as e:
         raise CheckpointError(f"{name} has an unusable model config: {e}") from None
-    return config, state, meta
+    try:
+        state, history = split_history(state)
+    except ValueError as e:
+        raise CheckpointError(f"{name}: {e}") from None
+    return config, state, meta, history
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, dict[str, Any]]:

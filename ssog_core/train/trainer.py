@@ -55,12 +55,13 @@ from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.format import (
     TRANSFER_KEY,
     CheckpointError,
-    read_checkpoint,
+    read_checkpoint_with_history,
     save_checkpoint,
     software_versions,
     unwrap,
     update_metadata,
 )
+from ssog_core.checkpoint.history import History, at_chance, snapshot_steps, stalled_gates
 from ssog_core.data.images import parse_size
 from ssog_core.data.sources import (
     CROP_PADDING,
@@ -75,7 +76,8 @@ from ssog_core.data.sources import (
     resolve_augment,
     to_float,
 )
-from ssog_core.field import TAPS
+from ssog_core.field import TAPS, positive
+from ssog_core.nn.attention import COLD_GATE, WARM_GATE
 from ssog_core.nn.config import ATTENTION_KINDS, ViTConfig
 from ssog_core.nn.vit import ViT
 from ssog_core.train.accuracy import (
@@ -571,13 +573,16 @@ class Trainer:
     def _init_from(self, path: str) -> None:
         """Start from a checkpoint's weights (a second stage with a fresh schedule); the architectures must match."""
         try:
-            config, state, _ = read_checkpoint(path)
+            config, state, _, history = read_checkpoint_with_history(path)
         except CheckpointError as e:
             raise TrainError(f"--init-from: {e}") from None
         if config.to_dict() != self.config.to_dict():
             diff = sorted(k for k, v in config.to_dict().items() if self.config.to_dict().get(k) != v)
             raise TrainError(f"--init-from {path}: its model differs from this run's in {', '.join(diff)}")
         self.model.load_state_dict({k: v.float() for k, v in state.items()})
+        if history is not None:  # this stage's snapshots continue the earlier stage's
+            history.new_stage()
+            self.history = history
 
     def __init__(self, args: argparse.Namespace, d: Dist, command: str, state: dict[str, Any] | None):
         self.args, self.d, self.command = args, d, command
@@ -593,6 +598,7 @@ class Trainer:
         self.local_batch = args.batch_size // d.world
         torch.manual_seed(args.seed)  # the same initial weights in every process
         self.model = ViT(self.config).to(d.device)
+        self.history = History()
         if getattr(args, "init_from", None) and state is None:
             self._init_from(args.init_from)
         self.num_params = sum(p.numel() for p in self.model.parameters())
@@ -622,6 +628,8 @@ class Trainer:
         self.amp = cuda if args.amp is None else args.amp
         self.step, self.metrics, self.resumed_from = 0, [], None
         self.running: dict[str, float] = {}  # this epoch's sums so far: images, loss·n, correct
+        self.snapshot_steps = set(snapshot_steps(self.total_steps))
+        self.cold_gate_scale = float(positive(torch.tensor(COLD_GATE if self.config.cold_init else WARM_GATE)))
         if state is not None:
             self._restore(state)
         torch.manual_seed(args.seed + 1_000_003 * d.rank + self.step)  # dropout: different in every process
@@ -668,6 +676,9 @@ class Trainer:
         self.step = int(state["step"])
         self.metrics = [r for r in state["metrics"] if r["step"] <= self.step]
         self.running = dict(state["running"])
+        if "history" in state:  # runs started before histories resume without one
+            self.history = History.from_state(state["history"])
+            self.history.truncate(self.step)
         if len(state["rng"]) != self.d.world:
             raise TrainError(
                 f"the run was saved by {len(state['rng'])} processes; "
@@ -713,7 +724,9 @@ class Trainer:
                 last = self.metrics[-1] if self.metrics else {}
                 evaluated = last.get("step") == self.step  # a mid-epoch save has no accuracy of its own weights
                 acc, vloss = (last["val_acc"], last["val_loss"]) if evaluated else (None, None)
-                save_checkpoint(self.out / "last.safetensors", self.model, self.meta(acc, vloss, finished))
+                save_checkpoint(
+                    self.out / "last.safetensors", self.model, self.meta(acc, vloss, finished), history=self.history
+                )
                 state = {
                     "version": STATE_VERSION,
                     "args": _plain_args(self.args),
@@ -725,6 +738,7 @@ class Trainer:
                     "rng": rng,
                     "metrics": self.metrics,
                     "running": self.running,
+                    "history": self.history.to_state(),
                 }
                 atomic_write(self.out / "train_state.pt", lambda tmp: torch.save(state, tmp))
         _sync(self.d)
@@ -772,7 +786,39 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
+        self.history.add_batch(loss_sum, correct, len(y) * self.d.world)
+        if self.step in self.snapshot_steps:
+            self._snapshot()
         return loss_sum, correct, stopping > 0
+
+    def _snapshot(self) -> None:
+        """Record the fields and gates now; warn once if every gate is still shut after a tenth of the run."""
+        self.history.snapshot(self.model, self.step)
+        if (
+            self.step >= 0.1 * self.total_steps
+            and "gates" not in self.history.warned
+            and stalled_gates(self.history, self.cold_gate_scale)
+        ):
+            self.history.warned.append("gates")
+            self.log(
+                f"warning: after {self.step} steps (10% of the run) every steering gate is still within 2x its "
+                f"starting scale {self.cold_gate_scale:.3g}: content cannot steer the fields yet. Give the gates a "
+                "larger --gate-lr-mult (the bundled models use 10) or start them warm with --warm-gates."
+            )
+
+    def _check_chance(self, accuracy: float) -> None:
+        """Warn once if validation accuracy is still at chance after a fifth of the run."""
+        if (
+            self.step >= 0.2 * self.total_steps
+            and "chance" not in self.history.warned
+            and at_chance(accuracy, self.data.num_classes)
+        ):
+            self.history.warned.append("chance")
+            self.log(
+                f"warning: validation accuracy {accuracy:.1%} is still at chance (1/{self.data.num_classes}) after "
+                f"{self.step} steps (20% of the run). Try a higher --lr or a shorter --warmup-epochs; for SSOG "
+                "also --field-lr-mult and --gate-lr-mult (the bundled models use 10); and check the labels."
+            )
 
     def _stop(self, why: str) -> None:
         self.save()
@@ -790,6 +836,8 @@ class Trainer:
         if self.resumed_from is not None:
             self.log(f"resuming at step {self.step} (epoch {self.step // spe + 1}, batch {self.step % spe})")
         with _StopRequest() as stop:
+            if self.step == 0:
+                self.history.snapshot(self.model, 0)
             while self.step < self.total_steps:
                 if a.stop_after is not None and self.step >= a.stop_after:
                     self._stop(f"stopped after {self.step} steps (--stop-after)")
@@ -873,6 +921,8 @@ class Trainer:
         if gates:
             row["gates"] = gates
         self.metrics.append(row)
+        self.history.add_validation(self.step, val["accuracy"], val["loss"])
+        self._check_chance(val["accuracy"])
         self.save()
         if self.d.main:
             with self._writing("metrics.jsonl / curves.png"):
@@ -891,9 +941,9 @@ class Trainer:
             last = self.metrics[-1] if self.metrics else {}
             meta = self.meta(last.get("val_acc"), last.get("val_loss"), finished=True)
             with self._writing("the final checkpoints"):
-                save_checkpoint(self.out / "last.safetensors", self.model, meta)
+                save_checkpoint(self.out / "last.safetensors", self.model, meta, history=self.history)
                 dtype = SAVE_DTYPES[self.args.save_dtype]
-                save_checkpoint(self.out / "model.safetensors", self.model, meta, dtype=dtype)
+                save_checkpoint(self.out / "model.safetensors", self.model, meta, dtype=dtype, history=self.history)
             self.log(
                 f"done: val accuracy {last.get('val_acc', float('nan')):.4f}; wrote {self.out / 'model.safetensors'}"
             )
