@@ -9,10 +9,9 @@ import torch
 from PIL import Image
 
 from ssog_core.checkpoint.format import TRANSFER_KEY, CheckpointError, load_checkpoint, read_checkpoint, update_metadata
-from ssog_core.cli import evaluate
+from ssog_core.cli import evaluate, train
 from ssog_core.data.sources import Transformed, open_data
 from ssog_core.train import accuracy
-from ssog_core.train import trainer as train
 from tests.data_files import write_cifar
 
 TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--atoms", "2", "--batch-size", "8", "--no-progress"]

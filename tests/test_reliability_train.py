@@ -19,7 +19,8 @@ import torch
 
 from ssog_core.checkpoint import format as checkpoint
 from ssog_core.checkpoint.format import load_checkpoint, read_checkpoint
-from ssog_core.train import trainer as train
+from ssog_core.cli import train
+from ssog_core.train import trainer
 from tests.helpers import assert_same_weights
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +35,7 @@ import sys, time
 from pathlib import Path
 import torch
 from ssog_core.checkpoint import format as checkpoint
-from ssog_core.train import trainer as train
+from ssog_core.cli import train
 
 which, nth, marker = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 calls = 0
@@ -154,7 +155,7 @@ def test_disk_full_while_writing_the_training_state(tmp_path, monkeypatch, capsy
 def test_space_check_estimate_covers_what_a_run_writes(uninterrupted, tmp_path, monkeypatch, capsys):
     """The free-space check before training asks for at least what the run's files and their temporary copies take."""
     asked = []
-    monkeypatch.setattr(train, "check_space", lambda out, need_bytes: asked.append(need_bytes))
+    monkeypatch.setattr(trainer, "check_space", lambda out, need_bytes: asked.append(need_bytes))
     assert train.main([*RUN, "--out", str(tmp_path / "r"), "--epochs", "1", "--stop-after", "1"]) == 0
     written = sum(p.stat().st_size for p in uninterrupted.iterdir() if p.suffix in (".safetensors", ".pt"))
     assert asked and asked[0] >= written + (uninterrupted / "train_state.pt").stat().st_size

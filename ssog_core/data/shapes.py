@@ -23,7 +23,7 @@ from PIL import Image, ImageDraw
 
 from ssog_core.data.images import list_images, load_image
 
-BACKGROUNDS = Path(__file__).resolve().parent.parent / "assets" / "backgrounds"  # the photos define the data set
+BACKGROUNDS = Path(__file__).resolve().parents[2] / "assets" / "backgrounds"  # the photos define the data set
 SUPERSAMPLE = 4  # mask drawn at 4× resolution, then box-filtered: smooth edges at any output size
 SPLITS = {"train": 0, "val": 1}
 

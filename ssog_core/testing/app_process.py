@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:

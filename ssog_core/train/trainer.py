@@ -1,44 +1,16 @@
-"""Train an SSOG ViT or its dot twin with the SSOG post's matched recipe.
-
-    python -m ssog_core.train --data cifar100:./cifar-100-python --attn ssog --out runs/ssog
-    python -m ssog_core.train --data cifar100:./cifar-100-python --attn dot --out runs/dot
-    python -m ssog_core.train --out runs/ssog --resume                  # continue after a kill
-    torchrun --nproc_per_node 4 -m ssog_core.train --data imagefolder:/data/imagenet --out runs/in1k
-
-The recipe (defaults): AdamW (lr 1e-3, weight decay 0.05 on every parameter, as the reference CIFAR example), linear
-warm-up for 5 epochs then cosine decay to 0, updated every step; the data kind's crop + horizontal flip
-(``--augment crop,flip``: a pad-4 random crop for cifar100 / shapes / layouts, an Inception random-resized crop
-for imagefolder; name ``pad-crop`` or ``resized-crop`` to choose); batch 128 with drop_last; dropout 0.1.
-``--batch-size`` is the global batch, split over torchrun's processes, so the schedule is the same on any number
-of GPUs. On CUDA, bf16 autocast and ``torch.compile`` are on unless turned off. The transforms are printed at the
-start and stored in the checkpoint metadata (``augment``, ``crop_pad``, ``transforms``).
-
-Files in ``--out``: ``last.safetensors`` (float32 weights + config + metadata, written periodically and at
-the end), ``train_state.pt`` (weights, optimizer, scheduler, RNG states and position, for ``--resume``),
-``metrics.jsonl`` (one line per epoch), ``curves.png`` with ``--plot``, and ``model.safetensors`` at the end
-in ``--save-dtype``. At the end the final model's zero-shot resolution transfer (``--transfer-sizes``: 0.5×–2×
-the training size, at most 1000 val images each) is added to both checkpoints' headers as
-``resolution_transfer`` and written to ``model.transfer.json``. Every file is written to a temporary name and
-renamed, so a kill never leaves a half-written file. Ctrl-C (or SIGTERM) finishes the current step, saves, and exits.
-"""
+"""The training loop of one run: data, model, optimiser and schedule, checkpoints, metrics and history, from a
+:class:`~ssog_core.train.config.TrainConfig` (the command line is :mod:`ssog_core.cli.train`)."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import dataclasses
 import json
 import math
-import os
 import platform
-import random
-import shlex
-import shutil
 import signal
 import sys
-import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,23 +34,18 @@ from ssog_core.checkpoint.format import (
     update_metadata,
 )
 from ssog_core.checkpoint.history import History, at_chance, snapshot_steps, stalled_gates
-from ssog_core.data.images import parse_size
 from ssog_core.data.sources import (
-    CROP_PADDING,
-    DataError,
     DataSource,
     EpochSampler,
     Transformed,
     describe_transforms,
     open_data,
-    parse_augment,
-    parse_data_spec,
     resolve_augment,
     to_float,
 )
-from ssog_core.field import TAPS, positive
+from ssog_core.field import positive
 from ssog_core.nn.attention import COLD_GATE, WARM_GATE
-from ssog_core.nn.config import ATTENTION_KINDS, ViTConfig
+from ssog_core.nn.config import ViTConfig
 from ssog_core.nn.vit import ViT
 from ssog_core.train.accuracy import (
     autocast,
@@ -89,352 +56,11 @@ from ssog_core.train.accuracy import (
     transfer_curve,
     transfer_sizes,
 )
-
-STATE_VERSION = 1
-# Options that only change how a run executes, not what it computes: a resumed run may change these.
-RUNTIME_OPTIONS = {
-    "resume",
-    "device",
-    "compile",
-    "amp",
-    "workers",
-    "plot",
-    "stop_after",
-    "ckpt_every",
-    "save_dtype",
-    "progress",
-    "eval_batch_size",
-    "out",
-    "transfer_sizes",
-}
-TRANSFER_IMAGES = 1000  # val images per size of the transfer curve measured at the end (keeps it cheap)
-SAVE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-DEFAULT_PATCH = {
-    "cifar100": 2,
-    "imagefolder": 16,
-    "shapes": 4,
-    "layouts": 4,
-}  # the SSOG post's 16×16 (CIFAR) and 14×14 (224²) grids
-
-
-class TrainError(RuntimeError):
-    """A run that cannot start or go on, with a message meant for a person."""
-
-
-class DivergedError(TrainError):
-    """The loss became NaN or infinite."""
-
-
-# ------------------------------------------------------------------------------------------- command line
-
-
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse ``type`` for integers ``>= minimum``, with a message that says which rule was broken."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
-        return value
-
-    return parse
-
-
-_positive_int = _int_at_least(1)
-_nonneg_int = _int_at_least(0)
-
-
-def _float_in(lo: float, hi: float, lo_open: bool = False) -> Any:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not math.isfinite(value) or value < lo or value > hi or (lo_open and value == lo):
-            bound = f"({lo}, {hi}]" if lo_open else f"[{lo}, {hi}]"
-            raise argparse.ArgumentTypeError(f"{value} is outside {bound}")
-        return value
-
-    return parse
-
-
-def _steer(text: str) -> tuple[str, ...]:
-    taps = tuple(t.strip() for t in text.split(",") if t.strip())
-    bad = [t for t in taps if t not in TAPS]
-    if bad or len(set(taps)) != len(taps):
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: give distinct taps from {','.join(TAPS)}, or '' for the fixed field"
-        )
-    return tuple(t for t in TAPS if t in taps)
-
-
-def _augment(text: str) -> tuple[str, ...]:
-    try:
-        return parse_augment(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _data(text: str) -> str:
-    try:
-        parse_data_spec(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
-
-
-def _transfer_sizes(text: str) -> str | tuple[tuple[int, int], ...]:
-    """``auto`` (0.5×–2× the training size), ``none``, or a comma list of sizes (N or HxW)."""
-    if text in ("auto", "none"):
-        return text
-    return tuple(parse_size(t.strip()) for t in text.split(",") if t.strip()) or "none"
-
-
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m ssog_core.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    g = ap.add_argument_group("data")
-    g.add_argument(
-        "--data",
-        type=_data,
-        default="shapes",
-        help="cifar100:PATH, imagefolder:PATH, shapes[:SPEC] or layouts[:SPEC] (default: shapes)",
-    )
-    g.add_argument("--img-size", type=parse_size, help="N or HxW (default: the data's size; 224 for imagefolder)")
-    g.add_argument(
-        "--augment",
-        type=_augment,
-        default=("crop", "flip"),
-        help="comma list of pad-crop, resized-crop, crop (the data's default: pad-crop, resized-crop for "
-        "imagefolder) and flip, or none (default: crop,flip)",
-    )
-    g.add_argument(
-        "--crop-pad", type=_nonneg_int, default=CROP_PADDING, help="zero padding of pad-crop, pixels (default 4)"
-    )
-    g.add_argument("--workers", type=_nonneg_int, help="data loader processes (default: 4 on CUDA, 0 on CPU)")
-
-    g = ap.add_argument_group("model")
-    g.add_argument("--attn", choices=ATTENTION_KINDS, default="ssog", help="ssog (default), its dot twin, or rbf")
-    g.add_argument("--field", choices=("factorized", "axial"), default="factorized")
-    g.add_argument(
-        "--steer", type=_steer, default=TAPS, help="content taps: mu,sigma,lambda (default) or '' (fixed field)"
-    )
-    g.add_argument("--atoms", type=_positive_int, default=4, help="Gaussians per head, 1-8 (default 4)")
-    g.add_argument(
-        "--patch-size",
-        type=_positive_int,
-        help="default: 2 for cifar100, 16 for imagefolder, 4 for shapes and layouts",
-    )
-    g.add_argument("--dim", type=_positive_int, default=256)
-    g.add_argument("--depth", type=_positive_int, default=6)
-    g.add_argument("--heads", type=_positive_int, default=4)
-    g.add_argument("--mlp-ratio", type=_float_in(0, 64, lo_open=True), default=2.0)
-    g.add_argument("--dropout", type=_float_in(0, 0.99), default=0.1)
-    g.add_argument("--max-offset", type=_float_in(0, 1e4), default=4.0, help="bound on μδ, grid cells (default 4)")
-    g.add_argument("--sigma-floor", type=_float_in(0, 1e4), default=0.25, help="narrowest atom, grid cells")
-    g.add_argument("--warm-gates", action="store_true", help="start steering gates at softplus(-2) ≈ 0.13, not 3e-4")
-    g.add_argument("--registers", type=_nonneg_int, default=0, help="register tokens (dot / rbf only)")
-    g.add_argument("--qk-norm", action="store_true", help="RMS-normalise q and k per head (dot only)")
-    g.add_argument("--susie", action="store_true", help="2D SuSiE position code on q and k (dot / rbf only)")
-    g.add_argument("--susie-dim", type=_nonneg_int, default=0, help="channels per head with SuSiE (0: all)")
-
-    g = ap.add_argument_group("optimisation")
-    g.add_argument("--epochs", type=_positive_int, default=100)
-    g.add_argument("--batch-size", type=_positive_int, default=128, help="global batch (split over processes)")
-    g.add_argument("--lr", type=_float_in(0, 10, lo_open=True), default=1e-3)
-    g.add_argument("--weight-decay", type=_float_in(0, 10), default=0.05)
-    g.add_argument("--warmup-epochs", type=_float_in(0, 1e6), default=5.0)
-    g.add_argument(
-        "--gate-lr-mult", type=_float_in(0, 1e4, lo_open=True), default=1.0, help="lr multiplier of the steering gates"
-    )
-    g.add_argument(
-        "--field-lr-mult",
-        type=_float_in(0, 1e4, lo_open=True),
-        default=1.0,
-        help="lr multiplier of the fixed field's μ, σ, λ, τ",
-    )
-    g.add_argument("--seed", type=_nonneg_int, default=0)
-
-    g = ap.add_argument_group("run")
-    g.add_argument("--out", help="run folder (default: runs/ATTN-DATAKIND)")
-    g.add_argument("--resume", action="store_true", help="continue the run in --out from its train_state.pt")
-    g.add_argument("--init-from", metavar="CHECKPOINT", help="start from these weights (same model), fresh schedule")
-    g.add_argument("--ckpt-every", type=_nonneg_int, default=0, help="also save every N steps (default: each epoch)")
-    g.add_argument("--stop-after", type=_positive_int, help="save and stop once N steps are done (as a kill would)")
-    g.add_argument(
-        "--save-dtype", choices=tuple(SAVE_DTYPES), default="float32", help="dtype of the final model.safetensors"
-    )
-    g.add_argument("--plot", action="store_true", help="write curves.png (train/val loss and accuracy) every epoch")
-    g.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
-    g.add_argument("--compile", action=argparse.BooleanOptionalAction, help="torch.compile (default: on CUDA)")
-    g.add_argument("--amp", action=argparse.BooleanOptionalAction, help="bf16 autocast (default: on CUDA)")
-    g.add_argument("--eval-batch-size", type=_positive_int, default=256)
-    g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bars")
-    g.add_argument(
-        "--transfer-sizes",
-        type=_transfer_sizes,
-        default="auto",
-        help="sizes of the zero-shot resolution transfer measured at the end (stored in the checkpoint as "
-        f"{TRANSFER_KEY}; at most {TRANSFER_IMAGES} val images each): auto (0.5×, 0.75×, 1×, 1.5×, 2× the "
-        "training size, multiples of the patch), a comma list such as 16,24x32, or none",
-    )
-    return ap
-
-
-def parse_args(argv: list[str]) -> tuple[argparse.Namespace, set[str]]:
-    """Parsed arguments and the names the user gave explicitly (a resumed run checks those)."""
-    ap = build_parser()
-    args = ap.parse_args(argv)
-    probe = build_parser()
-    for action in probe._actions:
-        action.default = argparse.SUPPRESS
-    explicit = set(vars(probe.parse_args(argv)))
-    return args, explicit
-
-
-# ------------------------------------------------------------------------------------------------ processes
-
-
-@dataclass
-class Dist:
-    rank: int = 0
-    world: int = 1
-    device: torch.device = torch.device("cpu")
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-
-def init_distributed(device: str | None) -> Dist:
-    """One process (plain ``python -m``) or one of torchrun's: NCCL on CUDA, gloo on CPU."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    name = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError as e:
-        raise TrainError(f"--device {name!r}: {e}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise TrainError("--device cuda was asked for, but this PyTorch sees no CUDA device")
-    if world == 1:
-        return Dist(0, 1, dev)
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    if dev.type == "cuda":
-        dev = torch.device("cuda", local_rank)
-        torch.cuda.set_device(dev)
-    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
-    return Dist(rank, world, dev)
-
-
-def _sync(d: Dist) -> None:
-    if d.world > 1:
-        dist.barrier()
-
-
-# ---------------------------------------------------------------------------------------------- the output
-
-
-def check_writable(out: Path) -> None:
-    """Fail before anything else if ``out`` cannot be created and written."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=out, prefix=".write-test.")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise TrainError(f"cannot write to --out {out}: {e.strerror or e}") from None
-
-
-def remove_unfinished(out: Path) -> list[Path]:
-    """Delete the temporary files of saves that a kill interrupted (``atomic_write`` names them ``.NAME.*.tmp``):
-    the complete files they would have replaced are still there, so they hold nothing of value."""
-    names = (
-        "last.safetensors",
-        "model.safetensors",
-        "train_state.pt",
-        "metrics.jsonl",
-        "curves.png",
-        "model.transfer.json",
-    )
-    stale = [p for name in names for p in out.glob(f".{name}.*.tmp") if p.is_file()]
-    for p in stale:
-        p.unlink(missing_ok=True)
-    return stale
-
-
-def check_space(out: Path, need_bytes: int) -> None:
-    """Fail before training if the disk of ``out`` lacks room for the checkpoints and their temporary copies."""
-    free = shutil.disk_usage(out).free
-    if free < need_bytes:
-        raise TrainError(
-            f"--out {out} has {free / 1e6:.1f} MB free, but the checkpoints need about {need_bytes / 1e6:.1f} MB: "
-            "free some space or choose another --out"
-        )
-
-
-def _atomic_json_lines(path: Path, rows: list[dict[str, Any]]) -> None:
-    atomic_write(path, lambda tmp: Path(tmp).write_text("".join(json.dumps(r) + "\n" for r in rows)))
-
-
-def plot_curves(rows: list[dict[str, Any]], path: Path, title: str) -> None:
-    """Train/val loss and accuracy per epoch (PNG, matplotlib Agg)."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(9, 3.4), dpi=110)
-    ep = [r["epoch"] for r in rows]
-    for i, (key, label) in enumerate((("loss", "loss"), ("acc", "accuracy"))):
-        ax = fig.add_subplot(1, 2, i + 1)
-        ax.plot(ep, [r[f"train_{key}"] for r in rows], marker=".", label="train")
-        ax.plot(ep, [r[f"val_{key}"] for r in rows], marker=".", label="val")
-        ax.set_xlabel("epoch")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
-
-
-# -------------------------------------------------------------------------------------------- optimisation
-
-
-def lr_factor(step: int, warmup: int, total: int) -> float:
-    """Linear warm-up over ``warmup`` steps, then cosine to 0 at ``total`` (step = optimizer steps done)."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-
-FIELD_PARAMETERS = ("mu", "raw_sigma", "log_lambda", "raw_temperature")  # the fixed field of an SSOG layer
-
-
-def make_optimizer(model: nn.Module, args: argparse.Namespace) -> torch.optim.AdamW:
-    """AdamW with weight decay on every parameter (the reference implementation's recipe).
-
-    The steering gates and the fixed field's parameters (μ, σ, λ, τ) get their own learning-rate multipliers:
-    under Adam a parameter moves about one learning rate per step, so a short run cannot open a cold gate or
-    move an atom by several grid cells without them. The fused implementation updates every parameter in one
-    kernel: an SSOG layer has 15 parameter tensors (a dot layer 2), and the per-tensor loop cost 4.4 ms of a
-    115 ms d64 training step on 2 CPU threads.
-    """
-    field_mult = getattr(args, "field_lr_mult", 1.0)
-    gates, field, rest = [], [], []
-    for name, p in model.named_parameters():
-        leaf = name.rsplit(".", 1)[-1]
-        is_field = leaf in FIELD_PARAMETERS and field_mult != 1.0  # no extra group by default: old runs resume
-        (gates if leaf.endswith("_scale") else field if is_field else rest).append(p)
-    groups = [{"params": rest, "lr": args.lr}]
-    for params, mult in ((gates, args.gate_lr_mult), (field, field_mult)):
-        if params:
-            groups.append({"params": params, "lr": args.lr * mult})
-    return torch.optim.AdamW(groups, lr=args.lr, weight_decay=args.weight_decay, fused=True)
+from ssog_core.train.config import DEFAULT_PATCH, SAVE_DTYPES, TRANSFER_IMAGES, DivergedError, TrainConfig, TrainError
+from ssog_core.train.distributed import Dist, sync
+from ssog_core.train.optim import lr_factor, make_optimizer
+from ssog_core.train.output import check_space, plot_curves, write_json_lines
+from ssog_core.train.state import STATE_VERSION, rng_state, set_rng_state
 
 
 def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -449,73 +75,6 @@ def gate_summary(model: nn.Module) -> dict[str, list[float]]:
         for tap, s in (scales() if scales else {}).items():
             out.setdefault(tap, []).append(round(float(s.detach()), 6))
     return out
-
-
-# ----------------------------------------------------------------------------------------- state and resume
-
-
-def _rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": {
-            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
-            "pos": int(np_state[2]),
-            "gauss": [int(np_state[3]), float(np_state[4])],
-        },
-        "python": random.getstate(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    n = state["numpy"]
-    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["gauss"][0], n["gauss"][1]))
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def load_train_state(path: Path) -> dict[str, Any]:
-    """The resume file, read without unpickling anything but tensors and plain containers."""
-    if not path.is_file():
-        raise TrainError(f"nothing to resume: {path} does not exist (was the run started with this --out?)")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 (torch raises many types for a bad file; all mean "unusable")
-        raise TrainError(f"{path} is not a readable training state (truncated or corrupt?): {e}") from None
-    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-        raise TrainError(f"{path} is not a training state of this version of SSOG Lab")
-    return state
-
-
-def _resume_args(args: argparse.Namespace, explicit: set[str], saved: dict[str, Any]) -> argparse.Namespace:
-    """The saved run's arguments, with the runtime options given now; refuses changes to the recipe."""
-    changed = []
-    for name in sorted(explicit - RUNTIME_OPTIONS):
-        now, then = getattr(args, name), saved.get(name)
-        if (list(now) if isinstance(now, tuple) else now) != (list(then) if isinstance(then, tuple) else then):
-            changed.append(f"--{name.replace('_', '-')} {then!r} -> {now!r}")
-    if changed:
-        raise TrainError("a resumed run must keep its recipe; these differ from the saved run: " + "; ".join(changed))
-    merged = {**vars(args), **saved}  # options newer than the saved run keep their defaults
-    for name in RUNTIME_OPTIONS:  # how to run now: as given now (or its default), never the saved value
-        merged[name] = getattr(args, name)
-    for name in ("steer", "augment", "img_size"):
-        if merged.get(name) is not None:
-            merged[name] = tuple(merged[name])
-    return argparse.Namespace(**merged)
-
-
-def _plain_args(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()}
-
-
-# ------------------------------------------------------------------------------------------------- training
 
 
 class _StopRequest:
@@ -540,28 +99,29 @@ class _StopRequest:
             signal.signal(sig, handler)
 
 
-def model_config(args: argparse.Namespace, data: DataSource) -> ViTConfig:
+def model_config(cfg: TrainConfig, data: DataSource) -> ViTConfig:
+    """The model ``cfg`` describes for ``data`` (its number of classes); ``img_size`` and ``patch_size`` resolved."""
     try:
         return ViTConfig(
             num_classes=data.num_classes,
-            img_size=args.img_size,
-            patch_size=args.patch_size,
-            dim=args.dim,
-            depth=args.depth,
-            num_heads=args.heads,
-            mlp_ratio=args.mlp_ratio,
-            dropout=args.dropout,
-            attn=args.attn,
-            num_atoms=args.atoms,
-            field=args.field,
-            steer=args.steer,
-            max_offset=args.max_offset,
-            sigma_floor=args.sigma_floor,
-            cold_init=not args.warm_gates,
-            num_registers=args.registers,
-            qk_norm=args.qk_norm,
-            susie=args.susie,
-            susie_dim=args.susie_dim,
+            img_size=cfg.img_size,
+            patch_size=cfg.patch_size,
+            dim=cfg.dim,
+            depth=cfg.depth,
+            num_heads=cfg.heads,
+            mlp_ratio=cfg.mlp_ratio,
+            dropout=cfg.dropout,
+            attn=cfg.attn,
+            num_atoms=cfg.atoms,
+            field=cfg.field,
+            steer=cfg.steer,
+            max_offset=cfg.max_offset,
+            sigma_floor=cfg.sigma_floor,
+            cold_init=not cfg.warm_gates,
+            num_registers=cfg.registers,
+            qk_norm=cfg.qk_norm,
+            susie=cfg.susie,
+            susie_dim=cfg.susie_dim,
         )
     except ValueError as e:
         raise TrainError(str(e)) from None
@@ -584,59 +144,63 @@ class Trainer:
             history.new_stage()
             self.history = history
 
-    def __init__(self, args: argparse.Namespace, d: Dist, command: str, state: dict[str, Any] | None):
-        self.args, self.d, self.command = args, d, command
-        self.out = Path(args.out)
-        self.data = open_data(args.data, args.img_size)
-        if args.img_size is None:
-            args.img_size = self.data.native_size or (224, 224)
-        if args.patch_size is None:
-            args.patch_size = DEFAULT_PATCH[self.data.kind]
-        self.config = model_config(args, self.data)
-        if args.batch_size % d.world:
-            raise TrainError(f"--batch-size {args.batch_size} must be divisible by the {d.world} processes")
-        self.local_batch = args.batch_size // d.world
-        torch.manual_seed(args.seed)  # the same initial weights in every process
+    def __init__(self, config: TrainConfig, d: Dist, command: str, state: dict[str, Any] | None):
+        """``config``: the run's settings (``img_size`` / ``patch_size`` left ``None`` take the data's defaults:
+        ``self.cfg`` holds them resolved; ``self.config`` is the model's); ``command``: the line that started the
+        run (stored in the checkpoints); ``state``: a resume state (:func:`~ssog_core.train.state.load_train_state`)."""
+        self.d, self.command = d, command
+        self.out = Path(config.out)
+        self.data = open_data(config.data, config.img_size)
+        cfg = self.cfg = dataclasses.replace(
+            config,
+            img_size=config.img_size or self.data.native_size or (224, 224),
+            patch_size=config.patch_size or DEFAULT_PATCH[self.data.kind],
+        )
+        self.config = model_config(cfg, self.data)
+        if cfg.batch_size % d.world:
+            raise TrainError(f"--batch-size {cfg.batch_size} must be divisible by the {d.world} processes")
+        self.local_batch = cfg.batch_size // d.world
+        torch.manual_seed(cfg.seed)  # the same initial weights in every process
         self.model = ViT(self.config).to(d.device)
         self.history = History()
-        if getattr(args, "init_from", None) and state is None:
-            self._init_from(args.init_from)
+        if cfg.init_from and state is None:
+            self._init_from(cfg.init_from)
         self.num_params = sum(p.numel() for p in self.model.parameters())
-        if d.main:  # last.safetensors (4 B/param) + train_state.pt (16 B/param), each with a temporary copy
+        if d.is_primary:  # last.safetensors (4 B/param) + train_state.pt (16 B/param), each with a temporary copy
             check_space(self.out, need_bytes=2 * 20 * self.num_params + 16 * 1024**2)
-        _sync(d)
-        self.optimizer = make_optimizer(self.model, args)
+        sync(d)
+        self.optimizer = make_optimizer(self.model, cfg)
         self.transfer_sizes = self._choose_transfer_sizes()
-        self.augment = resolve_augment(args.augment, self.data.kind)
-        self.transforms = describe_transforms(self.data.kind, self.augment, args.crop_pad, args.img_size)
-        self.train_set = Transformed(self.data.train, args.img_size, self.augment, args.seed, args.crop_pad)
-        self.sampler = EpochSampler(self.train_set, d.world, d.rank, args.seed)
+        self.augment = resolve_augment(cfg.augment, self.data.kind)
+        self.transforms = describe_transforms(self.data.kind, self.augment, cfg.crop_pad, cfg.img_size)
+        self.train_set = Transformed(self.data.train, cfg.img_size, self.augment, cfg.seed, cfg.crop_pad)
+        self.sampler = EpochSampler(self.train_set, d.world, d.rank, cfg.seed)
         self.steps_per_epoch = self.sampler.num_samples // self.local_batch
         if self.steps_per_epoch == 0:
             raise TrainError(
-                f"the training split has {len(self.train_set)} images, fewer than one batch of {args.batch_size}: "
+                f"the training split has {len(self.train_set)} images, fewer than one batch of {cfg.batch_size}: "
                 "lower --batch-size"
             )
-        self.total_steps = args.epochs * self.steps_per_epoch
-        warmup = round(args.warmup_epochs * self.steps_per_epoch)
+        self.total_steps = cfg.epochs * self.steps_per_epoch
+        warmup = round(cfg.warmup_epochs * self.steps_per_epoch)
         self.warmup_steps = max(1, min(warmup, self.total_steps - 1))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, self.warmup_steps, self.total_steps)
         )
         cuda = d.device.type == "cuda"
-        self.workers = args.workers if args.workers is not None else (4 if cuda else 0)
-        self.amp = cuda if args.amp is None else args.amp
+        self.workers = cfg.workers if cfg.workers is not None else (4 if cuda else 0)
+        self.amp = cuda if cfg.amp is None else cfg.amp
         self.step, self.metrics, self.resumed_from = 0, [], None
         self.running: dict[str, float] = {}  # this epoch's sums so far: images, loss·n, correct
         self.snapshot_steps = set(snapshot_steps(self.total_steps))
         self.cold_gate_scale = float(positive(torch.tensor(COLD_GATE if self.config.cold_init else WARM_GATE)))
         if state is not None:
             self._restore(state)
-        torch.manual_seed(args.seed + 1_000_003 * d.rank + self.step)  # dropout: different in every process
+        torch.manual_seed(cfg.seed + 1_000_003 * d.rank + self.step)  # dropout: different in every process
         if state is not None:
-            _set_rng_state(state["rng"][d.rank])
+            set_rng_state(state["rng"][d.rank])
         self.compiled: nn.Module = self.model
-        if args.compile if args.compile is not None else cuda:
+        if cfg.compile if cfg.compile is not None else cuda:
             self.compiled = torch.compile(self.model)
         self.net = self.compiled
         if d.world > 1:
@@ -650,15 +214,15 @@ class Trainer:
             pin_memory=cuda,
             generator=torch.Generator(),  # keeps the loader from drawing on the global RNG
         )
-        self.val_loader = eval_loader(self.data.val, args.img_size, args.eval_batch_size, self.workers, d.rank, d.world)
+        self.val_loader = eval_loader(self.data.val, cfg.img_size, cfg.eval_batch_size, self.workers, d.rank, d.world)
 
     def _choose_transfer_sizes(self) -> list[tuple[int, int]]:
         """The sizes of the final transfer curve, checked now rather than after hours of training."""
-        chosen = getattr(self.args, "transfer_sizes", "auto")
+        chosen = self.cfg.transfer_sizes
         if chosen == "none":
             return []
         if chosen == "auto":
-            return transfer_sizes(tuple(self.args.img_size), self.args.patch_size)
+            return transfer_sizes(tuple(self.cfg.img_size), self.cfg.patch_size)
         sizes = [tuple(s) for s in chosen]
         try:
             for s in sizes:
@@ -687,7 +251,7 @@ class Trainer:
         self.resumed_from = self.step
 
     def _gather_rng(self) -> list[dict[str, Any]]:
-        mine = _rng_state()
+        mine = rng_state()
         if self.d.world == 1:
             return [mine]
         every: list[Any] = [None] * self.d.world
@@ -699,19 +263,19 @@ class Trainer:
             "class_names": self.data.class_names,
             "normalization": None,  # pixels in [0, 1], as the model was trained
             "command": self.command,
-            "data": self.args.data,
-            "img_size": list(self.args.img_size),
+            "data": self.cfg.data,
+            "img_size": list(self.cfg.img_size),
             "epochs": self.step / self.steps_per_epoch,
-            "epochs_planned": self.args.epochs,
+            "epochs_planned": self.cfg.epochs,
             "step": self.step,
             "accuracy": accuracy,
             "val_loss": val_loss,
             "finished": finished,
             "processes": self.d.world,
             "augment": list(self.augment),
-            "crop_pad": self.args.crop_pad,
+            "crop_pad": self.cfg.crop_pad,
             "transforms": self.transforms,
-            "train_args": _plain_args(self.args),
+            "train_args": self.cfg.to_dict(),
             "gate_scales": gate_summary(self.model),
             "software": {**software_versions(), "numpy": np.__version__, "platform": platform.platform()},
         }
@@ -719,7 +283,7 @@ class Trainer:
     def save(self, finished: bool = False) -> None:
         """Checkpoint + training state, atomically (collective: every process calls it)."""
         rng = self._gather_rng()
-        if self.d.main:
+        if self.d.is_primary:
             with self._writing("the checkpoint"):
                 last = self.metrics[-1] if self.metrics else {}
                 evaluated = last.get("step") == self.step  # a mid-epoch save has no accuracy of its own weights
@@ -729,7 +293,7 @@ class Trainer:
                 )
                 state = {
                     "version": STATE_VERSION,
-                    "args": _plain_args(self.args),
+                    "args": self.cfg.to_dict(),
                     "command": self.command,
                     "step": self.step,
                     "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
@@ -741,7 +305,7 @@ class Trainer:
                     "history": self.history.to_state(),
                 }
                 atomic_write(self.out / "train_state.pt", lambda tmp: torch.save(state, tmp))
-        _sync(self.d)
+        sync(self.d)
 
     @contextlib.contextmanager
     def _writing(self, what: str) -> Any:
@@ -760,7 +324,7 @@ class Trainer:
     # ---------------------------------------------------------------------------------------------- loop
 
     def log(self, text: str) -> None:
-        if self.d.main:
+        if self.d.is_primary:
             tqdm.write(text, file=sys.stderr)
 
     def _train_step(self, x: torch.Tensor, y: torch.Tensor, stop: _StopRequest) -> tuple[float, float, bool]:
@@ -825,7 +389,7 @@ class Trainer:
         self.log(f"{why}: saved {self.out / 'last.safetensors'} at step {self.step}; continue with --resume")
 
     def fit(self) -> int:
-        a, spe = self.args, self.steps_per_epoch
+        a, spe = self.cfg, self.steps_per_epoch
         self.log(
             f"{a.attn} ViT {self.config.dim}/{self.config.depth}/{self.config.num_heads}, {self.num_params:,} params, "
             f"{self.config.grid[0]}×{self.config.grid[1]} tokens; {a.data}: {len(self.train_set)} train / "
@@ -850,7 +414,7 @@ class Trainer:
 
     def _run_epoch(self, stop: _StopRequest) -> int | None:
         """Train from the current step to the end of its epoch, then evaluate and save; an exit code if stopped."""
-        a, spe = self.args, self.steps_per_epoch
+        a, spe = self.cfg, self.steps_per_epoch
         epoch, batch0 = divmod(self.step, spe)
         self.sampler.set_position(epoch, batch0 * self.local_batch)
         self.net.train()
@@ -862,7 +426,7 @@ class Trainer:
             initial=batch0,
             desc=f"epoch {epoch + 1}/{a.epochs}",
             unit="step",
-            disable=not (self.d.main and a.progress),
+            disable=not (self.d.is_primary and a.progress),
             dynamic_ncols=True,
             file=sys.stderr,
         )
@@ -924,11 +488,11 @@ class Trainer:
         self.history.add_validation(self.step, val["accuracy"], val["loss"])
         self._check_chance(val["accuracy"])
         self.save()
-        if self.d.main:
+        if self.d.is_primary:
             with self._writing("metrics.jsonl / curves.png"):
-                _atomic_json_lines(self.out / "metrics.jsonl", self.metrics)
-                if self.args.plot:
-                    plot_curves(self.metrics, self.out / "curves.png", f"{self.args.attn} on {self.args.data}")
+                write_json_lines(self.out / "metrics.jsonl", self.metrics)
+                if self.cfg.plot:
+                    plot_curves(self.metrics, self.out / "curves.png", f"{self.cfg.attn} on {self.cfg.data}")
         gate_text = "".join(f" s({k})={np.mean(v):.3g}" for k, v in gates.items())
         self.log(
             f"epoch {epoch + 1}: train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f} | val loss "
@@ -937,25 +501,25 @@ class Trainer:
 
     def finish(self) -> None:
         """Final checkpoints, then the transfer curve added to them (a failure there leaves them complete)."""
-        if self.d.main:
+        if self.d.is_primary:
             last = self.metrics[-1] if self.metrics else {}
             meta = self.meta(last.get("val_acc"), last.get("val_loss"), finished=True)
             with self._writing("the final checkpoints"):
                 save_checkpoint(self.out / "last.safetensors", self.model, meta, history=self.history)
-                dtype = SAVE_DTYPES[self.args.save_dtype]
+                dtype = SAVE_DTYPES[self.cfg.save_dtype]
                 save_checkpoint(self.out / "model.safetensors", self.model, meta, dtype=dtype, history=self.history)
             self.log(
                 f"done: val accuracy {last.get('val_acc', float('nan')):.4f}; wrote {self.out / 'model.safetensors'}"
             )
-        _sync(self.d)
+        sync(self.d)
         if not self.transfer_sizes:
             return
         rows = evaluate_model_sizes(
             self.model,
-            self.args.data,
+            self.cfg.data,
             self.transfer_sizes,
             self.data.class_names,
-            self.args.eval_batch_size,
+            self.cfg.eval_batch_size,
             self.d.device,
             self.workers,
             self.amp,
@@ -963,7 +527,7 @@ class Trainer:
             self.d.rank,
             self.d.world,
         )
-        if self.d.main:
+        if self.d.is_primary:
             curve = transfer_curve(rows)
             with self._writing("the resolution-transfer curve"):
                 for name in ("last.safetensors", "model.safetensors"):
@@ -974,44 +538,4 @@ class Trainer:
             self.log(
                 f"zero-shot resolution transfer (≤{TRANSFER_IMAGES} val images per size):\n{format_transfer(rows)}"
             )
-        _sync(self.d)
-
-
-def run(argv: list[str]) -> int:
-    args, explicit = parse_args(argv)
-    d = init_distributed(args.device)
-    try:
-        if args.out is None:
-            args.out = f"runs/{args.attn}-{parse_data_spec(args.data)[0]}"
-        out = Path(args.out)
-        check_writable(out)
-        command = "python -m ssog_core.train " + shlex.join(argv)
-        state = None
-        if args.resume:
-            state = load_train_state(out / "train_state.pt")
-            args = _resume_args(args, explicit, state["args"])
-            command = state["command"]
-        elif (out / "train_state.pt").exists() or (out / "last.safetensors").exists():
-            raise TrainError(
-                f"{out} already holds a training run: pass --resume to continue it, or choose another --out"
-            )
-        if d.main and (stale := remove_unfinished(out)):
-            print(f"removed {len(stale)} unfinished temporary file(s) of an interrupted save in {out}", file=sys.stderr)
-        trainer = Trainer(args, d, command, state)
-        return trainer.fit()
-    finally:
-        if d.world > 1 and dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        return run(argv)
-    except (TrainError, DataError, CheckpointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1 if isinstance(e, DivergedError) else 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        sync(self.d)
