@@ -2,7 +2,7 @@
 
     python benchmarks/app_latency.py [--checkpoint-dir checkpoints] [--out benchmarks/results/app_latency.md]
 
-Measures, against the issue's targets:
+Measures, each against its target:
 
 * core: the playground head (32×32 grid, 8 atoms) evaluated by ``ssog_core.analysis.playground.evaluate`` (≤ 5 ms);
 * export maps of a demo-size checkpoint on a 224² image (``ssog_core.analysis.measures.export_maps``, ≤ 2 s), and the

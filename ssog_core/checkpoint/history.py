@@ -190,5 +190,5 @@ def stalled_gates(history: History, cold_scale: float, factor: float = 2.0) -> b
 
 
 def at_chance(accuracy: float, num_classes: int) -> bool:
-    """Accuracy indistinguishable from guessing: below 1.5 × 1 / classes (10 classes: below 15%)."""
-    return num_classes > 1 and accuracy < 1.5 / num_classes and math.isfinite(accuracy)
+    """Accuracy close to guessing: below min(1.5 / classes, 1 / classes + 0.05) (10 classes: 15%, 2: 55%)."""
+    return num_classes > 1 and math.isfinite(accuracy) and accuracy < min(1.5 / num_classes, 1 / num_classes + 0.05)
