@@ -47,7 +47,7 @@ from ssog_core.nn.attention import SSOGAttention
 from ssog_core.nn.config import SEED_CONFIGS
 from ssog_core.nn.vit import ViT
 from ssog_core.ops.env import interpreting
-from ssog_core.testing.oracles import FieldLeaves, grads, reference_apply, reference_matrix
+from ssog_core.testing.oracles import FieldLeaves, grads, oracle_apply, oracle_matrix
 
 from common import rand_field, write_csv
 
@@ -131,7 +131,7 @@ def _check_case(case, dev: torch.device) -> str | None:
     v = wide[..., d:].detach().requires_grad_(True)  # strided, like a slice of a fused projection
     dy = torch.randn(b, gh * gw, h, d, dtype=torch.float64).to(dev)
     inputs = [v, *leaves.tensors()]
-    expected = reference_apply(v.to(dtype).double(), leaves.field(), grid, mode)  # same rounded input
+    expected = oracle_apply(v.to(dtype).double(), leaves.field(), grid, mode)  # same rounded input
     want = grads(expected, inputs, dy)
     out = apply_triton(v.to(dtype), leaves.field(torch.float32), grid, mode)
     got = grads(out, inputs, dy)
@@ -165,7 +165,7 @@ def _check_dispatch_and_analysis(dev: torch.device) -> str | None:
             a = attn.attention_matrix(x, (7, 5))
             av = torch.einsum("bhnm,bmhd->bnhd", a, v)
             fused = ssog_apply(v, field, (7, 5), mode)
-            ref = reference_matrix(field, (7, 5), mode, batch=2)
+            ref = oracle_matrix(field, (7, 5), mode, batch=2)
             if dev.type == "meta":
                 continue
             if not torch.allclose(av, fused, rtol=1e-4, atol=1e-5):

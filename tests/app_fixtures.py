@@ -103,8 +103,8 @@ def write_checkpoints(folder: Path, **size) -> dict[str, Path]:
     }
 
 
-def write_reference_checkpoint(folder: Path, depth: int = 2) -> tuple[Path, Path]:
-    """A reference-implementation state dict (``.pt``, compiled-model key prefix) and the ``.json`` of its ViT
+def write_upstream_checkpoint(folder: Path, depth: int = 2) -> tuple[Path, Path]:
+    """A upstream-implementation state dict (``.pt``, compiled-model key prefix) and the ``.json`` of its ViT
     arguments: the pair a user uploads; the app names it ``uploaded/ref_ssog_full.safetensors``."""
     folder.mkdir(parents=True, exist_ok=True)
     ref = dot_twin(img_size=32, patch=4, dim=32, depth=depth, heads=4)

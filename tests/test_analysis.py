@@ -1,4 +1,4 @@
-"""The analysis API against the dense reference, its invariants, and the export-maps CLI."""
+"""The analysis API against the dense oracle, its invariants, and the export-maps CLI."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ssog_core.analysis.measures import (
     steering_offsets,
 )
 from ssog_core.cli.export_maps import main as export_main
-from tests.dense_reference import vit_forward
+from tests.dense_oracle import vit_forward
 
 CFG = dict(num_classes=5, img_size=(28, 20), patch_size=4, dim=12, depth=3, num_heads=3, num_atoms=3)
 
@@ -37,7 +37,7 @@ def steered_model(**overrides) -> ViT:
 
 
 @pytest.mark.parametrize("overrides", [{}, {"field": "axial"}, {"attn": "dot"}])
-def test_attention_maps_match_dense_reference_on_a_non_square_grid(overrides):
+def test_attention_maps_match_dense_oracle_on_a_non_square_grid(overrides):
     model = steered_model(**overrides)
     img = torch.rand(2, 3, 28, 20, dtype=torch.float64)
     maps = attention_maps(model, img)

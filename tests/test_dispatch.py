@@ -18,7 +18,7 @@ from ssog_core.nn.vit import ViT
 from ssog_core.ops import dispatch, ssog_cpu
 from ssog_core.ops.dispatch import BackendUnavailable, can_run_triton_ssog, choose_ssog_backend, ssog_apply
 from ssog_core.ops.ssog_torch import apply_torch
-from tests.ops_reference import FieldLeaves, assert_compiles_like_eager, reference_matrix
+from tests.ops_checks import FieldLeaves, assert_compiles_like_eager, oracle_matrix
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -142,7 +142,7 @@ def test_importing_and_running_on_cpu_never_imports_triton() -> None:
 @pytest.mark.parametrize("mode", ["factorized", "axial"])
 @pytest.mark.parametrize("steered", [True, False], ids=["steered", "fixed"])
 def test_attention_matrix_times_values_equals_dispatched_output(mode: str, steered: bool) -> None:
-    """The analysis path materialises A with the reference operator; A·V must equal the fast path's output."""
+    """The analysis path materialises A with the definition operator; A·V must equal the fast path's output."""
     attn = SSOGAttention(12, 3, 4, field=mode, cold_init=False).eval()
     for probe in (attn.mu_delta, attn.sigma_delta, attn.lambda_gate):
         torch.nn.init.normal_(probe.weight, std=0.3)
@@ -154,7 +154,7 @@ def test_attention_matrix_times_values_equals_dispatched_output(mode: str, steer
         torch.testing.assert_close(
             torch.einsum("bhnm,bmhd->bnhd", a, v), ssog_apply(v, field, (7, 5), mode), rtol=1e-5, atol=1e-6
         )
-        torch.testing.assert_close(a.double(), reference_matrix(field, (7, 5), mode, batch=2), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(a.double(), oracle_matrix(field, (7, 5), mode, batch=2), rtol=1e-5, atol=1e-6)
         if steered:
             y = attn.out(ssog_apply(v, field, (7, 5), mode).reshape(2, 35, 12))
             torch.testing.assert_close(attn(x, (7, 5)), y, rtol=0, atol=0)

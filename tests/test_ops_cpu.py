@@ -18,8 +18,8 @@ from ssog_core.ops import dispatch, ssog_cpu
 from ssog_core.ops.dispatch import BackendUnavailable, choose_ssog_backend, ssog_apply
 from ssog_core.ops.ssog_cpu import apply_cpu
 from ssog_core.ops.ssog_torch import apply_torch
-from ssog_core.testing.oracles import TAP_SUBSETS, TAPS, FieldLeaves, grads, reference_apply
-from tests.ops_reference import assert_backward_repeats, assert_close, check_against_definition, far_narrow_field
+from ssog_core.testing.oracles import TAP_SUBSETS, TAPS, FieldLeaves, grads, oracle_apply
+from tests.ops_checks import assert_backward_repeats, assert_close, check_against_definition, far_narrow_field
 
 STEERING = [taps for taps in TAP_SUBSETS if taps]  # the C kernels take steered fields only
 
@@ -87,7 +87,7 @@ def test_far_and_narrow_atoms_stay_finite() -> None:
     grid = (5, 4)
     field = far_narrow_field(2, grid, 2)
     v = torch.randn(2, 20, 2, 8, dtype=torch.float64, requires_grad=True)
-    expected = reference_apply(v, field, grid, "factorized")
+    expected = oracle_apply(v, field, grid, "factorized")
     for dtype in (torch.float64, torch.float32):
         out = apply_cpu(v.to(dtype), field.to(dtype), grid)
         assert_close(out, expected, 1e-10 if dtype == torch.float64 else 2e-6, f"output {dtype}")
@@ -119,7 +119,7 @@ def test_backward_runs_twice_and_accepts_strided_inputs() -> None:
     v = base.transpose(2, 3)  # (B, N, H, D) with strides that are not contiguous
     out = apply_cpu(v, leaves.field(), (7, 5))
     assert_backward_repeats(out, [base, *leaves.tensors()])
-    expected = reference_apply(v.detach().double(), leaves.field(torch.float64), (7, 5), "factorized")
+    expected = oracle_apply(v.detach().double(), leaves.field(torch.float64), (7, 5), "factorized")
     assert_close(out, expected, 2e-6, "output")
 
 
@@ -131,7 +131,7 @@ def test_vanishing_mixture_weights_stay_finite_in_fp32() -> None:
     v = torch.randn(2, 35, 2, 8, dtype=torch.float64, requires_grad=True)
     dy = torch.randn(2, 35, 2, 8, dtype=torch.float64)
     inputs = [v, *leaves.tensors()]
-    expected = reference_apply(v.float().double(), leaves.field(), leaves.grid, "factorized")
+    expected = oracle_apply(v.float().double(), leaves.field(), leaves.grid, "factorized")
     out = apply_cpu(v.float(), leaves.field(torch.float32), leaves.grid)
     assert_close(out, expected, 2e-6, "output")
     want = grads(expected, inputs, dy)
@@ -193,12 +193,12 @@ def test_a_damaged_cached_library_is_built_again(fresh_build) -> None:
     code = (
         "import torch\n"
         "from ssog_core.ops import ssog_cpu\n"
-        "from ssog_core.testing.oracles import TAPS, FieldLeaves, reference_apply\n"
+        "from ssog_core.testing.oracles import TAPS, FieldLeaves, oracle_apply\n"
         "assert ssog_cpu.unavailable_reason() is None, ssog_cpu.unavailable_reason()\n"
         "leaves = FieldLeaves(1, (4, 3), 2, 3, TAPS, dtype=torch.float32)\n"
         "v = torch.randn(1, 12, 2, 8)\n"
         "out = ssog_cpu.apply_cpu(v, leaves.field(), (4, 3)).double()\n"
-        "ref = reference_apply(v.double(), leaves.field(torch.float64), (4, 3), 'factorized')\n"
+        "ref = oracle_apply(v.double(), leaves.field(torch.float64), (4, 3), 'factorized')\n"
         "assert (out - ref).abs().max() < 1e-5\n"
     )
     env = {**os.environ, "SSOG_CACHE_DIR": str(fresh_build), "PYTHONPATH": str(ROOT)}
@@ -240,7 +240,7 @@ def test_dispatcher_picks_the_c_kernels_for_what_they_cover(monkeypatch: pytest.
     assert choose_ssog_backend(v.bfloat16(), steered, (4, 3)) == "torch"
     assert dispatch.ssog_cpu_problem(v.bfloat16(), steered, "factorized").startswith("dtype torch.bfloat16")
     torch.testing.assert_close(
-        ssog_apply(v, steered, (4, 3)), reference_apply(v.double(), steered, (4, 3), "factorized").float()
+        ssog_apply(v, steered, (4, 3)), oracle_apply(v.double(), steered, (4, 3), "factorized").float()
     )
     with pytest.raises(BackendUnavailable, match="the field is fixed"):
         ssog_apply(v, fixed, (4, 3), backend="cpu")

@@ -9,8 +9,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ssog_core.ops import ssog_torch
 from ssog_core.ops.ssog_torch import apply_torch
-from ssog_core.testing.oracles import TAP_SUBSETS, FieldLeaves, grads, reference_apply
-from tests.ops_reference import assert_backward_repeats, assert_close, check_against_definition, far_narrow_field
+from ssog_core.testing.oracles import TAP_SUBSETS, FieldLeaves, grads, oracle_apply
+from tests.ops_checks import assert_backward_repeats, assert_close, check_against_definition, far_narrow_field
 
 MODES = ("factorized", "axial")
 
@@ -82,7 +82,7 @@ def test_inference_path_matches_definition(
     v = torch.randn(b, grid[0] * grid[1], h, 4, dtype=torch.float64)
     with torch.no_grad():
         for field in fields:
-            assert_close(apply_torch(v, field, grid, mode), reference_apply(v, field, grid, mode), 1e-10, "output")
+            assert_close(apply_torch(v, field, grid, mode), oracle_apply(v, field, grid, mode), 1e-10, "output")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -92,7 +92,7 @@ def test_far_and_narrow_atoms_stay_finite(mode: str) -> None:
     field = far_narrow_field(b, (gh, gw), h)
     v = torch.randn(b, gh * gw, h, 4, dtype=torch.float64)
     out = apply_torch(v, field, (gh, gw), mode)
-    assert_close(out, reference_apply(v, field, (gh, gw), mode), 1e-10, "output")
+    assert_close(out, oracle_apply(v, field, (gh, gw), mode), 1e-10, "output")
     g = torch.autograd.grad(out.sum(), [field.mu, field.sigma, field.log_lam])
     assert all(torch.isfinite(x).all() for x in g)
 
@@ -167,7 +167,7 @@ def test_thread_count_does_not_change_results(threads: int) -> None:
             out = apply_torch(v, leaves.field(), (6, 5))
     finally:
         torch.set_num_threads(before)
-    torch.testing.assert_close(out.double(), reference_apply(v, leaves.field(), (6, 5), "factorized").detach(),
+    torch.testing.assert_close(out.double(), oracle_apply(v, leaves.field(), (6, 5), "factorized").detach(),
                                rtol=2e-6, atol=2e-6)  # fmt: skip
 
 
@@ -206,7 +206,7 @@ def test_vanishing_mixture_weights_stay_finite_in_fp32() -> None:
     inputs = [v, *leaves.tensors()]
     field32 = leaves.field(torch.float32)
     assert (torch.softmax(field32.log_lam, -1)[..., 0] == 0).any()
-    expected = reference_apply(v.float().double(), leaves.field(), leaves.grid, "factorized")
+    expected = oracle_apply(v.float().double(), leaves.field(), leaves.grid, "factorized")
     out = apply_torch(v.float(), field32, leaves.grid)
     assert_close(out, expected, 2e-6, "output")
     want = grads(expected, inputs, dy)

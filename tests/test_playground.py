@@ -29,7 +29,7 @@ from tests.app_fixtures import designed_ssog
 
 
 def numpy_head(spec: HeadSpec) -> np.ndarray:
-    """Independent float64 reference: softmax over keys of ℓ(q − k; μ, σ)/τ per axis, then the λ mix (or, in
+    """Independent float64 oracle: softmax over keys of ℓ(q − k; μ, σ)/τ per axis, then the λ mix (or, in
     axial mode, logsumexp of log λ + ℓ over atoms inside each axis)."""
     gh, gw = spec.grid
     qy, qx = spec.query
@@ -79,7 +79,7 @@ def random_spec(rng: np.random.Generator, grid=(7, 9), atoms=4, mode="factorized
 
 @pytest.mark.parametrize("mode", ["factorized", "axial"])
 @pytest.mark.parametrize("grid", [(7, 9), (5, 3), (12, 12)], ids=lambda g: f"{g[0]}x{g[1]}")
-def test_playground_matches_float64_reference_and_attention_matrix(mode, grid):
+def test_playground_matches_float64_oracle_and_attention_matrix(mode, grid):
     rng = np.random.default_rng(sum(grid) + len(mode))
     for _ in range(3):
         spec = random_spec(rng, grid, atoms=int(rng.integers(1, 9)), mode=mode)
@@ -105,7 +105,7 @@ def test_atom_is_drawn_where_the_head_looks():
     assert view.density.max() > 0.99 and view.radius == pytest.approx(5.0, abs=0.05)
 
 
-def test_query_stats_against_reference_and_head_stats():
+def test_query_stats_against_an_oracle_and_head_stats():
     rng = np.random.default_rng(3)
     spec = random_spec(rng, (7, 5), atoms=3)
     a = attention_matrix(spec.field(), spec.grid)[0]  # (1, N, N)

@@ -9,7 +9,7 @@ import torch
 from ssog_core import ViT
 from ssog_core.analysis.measures import export_maps, has_keys, key_norms
 from ssog_core.nn.lm import CausalLM, LMConfig
-from tests.rbf_reference import lm_forward, vit_forward
+from tests.rbf_oracle import lm_forward, vit_forward
 
 ALPHA = 8.0  # W_k gains α along the register direction: its key becomes several times longer than any other
 CFG = dict(num_classes=5, img_size=(28, 20), patch_size=4, dim=24, depth=2, num_heads=3)

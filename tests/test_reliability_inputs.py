@@ -1,4 +1,4 @@
-"""Issue 7 §2: the bad-input corpus, through the app's handlers (what the page shows) and through the API
+"""The bad-input corpus, through the app's handlers (what the page shows) and through the API
 (``gradio_client`` against a running app). Every bad file gets its own clear message, nothing crashes, the pickles
 never run, and the next request succeeds; the awkward-but-valid pictures work in every tab.
 """

@@ -1,4 +1,4 @@
-"""Issue 7 §4: training faults. A SIGKILL in the middle of a checkpoint save (made deterministic: the save is held,
+"""Training faults. A SIGKILL in the middle of a checkpoint save (made deterministic: the save is held,
 half-written, until the test kills the process) leaves the previous checkpoint loadable, and ``--resume`` ends with
 the weights of an uninterrupted run; a disk that fills up mid-run stops with a clear message and loses nothing; a
 full disk or an unusable output folder is refused before training starts.
@@ -62,7 +62,7 @@ sys.exit(train.main(sys.argv[4:]))
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("reference") / "run"
+    out = tmp_path_factory.mktemp("uninterrupted") / "run"
     assert train.main([*RUN, "--out", str(out)]) == 0
     return out
 

@@ -1,4 +1,4 @@
-"""SuSiE: the code against a term-by-term reference, its distance geometry, registers, and the module."""
+"""SuSiE: the code against a term-by-term oracle, its distance geometry, registers, and the module."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from ssog_core.nn.susie import SuSiE, sinusoids
-from tests.rbf_reference import susie_code
+from tests.rbf_oracle import susie_code
 
 
 @pytest.mark.parametrize("mode, grid, dim", [("1d", (1, 23), 10), ("2d", (7, 5), 12), ("1d", (3, 4), 6)])
-def test_code_matches_term_by_term_reference(mode, grid, dim):
+def test_code_matches_term_by_term_oracle(mode, grid, dim):
     gh, gw = grid
     if mode == "1d":
         positions = [(float(t),) for t in range(gh * gw)]  # raster index

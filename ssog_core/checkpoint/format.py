@@ -164,7 +164,7 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, str], dict[str, Tensor
         raise CheckpointError(f"{name} is {size / 1e9:.1f} GB, over the {MAX_CHECKPOINT_BYTES / 1e9:.0f} GB limit")
     if path.suffix in (".pt", ".pth", ".bin", ".ckpt", ".pkl"):
         raise CheckpointError(
-            f"{name} is a pickle-based file; SSOG Lab never unpickles. Convert a reference-implementation "
+            f"{name} is a pickle-based file; SSOG Lab never unpickles. Convert a upstream-implementation "
             "state dict with `python -m ssog_core.convert REF.pt --config '{...}' OUT.safetensors`"
         )
     try:
@@ -195,7 +195,7 @@ def read_checkpoint_with_history(
     header, state = read_safetensors(path)
     if header.get("format") != FORMAT or "config" not in header:
         raise CheckpointError(
-            f"{name} has no SSOG Lab header (format {header.get('format')!r}); if it holds a reference-"
+            f"{name} has no SSOG Lab header (format {header.get('format')!r}); if it holds an upstream-"
             "implementation state dict, convert it with `python -m ssog_core.convert`"
         )
     try:

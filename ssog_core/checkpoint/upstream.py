@@ -21,8 +21,8 @@ from ssog_core.checkpoint.format import CheckpointError, build_model
 from ssog_core.field import TAPS
 from ssog_core.nn.config import ViTConfig
 
-# The reference ViT's constructor defaults (its CIFAR-100 setting).
-REFERENCE_DEFAULTS: dict[str, Any] = dict(
+# The upstream ViT's constructor defaults (its CIFAR-100 setting).
+UPSTREAM_DEFAULTS: dict[str, Any] = dict(
     num_classes=100,
     img_size=32,
     patch_size=2,
@@ -37,12 +37,12 @@ REFERENCE_DEFAULTS: dict[str, Any] = dict(
 _WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile and DistributedDataParallel
 
 
-def reference_config(kwargs: Mapping[str, Any]) -> ViTConfig:
-    """Our config for a reference ``ViT(**kwargs)`` (its SSOG always has all three steering taps).
+def upstream_config(kwargs: Mapping[str, Any]) -> ViTConfig:
+    """Our config for a upstream ``ViT(**kwargs)`` (its SSOG always has all three steering taps).
 
     Our own field names (``field``, ``steer``, ``max_offset``, ...) are accepted too.
     """
-    merged = {**REFERENCE_DEFAULTS, **kwargs}
+    merged = {**UPSTREAM_DEFAULTS, **kwargs}
     merged["dropout"] = merged.pop("dropout_rate", merged.get("dropout", 0.1))
     lookat = merged.pop("lookat", True)
     merged.setdefault("steer", TAPS if lookat else ())
@@ -77,8 +77,8 @@ def _unpickler_detail(message: str) -> str:
     return f" ({found.group(1).strip()[:120]})" if found else ""
 
 
-def load_reference(path: str | Path) -> dict[str, Tensor]:
-    """Read a reference ``.pt`` safely (``weights_only=True``: tensors and plain containers only)."""
+def load_upstream(path: str | Path) -> dict[str, Tensor]:
+    """Read a upstream ``.pt`` safely (``weights_only=True``: tensors and plain containers only)."""
     path = Path(path)
     if not path.is_file() or path.stat().st_size == 0:
         raise CheckpointError(f"{path.name}: missing or empty file")
@@ -97,7 +97,7 @@ def load_reference(path: str | Path) -> dict[str, Tensor]:
 def convert(path: str | Path, kwargs: Mapping[str, Any]):
     """Reference ``.pt`` + its ViT arguments → a validated float32 ``ViT`` of ours."""
     try:
-        config = reference_config(kwargs)
+        config = upstream_config(kwargs)
     except ValueError as e:
         raise CheckpointError(str(e)) from None
-    return build_model(config, load_reference(path), source=Path(path).name)
+    return build_model(config, load_upstream(path), source=Path(path).name)

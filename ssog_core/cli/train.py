@@ -5,7 +5,7 @@
     python -m ssog_core.train --out runs/ssog --resume                  # continue after a kill
     torchrun --nproc_per_node 4 -m ssog_core.train --data imagefolder:/data/imagenet --out runs/in1k
 
-The recipe (defaults): AdamW (lr 1e-3, weight decay 0.05 on every parameter, as the reference CIFAR example), linear
+The recipe (defaults): AdamW (lr 1e-3, weight decay 0.05 on every parameter, as the upstream CIFAR example), linear
 warm-up for 5 epochs then cosine decay to 0, updated every step; the data kind's crop + horizontal flip
 (``--augment crop,flip``: a pad-4 random crop for cifar100 / shapes / layouts, an Inception random-resized crop
 for imagefolder; name ``pad-crop`` or ``resized-crop`` to choose); batch 128 with drop_last; dropout 0.1.

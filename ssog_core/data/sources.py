@@ -7,7 +7,7 @@
     layouts[:SPEC]     the procedural data set of :mod:`ssog_core.data.layouts` (bars, pairs, stripes; same SPEC keys)
 
 Every sample is an ``(H, W, 3)`` uint8 array at the requested size plus an integer label; pixels become
-floats in [0, 1] on the device (no normalisation: the models see raw [0, 1] pixels, like the reference CIFAR example).
+floats in [0, 1] on the device (no normalisation: the models see raw [0, 1] pixels, like the upstream CIFAR example).
 
 Augmentation (``pad-crop``, ``resized-crop``, ``flip``; ``crop`` is the data kind's default: pad-crop for
 ``cifar100``, ``shapes`` and ``layouts``, resized-crop for ``imagefolder``) is a pure function of
@@ -44,7 +44,7 @@ DATA_KINDS = ("cifar100", "imagefolder", *PROCEDURAL)
 AUGMENTS = ("pad-crop", "resized-crop", "flip")  # what a run can ask for; "crop" names the data kind's default
 CROPS = ("pad-crop", "resized-crop")
 DEFAULT_CROP = {"cifar100": "pad-crop", "imagefolder": "resized-crop", "shapes": "pad-crop", "layouts": "pad-crop"}
-CROP_PADDING = 4  # the reference CIFAR recipe: pad 4 px (zeros), then a random crop of the original size
+CROP_PADDING = 4  # the upstream CIFAR recipe: pad 4 px (zeros), then a random crop of the original size
 CACHE_BYTES = 256 * 1024**2  # decoded ImageFolder pixels kept in memory per process
 EVAL_CROP = 0.875  # ImageFolder files of another size: resize the short side to size/0.875, centre-crop
 

@@ -4,7 +4,7 @@ Every module has the same interface, so one :class:`~ssog_core.nn.vit.Block` ser
 ``forward(x, grid)`` maps ``(B, N, dim)`` to ``(B, N, dim)``, and ``attention_matrix(x, grid)`` returns the
 exact ``(B, H, N, N)`` weights by running the module's own operator on an identity basis of values.
 
-Parameter names and layouts match the reference implementation's PyTorch ViT, so its state dicts load
+Parameter names and layouts match the upstream implementation's PyTorch ViT, so its state dicts load
 without renaming (docs/DESIGN.md §4).
 """
 
@@ -124,7 +124,7 @@ class SSOGAttention(nn.Module):
     def attention_matrix(self, x: Tensor, grid: tuple[int, int], steered: bool = True) -> Tensor:
         """Exact ``(B, H, N, N)`` weights for input ``x``; ``steered=False`` gives the fixed field's.
 
-        Always the explicit reference operator (:func:`~ssog_core.field.apply_field` on an identity basis),
+        Always the explicit definition operator (:func:`~ssog_core.field.apply_field` on an identity basis),
         whatever backend :func:`~ssog_core.ops.ssog_apply` picks for ``forward``; a test proves ``A·V``
         equals the dispatched output.
         """
@@ -225,7 +225,7 @@ class RBFAttention(_QKAttention):
         return rbf_attention(q, k, v, causal=self.causal, backend=self.backend)
 
     def attention_matrix(self, x: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
-        """Exact ``(B, H, N, N)`` weights: the reference operator applied to identity values."""
+        """Exact ``(B, H, N, N)`` weights: the definition operator applied to identity values."""
         q, k, _ = self.queries_keys_values(x, grid)
         return rbf_attention(q, k, _identity_values(x, self.num_heads).transpose(1, 2), self.causal, "torch")
 

@@ -4,7 +4,7 @@ Expanding the square, ``−γ‖q − k‖² = 2γ q·k − γ‖k‖² − γ�
 of a query, so the softmax drops it: RBF attention is dot-product attention with scale ``2γ`` and a
 penalty ``γ‖k‖²`` on each key. Neither backend ever builds the N × N distance matrix:
 
-* ``"torch"`` (the reference, used on CPU): PyTorch's fused SDPA on augmented vectors
+* ``"torch"`` (exact, used on CPU): PyTorch's fused SDPA on augmented vectors
   ``q' = [q, 1]``, ``k' = [k, −‖k‖²/2]``, ``v' = [v, 0]``, so that ``2γ q'·k' = 2γ q·k − γ‖k‖²`` (in a 16-bit
   dtype ``−‖k‖²/2`` is split into two 16-bit parts so that it keeps fp32 precision). Passing the
   penalty as an additive mask instead would force SDPA's math backend (N × N) as soon as the mask

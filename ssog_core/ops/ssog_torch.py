@@ -107,8 +107,8 @@ def _field_terms(field: Field, b: int, grid: tuple[int, int], layout: str = "key
     layouts :func:`_apply_steered` builds its keys-outermost kernels from (atoms outermost for the row pass; for
     the one-bmm row pass, query rows before atoms in the column pass).
 
-    λ's softmax runs with the atoms on an outer axis (tokens innermost): over a last axis of 4 atoms PyTorch's CPU
-    softmax is 10× slower.
+    λ's softmax runs with the atoms on an outer axis (tokens innermost): over a short last axis of atoms PyTorch's CPU
+    softmax is much slower.
     """
     gh, gw = grid
     h, r = field.num_heads, field.num_atoms
@@ -133,12 +133,12 @@ def _kernel(x: Tensor, c: Tensor, keys: Tensor, scale: Tensor | None, dim: int =
     ``scale``), which have size 1 on the key axis ``dim``, and ``keys`` shaped to broadcast along it; built in
     place, so only ever called without autograd.
 
-    ``exp2`` rather than ``exp``: PyTorch's CPU ``exp`` takes a slow path (20–40× slower) for arguments below −87,
+    ``exp2`` rather than ``exp``: PyTorch's CPU ``exp`` takes a much slower path for arguments below −87,
     which far-away keys of narrow atoms always produce; the analytic max ``j* = clamp(round(x))`` makes every
     weight ≤ 1 with peak 1 without a max pass. The per-query operand comes first in every broadcast
     (TensorIterator picks a slow loop order when a broadcast operand leads).
 
-    Keys last (``_SteeredFactorized``): ``Z`` is a matrix-vector product, on the CPU 3× faster than ``sum(-1)``
+    Keys last (``_SteeredFactorized``): ``Z`` is a matrix-vector product, on the CPU faster than ``sum(-1)``
     over a short key axis. Keys outermost (the evaluation path): every elementwise pass runs over long
     contiguous vectors with one scalar key per run (half the time of the keys-last layout, whose runs are only
     ``Gh`` or ``Gw`` long), ``Z`` is a sum over an outer axis, and the bmms read the kernels as column-major
@@ -316,11 +316,10 @@ def _row_pass(u: Tensor, y1: Tensor, inplace: bool, single: bool) -> Tensor:
 
     ``single`` (a GPU, a compiled graph, or at least :data:`ONE_BMM_ROW_PASS` (image, head) pairs on the CPU):
     transpose y1 to ``(i, (k, r), d)`` — runs of ``R·D`` elements, twice as fast as the ``D``-element runs of an
-    ``(r, i)`` layout — and run one bmm: few large operations (d64 model, batch 64, 196 tokens: the eval layer
-    10 % faster than 256 small bmms). Otherwise (the CPU, few images) y1 is read in place and one strided bmm
+    ``(r, i)`` layout — and run one bmm: few large operations instead of one small bmm per (image, head).
+    Otherwise (the CPU, few images) y1 is read in place and one strided bmm
     runs per (image, head). Skipping the copy of y1 (R× the size of v, a fresh allocation per layer) pays on 1
-    and 2 threads alike: d384 model at 196 tokens, 2 threads, 1.09–1.13× → 1.05–1.06× the dot twin
-    (benchmarks/RESULTS.md).
+    and 2 threads alike (benchmarks/RESULTS.md).
     """
     nb, h, ni, gw, r, _ = u.shape
     d = y1.shape[-1]

@@ -24,11 +24,12 @@ from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
 from ssog_core.field import Field, FieldMode, axis_kernels, check_grid, exp2_log_weight, exp2_rate
-from ssog_core.ops import triton_kernels as K
+from ssog_core.ops import ssog_triton_axial as KA
+from ssog_core.ops import ssog_triton_factorized as KF
 from ssog_core.ops.env import interpreting
 from ssog_core.ops.triton_tiles import FACTORIZED_STAGES, NUM_WARPS, col_tiles, p2, row_split, tiles
 
-triton = K.triton
+triton = KA.triton
 
 FACTORIZED_FIELDS = 7  # j*, ca, cb of the rows (y), the same of the columns (x), λ
 AXIAL_FIELDS = 8  # μy, μx, by, bx, βy, βx, 1/τ (rows), 1/τ (columns)
@@ -37,7 +38,8 @@ AXIAL_FIELDS = 8  # μy, μx, by, bx, βy, βx, 1/τ (rows), 1/τ (columns)
 def kernel_params(field: Field, mode: FieldMode, grid: tuple[int, int]) -> Tensor:
     """The per-token kernel parameters the Triton kernels read, fp32, ``(B or 1, Gh or 1, Gw or 1, H, R, F)`` —
     broadcast to ``(B, Gh, Gw, H, R, F)`` by the launcher (module docstring of
-    :mod:`ssog_core.ops.triton_kernels` for the fields); differentiable w.r.t. the field.
+    :mod:`ssog_core.ops.ssog_triton_factorized` and :mod:`ssog_core.ops.ssog_triton_axial` for the fields);
+    differentiable w.r.t. the field.
 
     Factorized: the kernels' per-(token, atom) terms ``(j*, ca, cb)`` of each axis are built here once, so that no
     kernel rebuilds them per weight or per program: ``j* = clamp(round(q − μ), 0, G − 1)`` (the analytic argmax,
@@ -67,11 +69,11 @@ def kernel_params(field: Field, mode: FieldMode, grid: tuple[int, int]) -> Tenso
 def _config(gh: int, gw: int, d: int, r: int, axial: bool, dtype: torch.dtype) -> dict:
     """Tile sizes (:func:`ssog_core.ops.triton_tiles.tiles`) and dot settings for one problem shape."""
     if interpreting():
-        dot, prec = K.tl.float32, "ieee"  # bf16 tl.dot is wrong in the interpreter (triton#11584)
+        dot, prec = KA.tl.float32, "ieee"  # bf16 tl.dot is wrong in the interpreter (triton#11584)
     elif dtype in (torch.bfloat16, torch.float16):
-        dot, prec = (K.tl.bfloat16 if dtype == torch.bfloat16 else K.tl.float16), "ieee"
+        dot, prec = (KA.tl.bfloat16 if dtype == torch.bfloat16 else KA.tl.float16), "ieee"
     else:
-        dot, prec = K.tl.float32, ("ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32")
+        dot, prec = KA.tl.float32, ("ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32")
     return tiles(gh, gw, d, r, axial) | dict(DOT=dot, PREC=prec)
 
 
@@ -124,12 +126,12 @@ def fwd_launch(v: Tensor, prm: Tensor, taby: Tensor | None, tabx: Tensor | None,
     if axial:
         grid = (triton.cdiv(gh, cfg["T"]) * triton.cdiv(gw, cfg["WT"]), b * h)
         consts = _pick(cfg, "R", "RO", "RP", "T", "WT", "KC", "JC", "DHP", "DOT", "PREC") | dict(FIXED=fixed)
-        return Launch(name, K._ssog_fwd_kernel, grid, (*ptrs, h, gh, gw, d, *strides), consts)
+        return Launch(name, KA._ssog_fwd_kernel, grid, (*ptrs, h, gh, gw, d, *strides), consts)
     grid = (triton.cdiv(gh, cfg["T"]) * triton.cdiv(gw, cfg["WT"]), h, b)
     consts = _pick(cfg, "D", "R", "RP", "T", "WT", "KC", "GHP", "DHP", "EVEN_K", "DOT", "PREC") | dict(
         FIXED=fixed, JS=row_split(cfg["KC"] * cfg["T"] * cfg["RP"], cfg["GHP"], cfg["WARPS"])
     )
-    return Launch(name, K._fact_fwd_kernel, grid, (*ptrs, gh, gw, *strides), consts, cfg["WARPS"], FACTORIZED_STAGES)
+    return Launch(name, KF._fact_fwd_kernel, grid, (*ptrs, gh, gw, *strides), consts, cfg["WARPS"], FACTORIZED_STAGES)
 
 
 def izx_launch(prm: Tensor, axial: bool, out: Tensor) -> Launch:
@@ -138,7 +140,9 @@ def izx_launch(prm: Tensor, axial: bool, out: Tensor) -> Launch:
     cfg = _config(1, gw, 16, r, axial, torch.float32)
     grid = (h, 1, triton.cdiv(gw, cfg["WT"]))
     args = (prm, out, h, gw, prm.stride(0), prm.stride(1), prm.stride(2), out.stride(0), out.stride(1))
-    return Launch("inv_zx", K._ssog_izx_kernel, grid, args, _pick(cfg, "R", "RO", "RP", "WT", "KC") | dict(AXIAL=axial))
+    return Launch(
+        "inv_zx", KA._ssog_izx_kernel, grid, args, _pick(cfg, "R", "RO", "RP", "WT", "KC") | dict(AXIAL=axial)
+    )
 
 
 def bwd_launches(dy: Tensor, v: Tensor, prm: Tensor, izx: Tensor, axial: bool, dv: Tensor, dprm: Tensor) -> list:
@@ -151,13 +155,13 @@ def bwd_launches(dy: Tensor, v: Tensor, prm: Tensor, izx: Tensor, axial: bool, d
     common = (v.stride(0), v.stride(1), v.stride(2), *_strides6(prm), *sz, dy.stride(0), dy.stride(1), dy.stride(2))
     if axial:
         rows = Launch(
-            "bwd-rows", K._ssog_bwd_rows_kernel, (triton.cdiv(gh, cfg["T"]) * triton.cdiv(gw, cfg["WT"]), b * h),
+            "bwd-rows", KA._ssog_bwd_rows_kernel, (triton.cdiv(gh, cfg["T"]) * triton.cdiv(gw, cfg["WT"]), b * h),
             (v, prm, izx, dy, dprm, h, gh, gw, d, *common, *sg),
             _pick(cfg, "R", "RO", "RP", "T", "WT", "KC", "JC", "DHP", "DOT", "PREC") | dict(RA=p2(r)),
         )  # fmt: skip
     else:
         rows = Launch(
-            "bwd-rows", K._fact_bwd_rows_kernel, (triton.cdiv(gh, cfg["TR"]) * triton.cdiv(gw, cfg["WT"]), h, b),
+            "bwd-rows", KF._fact_bwd_rows_kernel, (triton.cdiv(gh, cfg["TR"]) * triton.cdiv(gw, cfg["WT"]), h, b),
             (v, prm, izx, dy, dprm, gh, gw, *common, *sg),
             _pick(cfg, "D", "R", "RP", "WT", "KC", "GHP", "DHP", "EVEN_K", "DOT", "PREC")
             | dict(T=cfg["TR"], JS=row_split(cfg["KC"] * cfg["TR"] * cfg["RP"], cfg["GHP"], cfg["WARPS"])),
@@ -168,13 +172,13 @@ def bwd_launches(dy: Tensor, v: Tensor, prm: Tensor, izx: Tensor, axial: bool, d
     sdv = (dv.stride(0), dv.stride(1), dv.stride(2))
     if axial:
         cols = Launch(
-            "bwd-cols", K._ssog_bwd_cols_kernel, (triton.cdiv(gw, kt), b * h),
+            "bwd-cols", KA._ssog_bwd_cols_kernel, (triton.cdiv(gw, kt), b * h),
             (v, prm, izx, dy, dv, dprm, h, gh, gw, d, *common, *sdv, *sg),
             _pick(cfg, "R", "RO", "RP", "GHP", "DHP", "DOT", "PREC") | dict(KT=kt, IC=ic, WC=wc),
         )  # fmt: skip
     else:
         cols = Launch(
-            "bwd-cols", K._fact_bwd_cols_kernel, (triton.cdiv(gw, kt), h, b),
+            "bwd-cols", KF._fact_bwd_cols_kernel, (triton.cdiv(gw, kt), h, b),
             (v, prm, izx, dy, dv, dprm, gh, gw, *common, *sdv, *sg),
             _pick(cfg, "D", "R", "RP", "GHP", "DHP", "DOT", "PREC")
             | dict(KT=kt, IC=ic, WC=wc, W_CHUNKS=wc < gw, JS=row_split(kt * ic * cfg["RP"], cfg["GHP"], cfg["WARPS"])),

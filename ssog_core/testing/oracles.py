@@ -1,6 +1,6 @@
 """An independent float64 definition of the SSOG operator and random fields to check its backends against.
 
-Shared by the tests and ``benchmarks/gpu_check.py`` (which must not import from ``tests/``). The reference
+Shared by the tests and ``benchmarks/gpu_check.py`` (which must not import from ``tests/``). The oracle
 builds the whole ``(B, H, N, N)`` attention matrix from docs/DESIGN.md §1 directly (per-query kernels for every atom,
 no factorisation, nothing from ``ssog_core.field`` but the :class:`Field` container and the steering that the
 attention module applies), so the fast paths are checked against the definition rather than against another
@@ -23,7 +23,7 @@ def _log_density(d: Tensor, mu: Tensor, sigma: Tensor) -> Tensor:
     return -0.5 * math.log(2 * math.pi) - torch.log(sigma) - (d - mu) ** 2 / (2 * sigma**2)
 
 
-def reference_matrix(field: Field, grid: tuple[int, int], mode: str, batch: int = 1) -> Tensor:
+def oracle_matrix(field: Field, grid: tuple[int, int], mode: str, batch: int = 1) -> Tensor:
     """``A[b, h, (i, w), (j, k)]`` in float64, straight from the definition."""
     gh, gw = grid
     f64 = torch.float64
@@ -53,9 +53,9 @@ def reference_matrix(field: Field, grid: tuple[int, int], mode: str, batch: int 
     return a.reshape(b, h, gh * gw, gh * gw)
 
 
-def reference_apply(v: Tensor, field: Field, grid: tuple[int, int], mode: str) -> Tensor:
+def oracle_apply(v: Tensor, field: Field, grid: tuple[int, int], mode: str) -> Tensor:
     """``y = A · v`` in float64 for values ``(B, N, H, D)``."""
-    a = reference_matrix(field, grid, mode, batch=v.shape[0])
+    a = oracle_matrix(field, grid, mode, batch=v.shape[0])
     return torch.einsum("bhnm,bmhd->bnhd", a, v.to(torch.float64))
 
 

@@ -348,7 +348,7 @@ def steering_figure(
     yy, xx = np.mgrid[0:gh, 0:gw]
     longest = max(float(summary["mu"].max()), 1e-9)
     scale = longest / 0.9  # the longest arrow spans 0.9 of a cell: arrows never cross their neighbours
-    ref = float(f"{longest:.1g}")  # a round reference length for the key
+    ref = float(f"{longest:.1g}")  # a round scale length for the key
     lim_sigma = symmetric_limit(summary["sigma"])
     rows = [
         ("mu", OFFSET_CMAP, 0.0, longest, "|μδ| (cells)"),

@@ -1,6 +1,6 @@
-"""An independent float64 reference for the models, written from docs/DESIGN.md §1–2 for the tests only.
+"""An independent float64 oracle for the models, written from docs/DESIGN.md §1–2 for the tests only.
 
-It builds every attention matrix densely (N × N) from a state dict in the reference implementation's
+It builds every attention matrix densely (N × N) from a state dict in the upstream implementation's
 key layout and never calls ssog_core, so agreement with ssog_core is evidence, not tautology.
 """
 
@@ -144,8 +144,8 @@ def vit_forward(img: Tensor, sd: dict[str, Tensor], cfg: dict) -> tuple[Tensor, 
     return x @ sd["head.weight"].T + sd["head.bias"], maps
 
 
-def reference_state_dict(cfg: dict, seed: int = 0, taps: tuple[str, ...] = ("mu", "sigma", "lambda")) -> dict:
-    """Random weights in the reference implementation's PyTorch ViT layout (key names and shapes only),
+def upstream_state_dict(cfg: dict, seed: int = 0, taps: tuple[str, ...] = ("mu", "sigma", "lambda")) -> dict:
+    """Random weights in the upstream implementation's PyTorch ViT layout (key names and shapes only),
     with steering gates open and probes non-zero so that every tap matters."""
     g = torch.Generator().manual_seed(seed)
 

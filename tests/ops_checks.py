@@ -1,5 +1,5 @@
 """Test helpers for the SSOG operator backends: tolerances, the check of a backend against the definition and the
-compile check; the float64 reference and the random fields live in :mod:`ssog_core.testing.oracles` (shared with
+compile check; the float64 oracle and the random fields live in :mod:`ssog_core.testing.oracles` (shared with
 ``benchmarks/gpu_check.py``)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from ssog_core.field import Field
-from ssog_core.testing.oracles import TAP_SUBSETS, FieldLeaves, grads, reference_apply, reference_matrix
+from ssog_core.testing.oracles import TAP_SUBSETS, FieldLeaves, grads, oracle_apply, oracle_matrix
 
 __all__ = [
     "TAP_SUBSETS",
@@ -21,8 +21,8 @@ __all__ = [
     "check_against_definition",
     "far_narrow_field",
     "grads",
-    "reference_apply",
-    "reference_matrix",
+    "oracle_apply",
+    "oracle_matrix",
 ]
 
 
@@ -64,7 +64,7 @@ def check_against_definition(
     v = torch.randn(batch, gh * gw, heads, head_dim, dtype=torch.float64, requires_grad=True)
     dy = torch.randn(batch, gh * gw, heads, head_dim, dtype=torch.float64)
     inputs = [v, *leaves.tensors()]
-    expected = reference_apply(v.to(dtype).double(), leaves.field(), leaves.grid, mode)  # same rounded input
+    expected = oracle_apply(v.to(dtype).double(), leaves.field(), leaves.grid, mode)  # same rounded input
     field_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     out = apply(v.to(dtype), leaves.field(field_dtype), leaves.grid, mode)
     assert out.dtype == dtype and out.shape == v.shape

@@ -1,4 +1,4 @@
-"""An independent dense float64 reference for RBF / dot attention, SuSiE, registers, the ViT and the causal LM.
+"""An independent dense float64 oracle for RBF / dot attention, SuSiE, registers, the ViT and the causal LM.
 
 Written from docs/DESIGN.md §2 and the RBF-attention post for the tests only: it builds every distance and attention
 matrix explicitly (N × N, pairwise differences, no norm expansion) from a state dict and never calls
@@ -12,7 +12,7 @@ import math
 import torch
 from torch import Tensor
 
-from tests.dense_reference import gelu, layer_norm, softmax
+from tests.dense_oracle import gelu, layer_norm, softmax
 
 THETA = 10000.0
 
