@@ -43,7 +43,7 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def software_versions() -> dict[str, str]:
-    from ssog_core import __version__
+    from ssog_core.version import __version__
 
     return {"ssog_lab": __version__, "torch": torch.__version__, "python": platform.python_version()}
 
