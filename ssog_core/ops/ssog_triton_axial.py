@@ -132,9 +132,11 @@ def _column_pass(v_ptr, prm_ptr, taby_ptr, b, h, i0, k0, GH, GW, D, svb, svn, sv
 
 
 @triton.jit
-def _row_prologue(prm_ptr, b, h, i0, w0, GH, GW, spb, spi, spw, sph, spr, R: tl.constexpr, RO: tl.constexpr,
-                  RP: tl.constexpr, AXIAL: tl.constexpr, T: tl.constexpr, WT: tl.constexpr, KC: tl.constexpr):
-    """``1/Z_x`` for queries (i0 + t, w0 + w) and atoms r, as ``[T, WT, RP]`` (1 where the query is padding)."""
+def _query_atoms(prm_ptr, b, h, i0, w0, GH, GW, spb, spi, spw, sph, spr, RO: tl.constexpr, RP: tl.constexpr,
+                 T: tl.constexpr, WT: tl.constexpr, KC: tl.constexpr):
+    """Over ``[T, WT, KC·RP]`` from the query tile at ``(i0, w0)``: query rows ``i`` and columns ``w`` (``qf``: as
+    floats), key offsets ``kc`` and atoms ``r`` (index kc·RP + r), the mask of real (query, atom) pairs and the
+    pointers to their parameters."""
     t = tl.arange(0, T)[:, None, None]
     w = w0 + tl.arange(0, WT)[None, :, None]
     m = tl.arange(0, KC * RP)[None, None, :]
@@ -142,8 +144,17 @@ def _row_prologue(prm_ptr, b, h, i0, w0, GH, GW, spb, spi, spw, sph, spr, R: tl.
     r = m % RP
     i = i0 + t
     qmask = (i < GH) & (w < GW) & (r < RO)
-    base = prm_ptr + b * spb + i * spi + w * spw + h * sph + r * spr
     qf = w.to(tl.float32)
+    base = prm_ptr + b * spb + i * spi + w * spw + h * sph + r * spr
+    return i, w, kc, r, qmask, qf, base
+
+
+@triton.jit
+def _row_prologue(prm_ptr, b, h, i0, w0, GH, GW, spb, spi, spw, sph, spr, R: tl.constexpr, RO: tl.constexpr,
+                  RP: tl.constexpr, AXIAL: tl.constexpr, T: tl.constexpr, WT: tl.constexpr, KC: tl.constexpr):
+    """``1/Z_x`` for queries (i0 + t, w0 + w) and atoms r, as ``[T, WT, RP]`` (1 where the query is padding)."""
+    i, w, kc, r, qmask, qf, base = _query_atoms(prm_ptr, b, h, i0, w0, GH, GW, spb, spi, spw, sph, spr, RO, RP, T, WT,
+                                                KC)
     z = tl.zeros((T, WT, KC * RP), dtype=tl.float32)
     for k0 in range(0, GW, KC):
         key = k0 + kc
@@ -163,9 +174,8 @@ def _expand_atoms(x, T: tl.constexpr, WT: tl.constexpr, KC: tl.constexpr, RP: tl
 def _axial_tile(prm_ptr, H, GH, GW, spb, spi, spw, sph, spr, RO: tl.constexpr, RP: tl.constexpr, T: tl.constexpr,
                 WT: tl.constexpr, KC: tl.constexpr):
     """The program's query tile, shared by the forward and the row-gradient kernels: its image ``b`` and head ``h``
-    (batch·heads on grid axis 1: programs sharing v run together), its origin ``(i0, w0)``, and over
-    ``[T, WT, KC·RP]`` the query rows ``i`` and columns ``w`` (``qf``: as floats), key offsets ``kc``, atoms ``r``,
-    the mask of real (query, atom) pairs and the pointers to their parameters."""
+    (batch·heads on grid axis 1: programs sharing v run together), its origin ``(i0, w0)`` and
+    :func:`_query_atoms` of it."""
     pid = tl.program_id(0)  # (row tile, column tile)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)  # batch offsets may exceed 2**31 elements
@@ -173,16 +183,8 @@ def _axial_tile(prm_ptr, H, GH, GW, spb, spi, spw, sph, spr, RO: tl.constexpr, R
     n_wt = tl.cdiv(GW, WT)
     i0 = (pid // n_wt) * T
     w0 = (pid % n_wt) * WT
-
-    t = tl.arange(0, T)[:, None, None]
-    w = w0 + tl.arange(0, WT)[None, :, None]
-    m = tl.arange(0, KC * RP)[None, None, :]
-    kc = m // RP
-    r = m % RP
-    i = i0 + t
-    qmask = (i < GH) & (w < GW) & (r < RO)
-    qf = w.to(tl.float32)
-    base = prm_ptr + b * spb + i * spi + w * spw + h * sph + r * spr
+    i, w, kc, r, qmask, qf, base = _query_atoms(prm_ptr, b, h, i0, w0, GH, GW, spb, spi, spw, sph, spr, RO, RP, T, WT,
+                                                KC)
     return b, h, i0, w0, i, w, kc, r, qmask, qf, base
 
 
