@@ -112,7 +112,7 @@ def test_init_from_starts_a_second_stage_from_the_weights(tmp_path, capsys):
         run(tmp_path / "b", "--epochs", "1", "--transfer-sizes", "none", "--init-from", str(first), "--lr", "1e-9") == 0
     )
     a, b = weights(first), weights(tmp_path / "b" / "last.safetensors")
-    moved = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    moved = max(float((a[k].float() - b[k].float()).abs().max()) for k in a if not k.startswith("history."))
     assert moved < 1e-5  # a near-zero learning rate keeps the loaded weights, not a fresh initialisation
     assert run(tmp_path / "c", "--epochs", "1", "--dim", "8", "--init-from", str(first)) == 2
     assert "differs from this run's in dim" in capsys.readouterr().err
@@ -388,7 +388,9 @@ def test_field_lr_mult_moves_the_field_faster(tmp_path):
         torch.manual_seed(0)  # what train does before building the model (--seed 0)
         start = ViT(read_checkpoint(out / "last.safetensors")[0]).state_dict()
         end = weights(out / "last.safetensors")
-        moved[mult] = max((end[k] - start[k]).abs().max().item() for k in end if k.endswith(".mu"))
+        moved[mult] = max(
+            (end[k] - start[k]).abs().max().item() for k in end if k.endswith(".mu") and not k.startswith("history.")
+        )
     assert 10 < moved["20"] / moved["1"] < 30
 
 
@@ -418,8 +420,8 @@ def test_a_state_saved_before_train_config_resumes_exactly(tmp_path):
     del state["history"]
     torch.save(state, path)
     assert train.main(["--out", str(tmp_path / "b"), "--resume", "--no-progress"]) == 0
-    assert_same_weights(tmp_path / "a" / "last.safetensors", tmp_path / "b" / "last.safetensors")
-    meta = read_checkpoint(tmp_path / "b" / "last.safetensors")[2]
+    (_, a, _), (_, b, meta) = (read_checkpoint(tmp_path / r / "last.safetensors") for r in "ab")  # weights only:
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # the old state had no history
     assert meta["train_args"] == {**PRE_CONFIG_ARGS, "out": str(tmp_path / "b"), "resume": True, "stop_after": None}
 
 
