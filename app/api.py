@@ -22,7 +22,7 @@ from gradio.utils import get_upload_folder
 from app.common import EXPECTED_ERRORS, error_text
 from app.state import AppContext, AppError
 from app.tabs import export, playground
-from ssog_core import report
+from ssog_core.analysis import report
 
 
 def register_api(ctx: AppContext) -> None:
@@ -91,7 +91,7 @@ def register_api(ctx: AppContext) -> None:
 
     @api
     def upload_checkpoint(files: list[FileData]) -> str:
-        """Send a ``.safetensors`` checkpoint, or a reference ``.pt`` with its config ``.json``; returns the
+        """Send a ``.safetensors`` checkpoint, or a upstream ``.pt`` with its config ``.json``; returns the
         name to pass to the other endpoints (it also appears in the page's picker)."""
         if not isinstance(files, list):
             files = [files]
@@ -103,7 +103,7 @@ def register_api(ctx: AppContext) -> None:
 
 def uploaded_path(file: Any) -> str:
     """The server-side path of a file sent with the request. Only files Gradio received in an upload are read:
-    a plain path string, or a file reference pointing anywhere else, is refused."""
+    a plain path string, or a file path pointing anywhere else, is refused."""
     path = file.get("path") if isinstance(file, dict) else None
     if not isinstance(path, str) or not path:
         raise AppError("send the file itself (gradio_client.handle_file(path)), not a path on the server")

@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ssog_core.files import atomic_write
+from ssog_core.checkpoint.files import atomic_write
 from ssog_core.ops import dispatch, rbf_attention, ssog_apply
 
 from common import add_run_flags, apply_run_flags, provenance, rand_field, write_csv
@@ -71,7 +71,7 @@ def tokens_arg(text: str) -> int:
 
 
 def scratch_bytes(n: int, r: int, d: int, dtype: torch.dtype) -> int:
-    """The C kernels' scratch per thread (``scratch_bytes`` in ``cpu_kernels.c``), allocated with malloc."""
+    """The C kernels' scratch per thread (``scratch_bytes`` in ``ssog_cpu.c``), allocated with malloc."""
     return torch.finfo(dtype).bits // 8 * n * r * (7 + 3 * max(grid_of(n)) + d)
 
 

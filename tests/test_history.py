@@ -10,10 +10,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from ssog_core import train
-from ssog_core.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, read_history
+from ssog_core.checkpoint.format import CheckpointError, load_checkpoint, read_checkpoint, read_history
+from ssog_core.checkpoint.history import History, at_chance, snapshot_steps, split_history, stalled_gates
+from ssog_core.cli import train
 from ssog_core.field import positive
-from ssog_core.history import History, at_chance, snapshot_steps, split_history, stalled_gates
 
 TINY = ["--dim", "16", "--depth", "2", "--heads", "2", "--atoms", "2", "--batch-size", "8", "--no-progress"]
 SHAPES = ["--data", "shapes:size=16,train=48,val=16,classes=3", "--transfer-sizes", "none"]  # 6 steps per epoch

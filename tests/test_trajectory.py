@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ssog_core import train
 from ssog_core.analysis import head_fields
-from ssog_core.checkpoint import load_checkpoint, read_history
+from ssog_core.analysis.trajectory import geometry_trajectory, snapshot_densities, snapshot_fields
+from ssog_core.checkpoint.format import load_checkpoint, read_history
+from ssog_core.checkpoint.history import History
+from ssog_core.cli import train
 from ssog_core.field import attention_matrix
-from ssog_core.history import History
-from ssog_core.trajectory import geometry_trajectory, snapshot_densities, snapshot_fields
 
 RUN = [
     *("--data", "shapes:size=28,train=32,val=8,classes=2", "--img-size", "28x20", "--transfer-sizes", "none"),

@@ -20,10 +20,12 @@ from plotly.subplots import make_subplots
 
 from app.common import Updates, error_text, warn
 from app.state import AppContext, LoadedModel
-from ssog_core import report, viz
-from ssog_core.checkpoint import read_history
-from ssog_core.history import History
-from ssog_core.trajectory import GeometryTrajectory, geometry_trajectory, snapshot_densities
+from ssog_core.analysis import report
+from ssog_core.analysis.trajectory import GeometryTrajectory, geometry_trajectory, snapshot_densities
+from ssog_core.checkpoint.format import read_history
+from ssog_core.checkpoint.history import History
+from ssog_core.viz import raster
+from ssog_core.viz.figures import TAP_LABELS
 
 TILE = 72  # px per head panel of the field grid
 LABEL = 18  # px of the label margins
@@ -101,7 +103,7 @@ def field_grid(dens: np.ndarray) -> Image.Image:
         draw.text((LABEL + layer * (tile_w + 2) + tile_w // 2 - 8, 3), f"L{layer}", fill="black")
         for head in range(heads):
             d = dens[layer, head]
-            rgb = viz.colorize(d / max(float(d.max()), 1e-30), viz.FIELD_CMAP, 0.0, 1.0)
+            rgb = raster.colorize(d / max(float(d.max()), 1e-30), raster.FIELD_CMAP, 0.0, 1.0)
             tile = Image.fromarray(rgb).resize((tile_w, tile_h), Image.Resampling.NEAREST)
             x0, y0 = LABEL + layer * (tile_w + 2), LABEL + head * (tile_h + 2)
             canvas.paste(tile, (x0, y0))
@@ -124,7 +126,7 @@ def gates_plot(history: History, cold: float) -> go.Figure:
                     x=steps,
                     y=per_layer[:, layer],
                     mode="lines",
-                    name=f"{viz.TAP_LABELS[tap]} layer {layer}",
+                    name=f"{TAP_LABELS[tap]} layer {layer}",
                     legendgroup=tap,
                     line=dict(color=TAP_COLOURS[tap], width=1 + 2 * layer / max(per_layer.shape[1] - 1, 1)),
                     opacity=0.45 + 0.55 * layer / max(per_layer.shape[1] - 1, 1),
@@ -187,7 +189,7 @@ def geometry_plot(geometry: GeometryTrajectory) -> go.Figure:
 
 def viz_colour(index: int, count: int) -> str:
     """The ``index``-th of ``count`` colours along viridis (shallow layers dark, deep ones bright)."""
-    r, g, b = viz.colorize(np.array([[index / max(count - 1, 1)]]), viz.FIELD_CMAP, 0.0, 1.0)[0, 0]
+    r, g, b = raster.colorize(np.array([[index / max(count - 1, 1)]]), raster.FIELD_CMAP, 0.0, 1.0)[0, 0]
     return f"rgb({r},{g},{b})"
 
 
