@@ -13,7 +13,7 @@ import gradio as gr
 from gradio.blocks import Block
 from matplotlib.figure import Figure
 
-from app.state import AppError
+from app.state import AppContext, AppError
 from ssog_core import viz
 from ssog_core.checkpoint import CheckpointError
 from ssog_core.images import ImageError
@@ -33,6 +33,24 @@ def warn(message: str) -> str:
 def error_text(e: Exception) -> str:
     """A person-readable message for an expected failure (no tracebacks in the UI)."""
     return str(e) if isinstance(e, EXPECTED_ERRORS) else f"unexpected error: {type(e).__name__}: {e}"
+
+
+def layer_update(layer: Any, depth: int | None, **more: Any) -> dict[str, Any]:
+    """A layer slider for a model of ``depth`` layers: its range and its value in one update, the value kept inside
+    the range (Gradio refuses a value above a slider's maximum). Without a depth (no model to ask) the range
+    widens to hold the value, which the tab's render clamps once a model is there."""
+    value = int(layer or 0)
+    if depth is None:
+        return gr.update(maximum=max(value, 1), value=value, **more)
+    return gr.update(maximum=max(depth - 1, 1), value=min(value, depth - 1), **more)
+
+
+def model_depth(ctx: AppContext, name: str | None) -> int | None:
+    """How many layers checkpoint ``name`` has, or None when there is no such model to ask."""
+    try:
+        return int(ctx.model(name).config.depth) if name else None
+    except AppError:
+        return None
 
 
 def write_downloads(files: Mapping[str, bytes | str]) -> list[str]:

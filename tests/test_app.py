@@ -28,7 +28,7 @@ from ssog_core import ViT, save_checkpoint
 from ssog_core.analysis import attention_maps, compute_export_maps
 from ssog_core.images import model_input
 from ssog_core.playground import MAX_ATOMS, HeadSpec, evaluate
-from ssog_core.session import NO_TWIN
+from ssog_core.session import NO_TWIN, dumps
 from tests.app_fixtures import (
     designed_ssog,
     dot_twin,
@@ -204,11 +204,12 @@ def test_playground_release_pick_and_sliders(ctx, pg):
     assert "grid" in bad["err"]
     picked = playground.on_pick(pg, v, event(i=2))
     assert (picked[pg.sy]["value"], picked[pg.sx]["value"], picked[pg.w]["value"]) == (2.5, 2.5, 0.2)
-    v["sel"] = 2
-    out = playground.on_atom_param(pg, v, 4.0, 0.5, 0.9, False)
+    v["sel"], v["atoms"][2]["sx"] = 2, 0.86341
+    out = playground.on_atom_param(pg, "sy", v, 4.0, False)
     atom = out[pg.canvas]["value"]["atoms"][2]
-    assert (atom["sy"], atom["sx"], atom["w"]) == (4.0, 0.5, 0.9) and out[pg.table][2][3] == "(4.00, 0.50)"
-    bad = playground.on_atom_param(pg, v, 0.0, 0.5, 0.9, False)  # σ out of range: the canvas says why
+    assert (atom["sy"], atom["sx"], atom["w"]) == (4.0, 0.86341, 0.2) and out[pg.table][2][3] == "(4.00, 0.86)"
+    assert playground.on_atom_param(pg, "w", v, 0.9, False)[pg.canvas]["value"]["atoms"][2]["w"] == 0.9
+    bad = playground.on_atom_param(pg, "sy", v, 0.0, False)  # σ out of range: the canvas says why
     assert set(bad) == {pg.canvas} and "σ must be" in bad[pg.canvas]["err"]
 
 
@@ -506,60 +507,97 @@ def test_scaling_latency_and_resolution_transfer(ctx, folders, page, tmp_path):
 # ----------------------------------------------------------------------------------------------- session + main
 
 
+def session_values(v: dict, **sections: dict) -> dict:
+    """What the page's session fields hold, by section (as :func:`app.tabs.session.by_section` hands them over)."""
+    base = {"playground": {"head": v, "underlay": False}, "geometry": {"layer": 0},
+            "steering": {"layer": 0, "query": None}, "export": {"twin": NO_TWIN, "alpha": 0.5, "layer": 0},
+            "compare": {"a": None, "b": None, "alpha": 0.5, "layer": 0}}  # fmt: skip
+    return {k: {**base[k], **sections.get(k, {})} for k in base}
+
+
 def test_session_round_trip(ctx, sha, page, pg, tmp_path):
     v = playground.initial_value()
     v["atoms"][0]["x"] = 4.0
-    data = session.make_session(ctx, "ssog_test.safetensors", sha, v, True, 1, 1, [2, 3], "dot_test.safetensors",
-                                0.3, 1, "ssog_test.safetensors", "dot_test.safetensors", 0.6, 0).to_dict()  # fmt: skip
+    parts = page.session_parts(ctx)
+    values = session_values(
+        v, playground={"underlay": True}, geometry={"layer": 1}, steering={"layer": 1, "query": [2, 3]},
+        export={"twin": "dot_test.safetensors", "alpha": 0.3, "layer": 1},
+        compare={"a": "ssog_test.safetensors", "b": "dot_test.safetensors", "alpha": 0.6},
+    )  # fmt: skip
+    data = session.make_session(ctx, parts, "ssog_test.safetensors", sha, values).to_dict()
     assert data["image"] == {"sha256": sha, "name": "scene.png"} and data["playground"]["head"]["atoms"][0]["x"] == 4
     path = tmp_path / "s.json"
     path.write_text(json.dumps(data))
     ses = page.session
     out = layout.restore_session(ctx, page, str(path))
-    restored = [page.checkpoint, page.image_sha, page.thumb, page.image_pick, *pg.main_out, pg.underlay,
-                *pg.head_controls, *page.tab_settings, ses.status]  # fmt: skip
-    assert set(out) == set(restored) and len(restored) == 22
+    top = [page.checkpoint, page.image_sha, page.thumb, page.image_pick, page.status, page.steering.query,
+           page.steering.query_text, ses.status]  # fmt: skip
+    assert set(out) == set(top) | set(session.outputs(parts))
     assert out[page.checkpoint]["value"] == "ssog_test.safetensors" and out[page.image_sha] == sha
-    assert out[page.image_pick]["value"] == "scene.png"  # issue 12, bug 6: the picker names the restored image
+    assert out[page.image_pick]["value"] == "scene.png"  # the picker names the restored image
     assert out[pg.canvas]["value"]["atoms"][0]["x"] == 4.0 and out[pg.canvas]["bg"].startswith("data:image/jpeg")
     assert out[page.steering.query] == [2, 3] and out[page.export.alpha]["value"] == 0.3
     assert out[page.export.twin]["value"] == "dot_test.safetensors" and out[page.compare.alpha]["value"] == 0.6
     assert out[ses.status] == "Session restored."
     data["image"]["sha256"] = "f" * 64
     data["checkpoint"] = "gone.safetensors"
+    data["export"]["twin"] = "gone_too.safetensors"
     path.write_text(json.dumps(data))
-    out = layout.restore_session(ctx, page, str(path))
+    out = layout.restore_session(ctx, page, str(path), "dot_test.safetensors", sha)
     assert page.checkpoint not in out and page.image_sha not in out  # what cannot be restored stays as it is
     assert "gone.safetensors" in out[ses.status] and "no longer in memory" in out[ses.status]
-    assert out[pg.canvas]["value"]["atoms"]
+    assert "gone_too.safetensors" in out[ses.status] and out[page.export.twin]["value"] == NO_TWIN
+    assert out[pg.canvas]["value"]["atoms"] and out[pg.canvas]["bg"]  # the page's own image under the head
     path.write_text("{not json")
     assert "not a JSON session" in layout.restore_session(ctx, page, str(path))[ses.status]
     path.write_text(json.dumps({"format": "other"}))
     refused = layout.restore_session(ctx, page, str(path))
     assert set(refused) == {ses.status} and "not an SSOG Lab session" in refused[ses.status]
-    saved = layout.save_session(ctx, page, "ssog_test.safetensors", sha, v, False, 0, 0, None, "(none)", 0.5, 0,
-                                None, None, 0.5, 0)  # fmt: skip
+    flat = [values[p.section][k] for p in parts for k in p.fields]  # as the save event hands them over
+    saved = layout.save_session(ctx, page, "ssog_test.safetensors", sha, *flat)
     file, text = saved[ses.file], saved[ses.status]
-    assert json.loads(Path(file).read_text())["checkpoint"] == "ssog_test.safetensors" and text == "Session saved."
+    assert text == "Session saved."
+    assert session.read_session(file) == session.make_session(ctx, parts, "ssog_test.safetensors", sha, values)
 
 
 def test_sessions_save_and_restore_uploaded_checkpoints(ctx, sha, page, tmp_path):
-    """Issue 12, bug 1: a checkpoint uploaded as reference .pt + .json is named ``uploaded/…``, and saving a
-    session with it selected failed (the ``/`` went into the file name). Any picker name saves and restores."""
+    """A checkpoint uploaded as reference .pt + .json is named ``uploaded/…``, and saving a session with it
+    selected failed (the ``/`` went into the file name). Any picker name saves and restores."""
     from tests.app_fixtures import write_reference_checkpoint
 
     name = ctx.add_upload([str(p) for p in write_reference_checkpoint(tmp_path)])
     assert name.startswith(UPLOADED)
     v = playground.initial_value()
     ses = page.session
+    flat = [session_values(v)[p.section][k] for p in page.session_parts(ctx) for k in p.fields]
     for ckpt in (name, "ssog_test.safetensors"):
-        saved = layout.save_session(ctx, page, ckpt, sha, v, False, 0, 0, None, "(none)", 0.5, 0, None, None, 0.5, 0)
+        saved = layout.save_session(ctx, page, ckpt, sha, *flat)
         file, text = saved[ses.file], saved[ses.status]
         assert text == "Session saved." and Path(file).is_file() and "/" not in Path(file).name
         assert json.loads(Path(file).read_text())["checkpoint"] == ckpt
         out = layout.restore_session(ctx, page, file)
         assert out[page.checkpoint]["value"] == ckpt and out[ses.status] == "Session restored."
     assert Path(file).name == "ssog_session_ssog_test.json"
+
+
+def test_a_tab_the_session_module_does_not_know_records_its_own_section(ctx, sha, page, tmp_path):
+    """The protocol a new tab follows: it declares its section's fields and restores them itself; the file keeps
+    the section as written."""
+    level = gr.Slider(0, 1, value=0)
+    part = session.SessionPart(
+        "intervene", {"level": level},
+        lambda section, restoring: {level: gr.update(maximum=max(section["level"], 1), value=section["level"])},
+        [level],
+    )  # fmt: skip
+    parts = [*page.session_parts(ctx), part]
+    values = {**session_values(playground.initial_value()), "intervene": {"level": 7}}
+    s = session.make_session(ctx, parts, "ssog_test.safetensors", sha, values)
+    path = tmp_path / "s.json"
+    path.write_text(dumps(s))
+    restored = session.read_session(path)
+    assert restored.more == {"intervene": {"level": 7}}
+    out = session.restore_parts(parts, restored, session.Restoring("ssog_test.safetensors", sha))
+    assert out[level]["maximum"] == 7 and out[level]["value"] == 7
 
 
 def test_messages_use_no_emoji_a_plain_font_cannot_draw(ctx, page, folders):
@@ -631,3 +669,33 @@ def test_demo_checkpoints_open_in_every_tab(page, tmp_path):
     assert ex[page.export.figure] is not None and "net exporters" in ex[page.export.text]
     st = steering.render(demo, page.steering, "ssog_layouts.safetensors", stored.sha256, 0, [1, 1])
     assert st[page.steering.query_figure] is not None
+
+
+def test_a_restored_session_sets_every_range_before_its_value(page, pg, tmp_path):
+    """A freshly loaded page has layer sliders with maximum 1; a session saved on a deeper model at layer 3 must
+    come back with each slider's maximum widened in the same update as its value (else "Value 3 is greater than
+    maximum value 1" and Error panels), and the atom sliders must show the restored atom, not the defaults."""
+    deep = AppContext(tmp_path / "ckpt", tmp_path / "ckpt", upload_dir=tmp_path)
+    write_checkpoints(tmp_path / "ckpt", depth=4)
+    stored = deep.open_upload(str(write_images(tmp_path / "img")["rgb"]))
+    head = HeadSpec.from_dict(playground.initial_value()).with_atom(0, sy=3.15, sx=0.07, w=0.41)
+    layers = {"layer": 3}
+    data = {"format": "ssog-lab-session/1", "checkpoint": "ssog_test.safetensors",
+            "image": {"sha256": stored.sha256, "name": stored.name},
+            "playground": {"head": head.to_dict(), "selected_atom": 0},
+            "geometry": layers, "steering": {**layers, "query": [1, 2]},
+            "export": {"twin": "dot_test.safetensors", "alpha": 0.8, "layer": 3},
+            "compare": {"a": "ssog_test.safetensors", "b": "dot_test.safetensors", "alpha": 0.8,
+                        "layer": 3}}  # fmt: skip
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(data))
+    out = layout.restore_session(deep, page, str(path))
+    for slider in (page.geometry.layer, page.steering.layer, page.export.layer, page.compare.layer):
+        assert out[slider]["value"] == 3 and out[slider]["maximum"] == 3, slider
+    assert out[pg.sy]["value"] == 3.15 and out[pg.sx]["value"] == 0.07 and out[pg.w]["value"] == 0.41
+    assert out[pg.sx]["minimum"] <= 0.07  # a steered atom narrower than the model's floor still fits the slider
+    assert "Image" in out[page.status] and stored.name in out[page.status]
+    assert out[page.export.alpha]["value"] == 0.8 and out[page.steering.query] == [1, 2]
+    ex = page.export
+    shown = export.render(deep, ex, "ssog_test.safetensors", "dot_test.safetensors", stored.sha256, 0.8, 3)
+    assert shown[ex.figure] is not None and shown[ex.layer]["value"] == 3

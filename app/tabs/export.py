@@ -11,8 +11,9 @@ import gradio as gr
 from gradio.blocks import Block
 
 from app import plots
-from app.common import Updates, error_text, shown_figure, warn, write_downloads
+from app.common import Updates, error_text, layer_update, model_depth, shown_figure, warn, write_downloads
 from app.state import AppContext, LoadedModel, StoredImage, resize_note
+from app.tabs.session import Restoring, SessionPart
 from ssog_core import figures, viz
 from ssog_core.analysis import DEFAULT_ALPHA, ExportMaps, compute_export_maps
 from ssog_core.session import NO_TWIN
@@ -132,7 +133,7 @@ def render(
             ui.text: text,
             ui.figure: shown,
             ui.accumulated: plot,
-            ui.layer: gr.update(maximum=max(depth - 1, 1), value=layer),
+            ui.layer: layer_update(layer, depth),
         }
     except Exception as e:
         return {ui.text: warn(error_text(e)), ui.figure: None, ui.accumulated: None}
@@ -208,3 +209,23 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> ExportUI:
     twin.input(partial(render, ctx, ui), inputs, ui.outputs, api_visibility="private")
     files_button.click(partial(downloads, ctx, ui), inputs, [files, files_status], api_visibility="private")
     return ui
+
+
+def session_part(ctx: AppContext, ui: ExportUI) -> SessionPart:
+    """The export tab's section: twin, α and layer, the layer within the deeper of the two models."""
+
+    def restore(section: dict[str, Any], restoring: Restoring) -> Updates:
+        names = ctx.checkpoint_names()
+        twin = section.get("twin") or NO_TWIN
+        if twin not in (NO_TWIN, *names):
+            restoring.notes.append(f"export twin {twin!r} is not in the checkpoint folder")
+            twin = NO_TWIN
+        depths = [d for d in (model_depth(ctx, restoring.checkpoint), model_depth(ctx, twin)) if d]
+        return {
+            ui.twin: gr.update(choices=[NO_TWIN, *names], value=twin),
+            ui.alpha: gr.update(value=section.get("alpha", DEFAULT_ALPHA)),
+            ui.layer: layer_update(section.get("layer"), max(depths, default=None)),
+        }
+
+    fields = {"twin": ui.twin, "alpha": ui.alpha, "layer": ui.layer}
+    return SessionPart("export", fields, restore, list(fields.values()))

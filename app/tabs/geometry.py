@@ -13,8 +13,9 @@ from gradio.blocks import Block
 from PIL import Image
 
 from app import plots
-from app.common import Updates, error_text, shown_figure, warn, write_downloads
+from app.common import Updates, error_text, layer_update, model_depth, shown_figure, warn, write_downloads
 from app.state import AppContext, LoadedModel
+from app.tabs.session import Restoring, SessionPart
 from ssog_core import figures, report, viz
 from ssog_core.analysis import attention_maps, has_keys, key_norms
 
@@ -142,7 +143,7 @@ def render(ctx: AppContext, ui: GeometryUI, ckpt: str | None, layer: float, sha:
             ui.layer_plot: shown(plots.layer_density_plot(loaded.fields[layer], layer)),
             ui.stats: shown(stats),
             ui.table: shown(atoms),
-            ui.layer: gr.update(maximum=max(len(loaded.fields) - 1, 1), value=layer, visible=True),
+            ui.layer: layer_update(layer, len(loaded.fields), visible=True),
         }
     except Exception as e:
         return {ui.note: warn(error_text(e)), ui.card: "", **hidden, ui.layer: gr.update(visible=False)}
@@ -206,6 +207,15 @@ def downloads(ctx: AppContext, ui: GeometryUI, ckpt: str | None) -> Updates:
         return {ui.files: files, ui.files_status: ""}
     except Exception as e:
         return {ui.files: None, ui.files_status: warn(error_text(e))}
+
+
+def session_part(ctx: AppContext, ui: GeometryUI) -> SessionPart:
+    """The geometry tab's section: the interactive view's layer, within the restored checkpoint's depth."""
+
+    def restore(section: dict[str, Any], restoring: Restoring) -> Updates:
+        return {ui.layer: layer_update(section.get("layer"), model_depth(ctx, restoring.checkpoint))}
+
+    return SessionPart("geometry", {"layer": ui.layer}, restore, [ui.layer])
 
 
 def build(ctx: AppContext, shared: dict[str, Any]) -> GeometryUI:
