@@ -35,14 +35,18 @@ def error_text(e: Exception) -> str:
     return str(e) if isinstance(e, EXPECTED_ERRORS) else f"unexpected error: {type(e).__name__}: {e}"
 
 
-def layer_update(layer: Any, depth: int | None, **more: Any) -> dict[str, Any]:
+def layer_update(layer: Any, depth: int | None, keep: bool = False, **more: Any) -> dict[str, Any]:
     """A layer slider for a model of ``depth`` layers: its range and its value in one update, the value kept inside
-    the range (Gradio refuses a value above a slider's maximum). Without a depth (no model to ask) the range
-    widens to hold the value, which the tab's render clamps once a model is there."""
+    the range (Gradio refuses a value above a slider's maximum). With ``keep`` the value is sent only when it had
+    to move into the range: a render must not write back an older value over one the user set while it ran.
+    Without a depth (no model to ask) the range widens to hold the value, which a render clamps later."""
     value = int(layer or 0)
     if depth is None:
         return gr.update(maximum=max(value, 1), value=value, **more)
-    return gr.update(maximum=max(depth - 1, 1), value=min(value, depth - 1), **more)
+    top = depth - 1
+    if keep and value <= top:
+        return gr.update(maximum=max(top, 1), **more)
+    return gr.update(maximum=max(top, 1), value=min(value, top), **more)
 
 
 def model_depth(ctx: AppContext, name: str | None) -> int | None:

@@ -302,7 +302,8 @@ def test_geometry_ssog_dot_and_missing(ctx, sha, page):
     note, card, fig, gates, layer_plot, stats, table, slider = values(out, geo.outputs)
     assert "2 layers × 4 heads × 3 atoms" in note and "parameters" in card and "FLOPs" in card
     assert Path(fig["value"]).name == "geometry_ssog_test.png" and Path(fig["value"]).read_bytes()[:4] == b"\x89PNG"
-    assert len(table["value"]) == 2 * 4 * 3 and slider["maximum"] == 1 and slider["value"] == 1
+    assert len(table["value"]) == 2 * 4 * 3 and slider["maximum"] == 1 and "value" not in slider  # it fits
+    assert geometry.render(ctx, geo, "ssog_test.safetensors", 5, sha)[geo.layer]["value"] == 1  # clamped
     assert gates["value"].layout.title.text and layer_plot["value"].data[0].hovertemplate
     entropy = stats["value"].data[0]  # the colours span 0 … ln N nats, not the observed min … max
     assert (entropy.zmin, entropy.zmax) == (0.0, pytest.approx(np.log(64))) and stats["value"].data[1].zmin == 0
@@ -698,4 +699,4 @@ def test_a_restored_session_sets_every_range_before_its_value(page, pg, tmp_path
     assert out[page.export.alpha]["value"] == 0.8 and out[page.steering.query] == [1, 2]
     ex = page.export
     shown = export.render(deep, ex, "ssog_test.safetensors", "dot_test.safetensors", stored.sha256, 0.8, 3)
-    assert shown[ex.figure] is not None and shown[ex.layer]["value"] == 3
+    assert shown[ex.figure] is not None and shown[ex.layer]["maximum"] == 3

@@ -53,6 +53,7 @@ def render(
     try:
         stored, display, ma, mb = _analyse(ctx, a, b, sha, alpha)
         depth = min(ma.net.shape[1], mb.net.shape[1])
+        asked = layer  # the slider's value: sent back only if it has to move into the range
         layer = min(int(layer or 0), depth - 1)
         fig = figures.compare_figure((a, ma), (b, mb), display, layer, stored.name)
         text = f"α = **{alpha:.2f}**, layer **{layer}** for both.  \nA — {summary(a, ma)}  \nB — {summary(b, mb)}"
@@ -67,7 +68,7 @@ def render(
         return {
             ui.text: text,
             ui.figure: shown_figure(fig, stem, meta),
-            ui.layer: layer_update(layer, depth),
+            ui.layer: layer_update(asked, depth, keep=True),
         }
     except Exception as e:
         return {ui.text: warn(error_text(e)), ui.figure: None}

@@ -111,6 +111,7 @@ def render(
             tw = ctx.model(twin)
             models.append((twin, tw, maps_for(ctx, tw, stored, alpha)))
         depth = max(m.net.shape[1] for _, _, m in models)
+        asked = layer  # the slider's value: sent back only if it has to move into the range
         layer = min(int(layer or 0), depth - 1)
         q = (int(query[0]), int(query[1])) if query else None
         named = [(n, m) for n, _, m in models]
@@ -133,7 +134,7 @@ def render(
             ui.text: text,
             ui.figure: shown,
             ui.accumulated: plot,
-            ui.layer: layer_update(layer, depth),
+            ui.layer: layer_update(asked, depth, keep=True),
         }
     except Exception as e:
         return {ui.text: warn(error_text(e)), ui.figure: None, ui.accumulated: None}

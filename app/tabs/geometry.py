@@ -122,6 +122,7 @@ def render(ctx: AppContext, ui: GeometryUI, ckpt: str | None, layer: float, sha:
             text, fig, norms = dot_view(ctx, loaded, sha)
             return {**hidden, ui.note: text, ui.card: card, ui.figure: shown(fig), ui.stats: shown(norms),
                     ui.layer: gr.update(visible=False)}  # fmt: skip
+        asked = layer  # the slider's value: sent back only if it has to move into the range
         layer = min(int(layer or 0), len(loaded.fields) - 1)
         init = report.initial_gate_scale(loaded.config)
         entropy = np.stack([lf.entropy.numpy() for lf in loaded.fields])
@@ -143,7 +144,7 @@ def render(ctx: AppContext, ui: GeometryUI, ckpt: str | None, layer: float, sha:
             ui.layer_plot: shown(plots.layer_density_plot(loaded.fields[layer], layer)),
             ui.stats: shown(stats),
             ui.table: shown(atoms),
-            ui.layer: layer_update(layer, len(loaded.fields), visible=True),
+            ui.layer: layer_update(asked, len(loaded.fields), keep=True, visible=True),
         }
     except Exception as e:
         return {ui.note: warn(error_text(e)), ui.card: "", **hidden, ui.layer: gr.update(visible=False)}

@@ -116,6 +116,7 @@ def render(
         loaded, stored = ctx.model(ckpt), ctx.image(sha)
         s = analyse(ctx, loaded, stored)
         depth = len(s.steered.attn)
+        asked = layer  # the slider's value: sent back only if it has to move into the range
         layer = min(int(layer or 0), depth - 1)
         q = tuple(query) if query else None
         if s.offsets is not None:
@@ -143,7 +144,7 @@ def render(
             ui.prediction: report.top_classes(s.logits, loaded.class_names),
             ui.steering: gr.update(value=steer, visible=steer is not None),
             ui.query_figure: query_image(loaded, stored, s, layer, q) if q else None,
-            ui.layer: layer_update(layer, depth),
+            ui.layer: layer_update(asked, depth, keep=True),
             ui.head: gr.update(
                 choices=list(range(heads)), value=min(int(head or 0), heads - 1), visible=loaded.is_ssog
             ),
