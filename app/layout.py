@@ -309,13 +309,17 @@ def restore_session(ctx: AppContext, page: Page, path: Any, ckpt: str | None = N
 # ---- the page ---------------------------------------------------------------------------------------------
 
 
-def build_page(ctx: AppContext) -> tuple[gr.Blocks, Page]:
-    """The whole UI for one checkpoint folder and one folder of bundled images, and its components by name."""
+def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
+    """The whole UI for one checkpoint folder and one folder of bundled images, and its components by name;
+    with ``login`` (the server asks for one) a log-out button, which goes to Gradio's ``/logout``."""
     names = ctx.checkpoint_names()
     ckpt0 = default_checkpoint(ctx, names)
     img0 = default_image(ctx)
     with gr.Blocks(title="SSOG Lab", delete_cache=(3600, 3600)) as demo:  # uploads older than an hour go
-        gr.Markdown(HEADER.format(device=ctx.device), elem_id="header")
+        with gr.Row(equal_height=True):
+            gr.Markdown(HEADER.format(device=ctx.device), elem_id="header")
+            if login:
+                gr.Button("Log out", link="logout", size="sm", scale=0, min_width=90, elem_id="logout")
         status = gr.Markdown(folder_status(ctx, names), elem_id="status")
         with gr.Row(equal_height=True):
             ckpt = gr.Dropdown(names, value=ckpt0, label="Checkpoint", elem_id="ckpt", scale=3)
@@ -453,6 +457,7 @@ def build_page(ctx: AppContext) -> tuple[gr.Blocks, Page]:
     return demo, page
 
 
-def build_app(ctx: AppContext) -> gr.Blocks:
-    """The whole UI for one checkpoint folder and one folder of bundled images."""
-    return build_page(ctx)[0]
+def build_app(ctx: AppContext, login: bool = False) -> gr.Blocks:
+    """The whole UI for one checkpoint folder and one folder of bundled images (with a log-out button when the
+    server asks for a login)."""
+    return build_page(ctx, login)[0]
