@@ -42,7 +42,8 @@ ${((V) => ((W, H) => `
    }).join('')}
   </svg>
   ${V.atoms.map((a, i) => `<div class="atom ${i === V.sel ? 'sel' : ''}" data-i="${i}" tabindex="0" role="button"
-      aria-label="atom ${i + 1}, looks at row ${a.y}, column ${a.x}, λ ${(lam[i] ?? 0).toFixed(2)}: arrow keys move it"
+      aria-label="atom ${i + 1}, looks at row ${a.y.toFixed(1)}, column ${a.x.toFixed(1)},
+        λ ${(lam[i] ?? 0).toFixed(2)}: arrow keys move it"
       title="atom ${i + 1}: drag (or focus and use the arrow keys) to move, click to select"
       style="left:${(a.x + 0.5) / V.grid[1] * 100}%;top:${(a.y + 0.5) / V.grid[0] * 100}%">${i + 1}</div>`).join('')}
   ${((placed) => V.atoms.map((a, i) => {

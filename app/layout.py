@@ -31,6 +31,7 @@ CSS = """
 #geo-card td:first-child { white-space: nowrap; }
 #geo-card td { overflow-wrap: anywhere; }
 #thumb img { object-fit: contain; }
+#status, #status * { overflow-wrap: anywhere; white-space: normal; }  /* a long message wraps, never cut off */
 """
 HEADER = (
     "## SSOG Lab\nAttention as a handful of Gaussian atoms over relative position, which content may only "

@@ -17,6 +17,9 @@ from ssog_core.playground import HeadSpec, HeadView
 
 _LAYOUT = dict(template="plotly_white", font=dict(size=12), hoverlabel=dict(font_size=12))
 _TAP_NAMES = {"mu": "s(μδ)", "sigma": "s(σδ)", "lambda": "s(λ)"}
+ATOM_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+# one colour per atom index, the same in both passes (Plotly's automatic colours count traces, so atom 1 of the
+# column pass took the colour of a row-pass trace, not its legend entry's)
 
 
 def kernel_plot(spec: HeadSpec, view: HeadView) -> go.Figure:
@@ -44,7 +47,7 @@ def kernel_plot(spec: HeadSpec, view: HeadView) -> go.Figure:
                     x=keys,
                     y=k,
                     mode="lines",
-                    line=dict(dash="dot", width=1.5),
+                    line=dict(dash="dot", width=1.5, color=ATOM_COLOURS[r % len(ATOM_COLOURS)]),
                     name=name,
                     legendgroup=name,
                     showlegend=c == 1,

@@ -200,6 +200,8 @@ def test_playground_release_pick_and_sliders(ctx, pg):
     details = playground.on_details(pg, v)
     fig, rows = details[pg.kernels], details[pg.table]
     assert rows[1][1] == "(3.0, 12.0)" and len(fig.data) == 2 * (3 + 1)
+    colours = [[t.line.color for t in fig.data if t.xaxis == axis][:3] for axis in ("x", "x2")]
+    assert colours[0] == colours[1] and len(set(colours[0])) == 3 and None not in colours[0]  # atom r = legend r
     bad = playground.on_release({**v, "grid": [1, 1]}, False, event(t=1))
     assert "grid" in bad["err"]
     picked = playground.on_pick(pg, v, event(i=2))
@@ -476,6 +478,8 @@ def test_scaling_latency_and_resolution_transfer(ctx, folders, page, tmp_path):
     assert "3 sizes, from `ssog_test.transfer.json`" in note and transfer["visible"]
     trace = transfer["value"].data[0]
     assert list(trace.x) == [16, 64, 144] and list(trace.y) == [0.2, 0.61, 0.41]
+    trained = transfer["value"].layout.shapes[0]  # on a log axis a shape's x is log10 of the token count
+    assert 10**trained.x0 == pytest.approx(64) and 10 ** transfer["value"].layout.annotations[0].x == pytest.approx(64)
     # written by train into the checkpoint's metadata, as a JSON string in the meta or in the header itself
     from safetensors import safe_open
     from safetensors.torch import save_file

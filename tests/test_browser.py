@@ -7,6 +7,7 @@ pytest-xdist cannot split it over workers. Screenshots of every step go to ``art
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -16,6 +17,7 @@ from app.process import AppProcess
 from app.state import AppContext
 from app.tabs import geometry
 from tests.app_fixtures import write_bad_files, write_checkpoints, write_images, write_reference_checkpoint
+from tests.test_images import bomb_png
 
 playwright = pytest.importorskip("playwright.sync_api")
 
@@ -423,6 +425,17 @@ def test_a_session_restored_on_a_fresh_page(deep_server):
             page.click("#pg-preset input")
             page.locator("[role=option]").first.click()  # a trained head: its atoms are not the defaults
             page.wait_for_function("() => document.querySelector('#pg-preset-note').innerText.includes('head')")
+            label = page.get_attribute("#pg-canvas .atom", "aria-label")
+            assert "row" in label and not re.search(r"\.\d{3}", label), label  # rounded for a screen reader
+            big = deep_server["root"] / ("a_photo_with_a_long_descriptive_name_" * 3 + "12000x12000.png")
+            big.write_bytes(bomb_png(12000, 12000))
+            with page.expect_file_chooser() as chooser:
+                page.click("#img-upload")
+            chooser.value.set_files(str(big))  # refused by its size with the app's own message, wrapped in view
+            page.wait_for_function("() => document.querySelector('#status').innerText.includes('over the 25 MP')")
+            assert "12000×12000 = 144 MP" in page.inner_text("#status")
+            assert page.evaluate("() => { const s = document.querySelector('#status'); "
+                                 "return s.scrollWidth <= s.clientWidth + 1; }")  # fmt: skip
             with page.expect_file_chooser() as chooser:
                 page.click("#img-upload")
             chooser.value.set_files(str(deep_server["images"]["rgba"]))

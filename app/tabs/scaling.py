@@ -8,6 +8,7 @@ matrix) while dot attention's grows quadratically; the fitted exponent of each m
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -181,7 +182,8 @@ def transfer_plot(rows: list[dict[str, Any]], name: str, trained_tokens: int) ->
             hovertemplate="%{customdata} px, %{x} tokens<br>accuracy %{y:.2%}<extra></extra>",
         )
     )
-    fig.add_vline(x=trained_tokens, line=dict(dash="dash", color="gray"), annotation_text="trained at")
+    # shapes and annotations on a log axis take log10 of the position (x=196 would be drawn at 10^196)
+    fig.add_vline(x=math.log10(trained_tokens), line=dict(dash="dash", color="gray"), annotation_text="trained at")
     fig.update_xaxes(type="log", title="tokens at evaluation (zero-shot: no fine-tuning)")
     fig.update_yaxes(title="accuracy", tickformat=".0%", rangemode="tozero")
     fig.update_layout(
