@@ -11,6 +11,7 @@ import io
 import json
 import os
 import time
+from functools import partial
 from pathlib import Path
 
 import gradio as gr
@@ -462,7 +463,7 @@ def test_rbf_checkpoint_with_registers(ctx, sha, page, tmp_path):
     assert "register tokens took" in text and fig is not None
 
 
-def test_scaling_latency_and_resolution_transfer(ctx, folders, page, tmp_path):
+def test_scaling_resolution_transfer(ctx, folders, page, tmp_path):
     sc = page.scaling
     note, transfer = values(scaling.render(ctx, sc, "ssog_test.safetensors"), sc.outputs)
     assert note.startswith("No resolution-transfer curve for **ssog_test.safetensors**") and "\n" not in note
@@ -500,12 +501,49 @@ def test_scaling_latency_and_resolution_transfer(ctx, folders, page, tmp_path):
     assert "expected img_size" in scaling.render(ctx, sc, ctx.add_upload([str(bad)]))[sc.transfer_note]
     loaded = ctx.model("ssog_test.safetensors")
     assert scaling.sizes(loaded) == [(16, 16), (32, 32), (48, 48), (64, 64), (96, 96)]
-    measured = scaling.on_measure(ctx, sc, "ssog_test.safetensors")
+
+
+class FakeForwards:
+    """A clock and a forward for :func:`app.tabs.scaling.measure`: each forward advances the clock by a time that
+    grows as N (SSOG) or N² (dot) with a spread, and is recorded; nothing is really timed."""
+
+    def __init__(self) -> None:
+        self.t, self.calls = 0.0, []
+
+    def clock(self) -> float:
+        return self.t
+
+    def run(self, loaded, x) -> None:
+        n = (x.shape[-2] // 4) * (x.shape[-1] // 4)
+        self.calls.append((loaded.name[:4], n))
+        spread = 1 + 0.1 * (len(self.calls) % 3)
+        self.t += (n if loaded.is_ssog else n * n / 64) * 1e-4 * spread
+
+
+def test_latency_is_warmed_up_interleaved_and_shown_with_its_spread(ctx, page):
+    sc = page.scaling
+    models = [ctx.model("ssog_test.safetensors"), ctx.model("dot_test.safetensors")]
+    fake = FakeForwards()
+    curves = scaling.measure(models, repeats=5, warmup=2, clock=fake.clock, run=fake.run)
+    first = fake.calls[: 2 * 2 + 5 * 2]  # the smallest size: both warmed up, then taking turns, order reversed
+    assert first == [("ssog", 16), ("dot_", 16)] * 2 + [("ssog", 16), ("dot_", 16), ("dot_", 16), ("ssog", 16)] * 2 + [
+        ("ssog", 16), ("dot_", 16)]  # fmt: skip
+    ssog, dot = curves
+    assert ssog.tokens == dot.tokens == [16, 64, 144, 256, 576] and all(len(s) == 5 for s in ssog.samples)
+    assert ssog.exponent() == pytest.approx(1, abs=0.05) and dot.exponent() == pytest.approx(2, abs=0.05)
+    q1, q3 = ssog.quantile(0.25), ssog.quantile(0.75)
+    assert all(a <= m <= b for a, m, b in zip(q1, ssog.ms, q3, strict=True)) and all(b > a for a, b in zip(q1, q3))
+    timing = partial(scaling.measure, repeats=5, warmup=2, clock=fake.clock, run=fake.run)
+    measured = scaling.on_measure(ctx, sc, "ssog_test.safetensors", timing)
     text, plot = measured[sc.latency_note], measured[sc.latency]
-    assert "ssog_test.safetensors" in text and "dot_test.safetensors" in text and "slope" in text
+    assert "ssog_test.safetensors" in text and "dot_test.safetensors" in text and f"slope **{curves[0].exponent():.2f}" in text
+    assert "up to 576 tokens" in text and "4096" not in text and "median of 5 runs after 2 warm-ups" in text
+    assert scaling.cpu_model() in text and "torch thread" in text and "IQR" in text
     assert [t.name.split(" ")[0] for t in plot.data[:2]] == ["ssog_test.safetensors", "dot_test.safetensors"]
-    assert list(plot.data[0].x) == [16, 64, 144, 256, 576] and all(v > 0 for v in plot.data[0].y)
-    assert "cpu" in plot.layout.title.text and len(plot.data) == 4  # two models, linear and quadratic guides
+    assert list(plot.data[0].x) == [16, 64, 144, 256, 576] and plot.data[0].error_y.array is not None
+    guides = plot.data[2:]
+    assert len({g.line.dash for g in guides}) == 2 and {"∝ N", "∝ N²"} == {g.name.split(" (")[0] for g in guides}
+    assert scaling.cpu_model() in plot.layout.title.text
     assert "pick a checkpoint" in scaling.on_measure(ctx, sc, None)[sc.latency_note]
 
 
