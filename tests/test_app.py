@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import time
 from functools import partial
 from pathlib import Path
@@ -536,7 +537,8 @@ def test_latency_is_warmed_up_interleaved_and_shown_with_its_spread(ctx, page):
     timing = partial(scaling.measure, repeats=5, warmup=2, clock=fake.clock, run=fake.run)
     measured = scaling.on_measure(ctx, sc, "ssog_test.safetensors", timing)
     text, plot = measured[sc.latency_note], measured[sc.latency]
-    assert "ssog_test.safetensors" in text and "dot_test.safetensors" in text and f"slope **{curves[0].exponent():.2f}" in text
+    assert "ssog_test.safetensors" in text and "dot_test.safetensors" in text
+    assert re.search(r"slope \*\*(0\.9\d|1\.0\d)\*\*", text) and re.search(r"slope \*\*(1\.9\d|2\.0\d)\*\*", text)
     assert "up to 576 tokens" in text and "4096" not in text and "median of 5 runs after 2 warm-ups" in text
     assert scaling.cpu_model() in text and "torch thread" in text and "IQR" in text
     assert [t.name.split(" ")[0] for t in plot.data[:2]] == ["ssog_test.safetensors", "dot_test.safetensors"]
