@@ -533,7 +533,9 @@ def test_latency_is_warmed_up_interleaved_and_shown_with_its_spread(ctx, page):
     assert ssog.tokens == dot.tokens == [16, 64, 144, 256, 576] and all(len(s) == 5 for s in ssog.samples)
     assert ssog.exponent() == pytest.approx(1, abs=0.05) and dot.exponent() == pytest.approx(2, abs=0.05)
     q1, q3 = ssog.quantile(0.25), ssog.quantile(0.75)
-    assert all(a <= m <= b for a, m, b in zip(q1, ssog.ms, q3, strict=True)) and all(b > a for a, b in zip(q1, q3))
+    assert all(a <= m <= b for a, m, b in zip(q1, ssog.ms, q3, strict=True)) and all(
+        b > a for a, b in zip(q1, q3, strict=True)
+    )
     timing = partial(scaling.measure, repeats=5, warmup=2, clock=fake.clock, run=fake.run)
     measured = scaling.on_measure(ctx, sc, "ssog_test.safetensors", timing)
     text, plot = measured[sc.latency_note], measured[sc.latency]
