@@ -84,8 +84,9 @@ def kernel_plot(spec: HeadSpec, view: HeadView) -> go.Figure:
     return fig
 
 
-def gates_plot(fields: Sequence[LayerField], init: float) -> go.Figure:
-    """Gate scales vs layer, the initial value dashed."""
+def gates_plot(fields: Sequence[LayerField], init: float, cold: bool) -> go.Figure:
+    """Gate scales vs layer on a log axis, so that a gate's growth from its start (a cold start sits near zero
+    on a linear one) can be read; the start is a dashed line (a trace: it stays in data coordinates)."""
     fig = go.Figure()
     layers = list(range(len(fields)))
     for tap in ("mu", "sigma", "lambda"):
@@ -96,22 +97,30 @@ def gates_plot(fields: Sequence[LayerField], init: float) -> go.Figure:
                     y=[lf.gates[tap] for lf in fields],
                     mode="lines+markers",
                     name=_TAP_NAMES[tap],
-                    hovertemplate=f"layer %{{x}}<br>{_TAP_NAMES[tap]} = %{{y:.3f}}<extra></extra>",
+                    customdata=[lf.gates[tap] / init for lf in fields],
+                    hovertemplate=f"layer %{{x}}<br>{_TAP_NAMES[tap]} = %{{y:.3g}} "
+                    "(×%{customdata:,.0f} its start)<extra></extra>",
                 )
             )
-    fig.add_hline(
-        y=init,
-        line=dict(dash="dash", color="gray"),
-        annotation_text=f"initial value {init:.2g}",
-        annotation_position="top left",
+    start = "cold start softplus(−8) + 1e-4" if cold else "warm start softplus(−2) + 1e-4"
+    fig.add_trace(
+        go.Scatter(
+            x=[-0.3, max(len(fields) - 0.7, 0.3)],
+            y=[init, init],
+            mode="lines",
+            line=dict(dash="dash", color="gray"),
+            name=f"{start} = {init:.3g}",
+            hoverinfo="skip",
+        )
     )
     fig.update_layout(
         **_LAYOUT,
-        height=320,
+        height=340,
         margin=dict(l=55, r=10, t=45, b=45),
-        title=dict(text="Gate scale of each content tap vs layer", font=dict(size=14)),
+        title=dict(text="Gate scale of each content tap vs layer (log scale)", font=dict(size=14)),
         xaxis=dict(title="layer", dtick=1),
-        yaxis=dict(title="gate scale s"),
+        yaxis=dict(title="gate scale s", type="log", exponentformat="power"),
+        legend=dict(orientation="h", y=-0.25, font=dict(size=11)),
     )
     return fig
 

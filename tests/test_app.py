@@ -21,7 +21,7 @@ import pytest
 import torch
 from PIL import Image
 
-from app import layout
+from app import layout, plots
 from app.cache import LRU
 from app.layout import build_page
 from app.state import UPLOADED, AppContext, AppError, default_image
@@ -309,6 +309,11 @@ def test_geometry_ssog_dot_and_missing(ctx, sha, page):
     assert len(table["value"]) == 2 * 4 * 3 and slider["maximum"] == 1 and "value" not in slider  # it fits
     assert geometry.render(ctx, geo, "ssog_test.safetensors", 5, sha)[geo.layer]["value"] == 1  # clamped
     assert gates["value"].layout.title.text and layer_plot["value"].data[0].hovertemplate
+    start = gates["value"].data[-1]  # the gates' start (this fixture: warm), on a log axis where it can be seen
+    assert gates["value"].layout.yaxis.type == "log" and "warm start" in start.name and "0.127" in start.name
+    assert list(start.y) == [pytest.approx(0.12703, rel=1e-3)] * 2
+    cold = plots.gates_plot(ctx.model("ssog_test.safetensors").fields, 4.3535e-4, cold=True).data[-1]
+    assert "cold start softplus(−8) + 1e-4 = 0.000435" in cold.name
     entropy = stats["value"].data[0]  # the colours span 0 … ln N nats, not the observed min … max
     assert (entropy.zmin, entropy.zmax) == (0.0, pytest.approx(np.log(64))) and stats["value"].data[1].zmin == 0
     out = geometry.render(ctx, geo, "dot_test.safetensors", 0, sha)

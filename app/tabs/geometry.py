@@ -140,7 +140,7 @@ def render(ctx: AppContext, ui: GeometryUI, ckpt: str | None, layer: float, sha:
             ui.note: note,
             ui.card: card,
             ui.figure: shown(geometry_image(ctx, loaded)),
-            ui.gates: shown(plots.gates_plot(loaded.fields, init)),
+            ui.gates: shown(plots.gates_plot(loaded.fields, init, loaded.config.cold_init)),
             ui.layer_plot: shown(plots.layer_density_plot(loaded.fields[layer], layer)),
             ui.stats: shown(stats),
             ui.table: shown(atoms),
