@@ -29,7 +29,7 @@ from ssog_core.playground import (
     evaluate,
     spec_from_head,
 )
-from ssog_core.presets import KINDS
+from ssog_core.presets import KINDS, RULES
 
 CANVAS_SIZE = 440  # px of the canvas' longer side
 # slider ranges a user starts with; a head loaded from elsewhere widens them to hold its numbers (:func:`fit`).
@@ -303,8 +303,9 @@ def preset_choices(ctx: AppContext, ckpt: str | None) -> tuple[list[str], str]:
         return [], f"Presets unavailable: {e}"
     if not loaded.is_ssog:
         return [], f"{ckpt} is a {loaded.kind} attention model: it has no field, so it gives no presets."
-    missing = [k for k in KINDS if k not in {p.kind for p in loaded.presets}]
-    note = f"Presets are heads of **{ckpt}** (by the shape of their field)."
+    shown = {p.kind for p in loaded.presets}
+    missing = [k for k in KINDS if "elongated" not in k and k not in shown]
+    note = f"Presets are heads of **{ckpt}**, named by the measured shape of their fixed field ({RULES})."
     if missing:
         note += f" No head of this model is a {' or '.join(missing)}."
     return [p.label for p in loaded.presets], note
