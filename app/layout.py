@@ -224,7 +224,7 @@ def on_open_steered(
             "the learned gate: the atoms move, widen and re-weight as this patch's content steers them."
         )
         return {
-            **playground.load_head(ctx, pg, v, bg, sha, note),
+            **playground.load_head(ctx, pg, v, bg, sha, ""),  # the note is shown once, beside the gate
             pg.steer_group: gr.update(visible=True),
             pg.steer_note: note,
             pg.gate: gr.update(value=1.0),

@@ -390,7 +390,9 @@ def test_a_steering_query_opens_in_the_playground_with_a_content_gate(ctx, sha, 
     slider turns content's steering down to the fixed field (which is the model's fixed attention row)."""
     out = layout.on_open_steered(ctx, page, "ssog_test.safetensors", sha, 1, [2, 5], 2, False)
     v = out[pg.canvas]["value"]
-    assert v["grid"] == [8, 8] and v["query"] == [2, 5] and "query patch ★ (2, 5)" in out[pg.preset_note]
+    assert v["grid"] == [8, 8] and v["query"] == [2, 5] and "query patch ★ (2, 5)" in out[pg.steer_note]
+    assert out[pg.preset_note] == ""  # the steering note once, not twice
+    assert "rollout" in page.export.alpha.info and "only rescales" in page.export.alpha.info
     assert out[pg.steer_group]["visible"] and out[pg.gate]["value"] == 1.0
     assert out[page.tabs].selected == "playground" and out[page.steering.query_text] == ""
     src = out[pg.steer_src]

@@ -175,13 +175,22 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> ExportUI:
             value=DEFAULT_ALPHA,
             step=0.05,
             label="α: residual mixing Â = α·Ā + (1−α)·I",
-            info="α only rescales the maps (their range grows with α); which patches export does not change.",
+            info="For pull-in, pull-out and net, α only rescales the map (which patches export stays); rollout "
+            "changes shape with α (flat near 0, peaked near 1).",
             elem_id="ex-alpha",
             scale=2,
         )
         layer = gr.Slider(
             0, 1, value=0, step=1, label="layer for pull-in / pull-out / net", elem_id="ex-layer", scale=2
         )
+    gr.Markdown(  # above the figure: read before the maps, not found after them
+        "**How to read it.** With the head-mean attention Ā of a layer and Â = α·Ā + (1−α)·I: "
+        "pull-in = 1 − Â_ii (how much patch i reads from the others), pull-out = Σ_j Â_ji − Â_ii (how much "
+        "the others read from i), net = pull-out − pull-in (sums to 0 in every layer). The accumulated map "
+        "sums net over layers; rollout multiplies the Â of all layers (Abnar & Zuidema 2020).",
+        elem_id="ex-how",
+        elem_classes="hint",
+    )
     text = gr.Markdown(elem_id="ex-summary")
     figure = gr.Image(
         label="Export maps",
@@ -195,12 +204,6 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> ExportUI:
     with gr.Row(equal_height=False):
         accumulated = gr.Plot(show_label=False, label="Accumulated net export (interactive)", elem_id="ex-acc")
         with gr.Column():
-            gr.Markdown(
-                "**How to read it.** With the head-mean attention Ā of a layer and Â = α·Ā + (1−α)·I: "
-                "pull-in = 1 − Â_ii (how much patch i reads from the others), pull-out = Σ_j Â_ji − Â_ii (how much "
-                "the others read from i), net = pull-out − pull-in (sums to 0 in every layer). The accumulated map "
-                "sums net over layers; rollout multiplies the Â of all layers (Abnar & Zuidema 2020)."
-            )
             files_button = gr.Button("Make files: figure PNG + SVG, maps .npz + CSV", size="sm", elem_id="ex-dl")
             files = gr.File(label="files", file_count="multiple", interactive=False, elem_id="ex-files")
             files_status = gr.Markdown()
