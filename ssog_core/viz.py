@@ -466,29 +466,31 @@ def query_field_figure(
     title: str = "",
 ) -> Figure:
     """One query's attention per head (``(H, Gh, Gw)`` each) over the image: the fixed field above the
-    steered one, or only the content attention for models without a field (``fixed=None``)."""
+    steered one, or only the content attention for models without a field (``fixed=None``); every panel is
+    coloured from 0 to its own peak, which its title gives."""
     heads, gh, gw = steered.shape
     rows = [("attention", steered)] if fixed is None else [("fixed field", fixed), ("steered by content", steered)]
     fig = new_figure(2.6 * heads + 0.6, 2.5 * len(rows) * gh / gw + 0.9)
     axes = fig.subplots(len(rows), heads, squeeze=False)
     faded = backdrop(image, 260, 0.45)
     extent = (-0.5, gw - 0.5, gh - 0.5, -0.5)
-    vmax = max(float(m.max()) for _, m in rows)  # one colour scale: fixed and steered, every head
     for r, (name, maps) in enumerate(rows):
         for h in range(heads):
             ax = axes[r, h]
             ax.imshow(faded, extent=extent, interpolation="nearest")
-            ax.imshow(density_rgba(maps[h], vmax=vmax), extent=extent, interpolation="nearest")
+            # each panel on its own scale: on a shared one a fixed field's peak of 0.02 vanished beside 0.8
+            ax.imshow(density_rgba(maps[h]), extent=extent, interpolation="nearest")
             _star(ax, query[0], query[1], size=120, color="cyan")
             ax.set_xlim(-0.5, gw - 0.5)
             ax.set_ylim(gh - 0.5, -0.5)
             _no_ticks(ax)
             ax.set_title(f"head {h} · {name}\npeak {maps[h].max():.2f}", fontsize=8)
-    _scale_bar(fig, list(axes.ravel()), OVERLAY_CMAP, 0.0, vmax, "attention weight")
+    _scale_bar(fig, list(axes.ravel()), OVERLAY_CMAP, 0.0, 1.0, "weight / the panel's peak")
     suptitle(
         fig,
         title,
-        f"layer {layer}: attention of query patch ★ {query} (row of the exact matrix; brighter = more weight)",
+        f"layer {layer}: attention of query patch ★ {query} (row of the exact matrix); each panel on its own "
+        "scale, 0 … its peak (in its title)",
     )
     return fig
 
@@ -587,7 +589,7 @@ def compare_figure(
     image: Image.Image, a: tuple[str, ExportMaps], b: tuple[str, ExportMaps], layer: int, title: str = ""
 ) -> Figure:
     """Two models on one image: net export of ``layer`` and accumulated, side by side (one colour scale per
-    row), with A − B when both see the same patch grid; on different grids each map keeps its own grid."""
+    model and map), with A − B when both see the same patch grid; on different grids each map keeps its own."""
     (la, ma), (lb, mb) = a, b
     same = ma.grid == mb.grid
     cols = 3 if same else 2
@@ -603,8 +605,8 @@ def compare_figure(
         ("accumulated net export", ma.accumulated[0].numpy(), mb.accumulated[0].numpy()),
     ]
     for r, (name, xa, xb) in enumerate(rows):
-        lim = symmetric_limit(xa, xb)
-        panels = [(xa, f"{la} ({ma.grid[0]}×{ma.grid[1]})", lim), (xb, f"{lb} ({mb.grid[0]}×{mb.grid[1]})", lim)]
+        panels = [(xa, f"{la} ({ma.grid[0]}×{ma.grid[1]})", symmetric_limit(xa)),
+                  (xb, f"{lb} ({mb.grid[0]}×{mb.grid[1]})", symmetric_limit(xb))]  # fmt: skip
         if same:
             diff = xa - xb
             panels.append((diff, f"A − B ({la} − {lb})", symmetric_limit(diff)))
@@ -613,7 +615,8 @@ def compare_figure(
             im = _show_map(ax, img, arr, NET_CMAP, -lim_c, lim_c)
             ax.set_title(f"{name}\n{lab}", fontsize=8)
             _colorbar(fig, im, ax, "difference" if c == 2 else "net export")
-    legend = "Two checkpoints on the same image (one colour scale for A and B per row)"
+    # a shared scale let one model's extreme patch (a dot model's attention sink) grey out the other's map
+    legend = "Two checkpoints on the same image, each map on its own colour scale (its bar beside it)"
     if not same:
         legend += "; no A − B map: the two see different patch grids, and a difference needs equal grids"
     suptitle(fig, title, legend, 10)
