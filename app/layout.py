@@ -30,6 +30,8 @@ CSS = """
 #geo-card table { width: 100%; }
 #geo-card td:first-child { white-space: nowrap; }
 #geo-card td { overflow-wrap: anywhere; }
+#geo-card, #geo-atoms, #pg-readout { max-width: 100%; overflow-x: auto; }  /* wide tables scroll inside */
+#geo-card code { white-space: pre-wrap; overflow-wrap: anywhere; }
 #thumb img { object-fit: contain; }
 #status, #status * { overflow-wrap: anywhere; white-space: normal; }  /* a long message wraps, never cut off */
 """

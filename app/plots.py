@@ -27,7 +27,7 @@ def kernel_plot(spec: HeadSpec, view: HeadView) -> go.Figure:
     fig = make_subplots(
         rows=1,
         cols=2,
-        subplot_titles=("row pass", "column pass"),  # short: the two titles share a phone's width
+        subplot_titles=(f"row pass (★ {spec.query[0]} dashed)", f"column pass (★ {spec.query[1]} dashed)"),
         horizontal_spacing=0.12,
     )
     qy, qx = spec.query
@@ -72,13 +72,23 @@ def kernel_plot(spec: HeadSpec, view: HeadView) -> go.Figure:
             col=c,
         )
         fig.add_vline(x=q, line=dict(color="#888", dash="dash"), row=1, col=c)
-        fig.update_xaxes(title_text=f"key {axis} (★ {q}, dashed)", row=1, col=c)
+        fig.update_xaxes(title_text=f"key {axis}", row=1, col=c)  # short: two titles share a phone's width
     fig.update_yaxes(title_text="weight", row=1, col=1)
     fig.update_layout(
         **_LAYOUT,
         height=380,
-        title=dict(text="1D kernels of the ★ query (hover for weights)", font=dict(size=14), y=0.98, yanchor="top"),
-        margin=dict(l=50, r=10, t=85, b=45),
+        # the title starts below Plotly's toolbar (top right), which covered it on a phone's width
+        title=dict(
+            text="1D kernels of the ★ query",
+            font=dict(size=14),
+            yref="container",
+            y=1,
+            yanchor="top",
+            pad=dict(t=34),
+            x=0.02,
+            xanchor="left",
+        ),
+        margin=dict(l=50, r=10, t=100, b=45),
         legend=dict(orientation="h", y=-0.3, font=dict(size=11)),
     )
     return fig

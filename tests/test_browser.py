@@ -375,6 +375,11 @@ def phone_width(page) -> None:
         assert box["x"] >= 0 and box["x"] + box["width"] <= 390, box
         ky = page.locator("#pg-canvas .ky").bounding_box()
         assert ky["x"] + ky["width"] <= 390 and abs(ky["height"] - box["height"]) < 2, ky
+        page.locator("#pg-kernels").hover()  # the toolbar shows on hover
+        title, bar = (page.locator(f"#pg-kernels {c}").first.bounding_box() for c in (".gtitle", ".modebar"))
+        assert bar is None or title["y"] >= bar["y"] + bar["height"] - 1 or title["x"] + title["width"] <= bar["x"]
+        xt = [page.locator(f"#pg-kernels .{a}title").bounding_box() for a in ("x", "x2")]
+        assert xt[0]["x"] + xt[0]["width"] <= xt[1]["x"], xt  # the two x-axis titles do not collide
         shot(page, "12_phone")
     finally:
         page.set_viewport_size({"width": 1400, "height": 1000})

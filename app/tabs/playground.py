@@ -523,7 +523,9 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> PlaygroundUI:
             with gr.Accordion("Export this head as a figure (PNG + SVG)", open=False):
                 figure_button = gr.Button("Make figure", size="sm")
                 figure_files = gr.File(label="figure files", file_count="multiple", interactive=False)
-    kernels = gr.Plot(plots.kernel_plot(spec0, view0), show_label=False, label="1D kernels of the ★ query")
+    kernels = gr.Plot(
+        plots.kernel_plot(spec0, view0), show_label=False, label="1D kernels of the ★ query", elem_id="pg-kernels"
+    )
     table = gr.Dataframe(
         readout(spec0, view0),
         headers=READOUT_HEADERS,
