@@ -31,6 +31,8 @@ CSS = """
 #geo-card td:first-child { white-space: nowrap; }
 #geo-card td { overflow-wrap: anywhere; }
 #geo-card, #geo-atoms, #pg-readout { max-width: 100%; overflow-x: auto; }  /* wide tables scroll inside */
+/* figures start below the image's download / fullscreen buttons, which covered their titles */
+#st-steer img, #st-qfig img, #ex-figure img, #cmp-figure img { padding-top: 34px; }
 #geo-card code { white-space: pre-wrap; overflow-wrap: anywhere; }
 #thumb img { object-fit: contain; }
 #status, #status * { overflow-wrap: anywhere; white-space: normal; }  /* a long message wraps, never cut off */

@@ -414,7 +414,8 @@ def steering_figure(
     summary = steering_summary(offsets, layer, fixed_lam)
     shift = offsets.shift[layer][0].numpy()  # (Gh, Gw, H, 2), key-space direction (dy, dx)
     heads, gh, gw = summary["mu"].shape
-    fig = new_figure(2.6 * heads + 1.2, 3 * 2.4 * gh / gw + 1.3)
+    fig = new_figure(2.6 * heads + 1.2, 3 * 2.4 * gh / gw + 1.5)
+    fig.get_layout_engine().set(rect=(0, 0.04, 1, 0.96))  # a bottom margin for the arrow key
     axes = fig.subplots(3, heads, squeeze=False)
     faded = backdrop(image, 260, 0.55)
     yy, xx = np.mgrid[0:gh, 0:gw]
@@ -436,9 +437,9 @@ def steering_figure(
             if key == "mu":
                 q = ax.quiver(xx, yy, shift[..., h, 1], shift[..., h, 0], color="white", angles="xy",
                               scale_units="xy", scale=scale, width=0.007, headwidth=4, alpha=0.95)  # fmt: skip
-                if h == heads - 1:
-                    ax.quiverkey(q, 0.55, -0.07, ref, f"= {ref:g} cells", labelpos="E", coordinates="axes",
-                                 color="black", fontproperties={"size": 7})  # fmt: skip
+                if h == 0:  # in the figure's bottom margin: below a panel it covered the next row's title
+                    ax.quiverkey(q, 0.02, 0.012, ref, f"arrow key: = {ref:g} cells", labelpos="E",
+                                 coordinates="figure", color="black", fontproperties={"size": 7})  # fmt: skip
             if h == 0:
                 ax.set_ylabel({"mu": "μδ: looks elsewhere", "sigma": "σδ: widen / tighten",
                                "lambda": "λ: re-weighting"}[key], fontsize=8)  # fmt: skip
@@ -452,7 +453,8 @@ def steering_figure(
         fig,
         title,
         f"layer {layer}: what content changes at each query patch, per head (λ-weighted over atoms). "
-        f"Arrows: where the head's gaze moves, scaled so the longest spans 0.9 cell (key below). {bound_text}.",
+        f"Arrows: where the head's gaze moves, scaled so the longest spans 0.9 cell (key at the bottom left). "
+        f"{bound_text}.",
     )
     return fig
 

@@ -73,3 +73,20 @@ def test_compare_puts_each_model_on_its_own_scale():
     fig = viz.compare_figure(Image.new("RGB", (40, 40)), ("A", maps(0.5)), ("B", maps(20.0)), 0)
     limits = [ax.images[-1].get_clim()[1] for ax in fig.axes if ax.images][:2]  # layer row: A, B
     assert limits[0] == 0.5 and limits[1] == 20.0
+
+
+def test_the_steering_arrow_key_overlaps_no_title():
+    import torch
+
+    from ssog_core.analysis import steering_offsets
+
+    model = designed_ssog(depth=1)
+    fig = viz.steering_figure(Image.new("RGB", (32, 32), (90, 120, 160)),
+                              steering_offsets(model, torch.rand(1, 3, 32, 32)), 0, 1.0)  # fmt: skip
+    renderer = fig.canvas.get_renderer()
+    fig.canvas.draw()
+    key = next(a for ax in fig.axes for a in ax.artists if type(a).__name__ == "QuiverKey")
+    box = key.text.get_window_extent(renderer)
+    titles = [ax.title.get_window_extent(renderer) for ax in fig.axes if ax.get_title()]
+    assert titles and not any(box.overlaps(t) for t in titles)
+    assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes[: 3 * 4])
