@@ -249,7 +249,8 @@ def on_gate(
     try:
         v = playground.head_value(steering.steered_head(ctx, src, float(gate)))
         extra = {"bg": playground.underlay_url(ctx, sha, v)} if bg and sha else {}
-        return {**playground.canvas_outputs(pg, v, bool(extra), extra, new_value=True), pg.status: ""}
+        drawn = playground.canvas_outputs(pg, v, bool(extra), extra, new_value=True)
+        return {**drawn, **playground.sliders(pg, v), pg.status: ""}  # the sliders show the atom as it is now
     except Exception as e:
         return {pg.status: warn(error_text(e))}
 
@@ -434,7 +435,7 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
         pg.gate.change(
             partial(on_gate, ctx, pg),
             [pg.steer_src, pg.gate, pg.underlay, image_sha],
-            [*pg.main_out, pg.status],
+            [*pg.main_out, *pg.atom_controls, pg.status],
             show_progress="hidden",
             trigger_mode="always_last",
             **hidden,

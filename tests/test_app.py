@@ -404,6 +404,7 @@ def test_a_steering_query_opens_in_the_playground_with_a_content_gate(ctx, sha, 
     density = evaluate(HeadSpec.from_dict(fixed_canvas["value"])).density.numpy().ravel()
     np.testing.assert_allclose(density, row.numpy(), atol=1e-5)
     assert fixed_canvas["value"]["atoms"] != v["atoms"] and status == ""
+    assert gated[pg.sx]["value"] == round(fixed_canvas["value"]["atoms"][0]["sx"], 3)  # controls follow the head
     assert layout.on_gate(ctx, pg, None, 0.5, False, sha) == gr.skip()
     status = page.steering.query_text
     assert "click a patch" in layout.on_open_steered(ctx, page, "ssog_test.safetensors", sha, 1, None, 0, False)[status]
