@@ -25,6 +25,7 @@ CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
 ROOT = Path(__file__).resolve().parents[1]
+STARTUP = 600  # s for the app to answer: importing torch and Gradio takes minutes on a loaded 2-core box
 ARTIFACTS = ROOT / "artifacts"
 pytestmark = [
     pytest.mark.browser,
@@ -43,7 +44,7 @@ def server(tmp_path_factory):
     bad_ckpt.write_bytes((root / "ckpt" / "ssog_test.safetensors").read_bytes()[:5000])
     reference = write_reference_checkpoint(root / "ref")
     env = {"GRADIO_TEMP_DIR": str(root / "gradio")}
-    with AppProcess(root / "ckpt", root / "assets", root / "app.log", env=env) as app:
+    with AppProcess(root / "ckpt", root / "assets", root / "app.log", env=env, startup_timeout=STARTUP) as app:
         yield {"url": app.url, "images": images, "bad": bad, "bad_ckpt": bad_ckpt, "log": root / "app.log",
                "reference": reference, "ckpt": root / "ckpt"}  # fmt: skip
 
@@ -413,7 +414,8 @@ def deep_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e-deep")
     write_checkpoints(root / "ckpt", depth=4)
     images = write_images(root / "assets")
-    with AppProcess(root / "ckpt", root / "assets", root / "app.log", env={"GRADIO_TEMP_DIR": str(root / "g")}) as app:
+    env = {"GRADIO_TEMP_DIR": str(root / "g")}
+    with AppProcess(root / "ckpt", root / "assets", root / "app.log", env=env, startup_timeout=STARTUP) as app:
         yield {"url": app.url, "images": images, "log": root / "app.log", "root": root}
 
 
