@@ -17,7 +17,8 @@ from __future__ import annotations
 # Template: a JS template literal (no "{{": Handlebars runs first). It draws V, the head being dragged (``moving``)
 # or else the component's value, in a W × H px box at most (narrower screens scale it down: every position is a
 # percentage). Coordinates are grid cells; the overlay SVG's viewBox makes a cell centre (y, x) the point (x, y).
-# λ labels are stacked downwards where they would overlap (clustered atoms). Every prop used here must be passed
+# λ labels are stacked downwards where they would overlap each other or the ★ (clustered atoms, as trained heads
+# pile theirs near the query: the ★'s box is placed first). Every prop used here must be passed
 # at construction.
 HTML_TEMPLATE = """
 ${((V) => ((W, H) => `
@@ -42,7 +43,8 @@ ${((V) => ((W, H) => `
    }).join('')}
   </svg>
   ${V.atoms.map((a, i) => `<div class="atom ${i === V.sel ? 'sel' : ''}" data-i="${i}" tabindex="0" role="button"
-      aria-label="atom ${i + 1}, looks at row ${a.y}, column ${a.x}, λ ${(lam[i] ?? 0).toFixed(2)}: arrow keys move it"
+      aria-label="atom ${i + 1}, looks at row ${a.y.toFixed(1)}, column ${a.x.toFixed(1)},
+        λ ${(lam[i] ?? 0).toFixed(2)}: arrow keys move it"
       title="atom ${i + 1}: drag (or focus and use the arrow keys) to move, click to select"
       style="left:${(a.x + 0.5) / V.grid[1] * 100}%;top:${(a.y + 0.5) / V.grid[0] * 100}%">${i + 1}</div>`).join('')}
   ${((placed) => V.atoms.map((a, i) => {
@@ -51,7 +53,7 @@ ${((V) => ((W, H) => `
      while (placed.some(p => Math.abs(p[0] - x) < 48 && Math.abs(p[1] - y) < 13)) y += 13;
      placed.push([x, y]);
      return `<div class="lam" style="left:${x / W * 100}%;top:${y / H * 100}%">λ=${(lam[i] ?? 0).toFixed(2)}</div>`;
-   }).join(''))([])}
+   }).join(''))([[(V.query[1] + 0.5) / V.grid[1] * W - 10, (V.query[0] + 0.5) / V.grid[0] * H - 8]])}
   <div class="star" tabindex="0" role="button"
       aria-label="query ★ at row ${V.query[0]}, column ${V.query[1]}: arrow keys move it with its atoms"
       title="the query: drag (or focus and use the arrow keys) to move it (the atoms keep their offsets μ)"

@@ -14,7 +14,6 @@ from functools import partial
 from typing import Any
 
 import gradio as gr
-from gradio.blocks import Block
 from PIL import Image
 
 from app.api import register_api
@@ -31,7 +30,12 @@ CSS = """
 #geo-card table { width: 100%; }
 #geo-card td:first-child { white-space: nowrap; }
 #geo-card td { overflow-wrap: anywhere; }
+#geo-card, #geo-atoms, #pg-readout { max-width: 100%; overflow-x: auto; }  /* wide tables scroll inside */
+/* figures start below the image's download / fullscreen buttons, which covered their titles */
+#st-steer img, #st-qfig img, #ex-figure img, #cmp-figure img { padding-top: 34px; }
+#geo-card code { white-space: pre-wrap; overflow-wrap: anywhere; }
 #thumb img { object-fit: contain; }
+#status, #status * { overflow-wrap: anywhere; white-space: normal; }  /* a long message wraps, never cut off */
 """
 HEADER = (
     "## SSOG Lab\nAttention as a handful of Gaussian atoms over relative position, which content may only "
@@ -66,11 +70,15 @@ class Page:
     scaling: scaling.ScalingUI
     session: session.SessionUI
 
-    @property
-    def tab_settings(self) -> list[Block]:
-        """The tabs' settings a session file records, in :func:`app.tabs.session.make_session`'s order."""
-        geo, st, ex, cmp = self.geometry, self.steering, self.export, self.compare
-        return [geo.layer, st.layer, st.query, ex.twin, ex.alpha, ex.layer, cmp.a, cmp.b, cmp.alpha, cmp.layer]
+    def session_parts(self, ctx: AppContext) -> list[session.SessionPart]:
+        """Each tab's section of a session file (:mod:`app.tabs.session`); a new tab adds its part here."""
+        return [
+            playground.session_part(ctx, self.playground),
+            geometry.session_part(ctx, self.geometry),
+            steering.session_part(ctx, self.steering),
+            export.session_part(ctx, self.export),
+            compare.session_part(ctx, self.compare),
+        ]
 
 
 def default_checkpoint(ctx: AppContext, names: Sequence[str]) -> str | None:
@@ -151,12 +159,15 @@ def thumbnail(stored: StoredImage) -> Image.Image:
     return thumb
 
 
-def image_view(page: Page, stored: StoredImage) -> Updates:
-    """A picture becomes the current one: its hash, its thumbnail and a status line naming it."""
+def image_view(page: Page, stored: StoredImage, how: str = "") -> Updates:
+    """A picture becomes the current one: its hash, its thumbnail and a status line naming it (and ``how`` it
+    came). The query picked in Steering belonged to the old picture: it is cleared, not outlined on the new one."""
     return {
         page.image_sha: stored.sha256,
         page.thumb: thumbnail(stored),
-        page.status: f"Image **{stored.name}** (sha256 {stored.sha256[:12]}…)",
+        page.status: f"Image **{stored.name}** (sha256 {stored.sha256[:12]}…)" + (f", {how}" if how else ""),
+        page.steering.query: None,
+        page.steering.query_text: "",
     }
 
 
@@ -217,7 +228,7 @@ def on_open_steered(
             "the learned gate: the atoms move, widen and re-weight as this patch's content steers them."
         )
         return {
-            **playground.load_head(ctx, pg, v, bg, sha, note),
+            **playground.load_head(ctx, pg, v, bg, sha, ""),  # the note is shown once, beside the gate
             pg.steer_group: gr.update(visible=True),
             pg.steer_note: note,
             pg.gate: gr.update(value=1.0),
@@ -238,7 +249,8 @@ def on_gate(
     try:
         v = playground.head_value(steering.steered_head(ctx, src, float(gate)))
         extra = {"bg": playground.underlay_url(ctx, sha, v)} if bg and sha else {}
-        return {**playground.canvas_outputs(pg, v, bool(extra), extra, new_value=True), pg.status: ""}
+        drawn = playground.canvas_outputs(pg, v, bool(extra), extra, new_value=True)
+        return {**drawn, **playground.sliders(pg, v), pg.status: ""}  # the sliders show the atom as it is now
     except Exception as e:
         return {pg.status: warn(error_text(e))}
 
@@ -255,11 +267,13 @@ def refresh_underlay(
 # ---- session ----------------------------------------------------------------------------------------------
 
 
-def save_session(ctx: AppContext, page: Page, ckpt: str | None, *values: Any) -> Updates:
-    """Write the page's current values as a session file to download."""
+def save_session(ctx: AppContext, page: Page, ckpt: str | None, sha: str | None, *values: Any) -> Updates:
+    """Write the page's current values as a session file to download; ``values`` are those of every tab's
+    session fields (:func:`app.tabs.session.inputs`)."""
     ui = page.session
     try:
-        data = session.make_session(ctx, ckpt, *values)
+        parts = page.session_parts(ctx)
+        data = session.make_session(ctx, parts, ckpt, sha, session.by_section(parts, values))
         # ckpt is a picker name: uploads carry an "uploaded/" prefix, which is no file name
         name = "ssog_session" + (f"_{viz.safe_token(ckpt.removesuffix('.safetensors'))}" if ckpt else "") + ".json"
         return {ui.file: write_downloads({name: dumps(data)})[0], ui.status: "Session saved."}
@@ -267,65 +281,51 @@ def save_session(ctx: AppContext, page: Page, ckpt: str | None, *values: Any) ->
         return {ui.file: None, ui.status: warn(error_text(e))}
 
 
-def restore_session(ctx: AppContext, page: Page, path: Any) -> Updates:
-    """Set every picker, slider and the canvas from a session file; say what could not be restored."""
-    pg, ui = page.playground, page.session
+def restore_session(ctx: AppContext, page: Page, path: Any, ckpt: str | None = None, sha: str | None = None) -> Updates:
+    """Set the top row from a session file, then let every tab restore its own section (ranges with values); say
+    what could not be restored. ``ckpt`` and ``sha`` are the page's current ones, kept where the session's are
+    not available."""
+    ui = page.session
     try:
         s = session.read_session(str(path))
     except Exception as e:
         return {ui.status: warn(error_text(e))}
-    notes = []
+    restoring = session.Restoring(ckpt, sha)
     out: Updates = {}
     if s.checkpoint and s.checkpoint not in ctx.checkpoint_names():
-        notes.append(f"checkpoint {s.checkpoint!r} is not in the checkpoint folder")
+        restoring.notes.append(f"checkpoint {s.checkpoint!r} is not in the checkpoint folder")
     else:
         out[page.checkpoint] = gr.update(value=s.checkpoint)
-    sha = None
+        restoring.checkpoint = s.checkpoint
     if s.image_sha256:
         try:
             stored = ctx.image(s.image_sha256)
-            sha = stored.sha256
-            out[page.image_sha], out[page.thumb] = sha, thumbnail(stored)
-            bundled = stored.name in ctx.bundled_images() and ctx.open_bundled(stored.name).sha256 == sha
+            restoring.image_sha = stored.sha256
+            out.update(image_view(page, stored, "restored from the session"))
+            bundled = stored.name in ctx.bundled_images() and ctx.open_bundled(stored.name).sha256 == stored.sha256
             out[page.image_pick] = gr.update(value=stored.name if bundled else None)  # an upload: named in the status
         except AppError as e:
-            notes.append(f"image {s.image_name or s.image_sha256[:12]}: {e}")
-    value = playground.head_value(s.head, s.selected_atom)
-    try:
-        bg = playground.underlay_url(ctx, sha, value) if (s.image_underlay and sha) else ""
-    except AppError:
-        bg = ""
-    geo, st, ex, cmp = page.geometry, page.steering, page.export, page.compare
+            restoring.notes.append(f"image {s.image_name or s.image_sha256[:12]}: {e}")
+    out.update(session.restore_parts(page.session_parts(ctx), s, restoring))
+    notes = restoring.notes
     text = "Session restored." + (" Not restored: " + "; ".join(notes) + "." if notes else "")
-    return {
-        **out,
-        **playground.canvas_outputs(pg, value, bool(bg), {"bg": bg}, new_value=True),
-        pg.underlay: gr.update(value=bool(bg)),
-        **playground.head_controls(pg, value),
-        geo.layer: gr.update(value=s.geometry_layer),
-        st.layer: gr.update(value=s.steering_layer),
-        st.query: list(s.steering_query) if s.steering_query else None,
-        ex.twin: gr.update(value=s.export_twin or NO_TWIN),
-        ex.alpha: gr.update(value=s.export_alpha),
-        ex.layer: gr.update(value=s.export_layer),
-        cmp.a: gr.update(value=s.compare_a),
-        cmp.b: gr.update(value=s.compare_b),
-        cmp.alpha: gr.update(value=s.compare_alpha),
-        cmp.layer: gr.update(value=s.compare_layer),
-        ui.status: warn(text) if notes else text,
-    }
+    return {**out, ui.status: warn(text) if notes else text}
 
 
 # ---- the page ---------------------------------------------------------------------------------------------
 
 
-def build_page(ctx: AppContext) -> tuple[gr.Blocks, Page]:
-    """The whole UI for one checkpoint folder and one folder of bundled images, and its components by name."""
+def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
+    """The whole UI for one checkpoint folder and one folder of bundled images, and its components by name;
+    with ``login`` (the server asks for one) a log-out button, which goes to Gradio's ``/logout``."""
     names = ctx.checkpoint_names()
     ckpt0 = default_checkpoint(ctx, names)
     img0 = default_image(ctx)
     with gr.Blocks(title="SSOG Lab", delete_cache=(3600, 3600)) as demo:  # uploads older than an hour go
-        gr.Markdown(HEADER.format(device=ctx.device), elem_id="header")
+        with gr.Row(equal_height=True):
+            gr.Markdown(HEADER.format(device=ctx.device), elem_id="header")
+            if login:
+                gr.Button("Log out", link="logout", size="sm", scale=0, min_width=90, elem_id="logout")
         status = gr.Markdown(folder_status(ctx, names), elem_id="status")
         with gr.Row(equal_height=True):
             ckpt = gr.Dropdown(names, value=ckpt0, label="Checkpoint", elem_id="ckpt", scale=3)
@@ -382,9 +382,14 @@ def build_page(ctx: AppContext) -> tuple[gr.Blocks, Page]:
         hidden = dict(api_visibility="private")
 
         # ---- global pickers and lazy tab rendering ---------------------------------------------------------
-        # A new checkpoint first updates presets, twin and comparison pickers, then the open tab renders with them.
+        # A checkpoint the user picks (or uploads) first brings its twin and comparison pickers, then the open tab
+        # renders with them. A restored session sets those pickers itself: only the presets follow every change.
         follow = [pg.preset, pg.preset_note, ex.twin, cmp.a, cmp.b]
-        picked = ckpt.change(partial(on_checkpoint_change, ctx, page), [ckpt], follow, **hidden)
+        picked = ckpt.input(partial(on_checkpoint_change, ctx, page), [ckpt], follow, **hidden)
+        uploaded = ckpt_up.upload(
+            partial(on_checkpoint_upload, ctx, page), [ckpt_up, ckpt], [ckpt, ex.twin, cmp.a, cmp.b, status], **hidden
+        )
+        ckpt.change(partial(playground.on_checkpoint, ctx, pg), [ckpt], [pg.preset, pg.preset_note], **hidden)
         page_loaded = demo.load(partial(on_checkpoint_change, ctx, page), [ckpt], follow, **hidden)
         views = {
             "geometry": (t_geo, partial(geometry.render, ctx, geo), [ckpt, geo.layer, image_sha], geo.outputs, []),
@@ -399,8 +404,8 @@ def build_page(ctx: AppContext) -> tuple[gr.Blocks, Page]:
             run = lazy(tab_id, render, last)
             args = ([active, last, *inputs], [last, *outputs])
             tab.select(lambda t=tab_id: t, None, active, **hidden).then(run, *args, **hidden)
-            picked.then(run, *args, **hidden)
-            page_loaded.then(run, *args, **hidden)
+            for event in (picked, uploaded, page_loaded):
+                event.then(run, *args, **hidden)
             image_sha.change(run, *args, **hidden)
             # every way a slider moves (mouse release, typed value, keyboard) is a change: the open tab redraws
             # with the value the slider shows; a slider set by a restored session waits until its tab is opened
@@ -430,16 +435,14 @@ def build_page(ctx: AppContext) -> tuple[gr.Blocks, Page]:
         pg.gate.change(
             partial(on_gate, ctx, pg),
             [pg.steer_src, pg.gate, pg.underlay, image_sha],
-            [*pg.main_out, pg.status],
+            [*pg.main_out, *pg.atom_controls, pg.status],
             show_progress="hidden",
             trigger_mode="always_last",
             **hidden,
         )
-        ckpt_up.upload(
-            partial(on_checkpoint_upload, ctx, page), [ckpt_up, ckpt], [ckpt, ex.twin, cmp.a, cmp.b, status], **hidden
-        )
-        img_pick.input(partial(on_image_pick, ctx, page), [img_pick], [image_sha, thumb, status], **hidden)
-        img_up.upload(partial(on_image_upload, ctx, page), [img_up], [image_sha, thumb, img_pick, status], **hidden)
+        shown = [image_sha, thumb, status, st.query, st.query_text]
+        img_pick.input(partial(on_image_pick, ctx, page), [img_pick], shown, **hidden)
+        img_up.upload(partial(on_image_upload, ctx, page), [img_up], [*shown, img_pick], **hidden)
         image_sha.change(
             partial(refresh_underlay, ctx, pg),
             [pg.canvas, pg.underlay, image_sha, ckpt],
@@ -449,16 +452,18 @@ def build_page(ctx: AppContext) -> tuple[gr.Blocks, Page]:
         )
 
         # ---- session -------------------------------------------------------------------------------------
-        ses_inputs = [ckpt, image_sha, pg.canvas, pg.underlay, *page.tab_settings]
+        parts = page.session_parts(ctx)
+        ses_inputs = [ckpt, image_sha, *session.inputs(parts)]
         ses.save.click(partial(save_session, ctx, page), ses_inputs, [ses.file, ses.status], **hidden)
-        ses_outputs = [ckpt, image_sha, thumb, img_pick, *pg.main_out, pg.underlay, *pg.head_controls,
-                       *page.tab_settings, ses.status]  # fmt: skip
-        ses.upload.upload(partial(restore_session, ctx, page), [ses.upload], ses_outputs, **hidden)
+        top = [ckpt, image_sha, thumb, img_pick, status, st.query, st.query_text]
+        ses_outputs = list(dict.fromkeys([*top, *session.outputs(parts), ses.status]))
+        ses.upload.upload(partial(restore_session, ctx, page), [ses.upload, ckpt, image_sha], ses_outputs, **hidden)
 
         register_api(ctx)
     return demo, page
 
 
-def build_app(ctx: AppContext) -> gr.Blocks:
-    """The whole UI for one checkpoint folder and one folder of bundled images."""
-    return build_page(ctx)[0]
+def build_app(ctx: AppContext, login: bool = False) -> gr.Blocks:
+    """The whole UI for one checkpoint folder and one folder of bundled images (with a log-out button when the
+    server asks for a login)."""
+    return build_page(ctx, login)[0]

@@ -24,8 +24,10 @@ from typing import Any
 
 import gradio as gr
 import torch
+from starlette.middleware import Middleware
 
 from app.layout import CSS, build_app, theme
+from app.login import LoginPageWithoutApi
 from app.state import MAX_UPLOAD_BYTES, AppContext
 
 QUEUE_SIZE = 512  # requests waiting beyond this are told the server is busy (a class firing bursts at once fits)
@@ -128,9 +130,11 @@ def access_warning(host: str, auth: Sequence[tuple[str, str]] | None) -> str | N
     )
 
 
-def launch(demo: gr.Blocks, host: str, port: int, **extra: Any) -> None:
+def launch(demo: gr.Blocks, host: str, port: int, prevent_thread_lock: bool = False, **extra: Any) -> None:
     """Queue (bursts wait rather than fail) and serve with the upload cap, a bound on the sessions kept in memory
-    (Gradio keeps every session's state until it is evicted), the offline theme and no share link."""
+    (Gradio keeps every session's state until it is evicted), the offline theme, no share link, and a login page
+    that does not describe the API (:mod:`app.login`). Gradio's own start-up lines are silenced (they suggest
+    ``share=True``, which this app never uses); the address is printed here instead."""
     demo.queue(default_concurrency_limit=CONCURRENCY, max_size=QUEUE_SIZE)
     demo.launch(
         server_name=host,
@@ -142,8 +146,13 @@ def launch(demo: gr.Blocks, host: str, port: int, **extra: Any) -> None:
         css=CSS,
         show_error=False,
         footer_links=["api"],
-        **extra,
+        app_kwargs={"middleware": [Middleware(LoginPageWithoutApi)]},
+        **{"quiet": True, **extra},
+        prevent_thread_lock=True,
     )
+    print(f"SSOG Lab is serving on {demo.local_url}", flush=True)
+    if not prevent_thread_lock:
+        demo.block_thread()
 
 
 def limit_malloc_arenas(arenas: int = 2) -> bool:
@@ -176,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     ctx = AppContext(args.checkpoint_dir, args.assets_dir, device=device)
     atexit.register(shutil.rmtree, ctx.upload_dir, True)  # uploaded checkpoints do not outlive the server
     signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop is a clean stop, as Ctrl-C is
-    demo = build_app(ctx)
+    demo = build_app(ctx, login=bool(auth))
     try:
         launch(demo, args.host, args.port, auth=auth)
     except KeyboardInterrupt:  # stopped while Gradio was still starting up (once it serves, Gradio handles it)

@@ -17,6 +17,9 @@ from ssog_core.analysis.playground import HeadSpec, HeadView
 
 _LAYOUT = dict(template="plotly_white", font=dict(size=12), hoverlabel=dict(font_size=12))
 _TAP_NAMES = {"mu": "s(μδ)", "sigma": "s(σδ)", "lambda": "s(λ)"}
+ATOM_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+# one colour per atom index, the same in both passes (Plotly's automatic colours count traces, so atom 1 of the
+# column pass took the colour of a row-pass trace, not its legend entry's)
 
 
 def kernel_plot(spec: HeadSpec, view: HeadView) -> go.Figure:
@@ -24,7 +27,7 @@ def kernel_plot(spec: HeadSpec, view: HeadView) -> go.Figure:
     fig = make_subplots(
         rows=1,
         cols=2,
-        subplot_titles=("row pass", "column pass"),  # short: the two titles share a phone's width
+        subplot_titles=(f"row pass (★ {spec.query[0]} dashed)", f"column pass (★ {spec.query[1]} dashed)"),
         horizontal_spacing=0.12,
     )
     qy, qx = spec.query
@@ -44,7 +47,7 @@ def kernel_plot(spec: HeadSpec, view: HeadView) -> go.Figure:
                     x=keys,
                     y=k,
                     mode="lines",
-                    line=dict(dash="dot", width=1.5),
+                    line=dict(dash="dot", width=1.5, color=ATOM_COLOURS[r % len(ATOM_COLOURS)]),
                     name=name,
                     legendgroup=name,
                     showlegend=c == 1,
@@ -69,20 +72,31 @@ def kernel_plot(spec: HeadSpec, view: HeadView) -> go.Figure:
             col=c,
         )
         fig.add_vline(x=q, line=dict(color="#888", dash="dash"), row=1, col=c)
-        fig.update_xaxes(title_text=f"key {axis} (★ {q}, dashed)", row=1, col=c)
+        fig.update_xaxes(title_text=f"key {axis}", row=1, col=c)  # short: two titles share a phone's width
     fig.update_yaxes(title_text="weight", row=1, col=1)
     fig.update_layout(
         **_LAYOUT,
         height=380,
-        title=dict(text="1D kernels of the ★ query (hover for weights)", font=dict(size=14), y=0.98, yanchor="top"),
-        margin=dict(l=50, r=10, t=85, b=45),
+        # the title starts below Plotly's toolbar (top right), which covered it on a phone's width
+        title=dict(
+            text="1D kernels of the ★ query",
+            font=dict(size=14),
+            yref="container",
+            y=1,
+            yanchor="top",
+            pad=dict(t=34),
+            x=0.02,
+            xanchor="left",
+        ),
+        margin=dict(l=50, r=10, t=100, b=45),
         legend=dict(orientation="h", y=-0.3, font=dict(size=11)),
     )
     return fig
 
 
-def gates_plot(fields: Sequence[LayerField], init: float) -> go.Figure:
-    """Gate scales vs layer, the initial value dashed."""
+def gates_plot(fields: Sequence[LayerField], init: float, cold: bool) -> go.Figure:
+    """Gate scales vs layer on a log axis, so that a gate's growth from its start (a cold start sits near zero
+    on a linear one) can be read; the start is a dashed line (a trace: it stays in data coordinates)."""
     fig = go.Figure()
     layers = list(range(len(fields)))
     for tap in ("mu", "sigma", "lambda"):
@@ -93,22 +107,30 @@ def gates_plot(fields: Sequence[LayerField], init: float) -> go.Figure:
                     y=[lf.gates[tap] for lf in fields],
                     mode="lines+markers",
                     name=_TAP_NAMES[tap],
-                    hovertemplate=f"layer %{{x}}<br>{_TAP_NAMES[tap]} = %{{y:.3f}}<extra></extra>",
+                    customdata=[lf.gates[tap] / init for lf in fields],
+                    hovertemplate=f"layer %{{x}}<br>{_TAP_NAMES[tap]} = %{{y:.3g}} "
+                    "(×%{customdata:,.0f} its start)<extra></extra>",
                 )
             )
-    fig.add_hline(
-        y=init,
-        line=dict(dash="dash", color="gray"),
-        annotation_text=f"initial value {init:.2g}",
-        annotation_position="top left",
+    start = "cold start softplus(−8) + 1e-4" if cold else "warm start softplus(−2) + 1e-4"
+    fig.add_trace(
+        go.Scatter(
+            x=[-0.3, max(len(fields) - 0.7, 0.3)],
+            y=[init, init],
+            mode="lines",
+            line=dict(dash="dash", color="gray"),
+            name=f"{start} = {init:.3g}",
+            hoverinfo="skip",
+        )
     )
     fig.update_layout(
         **_LAYOUT,
-        height=320,
+        height=340,
         margin=dict(l=55, r=10, t=45, b=45),
-        title=dict(text="Gate scale of each content tap vs layer", font=dict(size=14)),
+        title=dict(text="Gate scale of each content tap vs layer (log scale)", font=dict(size=14)),
         xaxis=dict(title="layer", dtick=1),
-        yaxis=dict(title="gate scale s"),
+        yaxis=dict(title="gate scale s", type="log", exponentformat="power"),
+        legend=dict(orientation="h", y=-0.25, font=dict(size=11)),
     )
     return fig
 

@@ -7,6 +7,8 @@ Measures, each against its target:
 * core: the playground head (32×32 grid, 8 atoms) evaluated by ``ssog_core.analysis.playground.evaluate`` (≤ 5 ms);
 * export maps of a demo-size checkpoint on a 224² image (``ssog_core.analysis.measures.export_maps``, ≤ 2 s), and the
   whole export-tab render (maps + the matplotlib figure) for context;
+* the Scaling tab's "Measure latency now" (:func:`app.tabs.scaling.measure`) pressed twice in a row: whether the two
+  presses agree within their spread (each point's interquartile ranges overlap), and their slopes;
 * browser (Playwright + Debian Chromium, the app as a subprocess): preview frames per second while an atom is
   dragged (≥ 30), and the release → authoritative update round trip (≤ 100 ms), measured in the page from
   the pointer release to the re-rendered canvas, and by Playwright from ``mouse.up()`` to the new image.
@@ -33,6 +35,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from app.state import AppContext
+from app.tabs import scaling
 from ssog_core import ViT, save_checkpoint
 from ssog_core.analysis.measures import export_maps
 from ssog_core.analysis.playground import Atom, HeadSpec, evaluate
@@ -122,6 +126,23 @@ def bench_export(folder: Path, threads: int) -> dict[str, dict[str, float]]:
         out[f"{name}_export_tab"] = summary(timed(render, 3, warmup=1))
         out[f"{name}_grid"] = list(model.config.grid)
     return out
+
+
+def bench_presses(folder: Path, threads: int) -> dict:
+    """Two presses of the Scaling tab's "Measure latency now" in a row, on the demo checkpoint and its twin."""
+    torch.set_num_threads(threads)
+    ctx = AppContext(folder, folder)
+    models = [ctx.model("ssog_layouts.safetensors"), ctx.model("dot_layouts.safetensors")]
+    presses = [scaling.measure(models) for _ in range(2)]
+    points = []
+    for a, b in zip(*presses, strict=True):
+        (a1, a3), (b1, b3) = (a.quantile(0.25), a.quantile(0.75)), (b.quantile(0.25), b.quantile(0.75))
+        for k, n in enumerate(a.tokens):
+            agree = a1[k] <= b3[k] and b1[k] <= a3[k]  # the two interquartile ranges overlap
+            points.append({"model": a.name, "tokens": n, "medians": [a.ms[k], b.ms[k]],
+                           "iqr": [[a1[k], a3[k]], [b1[k], b3[k]]], "agree": agree})  # fmt: skip
+    return {"points": points, "slopes": [[c.exponent() for c in p] for p in presses],
+            "repeats": scaling.REPEATS, "machine": scaling.machine("cpu")}  # fmt: skip
 
 
 def bench_browser(folder: Path, seconds: float, drags: int) -> dict[str, dict[str, float]]:
@@ -247,6 +268,17 @@ def render_table(results: dict) -> str:
         ("export tab render, seed-size model (maps + figure)", f"{ex['seed_size_export_tab']['median'] / 1e3:.2f} s",
          "(context)"),
     ]  # fmt: skip
+    pr = results.get("presses")
+    if pr:
+        agree = sum(p["agree"] for p in pr["points"])
+        slopes = "; ".join(" / ".join(f"{v:.2f}" for v in press) for press in pr["slopes"])
+        largest = [p for p in pr["points"] if p["tokens"] == max(q["tokens"] for q in pr["points"])]
+        at = "; ".join(f"{p['model']} {p['medians'][0]:.1f} / {p['medians'][1]:.1f} ms" for p in largest)
+        rows += [
+            (f"Scaling: two presses of \"Measure latency now\" ({pr['repeats']} interleaved runs per point)",
+             f"{agree} of {len(pr['points'])} points agree within their IQR; slopes SSOG / dot per press: {slopes}; "
+             f"at {largest[0]['tokens']} tokens: {at}", "agree within spread"),
+        ]  # fmt: skip
     if br:
         pf = br["preview_fps"]
         rows += [
@@ -305,6 +337,7 @@ def main(argv: list[str] | None = None) -> None:
         "core_1thread": bench_core(1),
         "core_2threads": bench_core(2),
         "export": bench_export(folder, 1),
+        "presses": bench_presses(folder, 1),
     }
     if not args.no_browser:
         results["browser"] = bench_browser(folder, args.seconds, args.drags)

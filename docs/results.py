@@ -24,14 +24,16 @@ from ssog_core.analysis.measures import export_maps, head_fields
 from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.format import load_checkpoint
 from ssog_core.data import layouts, shapes
+from ssog_core.field import positive
+from ssog_core.nn.attention import COLD_GATE, WARM_GATE
 from ssog_core.nn.cost import count_flops, count_params
 from ssog_core.train.accuracy import evaluate_sizes, plot_transfer
 
 ROOT = Path(__file__).resolve().parent.parent
 
 SMALL_DATA = ("<!-- small-data:begin -->", "<!-- small-data:end -->")  # the section docs/small_data.py writes
-COLD = 3.35e-4  # softplus(-8) + 1e-4: a cold gate's starting scale
-WARM = 0.1270  # softplus(-2) + 1e-4
+COLD = float(positive(torch.tensor(COLD_GATE)))  # softplus(-8) + 1e-4 = 4.35e-4: a cold gate's starting scale
+WARM = float(positive(torch.tensor(WARM_GATE)))  # softplus(-2) + 1e-4
 ELONGATED = 2.0  # a head whose field's spread along one axis is ≥ 2× the other reads as a strip
 COVERED = 0.25  # a patch belongs to the object when at least a quarter of it is covered (bars are thin)
 PROCEDURAL = {
@@ -197,8 +199,8 @@ def main() -> None:
         "displacement on the model's grid: *reach* = RMS key distance from the query (grid cells), *elongated* =",
         f"the field's standard deviations along y and x differ by ≥ {ELONGATED:g}× (either way round); entropy in",
         "nats.",
-        f"Gate scale s = softplus(raw) + 1e-4; a cold gate starts at {COLD:.2g}, a warm one at {WARM:.3f} "
-        f"(this model: {'cold' if cfg['cold_init'] else 'warm'} start); ×cold = s / {COLD:.2g}.",
+        f"Gate scale s = softplus(raw) + 1e-4; a cold gate starts at {COLD:.3g}, a warm one at {WARM:.3f} "
+        f"(this model: {'cold' if cfg['cold_init'] else 'warm'} start); ×cold = s / {COLD:.3g}.",
         "",
         "| layer | mean reach | reach min–max | mean entropy | elongated heads | most elongated "
         "| s(μδ) | s(σδ) | s(λ) |",

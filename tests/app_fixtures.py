@@ -44,9 +44,9 @@ def designed_ssog(
     grid = model.config.grid[0]
     shapes = [  # (μy, μx, σy, σx) of every atom of a head, in grid cells
         [(0.0, 0.0, 0.6, 0.6), (1.0, 0.0, 0.7, 0.7), (0.0, -1.0, 0.7, 0.7)],  # tight local blob
-        [(0.0, 0.0, grid / 2, 0.5), (2.0, 1.0, grid / 3, 0.6), (-2.0, -1.0, grid / 3, 0.6)],  # vertical strip
-        [(0.0, 0.0, 0.5, grid / 2), (1.0, 2.0, 0.6, grid / 3), (-1.0, -2.0, 0.6, grid / 3)],  # horizontal strip
-        [(0.0, 0.0, grid, grid), (2.0, 2.0, grid, grid), (-2.0, 1.0, grid / 1.5, grid / 1.5)],  # broad global
+        [(0.0, 0.0, grid / 2, 0.5), (2.0, 0.0, grid / 3, 0.6), (-2.0, 0.0, grid / 3, 0.6)],  # vertical strip
+        [(0.0, 0.0, 0.5, grid / 2), (0.0, 2.0, 0.6, grid / 3), (0.0, -2.0, 0.6, grid / 3)],  # horizontal strip
+        [(0.0, 0.0, grid, grid), (2.0, 2.0, grid, grid), (-2.0, 1.0, grid / 1.5, grid / 1.5)],  # broad field
     ]
     with torch.no_grad():
         for layer, attn in enumerate(ssog_layers(model)):

@@ -10,7 +10,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import time
+from functools import partial
 from pathlib import Path
 
 import gradio as gr
@@ -19,7 +21,7 @@ import pytest
 import torch
 from PIL import Image
 
-from app import layout
+from app import layout, plots
 from app.cache import LRU
 from app.layout import build_page
 from app.state import UPLOADED, AppContext, AppError, default_image
@@ -27,7 +29,7 @@ from app.tabs import compare, export, geometry, playground, scaling, session, st
 from ssog_core import ViT, save_checkpoint
 from ssog_core.analysis.measures import attention_maps, export_maps
 from ssog_core.analysis.playground import MAX_ATOMS, HeadSpec, evaluate
-from ssog_core.analysis.session import NO_TWIN
+from ssog_core.analysis.session import NO_TWIN, dumps
 from ssog_core.data.images import model_input
 from tests.app_fixtures import (
     designed_ssog,
@@ -200,15 +202,18 @@ def test_playground_release_pick_and_sliders(ctx, pg):
     details = playground.on_details(pg, v)
     fig, rows = details[pg.kernels], details[pg.table]
     assert rows[1][1] == "(3.0, 12.0)" and len(fig.data) == 2 * (3 + 1)
+    colours = [[t.line.color for t in fig.data if t.xaxis == axis][:3] for axis in ("x", "x2")]
+    assert colours[0] == colours[1] and len(set(colours[0])) == 3 and None not in colours[0]  # atom r = legend r
     bad = playground.on_release({**v, "grid": [1, 1]}, False, event(t=1))
     assert "grid" in bad["err"]
     picked = playground.on_pick(pg, v, event(i=2))
     assert (picked[pg.sy]["value"], picked[pg.sx]["value"], picked[pg.w]["value"]) == (2.5, 2.5, 0.2)
-    v["sel"] = 2
-    out = playground.on_atom_param(pg, v, 4.0, 0.5, 0.9, False)
+    v["sel"], v["atoms"][2]["sx"] = 2, 0.86341
+    out = playground.on_atom_param(pg, "sy", v, 4.0, False)
     atom = out[pg.canvas]["value"]["atoms"][2]
-    assert (atom["sy"], atom["sx"], atom["w"]) == (4.0, 0.5, 0.9) and out[pg.table][2][3] == "(4.00, 0.50)"
-    bad = playground.on_atom_param(pg, v, 0.0, 0.5, 0.9, False)  # σ out of range: the canvas says why
+    assert (atom["sy"], atom["sx"], atom["w"]) == (4.0, 0.86341, 0.2) and out[pg.table][2][3] == "(4.00, 0.86)"
+    assert playground.on_atom_param(pg, "w", v, 0.9, False)[pg.canvas]["value"]["atoms"][2]["w"] == 0.9
+    bad = playground.on_atom_param(pg, "sy", v, 0.0, False)  # σ out of range: the canvas says why
     assert set(bad) == {pg.canvas} and "σ must be" in bad[pg.canvas]["err"]
 
 
@@ -301,8 +306,14 @@ def test_geometry_ssog_dot_and_missing(ctx, sha, page):
     note, card, fig, gates, layer_plot, stats, table, slider = values(out, geo.outputs)
     assert "2 layers × 4 heads × 3 atoms" in note and "parameters" in card and "FLOPs" in card
     assert Path(fig["value"]).name == "geometry_ssog_test.png" and Path(fig["value"]).read_bytes()[:4] == b"\x89PNG"
-    assert len(table["value"]) == 2 * 4 * 3 and slider["maximum"] == 1 and slider["value"] == 1
+    assert len(table["value"]) == 2 * 4 * 3 and slider["maximum"] == 1 and "value" not in slider  # it fits
+    assert geometry.render(ctx, geo, "ssog_test.safetensors", 5, sha)[geo.layer]["value"] == 1  # clamped
     assert gates["value"].layout.title.text and layer_plot["value"].data[0].hovertemplate
+    start = gates["value"].data[-1]  # the gates' start (this fixture: warm), on a log axis where it can be seen
+    assert gates["value"].layout.yaxis.type == "log" and "warm start" in start.name and "0.127" in start.name
+    assert list(start.y) == [pytest.approx(0.12703, rel=1e-3)] * 2
+    cold = plots.gates_plot(ctx.model("ssog_test.safetensors").fields, 4.3535e-4, cold=True).data[-1]
+    assert "cold start softplus(−8) + 1e-4 = 0.000435" in cold.name
     entropy = stats["value"].data[0]  # the colours span 0 … ln N nats, not the observed min … max
     assert (entropy.zmin, entropy.zmax) == (0.0, pytest.approx(np.log(64))) and stats["value"].data[1].zmin == 0
     out = geometry.render(ctx, geo, "dot_test.safetensors", 0, sha)
@@ -379,7 +390,9 @@ def test_a_steering_query_opens_in_the_playground_with_a_content_gate(ctx, sha, 
     slider turns content's steering down to the fixed field (which is the model's fixed attention row)."""
     out = layout.on_open_steered(ctx, page, "ssog_test.safetensors", sha, 1, [2, 5], 2, False)
     v = out[pg.canvas]["value"]
-    assert v["grid"] == [8, 8] and v["query"] == [2, 5] and "query patch ★ (2, 5)" in out[pg.preset_note]
+    assert v["grid"] == [8, 8] and v["query"] == [2, 5] and "query patch ★ (2, 5)" in out[pg.steer_note]
+    assert out[pg.preset_note] == ""  # the steering note once, not twice
+    assert "rollout" in page.export.alpha.info and "only rescales" in page.export.alpha.info
     assert out[pg.steer_group]["visible"] and out[pg.gate]["value"] == 1.0
     assert out[page.tabs].selected == "playground" and out[page.steering.query_text] == ""
     src = out[pg.steer_src]
@@ -391,6 +404,7 @@ def test_a_steering_query_opens_in_the_playground_with_a_content_gate(ctx, sha, 
     density = evaluate(HeadSpec.from_dict(fixed_canvas["value"])).density.numpy().ravel()
     np.testing.assert_allclose(density, row.numpy(), atol=1e-5)
     assert fixed_canvas["value"]["atoms"] != v["atoms"] and status == ""
+    assert gated[pg.sx]["value"] == round(fixed_canvas["value"]["atoms"][0]["sx"], 3)  # controls follow the head
     assert layout.on_gate(ctx, pg, None, 0.5, False, sha) == gr.skip()
     status = page.steering.query_text
     assert "click a patch" in layout.on_open_steered(ctx, page, "ssog_test.safetensors", sha, 1, None, 0, False)[status]
@@ -458,7 +472,7 @@ def test_rbf_checkpoint_with_registers(ctx, sha, page, tmp_path):
     assert "register tokens took" in text and fig is not None
 
 
-def test_scaling_latency_and_resolution_transfer(ctx, folders, page, tmp_path):
+def test_scaling_resolution_transfer(ctx, folders, page, tmp_path):
     sc = page.scaling
     note, transfer = values(scaling.render(ctx, sc, "ssog_test.safetensors"), sc.outputs)
     assert note.startswith("No resolution-transfer curve for **ssog_test.safetensors**") and "\n" not in note
@@ -474,6 +488,8 @@ def test_scaling_latency_and_resolution_transfer(ctx, folders, page, tmp_path):
     assert "3 sizes, from `ssog_test.transfer.json`" in note and transfer["visible"]
     trace = transfer["value"].data[0]
     assert list(trace.x) == [16, 64, 144] and list(trace.y) == [0.2, 0.61, 0.41]
+    trained = transfer["value"].layout.shapes[0]  # on a log axis a shape's x is log10 of the token count
+    assert 10**trained.x0 == pytest.approx(64) and 10 ** transfer["value"].layout.annotations[0].x == pytest.approx(64)
     # written by train into the checkpoint's metadata, as a JSON string in the meta or in the header itself
     from safetensors import safe_open
     from safetensors.torch import save_file
@@ -494,31 +510,84 @@ def test_scaling_latency_and_resolution_transfer(ctx, folders, page, tmp_path):
     assert "expected img_size" in scaling.render(ctx, sc, ctx.add_upload([str(bad)]))[sc.transfer_note]
     loaded = ctx.model("ssog_test.safetensors")
     assert scaling.sizes(loaded) == [(16, 16), (32, 32), (48, 48), (64, 64), (96, 96)]
-    measured = scaling.on_measure(ctx, sc, "ssog_test.safetensors")
+
+
+class FakeForwards:
+    """A clock and a forward for :func:`app.tabs.scaling.measure`: each forward advances the clock by a time that
+    grows as N (SSOG) or N² (dot) with a spread, and is recorded; nothing is really timed."""
+
+    def __init__(self) -> None:
+        self.t, self.calls = 0.0, []
+
+    def clock(self) -> float:
+        return self.t
+
+    def run(self, loaded, x) -> None:
+        n = (x.shape[-2] // 4) * (x.shape[-1] // 4)
+        self.calls.append((loaded.name[:4], n))
+        spread = 1 + 0.1 * (len(self.calls) % 3)
+        self.t += (n if loaded.is_ssog else n * n / 64) * 1e-4 * spread
+
+
+def test_latency_is_warmed_up_interleaved_and_shown_with_its_spread(ctx, page):
+    sc = page.scaling
+    models = [ctx.model("ssog_test.safetensors"), ctx.model("dot_test.safetensors")]
+    fake = FakeForwards()
+    curves = scaling.measure(models, repeats=5, warmup=2, clock=fake.clock, run=fake.run)
+    first = fake.calls[: 2 * 2 + 5 * 2]  # the smallest size: both warmed up, then taking turns, order reversed
+    assert first == [("ssog", 16), ("dot_", 16)] * 2 + [("ssog", 16), ("dot_", 16), ("dot_", 16), ("ssog", 16)] * 2 + [
+        ("ssog", 16), ("dot_", 16)]  # fmt: skip
+    ssog, dot = curves
+    assert ssog.tokens == dot.tokens == [16, 64, 144, 256, 576] and all(len(s) == 5 for s in ssog.samples)
+    assert ssog.exponent() == pytest.approx(1, abs=0.05) and dot.exponent() == pytest.approx(2, abs=0.05)
+    q1, q3 = ssog.quantile(0.25), ssog.quantile(0.75)
+    assert all(a <= m <= b for a, m, b in zip(q1, ssog.ms, q3, strict=True)) and all(
+        b > a for a, b in zip(q1, q3, strict=True)
+    )
+    timing = partial(scaling.measure, repeats=5, warmup=2, clock=fake.clock, run=fake.run)
+    measured = scaling.on_measure(ctx, sc, "ssog_test.safetensors", timing)
     text, plot = measured[sc.latency_note], measured[sc.latency]
-    assert "ssog_test.safetensors" in text and "dot_test.safetensors" in text and "slope" in text
+    assert "ssog_test.safetensors" in text and "dot_test.safetensors" in text
+    assert re.search(r"slope \*\*(0\.9\d|1\.0\d)\*\*", text) and re.search(r"slope \*\*(1\.9\d|2\.0\d)\*\*", text)
+    assert "up to 576 tokens" in text and "4096" not in text and "median of 5 runs after 2 warm-ups" in text
+    assert scaling.cpu_model() in text and "torch thread" in text and "IQR" in text
     assert [t.name.split(" ")[0] for t in plot.data[:2]] == ["ssog_test.safetensors", "dot_test.safetensors"]
-    assert list(plot.data[0].x) == [16, 64, 144, 256, 576] and all(v > 0 for v in plot.data[0].y)
-    assert "cpu" in plot.layout.title.text and len(plot.data) == 4  # two models, linear and quadratic guides
+    assert list(plot.data[0].x) == [16, 64, 144, 256, 576] and plot.data[0].error_y.array is not None
+    guides = plot.data[2:]
+    assert len({g.line.dash for g in guides}) == 2 and {"∝ N", "∝ N²"} == {g.name.split(" (")[0] for g in guides}
+    assert scaling.cpu_model() in plot.layout.title.text
     assert "pick a checkpoint" in scaling.on_measure(ctx, sc, None)[sc.latency_note]
 
 
 # ----------------------------------------------------------------------------------------------- session + main
 
 
+def session_values(v: dict, **sections: dict) -> dict:
+    """What the page's session fields hold, by section (as :func:`app.tabs.session.by_section` hands them over)."""
+    base = {"playground": {"head": v, "underlay": False}, "geometry": {"layer": 0},
+            "steering": {"layer": 0, "query": None}, "export": {"twin": NO_TWIN, "alpha": 0.5, "layer": 0},
+            "compare": {"a": None, "b": None, "alpha": 0.5, "layer": 0}}  # fmt: skip
+    return {k: {**base[k], **sections.get(k, {})} for k in base}
+
+
 def test_session_round_trip(ctx, sha, page, pg, tmp_path):
     v = playground.initial_value()
     v["atoms"][0]["x"] = 4.0
-    data = session.make_session(ctx, "ssog_test.safetensors", sha, v, True, 1, 1, [2, 3], "dot_test.safetensors",
-                                0.3, 1, "ssog_test.safetensors", "dot_test.safetensors", 0.6, 0).to_dict()  # fmt: skip
+    parts = page.session_parts(ctx)
+    values = session_values(
+        v, playground={"underlay": True}, geometry={"layer": 1}, steering={"layer": 1, "query": [2, 3]},
+        export={"twin": "dot_test.safetensors", "alpha": 0.3, "layer": 1},
+        compare={"a": "ssog_test.safetensors", "b": "dot_test.safetensors", "alpha": 0.6},
+    )  # fmt: skip
+    data = session.make_session(ctx, parts, "ssog_test.safetensors", sha, values).to_dict()
     assert data["image"] == {"sha256": sha, "name": "scene.png"} and data["playground"]["head"]["atoms"][0]["x"] == 4
     path = tmp_path / "s.json"
     path.write_text(json.dumps(data))
     ses = page.session
     out = layout.restore_session(ctx, page, str(path))
-    restored = [page.checkpoint, page.image_sha, page.thumb, page.image_pick, *pg.main_out, pg.underlay,
-                *pg.head_controls, *page.tab_settings, ses.status]  # fmt: skip
-    assert set(out) == set(restored) and len(restored) == 22
+    top = [page.checkpoint, page.image_sha, page.thumb, page.image_pick, page.status, page.steering.query,
+           page.steering.query_text, ses.status]  # fmt: skip
+    assert set(out) == set(top) | set(session.outputs(parts))
     assert out[page.checkpoint]["value"] == "ssog_test.safetensors" and out[page.image_sha] == sha
     assert out[page.image_pick]["value"] == "scene.png"  # the picker names the restored image
     assert out[pg.canvas]["value"]["atoms"][0]["x"] == 4.0 and out[pg.canvas]["bg"].startswith("data:image/jpeg")
@@ -527,20 +596,23 @@ def test_session_round_trip(ctx, sha, page, pg, tmp_path):
     assert out[ses.status] == "Session restored."
     data["image"]["sha256"] = "f" * 64
     data["checkpoint"] = "gone.safetensors"
+    data["export"]["twin"] = "gone_too.safetensors"
     path.write_text(json.dumps(data))
-    out = layout.restore_session(ctx, page, str(path))
+    out = layout.restore_session(ctx, page, str(path), "dot_test.safetensors", sha)
     assert page.checkpoint not in out and page.image_sha not in out  # what cannot be restored stays as it is
     assert "gone.safetensors" in out[ses.status] and "no longer in memory" in out[ses.status]
-    assert out[pg.canvas]["value"]["atoms"]
+    assert "gone_too.safetensors" in out[ses.status] and out[page.export.twin]["value"] == NO_TWIN
+    assert out[pg.canvas]["value"]["atoms"] and out[pg.canvas]["bg"]  # the page's own image under the head
     path.write_text("{not json")
     assert "not a JSON session" in layout.restore_session(ctx, page, str(path))[ses.status]
     path.write_text(json.dumps({"format": "other"}))
     refused = layout.restore_session(ctx, page, str(path))
     assert set(refused) == {ses.status} and "not an SSOG Lab session" in refused[ses.status]
-    saved = layout.save_session(ctx, page, "ssog_test.safetensors", sha, v, False, 0, 0, None, "(none)", 0.5, 0,
-                                None, None, 0.5, 0)  # fmt: skip
+    flat = [values[p.section][k] for p in parts for k in p.fields]  # as the save event hands them over
+    saved = layout.save_session(ctx, page, "ssog_test.safetensors", sha, *flat)
     file, text = saved[ses.file], saved[ses.status]
-    assert json.loads(Path(file).read_text())["checkpoint"] == "ssog_test.safetensors" and text == "Session saved."
+    assert text == "Session saved."
+    assert session.read_session(file) == session.make_session(ctx, parts, "ssog_test.safetensors", sha, values)
 
 
 def test_sessions_save_and_restore_uploaded_checkpoints(ctx, sha, page, tmp_path):
@@ -552,14 +624,35 @@ def test_sessions_save_and_restore_uploaded_checkpoints(ctx, sha, page, tmp_path
     assert name.startswith(UPLOADED)
     v = playground.initial_value()
     ses = page.session
+    flat = [session_values(v)[p.section][k] for p in page.session_parts(ctx) for k in p.fields]
     for ckpt in (name, "ssog_test.safetensors"):
-        saved = layout.save_session(ctx, page, ckpt, sha, v, False, 0, 0, None, "(none)", 0.5, 0, None, None, 0.5, 0)
+        saved = layout.save_session(ctx, page, ckpt, sha, *flat)
         file, text = saved[ses.file], saved[ses.status]
         assert text == "Session saved." and Path(file).is_file() and "/" not in Path(file).name
         assert json.loads(Path(file).read_text())["checkpoint"] == ckpt
         out = layout.restore_session(ctx, page, file)
         assert out[page.checkpoint]["value"] == ckpt and out[ses.status] == "Session restored."
     assert Path(file).name == "ssog_session_ssog_test.json"
+
+
+def test_a_tab_the_session_module_does_not_know_records_its_own_section(ctx, sha, page, tmp_path):
+    """The protocol a new tab follows: it declares its section's fields and restores them itself; the file keeps
+    the section as written."""
+    level = gr.Slider(0, 1, value=0)
+    part = session.SessionPart(
+        "intervene", {"level": level},
+        lambda section, restoring: {level: gr.update(maximum=max(section["level"], 1), value=section["level"])},
+        [level],
+    )  # fmt: skip
+    parts = [*page.session_parts(ctx), part]
+    values = {**session_values(playground.initial_value()), "intervene": {"level": 7}}
+    s = session.make_session(ctx, parts, "ssog_test.safetensors", sha, values)
+    path = tmp_path / "s.json"
+    path.write_text(dumps(s))
+    restored = session.read_session(path)
+    assert restored.more == {"intervene": {"level": 7}}
+    out = session.restore_parts(parts, restored, session.Restoring("ssog_test.safetensors", sha))
+    assert out[level]["maximum"] == 7 and out[level]["value"] == 7
 
 
 def test_messages_use_no_emoji_a_plain_font_cannot_draw(ctx, page, folders):
@@ -631,3 +724,33 @@ def test_demo_checkpoints_open_in_every_tab(page, tmp_path):
     assert ex[page.export.figure] is not None and "net exporters" in ex[page.export.text]
     st = steering.render(demo, page.steering, "ssog_layouts.safetensors", stored.sha256, 0, [1, 1])
     assert st[page.steering.query_figure] is not None
+
+
+def test_a_restored_session_sets_every_range_before_its_value(page, pg, tmp_path):
+    """A freshly loaded page has layer sliders with maximum 1; a session saved on a deeper model at layer 3 must
+    come back with each slider's maximum widened in the same update as its value (else "Value 3 is greater than
+    maximum value 1" and Error panels), and the atom sliders must show the restored atom, not the defaults."""
+    deep = AppContext(tmp_path / "ckpt", tmp_path / "ckpt", upload_dir=tmp_path)
+    write_checkpoints(tmp_path / "ckpt", depth=4)
+    stored = deep.open_upload(str(write_images(tmp_path / "img")["rgb"]))
+    head = HeadSpec.from_dict(playground.initial_value()).with_atom(0, sy=3.15, sx=0.07, w=0.41)
+    layers = {"layer": 3}
+    data = {"format": "ssog-lab-session/1", "checkpoint": "ssog_test.safetensors",
+            "image": {"sha256": stored.sha256, "name": stored.name},
+            "playground": {"head": head.to_dict(), "selected_atom": 0},
+            "geometry": layers, "steering": {**layers, "query": [1, 2]},
+            "export": {"twin": "dot_test.safetensors", "alpha": 0.8, "layer": 3},
+            "compare": {"a": "ssog_test.safetensors", "b": "dot_test.safetensors", "alpha": 0.8,
+                        "layer": 3}}  # fmt: skip
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(data))
+    out = layout.restore_session(deep, page, str(path))
+    for slider in (page.geometry.layer, page.steering.layer, page.export.layer, page.compare.layer):
+        assert out[slider]["value"] == 3 and out[slider]["maximum"] == 3, slider
+    assert out[pg.sy]["value"] == 3.15 and out[pg.sx]["value"] == 0.07 and out[pg.w]["value"] == 0.41
+    assert out[pg.sx]["minimum"] <= 0.07  # a steered atom narrower than the model's floor still fits the slider
+    assert "Image" in out[page.status] and stored.name in out[page.status]
+    assert out[page.export.alpha]["value"] == 0.8 and out[page.steering.query] == [1, 2]
+    ex = page.export
+    shown = export.render(deep, ex, "ssog_test.safetensors", "dot_test.safetensors", stored.sha256, 0.8, 3)
+    assert shown[ex.figure] is not None and shown[ex.layer]["maximum"] == 3

@@ -94,8 +94,8 @@ def guarded(tmp_path_factory):
     root = tmp_path_factory.mktemp("auth")
     write_checkpoints(root / "ckpt", depth=1)
     write_images(root / "assets")
-    demo = build_app(AppContext(root / "ckpt", root / "assets", upload_dir=tmp_path_factory.mktemp("up")))
-    launch(demo, "127.0.0.1", free_port(), auth=[LOGIN], prevent_thread_lock=True, quiet=True)
+    demo = build_app(AppContext(root / "ckpt", root / "assets", upload_dir=tmp_path_factory.mktemp("up")), login=True)
+    launch(demo, "127.0.0.1", free_port(), auth=[LOGIN], prevent_thread_lock=True)
     try:
         yield demo.local_url
     finally:
@@ -118,3 +118,35 @@ def test_with_a_login_the_page_and_the_api_refuse_strangers(guarded):
         Client(guarded, auth=("ana", "wrong"), verbose=False)
     client = Client(guarded, auth=LOGIN, verbose=False)
     assert client.predict(api_name="/checkpoints") == ["dot_test.safetensors", "ssog_test.safetensors"]
+
+
+ENDPOINTS = ("/checkpoints", "/head_field", "/geometry_summary", "/export_summary", "/upload_image")
+
+
+def test_the_login_page_names_no_endpoint_and_users_can_log_out(guarded):
+    """Gradio embeds the API's description in its login page; a stranger sees the form and nothing else."""
+    page = urllib.request.urlopen(guarded, timeout=30).read().decode("utf-8", "replace")
+    assert "auth_required" in page
+    assert not [name for name in (*ENDPOINTS, "parameter_name") if name in page]
+    browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+    form = urllib.parse.urlencode({"username": LOGIN[0], "password": LOGIN[1]}).encode()
+    browser.open(guarded + "login", data=form, timeout=30).close()
+    with browser.open(guarded, timeout=30) as logged_in:  # a user's page still describes the API
+        text = logged_in.read().decode("utf-8", "replace")
+    assert all(name in text for name in ENDPOINTS) and '"elem_id":"logout"' in text.replace(" ", "")
+    browser.open(guarded + "logout", timeout=30).close()
+    with pytest.raises(urllib.error.HTTPError):
+        browser.open(guarded + "config", timeout=30)
+
+
+def test_the_log_names_the_address_and_suggests_no_share_link(tmp_path, capfd):
+    write_checkpoints(tmp_path / "ckpt", depth=1)
+    write_images(tmp_path / "assets")
+    demo = build_app(AppContext(tmp_path / "ckpt", tmp_path / "assets", upload_dir=tmp_path / "up"))
+    launch(demo, "127.0.0.1", free_port(), prevent_thread_lock=True)
+    try:
+        said = capfd.readouterr()
+    finally:
+        demo.close()
+    assert "share" not in said.out + said.err and f"serving on {demo.local_url}" in said.out
+    assert "logout" not in str(demo.get_config_file())  # no log-out button without a login

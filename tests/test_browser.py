@@ -7,6 +7,7 @@ pytest-xdist cannot split it over workers. Screenshots of every step go to ``art
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -16,6 +17,7 @@ from app.state import AppContext
 from app.tabs import geometry
 from ssog_core.testing.app_process import AppProcess
 from tests.app_fixtures import write_bad_files, write_checkpoints, write_images, write_upstream_checkpoint
+from tests.test_images import bomb_png
 
 playwright = pytest.importorskip("playwright.sync_api")
 
@@ -23,6 +25,7 @@ CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
 ROOT = Path(__file__).resolve().parents[1]
+STARTUP = 600  # s for the app to answer: importing torch and Gradio takes minutes on a loaded 2-core box
 ARTIFACTS = ROOT / "artifacts"
 pytestmark = [
     pytest.mark.browser,
@@ -41,7 +44,7 @@ def server(tmp_path_factory):
     bad_ckpt.write_bytes((root / "ckpt" / "ssog_test.safetensors").read_bytes()[:5000])
     upstream = write_upstream_checkpoint(root / "ref")
     env = {"GRADIO_TEMP_DIR": str(root / "gradio")}
-    with AppProcess(root / "ckpt", root / "assets", root / "app.log", env=env) as app:
+    with AppProcess(root / "ckpt", root / "assets", root / "app.log", env=env, startup_timeout=STARTUP) as app:
         yield {"url": app.url, "images": images, "bad": bad, "bad_ckpt": bad_ckpt, "log": root / "app.log",
                "upstream": upstream, "ckpt": root / "ckpt"}  # fmt: skip
 
@@ -373,6 +376,11 @@ def phone_width(page) -> None:
         assert box["x"] >= 0 and box["x"] + box["width"] <= 390, box
         ky = page.locator("#pg-canvas .ky").bounding_box()
         assert ky["x"] + ky["width"] <= 390 and abs(ky["height"] - box["height"]) < 2, ky
+        page.locator("#pg-kernels").hover()  # the toolbar shows on hover
+        title, bar = (page.locator(f"#pg-kernels {c}").first.bounding_box() for c in (".gtitle", ".modebar"))
+        assert bar is None or title["y"] >= bar["y"] + bar["height"] - 1 or title["x"] + title["width"] <= bar["x"]
+        xt = [page.locator(f"#pg-kernels .{a}title").bounding_box() for a in ("x", "x2")]
+        assert xt[0]["x"] + xt[0]["width"] <= xt[1]["x"], xt  # the two x-axis titles do not collide
         shot(page, "12_phone")
     finally:
         page.set_viewport_size({"width": 1400, "height": 1000})
@@ -398,3 +406,82 @@ def geometry_click_opens_the_head(page, ckpt_dir: Path) -> None:
     assert page.get_attribute("#tab-playground-button", "aria-selected") == "true"
     page.wait_for_function("() => document.querySelector('#pg-canvas .inf').textContent.includes('★ query (3, 3)')")
     shot(page, "13_geometry_click_playground")
+
+
+@pytest.fixture(scope="module")
+def deep_server(tmp_path_factory):
+    """A checkpoint deeper than the layer sliders' initial maximum of 1, so a restored layer 3 needs a new range."""
+    root = tmp_path_factory.mktemp("e2e-deep")
+    write_checkpoints(root / "ckpt", depth=4)
+    images = write_images(root / "assets")
+    env = {"GRADIO_TEMP_DIR": str(root / "g")}
+    with AppProcess(root / "ckpt", root / "assets", root / "app.log", env=env, startup_timeout=STARTUP) as app:
+        yield {"url": app.url, "images": images, "log": root / "app.log", "root": root}
+
+
+def test_a_session_restored_on_a_fresh_page(deep_server):
+    """Upload a picture; Export maps at α 0.8, layer 3; save the session; reload the page; restore it; open Export:
+    no "greater than maximum" refusal, the panels render, and the atom sliders show the restored atom."""
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(90_000)
+        try:
+            page.goto(deep_server["url"])
+            page.wait_for_selector("#pg-canvas .atom")
+            page.click("#pg-preset input")
+            page.locator("[role=option]").first.click()  # a trained head: its atoms are not the defaults
+            page.wait_for_function("() => document.querySelector('#pg-preset-note').innerText.includes('head')")
+            label = page.get_attribute("#pg-canvas .atom", "aria-label")
+            assert "row" in label and not re.search(r"\.\d{3}", label), label  # rounded for a screen reader
+            big = deep_server["root"] / ("a_photo_with_a_long_descriptive_name_" * 3 + "12000x12000.png")
+            big.write_bytes(bomb_png(12000, 12000))
+            with page.expect_file_chooser() as chooser:
+                page.click("#img-upload")
+            chooser.value.set_files(str(big))  # refused by its size with the app's own message, wrapped in view
+            page.wait_for_function("() => document.querySelector('#status').innerText.includes('over the 25 MP')")
+            assert "12000×12000 = 144 MP" in page.inner_text("#status")
+            assert page.evaluate("() => { const s = document.querySelector('#status'); "
+                                 "return s.scrollWidth <= s.clientWidth + 1; }")  # fmt: skip
+            with page.expect_file_chooser() as chooser:
+                page.click("#img-upload")
+            chooser.value.set_files(str(deep_server["images"]["rgba"]))
+            page.wait_for_function("() => document.querySelector('#status').innerText.includes('rgba.png')")
+            open_tab(page, "export")
+            page.wait_for_selector("#ex-figure img[src]", state="attached")
+            for slider, value, drawn in (("#ex-alpha", "0.8", "alpha0.80"), ("#ex-layer", "3", "_L3_")):
+                page.fill(f"{slider} input[type=number]", value)
+                page.press(f"{slider} input[type=number]", "Enter")
+                page.wait_for_function("s => document.querySelector('#ex-figure img').src.includes(s)", arg=drawn)
+            open_tab(page, "session")
+            page.click("#ses-save")
+            link = page.wait_for_selector("#ses-file a[href]", state="attached")
+            with page.expect_download() as download:
+                link.click()
+            path = deep_server["root"] / download.value.suggested_filename
+            download.value.save_as(path)
+            saved = json.loads(path.read_text())
+            assert saved["export"]["layer"] == 3 and saved["export"]["alpha"] == 0.8
+            atom = saved["playground"]["head"]["atoms"][saved["playground"]["selected_atom"]]
+
+            page.reload()
+            page.wait_for_selector("#pg-canvas .atom")
+            open_tab(page, "session")
+            page.set_input_files("#ses-upload input[type=file]", str(path))
+            page.wait_for_function("() => document.querySelector('#ses-status').innerText.includes('restored')")
+            assert "rgba.png" in page.inner_text("#status")  # the status line names the restored picture
+            open_tab(page, "export")
+            page.wait_for_function("() => (document.querySelector('#ex-figure img') || {}).src?.includes('_L3_')")
+            assert page.input_value("#ex-layer input[type=number]") == "3"
+            assert page.get_by_text("greater than maximum").count() == 0
+            assert "⚠" not in page.inner_text("#ex-summary")
+            open_tab(page, "playground")
+            for slider, key in (("#pg-sy", "sy"), ("#pg-sx", "sx"), ("#pg-w", "w")):
+                assert float(page.input_value(f"{slider} input[type=number]")) == round(atom[key], 3), slider
+            shot(page, "14_session_restored_fresh_page")
+        except Exception:
+            shot(page, "failure_fresh_page")
+            print(deep_server["log"].read_text()[-4000:])
+            raise
+        finally:
+            browser.close()

@@ -296,7 +296,10 @@ def test_no_pickle_is_ever_loaded_by_any_tab_upload_or_api(server, folders, monk
     label = playground.preset_choices(ctx, GOOD)[0][0]
     value = playground.on_preset(ctx, pg, GOOD, label, True)[pg.canvas]["value"]
     assert playground.on_underlay(ctx, pg, value, True, sha)[pg.canvas]["bg"]
-    data = session.make_session(ctx, GOOD, sha, value, True, 0, 0, None, TWIN, 0.5, 0, GOOD, TWIN, 0.5, 0)
+    values = {"playground": {"head": value, "underlay": True}, "geometry": {"layer": 0},
+              "steering": {"layer": 0, "query": None}, "export": {"twin": TWIN, "alpha": 0.5, "layer": 0},
+              "compare": {"a": GOOD, "b": TWIN, "alpha": 0.5, "layer": 0}}  # fmt: skip
+    data = session.make_session(ctx, page.session_parts(ctx), GOOD, sha, values)
     (tmp_path / "s.json").write_text(json.dumps(data.to_dict()))
     assert layout.restore_session(ctx, page, str(tmp_path / "s.json"))[page.session.status] == "Session restored."
     # every API endpoint, through the running server

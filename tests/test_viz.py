@@ -46,3 +46,48 @@ def test_geometry_figure_titles_do_not_overlap_and_metadata_is_stored():
     assert json.loads(Image.open(io.BytesIO(png)).info["Description"]) == settings
     svg = viz.figure_bytes(fig, "svg", settings).decode()
     assert "x.safetensors" in svg and svg.lstrip().startswith("<?xml")
+
+
+def test_query_field_panels_are_each_on_their_own_scale():
+    """A fixed field peaking at 0.02 beside a steered one at 0.8 is drawn as visibly as it: on one shared scale
+    it vanished."""
+    fixed, steered = np.zeros((2, 5, 5)), np.zeros((2, 5, 5))
+    fixed[:, 2, 2], fixed[:, 1, 1], steered[:, 2, 3] = 0.02, 0.01, 0.8
+    fig = viz.query_field_figure(Image.new("RGB", (40, 40)), fixed, steered, (2, 2), 0)
+    opacity = [int(ax.images[1].get_array()[..., 3].max()) for ax in fig.axes[:4]]
+    assert len(set(opacity)) == 1 and opacity[0] > 200
+    assert "own scale" in fig._suptitle.get_text() or any("own scale" in t.get_text() for t in fig.texts)
+
+
+def test_compare_puts_each_model_on_its_own_scale():
+    """A dot twin's +20 sink patch must not flatten the SSOG map to grey: one colour scale per model."""
+    import torch
+
+    from ssog_core.analysis import ExportMaps
+
+    def maps(peak: float) -> ExportMaps:
+        net = torch.zeros(1, 2, 4, 4)
+        net[0, :, 1, 1], net[0, :, 2, 2] = peak, -peak / 2
+        zero = torch.zeros(1, 4, 4)
+        return ExportMaps(net, net, net, net.sum(1), zero, 0.5, (4, 4), {}, torch.zeros(1, 2), torch.zeros(1, 3))
+
+    fig = viz.compare_figure(Image.new("RGB", (40, 40)), ("A", maps(0.5)), ("B", maps(20.0)), 0)
+    limits = [ax.images[-1].get_clim()[1] for ax in fig.axes if ax.images][:2]  # layer row: A, B
+    assert limits[0] == 0.5 and limits[1] == 20.0
+
+
+def test_the_steering_arrow_key_overlaps_no_title():
+    import torch
+
+    from ssog_core.analysis import steering_offsets
+
+    model = designed_ssog(depth=1)
+    fig = viz.steering_figure(Image.new("RGB", (32, 32), (90, 120, 160)),
+                              steering_offsets(model, torch.rand(1, 3, 32, 32)), 0, 1.0)  # fmt: skip
+    renderer = fig.canvas.get_renderer()
+    fig.canvas.draw()
+    key = next(a for ax in fig.axes for a in ax.artists if type(a).__name__ == "QuiverKey")
+    box = key.text.get_window_extent(renderer)
+    titles = [ax.title.get_window_extent(renderer) for ax in fig.axes if ax.get_title()]
+    assert titles and not any(box.overlaps(t) for t in titles)
+    assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes[: 3 * 4])

@@ -9,9 +9,10 @@ from typing import Any
 import gradio as gr
 from gradio.blocks import Block
 
-from app.common import Updates, error_text, shown_figure, warn, write_downloads
+from app.common import Updates, error_text, layer_update, model_depth, shown_figure, warn, write_downloads
 from app.state import AppContext
 from app.tabs.export import maps_for, summary
+from app.tabs.session import Restoring, SessionPart
 from ssog_core.analysis.measures import DEFAULT_ALPHA
 from ssog_core.viz import figures as viz
 from ssog_core.viz import files as figures
@@ -54,6 +55,7 @@ def render(
     try:
         stored, display, ma, mb = _analyse(ctx, a, b, sha, alpha)
         depth = min(ma.net.shape[1], mb.net.shape[1])
+        asked = layer  # the slider's value: sent back only if it has to move into the range
         layer = min(int(layer or 0), depth - 1)
         fig = figures.compare_figure((a, ma), (b, mb), display, layer, stored.name)
         text = f"α = **{alpha:.2f}**, layer **{layer}** for both.  \nA — {summary(a, ma)}  \nB — {summary(b, mb)}"
@@ -68,7 +70,7 @@ def render(
         return {
             ui.text: text,
             ui.figure: shown_figure(fig, stem, meta),
-            ui.layer: gr.update(maximum=max(depth - 1, 1), value=layer),
+            ui.layer: layer_update(asked, depth, keep=True),
         }
     except Exception as e:
         return {ui.text: warn(error_text(e)), ui.figure: None}
@@ -84,6 +86,29 @@ def downloads(
         return {ui.files: write_downloads(files), ui.files_status: ""}
     except Exception as e:
         return {ui.files: None, ui.files_status: warn(error_text(e))}
+
+
+def session_part(ctx: AppContext, ui: CompareUI) -> SessionPart:
+    """The compare tab's section: A, B, α and the layer, within the shallower of the two models."""
+
+    def restore(section: dict[str, Any], restoring: Restoring) -> Updates:
+        names = ctx.checkpoint_names()
+        picked = {}
+        for key, picker in (("a", ui.a), ("b", ui.b)):
+            name = section.get(key)
+            if name and name not in names:
+                restoring.notes.append(f"compare {key.upper()} {name!r} is not in the checkpoint folder")
+                name = None
+            picked[picker] = name
+        depths = [d for d in map(partial(model_depth, ctx), picked.values()) if d]
+        return {
+            **{picker: gr.update(choices=names, value=name) for picker, name in picked.items()},
+            ui.alpha: gr.update(value=section.get("alpha", DEFAULT_ALPHA)),
+            ui.layer: layer_update(section.get("layer"), min(depths, default=None)),
+        }
+
+    fields = {"a": ui.a, "b": ui.b, "alpha": ui.alpha, "layer": ui.layer}
+    return SessionPart("compare", fields, restore, list(fields.values()))
 
 
 def build(ctx: AppContext, shared: dict[str, Any]) -> CompareUI:

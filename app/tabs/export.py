@@ -11,8 +11,9 @@ import gradio as gr
 from gradio.blocks import Block
 
 from app import plots
-from app.common import Updates, error_text, shown_figure, warn, write_downloads
+from app.common import Updates, error_text, layer_update, model_depth, shown_figure, warn, write_downloads
 from app.state import AppContext, LoadedModel, StoredImage, resize_note
+from app.tabs.session import Restoring, SessionPart
 from ssog_core.analysis.measures import DEFAULT_ALPHA, ExportMaps, export_maps
 from ssog_core.analysis.session import NO_TWIN
 from ssog_core.viz import figures as viz
@@ -112,6 +113,7 @@ def render(
             tw = ctx.model(twin)
             models.append((twin, tw, maps_for(ctx, tw, stored, alpha)))
         depth = max(m.net.shape[1] for _, _, m in models)
+        asked = layer  # the slider's value: sent back only if it has to move into the range
         layer = min(int(layer or 0), depth - 1)
         q = (int(query[0]), int(query[1])) if query else None
         named = [(n, m) for n, _, m in models]
@@ -134,7 +136,7 @@ def render(
             ui.text: text,
             ui.figure: shown,
             ui.accumulated: plot,
-            ui.layer: gr.update(maximum=max(depth - 1, 1), value=layer),
+            ui.layer: layer_update(asked, depth, keep=True),
         }
     except Exception as e:
         return {ui.text: warn(error_text(e)), ui.figure: None, ui.accumulated: None}
@@ -175,13 +177,22 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> ExportUI:
             value=DEFAULT_ALPHA,
             step=0.05,
             label="α: residual mixing Â = α·Ā + (1−α)·I",
-            info="α only rescales the maps (their range grows with α); which patches export does not change.",
+            info="For pull-in, pull-out and net, α only rescales the map (which patches export stays); rollout "
+            "changes shape with α (flat near 0, peaked near 1).",
             elem_id="ex-alpha",
             scale=2,
         )
         layer = gr.Slider(
             0, 1, value=0, step=1, label="layer for pull-in / pull-out / net", elem_id="ex-layer", scale=2
         )
+    gr.Markdown(  # above the figure: read before the maps, not found after them
+        "**How to read it.** With the head-mean attention Ā of a layer and Â = α·Ā + (1−α)·I: "
+        "pull-in = 1 − Â_ii (how much patch i reads from the others), pull-out = Σ_j Â_ji − Â_ii (how much "
+        "the others read from i), net = pull-out − pull-in (sums to 0 in every layer). The accumulated map "
+        "sums net over layers; rollout multiplies the Â of all layers (Abnar & Zuidema 2020).",
+        elem_id="ex-how",
+        elem_classes="hint",
+    )
     text = gr.Markdown(elem_id="ex-summary")
     figure = gr.Image(
         label="Export maps",
@@ -195,12 +206,6 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> ExportUI:
     with gr.Row(equal_height=False):
         accumulated = gr.Plot(show_label=False, label="Accumulated net export (interactive)", elem_id="ex-acc")
         with gr.Column():
-            gr.Markdown(
-                "**How to read it.** With the head-mean attention Ā of a layer and Â = α·Ā + (1−α)·I: "
-                "pull-in = 1 − Â_ii (how much patch i reads from the others), pull-out = Σ_j Â_ji − Â_ii (how much "
-                "the others read from i), net = pull-out − pull-in (sums to 0 in every layer). The accumulated map "
-                "sums net over layers; rollout multiplies the Â of all layers (Abnar & Zuidema 2020)."
-            )
             files_button = gr.Button("Make files: figure PNG + SVG, maps .npz + CSV", size="sm", elem_id="ex-dl")
             files = gr.File(label="files", file_count="multiple", interactive=False, elem_id="ex-files")
             files_status = gr.Markdown()
@@ -210,3 +215,23 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> ExportUI:
     twin.input(partial(render, ctx, ui), inputs, ui.outputs, api_visibility="private")
     files_button.click(partial(downloads, ctx, ui), inputs, [files, files_status], api_visibility="private")
     return ui
+
+
+def session_part(ctx: AppContext, ui: ExportUI) -> SessionPart:
+    """The export tab's section: twin, α and layer, the layer within the deeper of the two models."""
+
+    def restore(section: dict[str, Any], restoring: Restoring) -> Updates:
+        names = ctx.checkpoint_names()
+        twin = section.get("twin") or NO_TWIN
+        if twin not in (NO_TWIN, *names):
+            restoring.notes.append(f"export twin {twin!r} is not in the checkpoint folder")
+            twin = NO_TWIN
+        depths = [d for d in (model_depth(ctx, restoring.checkpoint), model_depth(ctx, twin)) if d]
+        return {
+            ui.twin: gr.update(choices=[NO_TWIN, *names], value=twin),
+            ui.alpha: gr.update(value=section.get("alpha", DEFAULT_ALPHA)),
+            ui.layer: layer_update(section.get("layer"), max(depths, default=None)),
+        }
+
+    fields = {"twin": ui.twin, "alpha": ui.alpha, "layer": ui.layer}
+    return SessionPart("export", fields, restore, list(fields.values()))

@@ -13,8 +13,9 @@ from gradio.blocks import Block
 from PIL import Image
 
 from app import plots
-from app.common import Updates, error_text, shown_figure, warn, write_downloads
+from app.common import Updates, error_text, layer_update, model_depth, shown_figure, warn, write_downloads
 from app.state import AppContext, LoadedModel
+from app.tabs.session import Restoring, SessionPart
 from ssog_core.analysis import report
 from ssog_core.analysis.measures import attention_maps, has_keys, key_norms
 from ssog_core.viz import figures as viz
@@ -124,6 +125,7 @@ def render(ctx: AppContext, ui: GeometryUI, ckpt: str | None, layer: float, sha:
             text, fig, norms = dot_view(ctx, loaded, sha)
             return {**hidden, ui.note: text, ui.card: card, ui.figure: shown(fig), ui.stats: shown(norms),
                     ui.layer: gr.update(visible=False)}  # fmt: skip
+        asked = layer  # the slider's value: sent back only if it has to move into the range
         layer = min(int(layer or 0), len(loaded.fields) - 1)
         init = report.initial_gate_scale(loaded.config)
         entropy = np.stack([lf.entropy.numpy() for lf in loaded.fields])
@@ -141,11 +143,11 @@ def render(ctx: AppContext, ui: GeometryUI, ckpt: str | None, layer: float, sha:
             ui.note: note,
             ui.card: card,
             ui.figure: shown(geometry_image(ctx, loaded)),
-            ui.gates: shown(plots.gates_plot(loaded.fields, init)),
+            ui.gates: shown(plots.gates_plot(loaded.fields, init, loaded.config.cold_init)),
             ui.layer_plot: shown(plots.layer_density_plot(loaded.fields[layer], layer)),
             ui.stats: shown(stats),
             ui.table: shown(atoms),
-            ui.layer: gr.update(maximum=max(len(loaded.fields) - 1, 1), value=layer, visible=True),
+            ui.layer: layer_update(asked, len(loaded.fields), keep=True, visible=True),
         }
     except Exception as e:
         return {ui.note: warn(error_text(e)), ui.card: "", **hidden, ui.layer: gr.update(visible=False)}
@@ -209,6 +211,15 @@ def downloads(ctx: AppContext, ui: GeometryUI, ckpt: str | None) -> Updates:
         return {ui.files: files, ui.files_status: ""}
     except Exception as e:
         return {ui.files: None, ui.files_status: warn(error_text(e))}
+
+
+def session_part(ctx: AppContext, ui: GeometryUI) -> SessionPart:
+    """The geometry tab's section: the interactive view's layer, within the restored checkpoint's depth."""
+
+    def restore(section: dict[str, Any], restoring: Restoring) -> Updates:
+        return {ui.layer: layer_update(section.get("layer"), model_depth(ctx, restoring.checkpoint))}
+
+    return SessionPart("geometry", {"layer": ui.layer}, restore, [ui.layer])
 
 
 def build(ctx: AppContext, shared: dict[str, Any]) -> GeometryUI:

@@ -17,13 +17,29 @@ from app import plots
 from app.canvas import CSS_TEMPLATE, HTML_TEMPLATE, JS_ON_LOAD, canvas_props
 from app.common import Updates, error_text, warn, write_downloads
 from app.state import AppContext, AppError
-from ssog_core.analysis.playground import DEFAULT_SPEC, MAX_ATOMS, Atom, HeadSpec, HeadView, evaluate, spec_from_head
-from ssog_core.analysis.presets import KINDS
+from app.tabs.session import Restoring, SessionPart
+from ssog_core.analysis.playground import (
+    DEFAULT_SPEC,
+    MAX_ATOMS,
+    SIGMA_RANGE,
+    Atom,
+    HeadSpec,
+    HeadView,
+    evaluate,
+    spec_from_head,
+)
+from ssog_core.analysis.presets import KINDS, RULES
 from ssog_core.viz import figures as viz
 from ssog_core.viz import files as figures
 from ssog_core.viz import raster
 
 CANVAS_SIZE = 440  # px of the canvas' longer side
+# slider ranges a user starts with; a head loaded from elsewhere widens them to hold its numbers (:func:`fit`).
+# σ starts at the narrowest a head may have: content steering narrows atoms below a model's σ floor.
+SIGMA_SLIDER = (SIGMA_RANGE[0], 16.0)
+WEIGHT_SLIDER = (0.01, 1.0)
+TAU_SLIDER = (0.5, 5.0)
+GRID_SLIDER = (5, 64)
 READOUT_HEADERS = ["atom", "looks at (y, x)", "μ = ★ − key", "σ (y, x)", "width σ√τ", "λ"]
 
 
@@ -164,13 +180,21 @@ def canvas_outputs(
     }
 
 
+def fit(value: float, lo: float, hi: float) -> dict[str, Any]:
+    """A slider update whose range holds ``value``: a restored or trained head may lie outside the range a user
+    starts with, and Gradio refuses a value outside its slider."""
+    v = round(float(value), 3)
+    return gr.update(minimum=min(lo, v), maximum=max(hi, v), value=v)
+
+
 def sliders(ui: PlaygroundUI, value: dict[str, Any]) -> Updates:
-    """Slider values of the selected atom (rounded for display) and whether atoms can be added / removed."""
+    """The selected atom's σ and weight in the sliders (rounded for display; the head keeps its exact numbers)
+    and whether atoms can be added / removed."""
     a = value["atoms"][value.get("sel", 0)]
     return {
-        ui.sy: gr.update(value=round(a["sy"], 3)),
-        ui.sx: gr.update(value=round(a["sx"], 3)),
-        ui.w: gr.update(value=round(a["w"], 3)),
+        ui.sy: fit(a["sy"], *SIGMA_SLIDER),
+        ui.sx: fit(a["sx"], *SIGMA_SLIDER),
+        ui.w: fit(a["w"], *WEIGHT_SLIDER),
         ui.add: gr.update(interactive=len(value["atoms"]) < MAX_ATOMS),
         ui.remove: gr.update(interactive=len(value["atoms"]) > 1),
     }
@@ -178,8 +202,8 @@ def sliders(ui: PlaygroundUI, value: dict[str, Any]) -> Updates:
 
 def head_controls(ui: PlaygroundUI, value: dict[str, Any]) -> Updates:
     return {
-        ui.tau: gr.update(value=round(value["tau"], 3)),
-        ui.grid: gr.update(value=value["grid"][0]),
+        ui.tau: fit(value["tau"], *TAU_SLIDER),
+        ui.grid: fit(value["grid"][0], *GRID_SLIDER),
         ui.mode: gr.update(value=value["mode"]),
     }
 
@@ -212,12 +236,13 @@ def on_pick(ui: PlaygroundUI, value: Any, evt: gr.EventData) -> Updates:
         return gr.skip()
 
 
-def on_atom_param(ui: PlaygroundUI, value: Any, sy: float, sx: float, w: float, bg: bool) -> Updates:
-    """σy, σx or the weight of the selected atom changed."""
+def on_atom_param(ui: PlaygroundUI, key: str, value: Any, number: float, bg: bool) -> Updates:
+    """σy, σx or the weight (``key``) of the selected atom changed: only that number is written, so a slider
+    that shows a rounded value never rewrites the atom's other numbers."""
     try:
         spec = _spec(value)
         sel = _selected(value, spec)
-        return canvas_outputs(ui, head_value(spec.with_atom(sel, sy=sy, sx=sx, w=w), sel), bg, new_value=True)
+        return canvas_outputs(ui, head_value(spec.with_atom(sel, **{key: number}), sel), bg, new_value=True)
     except Exception as e:
         return {ui.canvas: gr.update(err=error_text(e))}
 
@@ -280,8 +305,9 @@ def preset_choices(ctx: AppContext, ckpt: str | None) -> tuple[list[str], str]:
         return [], f"Presets unavailable: {e}"
     if not loaded.is_ssog:
         return [], f"{ckpt} is a {loaded.kind} attention model: it has no field, so it gives no presets."
-    missing = [k for k in KINDS if k not in {p.kind for p in loaded.presets}]
-    note = f"Presets are heads of **{ckpt}** (by the shape of their field)."
+    shown = {p.kind for p in loaded.presets}
+    missing = [k for k in KINDS if "elongated" not in k and k not in shown]
+    note = f"Presets are heads of **{ckpt}**, named by the measured shape of their fixed field ({RULES})."
     if missing:
         note += f" No head of this model is a {' or '.join(missing)}."
     return [p.label for p in loaded.presets], note
@@ -408,6 +434,37 @@ def on_make_figure(ctx: AppContext, ui: PlaygroundUI, value: Any, show: bool, sh
         return {ui.figure_files: None, ui.status: warn(error_text(e))}
 
 
+def restore(ctx: AppContext, ui: PlaygroundUI, section: dict[str, Any], restoring: Restoring) -> Updates:
+    """The session's head on the canvas with its selected atom in the sliders (each slider's range widened to
+    hold it), the underlay if the session's image is there, and no steered head left behind to redraw."""
+    value = head_value(HeadSpec.from_dict(section["head"]), section.get("selected_atom", 0))
+    sha = restoring.image_sha
+    try:
+        bg = underlay_url(ctx, sha, value) if (section.get("image_underlay") and sha) else ""
+    except AppError:
+        bg = ""
+    return {
+        **canvas_outputs(ui, value, bool(bg), {"bg": bg}, new_value=True),
+        ui.underlay: gr.update(value=bool(bg)),
+        **sliders(ui, value),
+        **head_controls(ui, value),
+        ui.steer_group: gr.update(visible=False),
+        ui.steer_src: None,
+    }
+
+
+def session_part(ctx: AppContext, ui: PlaygroundUI) -> SessionPart:
+    """The playground's section: the head (its selected atom apart) and the underlay switch."""
+
+    def save(v: dict[str, Any]) -> dict[str, Any]:
+        head = {k: x for k, x in v["head"].items() if k != "sel"}
+        return {"head": head, "selected_atom": int(v["head"].get("sel", 0)), "image_underlay": bool(v["underlay"])}
+
+    fields = {"head": ui.canvas, "underlay": ui.underlay}
+    outputs = [*ui.main_out, ui.underlay, *ui.atom_controls, *ui.head_controls, ui.steer_group, ui.steer_src]
+    return SessionPart("playground", fields, partial(restore, ctx, ui), outputs, save)
+
+
 def build(ctx: AppContext, shared: dict[str, Any]) -> PlaygroundUI:
     """The tab's components and events; returns them by name for the rest of the page."""
     v0 = initial_value()
@@ -437,20 +494,19 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> PlaygroundUI:
             preset_note = gr.Markdown(elem_id="pg-preset-note")
             with gr.Group():
                 gr.Markdown("**Selected atom** (click an atom on the canvas)")
-                sy = gr.Slider(0.25, 16, value=v0["atoms"][0]["sy"], step=0.05, label="σy (cells)", elem_id="pg-sy")
-                sx = gr.Slider(0.25, 16, value=v0["atoms"][0]["sx"], step=0.05, label="σx (cells)", elem_id="pg-sx")
-                w = gr.Slider(
-                    0.01, 1, value=v0["atoms"][0]["w"], step=0.01, label="weight (λ = w / Σw)", elem_id="pg-w"
-                )
+                a0 = v0["atoms"][0]
+                sy = gr.Slider(*SIGMA_SLIDER, value=a0["sy"], step=0.01, label="σy (cells)", elem_id="pg-sy")
+                sx = gr.Slider(*SIGMA_SLIDER, value=a0["sx"], step=0.01, label="σx (cells)", elem_id="pg-sx")
+                w = gr.Slider(*WEIGHT_SLIDER, value=a0["w"], step=0.01, label="weight (λ = w / Σw)", elem_id="pg-w")
                 with gr.Row():
                     add = gr.Button("Add atom", size="sm", elem_id="pg-add")
                     remove = gr.Button("Remove atom", size="sm", elem_id="pg-remove")
                     reset = gr.Button("Reset", size="sm", elem_id="pg-reset")
             with gr.Group():
                 gr.Markdown("**Head**")
-                tau = gr.Slider(0.5, 5, value=v0["tau"], step=0.05, label="temperature τ", elem_id="pg-tau")
+                tau = gr.Slider(*TAU_SLIDER, value=v0["tau"], step=0.05, label="temperature τ", elem_id="pg-tau")
                 grid = gr.Slider(
-                    5, 64, value=v0["grid"][0], step=1, label="grid size (cells per side)", elem_id="pg-grid"
+                    *GRID_SLIDER, value=v0["grid"][0], step=1, label="grid size (cells per side)", elem_id="pg-grid"
                 )
                 mode = gr.Radio(["factorized", "axial"], value=v0["mode"], label="field mode")
                 underlay = gr.Checkbox(False, label="draw over the selected image", elem_id="pg-underlay")
@@ -469,7 +525,9 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> PlaygroundUI:
             with gr.Accordion("Export this head as a figure (PNG + SVG)", open=False):
                 figure_button = gr.Button("Make figure", size="sm")
                 figure_files = gr.File(label="figure files", file_count="multiple", interactive=False)
-    kernels = gr.Plot(plots.kernel_plot(spec0, view0), show_label=False, label="1D kernels of the ★ query")
+    kernels = gr.Plot(
+        plots.kernel_plot(spec0, view0), show_label=False, label="1D kernels of the ★ query", elem_id="pg-kernels"
+    )
     table = gr.Dataframe(
         readout(spec0, view0),
         headers=READOUT_HEADERS,
@@ -498,8 +556,8 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> PlaygroundUI:
     )
     canvas.pick(picked, [canvas], ui.atom_controls, queue=False, **fast)
     canvas.addatom(added, [canvas, underlay], edit_out, **fast)
-    for s in (sy, sx, w):
-        s.input(partial(on_atom_param, ui), [canvas, sy, sx, w, underlay], ui.main_out, **fast)
+    for key, s in (("sy", sy), ("sx", sx), ("w", w)):
+        s.input(partial(on_atom_param, ui, key), [canvas, s, underlay], ui.main_out, **fast)
     for c in (tau, grid, mode):
         c.input(partial(on_head_param, ui), [canvas, tau, grid, mode, underlay], ui.main_out, **fast)
     add.click(added, [canvas, underlay], edit_out, **fast)

@@ -8,9 +8,11 @@ matrix) while dot attention's grows quadratically; the fitted exponent of each m
 from __future__ import annotations
 
 import json
-import statistics
+import math
+import platform
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -30,8 +32,13 @@ from ssog_core.analysis.session import NO_TWIN
 TRANSFER_KEY = "resolution_transfer"  # safetensors metadata key written by train at the end of a run
 GRID_FACTORS = (0.5, 1.0, 1.5, 2.0, 3.0)  # token grids measured, relative to the training grid's side
 MAX_TOKENS = 4096  # beyond this a CPU forward of a demo model takes seconds: the curve's shape is clear before
-REPEATS = 3  # timed forwards per size (the median is plotted); one untimed warm-up first
+WARMUP = 2  # untimed forwards of every model at a size before any is timed: allocations, caches, compilation
+REPEATS = 15  # timed forwards per model and size: the median is plotted, the quartiles as its spread
 _LAYOUT = dict(template="plotly_white", font=dict(size=12), hoverlabel=dict(font_size=12))
+GUIDES = ((1, "∝ N (slope 1, linear)", "dash", "#7f7f7f"), (2, "∝ N² (slope 2, quadratic)", "dot", "#bcbd22"))
+
+Clock = Callable[[], float]  # seconds, as time.perf_counter
+Forward = Callable[[LoadedModel, torch.Tensor], None]
 
 
 @dataclass(frozen=True)
@@ -52,18 +59,51 @@ class ScalingUI:
 
 @dataclass
 class Latency:
-    """Median forward time of one model at several token counts."""
+    """Every timed forward of one model at several token counts (ms), and their medians and quartiles."""
 
     name: str
     kind: str
-    tokens: list[int]
-    ms: list[float]
+    tokens: list[int] = field(default_factory=list)
+    samples: list[list[float]] = field(default_factory=list)  # per token count, every timed forward (ms)
+
+    def quantile(self, q: float) -> list[float]:
+        return [float(np.quantile(s, q)) for s in self.samples]
+
+    @property
+    def ms(self) -> list[float]:
+        """The median forward time at each token count."""
+        return self.quantile(0.5)
 
     def exponent(self) -> float:
-        """Slope of log time against log tokens: 1 = linear, 2 = quadratic (NaN with fewer than two sizes)."""
+        """Slope of log median time against log tokens: 1 = linear, 2 = quadratic (NaN with fewer than two)."""
         if len(self.tokens) < 2:
             return float("nan")
         return float(np.polyfit(np.log(self.tokens), np.log(self.ms), 1)[0])
+
+
+def cpu_model() -> str:
+    """The processor's name as the OS reports it (``/proc/cpuinfo`` on Linux)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def machine(device: str) -> str:
+    """What the timings ran on: the processor (or GPU) and torch's thread count."""
+    chip = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else cpu_model()
+    return f"{chip}, {torch.get_num_threads()} torch thread(s)"
+
+
+def forward(loaded: LoadedModel, x: torch.Tensor) -> None:
+    """One forward of ``loaded`` on ``x``, finished (a GPU is waited for) when it returns."""
+    with torch.inference_mode():
+        loaded.model(x)
+    if loaded.device.type == "cuda":
+        torch.cuda.synchronize(loaded.device)
 
 
 def sizes(loaded: LoadedModel) -> list[tuple[int, int]]:
@@ -77,48 +117,62 @@ def sizes(loaded: LoadedModel) -> list[tuple[int, int]]:
     return out
 
 
-def measure(loaded: LoadedModel, repeats: int = REPEATS) -> Latency:
-    """Time ``loaded``'s forward on random inputs of every size in :func:`sizes`, on the model's own device."""
-    device = loaded.device
-    tokens, ms = [], []
-    with torch.no_grad():
-        for h, w in sizes(loaded):
-            x = torch.rand(1, 3, h, w, device=device)
-            loaded.model(x)  # warm-up: allocations, kernel compilation on a GPU
-            times = []
-            for _ in range(repeats):
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                t = time.perf_counter()
-                loaded.model(x)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                times.append((time.perf_counter() - t) * 1e3)
-            tokens.append((h // loaded.config.patch_size) * (w // loaded.config.patch_size))
-            ms.append(statistics.median(times))
-    return Latency(loaded.name, loaded.kind, tokens, ms)
+def measure(
+    models: Sequence[LoadedModel],
+    repeats: int = REPEATS,
+    warmup: int = WARMUP,
+    clock: Clock = time.perf_counter,
+    run: Forward = forward,
+) -> list[Latency]:
+    """Time every model at every size of :func:`sizes` on random inputs. At each size all models are warmed up
+    first, then timed in turns, the order reversed every round (A B, B A, …): a drift in the machine's speed
+    (another job, a clock boost) then falls on every model alike, and one press compares like with like."""
+    curves = [Latency(m.name, m.kind) for m in models]
+    plans = [sizes(m) for m in models]
+    for k in range(max(map(len, plans), default=0)):
+        here = [(i, m, plans[i][k]) for i, m in enumerate(models) if k < len(plans[i])]
+        inputs = {i: torch.rand(1, 3, h, w, device=m.device) for i, m, (h, w) in here}
+        for _ in range(warmup):
+            for i, m, _ in here:
+                run(m, inputs[i])
+        times: dict[int, list[float]] = {i: [] for i, _, _ in here}
+        for r in range(repeats):
+            for i, m, _ in here if r % 2 == 0 else here[::-1]:
+                t = clock()
+                run(m, inputs[i])
+                times[i].append((clock() - t) * 1e3)
+        for i, m, (h, w) in here:
+            p = m.config.patch_size
+            curves[i].tokens.append((h // p) * (w // p))
+            curves[i].samples.append(times[i])
+    return curves
 
 
-def latency_plot(curves: list[Latency], device: str) -> go.Figure:
-    """Latency against tokens on log-log axes, with linear and quadratic guides through the first point."""
+def latency_plot(curves: list[Latency], where: str) -> go.Figure:
+    """Median latency against tokens on log-log axes with interquartile bars, and labelled linear and quadratic
+    guides through the first model's first point."""
     fig = go.Figure()
     for c in curves:
+        med, q1, q3 = np.array(c.ms), np.array(c.quantile(0.25)), np.array(c.quantile(0.75))
         fig.add_trace(
             go.Scatter(
                 x=c.tokens,
-                y=c.ms,
+                y=med,
+                error_y=dict(type="data", symmetric=False, array=q3 - med, arrayminus=med - q1, thickness=1.2),
+                customdata=np.stack([q1, q3], -1),
                 mode="lines+markers",
                 name=f"{c.name} ({c.kind}, slope {c.exponent():.2f})",
-                hovertemplate=f"{c.name}<br>%{{x}} tokens<br>%{{y:.2f}} ms<extra></extra>",
+                hovertemplate=f"{c.name}<br>%{{x}} tokens<br>median %{{y:.2f}} ms"
+                "<br>IQR %{customdata[0]:.2f} – %{customdata[1]:.2f} ms<extra></extra>",
             )
         )
     if curves and curves[0].tokens:
         n0, t0 = curves[0].tokens[0], curves[0].ms[0]
         n = np.array([min(c.tokens[0] for c in curves), max(c.tokens[-1] for c in curves)], dtype=float)
-        for power, name in ((1, "linear (slope 1)"), (2, "quadratic (slope 2)")):
+        for power, name, dash, colour in GUIDES:
             fig.add_trace(
                 go.Scatter(
-                    x=n, y=t0 * (n / n0) ** power, mode="lines", name=name, line=dict(dash="dot", color="gray"),
+                    x=n, y=t0 * (n / n0) ** power, mode="lines", name=name, line=dict(dash=dash, color=colour),
                     hoverinfo="skip",
                 )
             )  # fmt: skip
@@ -126,9 +180,12 @@ def latency_plot(curves: list[Latency], device: str) -> go.Figure:
     fig.update_yaxes(type="log", title="forward time per image (ms)")
     fig.update_layout(
         **_LAYOUT,
-        height=380,
-        margin=dict(l=60, r=10, t=50, b=45),
-        title=dict(text=f"Forward latency vs token count on {device} (median of {REPEATS})", font=dict(size=14)),
+        height=400,
+        margin=dict(l=60, r=10, t=70, b=45),
+        title=dict(
+            text=f"Forward latency vs tokens: median, bars = IQR of {REPEATS} interleaved runs<br><sup>{where}</sup>",
+            font=dict(size=13),
+        ),
         legend=dict(orientation="h", y=-0.25, font=dict(size=11)),
     )
     return fig
@@ -181,7 +238,8 @@ def transfer_plot(rows: list[dict[str, Any]], name: str, trained_tokens: int) ->
             hovertemplate="%{customdata} px, %{x} tokens<br>accuracy %{y:.2%}<extra></extra>",
         )
     )
-    fig.add_vline(x=trained_tokens, line=dict(dash="dash", color="gray"), annotation_text="trained at")
+    # shapes and annotations on a log axis take log10 of the position (x=196 would be drawn at 10^196)
+    fig.add_vline(x=math.log10(trained_tokens), line=dict(dash="dash", color="gray"), annotation_text="trained at")
     fig.update_xaxes(type="log", title="tokens at evaluation (zero-shot: no fine-tuning)")
     fig.update_yaxes(title="accuracy", tickformat=".0%", rangemode="tozero")
     fig.update_layout(
@@ -217,8 +275,11 @@ def render(ctx: AppContext, ui: ScalingUI, ckpt: str | None) -> Updates:
         return {ui.transfer_note: warn(error_text(e)), ui.transfer: hidden}
 
 
-def on_measure(ctx: AppContext, ui: ScalingUI, ckpt: str | None) -> Updates:
-    """Time the checkpoint and its twin now (several seconds on a CPU), and say how each one grows."""
+def on_measure(
+    ctx: AppContext, ui: ScalingUI, ckpt: str | None, timing: Callable[[list[LoadedModel]], list[Latency]] = measure
+) -> Updates:
+    """Time the checkpoint and its twin now (several seconds on a CPU, ``timing``), and say how each one grows,
+    with the spread of every number and only the sizes that were measured."""
     try:
         if not ckpt:
             raise AppError("pick a checkpoint first")
@@ -226,18 +287,23 @@ def on_measure(ctx: AppContext, ui: ScalingUI, ckpt: str | None) -> Updates:
         twin = default_twin(ctx, ckpt)
         if twin != NO_TWIN:
             names.append(twin)
-        curves = [measure(ctx.model(n)) for n in names]
-        lines = [
-            f"**{c.name}** ({c.kind}): {c.ms[0]:.1f} ms at {c.tokens[0]} tokens → {c.ms[-1]:.1f} ms at "
-            f"{c.tokens[-1]} tokens, slope **{c.exponent():.2f}** on log-log axes"
-            for c in curves
-        ]
+        curves = timing([ctx.model(n) for n in names])
+        where = f"{ctx.device}: {machine(ctx.device)}, batch 1"
+        lines = []
+        for c in curves:
+            q1, q3 = c.quantile(0.25)[-1], c.quantile(0.75)[-1]
+            lines.append(
+                f"**{c.name}** ({c.kind}): {c.ms[0]:.1f} ms at {c.tokens[0]} tokens → {c.ms[-1]:.1f} ms "
+                f"(IQR {q1:.1f}–{q3:.1f}) at {c.tokens[-1]} tokens, slope **{c.exponent():.2f}** on log-log axes"
+            )
+        largest = max(t for c in curves for t in c.tokens)
         claim = (
             "The SSOG post: SSOG's cost grows near-linearly with the token count (slope ≈ 1: its field is two 1D "
             "passes, no N×N matrix), dot attention's towards quadratically (slope → 2 once attention dominates the "
-            "MLPs). Measured now on this machine, batch 1:"
+            f"MLPs). Measured now on {where}, {len(curves[0].tokens)} sizes up to {largest} tokens; each point "
+            f"is the median of {len(curves[0].samples[0])} runs after {WARMUP} warm-ups, the models taking turns:"
         )
-        return {ui.latency_note: f"{claim}  \n" + "  \n".join(lines), ui.latency: latency_plot(curves, ctx.device)}
+        return {ui.latency_note: f"{claim}  \n" + "  \n".join(lines), ui.latency: latency_plot(curves, where)}
     except Exception as e:
         return {ui.latency_note: warn(error_text(e))}
 
@@ -246,8 +312,9 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> ScalingUI:
     with gr.Row(equal_height=False):
         with gr.Column():
             gr.Markdown(
-                f"Forward latency of the selected checkpoint and its twin at {len(GRID_FACTORS)} image sizes around "
-                f"the training grid (up to {MAX_TOKENS} tokens), timed on **{ctx.device}** when you press the "
+                f"Forward latency of the selected checkpoint and its twin at {len(GRID_FACTORS)} image sizes, "
+                f"{GRID_FACTORS[0]}× to {GRID_FACTORS[-1]}× the training grid's side (larger than {MAX_TOKENS} "
+                f"tokens are left out), timed on **{ctx.device}** ({machine(ctx.device)}) when you press the "
                 "button (it takes the cores for several seconds).",
                 elem_classes="hint",
             )

@@ -11,8 +11,9 @@ import numpy as np
 from gradio.blocks import Block
 from PIL import Image
 
-from app.common import Updates, error_text, shown_figure, warn, write_downloads
+from app.common import Updates, error_text, layer_update, model_depth, shown_figure, warn, write_downloads
 from app.state import AppContext, AppError, LoadedModel, StoredImage, resize_note
+from app.tabs.session import Restoring, SessionPart
 from ssog_core.analysis import report
 from ssog_core.analysis.measures import AttentionMaps, SteeringOffsets, attention_maps, steering_offsets
 from ssog_core.analysis.playground import HeadSpec, steered_spec
@@ -118,6 +119,7 @@ def render(
         loaded, stored = ctx.model(ckpt), ctx.image(sha)
         s = analyse(ctx, loaded, stored)
         depth = len(s.steered.attn)
+        asked = layer  # the slider's value: sent back only if it has to move into the range
         layer = min(int(layer or 0), depth - 1)
         q = tuple(query) if query else None
         if s.offsets is not None:
@@ -145,7 +147,7 @@ def render(
             ui.prediction: report.top_classes(s.logits, loaded.class_names),
             ui.steering: gr.update(value=steer, visible=steer is not None),
             ui.query_figure: query_image(loaded, stored, s, layer, q) if q else None,
-            ui.layer: gr.update(maximum=max(depth - 1, 1), value=layer),
+            ui.layer: layer_update(asked, depth, keep=True),
             ui.head: gr.update(
                 choices=list(range(heads)), value=min(int(head or 0), heads - 1), visible=loaded.is_ssog
             ),
@@ -215,6 +217,24 @@ def downloads(ctx: AppContext, ui: SteeringUI, ckpt: str | None, sha: str | None
         return {ui.files: write_downloads(files), ui.files_status: ""}
     except Exception as e:
         return {ui.files: None, ui.files_status: warn(error_text(e))}
+
+
+def session_part(ctx: AppContext, ui: SteeringUI) -> SessionPart:
+    """The steering tab's section: its layer (within the restored checkpoint's depth) and the picked query."""
+
+    def save(v: dict[str, Any]) -> dict[str, Any]:
+        return {"layer": v["layer"], "query": [int(c) for c in v["query"]] if v["query"] else None}
+
+    def restore(section: dict[str, Any], restoring: Restoring) -> Updates:
+        query = section.get("query")
+        return {
+            ui.layer: layer_update(section.get("layer"), model_depth(ctx, restoring.checkpoint)),
+            ui.query: list(query) if query else None,
+            ui.query_text: f"query patch {tuple(query)}" if query else "",
+        }
+
+    fields = {"layer": ui.layer, "query": ui.query}
+    return SessionPart("steering", fields, restore, [ui.layer, ui.query, ui.query_text], save)
 
 
 def build(ctx: AppContext, shared: dict[str, Any]) -> SteeringUI:

@@ -1,14 +1,19 @@
 """Named heads of a trained model: the playground's presets are geometries a model actually converged to.
 
-Each head's field over relative position (:attr:`LayerField.density`) is summarised by its spread along
-each axis (the standard deviation of key offsets under the density, in grid cells) and how far its mass
-sits from the query. Four shapes the SSOG post's figures show are then picked, each from a different head:
+Each head's fixed field over relative position (:attr:`LayerField.density`) is measured by its spread along each
+axis (the standard deviation of key offsets under the density, in grid cells) and where its mass sits. A head is
+named by what those numbers show, against thresholds relative to the grid's side (:data:`RULES`):
 
-* **tight local blob** — the smallest spread with its mass near the query (layer 0 is "a convolution in disguise");
-* **vertical strip** / **horizontal strip** — the largest ratio of the spreads along the two axes, if that ratio
-  is at least :data:`STRIP_RATIO` (a model whose heads are all round has no strip to offer);
-* **broad global field** — the largest area ``spread_y · spread_x``, if its mean spread is at least
-  :data:`BROAD_FACTOR` times the blob's.
+* **vertical / horizontal strip** — the long-axis spread ≥ :data:`STRIP_RATIO` × the short one and ≥
+  :data:`STRIP_LENGTH` of the grid side along it;
+* **vertically / horizontally elongated field** — the long-axis spread ≥ :data:`ELONGATED_RATIO` × the short one
+  (offered only where no head makes a strip of that direction);
+* **tight local blob** — the long-axis spread ≤ :data:`BLOB_SPREAD` of the grid side, less than
+  :data:`ELONGATED_RATIO` × the short one, and the mass centred within :data:`BLOB_CENTRE` cell of the query;
+* **broad field** — both spreads ≥ :data:`BROAD_SPREAD` of the grid side.
+
+Each kind is offered once, from a different head (the narrowest blob, the most elongated strip, the broadest
+field); a kind no head fits is left out rather than given to a head that does not look like it.
 """
 
 from __future__ import annotations
@@ -20,14 +25,25 @@ import torch
 
 from ssog_core.analysis.measures import LayerField
 
-KINDS = ("tight local blob", "vertical strip", "horizontal strip", "broad global field")
-STRIP_RATIO = 1.5  # spread along one axis over the other: below this a field reads as a blob, not a strip
-BROAD_FACTOR = 1.5  # geometric-mean spread relative to the tight blob's
+KINDS = ("tight local blob", "vertical strip", "horizontal strip", "vertically elongated field",
+         "horizontally elongated field", "broad field")  # fmt: skip
+STRIP_RATIO = 3.0
+STRIP_LENGTH = 0.25  # of the grid side along the strip
+ELONGATED_RATIO = 2.0
+BLOB_SPREAD = 0.125  # of the grid side
+BLOB_CENTRE = 1.0  # grid cells from the query
+BROAD_SPREAD = 0.2  # of the grid side, along each axis
+RULES = (
+    "spread = the standard deviation of the head's fixed field over key offsets, per axis; a strip: long-axis "
+    f"spread ≥ {STRIP_RATIO:g}× the short one and ≥ ¼ of the grid side; elongated: ≥ {ELONGATED_RATIO:g}×; a tight "
+    f"local blob: ≤ ⅛ of the grid side, under {ELONGATED_RATIO:g}×, centred within {BLOB_CENTRE:g} cell of ★; "
+    "broad: both spreads ≥ ⅕ of the grid side"
+)
 
 
 @dataclass(frozen=True)
 class HeadShape:
-    """Second-moment summary of one head's field (grid cells; offsets are key − query)."""
+    """Second-moment summary of one head's field (grid cells; offsets are key − query) on a ``grid``."""
 
     layer: int
     head: int
@@ -35,11 +51,37 @@ class HeadShape:
     spread_x: float
     centre_y: float
     centre_x: float
+    grid: tuple[int, int] = (1, 1)
 
     @property
     def distance(self) -> float:
         """How far the field's centre of mass sits from the query."""
         return math.hypot(self.centre_y, self.centre_x)
+
+    @property
+    def ratio(self) -> float:
+        """Long-axis spread over the short one (≥ 1)."""
+        return max(self.spread_y, self.spread_x) / max(min(self.spread_y, self.spread_x), 1e-6)
+
+    @property
+    def vertical(self) -> bool:
+        return self.spread_y >= self.spread_x
+
+    def kinds(self) -> list[str]:
+        """Every name of :data:`KINDS` this head's measured shape fits (see :data:`RULES`)."""
+        long_side = self.grid[0] if self.vertical else self.grid[1]
+        long = max(self.spread_y, self.spread_x)
+        way = "vertical" if self.vertical else "horizontal"
+        out = []
+        if self.ratio >= STRIP_RATIO and long >= STRIP_LENGTH * long_side:
+            out.append(f"{way} strip")
+        if self.ratio >= ELONGATED_RATIO:
+            out.append(f"{way}ly elongated field")
+        if long <= BLOB_SPREAD * max(self.grid) and self.ratio < ELONGATED_RATIO and self.distance <= BLOB_CENTRE:
+            out.append("tight local blob")
+        if self.spread_y >= BROAD_SPREAD * self.grid[0] and self.spread_x >= BROAD_SPREAD * self.grid[1]:
+            out.append("broad field")
+        return out
 
 
 @dataclass(frozen=True)
@@ -49,10 +91,11 @@ class Preset:
 
     @property
     def label(self) -> str:
+        """The name, the head and the measured spread the name was given for."""
         s = self.shape
         return (
-            f"{self.kind}: layer {s.layer} · head {s.head} "
-            f"(spread {s.spread_y:.1f} × {s.spread_x:.1f} cells, centre {s.distance:.1f} from ★)"
+            f"{self.kind}: layer {s.layer} · head {s.head} (spread {s.spread_y:.1f} × {s.spread_x:.1f} cells, "
+            f"y × x, {s.ratio:.1f}×)"
         )
 
 
@@ -70,30 +113,35 @@ def head_shapes(fields: list[LayerField]) -> list[HeadShape]:
         vy = (d * (oy - cy[:, None, None]).square()).sum((-2, -1)) / mass
         vx = (d * (ox - cx[:, None, None]).square()).sum((-2, -1)) / mass
         for h in range(d.shape[0]):
-            shapes.append(HeadShape(layer, h, float(vy[h].sqrt()), float(vx[h].sqrt()), float(cy[h]), float(cx[h])))
+            shapes.append(HeadShape(layer, h, float(vy[h].sqrt()), float(vx[h].sqrt()), float(cy[h]), float(cx[h]),
+                                    (ey + 1, ex + 1)))  # fmt: skip
     return shapes
 
 
+_BEST = {  # which head a kind is shown with, when several fit: the clearest example
+    "tight local blob": lambda s: -math.sqrt(s.spread_y * s.spread_x),
+    "vertical strip": lambda s: s.ratio,
+    "horizontal strip": lambda s: s.ratio,
+    "vertically elongated field": lambda s: s.ratio,
+    "horizontally elongated field": lambda s: s.ratio,
+    "broad field": lambda s: math.sqrt(s.spread_y * s.spread_x),
+}
+
+
 def find_presets(fields: list[LayerField]) -> list[Preset]:
-    """Up to four presets (in the order of :data:`KINDS`), each from a different head; a kind no head fits
-    (e.g. no strip in a model whose fields are all round) is left out rather than mislabelled."""
+    """At most one preset per kind (in the order of :data:`KINDS`), each from a different head, each a head whose
+    measured shape fits its name; an elongated field only where no head makes a strip of that direction."""
     shapes = head_shapes(fields)
-    if not shapes:
-        return []
-    blob = min(shapes, key=lambda s: math.hypot(s.spread_y, s.spread_x) + s.distance)
-    blob_size = math.sqrt(blob.spread_y * blob.spread_x)
-    kinds = {
-        "vertical strip": (lambda s: s.spread_y / max(s.spread_x, 1e-3), lambda v: v >= STRIP_RATIO),
-        "horizontal strip": (lambda s: s.spread_x / max(s.spread_y, 1e-3), lambda v: v >= STRIP_RATIO),
-        "broad global field": (lambda s: math.sqrt(s.spread_y * s.spread_x), lambda v: v >= BROAD_FACTOR * blob_size),
-    }
-    presets, used = [Preset("tight local blob", blob)], {(blob.layer, blob.head)}
-    for kind, (score, fits) in kinds.items():
-        free = [s for s in shapes if (s.layer, s.head) not in used]
-        if not free:
-            break
-        best = max(free, key=score)
-        if fits(score(best)):
+    fits = {kind: [s for s in shapes if kind in s.kinds()] for kind in KINDS}
+    presets: list[Preset] = []
+    used: set[tuple[int, int]] = set()
+    for kind in KINDS:
+        way = kind.split("ly ")[0] if "elongated" in kind else None
+        if way and any(p.kind == f"{way} strip" for p in presets):
+            continue
+        free = [s for s in fits[kind] if (s.layer, s.head) not in used]
+        if free:
+            best = max(free, key=_BEST[kind])
             used.add((best.layer, best.head))
             presets.append(Preset(kind, best))
     return presets

@@ -13,7 +13,9 @@ Format ``ssog-lab-session/1``::
      "compare": {"a": "…", "b": "…", "alpha": 0.5, "layer": 0}}
 
 Only ``format`` and ``playground.head`` are required: a missing section or entry takes its default, so files
-written by hand (or by an older app) still load. :func:`read` and :func:`loads` check everything and raise
+written by hand (or by an older app) still load. Any other top-level object is a section of a tab this module does
+not know (:attr:`Session.more`): it is kept as it is, so a tab added to the app records its settings in the same
+format, and checks them itself when it restores them. :func:`read` and :func:`loads` check everything and raise
 :class:`SessionError` with the reason; :func:`dumps` writes what :func:`loads` reads.
 """
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ from ssog_core.analysis.playground import HeadSpec
 FORMAT = "ssog-lab-session/1"
 MAX_BYTES = 1024**2  # a session is a few kB; anything this large is not one
 NO_TWIN = "(none)"  # how a session (and the app's twin picker) says "no second checkpoint"
+SECTIONS = ("playground", "geometry", "steering", "export", "compare")  # the sections this module reads
 
 
 class SessionError(ValueError):
@@ -57,6 +60,7 @@ class Session:
     compare_b: str | None = None
     compare_alpha: float = DEFAULT_ALPHA
     compare_layer: int = 0
+    more: dict[str, dict[str, Any]] = field(default_factory=dict)  # other tabs' sections, as they were written
 
     @property
     def twin(self) -> str | None:
@@ -85,6 +89,7 @@ class Session:
                 "alpha": self.compare_alpha,
                 "layer": self.compare_layer,
             },
+            **self.more,
         }
 
     @classmethod
@@ -103,6 +108,8 @@ class Session:
         image = image or {}
         geo, st, ex, cmp = (_section(data, k) for k in ("geometry", "steering", "export", "compare"))
         selected = _int(pg, "selected_atom", "playground")
+        known = {"format", "checkpoint", "image", *SECTIONS}
+        more = {k: _section(data, k) for k in data if k not in known}
         return cls(
             head=head,
             checkpoint=_name(data, "checkpoint", ""),
@@ -120,6 +127,7 @@ class Session:
             compare_b=_name(cmp, "b", "compare"),
             compare_alpha=_alpha(cmp, "compare"),
             compare_layer=_int(cmp, "layer", "compare"),
+            more=more,
         )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import re
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,7 +30,13 @@ class ImageError(ValueError):
     """An input that is not a usable image, with a message meant for a person."""
 
 
-def _open(source: str | Path | bytes) -> tuple[Image.Image, str]:
+def _too_large(name: str, pixels: int, limit: int, size: tuple[int, int] | None = None) -> ImageError:
+    """The one message for an image over the pixel limit, whether Pillow or this module noticed it first."""
+    dims = f"{size[0]}×{size[1]} = " if size else ""
+    return ImageError(f"{name} is {dims}{pixels / 1e6:.0f} MP, over the {limit / 1e6:.0f} MP limit")
+
+
+def _open(source: str | Path | bytes, max_pixels: int) -> tuple[Image.Image, str]:
     if isinstance(source, bytes):
         data, name = source, "image"
     else:
@@ -46,11 +53,16 @@ def _open(source: str | Path | bytes) -> tuple[Image.Image, str]:
         raise ImageError(f"{name} is {len(data) / 1e6:.0f} MB, over the {MAX_BYTES // 1024**2} MB limit")
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            # opening reads the header only; the caller's pixel limit, lower than Pillow's warning threshold,
+            # refuses the image by its size before anything is decoded
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(data))
     except UnidentifiedImageError:
         raise ImageError(f"{name} is not an image Pillow can read (wrong file type or corrupt)") from None
-    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
+    except Image.DecompressionBombError as e:  # over twice Pillow's threshold: refused with the size only
+        pixels = re.search(r"\((\d+) pixels\)", str(e))
+        if pixels:
+            raise _too_large(name, int(pixels.group(1)), max_pixels) from None
         raise ImageError(f"{name} is too large to decode safely ({e})") from None
     except (OSError, SyntaxError, ValueError) as e:
         raise ImageError(f"{name} could not be decoded (truncated or corrupt?): {e}") from None
@@ -82,12 +94,12 @@ def load_image(source: str | Path | bytes | Image.Image | np.ndarray, max_pixels
     if isinstance(source, Image.Image):
         img, name = source, "image"
     else:
-        img, name = _open(source)
+        img, name = _open(source, max_pixels)
     w, h = img.size
     if w < 1 or h < 1:
         raise ImageError(f"{name} has no pixels ({w}×{h})")
     if w * h > max_pixels:
-        raise ImageError(f"{name} is {w}×{h} = {w * h / 1e6:.0f} MP, over the {max_pixels / 1e6:.0f} MP limit")
+        raise _too_large(name, w * h, max_pixels, (w, h))
     try:
         if getattr(img, "is_animated", False):
             img.seek(0)

@@ -35,7 +35,7 @@ class ViTConfig:
     steer: tuple[str, ...] = TAPS  # enabled content taps; () is the purely fixed field
     max_offset: float = 4.0  # bound on how far content may move an atom, in grid cells
     sigma_floor: float = 0.25  # narrowest atom, in grid cells
-    cold_init: bool = True  # gates start at softplus(-8) ≈ 3e-4 (frozen geometry); False: softplus(-2)
+    cold_init: bool = True  # gates start at softplus(-8) + 1e-4 = 4.35e-4 (frozen geometry); False: softplus(-2)
     # dot / rbf only
     num_registers: int = 0  # learned prefix tokens, stripped after the last block (zero-init for rbf)
     susie: bool = False  # add the 2D SuSiE position code to q and k (RoPE would break RBF's distances)

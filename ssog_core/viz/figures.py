@@ -342,7 +342,8 @@ def steering_figure(
     summary = steering_summary(offsets, layer, fixed_lam)
     shift = offsets.shift[layer][0].numpy()  # (Gh, Gw, H, 2), key-space direction (dy, dx)
     heads, gh, gw = summary["mu"].shape
-    fig = new_figure(2.6 * heads + 1.2, 3 * 2.4 * gh / gw + 1.3)
+    fig = new_figure(2.6 * heads + 1.2, 3 * 2.4 * gh / gw + 1.5)
+    fig.get_layout_engine().set(rect=(0, 0.04, 1, 0.96))  # a bottom margin for the arrow key
     axes = fig.subplots(3, heads, squeeze=False)
     faded = backdrop(image, 260, 0.55)
     yy, xx = np.mgrid[0:gh, 0:gw]
@@ -364,9 +365,9 @@ def steering_figure(
             if key == "mu":
                 q = ax.quiver(xx, yy, shift[..., h, 1], shift[..., h, 0], color="white", angles="xy",
                               scale_units="xy", scale=scale, width=0.007, headwidth=4, alpha=0.95)  # fmt: skip
-                if h == heads - 1:
-                    ax.quiverkey(q, 0.55, -0.07, ref, f"= {ref:g} cells", labelpos="E", coordinates="axes",
-                                 color="black", fontproperties={"size": 7})  # fmt: skip
+                if h == 0:  # in the figure's bottom margin: below a panel it covered the next row's title
+                    ax.quiverkey(q, 0.02, 0.012, ref, f"arrow key: = {ref:g} cells", labelpos="E",
+                                 coordinates="figure", color="black", fontproperties={"size": 7})  # fmt: skip
             if h == 0:
                 ax.set_ylabel({"mu": "μδ: looks elsewhere", "sigma": "σδ: widen / tighten",
                                "lambda": "λ: re-weighting"}[key], fontsize=8)  # fmt: skip
@@ -380,7 +381,8 @@ def steering_figure(
         fig,
         title,
         f"layer {layer}: what content changes at each query patch, per head (λ-weighted over atoms). "
-        f"Arrows: where the head's gaze moves, scaled so the longest spans 0.9 cell (key below). {bound_text}.",
+        f"Arrows: where the head's gaze moves, scaled so the longest spans 0.9 cell (key at the bottom left). "
+        f"{bound_text}.",
     )
     return fig
 
@@ -394,29 +396,31 @@ def query_field_figure(
     title: str = "",
 ) -> Figure:
     """One query's attention per head (``(H, Gh, Gw)`` each) over the image: the fixed field above the
-    steered one, or only the content attention for models without a field (``fixed=None``)."""
+    steered one, or only the content attention for models without a field (``fixed=None``); every panel is
+    coloured from 0 to its own peak, which its title gives."""
     heads, gh, gw = steered.shape
     rows = [("attention", steered)] if fixed is None else [("fixed field", fixed), ("steered by content", steered)]
     fig = new_figure(2.6 * heads + 0.6, 2.5 * len(rows) * gh / gw + 0.9)
     axes = fig.subplots(len(rows), heads, squeeze=False)
     faded = backdrop(image, 260, 0.45)
     extent = (-0.5, gw - 0.5, gh - 0.5, -0.5)
-    vmax = max(float(m.max()) for _, m in rows)  # one colour scale: fixed and steered, every head
     for r, (name, maps) in enumerate(rows):
         for h in range(heads):
             ax = axes[r, h]
             ax.imshow(faded, extent=extent, interpolation="nearest")
-            ax.imshow(density_rgba(maps[h], vmax=vmax), extent=extent, interpolation="nearest")
+            # each panel on its own scale: on a shared one a fixed field's peak of 0.02 vanished beside 0.8
+            ax.imshow(density_rgba(maps[h]), extent=extent, interpolation="nearest")
             _star(ax, query[0], query[1], size=120, color="cyan")
             ax.set_xlim(-0.5, gw - 0.5)
             ax.set_ylim(gh - 0.5, -0.5)
             _no_ticks(ax)
             ax.set_title(f"head {h} · {name}\npeak {maps[h].max():.2f}", fontsize=8)
-    _scale_bar(fig, list(axes.ravel()), OVERLAY_CMAP, 0.0, vmax, "attention weight")
+    _scale_bar(fig, list(axes.ravel()), OVERLAY_CMAP, 0.0, 1.0, "weight / the panel's peak")
     suptitle(
         fig,
         title,
-        f"layer {layer}: attention of query patch ★ {query} (row of the exact matrix; brighter = more weight)",
+        f"layer {layer}: attention of query patch ★ {query} (row of the exact matrix); each panel on its own "
+        "scale, 0 … its peak (in its title)",
     )
     return fig
 
@@ -515,7 +519,7 @@ def compare_figure(
     image: Image.Image, a: tuple[str, ExportMaps], b: tuple[str, ExportMaps], layer: int, title: str = ""
 ) -> Figure:
     """Two models on one image: net export of ``layer`` and accumulated, side by side (one colour scale per
-    row), with A − B when both see the same patch grid; on different grids each map keeps its own grid."""
+    model and map), with A − B when both see the same patch grid; on different grids each map keeps its own."""
     (la, ma), (lb, mb) = a, b
     same = ma.grid == mb.grid
     cols = 3 if same else 2
@@ -531,8 +535,8 @@ def compare_figure(
         ("accumulated net export", ma.accumulated[0].numpy(), mb.accumulated[0].numpy()),
     ]
     for r, (name, xa, xb) in enumerate(rows):
-        lim = symmetric_limit(xa, xb)
-        panels = [(xa, f"{la} ({ma.grid[0]}×{ma.grid[1]})", lim), (xb, f"{lb} ({mb.grid[0]}×{mb.grid[1]})", lim)]
+        panels = [(xa, f"{la} ({ma.grid[0]}×{ma.grid[1]})", symmetric_limit(xa)),
+                  (xb, f"{lb} ({mb.grid[0]}×{mb.grid[1]})", symmetric_limit(xb))]  # fmt: skip
         if same:
             diff = xa - xb
             panels.append((diff, f"A − B ({la} − {lb})", symmetric_limit(diff)))
@@ -541,7 +545,8 @@ def compare_figure(
             im = _show_map(ax, img, arr, NET_CMAP, -lim_c, lim_c)
             ax.set_title(f"{name}\n{lab}", fontsize=8)
             _colorbar(fig, im, ax, "difference" if c == 2 else "net export")
-    legend = "Two checkpoints on the same image (one colour scale for A and B per row)"
+    # a shared scale let one model's extreme patch (a dot model's attention sink) grey out the other's map
+    legend = "Two checkpoints on the same image, each map on its own colour scale (its bar beside it)"
     if not same:
         legend += "; no A − B map: the two see different patch grids, and a difference needs equal grids"
     suptitle(fig, title, legend, 10)
