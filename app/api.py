@@ -4,8 +4,8 @@
     client = Client("http://127.0.0.1:7860/")
     client.predict("ssog_layouts.safetensors", "layouts_val0008_plus.png", 0.5, api_name="/export_summary")
 
-Endpoints: ``/checkpoints``, ``/head_field``, ``/geometry_summary``, ``/export_summary``, ``/upload_image``,
-``/upload_checkpoint`` (docs/APP.md lists what each returns).
+Endpoints: ``/checkpoints``, ``/head_field``, ``/geometry_summary``, ``/export_summary``, ``/history``,
+``/upload_image``, ``/upload_checkpoint`` (docs/APP.md lists what each returns).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from gradio.utils import get_upload_folder
 
 from app.common import EXPECTED_ERRORS, error_text
 from app.state import AppContext, AppError
-from app.tabs import export, playground
+from app.tabs import export, playground, training
 from ssog_core.analysis import report
 
 
@@ -97,7 +97,14 @@ def register_api(ctx: AppContext) -> None:
             files = [files]
         return ctx.add_upload([uploaded_path(f) for f in files])
 
-    for fn in (checkpoints, head_field, geometry_summary, export_summary, upload_image, upload_checkpoint):
+    @api
+    def history(checkpoint: str) -> dict:
+        """The training history stored in a checkpoint: snapshot ``steps``, ``gates`` (per tap: per step, per layer),
+        ``val_acc`` ([step, accuracy] at every evaluation), ``fields`` (per key mu / sigma / lambda / tau: per step,
+        layer, head, atom), ``train`` ([step, loss, accuracy] between snapshots) and ``stages`` (first step of each)."""
+        return training.history_of(ctx, checkpoint).to_json()
+
+    for fn in (checkpoints, head_field, geometry_summary, export_summary, history, upload_image, upload_checkpoint):
         gr.api(fn, api_name=fn.__name__)
 
 

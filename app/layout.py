@@ -19,7 +19,7 @@ from PIL import Image
 from app.api import register_api
 from app.common import Updates, error_text, warn, write_downloads
 from app.state import AppContext, AppError, StoredImage, default_image
-from app.tabs import compare, export, geometry, playground, scaling, session, steering
+from app.tabs import compare, export, geometry, playground, scaling, session, steering, training
 from ssog_core.analysis.session import NO_TWIN, dumps
 from ssog_core.viz import figures as viz
 
@@ -68,6 +68,7 @@ class Page:
     export: export.ExportUI
     compare: compare.CompareUI
     scaling: scaling.ScalingUI
+    training: training.TrainingUI
     session: session.SessionUI
 
     def session_parts(self, ctx: AppContext) -> list[session.SessionPart]:
@@ -78,6 +79,7 @@ class Page:
             steering.session_part(ctx, self.steering),
             export.session_part(ctx, self.export),
             compare.session_part(ctx, self.compare),
+            training.session_part(ctx, self.training),
         ]
 
 
@@ -372,12 +374,14 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
                 cmp = compare.build(ctx, shared)
             with gr.Tab("Scaling", id="scaling", elem_id="tab-scaling") as t_sc:
                 sc = scaling.build(ctx, shared)
+            with gr.Tab("Training", id="training", elem_id="tab-training") as t_tr:
+                tr = training.build(ctx, shared)
             with gr.Tab("Session", id="session", elem_id="tab-session") as t_ses:
                 ses = session.build()
         page = Page(
             checkpoint=ckpt, checkpoint_upload=ckpt_up, image_pick=img_pick, image_upload=img_up, thumb=thumb,
             status=status, image_sha=image_sha, active=active, tabs=tabs, playground=pg, geometry=geo, steering=st,
-            export=ex, compare=cmp, scaling=sc, session=ses,
+            export=ex, compare=cmp, scaling=sc, training=tr, session=ses,
         )  # fmt: skip
         hidden = dict(api_visibility="private")
 
@@ -398,6 +402,7 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
             "export": (t_ex, partial(export.render, ctx, ex), ex.inputs, ex.outputs, [ex.alpha, ex.layer]),
             "compare": (t_cmp, partial(compare.render, ctx, cmp), cmp.inputs, cmp.outputs, [cmp.alpha, cmp.layer]),
             "scaling": (t_sc, partial(scaling.render, ctx, sc), [ckpt], sc.outputs, []),
+            "training": (t_tr, partial(training.render, ctx, tr), [ckpt, *tr.inputs], tr.outputs, []),
         }  # fmt: skip
         for tab_id, (tab, render, inputs, outputs, controls) in views.items():
             last = gr.State(None)

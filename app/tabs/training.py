@@ -19,7 +19,8 @@ from PIL import Image, ImageDraw
 from plotly.subplots import make_subplots
 
 from app.common import Updates, error_text, warn
-from app.state import AppContext, LoadedModel
+from app.state import AppContext, AppError, LoadedModel
+from app.tabs.session import Restoring, SessionPart
 from ssog_core.analysis import report
 from ssog_core.analysis.trajectory import GeometryTrajectory, geometry_trajectory, snapshot_densities
 from ssog_core.checkpoint.format import read_history
@@ -56,6 +57,12 @@ class TrainingUI:
     step_text: gr.Markdown
     grid: gr.Image
     status: gr.Markdown
+    pending: gr.State  # the training step a restored session asks for, until the tab renders it
+    checkpoint: gr.Dropdown  # the page's checkpoint picker (a saved step is read against its history)
+
+    @property
+    def inputs(self) -> list[Block]:
+        return [self.pending]
 
     @property
     def outputs(self) -> list[Block]:
@@ -200,8 +207,24 @@ def step_label(history: History, index: int) -> str:
     return f"Snapshot {index + 1} of {len(history.steps)}: **step {step}**{acc}."
 
 
-def render(ctx: AppContext, ui: TrainingUI, ckpt: str | None) -> Updates:
-    """The tab for a checkpoint: plots, and the step slider's range set before its value (the last snapshot)."""
+def history_of(ctx: AppContext, ckpt: str) -> History:
+    """The training history of a checkpoint, or a readable error when it has none."""
+    view = training_view(ctx, ctx.model(ckpt))
+    if view is None:
+        raise AppError(f"{ckpt} has no training history (trained before histories were recorded, or converted)")
+    return view.history
+
+
+def snapshot_index(history: History, step: Any) -> int:
+    """The snapshot at or before training step ``step`` (the last one when ``step`` is None)."""
+    if step is None:
+        return len(history.steps) - 1
+    return max(0, sum(1 for s in history.steps if s <= int(step)) - 1)
+
+
+def render(ctx: AppContext, ui: TrainingUI, ckpt: str | None, pending: Any = None) -> Updates:
+    """The tab for a checkpoint: plots, and the step slider's range with its value (the last snapshot, or the step a
+    restored session asked for) in one update."""
     empty = {ui.gates: gr.update(visible=False), ui.accuracy: gr.update(visible=False),
              ui.geometry: gr.update(visible=False), ui.grid: gr.update(visible=False),
              ui.step: gr.update(visible=False), ui.step_text: ""}  # fmt: skip
@@ -225,11 +248,11 @@ def render(ctx: AppContext, ui: TrainingUI, ckpt: str | None) -> Updates:
         if h.gates:
             out[ui.gates] = gr.update(value=gates_plot(h, report.initial_gate_scale(loaded.config)), visible=True)
         if view.geometry is not None:
-            last = len(h.steps) - 1
+            shown_at = snapshot_index(h, pending)
             out[ui.geometry] = gr.update(value=geometry_plot(view.geometry), visible=True)
-            out[ui.step] = gr.update(minimum=0, maximum=last, value=last, visible=True)
-            out[ui.grid] = gr.update(value=field_grid(view.densities[last]), visible=True)
-            out[ui.step_text] = step_label(h, last)
+            out[ui.step] = gr.update(minimum=0, maximum=max(len(h.steps) - 1, 1), value=shown_at, visible=True)
+            out[ui.grid] = gr.update(value=field_grid(view.densities[shown_at]), visible=True)
+            out[ui.step_text] = step_label(h, shown_at)
         return out
     except Exception as e:
         return {**empty, ui.note: warn(error_text(e))}
@@ -261,6 +284,27 @@ def on_tick(ctx: AppContext, ckpt: str | None, index: float) -> Any:
     return 0 if round(index or 0) >= last else round(index or 0) + 1
 
 
+def session_part(ctx: AppContext, ui: TrainingUI) -> SessionPart:
+    """The Training tab's section: the training step shown (a step, not a slider position, so it means the same
+    whatever the history's snapshots); the tab shows it when it renders, within the restored checkpoint's run."""
+
+    def save(values: dict[str, Any]) -> dict[str, Any]:
+        ckpt, index = values.get("checkpoint"), values.get("snapshot")
+        try:
+            history = history_of(ctx, ckpt) if ckpt else None
+        except AppError:
+            history = None
+        if history is None or index is None:
+            return {}
+        return {"step": history.steps[int(min(max(round(index), 0), len(history.steps) - 1))]}
+
+    def restore(section: dict[str, Any], restoring: Restoring) -> Updates:
+        step = section.get("step")
+        return {ui.pending: int(step) if isinstance(step, int | float) else None}
+
+    return SessionPart("training", {"snapshot": ui.step, "checkpoint": ui.checkpoint}, restore, [ui.pending], save)
+
+
 def build(ctx: AppContext, shared: dict[str, Any]) -> TrainingUI:
     note = gr.Markdown(elem_id="train-note")
     gates = gr.Plot(label="Gate scales", elem_id="train-gates")
@@ -276,7 +320,8 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> TrainingUI:
     status = gr.Markdown(elem_id="train-status")
     timer = gr.Timer(PLAY_SECONDS, active=False)
     playing = gr.State(False)
-    ui = TrainingUI(note, gates, accuracy, geometry, step, play, timer, step_text, grid, status)
+    ui = TrainingUI(note, gates, accuracy, geometry, step, play, timer, step_text, grid, status, gr.State(None),
+                    shared["checkpoint"])  # fmt: skip
     hidden = dict(api_visibility="private")
     step.change(partial(on_step, ctx, ui), [shared["checkpoint"], step], [grid, step_text, status],
                 show_progress="hidden", trigger_mode="always_last", **hidden)  # fmt: skip
