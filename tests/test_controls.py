@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
+from ssog_core import save_checkpoint
 from ssog_core.analysis import compute_export_maps
 from ssog_core.controls import (
     blank_images,
@@ -15,6 +20,7 @@ from ssog_core.controls import (
     validation_maps,
 )
 from ssog_core.data import DataError, open_data
+from ssog_core.export_maps import main as export_main
 from tests.test_analysis import steered_model
 
 META = {"data": "shapes:classes=3,train=4,val=7"}  # seven validation images: all of them are used
@@ -95,3 +101,31 @@ def test_validation_needs_recorded_data():
         validation_batch({"data": "shapes (test fixture)"}, SIZE, 4)
     x, labels, _ = validation_batch({"data": "shapes:classes=3,val=40", "normalization": None}, SIZE, 9)
     assert x.shape == (9, 3, *SIZE) and len(set(labels.tolist())) == 3  # a fixed random subset: every class
+
+
+def test_export_maps_cli_writes_control_difference_and_class_means(tmp_path, model, capsys):
+    meta = {**META, "class_names": list("abc")}
+    ckpt = save_checkpoint(tmp_path / "m.safetensors", copy.deepcopy(model).float(), meta)
+    photo = tmp_path / "a.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (30, 40, 3), dtype=np.uint8)).save(photo)
+    args = ["--checkpoint", str(ckpt), "--image", str(photo)]
+    assert export_main([*args, "--out", str(tmp_path / "none.npz")]) == 0
+    none = dict(np.load(tmp_path / "none.npz"))
+    assert not any("control" in k or "difference" in k or "class" in k for k in none)
+    for control in ("blank", "validation"):
+        out = tmp_path / f"{control}.npz"
+        assert export_main([*args, "--control", control, "--control-images", "5", "--out", str(out)]) == 0
+        z = np.load(out)
+        assert str(z["control"]) == control and z["accumulated_control"].shape == (7, 5)
+        np.testing.assert_array_equal(z["accumulated"], none["accumulated"])  # the raw map stays the raw map
+        np.testing.assert_array_equal(z["accumulated_difference"], z["accumulated"] - z["accumulated_control"])
+        np.testing.assert_array_equal(z["rollout_difference"], z["rollout"] - z["rollout_control"])
+    assert "control validation" in capsys.readouterr().out
+    out = tmp_path / "classes.npz"
+    assert export_main(["--checkpoint", str(ckpt), "--per-class", "--control", "validation", "--out", str(out)]) == 0
+    z = np.load(out)
+    assert z["class_accumulated"].shape == z["class_accumulated_difference"].shape == (3, 7, 5)
+    assert z["class_counts"].tolist() == [3, 2, 2] and list(z["class_names"]) == open_data(META["data"]).class_names
+    assert "accumulated" not in z and int(z["control_images"]) == 7
+    assert export_main(["--checkpoint", str(ckpt), "--out", str(out)]) == 2
+    assert "give --image, --per-class, or both" in capsys.readouterr().err
