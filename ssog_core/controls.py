@@ -64,6 +64,15 @@ class ValidationMaps:
         return ControlMaps("validation", mean[0], mean[1], len(self.labels))
 
 
+def describe(control: str, images: int = 0) -> str:
+    """The control in words, for figure legends and summaries."""
+    return {
+        "none": "none (raw maps)",
+        "blank": "a blank image of the image's mean colour",
+        "validation": f"the mean over {images} validation images of the checkpoint's data",
+    }[check_control(control)]
+
+
 def check_control(control: str) -> str:
     if control not in CONTROLS:
         raise ValueError(f"control {control!r}: use one of {', '.join(CONTROLS)}")
