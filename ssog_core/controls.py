@@ -27,7 +27,7 @@ from ssog_core.data import DataError, Transformed, fixed_subset, open_data
 from ssog_core.images import to_tensor
 
 CONTROLS = ("none", "blank", "validation")
-DEFAULT_CONTROL_IMAGES = 64  # validation images in the mean: the mean map moves little past a few dozen
+DEFAULT_CONTROL_IMAGES = 64  # validation images in the mean (the app makes it once per checkpoint and α)
 BATCH = 16
 
 
