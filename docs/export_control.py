@@ -130,7 +130,7 @@ def run(path: str, n: int, control_images: int) -> dict:
 
 
 def pct(x: float) -> str:
-    return f"{100 * x:.0f}%"
+    return f"{100 * x:.1f}%"
 
 
 def section(results: dict[str, dict], n: int) -> str:
