@@ -486,7 +486,7 @@ def test_rbf_checkpoint_with_registers(ctx, sha, page, tmp_path):
     note, card, fig, _, _, stats, _, _ = values(geometry.render(ctx, geo, name, 0, sha), geo.outputs)
     assert "**RBF (distance)** attention model" in note and "no field" in note and fig["value"] is not None
     assert "register tokens take" in note and {t.name for t in stats["value"].data} >= {"layer 0 (rbf)", "head 3"}
-    text, fig, _, _ = values(export.render(ctx, page.export, name, NO_TWIN, sha, 0.5, 0), page.export.outputs)
+    text, fig, _, _, _ = values(export.render(ctx, page.export, name, NO_TWIN, sha, 0.5, 0), page.export.outputs)
     assert "register tokens took" in text and fig is not None
 
 
