@@ -3,6 +3,7 @@
     from gradio_client import Client
     client = Client("http://127.0.0.1:7860/")
     client.predict("ssog_layouts.safetensors", "layouts_val0008_plus.png", 0.5, api_name="/export_summary")
+    client.predict("ssog_layouts.safetensors", "layouts_val0008_plus.png", 0.5, "blank", api_name="/export_summary")
 
 Endpoints: ``/checkpoints``, ``/head_field``, ``/geometry_summary``, ``/export_summary``, ``/history``,
 ``/upload_image``, ``/upload_checkpoint`` (docs/APP.md lists what each returns).
@@ -23,6 +24,7 @@ from app.common import EXPECTED_ERRORS, error_text
 from app.state import AppContext, AppError
 from app.tabs import export, playground, training
 from ssog_core.analysis import report
+from ssog_core.analysis.controls import check_control
 
 
 def register_api(ctx: AppContext) -> None:
@@ -73,15 +75,26 @@ def register_api(ctx: AppContext) -> None:
         }
 
     @api
-    def export_summary(checkpoint: str, image: str, alpha: float = 0.5) -> dict:
-        """Export-map summary of a checkpoint on a bundled image (by name) or a seen one (by SHA-256)."""
-        maps = export.maps_for(ctx, ctx.model(checkpoint), ctx.find_image(image), float(alpha))
-        return {
+    def export_summary(checkpoint: str, image: str, alpha: float = 0.5, control: str = "none") -> dict:
+        """Export-map summary of a checkpoint on a bundled image (by name) or a seen one (by SHA-256).
+        ``accumulated`` is always the raw map; a ``control`` (``blank``: a blank image of the image's mean colour,
+        ``validation``: the mean over validation images of the checkpoint's data) adds ``accumulated_control`` and
+        ``accumulated_difference`` (raw − control)."""
+        loaded, stored = ctx.model(checkpoint), ctx.find_image(image)
+        maps = export.maps_for(ctx, loaded, stored, float(alpha))
+        out = {
             **maps.summary(),
             "alpha": maps.alpha,
             "grid": list(maps.grid),
             "accumulated": maps.accumulated[0].tolist(),
+            "control": check_control(control),
         }
+        c = export.control_for(ctx, loaded, stored, maps, control)
+        if c is not None:
+            out["control_images"] = c.images
+            out["accumulated_control"] = c.accumulated[0].tolist()
+            out["accumulated_difference"] = (maps.accumulated[0] - c.accumulated[0]).tolist()
+        return out
 
     @api
     def upload_image(image: FileData) -> dict:

@@ -38,6 +38,7 @@ CARD_CACHE = 8  # model cards (counting FLOPs runs the model once)
 FIGURE_CACHE = 8  # geometry figures as PNG bytes with their panel boxes
 STEERING_CACHE = 3  # full attention matrices are the largest thing the app keeps: only a few
 MAPS_CACHE = 8  # export maps, shared by the export and compare tabs and the API
+VALIDATION_CACHE = 4  # validation images' maps for the control and the per-class view: the costliest to make
 
 
 class AppError(ValueError):
@@ -109,7 +110,8 @@ class Caches:
     cards: LRU[dict[str, Any]] = field(default_factory=lambda: LRU(CARD_CACHE))  # model key
     figures: LRU[Any] = field(default_factory=lambda: LRU(FIGURE_CACHE))  # (figure kind, model key)
     steering: LRU[Any] = field(default_factory=lambda: LRU(STEERING_CACHE))  # (model key, sha256)
-    export_maps: LRU[Any] = field(default_factory=lambda: LRU(MAPS_CACHE))  # (model key, sha256, α)
+    export_maps: LRU[Any] = field(default_factory=lambda: LRU(MAPS_CACHE))  # (model key, sha256, α[, control])
+    validation: LRU[Any] = field(default_factory=lambda: LRU(VALIDATION_CACHE))  # (model key, N, α, blank)
 
 
 @dataclass

@@ -32,6 +32,7 @@ from ssog_core.train.accuracy import evaluate_sizes, plot_transfer
 ROOT = Path(__file__).resolve().parent.parent
 
 SMALL_DATA = ("<!-- small-data:begin -->", "<!-- small-data:end -->")  # the section docs/small_data.py writes
+EXPORT_CONTROL = ("<!-- export-control:begin -->", "<!-- export-control:end -->")  # docs/export_control.py's
 COLD = float(positive(torch.tensor(COLD_GATE)))  # softplus(-8) + 1e-4 = 4.35e-4: a cold gate's starting scale
 WARM = float(positive(torch.tensor(WARM_GATE)))  # softplus(-2) + 1e-4
 ELONGATED = 2.0  # a head whose field's spread along one axis is ≥ 2× the other reads as a strip
@@ -229,7 +230,7 @@ def main() -> None:
         f"{COVERED:.0%} covered). *Border* is the background on the grid's outer ring; *top exporters on the border*"
         " is the share of the k strongest exporters (k = the object's patch count) that are border background.",
         "",
-        "| model | mean on object | mean on background | mean on border | images where object > background "
+        "| model | mean on object | mean on background | mean on border | images where object > background (raw map) "
         "| object patches > 0 | top exporters on the border |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
@@ -240,7 +241,19 @@ def main() -> None:
             f"{100 * e['object_wins']:.1f}% | {100 * e['object_positive_share']:.0f}% | "
             f"{100 * e['top_on_border']:.0f}% |"
         )
-    lines += ["", f"![accumulated export maps](export_maps_{kind}.png)", ""]
+    lines += [
+        "",
+        "These are raw maps, and a raw map mixes position with content: a blank picture has an accumulated map too. "
+        "How much of the table is position is measured in the next section, against a control (a blank image, and "
+        "the validation mean).",
+        "",
+        f"![accumulated export maps](export_maps_{kind}.png)",
+        "",
+    ]
+    previous = (out / "RESULTS.md").read_text() if (out / "RESULTS.md").is_file() else ""
+    kept = re.search(re.escape(EXPORT_CONTROL[0]) + ".*?" + re.escape(EXPORT_CONTROL[1]), previous, re.S)
+    if kept:  # docs/export_control.py owns that section; keep it
+        lines += [kept.group(0), ""]
     curves = {n: out / f"metrics_{n.lower()}.jsonl" for n in rows}
     if all(p.is_file() for p in curves.values()):
         logs = {n: [json.loads(line) for line in p.read_text().splitlines()] for n, p in curves.items()}
@@ -256,7 +269,6 @@ def main() -> None:
         for e in range(epochs):
             lines.append(f"| {e + 1} | " + " | ".join(f"{100 * v[e]['val_acc']:.1f}%" for v in logs.values()) + " |")
         lines.append("")
-    previous = (out / "RESULTS.md").read_text() if (out / "RESULTS.md").is_file() else ""
     kept = re.search(re.escape(SMALL_DATA[0]) + ".*?" + re.escape(SMALL_DATA[1]), previous, re.S)
     if kept:  # docs/small_data.py owns that section; keep it
         lines += ["", kept.group(0), ""]

@@ -88,7 +88,7 @@ def meta(attn: str, accuracy: float) -> dict:
         "class_names": CLASS_NAMES,
         "accuracy": accuracy,
         "command": f"python -m ssog_core.train --data shapes --attn {attn} --epochs 1 (test fixture)",
-        "data": "shapes (test fixture)",
+        "data": "shapes:classes=5,train=64,val=64",  # what the validation control reads
         "epochs": 1,
     }
 

@@ -27,6 +27,7 @@ from app.layout import build_page
 from app.state import UPLOADED, AppContext, AppError, default_image
 from app.tabs import compare, export, geometry, playground, scaling, session, steering
 from ssog_core import ViT, save_checkpoint
+from ssog_core.analysis.controls import DEFAULT_CONTROL_IMAGES, describe
 from ssog_core.analysis.measures import attention_maps, export_maps
 from ssog_core.analysis.playground import MAX_ATOMS, HeadSpec, evaluate
 from ssog_core.analysis.session import NO_TWIN, dumps
@@ -419,7 +420,7 @@ def test_export_maps_with_twin_and_downloads(ctx, sha, page):
     assert export.default_twin(ctx, "ssog_test.safetensors") == "dot_test.safetensors"
     assert export.default_twin(ctx, None) == NO_TWIN
     out = export.render(ctx, ex, "ssog_test.safetensors", "dot_test.safetensors", sha, 0.25, 1)
-    text, fig, acc, slider = values(out, ex.outputs)
+    text, fig, acc, slider, _ = values(out, ex.outputs)
     loaded = ctx.model("ssog_test.safetensors")
     x, _ = model_input([ctx.image(sha).image], loaded.config.img_size, loaded.meta)
     s = export_maps(loaded.model, x, 0.25).summary()
@@ -435,10 +436,41 @@ def test_export_maps_with_twin_and_downloads(ctx, sha, page):
     assert "Pick an image" in export.render(ctx, ex, "ssog_test.safetensors", NO_TWIN, None, 0.5, 0)[ex.text]
     # the patch picked in Steering carries over: outlined on the maps, named in the text and the files
     out = export.render(ctx, ex, "ssog_test.safetensors", NO_TWIN, sha, 0.5, 0, [2, 5])
-    text, fig, acc, _ = values(out, ex.outputs)
+    text, fig, acc, _, _ = values(out, ex.outputs)
     assert "query patch (2, 5)" in text and "yellow" in text
     assert [(sh.x0, sh.y0) for sh in acc.layout.shapes] == [(4.5, 1.5)]
     assert json.loads(Image.open(fig).info["Description"])["query"] == [2, 5]
+
+
+def test_export_maps_against_a_control_and_per_class(ctx, sha, page, tmp_path):
+    ex, ckpt = page.export, "ssog_test.safetensors"
+    loaded, stored = ctx.model(ckpt), ctx.image(sha)
+    raw = export.maps_for(ctx, loaded, stored, 0.5)
+    out = export.render(ctx, ex, ckpt, NO_TWIN, sha, 0.5, 0)
+    assert out[ex.control_figure]["visible"] is False and "Control: **none (raw maps)**" in out[ex.text]
+    for control in ("blank", "validation"):
+        out = export.render(ctx, ex, ckpt, "dot_test.safetensors", sha, 0.5, 0, None, control)
+        text, _, acc, _, shown = values(out, ex.outputs)
+        c = export.control_for(ctx, loaded, stored, raw, control)
+        assert f"Control: **{describe(control, c.images)}**" in text and text.count("raw − control in [") == 2
+        assert shown["visible"] and json.loads(Image.open(shown["value"]).info["Description"])["control"] == control
+        np.testing.assert_allclose(np.asarray(acc.data[0].z, float), raw.accumulated[0].numpy())  # the plot stays raw
+    assert c.images == DEFAULT_CONTROL_IMAGES
+    files = export.downloads(ctx, ex, ckpt, "dot_test.safetensors", sha, 0.5, 0, None, "validation")[ex.files]
+    assert sum(Path(f).name.startswith("export_control_validation_") for f in files) == 2  # PNG + SVG
+    npz = np.load(next(f for f in files if Path(f).name.startswith("export_maps_ssog_test") and f.endswith(".npz")))
+    np.testing.assert_array_equal(npz["accumulated_difference"], npz["accumulated"] - npz["accumulated_control"])
+    assert json.loads(str(npz["settings"]))["control"] == "validation"
+    made = ctx.cache.validation.peek((loaded.key, DEFAULT_CONTROL_IMAGES, 0.5, False))
+    assert made is not None and export.validation_for(ctx, loaded, 0.5) is made  # computed once per checkpoint, α
+    for control in ("none", "blank", "validation"):
+        out = export.per_class(ctx, ex, ckpt, 0.5, control)
+        assert Path(out[ex.classes]).suffix == ".png" and "64 validation images of `shapes:" in out[ex.classes_status]
+    bare = save_checkpoint(tmp_path / "bare.safetensors", designed_ssog(depth=1), {"class_names": list("abcde")})
+    name = ctx.add_upload([str(bare)])
+    out = export.render(ctx, ex, name, NO_TWIN, sha, 0.5, 0, None, "validation")
+    assert "does not record its training data" in out[ex.text] and out[ex.control_figure] is None
+    assert "does not record its training data" in export.per_class(ctx, ex, name, 0.5, "none")[ex.classes_status]
 
 
 def test_compare_side_by_side_and_mismatched_grids(ctx, sha, page, tmp_path):
@@ -468,7 +500,7 @@ def test_rbf_checkpoint_with_registers(ctx, sha, page, tmp_path):
     note, card, fig, _, _, stats, _, _ = values(geometry.render(ctx, geo, name, 0, sha), geo.outputs)
     assert "**RBF (distance)** attention model" in note and "no field" in note and fig["value"] is not None
     assert "register tokens take" in note and {t.name for t in stats["value"].data} >= {"layer 0 (rbf)", "head 3"}
-    text, fig, _, _ = values(export.render(ctx, page.export, name, NO_TWIN, sha, 0.5, 0), page.export.outputs)
+    text, fig, _, _, _ = values(export.render(ctx, page.export, name, NO_TWIN, sha, 0.5, 0), page.export.outputs)
     assert "register tokens took" in text and fig is not None
 
 
@@ -705,7 +737,8 @@ def test_caches_stay_bounded(ctx):
     with pytest.raises(ValueError, match="at least one"):
         LRU(0)
     sizes = {name: getattr(ctx.cache, name).size for name in vars(ctx.cache)}
-    assert sizes == {"models": 4, "images": 32, "cards": 8, "figures": 8, "steering": 3, "export_maps": 8}
+    assert sizes == {"models": 4, "images": 32, "cards": 8, "figures": 8, "steering": 3, "export_maps": 8,
+                     "validation": 4}  # fmt: skip
     assert all(len(c) <= c.size for c in vars(ctx.cache).values())
 
 

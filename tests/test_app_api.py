@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from gradio_client import Client
 
@@ -52,6 +53,26 @@ def test_api_geometry_and_export(client):
     ex = client.predict("ssog_test.safetensors", "scene.png", 0.5, api_name="/export_summary")
     assert 0 <= ex["exporter_share"] <= 1 and ex["acc_min"] <= ex["acc_max"] and ex["grid"] == [8, 8]
     assert abs(sum(map(sum, ex["accumulated"]))) < 1e-4  # Σ net = 0 in every layer
+    assert ex["control"] == "none" and not any("control" in k or "difference" in k for k in ex if k != "control")
+
+
+@pytest.mark.parametrize("control", ["none", "blank", "validation"])
+def test_api_export_against_a_control(client, control):
+    raw = client.predict("ssog_test.safetensors", "scene.png", 0.5, api_name="/export_summary")
+    ex = client.predict("ssog_test.safetensors", "scene.png", 0.5, control, api_name="/export_summary")
+    assert ex["accumulated"] == raw["accumulated"] and ex["control"] == control  # accumulated stays the raw map
+    if control == "none":
+        assert ex == raw
+        return
+    acc, c, d = (np.array(ex[k]) for k in ("accumulated", "accumulated_control", "accumulated_difference"))
+    assert c.shape == d.shape == (8, 8) and np.abs(c).max() > 0
+    np.testing.assert_allclose(d, acc - c, rtol=0, atol=1e-6)
+    assert ex["control_images"] == (1 if control == "blank" else 64)
+
+
+def test_api_refuses_an_unknown_control(client):
+    with pytest.raises(Exception, match="use one of none, blank, validation"):
+        client.predict("ssog_test.safetensors", "scene.png", 0.5, "baseline", api_name="/export_summary")
 
 
 @pytest.mark.parametrize("name", ["../ckpt/ssog_test.safetensors", "/etc/passwd", "nope.safetensors"])

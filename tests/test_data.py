@@ -137,6 +137,22 @@ def test_layouts_every_class_draws_inside_the_image(size):
         assert img.shape == (*size, 3)
 
 
+def test_layouts_off_centre_moves_only_the_object_out_of_the_middle():
+    for index in range(20):
+        img, label, alpha = layouts.render_with_mask(1, "val", index, 10, (56, 56))
+        moved, label2, beta = layouts.render_with_mask(1, "val", index, 10, (56, 56), off_centre=True)
+        np.testing.assert_array_equal(img, layouts.render_with_mask(1, "val", index, 10, (56, 56), off_centre=False)[0])
+        again = layouts.render_with_mask(1, "val", index, 10, (56, 56), off_centre=True)[0]
+        np.testing.assert_array_equal(moved, again)  # deterministic
+        bare = (alpha == 0) & (beta == 0)
+        assert label2 == label and np.array_equal(img[bare], moved[bare])  # the same background
+        assert abs(beta.sum() - alpha.sum()) < 0.05 * alpha.sum()  # the same object, whole, inside the image
+        if layouts.CLASS_NAMES[label] in ("vertical bar", "horizontal bar", "vertical pair", "horizontal pair"):
+            ys, xs = np.mgrid[0:56, 0:56] + 0.5
+            cy, cx = (beta * ys).sum() / beta.sum(), (beta * xs).sum() / beta.sum()
+            assert min(cx, cy) < 56 / 3 or max(cx, cy) > 2 * 56 / 3, (layouts.CLASS_NAMES[label], cx, cy)
+
+
 def test_layouts_through_open_data_and_spec_errors():
     source = open_data("layouts:classes=4,train=8,val=4", (24, 40))
     assert source.kind == "layouts" and source.num_classes == 4 and source.native_size == (24, 40)

@@ -1,5 +1,6 @@
 """Tab 4, export maps: which patches the others read from (sources) and which gather (per layer and summed),
-the SSOG model beside its dot twin, and attention rollout for comparison."""
+the SSOG model beside its dot twin, and attention rollout for comparison; against a control (a blank image, or the
+mean over validation images: :mod:`ssog_core.analysis.controls`), and per class over the validation images."""
 
 from __future__ import annotations
 
@@ -12,8 +13,18 @@ from gradio.blocks import Block
 
 from app import plots
 from app.common import Updates, error_text, layer_update, model_depth, shown_figure, warn, write_downloads
-from app.state import AppContext, LoadedModel, StoredImage, resize_note
+from app.state import AppContext, AppError, LoadedModel, StoredImage, resize_note
 from app.tabs.session import Restoring, SessionPart
+from ssog_core.analysis.controls import (
+    CONTROLS,
+    DEFAULT_CONTROL_IMAGES,
+    ControlMaps,
+    ValidationMaps,
+    class_maps,
+    control_maps,
+    describe,
+    validation_maps,
+)
 from ssog_core.analysis.measures import DEFAULT_ALPHA, ExportMaps, export_maps
 from ssog_core.analysis.session import NO_TWIN
 from ssog_core.viz import figures as viz
@@ -28,17 +39,21 @@ class ExportUI:
     twin: gr.Dropdown
     alpha: gr.Slider
     layer: gr.Slider
+    control: gr.Dropdown
     text: gr.Markdown
     figure: gr.Image
+    control_figure: gr.Image
     accumulated: gr.Plot
     files: gr.File
     files_status: gr.Markdown
-    inputs: list[Block]  # checkpoint, twin, image, α, layer, the query picked in Steering
+    classes: gr.Image
+    classes_status: gr.Markdown
+    inputs: list[Block]  # checkpoint, twin, image, α, layer, the query picked in Steering, the control
 
     @property
     def outputs(self) -> list[Block]:
         """What :func:`render` changes."""
-        return [self.text, self.figure, self.accumulated, self.layer]
+        return [self.text, self.figure, self.accumulated, self.layer, self.control_figure]
 
 
 def maps_for(ctx: AppContext, loaded: LoadedModel, stored: StoredImage, alpha: float) -> ExportMaps:
@@ -48,6 +63,31 @@ def maps_for(ctx: AppContext, loaded: LoadedModel, stored: StoredImage, alpha: f
         return export_maps(loaded.model, loaded.input(stored.image), alpha)
 
     return ctx.cache.export_maps.get((loaded.key, stored.sha256, round(float(alpha), 4)), make)
+
+
+def validation_for(ctx: AppContext, loaded: LoadedModel, alpha: float, blank: bool = False) -> ValidationMaps:
+    """The maps of the checkpoint's validation images (``blank``: of their blank images), cached per checkpoint
+    and α: computed once, shared by the validation control of every picture and the per-class view."""
+
+    def make() -> ValidationMaps:
+        return validation_maps(loaded.model, loaded.meta, alpha, DEFAULT_CONTROL_IMAGES, blank=blank)
+
+    return ctx.cache.validation.get((loaded.key, DEFAULT_CONTROL_IMAGES, round(float(alpha), 4), blank), make)
+
+
+def control_for(
+    ctx: AppContext, loaded: LoadedModel, stored: StoredImage, raw: ExportMaps, control: str
+) -> ControlMaps | None:
+    """The control of a picture's maps (None for ``none``), cached beside the maps."""
+    if control == "none":
+        return None
+
+    def make() -> ControlMaps | None:
+        validation = validation_for(ctx, loaded, raw.alpha) if control == "validation" else None
+        x = loaded.input(stored.image)
+        return control_maps(loaded.model, loaded.meta, x, raw, control, validation=validation)
+
+    return ctx.cache.export_maps.get((loaded.key, stored.sha256, round(raw.alpha, 4), control), make)
 
 
 def default_twin(ctx: AppContext, ckpt: str | None) -> str:
@@ -81,10 +121,13 @@ def _display(stored: StoredImage, loaded: LoadedModel):
     return raster.model_view(stored.image, loaded.config.img_size, figures.EXPORT_WIDTH)
 
 
-def summary(name: str, m: ExportMaps) -> str:
+def summary(name: str, m: ExportMaps, control: ControlMaps | None = None) -> str:
     s = m.summary()
     prefix = float(m.prefix_share.mean())
     extra = f" · register tokens took {prefix:.1%} of patch attention (removed, rows renormalised)" if prefix else ""
+    if control is not None:
+        d = m.accumulated[0] - control.accumulated[0]
+        extra += f" · raw − control in [{float(d.min()):.3f}, {float(d.max()):.3f}]"
     return (
         f"**{name}**: accumulated net export in [{s['acc_min']:.3f}, {s['acc_max']:.3f}], "
         f"**{s['exporter_share']:.0%}** of patches are net exporters (red){extra}"
@@ -100,12 +143,14 @@ def render(
     alpha: float,
     layer: float,
     query: Any = None,
+    control: str = "none",
 ) -> Updates:
-    """The summary, the figure, the accumulated-map plot and the layer slider; ``query``, the patch picked in
-    Steering, is outlined on every map."""
+    """The summary, the figure, the accumulated-map plot, the layer slider, and with a control the figure of raw,
+    control and raw − control; ``query``, the patch picked in Steering, is outlined on every map."""
     if not ckpt or not sha:
         missing = "a checkpoint" if not ckpt else "an image (top of the page)"
-        return {ui.text: f"Pick {missing} to compute export maps.", ui.figure: None, ui.accumulated: None}
+        return {ui.text: f"Pick {missing} to compute export maps.", ui.figure: None, ui.accumulated: None,
+                ui.control_figure: None}  # fmt: skip
     try:
         loaded, stored = ctx.model(ckpt), ctx.image(sha)
         models = [(ckpt, loaded, maps_for(ctx, loaded, stored, alpha))]
@@ -123,12 +168,20 @@ def render(
                 "image_sha256": sha, "alpha": float(alpha), "layer": layer, "colormap": viz.NET_CMAP,
                 "query": list(q) if q else None}  # fmt: skip
         shown = shown_figure(fig, f"export_{names}_{sha[:8]}_L{layer}_alpha{alpha:.2f}_{viz.NET_CMAP}", meta)
+        controls = [control_for(ctx, lm, stored, m, control) for _, lm, m in models]
+        control_shown = None
+        if controls[0] is not None:
+            rows = [(figures.stem_of(n), m, c) for (n, _, m), c in zip(models, controls, strict=True)]
+            cfig = viz.control_figure(_display(stored, loaded), rows, f"on {stored.name}")
+            cmeta = {**meta, "figure": "export maps against a control", "control": control}
+            control_shown = shown_figure(cfig, f"export_control_{control}_{names}_{sha[:8]}_alpha{alpha:.2f}", cmeta)
         text = (
             f"α = **{alpha:.2f}** (Â = α·Ā + (1−α)·I). Red = source (others read it), blue = gatherer. "
             f"{resize_note(stored, loaded)}"
             + (f"The query patch {q} picked in Steering is outlined in yellow. " if q else "")
+            + f"Control: **{describe(control, controls[0].images if controls[0] else 0)}**. "
             + " \n"
-            + "  \n".join(summary(n, m) for n, _, m in models)
+            + "  \n".join(summary(n, m, c) for (n, _, m), c in zip(models, controls, strict=True))
         )
         acc = models[0][2].accumulated[0].numpy()
         plot = plots.map_plot(acc, f"{loaded.name}: accumulated net export (hover for values)", "Σ net export", mark=q)
@@ -137,9 +190,29 @@ def render(
             ui.figure: shown,
             ui.accumulated: plot,
             ui.layer: layer_update(asked, depth, keep=True),
+            ui.control_figure: gr.update(value=control_shown, visible=control_shown is not None),
         }
     except Exception as e:
-        return {ui.text: warn(error_text(e)), ui.figure: None, ui.accumulated: None}
+        return {ui.text: warn(error_text(e)), ui.figure: None, ui.accumulated: None, ui.control_figure: None}
+
+
+def per_class(ctx: AppContext, ui: ExportUI, ckpt: str | None, alpha: float, control: str) -> Updates:
+    """Mean accumulated export per class over the checkpoint's validation images, raw and against the control
+    (the validation maps are cached per checkpoint and α, so this is computed once)."""
+    try:
+        if not ckpt:
+            raise AppError("pick a checkpoint first")
+        loaded = ctx.model(ckpt)
+        raw = validation_for(ctx, loaded, alpha)
+        blank = validation_for(ctx, loaded, alpha, blank=True) if control == "blank" else None
+        c = class_maps(raw, control, blank)
+        stem = figures.stem_of(ckpt)
+        meta = {"figure": "export maps per class", "checkpoint": ckpt, "alpha": float(alpha), "control": control,
+                "images": int(c.counts.sum()), "data": loaded.meta.get("data")}  # fmt: skip
+        shown = shown_figure(viz.class_maps_figure(stem, c), f"export_classes_{stem}_{control}_alpha{alpha:.2f}", meta)
+        return {ui.classes: shown, ui.classes_status: f"{int(c.counts.sum())} validation images of `{meta['data']}`."}
+    except Exception as e:
+        return {ui.classes: None, ui.classes_status: warn(error_text(e))}
 
 
 def downloads(
@@ -151,16 +224,23 @@ def downloads(
     alpha: float,
     layer: float,
     query: Any = None,
+    control: str = "none",
 ) -> Updates:
-    """The figure (PNG + SVG) and every model's raw maps (.npz + CSV); settings in file names and metadata."""
+    """The figure (PNG + SVG) and every model's raw maps (.npz + CSV); with a control also the figure against it
+    and the control's maps in each .npz; settings in file names and metadata."""
     try:
         loaded, stored = ctx.model(ckpt), ctx.image(sha)
-        models = [(ckpt, maps_for(ctx, loaded, stored, alpha))]
+        pairs = [(ckpt, loaded)]
         if twin and twin != NO_TWIN and twin != ckpt:
-            models.append((twin, maps_for(ctx, ctx.model(twin), stored, alpha)))
+            pairs.append((twin, ctx.model(twin)))
+        models = [(n, maps_for(ctx, lm, stored, alpha)) for n, lm in pairs]
+        controls = [control_for(ctx, lm, stored, m, control) for (_, lm), (_, m) in zip(pairs, models, strict=True)]
         settings = {"image": stored.name, "image_sha256": sha}
         q = (int(query[0]), int(query[1])) if query else None
-        files = figures.export_files(models, _display(stored, loaded), int(layer or 0), settings, q)
+        layer = int(layer or 0)
+        files = figures.export_files(
+            models, _display(stored, loaded), layer, settings, q, controls if controls[0] else None
+        )
         return {ui.files: write_downloads(files), ui.files_status: ""}
     except Exception as e:
         return {ui.files: None, ui.files_status: warn(error_text(e))}
@@ -185,6 +265,15 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> ExportUI:
         layer = gr.Slider(
             0, 1, value=0, step=1, label="layer for pull-in / pull-out / net", elem_id="ex-layer", scale=2
         )
+        control = gr.Dropdown(
+            list(CONTROLS),
+            value="none",
+            label="control: compare with a blank image or the validation mean",
+            info=f"blank: the image's mean colour; validation: the mean over {DEFAULT_CONTROL_IMAGES} validation "
+            "images of the checkpoint's data (computed once per checkpoint and α)",
+            elem_id="ex-control",
+            scale=2,
+        )
     gr.Markdown(  # above the figure: read before the maps, not found after them
         "**How to read it.** With the head-mean attention Ā of a layer and Â = α·Ā + (1−α)·I: "
         "pull-in = 1 − Â_ii (how much patch i reads from the others), pull-out = Σ_j Â_ji − Â_ii (how much "
@@ -203,17 +292,48 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> ExportUI:
         show_label=False,
         buttons=["download", "fullscreen"],
     )
+    control_figure = gr.Image(
+        label="Export maps against the control",
+        type="filepath",
+        format="png",
+        interactive=False,
+        elem_id="ex-control-figure",
+        show_label=False,
+        visible=False,
+        buttons=["download", "fullscreen"],
+    )
     with gr.Row(equal_height=False):
         accumulated = gr.Plot(show_label=False, label="Accumulated net export (interactive)", elem_id="ex-acc")
         with gr.Column():
             files_button = gr.Button("Make files: figure PNG + SVG, maps .npz + CSV", size="sm", elem_id="ex-dl")
             files = gr.File(label="files", file_count="multiple", interactive=False, elem_id="ex-files")
             files_status = gr.Markdown()
-    inputs = [shared["checkpoint"], twin, shared["image_sha"], alpha, layer, shared["query"]]
-    ui = ExportUI(twin=twin, alpha=alpha, layer=layer, text=text, figure=figure, accumulated=accumulated,
-                  files=files, files_status=files_status, inputs=inputs)  # fmt: skip
-    twin.input(partial(render, ctx, ui), inputs, ui.outputs, api_visibility="private")
+    classes_button = gr.Button(
+        "Per class: mean accumulated export over the validation images (raw and against the control)",
+        size="sm",
+        elem_id="ex-classes-button",
+    )
+    classes_status = gr.Markdown()
+    classes = gr.Image(
+        label="Mean accumulated export per class",
+        type="filepath",
+        format="png",
+        interactive=False,
+        elem_id="ex-classes",
+        show_label=False,
+        buttons=["download", "fullscreen"],
+    )
+    inputs = [shared["checkpoint"], twin, shared["image_sha"], alpha, layer, shared["query"], control]
+    ui = ExportUI(twin=twin, alpha=alpha, layer=layer, control=control, text=text, figure=figure,
+                  control_figure=control_figure, accumulated=accumulated, files=files, files_status=files_status,
+                  classes=classes, classes_status=classes_status, inputs=inputs)  # fmt: skip
+    for picker in (twin, control):
+        picker.input(partial(render, ctx, ui), inputs, ui.outputs, api_visibility="private")
     files_button.click(partial(downloads, ctx, ui), inputs, [files, files_status], api_visibility="private")
+    classes_button.click(
+        partial(per_class, ctx, ui), [shared["checkpoint"], alpha, control], [classes, classes_status],
+        api_visibility="private",
+    )  # fmt: skip
     return ui
 
 

@@ -2,11 +2,21 @@
 
     python -m ssog_core.export_maps --checkpoint C.safetensors --image bird.jpg --out maps.npz
     python -m ssog_core.export_maps --checkpoint C.safetensors --image photos/ --out maps.npz
+    python -m ssog_core.export_maps --checkpoint C.safetensors --image bird.jpg --control blank --out maps.npz
+    python -m ssog_core.export_maps --checkpoint C.safetensors --per-class --control validation --out classes.npz
 
 One image: arrays ``pull_in``, ``pull_out``, ``net`` of shape (layers, Gh, Gw), ``accumulated`` and
 ``rollout`` (Gh, Gw). A folder: the same with a leading image axis (batched), plus ``mean_*`` maps over
 the images and ``names``. Images are resized to the model's size (or ``--img-size``), scaled to [0, 1]
 and normalised as the checkpoint's metadata says.
+
+``--control blank|validation`` (:mod:`ssog_core.analysis.controls`) adds ``accumulated_control``,
+``rollout_control`` and the differences raw − control ``accumulated_difference``, ``rollout_difference`` (shaped
+like ``accumulated``);
+``validation`` averages ``--control-images`` images of the checkpoint's recorded validation data.
+``--per-class`` (with or without ``--image``) adds the mean accumulated map per class over those validation
+images: ``class_accumulated`` (classes, Gh, Gw), with a control ``class_accumulated_difference``, and
+``class_counts``, ``class_names``.
 """
 
 from __future__ import annotations
@@ -19,6 +29,15 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ssog_core.analysis.controls import (
+    CONTROLS,
+    DEFAULT_CONTROL_IMAGES,
+    ValidationMaps,
+    class_maps,
+    control_maps,
+    differences,
+    validation_maps,
+)
 from ssog_core.analysis.measures import DEFAULT_ALPHA, ExportMaps, export_maps
 from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.format import CheckpointError, load_checkpoint
@@ -40,17 +59,58 @@ def _arrays(maps: ExportMaps) -> dict[str, np.ndarray]:
 
 def run(
     checkpoint: str | Path,
-    image: str | Path,
+    image: str | Path | None,
     out: str | Path,
     img_size: tuple[int, int] | None = None,
     alpha: float = DEFAULT_ALPHA,
     batch_size: int = 8,
+    control: str = "none",
+    control_images: int = DEFAULT_CONTROL_IMAGES,
+    per_class: bool = False,
 ) -> dict[str, np.ndarray]:
     """Compute and write the maps; returns the arrays written."""
+    if image is None and not per_class:
+        raise ValueError("give --image, --per-class, or both")
     model, meta = load_checkpoint(checkpoint)
     size = img_size or tuple(model.config.img_size)
     model.grid_for(*size)  # refuse sizes that do not tile into patches before doing any work
-    image = Path(image)
+    validation = None
+    if control == "validation" or per_class:  # computed once: the control of every image and the class means
+        validation = validation_maps(model, meta, alpha, control_images, size)
+    arrays = _image_arrays(model, meta, Path(image), size, alpha, batch_size, control, validation) if image else {}
+    if per_class:
+        blank = validation_maps(model, meta, alpha, control_images, size, blank=True) if control == "blank" else None
+        c = class_maps(validation, control, blank)
+        arrays.update(
+            class_accumulated=c.raw.numpy(), class_counts=c.counts.numpy(), class_names=np.array(c.class_names)
+        )
+        if c.difference is not None:
+            arrays["class_accumulated_difference"] = c.difference.numpy()
+    arrays.update(alpha=np.float64(alpha), grid=np.array(model.grid_for(*size)), prefix_tokens=np.array(PREFIX_NOTE))
+    if control != "none":
+        arrays["control"] = np.array(control)
+    if validation is not None:
+        arrays["control_images"] = np.array(len(validation.labels))
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a path
+            np.savez_compressed(f, **arrays)
+
+    atomic_write(out, write)
+    return arrays
+
+
+def _image_arrays(
+    model: torch.nn.Module,
+    meta: dict,
+    image: Path,
+    size: tuple[int, int],
+    alpha: float,
+    batch_size: int,
+    control: str,
+    validation: ValidationMaps | None,
+) -> dict[str, np.ndarray]:
+    """The maps of an image or a folder of images, with the control's maps and the differences."""
     folder = image.is_dir()
     paths = list_images(image) if folder else [image]
     if not paths:
@@ -66,7 +126,14 @@ def run(
                     raise
                 skipped.append(f"{p.name}: {e}")
         if good:
-            chunks.append(_arrays(export_maps(model, torch.cat([x for _, x in good]), alpha)))
+            x = torch.cat([x for _, x in good])
+            maps = export_maps(model, x, alpha)
+            arrays = _arrays(maps)
+            c = control_maps(model, meta, x, maps, control, validation=validation)
+            if c is not None:
+                arrays.update(accumulated_control=c.accumulated.numpy(), rollout_control=c.rollout.numpy())
+                arrays.update({k: v.numpy() for k, v in differences(maps, c).items()})
+            chunks.append(arrays)
             names += [p.name for p, _ in good]
     if not chunks:
         raise ImageError("no readable images: " + "; ".join(skipped))
@@ -76,36 +143,47 @@ def run(
         arrays["names"] = np.array(names)
     else:
         arrays = {k: v[0] for k, v in arrays.items()}
-    arrays.update(alpha=np.float64(alpha), grid=np.array(model.grid_for(*size)), prefix_tokens=np.array(PREFIX_NOTE))
     for s in skipped:
         print(f"skipped {s}", file=sys.stderr)
-
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a path
-            np.savez_compressed(f, **arrays)
-
-    atomic_write(out, write)
     return arrays
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", required=True, help="an SSOG Lab .safetensors checkpoint")
-    ap.add_argument("--image", required=True, help="an image file, or a folder of images")
+    ap.add_argument("--image", help="an image file, or a folder of images")
     ap.add_argument("--out", required=True, help="output .npz path")
     ap.add_argument("--img-size", type=parse_size, help="resize images to N or HxW (default: the model's size)")
     ap.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="residual mixing α in Â = αĀ + (1−α)I")
     ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--control", choices=CONTROLS, default="none",
+                    help="also write the maps of a control and raw − control: a blank image of each image's mean "
+                    "colour, or the mean over validation images of the checkpoint's recorded data")  # fmt: skip
+    ap.add_argument("--control-images", type=int, default=DEFAULT_CONTROL_IMAGES,
+                    help="validation images for the validation control and --per-class")  # fmt: skip
+    ap.add_argument(
+        "--per-class",
+        action="store_true",
+        help="mean accumulated map per class over the validation images (raw and against the control)",
+    )
     args = ap.parse_args(argv)
     try:
-        arrays = run(args.checkpoint, args.image, args.out, args.img_size, args.alpha, args.batch_size)
-    except (CheckpointError, ImageError, ValueError) as e:
+        arrays = run(args.checkpoint, args.image, args.out, args.img_size, args.alpha, args.batch_size,
+                     args.control, args.control_images, args.per_class)  # fmt: skip
+    except (CheckpointError, ImageError, ValueError) as e:  # DataError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2
-    acc = arrays["accumulated"]
-    share = float((acc > 0).mean())
-    print(f"wrote {args.out}: {arrays['net'].shape[-3]} layers on a {acc.shape[-2]}×{acc.shape[-1]} grid")
-    print(f"accumulated range [{acc.min():.3f}, {acc.max():.3f}]; net exporters {share:.1%}")
+    gh, gw = arrays["grid"]
+    print(f"wrote {args.out}: maps on a {gh}×{gw} grid" + (f", control {args.control}" if "control" in arrays else ""))
+    if "accumulated" in arrays:
+        acc = arrays["accumulated"]
+        print(f"{arrays['net'].shape[-3]} layers; accumulated range [{acc.min():.3f}, {acc.max():.3f}]; "
+              f"net exporters {float((acc > 0).mean()):.1%}")  # fmt: skip
+    if "accumulated_difference" in arrays:
+        d = arrays["accumulated_difference"]
+        print(f"accumulated − {args.control} control: range [{d.min():.3f}, {d.max():.3f}]")
+    if "class_counts" in arrays:
+        print(f"per class: {len(arrays['class_counts'])} classes over {arrays['class_counts'].sum()} validation images")
     return 0
 
 

@@ -10,6 +10,10 @@ of ``(seed, split, index)``.
 
 Labels survive the training augmentations (a horizontal flip keeps vertical/horizontal, and "diagonal" covers
 both diagonals; a pad-crop only shifts). The object's coverage mask comes with each image, for export maps.
+
+``render_with_mask(..., off_centre=True)`` renders the same background and object but places the object's centre
+in the outer third of the image where it fits (a test of whether a map follows the object or the image centre);
+the data sets themselves never use it.
 """
 
 from __future__ import annotations
@@ -59,9 +63,37 @@ def _angle(rng: np.random.Generator, kind: str) -> float:
     return base + rng.uniform(-JITTER, JITTER)
 
 
+Range = tuple[float, float]
+
+
 def _place(rng: np.random.Generator, lo: float, hi: float) -> float:
     """A uniform position in [lo, hi], or the middle when the object only just fits."""
     return rng.uniform(lo, hi) if hi > lo else (lo + hi) / 2
+
+
+def _anywhere(rng: np.random.Generator, xs: Range, ys: Range, size: tuple[int, int]) -> tuple[float, float]:
+    """The data sets' placement: uniform wherever the object fits."""
+    return _place(rng, *xs), _place(rng, *ys)
+
+
+def _off_centre(rng: np.random.Generator, xs: Range, ys: Range, size: tuple[int, int]) -> tuple[float, float]:
+    """A centre in the outer third of the image along a random axis (the left or right third, or the top or bottom
+    third), on a random side where the object fits; an object that fits in no outer third (a large plus) goes as
+    far out as it fits."""
+    h, w = size
+    order = [0, 1] if rng.random() < 0.5 else [1, 0]  # 0: x, 1: y
+    ranges, sides = (xs, ys), (w, h)
+    for axis in order:
+        (lo, hi), d = ranges[axis], sides[axis]
+        thirds = [(a, b) for a, b in ((lo, min(hi, d / 3)), (max(lo, 2 * d / 3), hi)) if b >= a]
+        if thirds:
+            out = rng.uniform(*thirds[int(rng.integers(len(thirds)))])
+            break
+    else:
+        axis = order[0]
+        out = ranges[axis][int(rng.integers(2))]
+    other = _place(rng, *ranges[1 - axis])
+    return (out, other) if axis == 0 else (other, out)
 
 
 def _disc(cx: float, cy: float, r: float) -> Polygon:
@@ -81,15 +113,15 @@ def _stripes(cx: float, cy: float, angle: float, side: float, period: float, wid
     return [p for o in offsets for p in _bar(cx + o * nx, cy + o * ny, angle, side - width, width)]
 
 
-def _polygons(label: int, rng: np.random.Generator, h: int, w: int) -> list[Polygon]:
-    """The object of class ``label`` in pixel coordinates, kept inside the image."""
+def _polygons(label: int, rng: np.random.Generator, h: int, w: int, place=_anywhere) -> list[Polygon]:
+    """The object of class ``label`` in pixel coordinates, kept inside the image; ``place`` picks its centre."""
     side = min(h, w)
     name = CLASS_NAMES[label]
     kind, _, what = name.partition(" ")
     if name == "plus":
         length, width = rng.uniform(0.5, 0.75) * side, rng.uniform(0.08, 0.11) * side
         a = _angle(rng, "horizontal")
-        cx, cy = (_place(rng, length / 2 + width, d - length / 2 - width) for d in (w, h))
+        cx, cy = place(rng, *((length / 2 + width, d - length / 2 - width) for d in (w, h)), (h, w))
         return _bar(cx, cy, a, length, width) + _bar(cx, cy, a + math.pi / 2, length, width)
     if name == "corner":
         arm, width = rng.uniform(0.4, 0.6) * side, rng.uniform(0.08, 0.11) * side
@@ -98,47 +130,54 @@ def _polygons(label: int, rng: np.random.Generator, h: int, w: int) -> list[Poly
         ux, uy, vx, vy = math.cos(a), math.sin(a), -math.sin(a), math.cos(a)
         xs, ys = [0, ux * arm, vx * arm], [0, uy * arm, vy * arm]
         m = width
-        cx, cy = _place(rng, m - min(xs), w - m - max(xs)), _place(rng, m - min(ys), h - m - max(ys))
+        cx, cy = place(rng, (m - min(xs), w - m - max(xs)), (m - min(ys), h - m - max(ys)), (h, w))
         return _stroke([(cx + ux * arm, cy + uy * arm), (cx, cy), (cx + vx * arm, cy + vy * arm)], width)
     a = _angle(rng, kind)
     if what == "bar":
         length, width = rng.uniform(0.55, 0.8) * side, rng.uniform(0.08, 0.11) * side
         ex, ey = abs(math.cos(a)) * length / 2 + width, abs(math.sin(a)) * length / 2 + width
-        cx, cy = _place(rng, ex, w - ex), _place(rng, ey, h - ey)
+        cx, cy = place(rng, (ex, w - ex), (ey, h - ey), (h, w))
         return _bar(cx, cy, a, length, width)
     if what == "pair":
         r, gap = rng.uniform(0.08, 0.11) * side, rng.uniform(0.4, 0.65) * side
         ex, ey = abs(math.cos(a)) * gap / 2 + r, abs(math.sin(a)) * gap / 2 + r
-        cx, cy = _place(rng, ex, w - ex), _place(rng, ey, h - ey)
+        cx, cy = place(rng, (ex, w - ex), (ey, h - ey), (h, w))
         dx, dy = math.cos(a) * gap / 2, math.sin(a) * gap / 2
         return [_disc(cx - dx, cy - dy, r), _disc(cx + dx, cy + dy, r)]
     # stripes: a square patch; its half-diagonal bounds the rotated extent
     patch = rng.uniform(0.35, 0.5) * side
     period = rng.uniform(0.11, 0.15) * side
     half = patch / math.sqrt(2)
-    cx, cy = _place(rng, half, w - half), _place(rng, half, h - half)
+    cx, cy = place(rng, (half, w - half), (half, h - half), (h, w))
     return _stripes(cx, cy, a, patch, period, period * 0.5)
 
 
-def _mask(label: int, rng: np.random.Generator, size: tuple[int, int]) -> np.ndarray:
+def _mask(label: int, rng: np.random.Generator, size: tuple[int, int], place=_anywhere) -> np.ndarray:
     h, w = size
     k = SUPERSAMPLE
     canvas = Image.new("L", (w * k, h * k), 0)
     draw = ImageDraw.Draw(canvas)
-    for poly in _polygons(label, rng, h, w):
+    for poly in _polygons(label, rng, h, w, place):
         draw.polygon([(x * k, y * k) for x, y in poly], fill=255)
     return np.asarray(canvas.reduce(k), dtype=np.float32) / 255.0
 
 
 def render_with_mask(
-    seed: int, split: str, index: int, num_classes: int, size: tuple[int, int], photos_dir: str | Path = BACKGROUNDS
+    seed: int,
+    split: str,
+    index: int,
+    num_classes: int,
+    size: tuple[int, int],
+    photos_dir: str | Path = BACKGROUNDS,
+    off_centre: bool = False,
 ) -> tuple[np.ndarray, int, np.ndarray]:
-    """Image ``index`` of a split as ``(H, W, 3)`` uint8, its label, and the object's coverage ``(H, W)`` in [0, 1]."""
+    """Image ``index`` of a split as ``(H, W, 3)`` uint8, its label, and the object's coverage ``(H, W)`` in [0, 1];
+    ``off_centre``: the same background and object, its centre in the outer third of the image where it fits."""
     label = index % num_classes
     rng = np.random.default_rng([seed, SPLITS[split], index, 1])  # the trailing 1 keeps it apart from shapes
     bg = _background(rng, size, _photos(str(photos_dir)))
     bg = CALM * bg + (1 - CALM) * bg.mean()  # the photo at reduced contrast: thin parts must stay visible
-    alpha = _mask(label, rng, size)
+    alpha = _mask(label, rng, size, _off_centre if off_centre else _anywhere)
     behind = (bg * alpha[..., None]).sum(axis=(0, 1)) / max(float(alpha.sum()), 1e-6)
     img = bg * (1 - alpha[..., None]) + _colour(rng, behind) * alpha[..., None]
     return np.clip(img + 0.5, 0, 255).astype(np.uint8), label, alpha

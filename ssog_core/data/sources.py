@@ -284,6 +284,14 @@ def open_data(text: str, img_size: tuple[int, int] | None = None) -> DataSource:
     return DataSource(text, kind, train, val, train.class_names, size)
 
 
+def fixed_subset(total: int, n: int) -> list[int]:
+    """``n`` of ``total`` indices, the same ones every time, sorted: a stride would keep only some classes of a
+    procedural set (label = index mod K) and a prefix only the first classes of an ImageFolder."""
+    if n >= total:
+        return list(range(total))
+    return np.sort(np.random.default_rng(0).choice(total, n, replace=False)).tolist()
+
+
 # ------------------------------------------------------------------------------------------------- transforms
 
 

@@ -11,7 +11,6 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -20,7 +19,7 @@ from torch.utils.data import DataLoader, Subset
 
 from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.format import load_checkpoint
-from ssog_core.data.sources import DataError, ShardSampler, Transformed, open_data, to_float
+from ssog_core.data.sources import DataError, ShardSampler, Transformed, fixed_subset, open_data, to_float
 
 TRANSFER_FACTORS = (0.5, 0.75, 1.0, 1.5, 2.0)  # the default sizes of a transfer curve, relative to training
 
@@ -68,12 +67,10 @@ def eval_loader(
     world: int = 1,
     max_images: int | None = None,
 ) -> DataLoader:
-    """Evaluation batches at ``size``; ``max_images`` keeps a fixed random subset: a stride would keep only some
-    classes of a procedural set (label = index mod K) and a prefix only the first classes of an ImageFolder."""
+    """Evaluation batches at ``size``; ``max_images`` keeps a fixed random subset (:func:`fixed_subset`)."""
     data: Any = Transformed(dataset, size)
     if max_images is not None and len(data) > max_images:
-        keep = np.random.default_rng(0).choice(len(data), max_images, replace=False)
-        data = Subset(data, np.sort(keep).tolist())
+        data = Subset(data, fixed_subset(len(data), max_images))
     return DataLoader(data, batch_size=batch_size, sampler=ShardSampler(len(data), rank, world), num_workers=workers)
 
 

@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Ellipse, Rectangle
 from PIL import Image
 
+from ssog_core.analysis.controls import ClassMaps, ControlMaps, describe
 from ssog_core.analysis.measures import ExportMaps, LayerField, SteeringOffsets
 from ssog_core.analysis.playground import HeadSpec, HeadView
 from ssog_core.viz.raster import (
@@ -550,4 +551,63 @@ def compare_figure(
     if not same:
         legend += "; no A − B map: the two see different patch grids, and a difference needs equal grids"
     suptitle(fig, title, legend, 10)
+    return fig
+
+
+def control_figure(
+    image: Image.Image, models: Sequence[tuple[str, ExportMaps, ControlMaps]], title: str = ""
+) -> Figure:
+    """Per model a row: the accumulated net export raw, its control and raw − control, then the same for
+    attention rollout. Raw and control share a colour scale, so they compare by eye; a difference has its own,
+    centred on 0. The control panels are drawn without the picture: the control is not this image."""
+    fig = new_figure(15.0, 2.9 * len(models) + 1.0)
+    rows = np.atleast_2d(fig.subplots(len(models), 6))
+    img = backdrop(image, 230)
+    for axes, (label, m, c) in zip(rows, models, strict=True):
+        acc, acc_c = m.accumulated[0].numpy(), c.accumulated[0].numpy()
+        roll, roll_c = m.rollout[0].numpy(), c.rollout[0].numpy()
+        lim, top = symmetric_limit(acc, acc_c), max(float(roll.max()), float(roll_c.max()), 1e-12)
+        d_acc, d_roll = acc - acc_c, roll - roll_c
+        panels = [
+            (img, acc, NET_CMAP, -lim, lim, f"{label}\naccumulated net: raw", "Σ net"),
+            (None, acc_c, NET_CMAP, -lim, lim, "accumulated net: control", "Σ net"),
+            (img, d_acc, NET_CMAP, -symmetric_limit(d_acc), symmetric_limit(d_acc), "accumulated: raw − control",
+             "difference"),
+            (img, roll, "viridis", 0.0, top, "rollout: raw", "share"),
+            (None, roll_c, "viridis", 0.0, top, "rollout: control", "share"),
+            (img, d_roll, NET_CMAP, -symmetric_limit(d_roll), symmetric_limit(d_roll), "rollout: raw − control",
+             "difference"),
+        ]  # fmt: skip
+        for ax, (under, a, cmap, lo, hi, name, unit) in zip(axes, panels, strict=True):
+            im = _show_map(ax, under, a, cmap, lo, hi)
+            ax.set_title(name, fontsize=8)
+            _colorbar(fig, im, ax, unit)
+    c = models[0][2]
+    legend = (
+        f"Control: {describe(c.control, c.images)}, α = {models[0][1].alpha:.2f}. Raw and control share one colour "
+        "scale; each difference (raw − control: what this image changes) has its own, centred on 0."
+    )
+    suptitle(fig, title, legend, 10)
+    return fig
+
+
+def class_maps_figure(label: str, c: ClassMaps, title: str = "") -> Figure:
+    """One column per class: the mean accumulated net export over its validation images, and below it the mean
+    against the control. One colour scale per row, centred on 0."""
+    rows = [("raw", c.raw.numpy())] + ([] if c.difference is None else [("raw − control", c.difference.numpy())])
+    classes = len(c.class_names)
+    fig = new_figure(1.55 * classes + 1.2, 1.9 * len(rows) + 1.1)
+    axes = np.atleast_2d(fig.subplots(len(rows), classes, squeeze=False))
+    for r, (what, maps) in enumerate(rows):
+        lim = symmetric_limit(maps)
+        for k, ax in enumerate(axes[r]):
+            im = _show_map(ax, None, maps[k], NET_CMAP, -lim, lim)
+            ax.set_title(f"{c.class_names[k]} (n={int(c.counts[k])})" if r == 0 else "", fontsize=7)
+            if k == 0:
+                ax.set_ylabel(what, fontsize=8)
+        _colorbar(fig, im, list(axes[r]), "Σ net")
+    n = int(c.counts.sum())
+    legend = f"{label}: mean accumulated net export per class over {n} validation images, α = {c.alpha:.2f}; "
+    legend += f"control: {describe(c.control, n)}"
+    suptitle(fig, title, legend, 9)
     return fig

@@ -15,6 +15,7 @@ import numpy as np
 from PIL import Image
 
 from ssog_core.analysis import report
+from ssog_core.analysis.controls import ControlMaps, differences
 from ssog_core.analysis.measures import (
     ExportMaps,
     LayerField,
@@ -138,9 +139,11 @@ def export_files(
     layer: int,
     settings: Mapping[str, Any],
     query: tuple[int, int] | None = None,
+    controls: Sequence[ControlMaps] | None = None,
 ) -> Files:
     """The export-maps figure of one or more checkpoints (PNG + SVG, ``query`` outlined) and each one's raw maps
-    (.npz + CSV)."""
+    (.npz + CSV); with ``controls`` (one per model) also the figure against the control, and in each .npz the
+    control's maps and raw − control."""
     alpha = models[0][1].alpha
     sha = str(settings.get("image_sha256", ""))[:8]
     names = "+".join(stem_of(n) for n, _ in models)
@@ -153,9 +156,19 @@ def export_files(
         meta["query"] = list(query)
     fig = named_export_maps_figure(models, display, layer, settings.get("image"), query)
     files = _figure_files(fig, stem, meta)
-    for name, m in models:
+    if controls:
+        meta["control"] = controls[0].control
+        rows = [(stem_of(n), m, c) for (n, m), c in zip(models, controls, strict=True)]
+        cfig = viz.control_figure(display, rows, f"on {settings['image']}" if settings.get("image") else "")
+        files |= _figure_files(cfig, viz.safe_token(f"export_control_{controls[0].control}_{names}_{sha}"), meta)
+    for k, (name, m) in enumerate(models):
         one = viz.safe_token(f"export_maps_{stem_of(name)}_{sha}_alpha{alpha:.2f}")
-        files[f"{one}.npz"] = report.npz_bytes(report.export_arrays(m), {**meta, "checkpoint": name})
+        arrays = report.export_arrays(m)
+        if controls:
+            c = controls[k]
+            arrays |= {"accumulated_control": c.accumulated[0].numpy(), "rollout_control": c.rollout[0].numpy()}
+            arrays |= {key: v[0].numpy() for key, v in differences(m, c).items()}
+        files[f"{one}.npz"] = report.npz_bytes(arrays, {**meta, "checkpoint": name})
         files[f"{one}.csv"] = report.maps_csv(m, {**meta, "checkpoint": name})
     return files
 
