@@ -256,7 +256,7 @@ def _set_head_problems(edit: SetHead, attn: SSOGAttention) -> list[str]:
         return ["this head was opened from a steered query (its atoms already carry content's offsets); open it from "
                 "the geometry grid to set the model's fixed atoms"]  # fmt: skip
     out = []
-    tau = float(attn.fixed_field().tau)
+    tau = float(attn.fixed_field().tau.detach())
     if not math.isclose(spec.tau, tau, rel_tol=1e-5, abs_tol=1e-6):
         out.append(f"τ={spec.tau:g} differs from layer {edit.layer}'s τ={tau:.6g}: τ is per layer, keep it")
     if spec.mode != attn.mode:
