@@ -81,7 +81,9 @@ def ssog_matrix(mu: Tensor, sigma: Tensor, log_lam: Tensor, tau: Tensor, grid, m
     return a.reshape(b, h, gh * gw, gh * gw)
 
 
-def attention_layer(x: Tensor, p: dict[str, Tensor], cfg: dict, grid, edit=None, layer: int = 0) -> tuple[Tensor, Tensor]:
+def attention_layer(
+    x: Tensor, p: dict[str, Tensor], cfg: dict, grid, edit=None, layer: int = 0
+) -> tuple[Tensor, Tensor]:
     """One attention layer: output (B, N, dim) and the dense matrix (B, H, N, N).
 
     ``edit`` (tests of interventions) may define ``atoms(layer, mu, sigma, log_lam) -> (mu, sigma, log_lam)`` on

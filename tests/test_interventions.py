@@ -181,7 +181,8 @@ def test_steering_patched_from_b_is_as_field_with_bs_offsets():
 
     reference(model, b, RefEdit(atoms=grab))
     want, _ = reference(model, a, at(layer, head, lambda *_: taken["atoms"]))  # the fixed atoms are shared
-    with edited(model, [{"op": "patch_head", "layer": layer, "head": head, "source": "b", "what": "steering"}], {"b": b}):
+    patch = {"op": "patch_head", "layer": layer, "head": head, "source": "b", "what": "steering"}
+    with edited(model, [patch], {"b": b}):
         close(model(a), want)
 
 
@@ -293,7 +294,8 @@ def test_steering_offsets_are_measured_from_the_edited_fixed_field():
 
 def _everything(model, img):
     maps = compute_export_maps(model, img)
-    return [model(img), *attention_maps(model, img).attn, maps.accumulated, maps.rollout, *steering_offsets(model, img).dmu]
+    offsets = steering_offsets(model, img).dmu
+    return [model(img), *attention_maps(model, img).attn, maps.accumulated, maps.rollout, *offsets]
 
 
 def test_edits_never_leak_even_from_eight_concurrent_threads():
@@ -381,9 +383,12 @@ def test_bad_edits_are_refused_in_words(edits, message):
 
 
 def test_field_edits_are_refused_on_dot_and_fixed_models_with_what_works_there():
-    with pytest.raises(EditError, match="only ablate_head and patch_head with what='output'"):
-        with edited(model_for(attn="dot"), [{"op": "swap_axes", "layer": 0, "head": 0}]):
-            pass
+    dot_swap = [{"op": "swap_axes", "layer": 0, "head": 0}]
+    with (
+        pytest.raises(EditError, match="only ablate_head and patch_head with what='output'"),
+        edited(model_for(attn="dot"), dot_swap),
+    ):
+        pass
     with pytest.raises(EditError, match="fixed field"), edited(model_for(steer=()), [{"op": "close_gate", "layer": 0}]):
         pass
     dot, img = model_for(attn="dot"), images(1)
