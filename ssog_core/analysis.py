@@ -334,7 +334,11 @@ def compute_export_maps(model: nn.Module, img: Tensor, alpha: float = DEFAULT_AL
     """Pull-in / pull-out / net export per layer, accumulated, and rollout for ``img`` (``(B, C, H, W)``)."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-    maps = attention_maps(model, img)
+    return export_maps_of(attention_maps(model, img), alpha)
+
+
+def export_maps_of(maps: AttentionMaps, alpha: float = DEFAULT_ALPHA) -> ExportMaps:
+    """:func:`compute_export_maps` from attention maps already computed (a caller that also shows them)."""
     gh, gw = maps.grid
     pull_in, pull_out, rollout = [], [], None
     entropy, radius = [], []
@@ -347,7 +351,7 @@ def compute_export_maps(model: nn.Module, img: Tensor, alpha: float = DEFAULT_AL
         s = head_stats(a, maps.grid)
         entropy.append(s["entropy"])
         radius.append(s["radius"])
-    b = img.shape[0]
+    b = maps.logits.shape[0]
     pin = torch.stack(pull_in, 1).view(b, -1, gh, gw)
     pout = torch.stack(pull_out, 1).view(b, -1, gh, gw)
     net = pout - pin
