@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,18 +157,22 @@ class EvalSet:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def batch(self, start: int, stop: int, device: torch.device | str = "cpu") -> Tensor:
-        """Images ``start:stop`` as a float model input ``(B, C, H, W)`` in [0, 1] (normalised if the checkpoint is)."""
-        x = self.images[start:stop].to(device).permute(0, 3, 1, 2).float().div_(255.0)
+    def batch(
+        self, start: int, stop: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    ) -> Tensor:
+        """Images ``start:stop`` as a model input ``(B, C, H, W)`` in [0, 1] (normalised if the checkpoint is)."""
+        x = self.images[start:stop].to(device).permute(0, 3, 1, 2).to(dtype).div_(255.0)
         if self.normalization:
-            mean = torch.tensor(self.normalization["mean"], device=x.device).view(1, -1, 1, 1)
-            std = torch.tensor(self.normalization["std"], device=x.device).view(1, -1, 1, 1)
+            mean = torch.tensor(self.normalization["mean"], device=x.device, dtype=dtype).view(1, -1, 1, 1)
+            std = torch.tensor(self.normalization["std"], device=x.device, dtype=dtype).view(1, -1, 1, 1)
             x = (x - mean) / std
         return x
 
-    def batches(self, batch_size: int = BATCH, device: torch.device | str = "cpu"):
+    def batches(self, model: nn.Module, batch_size: int = BATCH) -> Iterator[Tensor]:
+        """The images in batches, on the model's device and in its dtype."""
+        p = next(model.parameters())
         for s in range(0, len(self), batch_size):
-            yield self.batch(s, min(s + batch_size, len(self)), device)
+            yield self.batch(s, min(s + batch_size, len(self)), p.device, p.dtype)
 
 
 def eval_images(n: int | None, split: int) -> int:
@@ -226,8 +230,9 @@ def _cat(parts: list[Outcomes]) -> Outcomes:
     return Outcomes(torch.cat([p.pred for p in parts]), torch.cat([p.logp_true for p in parts]))
 
 
-def _device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
+def _where(model: nn.Module) -> tuple[torch.device, torch.dtype]:
+    p = next(model.parameters())
+    return p.device, p.dtype
 
 
 def outcomes(
@@ -240,7 +245,7 @@ def outcomes(
     progress: bool = False,
 ) -> Outcomes:
     """The model's outcomes on ``data``, with ``edits`` applied."""
-    parts, dev = [], _device(model)
+    parts, (dev, dtype) = [], _where(model)
     was_training = model.training
     model.eval()
     try:
@@ -248,7 +253,7 @@ def outcomes(
             starts = range(0, len(data), batch_size)
             for s in tqdm(starts, desc="images", unit="batch", disable=not progress, leave=False):
                 stop = min(s + batch_size, len(data))
-                parts.append(_outcome(model(data.batch(s, stop, dev)), data.labels[s:stop]))
+                parts.append(_outcome(model(data.batch(s, stop, dev, dtype)), data.labels[s:stop]))
     finally:
         model.train(was_training)
     return _cat(parts)
@@ -419,7 +424,7 @@ def head_importance(
     layer. ``stop`` is asked between batches; when it returns true the sweep raises :class:`Cancelled`.
     """
     sweep = importance_edits(model, mode)
-    dev = _device(model)
+    dev, dtype = _where(model)
     base: list[Outcomes] = []
     per_edit: list[list[Outcomes]] = [[] for _ in sweep]
     was_training = model.training
@@ -430,7 +435,7 @@ def head_importance(
             for s in range(0, len(data), batch_size):
                 if stop is not None and stop():
                     raise Cancelled("head importance stopped")
-                img, labels = data.batch(s, min(s + batch_size, len(data)), dev), data.labels[s : s + batch_size]
+                img, labels = data.batch(s, min(s + batch_size, len(data)), dev, dtype), data.labels[s : s + batch_size]
                 x, grid = model.embed(img)
                 streams = []
                 for block in model.blocks:
