@@ -28,11 +28,10 @@ from ssog_core.analysis import AttentionMaps, attention_maps, export_maps_of
 from ssog_core.attention import SSOGAttention
 from ssog_core.data import DataError, Transformed, open_data
 from ssog_core.field import TAPS
-from ssog_core.interventions import AblateHead, CloseGate, Edit, edited, parse_edits
+from ssog_core.interventions import AblateHead, CloseGate, Edit, edited, mean_head_outputs, parse_edits
 
 DEFAULT_EVAL_IMAGES = 500
 MAX_EVAL_IMAGES = 2000
-MEAN_IMAGES = 500  # images behind a head's dataset mean (dataset_mean ablation): the first of the split
 BOOTSTRAP = 2000  # resamples: the 2.5% and 97.5% quantiles move by < 0.1 of an interval's width between seeds
 BATCH = 100
 TOP_K = 5
@@ -208,6 +207,13 @@ def load_eval_set(meta: dict[str, Any], img_size: Sequence[int], n: int | None =
         spec=spec,
         normalization=meta.get("normalization"),
     )
+
+
+def dataset_means(model: nn.Module, meta: dict[str, Any]) -> list[Tensor]:
+    """Each head's mean output per position over the first :data:`DEFAULT_EVAL_IMAGES` validation images (fewer if
+    the split is smaller), for ``dataset_mean`` ablation: a fixed set, so the mean does not depend on N."""
+    data = load_eval_set(meta, model.config.img_size)
+    return mean_head_outputs(model, data.batches(model))
 
 
 @dataclass
