@@ -58,7 +58,8 @@ def test_intervene_refuses_bad_edits_in_words(client):
                        api_name="/intervene")  # fmt: skip
     with pytest.raises(Exception, match="'nowhere.png' is neither a bundled image"):
         client.predict("ssog_shapes.safetensors", "scene.png",
-                       [{"op": "patch_head", "layer": 0, "head": 0, "source": "nowhere.png"}], api_name="/intervene")  # fmt: skip
+                       [{"op": "patch_head", "layer": 0, "head": 0, "source": "nowhere.png"}],
+                       api_name="/intervene")  # fmt: skip
 
 
 def test_head_importance_cells(client):
