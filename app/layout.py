@@ -20,7 +20,7 @@ from PIL import Image
 from app.api import register_api
 from app.common import Updates, error_text, warn, write_downloads
 from app.state import AppContext, AppError, StoredImage, default_image
-from app.tabs import compare, export, geometry, playground, scaling, session, steering
+from app.tabs import compare, export, geometry, intervene, playground, scaling, session, steering
 from ssog_core import viz
 from ssog_core.session import NO_TWIN, dumps
 
@@ -64,6 +64,7 @@ class Page:
     export: export.ExportUI
     compare: compare.CompareUI
     scaling: scaling.ScalingUI
+    intervene: intervene.InterveneUI
     session: session.SessionUI
 
     @property
@@ -372,12 +373,14 @@ def build_page(ctx: AppContext) -> tuple[gr.Blocks, Page]:
                 cmp = compare.build(ctx, shared)
             with gr.Tab("Scaling", id="scaling", elem_id="tab-scaling") as t_sc:
                 sc = scaling.build(ctx, shared)
+            with gr.Tab("Intervene", id="intervene", elem_id="tab-intervene") as t_iv:
+                iv = intervene.build(ctx, shared)
             with gr.Tab("Session", id="session", elem_id="tab-session") as t_ses:
                 ses = session.build()
         page = Page(
             checkpoint=ckpt, checkpoint_upload=ckpt_up, image_pick=img_pick, image_upload=img_up, thumb=thumb,
             status=status, image_sha=image_sha, active=active, tabs=tabs, playground=pg, geometry=geo, steering=st,
-            export=ex, compare=cmp, scaling=sc, session=ses,
+            export=ex, compare=cmp, scaling=sc, intervene=iv, session=ses,
         )  # fmt: skip
         hidden = dict(api_visibility="private")
 
@@ -393,6 +396,7 @@ def build_page(ctx: AppContext) -> tuple[gr.Blocks, Page]:
             "export": (t_ex, partial(export.render, ctx, ex), ex.inputs, ex.outputs, [ex.alpha, ex.layer]),
             "compare": (t_cmp, partial(compare.render, ctx, cmp), cmp.inputs, cmp.outputs, [cmp.alpha, cmp.layer]),
             "scaling": (t_sc, partial(scaling.render, ctx, sc), [ckpt], sc.outputs, []),
+            "intervene": (t_iv, partial(intervene.render, ctx, iv), [ckpt], iv.outputs, []),
         }  # fmt: skip
         for tab_id, (tab, render, inputs, outputs, controls) in views.items():
             last = gr.State(None)
