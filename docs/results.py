@@ -29,7 +29,10 @@ from ssog_core.files import atomic_write
 
 ROOT = Path(__file__).resolve().parent.parent
 
-SMALL_DATA = ("<!-- small-data:begin -->", "<!-- small-data:end -->")  # the section docs/small_data.py writes
+KEPT_SECTIONS = (  # sections other scripts own: docs/small_data.py and docs/interventions_report.py
+    ("<!-- small-data:begin -->", "<!-- small-data:end -->"),
+    ("<!-- interventions:begin -->", "<!-- interventions:end -->"),
+)
 COLD = 3.35e-4  # softplus(-8) + 1e-4: a cold gate's starting scale
 WARM = 0.1270  # softplus(-2) + 1e-4
 ELONGATED = 2.0  # a head whose field's spread along one axis is ≥ 2× the other reads as a strip
@@ -255,9 +258,10 @@ def main() -> None:
             lines.append(f"| {e + 1} | " + " | ".join(f"{100 * v[e]['val_acc']:.1f}%" for v in logs.values()) + " |")
         lines.append("")
     previous = (out / "RESULTS.md").read_text() if (out / "RESULTS.md").is_file() else ""
-    kept = re.search(re.escape(SMALL_DATA[0]) + ".*?" + re.escape(SMALL_DATA[1]), previous, re.S)
-    if kept:  # docs/small_data.py owns that section; keep it
-        lines += ["", kept.group(0), ""]
+    for begin, end in KEPT_SECTIONS:
+        kept = re.search(re.escape(begin) + ".*?" + re.escape(end), previous, re.S)
+        if kept:  # another script owns that section; keep it
+            lines += ["", kept.group(0), ""]
     atomic_write(out / "RESULTS.md", lambda tmp: Path(tmp).write_text("\n".join(lines)))
     print(f"wrote {out / 'RESULTS.md'}")
 
