@@ -71,7 +71,8 @@ class Page:
     def tab_settings(self) -> list[Block]:
         """The tabs' settings a session file records, in :func:`app.tabs.session.make_session`'s order."""
         geo, st, ex, cmp = self.geometry, self.steering, self.export, self.compare
-        return [geo.layer, st.layer, st.query, ex.twin, ex.alpha, ex.layer, cmp.a, cmp.b, cmp.alpha, cmp.layer]
+        return [geo.layer, st.layer, st.query, ex.twin, ex.alpha, ex.layer, cmp.a, cmp.b, cmp.alpha, cmp.layer,
+                self.intervene.edits]  # fmt: skip
 
 
 def default_checkpoint(ctx: AppContext, names: Sequence[str]) -> str | None:
@@ -313,6 +314,8 @@ def restore_session(ctx: AppContext, page: Page, path: Any) -> Updates:
         cmp.b: gr.update(value=s.compare_b),
         cmp.alpha: gr.update(value=s.compare_alpha),
         cmp.layer: gr.update(value=s.compare_layer),
+        page.intervene.edits: list(s.intervene_edits),
+        page.intervene.listing: intervene.listing(list(s.intervene_edits)),
         ui.status: warn(text) if notes else text,
     }
 
@@ -456,7 +459,7 @@ def build_page(ctx: AppContext) -> tuple[gr.Blocks, Page]:
         ses_inputs = [ckpt, image_sha, pg.canvas, pg.underlay, *page.tab_settings]
         ses.save.click(partial(save_session, ctx, page), ses_inputs, [ses.file, ses.status], **hidden)
         ses_outputs = [ckpt, image_sha, thumb, img_pick, *pg.main_out, pg.underlay, *pg.head_controls,
-                       *page.tab_settings, ses.status]  # fmt: skip
+                       *page.tab_settings, iv.listing, ses.status]  # fmt: skip
         ses.upload.upload(partial(restore_session, ctx, page), [ses.upload], ses_outputs, **hidden)
 
         register_api(ctx)

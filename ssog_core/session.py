@@ -10,7 +10,8 @@ Format ``ssog-lab-session/1``::
      "geometry": {"layer": 0},
      "steering": {"layer": 0, "query": [row, col] or null},
      "export": {"twin": "dot_layouts.safetensors" or "(none)", "alpha": 0.5, "layer": 0},
-     "compare": {"a": "…", "b": "…", "alpha": 0.5, "layer": 0}}
+     "compare": {"a": "…", "b": "…", "alpha": 0.5, "layer": 0},
+     "intervene": {"edits": [{"op": "swap_axes", "layer": 5, "head": 0}, …]}}   # ssog_core.interventions
 
 Only ``format`` and ``playground.head`` are required: a missing section or entry takes its default, so files
 written by hand (or by an older app) still load. :func:`read` and :func:`loads` check everything and raise
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ssog_core.analysis import DEFAULT_ALPHA
+from ssog_core.interventions import parse_edits
 from ssog_core.playground import HeadSpec
 
 FORMAT = "ssog-lab-session/1"
@@ -57,6 +59,7 @@ class Session:
     compare_b: str | None = None
     compare_alpha: float = DEFAULT_ALPHA
     compare_layer: int = 0
+    intervene_edits: tuple[dict[str, Any], ...] = ()  # the Intervene tab's edit list, as JSON
 
     @property
     def twin(self) -> str | None:
@@ -67,7 +70,7 @@ class Session:
         """The JSON form (see the module docstring)."""
         image = {"sha256": self.image_sha256, "name": self.image_name} if self.image_sha256 else None
         query = list(self.steering_query) if self.steering_query else None
-        return {
+        out = {
             "format": FORMAT,
             "checkpoint": self.checkpoint,
             "image": image,
@@ -86,6 +89,9 @@ class Session:
                 "layer": self.compare_layer,
             },
         }
+        if self.intervene_edits:  # written only when there are edits: older files stay the same document
+            out["intervene"] = {"edits": list(self.intervene_edits)}
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> Session:
@@ -103,6 +109,10 @@ class Session:
         image = image or {}
         geo, st, ex, cmp = (_section(data, k) for k in ("geometry", "steering", "export", "compare"))
         selected = _int(pg, "selected_atom", "playground")
+        try:
+            edits = tuple(e.to_dict() for e in parse_edits(_section(data, "intervene").get("edits", [])))
+        except ValueError as e:
+            raise SessionError(f"unusable intervene edits: {e}") from None
         return cls(
             head=head,
             checkpoint=_name(data, "checkpoint", ""),
@@ -120,6 +130,7 @@ class Session:
             compare_b=_name(cmp, "b", "compare"),
             compare_alpha=_alpha(cmp, "compare"),
             compare_layer=_int(cmp, "layer", "compare"),
+            intervene_edits=edits,
         )
 
 

@@ -510,15 +510,17 @@ def test_session_round_trip(ctx, sha, page, pg, tmp_path):
     v = playground.initial_value()
     v["atoms"][0]["x"] = 4.0
     data = session.make_session(ctx, "ssog_test.safetensors", sha, v, True, 1, 1, [2, 3], "dot_test.safetensors",
-                                0.3, 1, "ssog_test.safetensors", "dot_test.safetensors", 0.6, 0).to_dict()  # fmt: skip
+                                0.3, 1, "ssog_test.safetensors", "dot_test.safetensors", 0.6, 0,
+                                [{"op": "swap_axes", "layer": 1, "head": 0}]).to_dict()  # fmt: skip
     assert data["image"] == {"sha256": sha, "name": "scene.png"} and data["playground"]["head"]["atoms"][0]["x"] == 4
     path = tmp_path / "s.json"
     path.write_text(json.dumps(data))
     ses = page.session
     out = layout.restore_session(ctx, page, str(path))
     restored = [page.checkpoint, page.image_sha, page.thumb, page.image_pick, *pg.main_out, pg.underlay,
-                *pg.head_controls, *page.tab_settings, ses.status]  # fmt: skip
-    assert set(out) == set(restored) and len(restored) == 22
+                *pg.head_controls, *page.tab_settings, page.intervene.listing, ses.status]  # fmt: skip
+    assert set(out) == set(restored) and len(restored) == 24
+    assert out[page.intervene.listing] == "1. layer 1, head 0: mirrored across the diagonal (y ↔ x)"
     assert out[page.checkpoint]["value"] == "ssog_test.safetensors" and out[page.image_sha] == sha
     assert out[page.image_pick]["value"] == "scene.png"  # issue 12, bug 6: the picker names the restored image
     assert out[pg.canvas]["value"]["atoms"][0]["x"] == 4.0 and out[pg.canvas]["bg"].startswith("data:image/jpeg")

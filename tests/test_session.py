@@ -130,3 +130,11 @@ def test_read_checks_size_json_and_names_the_file(tmp_path):
     with pytest.raises(SessionError, match="cannot read missing.json"):
         read(tmp_path / "missing.json")
     assert isinstance(SessionError("x"), ValueError)  # the app and the CLI show it as an expected error
+
+
+def test_the_intervene_edit_list_round_trips_and_bad_edits_are_refused():
+    edits = ({"op": "swap_axes", "layer": 5, "head": 0}, {"op": "close_gate", "layer": 2, "tap": "mu", "head": None})
+    s = Session(head=DEFAULT_SPEC, intervene_edits=edits)
+    assert loads(dumps(s)) == s and s.to_dict()["intervene"]["edits"] == list(edits)
+    with pytest.raises(SessionError, match="unusable intervene edits: edit 1: unknown op 'rotate'"):
+        Session.from_dict({**s.to_dict(), "intervene": {"edits": [{"op": "rotate", "layer": 0}]}})

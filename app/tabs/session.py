@@ -43,6 +43,7 @@ def make_session(
     cmp_b: str | None,
     cmp_alpha: float,
     cmp_layer: float,
+    edits: list[dict] | None = None,
 ) -> Session:
     """The page's current values as a session (the image by its SHA-256, not its pixels)."""
     name = None
@@ -66,6 +67,7 @@ def make_session(
         compare_b=cmp_b,
         compare_alpha=float(cmp_alpha),
         compare_layer=int(cmp_layer or 0),
+        intervene_edits=tuple(edits or ()),
     )
 
 
