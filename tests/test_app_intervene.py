@@ -81,3 +81,20 @@ def test_a_dot_model_offers_what_it_can(ctx, ui):
     )
     refused = add(ctx, ui, [], "swap_axes", ckpt="dot_shapes.safetensors")
     assert "only ablate_head and patch_head" in refused[ui.status]
+
+
+def test_a_head_opened_from_the_model_can_be_applied_to_it(ctx):
+    from app.tabs import playground
+
+    pg = build_page(ctx)[1].playground
+    sha = ctx.open_bundled("scene.png").sha256
+    out = playground.open_head(ctx, pg, "ssog_shapes.safetensors", 1, 2, False, sha)
+    src, value = out[pg.model_src], out[pg.canvas]["value"]
+    assert src == {"checkpoint": "ssog_shapes.safetensors", "layer": 1, "head": 2} and out[pg.apply]["visible"]
+    same = playground.on_apply_model(ctx, pg, value, src, True, sha)[pg.apply_note]
+    assert same.startswith("Layer 1, head 2") and same.endswith(" 0.0000).")  # its own atoms: no change
+    moved = {**value, "atoms": [{**a, "y": a["y"] + 3} for a in value["atoms"]]}
+    assert "→" in playground.on_apply_model(ctx, pg, moved, src, True, sha)[pg.apply_note]
+    hotter = {**value, "tau": value["tau"] + 1}
+    assert "τ is per layer" in playground.on_apply_model(ctx, pg, hotter, src, True, sha)[pg.apply_note]
+    assert playground.on_apply_model(ctx, pg, value, None, True, sha) == playground.gr.skip()
