@@ -38,7 +38,7 @@ CARD_CACHE = 8  # model cards (counting FLOPs runs the model once)
 FIGURE_CACHE = 8  # geometry figures as PNG bytes with their panel boxes
 STEERING_CACHE = 3  # full attention matrices are the largest thing the app keeps: only a few
 MAPS_CACHE = 8  # export maps, shared by the export and compare tabs and the API
-EFFECTS_CACHE = 32  # interventions: validation images, head means, effects and head-importance sweeps
+EFFECTS_CACHE = 16  # interventions: validation images, head means, effects and head-importance sweeps
 
 
 class AppError(ValueError):
