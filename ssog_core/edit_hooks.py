@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Protocol
 
+import torch
+
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
@@ -40,7 +42,10 @@ _ACTIVE: ContextVar[Mapping[int, LayerHook] | None] = ContextVar("ssog_active_ed
 
 
 def hook_for(module: nn.Module) -> LayerHook | None:
-    """The active hook of an attention module in this call (``None``: run it unedited)."""
+    """The active hook of an attention module in this call (``None``: run it unedited). A compiled model (training
+    on CUDA) never has one: the check is a constant for the compiler, so it adds no graph break."""
+    if torch.compiler.is_compiling():
+        return None
     active = _ACTIVE.get()
     return None if active is None else active.get(id(module))
 
