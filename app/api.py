@@ -23,7 +23,7 @@ from app import interventions
 from app.common import EXPECTED_ERRORS, error_text, stoppable
 from app.state import AppContext, AppError
 from app.tabs import export, playground
-from ssog_core import report
+from ssog_core.analysis import report
 
 
 def register_api(ctx: AppContext) -> None:
@@ -92,7 +92,7 @@ def register_api(ctx: AppContext) -> None:
 
     @api
     def upload_checkpoint(files: list[FileData]) -> str:
-        """Send a ``.safetensors`` checkpoint, or a reference ``.pt`` with its config ``.json``; returns the
+        """Send a ``.safetensors`` checkpoint, or a upstream ``.pt`` with its config ``.json``; returns the
         name to pass to the other endpoints (it also appears in the page's picker)."""
         if not isinstance(files, list):
             files = [files]
@@ -100,7 +100,7 @@ def register_api(ctx: AppContext) -> None:
 
     @api
     def intervene(checkpoint: str, image: str, edits: list[dict], eval_images: int = 0) -> dict:
-        """Apply edits (ssog_core.interventions JSON, in order) to a checkpoint for this call only: class
+        """Apply edits (ssog_core.analysis.interventions JSON, in order) to a checkpoint for this call only: class
         probabilities (the checkpoint's class order) and accumulated export maps unedited and edited on an image
         (bundled name or SHA-256); with ``eval_images`` > 0 also accuracy and log p(true) on that many validation
         images, each change with its paired bootstrap 95% interval, McNemar's p and per-class effects."""
@@ -126,7 +126,7 @@ def register_api(ctx: AppContext) -> None:
 
 def uploaded_path(file: Any) -> str:
     """The server-side path of a file sent with the request. Only files Gradio received in an upload are read:
-    a plain path string, or a file reference pointing anywhere else, is refused."""
+    a plain path string, or a file path pointing anywhere else, is refused."""
     path = file.get("path") if isinstance(file, dict) else None
     if not isinstance(path, str) or not path:
         raise AppError("send the file itself (gradio_client.handle_file(path)), not a path on the server")

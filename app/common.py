@@ -15,9 +15,9 @@ from gradio.blocks import Block
 from matplotlib.figure import Figure
 
 from app.state import AppError
-from ssog_core import viz
-from ssog_core.checkpoint import CheckpointError
-from ssog_core.images import ImageError
+from ssog_core.checkpoint.format import CheckpointError
+from ssog_core.data.images import ImageError
+from ssog_core.viz import figures as viz
 
 Updates = dict[Block, Any]  # what a handler returns: {component: new value or gr.update(...)} for those it changes
 EXPECTED_ERRORS = (AppError, CheckpointError, ImageError, ValueError)

@@ -1,5 +1,5 @@
 """The app's side of interventions: names → images and models, caches, and the ``/intervene`` and
-``/head_importance`` results. The numbers come from :mod:`ssog_core.effects`; this module only finds the inputs
+``/head_importance`` results. The numbers come from :mod:`ssog_core.analysis.effects`; this module only finds the inputs
 and keeps what is expensive (validation images, their unedited outcomes, head means, sweeps) in
 ``ctx.cache.effects``, keyed by what each depends on (the model's file, the edit list, N, the mode).
 
@@ -16,8 +16,7 @@ from typing import Any
 from torch import Tensor
 
 from app.state import AppContext, LoadedModel
-from ssog_core.analysis import attention_maps
-from ssog_core.effects import (
+from ssog_core.analysis.effects import (
     EvalSet,
     HeadImportance,
     ImageEffect,
@@ -30,8 +29,9 @@ from ssog_core.effects import (
     outcomes,
     validation_effect,
 )
-from ssog_core.intervene import result_dict
-from ssog_core.interventions import AblateHead, Edit, PatchHead, edits_key, parse_edits
+from ssog_core.analysis.interventions import AblateHead, Edit, PatchHead, edits_key, parse_edits
+from ssog_core.analysis.measures import attention_maps
+from ssog_core.cli.intervene import result_dict
 
 HEAVY = "heavy"  # concurrency id of the validation and head-importance work (limit 1)
 

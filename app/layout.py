@@ -21,8 +21,8 @@ from app.api import register_api
 from app.common import Updates, error_text, warn, write_downloads
 from app.state import AppContext, AppError, StoredImage, default_image
 from app.tabs import compare, export, geometry, intervene, playground, scaling, session, steering
-from ssog_core import viz
-from ssog_core.session import NO_TWIN, dumps
+from ssog_core.analysis.session import NO_TWIN, dumps
+from ssog_core.viz import figures as viz
 
 FONTS = ["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto", "sans-serif"]  # no web fonts
 MONO = ["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"]

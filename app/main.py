@@ -5,7 +5,7 @@
                   [--threads 1] [--device cpu|cuda|cuda:N] [--auth-file users.txt] [--mcp]
 
 The app is a thin layer: every number it shows comes from :mod:`ssog_core` (field, analysis, checkpoints,
-images), drawn by :mod:`ssog_core.viz` or :mod:`app.plots`.
+images), drawn by :mod:`ssog_core.viz.figures` or :mod:`app.plots`.
 """
 
 from __future__ import annotations

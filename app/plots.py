@@ -1,7 +1,7 @@
 """Interactive Plotly figures: values on hover, labelled colour scales, titles that do not collide.
 
 They only lay out numbers that :mod:`ssog_core` computed; static figures for download come from
-:mod:`ssog_core.viz`.
+:mod:`ssog_core.viz.figures`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ssog_core.analysis import KeyNorms, LayerField
-from ssog_core.playground import HeadSpec, HeadView
+from ssog_core.analysis.measures import KeyNorms, LayerField
+from ssog_core.analysis.playground import HeadSpec, HeadView
 
 _LAYOUT = dict(template="plotly_white", font=dict(size=12), hoverlabel=dict(font_size=12))
 _TAP_NAMES = {"mu": "s(μδ)", "sigma": "s(σδ)", "lambda": "s(λ)"}

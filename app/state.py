@@ -21,11 +21,11 @@ from PIL import Image
 from torch import Tensor, nn
 
 from app.cache import LRU
-from ssog_core.analysis import LayerField, head_fields
-from ssog_core.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from ssog_core.convert import convert
-from ssog_core.images import MAX_BYTES, ImageError, list_images, load_image, model_input
-from ssog_core.presets import Preset, find_presets
+from ssog_core.analysis.measures import LayerField, head_fields
+from ssog_core.analysis.presets import Preset, find_presets
+from ssog_core.checkpoint.format import CheckpointError, load_checkpoint, save_checkpoint
+from ssog_core.checkpoint.upstream import convert
+from ssog_core.data.images import MAX_BYTES, ImageError, list_images, load_image, model_input
 
 UPLOADED = "uploaded/"  # prefix of checkpoints a user uploaded in this session of the server
 MAX_UPLOAD_BYTES = 64 * 1024**2  # any file sent to the server; checkpoints of the size this project trains fit
@@ -179,7 +179,7 @@ class AppContext:
     def add_upload(self, files: list[str]) -> str:
         """Validate uploaded checkpoint file(s) and keep them as ``uploaded/NAME.safetensors``.
 
-        Accepted: one ``.safetensors`` of ours, or a reference-implementation ``.pt`` together with the
+        Accepted: one ``.safetensors`` of ours, or a upstream-implementation ``.pt`` together with the
         ``.json`` of its ViT arguments (read with ``weights_only=True`` and converted; never unpickled).
         """
         paths = [Path(f) for f in files or []]
@@ -212,14 +212,14 @@ class AppContext:
             except (UnicodeDecodeError, json.JSONDecodeError) as e:
                 raise AppError(f"{configs[0].name} is not valid JSON: {e}") from None
             if not isinstance(kwargs, dict):
-                raise AppError(f"{configs[0].name} must hold a JSON object of the reference ViT's arguments")
+                raise AppError(f"{configs[0].name} must hold a JSON object of the upstream ViT's arguments")
             model = convert(pts[0], kwargs)
             dest = self._upload_target(pts[0].stem)
             save_checkpoint(dest, model, {"converted_from": pts[0].name, "reference_config": kwargs})
             return UPLOADED + dest.name
         if pts and not configs:
             raise AppError(
-                f"{pts[0].name} is a reference-implementation file: upload it together with a .json file holding "
+                f"{pts[0].name} is a upstream-implementation file: upload it together with a .json file holding "
                 'the ViT arguments it was built with (e.g. {"num_classes": 100, "img_size": 32, "patch_size": 2})'
             )
         raise AppError(

@@ -2,10 +2,10 @@
 
     python benchmarks/app_latency.py [--checkpoint-dir checkpoints] [--out benchmarks/results/app_latency.md]
 
-Measures, against the issue's targets:
+Measures, each against its target:
 
-* core: the playground head (32×32 grid, 8 atoms) evaluated by ``ssog_core.playground.evaluate`` (≤ 5 ms);
-* export maps of a demo-size checkpoint on a 224² image (``ssog_core.analysis.compute_export_maps``, ≤ 2 s), and the
+* core: the playground head (32×32 grid, 8 atoms) evaluated by ``ssog_core.analysis.playground.evaluate`` (≤ 5 ms);
+* export maps of a demo-size checkpoint on a 224² image (``ssog_core.analysis.measures.export_maps``, ≤ 2 s), and the
   whole export-tab render (maps + the matplotlib figure) for context;
 * browser (Playwright + Debian Chromium, the app as a subprocess): preview frames per second while an atom is
   dragged (≥ 30), and the release → authoritative update round trip (≤ 100 ms), measured in the page from
@@ -33,13 +33,15 @@ import numpy as np
 import torch
 from PIL import Image
 
-from app.process import AppProcess
-from ssog_core import ViT, save_checkpoint, viz
-from ssog_core.analysis import compute_export_maps
-from ssog_core.checkpoint import load_checkpoint
-from ssog_core.figures import EXPORT_WIDTH, app_export_maps_figure
-from ssog_core.images import model_input
-from ssog_core.playground import Atom, HeadSpec, evaluate
+from ssog_core import ViT, save_checkpoint
+from ssog_core.analysis.measures import export_maps
+from ssog_core.analysis.playground import Atom, HeadSpec, evaluate
+from ssog_core.checkpoint.format import load_checkpoint
+from ssog_core.data.images import model_input
+from ssog_core.testing.app_process import AppProcess
+from ssog_core.viz import figures as viz
+from ssog_core.viz import raster
+from ssog_core.viz.files import EXPORT_WIDTH, named_export_maps_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,12 +112,12 @@ def bench_export(folder: Path, threads: int) -> dict[str, dict[str, float]]:
         "seed_size": (seed_size_model(), {}),
     }.items():
         x, _ = model_input([img], model.config.img_size, meta)
-        out[f"{name}_export_maps"] = summary(timed(lambda m=model, x=x: compute_export_maps(m, x), 5, warmup=1))
-        display = viz.model_view(img, model.config.img_size, EXPORT_WIDTH)
+        out[f"{name}_export_maps"] = summary(timed(lambda m=model, x=x: export_maps(m, x), 5, warmup=1))
+        display = raster.model_view(img, model.config.img_size, EXPORT_WIDTH)
 
         def render(m=model, x=x, display=display) -> None:
-            maps = compute_export_maps(m, x)
-            viz.figure_rgb(app_export_maps_figure([("ssog_layouts.safetensors", maps)], display, 0, "bench.png"))
+            maps = export_maps(m, x)
+            viz.figure_rgb(named_export_maps_figure([("ssog_layouts.safetensors", maps)], display, 0, "bench.png"))
 
         out[f"{name}_export_tab"] = summary(timed(render, 3, warmup=1))
         out[f"{name}_grid"] = list(model.config.grid)

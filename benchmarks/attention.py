@@ -1,20 +1,31 @@
-"""Attention-op latency and memory vs tokens: SSOG (steered / fixed / axial; Triton and PyTorch paths) against
-``F.scaled_dot_product_attention``.
+"""Attention-op latency and memory vs tokens: every SSOG backend (steered / fixed / axial fields) and RBF attention
+against ``F.scaled_dot_product_attention``.
 
-    python benchmarks/attention.py                                   # CPU: PyTorch paths, small sizes
+    python benchmarks/attention.py --threads 2                       # CPU: definition, torch and cpu backends
     python benchmarks/attention.py --device cuda                     # GPU: d384 / 6 heads / R4 / batch 64 / bf16
 
-Each row times the operator alone (no projections): SDPA on ``q, k, v`` of shape (B, H, N, d); SSOG on
+``--paths`` names the SSOG backends of :func:`ssog_core.ops.ssog_apply` to measure: ``definition``
+(:func:`ssog_core.field.apply_field`, the einsums as defined), ``torch`` (the PyTorch path), ``cpu`` (the fused
+C kernels: steered factorized fields on CPU tensors) and ``triton`` (the fused Triton kernels: CUDA). Each row calls
+``ssog_apply(..., backend=path)``, so a row measures the backend it names or is left out with the dispatcher's
+reason (e.g. ``cpu`` for a fixed or axial field); an unknown name is refused. ``--kinds`` adds ``rbf``: RBF
+attention (:func:`ssog_core.ops.rbf_attention`) with its ``torch`` backend, and ``triton`` where that path is
+asked for.
+
+Each row times the operator alone (no projections): SDPA and RBF on ``q, k, v`` of shape (B, H, N, d); SSOG on
 ``v`` of shape (B, N, H, d) plus its field (steered: per-token μ, σ, λ for every head and atom, as the steering
 heads produce them; fixed: the shared field; axial: the steered field mixed per axis). The forward and
 forward+backward latencies are medians (CUDA: ``triton.testing.do_bench`` with CUDA graphs when available;
 CPU: over interleaved rounds, wall clock or, with ``--clock cpu --threads 1``, the thread's CPU time). Memory
 is the peak allocated beyond the live inputs (CUDA: the caching allocator's peak; CPU: the peak of live
-tensors created inside the op, tracked through the dispatcher), also in multiples of the size of v. On CUDA
+tensors created inside the op, tracked through the dispatcher), also in multiples of the size of v. The C
+kernels' per-thread scratch (``malloc``, invisible to the dispatcher, kept between calls) is reported apart, in
+the ``scratch`` column: its size per thread is ``4·N·R·(7 + 3·max(Gh, Gw) + d)`` bytes in fp32. On CUDA
 every row also gets its roofline floor (``floor_us`` below, H200 ceilings) and achieved/floor. A batch that
 does not fit is halved until it does.
 
-Writes ``attention_<device>.csv``, ``attention_<device>.md`` and ``attention_<device>.png`` into ``--out``.
+Writes ``attention_<tag>.csv``, ``attention_<tag>.md`` and ``attention_<tag>.png`` into ``--out`` (tag:
+``--tag``, else the device type).
 """
 
 from __future__ import annotations
@@ -33,14 +44,36 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ssog_core.field import apply_field
-from ssog_core.files import atomic_write
-from ssog_core.ops.torch_ssog import apply_torch
+from ssog_core.checkpoint.files import atomic_write
+from ssog_core.ops import dispatch, rbf_attention, ssog_apply
 
 from common import add_run_flags, apply_run_flags, provenance, rand_field, write_csv
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-GRIDS = {196: (14, 14), 576: (24, 24), 1024: (32, 32), 4096: (64, 64), 16384: (128, 128)}
+PATHS = ("definition", "torch", "cpu", "triton")  # the SSOG backends, in the order of the tables
+KINDS = ("steered", "fixed", "axial", "rbf")
+# the definition backend's name in ssog_core.ops.dispatch (it was called "reference")
+DEFINITION = "definition" if "definition" in dispatch.SSOG_BACKENDS else "reference"
+
+
+def grid_of(n: int) -> tuple[int, int]:
+    """The square token grid of ``n`` tokens."""
+    side = math.isqrt(n)
+    if side * side != n:
+        raise argparse.ArgumentTypeError(f"{n} tokens are not a square grid")
+    return side, side
+
+
+def tokens_arg(text: str) -> int:
+    n = int(text)
+    grid_of(n)
+    return n
+
+
+def scratch_bytes(n: int, r: int, d: int, dtype: torch.dtype) -> int:
+    """The C kernels' scratch per thread (``scratch_bytes`` in ``ssog_cpu.c``), allocated with malloc."""
+    return torch.finfo(dtype).bits // 8 * n * r * (7 + 3 * max(grid_of(n)) + d)
+
 
 # H200 ceilings: bf16 tensor, HBM, ex2/MUFU, fp32 instructions per second
 TC, HBM, MUFU, FP32 = 790e12, 4.3e12, 3.9e12, 30e12
@@ -48,9 +81,9 @@ TC, HBM, MUFU, FP32 = 790e12, 4.3e12, 3.9e12, 30e12
 
 def floor_us(kind: str, b: int, n: int, h: int, d: int, r: int, train: bool) -> float:
     """Roofline floor of one attention op in µs: the largest of FLOP, byte and exp2 time at the ceilings, bf16."""
-    gh, gw = GRIDS.get(n, (round(math.sqrt(n)), round(math.sqrt(n))))
+    gh, gw = grid_of(n)
     dm = h * d
-    if kind == "sdpa":
+    if kind in ("sdpa", "rbf"):  # RBF attention is SDPA on vectors one element wider
         flops = 4 * b * n * n * dm
         nbytes = 4 * b * n * dm * 2
         exps = b * h * n * n
@@ -103,32 +136,43 @@ class PeakLive(TorchDispatchMode):
 
 def _ops(path: str, kind: str, b: int, n: int, h: int, d: int, r: int, device, dtype, train: bool) -> Callable:
     """A closure running one forward (and backward when ``train``)."""
-    if kind == "sdpa":
+    if kind in ("sdpa", "rbf"):
         q, k, v = (torch.randn(b, h, n, d, device=device, dtype=dtype, requires_grad=train) for _ in range(3))
 
-        def run():
-            y = F.scaled_dot_product_attention(q, k, v)
-            if train:
-                y.backward(torch.ones_like(y))
+        def op():
+            if kind == "sdpa":
+                return F.scaled_dot_product_attention(q, k, v)
+            return rbf_attention(q, k, v, backend=path)
 
-        return run
-    grid = GRIDS[n]
-    mode = "axial" if kind == "axial" else "factorized"
-    field = rand_field(b, grid, h, r, kind != "fixed", device, train)
-    v = torch.randn(b, n, h, d, device=device, dtype=dtype, requires_grad=train)
-    if path == "triton":
-        from ssog_core.ops.triton_ssog import apply_triton as impl
-    elif path == "torch":
-        impl = apply_torch
     else:
-        impl = apply_field
+        grid = grid_of(n)
+        mode = "axial" if kind == "axial" else "factorized"
+        field = rand_field(b, grid, h, r, kind != "fixed", device, train)
+        v = torch.randn(b, n, h, d, device=device, dtype=dtype, requires_grad=train)
+        backend = DEFINITION if path == "definition" else path
+
+        def op():
+            return ssog_apply(v, field, grid, mode, backend=backend)
 
     def run():
-        y = impl(v, field, grid, mode)
+        y = op()
         if train:
             y.backward(torch.ones_like(y))
 
     return run
+
+
+def unavailable(path: str, kind: str, n: int, h: int, d: int, r: int, device, dtype) -> str | None:
+    """Why this backend cannot run this row (the dispatcher's reason, from a one-image call), or ``None``."""
+    if kind == "sdpa":
+        return None
+    if kind == "rbf" and path not in dispatch.RBF_BACKENDS:
+        return f"RBF attention has no {path} backend"
+    try:
+        _ops(path, kind, 1, n, h, d, r, device, dtype, False)()
+    except dispatch.BackendUnavailable as err:
+        return str(err)
+    return None
 
 
 def _time_cuda(fn: Callable) -> float:
@@ -195,6 +239,9 @@ def measure_cpu(
             peak = _peak_bytes(fns[(p, k, train)], device)
             row[f"{tag}_peak_mb"] = peak / 2**20
             row[f"{tag}_peak_over_v"] = peak / v_bytes
+        if p == "cpu":  # per thread, and no more threads than (image, head) pairs run
+            scratch = scratch_bytes(n, r, d, dtype) * min(torch.get_num_threads(), b * h)
+            row["scratch_mb"], row["scratch_over_v"] = scratch / 2**20, scratch / v_bytes
         rows.append(row)
     return rows
 
@@ -204,9 +251,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", choices=sorted(DTYPES), help="default: bfloat16 on CUDA, float32 on CPU")
     ap.add_argument("--batch", type=int, help="default: 64 on CUDA, 2 on CPU")
-    ap.add_argument("--tokens", type=int, nargs="+", help="default: 196 576 1024 4096 16384 (CPU: up to 4096)")
-    ap.add_argument("--paths", nargs="+", help="SSOG implementations: triton torch reference")
-    ap.add_argument("--kinds", nargs="+", default=["steered", "fixed", "axial"])
+    ap.add_argument(
+        "--tokens", type=tokens_arg, nargs="+", help="square grids (default 196 576 1024 4096 16384; CPU 256 1024 4096)"
+    )
+    ap.add_argument(
+        "--paths",
+        nargs="+",
+        choices=PATHS,
+        metavar="PATH",
+        help=f"SSOG backends, of {', '.join(PATHS)} (default: triton torch definition on CUDA, "
+        "definition torch cpu on the CPU)",
+    )
+    ap.add_argument("--kinds", nargs="+", choices=KINDS, metavar="KIND", default=list(KINDS), help=", ".join(KINDS))
     ap.add_argument("--heads", type=int, default=6)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--atoms", type=int, default=4)
@@ -219,15 +275,26 @@ def main(argv: list[str] | None = None) -> None:
     apply_run_flags(ap, args, device)
     dtype = DTYPES[args.dtype or ("bfloat16" if cuda else "float32")]
     batch0 = args.batch or (64 if cuda else 2)
-    tokens = args.tokens or ([196, 576, 1024, 4096, 16384] if cuda else [196, 576, 1024, 4096])
-    paths = args.paths or (["triton", "torch"] if cuda else ["torch", "reference"])
+    tokens = args.tokens or ([196, 576, 1024, 4096, 16384] if cuda else [256, 1024, 4096])
+    paths = [p for p in PATHS if p in (args.paths or (["triton", "torch", "definition"] if cuda else PATHS[:3]))]
     h, d, r = args.heads, args.head_dim, args.atoms
 
-    rows = []
+    rows, skipped = [], {}
     for n in tokens:
-        jobs = [("sdpa", "sdpa")] + [(p, k) for k in args.kinds for p in paths]
-        # the reference materialises every per-query kernel: minutes and gigabytes beyond 1024 tokens
-        jobs = [(p, k) for p, k in jobs if not (p == "reference" and n > 1024)]
+        jobs = [("sdpa", "sdpa")]
+        for kind in args.kinds:
+            # RBF attention: its torch backend always, its Triton kernels where the triton path is asked for
+            for p in ["torch", *(["triton"] if "triton" in paths else [])] if kind == "rbf" else paths:
+                if p == "definition" and n > 1024:
+                    # the definition builds every per-query kernel of every atom at once: B·N·H·R·(Gh+Gw) weights
+                    # and their gradients, minutes and gigabytes beyond 1024 tokens
+                    skipped[(p, kind)] = "left out above 1024 tokens: it builds every per-query kernel at once"
+                    continue
+                why = unavailable(p, kind, n, h, d, r, device, dtype)
+                if why is None:
+                    jobs.append((p, kind))
+                else:
+                    skipped.setdefault((p, kind), why)
         if not cuda:
             new = measure_cpu(jobs, batch0, n, h, d, r, dtype, args.repeats, args.clock)
         else:
@@ -264,22 +331,27 @@ def main(argv: list[str] | None = None) -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     tag = args.tag or device.type
-    fields = sorted({k for row in rows for k in row}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
+    order = [k for row in rows for k in row]
+    fields = sorted(set(order), key=order.index)
 
     write_csv(args.out / f"attention_{tag}.csv", rows, fields)
     dev_name = torch.cuda.get_device_name(device) if cuda else (platform.processor() or "cpu")
+    notes = [f"* {p} / {k}: {why}" for (p, k), why in skipped.items()]
+    for line in notes:
+        print("not measured:", line[2:], flush=True)
     lines = [
         f"Attention op only, {h} heads × d{d}, R{r}, {str(dtype).removeprefix('torch.')}, {dev_name}, "
         f"torch {torch.__version__}, {os.cpu_count()} CPUs / {torch.get_num_threads()} threads"
         f"{', CPU-time clock' if args.clock == 'cpu' else ''}. "
-        f"Peak = memory beyond the live inputs, also in multiples of v. {stamp}, `{command}`.",
+        f"Peak = memory beyond the live inputs, also in multiples of v; scratch = the C kernels' malloc'd "
+        f"scratch of all threads, kept between calls. {stamp}, `{command}`.",
         "",
     ]
     head = (
         "| N | path | kind | B | fwd ms | fwd+bwd ms | speed-up vs SDPA fwd | vs SDPA fwd+bwd | peak fwd MB (×v) "
-        "| peak fwd+bwd MB (×v) |"
+        "| peak fwd+bwd MB (×v) | scratch MB (×v) |"
     )
-    sep = "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"
+    sep = "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     if cuda:
         head += " fwd/floor | fwd+bwd/floor |"
         sep += "---:|---:|"
@@ -289,14 +361,20 @@ def main(argv: list[str] | None = None) -> None:
             f"| {row['tokens']} | {row['path']} | {row['kind']} | {row['batch']} | {row['fwd_ms']:.3f} | "
             f"{row['fwdbwd_ms']:.3f} | {row['fwd_speedup_vs_sdpa']:.2f} | {row['fwdbwd_speedup_vs_sdpa']:.2f} | "
             f"{row['fwd_peak_mb']:.1f} ({row['fwd_peak_over_v']:.2f}) | "
-            f"{row['fwdbwd_peak_mb']:.1f} ({row['fwdbwd_peak_over_v']:.2f}) |"
+            f"{row['fwdbwd_peak_mb']:.1f} ({row['fwdbwd_peak_over_v']:.2f}) | "
+            + (f"{row['scratch_mb']:.1f} ({row['scratch_over_v']:.2f}) |" if "scratch_mb" in row else "— |")
         )
         if cuda:
             line += f" {row['fwd_achieved_over_floor']:.2f} | {row['fwdbwd_achieved_over_floor']:.2f} |"
         lines.append(line)
+    if notes:
+        lines += ["", "Not measured:", "", *notes]
     atomic_write(args.out / f"attention_{tag}.md", lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
     _plot(rows, args.out / f"attention_{tag}.png", f"{dev_name}, {str(dtype).removeprefix('torch.')}")
     print("\n".join(lines))
+
+
+STYLES = {"triton": "-s", "cpu": "-D", "torch": "--^", "definition": ":x"}
 
 
 def _plot(rows: list[dict], out: Path, title: str) -> None:
@@ -313,8 +391,9 @@ def _plot(rows: list[dict], out: Path, title: str) -> None:
             pts = sorted(
                 (r["tokens"], r[f"{tag}_ms"] / r["batch"]) for r in rows if (r["path"], r["kind"]) == (path, kind)
             )
-            style = "k-o" if kind == "sdpa" else ("-s" if path == "triton" else ("--^" if path == "torch" else ":x"))
-            ax.plot(*zip(*pts, strict=True), style, label="SDPA" if kind == "sdpa" else f"SSOG {kind} ({path})")
+            style = "k-o" if kind == "sdpa" else STYLES[path]
+            name = "SDPA" if kind == "sdpa" else ("RBF" if kind == "rbf" else f"SSOG {kind}") + f" ({path})"
+            ax.plot(*zip(*pts, strict=True), style, label=name)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ticks = sorted({r["tokens"] for r in rows})

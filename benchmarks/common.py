@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
+from ssog_core.checkpoint.files import atomic_write
 from ssog_core.field import Field
-from ssog_core.files import atomic_write
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

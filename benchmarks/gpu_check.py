@@ -42,12 +42,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ssog_core.attention import SSOGAttention
-from ssog_core.config import SEED_CONFIGS
-from ssog_core.files import atomic_write
-from ssog_core.ops.dispatch import interpreting
-from ssog_core.ops.reference import FieldLeaves, grads, reference_apply, reference_matrix
-from ssog_core.vit import ViT
+from ssog_core.checkpoint.files import atomic_write
+from ssog_core.nn.attention import SSOGAttention
+from ssog_core.nn.config import SEED_CONFIGS
+from ssog_core.nn.vit import ViT
+from ssog_core.ops.env import interpreting
+from ssog_core.testing.oracles import FieldLeaves, grads, oracle_apply, oracle_matrix
 
 from common import rand_field, write_csv
 
@@ -122,7 +122,7 @@ def _rel_err(a: torch.Tensor, e: torch.Tensor) -> float:
 
 def _check_case(case, dev: torch.device) -> str | None:
     """One kernel configuration against the float64 definition; on ``meta`` only shapes, dtypes and devices."""
-    from ssog_core.ops.triton_ssog import apply_triton
+    from ssog_core.ops.ssog_triton import apply_triton
 
     b, grid, h, r, d, taps, mode, dtype, rtol = case
     leaves = FieldLeaves(b, grid, h, r, taps, device=dev)
@@ -131,7 +131,7 @@ def _check_case(case, dev: torch.device) -> str | None:
     v = wide[..., d:].detach().requires_grad_(True)  # strided, like a slice of a fused projection
     dy = torch.randn(b, gh * gw, h, d, dtype=torch.float64).to(dev)
     inputs = [v, *leaves.tensors()]
-    expected = reference_apply(v.to(dtype).double(), leaves.field(), grid, mode)  # same rounded input
+    expected = oracle_apply(v.to(dtype).double(), leaves.field(), grid, mode)  # same rounded input
     want = grads(expected, inputs, dy)
     out = apply_triton(v.to(dtype), leaves.field(torch.float32), grid, mode)
     got = grads(out, inputs, dy)
@@ -165,7 +165,7 @@ def _check_dispatch_and_analysis(dev: torch.device) -> str | None:
             a = attn.attention_matrix(x, (7, 5))
             av = torch.einsum("bhnm,bmhd->bnhd", a, v)
             fused = ssog_apply(v, field, (7, 5), mode)
-            ref = reference_matrix(field, (7, 5), mode, batch=2)
+            ref = oracle_matrix(field, (7, 5), mode, batch=2)
             if dev.type == "meta":
                 continue
             if not torch.allclose(av, fused, rtol=1e-4, atol=1e-5):
@@ -308,7 +308,7 @@ def _op_jobs(n: int, b: int, h: int, d: int, r: int, dtype: torch.dtype, dev: to
     from torch.nn.attention import sdpa_kernel
 
     from ssog_core.field import axis_kernels
-    from ssog_core.ops import triton_ssog as ts
+    from ssog_core.ops import ssog_triton as ts
 
     grid = GRIDS.get(n, (int(n**0.5), int(n**0.5)))
     gh, gw = grid

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-from ssog_core.analysis import attention_maps, layer_field
-from ssog_core.checkpoint import load_checkpoint
-from ssog_core.effects import head_importance, image_effect, importance_edits, load_eval_set, outcomes
-from ssog_core.files import atomic_write
-from ssog_core.interventions import SetHead, edited
-from ssog_core.playground import spec_from_head
+from ssog_core.analysis.effects import head_importance, image_effect, importance_edits, load_eval_set, outcomes
+from ssog_core.analysis.interventions import SetHead, edited
+from ssog_core.analysis.measures import attention_maps, layer_field
+from ssog_core.analysis.playground import spec_from_head
+from ssog_core.checkpoint.files import atomic_write
+from ssog_core.checkpoint.format import load_checkpoint
 
 from common import add_run_flags, apply_run_flags, provenance
 

@@ -45,7 +45,7 @@ from gradio_client import Client, handle_file  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from app import main as app_main  # the queue settings, reported with the figures
-from app.process import AppProcess
+from ssog_core.testing.app_process import AppProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 

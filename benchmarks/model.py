@@ -29,15 +29,16 @@ from pathlib import Path
 
 import torch
 
-from ssog_core.config import SEED_CONFIGS, ViTConfig
-from ssog_core.files import atomic_write
+from ssog_core.checkpoint.files import atomic_write
+from ssog_core.nn.config import SEED_CONFIGS, ViTConfig
+from ssog_core.nn.vit import ViT
 from ssog_core.ops.dispatch import choose_ssog_backend
-from ssog_core.train import make_optimizer
-from ssog_core.vit import ViT
+from ssog_core.train.config import TrainConfig
+from ssog_core.train.optim import make_optimizer
 
 from common import add_run_flags, apply_run_flags, provenance, write_csv
 
-OPTIMIZER = argparse.Namespace(lr=1e-4, weight_decay=0.05, gate_lr_mult=1.0)  # train's AdamW (fused), no multipliers
+OPTIMIZER = TrainConfig(lr=1e-4, weight_decay=0.05, gate_lr_mult=1.0)  # train's AdamW (fused), no multipliers
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # small models people train on a CPU: (SSOG config with all taps, gates open; image side). The dot twin is the
 # same config with attn="dot".

@@ -7,7 +7,7 @@ Methods (q, k, v of shape (B, H, N, D)):
 
 * ``sdpa``        — ``F.scaled_dot_product_attention`` (dot product; the fused kernel of the device);
 * ``sdpa-qknorm`` — the same after RMS-normalising q and k (the usual cure for key-magnitude dominance; GPU only);
-* ``rbf-torch``   — :func:`ssog_core.ops.rbf.rbf_attention_torch`: SDPA on augmented vectors, no N × N tensor;
+* ``rbf-torch``   — :func:`ssog_core.ops.rbf_torch.rbf_attention_torch`: SDPA on augmented vectors, no N × N tensor;
 * ``rbf-triton``  — the fused Triton kernels (GPU only);
 * ``rbf-dense``   — the naive formula with an explicit N × N distance matrix (the memory baseline; CPU only, N ≤ 2048).
 
@@ -15,7 +15,7 @@ Latency: median over interleaved repeats on CPU, ``triton.testing.do_bench`` on 
 forward and one backward pass. Peak memory: on GPU ``torch.cuda.max_memory_allocated`` above the inputs; on
 CPU the growth of the process's peak resident set during one forward + backward, measured in a fresh child
 process per point (so it includes allocator slack; compare methods, not absolute bytes). Before timing on GPU
-the script checks the Triton kernels against the float64 reference (forward and gradients) and prints the errors.
+the script checks the Triton kernels against the float64 oracle (forward and gradients) and prints the errors.
 
 Writes ``benchmarks/results/rbf_{cpu,gpu}.json`` and ``.png``, and prints Markdown tables for RESULTS_RBF.md.
 """
@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ssog_core.ops.rbf import rbf_attention_torch, rbf_gamma
+from ssog_core.ops.rbf_torch import rbf_attention_torch, rbf_gamma
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -166,7 +166,7 @@ def run_cpu(lengths, b, h, d, reps) -> list[dict]:
 
 
 def gpu_check(dtype) -> list[str]:
-    """The fused kernels against the float64 reference on GPU: relative errors of o, dq, dk, dv."""
+    """The fused kernels against the float64 oracle on GPU: relative errors of o, dq, dk, dv."""
     from ssog_core.ops.rbf_triton import rbf_attention_triton
 
     lines = []
@@ -323,7 +323,7 @@ def main() -> None:
             print("no CUDA device: GPU section skipped")
             return
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-        print("\n".join(["correctness of the fused kernels vs the float64 reference:", *gpu_check(dtype)]))
+        print("\n".join(["correctness of the fused kernels vs the float64 oracle:", *gpu_check(dtype)]))
         lengths = parse(args.lengths) or [512, 1024, 2048, 4096, 8192, 16384]
         b, h = args.batch or 4, args.heads or 8
         title = f"{torch.cuda.get_device_name()}, {args.dtype}, B={b} H={h} D={d}"

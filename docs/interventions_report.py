@@ -20,9 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ssog_core.analysis import head_fields
-from ssog_core.checkpoint import load_checkpoint
-from ssog_core.effects import (
+from ssog_core.analysis.effects import (
     EvalSet,
     Outcomes,
     bootstrap_ci,
@@ -31,8 +29,10 @@ from ssog_core.effects import (
     load_eval_set,
     outcomes,
 )
+from ssog_core.analysis.interventions import TAP_NAMES, AblateHead, CloseGate, Edit, SwapAxes, describe
+from ssog_core.analysis.measures import head_fields
+from ssog_core.checkpoint.format import load_checkpoint
 from ssog_core.field import TAPS
-from ssog_core.interventions import TAP_NAMES, AblateHead, CloseGate, Edit, SwapAxes, describe
 
 ROOT = Path(__file__).resolve().parent.parent
 MARKS = ("<!-- interventions:begin -->", "<!-- interventions:end -->")
@@ -100,11 +100,11 @@ def section(ssog: Path, n: int) -> str:
         MARKS[0],
         "## What the interventions say",
         "",
-        f"Written by `python docs/interventions_report.py --ssog {shown} --images {n}` (`ssog_core.effects`) on the "
-        f"first {n} validation images of `{data.spec}`; unedited accuracy **{acc0:.4f}**. Every change is "
-        "edited − unedited with its paired bootstrap 95% interval (the same images resampled on both sides); "
-        "*within noise* when the interval contains 0. Log p(true) moves measurably where accuracy near 100% moves "
-        "by a handful of images.",
+        f"Written by `python docs/interventions_report.py --ssog {shown} --images {n}` "
+        f"(`ssog_core.analysis.effects`) on the first {n} validation images of `{data.spec}`; unedited accuracy "
+        f"**{acc0:.4f}**. Every change is edited − unedited with its paired bootstrap 95% interval (the same images "
+        "resampled on both sides); *within noise* when the interval contains 0. Log p(true) moves measurably where "
+        "accuracy near 100% moves by a handful of images.",
         "",
         "### Which heads matter (each head zero-ablated)",
         "",

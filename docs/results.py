@@ -2,8 +2,8 @@
 
     python docs/results.py [--ssog checkpoints/ssog_layouts.safetensors] [--dot checkpoints/dot_layouts.safetensors]
 
-For each checkpoint: parameters, FLOPs per forward (``ssog_core.cost.count_flops``), validation accuracy at
-the training size and zero-shot at other sizes (``ssog_core.evaluate``); for the SSOG model the geometry of every
+For each checkpoint: parameters, FLOPs per forward (``ssog_core.nn.cost.count_flops``), validation accuracy at
+the training size and zero-shot at other sizes (``ssog_core.cli.evaluate``); for the SSOG model the geometry of every
 layer (reach, entropy, elongated heads: ``ssog_core.analysis.head_fields``) and its steering gates against their
 cold start; and where the accumulated export map is positive: the mean accumulated value on the object's patches
 vs the background and vs the grid's border ring, over validation images whose object mask is known (the data
@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ssog_core import layouts, shapes
-from ssog_core.accuracy import evaluate_sizes, plot_transfer
-from ssog_core.analysis import compute_export_maps, head_fields
-from ssog_core.checkpoint import load_checkpoint
-from ssog_core.cost import count_flops, count_params
-from ssog_core.files import atomic_write
+from ssog_core.analysis.measures import export_maps, head_fields
+from ssog_core.checkpoint.files import atomic_write
+from ssog_core.checkpoint.format import load_checkpoint
+from ssog_core.data import layouts, shapes
+from ssog_core.nn.cost import count_flops, count_params
+from ssog_core.train.accuracy import evaluate_sizes, plot_transfer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,7 +57,7 @@ def object_export(model: torch.nn.Module, kind: str, spec, n: int, size: tuple[i
             img, _, alpha = render_with_mask(spec.seed, "val", i, spec.classes, size)
             imgs.append(torch.from_numpy(img).permute(2, 0, 1).float() / 255)
             masks.append(alpha.reshape(gh, p, gw, p).mean(axis=(1, 3)) >= COVERED)
-        acc = compute_export_maps(model, torch.stack(imgs)).accumulated.numpy()
+        acc = export_maps(model, torch.stack(imgs)).accumulated.numpy()
         for a, m in zip(acc, masks, strict=True):
             if m.any() and (~m).any():
                 on.append(a[m].mean())
@@ -109,7 +109,7 @@ def example_figure(models: dict[str, torch.nn.Module], kind: str, spec, size: tu
         axes[0, col].imshow(img)
         x = torch.from_numpy(img).permute(2, 0, 1)[None].float() / 255
         for row, (name, model) in enumerate(models.items(), start=1):
-            acc = compute_export_maps(model, x).accumulated[0].numpy()
+            acc = export_maps(model, x).accumulated[0].numpy()
             lim = np.abs(acc).max()
             axes[row, col].imshow(acc, cmap="RdBu_r", vmin=-lim, vmax=lim)
             axes[row, 0].set_ylabel(f"{name}\naccumulated net", fontsize=8)
@@ -196,7 +196,7 @@ def main() -> None:
         "",
         "## What the SSOG model learned: geometry per layer",
         "",
-        "From `ssog_core.analysis.head_fields`, on each head's fixed (unsteered) field as a density over key",
+        "From `ssog_core.analysis.measures.head_fields`, on each head's fixed (unsteered) field as a density over key",
         "displacement on the model's grid: *reach* = RMS key distance from the query (grid cells), *elongated* =",
         f"the field's standard deviations along y and x differ by ≥ {ELONGATED:g}× (either way round); entropy in",
         "nats.",

@@ -18,7 +18,7 @@ from pathlib import Path
 from PIL import Image
 from playwright.sync_api import sync_playwright
 
-from app.process import AppProcess
+from ssog_core.testing.app_process import AppProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 

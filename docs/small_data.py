@@ -327,7 +327,7 @@ def _verdict(table: dict[str, Any]) -> str:
     found = f"it appears under {' and '.join(ssog_clear)}" if ssog_clear else "that advantage does not appear"
     return (
         "Read off the table: " + "; ".join(parts) + ". The SSOG post reports SSOG +17 points at a matched recipe "
-        "on small data (CIFAR-100, 500 images per class), and the reference implementation +10 to +22 points under "
+        "on small data (CIFAR-100, 500 images per class), and the upstream implementation +10 to +22 points under "
         f"a pad-2 crop; at this scale (d32, 2 layers, 36 tokens, digits) {found}."
     )
 

@@ -3,10 +3,9 @@
 Importing this package never imports Triton or touches CUDA.
 """
 
-__version__ = "0.1.0"
-
-from ssog_core.checkpoint import CheckpointError, load_checkpoint, save_checkpoint  # noqa: E402
-from ssog_core.config import ViTConfig  # noqa: E402
-from ssog_core.vit import ViT  # noqa: E402
+from ssog_core.checkpoint.format import CheckpointError, load_checkpoint, save_checkpoint
+from ssog_core.nn.config import ViTConfig
+from ssog_core.nn.vit import ViT
+from ssog_core.version import __version__
 
 __all__ = ["CheckpointError", "ViT", "ViTConfig", "__version__", "load_checkpoint", "save_checkpoint"]

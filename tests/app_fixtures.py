@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from ssog_core import ViT, save_checkpoint
-from ssog_core.analysis import ssog_layers
+from ssog_core.analysis.measures import ssog_layers
 from tests.helpers import RunsCode
 
 CLASS_NAMES = ["circle", "square", "triangle", "star", "heart"]
@@ -103,8 +103,8 @@ def write_checkpoints(folder: Path, **size) -> dict[str, Path]:
     }
 
 
-def write_reference_checkpoint(folder: Path, depth: int = 2) -> tuple[Path, Path]:
-    """A reference-implementation state dict (``.pt``, compiled-model key prefix) and the ``.json`` of its ViT
+def write_upstream_checkpoint(folder: Path, depth: int = 2) -> tuple[Path, Path]:
+    """A upstream-implementation state dict (``.pt``, compiled-model key prefix) and the ``.json`` of its ViT
     arguments: the pair a user uploads; the app names it ``uploaded/ref_ssog_full.safetensors``."""
     folder.mkdir(parents=True, exist_ok=True)
     ref = dot_twin(img_size=32, patch=4, dim=32, depth=depth, heads=4)

@@ -4,7 +4,7 @@
 
 * ``fp32``, ``half``, ``compile`` — under ``TRITON_INTERPRET=1`` (the parent sets it; it must be set before
   Triton is imported, and a child process keeps it from leaking into other test modules under xdist):
-  forward and gradients against the float64 dense reference, module parity, ``opcheck`` and
+  forward and gradients against the float64 dense oracle, module parity, ``opcheck`` and
   ``torch.compile``;
 * ``sm90`` — without the interpreter: compile the kernels for an sm_90 GPU (no GPU needed) and read the
   register / stack use of the cubin with Triton's bundled ``cuobjdump``.
@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from tests.rbf_reference import rbf_weights
+from tests.rbf_oracle import rbf_weights
 
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -27,13 +27,13 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def compare(case: str, q, k, v, causal: bool, tol_of) -> None:
-    """Kernel forward and grads vs the float64 reference on the same (rounded) inputs.
+    """Kernel forward and grads vs the float64 oracle on the same (rounded) inputs.
 
-    ``tol_of(name, err_torch)`` gives the allowed relative error, given the torch reference path's own error
+    ``tol_of(name, err_torch)`` gives the allowed relative error, given the torch path's own error
     at the input dtype (so low-precision tolerances follow the dtype, as flash-attention's tests do).
     """
     from ssog_core.ops.dispatch import rbf_attention
-    from ssog_core.ops.rbf import rbf_attention_torch
+    from ssog_core.ops.rbf_torch import rbf_attention_torch
 
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     out = rbf_attention(q, k, v, causal, backend="triton")
@@ -56,7 +56,7 @@ def compare(case: str, q, k, v, causal: bool, tol_of) -> None:
 
 
 def check_fp32() -> None:
-    from ssog_core.attention import RBFAttention
+    from ssog_core.nn.attention import RBFAttention
 
     torch.manual_seed(0)
     cases = [  # (B, H, N, D, causal, scale): ragged lengths, sub-tile lengths, big keys

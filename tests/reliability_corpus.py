@@ -1,4 +1,4 @@
-"""The bad-input corpus of issue 7, generated on the spot: every file a user might upload by mistake (or malice).
+"""The bad-input corpus, generated on the spot: every file a user might upload by mistake (or malice).
 
 Each entry is ``(path, expected)``: ``expected`` is a regular expression the refusal message must match, or
 ``None`` for awkward files that must simply work. The 20000×20000 PNG bomb is written by hand as a few kB of
@@ -133,7 +133,7 @@ def bad_checkpoints(folder: Path, good: Path) -> dict[str, tuple[list[Path], str
         pickle.dump({"blocks.0.attn.mu": RunsCode(marker)}, f)
     (folder / "evil.json").write_text(json.dumps({"num_classes": 5, "img_size": 32, "patch_size": 4}))
     out["pickle_pt"] = ([folder / "evil.pt", folder / "evil.json"], r"evil\.pt was refused: .* could run code")
-    out["pickle_pt_alone"] = ([folder / "evil.pt"], r"evil\.pt is a reference-implementation file: upload it together")
+    out["pickle_pt_alone"] = ([folder / "evil.pt"], r"evil\.pt is a upstream-implementation file: upload it together")
     (folder / "evil.safetensors").write_bytes((folder / "evil.pt").read_bytes())
     out["pickle_renamed"] = ([folder / "evil.safetensors"], r"evil\.safetensors is not a readable safetensors file")
     return out

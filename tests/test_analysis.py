@@ -1,4 +1,4 @@
-"""The analysis API against the dense reference, its invariants, and the export-maps CLI."""
+"""The analysis API against the dense oracle, its invariants, and the export-maps CLI."""
 
 from __future__ import annotations
 
@@ -8,17 +8,17 @@ import torch
 from PIL import Image
 
 from ssog_core import ViT, save_checkpoint
-from ssog_core.analysis import (
+from ssog_core.analysis.measures import (
     attention_maps,
-    compute_export_maps,
     density_moments,
+    export_maps,
     head_fields,
     head_stats,
     residual_mix,
     steering_offsets,
 )
-from ssog_core.export_maps import main as export_main
-from tests.dense_reference import vit_forward
+from ssog_core.cli.export_maps import main as export_main
+from tests.dense_oracle import vit_forward
 
 CFG = dict(num_classes=5, img_size=(28, 20), patch_size=4, dim=12, depth=3, num_heads=3, num_atoms=3)
 
@@ -37,7 +37,7 @@ def steered_model(**overrides) -> ViT:
 
 
 @pytest.mark.parametrize("overrides", [{}, {"field": "axial"}, {"attn": "dot"}])
-def test_attention_maps_match_dense_reference_on_a_non_square_grid(overrides):
+def test_attention_maps_match_dense_oracle_on_a_non_square_grid(overrides):
     model = steered_model(**overrides)
     img = torch.rand(2, 3, 28, 20, dtype=torch.float64)
     maps = attention_maps(model, img)
@@ -62,7 +62,7 @@ def test_explicit_matrix_times_values_equals_the_module_output():
 def test_export_invariants():
     model = steered_model()
     img = torch.rand(3, 3, 28, 20, dtype=torch.float64)
-    e = compute_export_maps(model, img, alpha=0.5)
+    e = export_maps(model, img, alpha=0.5)
     assert e.net.shape == (3, 3, 7, 5) and e.accumulated.shape == (3, 7, 5)
     torch.testing.assert_close(e.net.sum(dim=(-2, -1)), torch.zeros(3, 3), rtol=0, atol=1e-5)
     assert (e.pull_in >= 0).all() and (e.pull_in <= 0.5 + 1e-6).all()  # 1 − Â_ii with Â_ii ≥ 1 − α
@@ -100,7 +100,7 @@ def test_dot_model_with_registers_reports_prefix_share():
     full = model.blocks[0].attn.attention_matrix(model.blocks[0].norm1(x), grid)
     patch = full[..., 2:, 2:]
     torch.testing.assert_close(maps.attn[0], patch / patch.sum(-1, keepdim=True))
-    e = compute_export_maps(model, img)
+    e = export_maps(model, img)
     torch.testing.assert_close(e.net.sum(dim=(-2, -1)), torch.zeros(1, 2), rtol=0, atol=1e-5)
 
 

@@ -25,10 +25,10 @@ from app.layout import build_page
 from app.state import UPLOADED, AppContext, AppError, default_image
 from app.tabs import compare, export, geometry, playground, scaling, session, steering
 from ssog_core import ViT, save_checkpoint
-from ssog_core.analysis import attention_maps, compute_export_maps
-from ssog_core.images import model_input
-from ssog_core.playground import MAX_ATOMS, HeadSpec, evaluate
-from ssog_core.session import NO_TWIN
+from ssog_core.analysis.measures import attention_maps, export_maps
+from ssog_core.analysis.playground import MAX_ATOMS, HeadSpec, evaluate
+from ssog_core.analysis.session import NO_TWIN
+from ssog_core.data.images import model_input
 from tests.app_fixtures import (
     designed_ssog,
     dot_twin,
@@ -137,7 +137,7 @@ def test_bad_checkpoint_uploads_are_refused_with_reasons_and_never_run_code(ctx,
         ctx.add_upload([str(cfg)])
 
 
-def test_good_uploads_ours_and_a_reference_pt_with_its_config(ctx, page, folders, tmp_path):
+def test_good_uploads_ours_and_an_upstream_pt_with_its_config(ctx, page, folders, tmp_path):
     name = ctx.add_upload([str(folders["ckpts"]["dot"])])
     assert name == UPLOADED + "dot_test.safetensors" and name in ctx.checkpoint_names()
     assert ctx.model(name).config.attn == "dot"
@@ -226,7 +226,7 @@ def test_playground_grid_change_keeps_every_offset(ctx, pg):
 
 @pytest.mark.parametrize("tau, mode", [(1.5, "factorized"), (1.0, "axial"), (3.0, "axial")])
 def test_tau_and_mode_never_move_the_query_or_the_atoms(pg, tau, mode):
-    """Issue 12, bug 2: τ or the mode changed the ★ to the grid centre (and the default one from (12, 12) to
+    """τ or the mode changed the ★ to the grid centre (and the default one from (12, 12) to
     (11, 11)), and every atom moved with it."""
     for query in ([6, 6], [12, 12], [0, 23]):
         v = playground.initial_value()
@@ -264,7 +264,7 @@ def test_presets_underlay_and_figure(ctx, sha, pg):
     v = out[pg.canvas]["value"]
     loaded = ctx.model("ssog_test.safetensors")
     s = loaded.presets[1].shape
-    # Issue 12, bug 4: a preset sits on the model's own 8×8 patch grid (not its 15×15 displacement grid), so the
+    # A preset sits on the model's own 8×8 patch grid (not its 15×15 displacement grid), so the
     # picture under it is cut into the patches the model sees; its field is the centre query's fixed attention
     assert v["grid"] == [8, 8] and v["query"] == [3, 3]
     fixed = attention_maps(loaded.model, torch.rand(1, 3, 32, 32), steered=False).attn[s.layer][0, s.head, 3 * 8 + 3]
@@ -408,7 +408,7 @@ def test_export_maps_with_twin_and_downloads(ctx, sha, page):
     text, fig, acc, slider = values(out, ex.outputs)
     loaded = ctx.model("ssog_test.safetensors")
     x, _ = model_input([ctx.image(sha).image], loaded.config.img_size, loaded.meta)
-    s = compute_export_maps(loaded.model, x, 0.25).summary()
+    s = export_maps(loaded.model, x, 0.25).summary()
     assert f"[{s['acc_min']:.3f}, {s['acc_max']:.3f}]" in text and f"{s['exporter_share']:.0%}" in text
     assert "α = **0.25**" in text and "dot_test" in text and Path(fig).name.startswith("export_ssog_test-dot_test_")
     assert acc.data[0].zmid == 0 and acc.data[0].colorbar.title.text
@@ -437,7 +437,7 @@ def test_compare_side_by_side_and_mismatched_grids(ctx, sha, page, tmp_path):
     np.testing.assert_allclose(npz["accumulated_difference"], npz["A_accumulated"] - npz["B_accumulated"])
     other = write_checkpoints(tmp_path / "big", img_size=48, depth=1)["ssog"]
     name = ctx.add_upload([str(other)])
-    # Issue 12, bug 5: different grids showed nothing; now A and B side by side, and why there is no A − B
+    # Different grids showed nothing; now A and B side by side, and why there is no A − B
     text, fig, _ = values(compare.render(ctx, cmp, "ssog_test.safetensors", name, sha, 0.5, 0), cmp.outputs)
     assert fig is not None and "8×8" in text and "12×12" in text and "needs equal grids" in text
     files = compare.downloads(ctx, cmp, "ssog_test.safetensors", name, sha, 0.5, 0)[cmp.files]
@@ -522,7 +522,7 @@ def test_session_round_trip(ctx, sha, page, pg, tmp_path):
     assert set(out) == set(restored) and len(restored) == 24
     assert out[page.intervene.listing] == "1. layer 1, head 0: mirrored across the diagonal (y ↔ x)"
     assert out[page.checkpoint]["value"] == "ssog_test.safetensors" and out[page.image_sha] == sha
-    assert out[page.image_pick]["value"] == "scene.png"  # issue 12, bug 6: the picker names the restored image
+    assert out[page.image_pick]["value"] == "scene.png"  # the picker names the restored image
     assert out[pg.canvas]["value"]["atoms"][0]["x"] == 4.0 and out[pg.canvas]["bg"].startswith("data:image/jpeg")
     assert out[page.steering.query] == [2, 3] and out[page.export.alpha]["value"] == 0.3
     assert out[page.export.twin]["value"] == "dot_test.safetensors" and out[page.compare.alpha]["value"] == 0.6
@@ -546,11 +546,11 @@ def test_session_round_trip(ctx, sha, page, pg, tmp_path):
 
 
 def test_sessions_save_and_restore_uploaded_checkpoints(ctx, sha, page, tmp_path):
-    """Issue 12, bug 1: a checkpoint uploaded as reference .pt + .json is named ``uploaded/…``, and saving a
+    """A checkpoint uploaded as upstream .pt + .json is named ``uploaded/…``, and saving a
     session with it selected failed (the ``/`` went into the file name). Any picker name saves and restores."""
-    from tests.app_fixtures import write_reference_checkpoint
+    from tests.app_fixtures import write_upstream_checkpoint
 
-    name = ctx.add_upload([str(p) for p in write_reference_checkpoint(tmp_path)])
+    name = ctx.add_upload([str(p) for p in write_upstream_checkpoint(tmp_path)])
     assert name.startswith(UPLOADED)
     v = playground.initial_value()
     ses = page.session
@@ -565,7 +565,7 @@ def test_sessions_save_and_restore_uploaded_checkpoints(ctx, sha, page, tmp_path
 
 
 def test_messages_use_no_emoji_a_plain_font_cannot_draw(ctx, page, folders):
-    """Issue 12, bug 7: "✅" drew as an empty box on a machine without an emoji font."""
+    """The "✅" mark drew as an empty box on a machine without an emoji font."""
     text = layout.on_checkpoint_upload(ctx, page, [str(folders["ckpts"]["dot"])], None)[page.status]
     assert "Loaded" in text and not any(ord(c) >= 0x1F000 or c in "\u2705\ufe0f" for c in text)
 

@@ -12,10 +12,10 @@ from gradio_client import Client
 from app.common import stoppable
 from app.layout import build_app
 from app.main import launch
-from app.process import free_port
 from app.state import AppContext
 from ssog_core import save_checkpoint
-from ssog_core.effects import Cancelled
+from ssog_core.analysis.effects import Cancelled
+from ssog_core.testing.app_process import free_port
 from tests.app_fixtures import designed_ssog, dot_twin, write_images
 
 SHAPES = {"data": "shapes:train=4,val=60,classes=5", "class_names": ["circle", "square", "triangle", "star", "cross"]}

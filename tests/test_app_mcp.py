@@ -10,8 +10,8 @@ import pytest
 
 from app.layout import build_app
 from app.main import launch, parse_args
-from app.process import free_port
 from app.state import AppContext
+from ssog_core.testing.app_process import free_port
 from tests.app_fixtures import write_checkpoints, write_images
 
 mcp = pytest.importorskip("mcp")

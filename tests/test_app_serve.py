@@ -15,8 +15,8 @@ from app import main as app_main
 from app import state
 from app.layout import HEADER, build_app
 from app.main import launch
-from app.process import free_port
 from app.state import AppContext
+from ssog_core.testing.app_process import free_port
 from tests.app_fixtures import write_checkpoints, write_images
 
 LOGIN = ("ana", "pa:ss word")

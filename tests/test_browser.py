@@ -12,10 +12,10 @@ from urllib.parse import urlparse
 
 import pytest
 
-from app.process import AppProcess
 from app.state import AppContext
 from app.tabs import geometry
-from tests.app_fixtures import write_bad_files, write_checkpoints, write_images, write_reference_checkpoint
+from ssog_core.testing.app_process import AppProcess
+from tests.app_fixtures import write_bad_files, write_checkpoints, write_images, write_upstream_checkpoint
 
 playwright = pytest.importorskip("playwright.sync_api")
 
@@ -39,11 +39,11 @@ def server(tmp_path_factory):
     bad = write_bad_files(root / "bad")
     bad_ckpt = root / "bad" / "half.safetensors"
     bad_ckpt.write_bytes((root / "ckpt" / "ssog_test.safetensors").read_bytes()[:5000])
-    reference = write_reference_checkpoint(root / "ref")
+    upstream = write_upstream_checkpoint(root / "ref")
     env = {"GRADIO_TEMP_DIR": str(root / "gradio")}
     with AppProcess(root / "ckpt", root / "assets", root / "app.log", env=env) as app:
         yield {"url": app.url, "images": images, "bad": bad, "bad_ckpt": bad_ckpt, "log": root / "app.log",
-               "reference": reference, "ckpt": root / "ckpt"}  # fmt: skip
+               "upstream": upstream, "ckpt": root / "ckpt"}  # fmt: skip
 
 
 def shot(page, name: str) -> None:
@@ -92,7 +92,7 @@ def test_browser_tour(server):
             bad_upload_keeps_serving(page, server["bad"]["text"])
             bad_checkpoint_upload(page, server["bad_ckpt"])
             session_save_and_restore(page, server["log"].parent)
-            session_with_an_uploaded_checkpoint(page, server["reference"], server["log"].parent)
+            session_with_an_uploaded_checkpoint(page, server["upstream"], server["log"].parent)
             phone_width(page)
         except Exception:
             shot(page, "failure")
@@ -229,7 +229,7 @@ def centre(box: dict) -> tuple[float, float]:
 
 
 def tau_keeps_the_query(page) -> None:
-    """Issue 12, bug 2: τ (and the mode) never move the ★ or the atoms; only the grid size may."""
+    """τ (and the mode) never move the ★ or the atoms; only the grid size may."""
     assert "★ query (12, 12)" in canvas_info(page)
     cell = page.locator("#pg-canvas .pg").bounding_box()["width"] / 24
     x, y = centre(page.locator("#pg-canvas .star").bounding_box())
@@ -252,7 +252,7 @@ def tau_keeps_the_query(page) -> None:
 
 
 def lambda_labels_do_not_pile_up(page) -> None:
-    """Issue 12, bug 4: λ labels of clustered atoms stay readable (no two overlap)."""
+    """λ labels of clustered atoms stay readable (no two overlap)."""
     x, y = centre(page.locator("#pg-canvas .atom").nth(0).bounding_box())
     for k in (1, 2):
         page.mouse.dblclick(x + 14 * k, y + 6 * k)
@@ -274,7 +274,7 @@ def plot_title(page, selector: str) -> str:
 
 
 def layer_controls_redraw(page) -> None:
-    """Issue 12, bug 3: a typed value, the keyboard and the mouse all redraw, and the figure names its layer."""
+    """A typed value, the keyboard and the mouse all redraw, and the figure names its layer."""
     page.wait_for_function("() => (document.querySelector('#geo-layer-plot .gtitle') || {}).textContent")
     assert plot_title(page, "#geo-layer-plot").startswith("Layer 0")
     page.fill("#geo-layer input[type=number]", "1")
@@ -297,7 +297,7 @@ def layer_controls_redraw(page) -> None:
 
 
 def figure_downloads_are_named(page) -> None:
-    """Issue 12, bug 7: a figure's own download button saves a named PNG, not a generic image.webp."""
+    """A figure's own download button saves a named PNG, not a generic image.webp."""
     for tab, figure in (("geometry", "#geo-figure"), ("steering", "#st-steer")):
         open_tab(page, tab)
         link = page.wait_for_selector(f"{figure} a[download]", state="attached")
@@ -305,15 +305,15 @@ def figure_downloads_are_named(page) -> None:
         assert name.endswith(".png") and "ssog_test" in name, name
 
 
-def session_with_an_uploaded_checkpoint(page, reference: tuple[Path, Path], folder: Path) -> None:
-    """Issue 12, bugs 1, 6, 7: an uploaded reference checkpoint saves and restores, the image picker follows a
+def session_with_an_uploaded_checkpoint(page, upstream: tuple[Path, Path], folder: Path) -> None:
+    """An uploaded upstream checkpoint saves and restores, the image picker follows a
     restored session, and messages carry no emoji a font-less machine draws as an empty box."""
     page.click("#img-pick input")
     page.locator("[role=option]", has_text="gray.png").click()
     page.wait_for_function("() => document.querySelector('#status').innerText.includes('gray.png')")
     with page.expect_file_chooser() as chooser:
         page.click("#ckpt-upload")
-    chooser.value.set_files([str(p) for p in reference])
+    chooser.value.set_files([str(p) for p in upstream])
     page.wait_for_function("() => document.querySelector('#status').innerText.includes('ref_ssog_full')")
     status = page.inner_text("#status")
     assert not any(ord(c) >= 0x1F000 or c in "\u2705\ufe0f" for c in status), status

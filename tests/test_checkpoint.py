@@ -1,4 +1,4 @@
-"""Checkpoints: round trips, the converter against reference-layout files, and every way a file can be bad."""
+"""Checkpoints: round trips, the converter against upstream-layout files, and every way a file can be bad."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import save_file
 
 from ssog_core import CheckpointError, ViT, load_checkpoint, save_checkpoint
-from ssog_core.checkpoint import read_checkpoint
-from ssog_core.convert import main as convert_main
-from tests.dense_reference import reference_state_dict, vit_forward
+from ssog_core.checkpoint.format import read_checkpoint
+from ssog_core.cli.convert import main as convert_main
+from tests.dense_oracle import upstream_state_dict, vit_forward
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(num_classes=4, img_size=16, patch_size=4, dim=8, depth=2, num_heads=2, num_atoms=2)
@@ -65,7 +65,7 @@ def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
         Path(filename).write_bytes(b"partial")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("ssog_core.checkpoint.save_file", dies_halfway)
+    monkeypatch.setattr("ssog_core.checkpoint.format.save_file", dies_halfway)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(path, ViT(**TINY))
     assert path.read_bytes() == before and len(list(tmp_path.iterdir())) == 1
@@ -151,9 +151,9 @@ REF_CFG = dict(num_classes=6, img_size=12, patch_size=2, dim=16, depth=2, num_he
 
 
 @pytest.mark.parametrize("attn, prefix", [("ssog", ""), ("ssog", "_orig_mod."), ("dot", "module.")])
-def test_converter_reproduces_reference_logits(tmp_path, attn, prefix):
+def test_converter_reproduces_upstream_logits(tmp_path, attn, prefix):
     cfg = dict(REF_CFG, attn=attn)
-    sd = reference_state_dict(cfg, seed=5)
+    sd = upstream_state_dict(cfg, seed=5)
     ref = tmp_path / "ref.pt"
     torch.save({prefix + k: v for k, v in sd.items()}, ref)
     out = tmp_path / "ours.safetensors"
@@ -174,7 +174,7 @@ def test_converter_reproduces_reference_logits(tmp_path, attn, prefix):
 
 
 def test_converter_reports_config_mismatch(tmp_path, capsys):
-    sd = reference_state_dict(REF_CFG)
+    sd = upstream_state_dict(REF_CFG)
     ref = tmp_path / "ref.pt"
     torch.save(sd, ref)
     assert convert_main([str(ref), "--config", json.dumps(dict(REF_CFG, num_atoms=4)), str(tmp_path / "o.st")]) == 2

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ssog_core import layouts
-from ssog_core.data import (
+from ssog_core.data import layouts
+from ssog_core.data.layouts import LayoutsDataset, LayoutsSpec
+from ssog_core.data.shapes import CLASS_NAMES, ShapesDataset, ShapesSpec, _mask, render
+from ssog_core.data.sources import (
     ArrayDataset,
     DataError,
     EpochSampler,
@@ -26,8 +28,6 @@ from ssog_core.data import (
     parse_data_spec,
     resolve_augment,
 )
-from ssog_core.layouts import LayoutsDataset, LayoutsSpec
-from ssog_core.shapes import CLASS_NAMES, ShapesDataset, ShapesSpec, _mask, render
 from tests.data_files import cifar_batch, write_cifar, write_cifar_tar, write_imagefolder
 
 # ----------------------------------------------------------------------------------------------- shapes

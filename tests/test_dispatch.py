@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from ssog_core.attention import SSOGAttention
-from ssog_core.cost import count_flops
 from ssog_core.field import Field, apply_field
-from ssog_core.ops import cpu_ssog, dispatch
+from ssog_core.nn.attention import SSOGAttention
+from ssog_core.nn.cost import count_flops
+from ssog_core.nn.vit import ViT
+from ssog_core.ops import dispatch, ssog_cpu
 from ssog_core.ops.dispatch import BackendUnavailable, can_run_triton_ssog, choose_ssog_backend, ssog_apply
-from ssog_core.ops.torch_ssog import apply_torch
-from ssog_core.vit import ViT
-from tests.ops_reference import FieldLeaves, assert_compiles_like_eager, reference_matrix
+from ssog_core.ops.ssog_torch import apply_torch
+from tests.ops_checks import FieldLeaves, assert_compiles_like_eager, oracle_matrix
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,11 +37,11 @@ def _inputs(steered: bool = True, head_dim: int = 4):
 def test_cpu_tensors_use_the_c_kernels_or_the_fast_torch_path(caplog: pytest.LogCaptureFixture) -> None:
     """Steered factorized fields run on the fused C kernels where they build; everything else on the torch path."""
     v, field, grid = _inputs()
-    c_kernels = cpu_ssog.unavailable_reason() is None
+    c_kernels = ssog_cpu.unavailable_reason() is None
     with caplog.at_level(logging.DEBUG, logger="ssog_core.ops"):
         assert choose_ssog_backend(v, field, grid) == ("cpu" if c_kernels else "torch")
     assert "CUDA" in caplog.text  # the reason Triton was skipped
-    fast = cpu_ssog.apply_cpu if c_kernels else apply_torch
+    fast = ssog_cpu.apply_cpu if c_kernels else apply_torch
     torch.testing.assert_close(ssog_apply(v, field, grid), fast(v, field, grid), rtol=0, atol=0)
     caplog.clear()
     _, fixed, _ = _inputs(steered=False)
@@ -51,7 +51,7 @@ def test_cpu_tensors_use_the_c_kernels_or_the_fast_torch_path(caplog: pytest.Log
     torch.testing.assert_close(ssog_apply(v, fixed, grid), apply_torch(v, fixed, grid), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize(("backend", "impl"), [("torch", apply_torch), ("reference", apply_field)])
+@pytest.mark.parametrize(("backend", "impl"), [("torch", apply_torch), ("definition", apply_field)])
 def test_environment_forces_a_backend(monkeypatch: pytest.MonkeyPatch, backend: str, impl) -> None:
     monkeypatch.setenv("SSOG_BACKEND", backend.upper())
     v, field, grid = _inputs()
@@ -59,7 +59,7 @@ def test_environment_forces_a_backend(monkeypatch: pytest.MonkeyPatch, backend: 
     torch.testing.assert_close(ssog_apply(v, field, grid), impl(v, field, grid), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize(("backend", "impl"), [("torch", apply_torch), ("reference", apply_field)])
+@pytest.mark.parametrize(("backend", "impl"), [("torch", apply_torch), ("definition", apply_field)])
 def test_argument_picks_a_backend_per_call(monkeypatch: pytest.MonkeyPatch, backend: str, impl) -> None:
     monkeypatch.setenv("SSOG_BACKEND", "triton")  # the argument wins over the environment
     v, field, grid = _inputs()
@@ -70,7 +70,7 @@ def test_argument_picks_a_backend_per_call(monkeypatch: pytest.MonkeyPatch, back
     with torch.no_grad():
         expected = attn.out(impl(attn.v(x).view(2, 12, 2, 4), attn.field(x, grid), grid).reshape(2, 12, 8))
         torch.testing.assert_close(attn(x, grid), expected, rtol=0, atol=0)
-    with pytest.raises(BackendUnavailable, match="backend='cuda' is not one of triton, cpu, torch, reference"):
+    with pytest.raises(BackendUnavailable, match="backend='cuda' is not one of triton, cpu, torch, definition"):
         ssog_apply(v, field, grid, backend="cuda")
 
 
@@ -84,7 +84,7 @@ def test_forced_triton_that_cannot_run_says_why(monkeypatch: pytest.MonkeyPatch)
 def test_unknown_backend_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SSOG_BACKEND", "cuda-magic")
     v, field, grid = _inputs()
-    with pytest.raises(BackendUnavailable, match="triton, cpu, torch, reference"):
+    with pytest.raises(BackendUnavailable, match="triton, cpu, torch, definition"):
         ssog_apply(v, field, grid)
 
 
@@ -126,8 +126,8 @@ def test_triton_grid_limits_follow_each_kernel_layout(monkeypatch: pytest.Monkey
 
 def test_importing_and_running_on_cpu_never_imports_triton() -> None:
     code = (
-        "import sys, torch, ssog_core, ssog_core.ops, ssog_core.analysis\n"
-        "from ssog_core.vit import ViT\n"
+        "import sys, torch, ssog_core, ssog_core.ops, ssog_core.analysis.measures\n"
+        "from ssog_core.nn.vit import ViT\n"
         "m = ViT(img_size=16, patch_size=4, dim=32, depth=1, num_heads=2, num_classes=3).eval()\n"
         "m(torch.rand(1, 3, 16, 16))\n"
         "bad = sorted(k for k in sys.modules if k == 'triton' or k.startswith('triton.'))\n"
@@ -142,7 +142,7 @@ def test_importing_and_running_on_cpu_never_imports_triton() -> None:
 @pytest.mark.parametrize("mode", ["factorized", "axial"])
 @pytest.mark.parametrize("steered", [True, False], ids=["steered", "fixed"])
 def test_attention_matrix_times_values_equals_dispatched_output(mode: str, steered: bool) -> None:
-    """The analysis path materialises A with the reference operator; A·V must equal the fast path's output."""
+    """The analysis path materialises A with the definition operator; A·V must equal the fast path's output."""
     attn = SSOGAttention(12, 3, 4, field=mode, cold_init=False).eval()
     for probe in (attn.mu_delta, attn.sigma_delta, attn.lambda_gate):
         torch.nn.init.normal_(probe.weight, std=0.3)
@@ -154,7 +154,7 @@ def test_attention_matrix_times_values_equals_dispatched_output(mode: str, steer
         torch.testing.assert_close(
             torch.einsum("bhnm,bmhd->bnhd", a, v), ssog_apply(v, field, (7, 5), mode), rtol=1e-5, atol=1e-6
         )
-        torch.testing.assert_close(a.double(), reference_matrix(field, (7, 5), mode, batch=2), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(a.double(), oracle_matrix(field, (7, 5), mode, batch=2), rtol=1e-5, atol=1e-6)
         if steered:
             y = attn.out(ssog_apply(v, field, (7, 5), mode).reshape(2, 35, 12))
             torch.testing.assert_close(attn(x, (7, 5)), y, rtol=0, atol=0)
@@ -162,7 +162,7 @@ def test_attention_matrix_times_values_equals_dispatched_output(mode: str, steer
 
 def test_attention_matrix_does_not_go_through_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
     attn = SSOGAttention(8, 2, 2).eval()
-    monkeypatch.setattr("ssog_core.attention.ssog_apply", lambda *a, **k: pytest.fail("analysis used ssog_apply"))
+    monkeypatch.setattr("ssog_core.nn.attention.ssog_apply", lambda *a, **k: pytest.fail("analysis used ssog_apply"))
     with torch.no_grad():
         attn.attention_matrix(torch.randn(1, 12, 8), (4, 3))
 
@@ -176,5 +176,15 @@ def test_compile_fullgraph_on_cpu(taps: tuple[str, ...]) -> None:
 def test_model_flops_do_not_depend_on_the_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     model = ViT(img_size=(32, 24), patch_size=4, dim=48, depth=2, num_heads=3, num_classes=5)
     fast = count_flops(model)
-    monkeypatch.setenv("SSOG_BACKEND", "reference")
+    monkeypatch.setenv("SSOG_BACKEND", "definition")
     assert count_flops(model) == fast
+
+
+def test_the_old_backend_name_still_works_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``reference`` was the definition backend's name; it now means only the float64 oracles."""
+    v, field, grid = _inputs()
+    with pytest.warns(FutureWarning, match="now called 'definition'"):
+        assert choose_ssog_backend(v, field, grid, backend="reference") == "definition"
+    monkeypatch.setenv("SSOG_BACKEND", "reference")
+    with pytest.warns(FutureWarning, match="SSOG_BACKEND='reference' is now called 'definition'"):
+        torch.testing.assert_close(ssog_apply(v, field, grid), apply_field(v, field, grid), rtol=0, atol=0)

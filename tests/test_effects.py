@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from ssog_core.data import DataError
-from ssog_core.effects import (
+from ssog_core.analysis.effects import (
     Cancelled,
     EvalSet,
     Outcomes,
@@ -22,6 +21,7 @@ from ssog_core.effects import (
     outcomes,
     validation_effect,
 )
+from ssog_core.data.sources import DataError
 from tests.test_interventions import images, model_for
 
 NAMES = [f"c{i}" for i in range(5)]

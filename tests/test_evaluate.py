@@ -8,9 +8,10 @@ import pytest
 import torch
 from PIL import Image
 
-from ssog_core import accuracy, evaluate, train
-from ssog_core.checkpoint import TRANSFER_KEY, CheckpointError, load_checkpoint, read_checkpoint, update_metadata
-from ssog_core.data import Transformed, open_data
+from ssog_core.checkpoint.format import TRANSFER_KEY, CheckpointError, load_checkpoint, read_checkpoint, update_metadata
+from ssog_core.cli import evaluate, train
+from ssog_core.data.sources import Transformed, open_data
+from ssog_core.train import accuracy
 from tests.data_files import write_cifar
 
 TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--atoms", "2", "--batch-size", "8", "--no-progress"]

@@ -1,4 +1,4 @@
-"""SSOG attention against the independent dense float64 reference, plus the field's invariants."""
+"""SSOG attention against the independent dense float64 oracle, plus the field's invariants."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import itertools
 import pytest
 import torch
 
-from ssog_core.attention import SSOGAttention
 from ssog_core.field import (
     Field,
     apply_field,
@@ -17,7 +16,8 @@ from ssog_core.field import (
     displacement_density,
     query_field,
 )
-from tests.dense_reference import attention_layer
+from ssog_core.nn.attention import SSOGAttention
+from tests.dense_oracle import attention_layer
 
 TAP_SETS = [(), ("mu",), ("sigma",), ("lambda",), ("mu", "sigma", "lambda")]
 
@@ -57,7 +57,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("mode, taps, atoms, heads, grid", CASES)
-def test_forward_matches_dense_reference(mode, taps, atoms, heads, grid):
+def test_forward_matches_dense_oracle(mode, taps, atoms, heads, grid):
     attn = make_attention(heads, atoms, mode, taps)
     x = torch.randn(2, grid[0] * grid[1], attn.dim, dtype=torch.float64)
     cfg = {"attn": "ssog", "num_heads": heads, "num_atoms": atoms, "field": mode}
@@ -76,8 +76,8 @@ def test_rows_sum_to_one(mode, taps, atoms, heads, grid):
 
 
 @pytest.mark.parametrize("mode", ["factorized", "axial"])
-def test_gradients_match_dense_reference(mode):
-    """Autograd through the separable operator equals autograd through the dense reference."""
+def test_gradients_match_dense_oracle(mode):
+    """Autograd through the separable operator equals autograd through the dense oracle."""
     grid = (5, 3)
     attn = make_attention(2, 3, mode, ("mu", "sigma", "lambda"))
     x = torch.randn(2, 15, attn.dim, dtype=torch.float64, requires_grad=True)

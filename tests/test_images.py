@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from ssog_core.images import ImageError, load_image, model_input, parse_size, to_tensor
+from ssog_core.data.images import ImageError, load_image, model_input, parse_size, to_tensor
 
 
 def _png(img: Image.Image, **kw) -> bytes:

@@ -8,7 +8,7 @@ import numpy as np
 from PIL import Image
 
 from ssog_core import save_checkpoint
-from ssog_core.intervene import main
+from ssog_core.cli.intervene import main
 from tests.test_interventions import model_for
 
 META = {"data": "shapes:train=4,val=30,classes=5", "class_names": ["circle", "square", "triangle", "star", "cross"]}

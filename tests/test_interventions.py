@@ -1,4 +1,4 @@
-"""Interventions against float64 definitions (tests/dense_reference.py) on odd grids, and the promise that an
+"""Interventions against float64 definitions (tests/dense_oracle.py) on odd grids, and the promise that an
 edit never leaks out of its call, even with many threads sharing one model."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from ssog_core import ViT
-from ssog_core.analysis import attention_maps, compute_export_maps, layer_field, residual_mix, steering_offsets
-from ssog_core.interventions import (
+from ssog_core.analysis.interventions import (
     MAX_EDITS,
     EditError,
     SetHead,
@@ -21,8 +20,9 @@ from ssog_core.interventions import (
     parse_edits,
     record,
 )
-from ssog_core.playground import spec_from_head
-from tests.dense_reference import vit_forward
+from ssog_core.analysis.measures import attention_maps, export_maps, layer_field, residual_mix, steering_offsets
+from ssog_core.analysis.playground import spec_from_head
+from tests.dense_oracle import vit_forward
 
 CFG = dict(num_classes=5, img_size=(28, 20), patch_size=4, dim=12, depth=3, num_heads=3, num_atoms=3)
 GRID = (7, 5)
@@ -264,7 +264,7 @@ def test_edited_export_maps_equal_the_definition_under_the_edit():
     _, mats = vit_forward(img, sd, {**CFG, "attn": "ssog"}, at(2, 1, lambda mu, s, ll: (mu.flip(-1), s.flip(-1), ll)))
     edits = [{"op": "ablate_head", "layer": 1, "head": 0}, {"op": "swap_axes", "layer": 2, "head": 1}]
     with edited(model, edits):
-        got = compute_export_maps(model, img, alpha=0.5)
+        got = export_maps(model, img, alpha=0.5)
     kept = [[0, 1, 2], [1, 2], [0, 1, 2]]  # the ablated head contributes no attention to the head mean
     acc, roll = 0, None
     for layer, a in enumerate(mats):
@@ -281,7 +281,7 @@ def test_edited_export_maps_equal_the_definition_under_the_edit():
 def test_a_layer_with_every_head_ablated_passes_its_residual_on_in_the_maps():
     model, img = model_for(), images(1)
     with edited(model, [{"op": "ablate_head", "layer": 0, "head": h} for h in range(3)]):
-        maps = compute_export_maps(model, img)
+        maps = export_maps(model, img)
     assert torch.allclose(maps.net[:, 0], torch.zeros_like(maps.net[:, 0]), atol=1e-6)
 
 
@@ -293,7 +293,7 @@ def test_steering_offsets_are_measured_from_the_edited_fixed_field():
 
 
 def _everything(model, img):
-    maps = compute_export_maps(model, img)
+    maps = export_maps(model, img)
     offsets = steering_offsets(model, img).dmu
     return [model(img), *attention_maps(model, img).attn, maps.accumulated, maps.rollout, *offsets]
 

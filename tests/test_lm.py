@@ -1,4 +1,4 @@
-"""The causal LM: forward vs a dense float64 reference, causality, training, checkpoints, tokenizers and the CLI."""
+"""The causal LM: forward vs a dense float64 oracle, causality, training, checkpoints, tokenizers and the CLI."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import pytest
 import torch
 from PIL import Image
 
-from ssog_core.checkpoint import CheckpointError
-from ssog_core.lm import CausalLM, LMConfig, Tokenizer, load_lm, save_lm
-from ssog_core.lm_train import TrainSettings, main, train_lm
-from tests.rbf_reference import lm_forward
+from ssog_core.checkpoint.format import CheckpointError
+from ssog_core.checkpoint.lm import load_lm, save_lm
+from ssog_core.cli.lm_train import main
+from ssog_core.nn.lm import CausalLM, LMConfig, Tokenizer
+from ssog_core.train.lm import TrainSettings, train_lm
+from tests.rbf_oracle import lm_forward
 
 TINY = dict(vocab_size=31, context=24, dim=24, depth=2, num_heads=3, mlp_ratio=2.0)
 STORY = (
@@ -42,12 +44,12 @@ def random_model(**overrides) -> tuple[CausalLM, dict]:
     ],
     ids=["rbf-susie-reg2", "rbf-susie4", "dot-susie-qknorm-reg1", "rbf-learned-reg1", "dot-nope"],
 )
-def test_logits_match_dense_reference(overrides):
+def test_logits_match_dense_oracle(overrides):
     model, cfg = random_model(**overrides)
     idx = torch.randint(0, 31, (2, 19))
     want, maps = lm_forward(idx, model.state_dict(), cfg)
     torch.testing.assert_close(model(idx), want, rtol=1e-9, atol=1e-10)
-    for a in maps:  # the reference is causal too: nothing above the diagonal
+    for a in maps:  # the oracle is causal too: nothing above the diagonal
         assert float(a.triu(1).abs().max()) == 0.0
 
 

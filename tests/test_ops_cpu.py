@@ -13,19 +13,19 @@ import pytest
 import torch
 
 from ssog_core.field import Field
-from ssog_core.ops import cpu_ssog, dispatch
-from ssog_core.ops.cpu_ssog import apply_cpu
+from ssog_core.nn.vit import ViT
+from ssog_core.ops import dispatch, ssog_cpu
 from ssog_core.ops.dispatch import BackendUnavailable, choose_ssog_backend, ssog_apply
-from ssog_core.ops.reference import TAP_SUBSETS, TAPS, FieldLeaves, grads, reference_apply
-from ssog_core.ops.torch_ssog import apply_torch
-from ssog_core.vit import ViT
-from tests.ops_reference import assert_backward_repeats, assert_close, check_against_definition, far_narrow_field
+from ssog_core.ops.ssog_cpu import apply_cpu
+from ssog_core.ops.ssog_torch import apply_torch
+from ssog_core.testing.oracles import TAP_SUBSETS, TAPS, FieldLeaves, grads, oracle_apply
+from tests.ops_checks import assert_backward_repeats, assert_close, check_against_definition, far_narrow_field
 
 STEERING = [taps for taps in TAP_SUBSETS if taps]  # the C kernels take steered fields only
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.skipif(cpu_ssog.unavailable_reason() is not None, reason="no C compiler here")
+pytestmark = pytest.mark.skipif(ssog_cpu.unavailable_reason() is not None, reason="no C compiler here")
 
 
 def _cpu(v: torch.Tensor, field: Field, grid: tuple[int, int], mode: str) -> torch.Tensor:
@@ -87,7 +87,7 @@ def test_far_and_narrow_atoms_stay_finite() -> None:
     grid = (5, 4)
     field = far_narrow_field(2, grid, 2)
     v = torch.randn(2, 20, 2, 8, dtype=torch.float64, requires_grad=True)
-    expected = reference_apply(v, field, grid, "factorized")
+    expected = oracle_apply(v, field, grid, "factorized")
     for dtype in (torch.float64, torch.float32):
         out = apply_cpu(v.to(dtype), field.to(dtype), grid)
         assert_close(out, expected, 1e-10 if dtype == torch.float64 else 2e-6, f"output {dtype}")
@@ -119,7 +119,7 @@ def test_backward_runs_twice_and_accepts_strided_inputs() -> None:
     v = base.transpose(2, 3)  # (B, N, H, D) with strides that are not contiguous
     out = apply_cpu(v, leaves.field(), (7, 5))
     assert_backward_repeats(out, [base, *leaves.tensors()])
-    expected = reference_apply(v.detach().double(), leaves.field(torch.float64), (7, 5), "factorized")
+    expected = oracle_apply(v.detach().double(), leaves.field(torch.float64), (7, 5), "factorized")
     assert_close(out, expected, 2e-6, "output")
 
 
@@ -131,7 +131,7 @@ def test_vanishing_mixture_weights_stay_finite_in_fp32() -> None:
     v = torch.randn(2, 35, 2, 8, dtype=torch.float64, requires_grad=True)
     dy = torch.randn(2, 35, 2, 8, dtype=torch.float64)
     inputs = [v, *leaves.tensors()]
-    expected = reference_apply(v.float().double(), leaves.field(), leaves.grid, "factorized")
+    expected = oracle_apply(v.float().double(), leaves.field(), leaves.grid, "factorized")
     out = apply_cpu(v.float(), leaves.field(torch.float32), leaves.grid)
     assert_close(out, expected, 2e-6, "output")
     want = grads(expected, inputs, dy)
@@ -166,18 +166,18 @@ def test_model_trains_the_same_on_the_c_kernels_and_the_torch_path() -> None:
 def fresh_build(monkeypatch: pytest.MonkeyPatch, tmp_path):
     """An empty kernel cache and no remembered build, restored afterwards."""
     monkeypatch.setenv("SSOG_CACHE_DIR", str(tmp_path))
-    cpu_ssog._libraries.cache_clear()
+    ssog_cpu._libraries.cache_clear()
     yield tmp_path
-    cpu_ssog._libraries.cache_clear()
+    ssog_cpu._libraries.cache_clear()
 
 
 def test_build_is_cached_and_written_whole(fresh_build) -> None:
-    assert cpu_ssog.unavailable_reason() is None
+    assert ssog_cpu.unavailable_reason() is None
     built = sorted(fresh_build.glob("*.so"))
     assert [p.name.split("_")[2] for p in built] == ["double", "float"]  # nothing half-written is left
     stamps = [p.stat().st_mtime_ns for p in built]
-    cpu_ssog._libraries.cache_clear()
-    assert cpu_ssog.unavailable_reason() is None
+    ssog_cpu._libraries.cache_clear()
+    assert ssog_cpu.unavailable_reason() is None
     assert [p.stat().st_mtime_ns for p in sorted(fresh_build.glob("*.so"))] == stamps  # reused, not rebuilt
     assert sorted(fresh_build.iterdir()) == built
 
@@ -185,20 +185,20 @@ def test_build_is_cached_and_written_whole(fresh_build) -> None:
 def test_a_damaged_cached_library_is_built_again(fresh_build) -> None:
     """A cached library that no longer loads (truncated on a full disk, say) is replaced, not reported forever. Run
     in a fresh process: this one has the library mapped, and the loader would hand back the mapped copy."""
-    assert cpu_ssog.unavailable_reason() is None
+    assert ssog_cpu.unavailable_reason() is None
     damaged = sorted(fresh_build.glob("ssog_cpu_float_*.so"))[0]
     spare = damaged.with_suffix(".tmp")
     spare.write_bytes(b"not a shared library")
     os.replace(spare, damaged)  # a new file: the mapped one in this process stays intact
     code = (
         "import torch\n"
-        "from ssog_core.ops import cpu_ssog\n"
-        "from ssog_core.ops.reference import TAPS, FieldLeaves, reference_apply\n"
-        "assert cpu_ssog.unavailable_reason() is None, cpu_ssog.unavailable_reason()\n"
+        "from ssog_core.ops import ssog_cpu\n"
+        "from ssog_core.testing.oracles import TAPS, FieldLeaves, oracle_apply\n"
+        "assert ssog_cpu.unavailable_reason() is None, ssog_cpu.unavailable_reason()\n"
         "leaves = FieldLeaves(1, (4, 3), 2, 3, TAPS, dtype=torch.float32)\n"
         "v = torch.randn(1, 12, 2, 8)\n"
-        "out = cpu_ssog.apply_cpu(v, leaves.field(), (4, 3)).double()\n"
-        "ref = reference_apply(v.double(), leaves.field(torch.float64), (4, 3), 'factorized')\n"
+        "out = ssog_cpu.apply_cpu(v, leaves.field(), (4, 3)).double()\n"
+        "ref = oracle_apply(v.double(), leaves.field(torch.float64), (4, 3), 'factorized')\n"
         "assert (out - ref).abs().max() < 1e-5\n"
     )
     env = {**os.environ, "SSOG_CACHE_DIR": str(fresh_build), "PYTHONPATH": str(ROOT)}
@@ -208,14 +208,14 @@ def test_a_damaged_cached_library_is_built_again(fresh_build) -> None:
 
 
 @pytest.mark.parametrize(
-    ("compiler", "reason"), [("no-such-cc", "no C compiler found"), ("false", "failed to compile cpu_kernels.c")]
+    ("compiler", "reason"), [("no-such-cc", "no C compiler found"), ("false", "failed to compile ssog_cpu.c")]
 )
 def test_without_a_working_compiler_the_torch_path_runs(
     monkeypatch: pytest.MonkeyPatch, fresh_build, caplog: pytest.LogCaptureFixture, compiler: str, reason: str
 ) -> None:
     monkeypatch.setenv("CC", compiler)
     monkeypatch.delenv("SSOG_BACKEND", raising=False)
-    assert reason in cpu_ssog.unavailable_reason()
+    assert reason in ssog_cpu.unavailable_reason()
     leaves = FieldLeaves(2, (4, 3), 2, 3, TAPS, dtype=torch.float32)
     v = torch.randn(2, 12, 2, 8)
     with caplog.at_level(logging.DEBUG, logger="ssog_core.ops"):
@@ -240,7 +240,7 @@ def test_dispatcher_picks_the_c_kernels_for_what_they_cover(monkeypatch: pytest.
     assert choose_ssog_backend(v.bfloat16(), steered, (4, 3)) == "torch"
     assert dispatch.ssog_cpu_problem(v.bfloat16(), steered, "factorized").startswith("dtype torch.bfloat16")
     torch.testing.assert_close(
-        ssog_apply(v, steered, (4, 3)), reference_apply(v.double(), steered, (4, 3), "factorized").float()
+        ssog_apply(v, steered, (4, 3)), oracle_apply(v.double(), steered, (4, 3), "factorized").float()
     )
     with pytest.raises(BackendUnavailable, match="the field is fixed"):
         ssog_apply(v, fixed, (4, 3), backend="cpu")

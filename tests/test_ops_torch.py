@@ -7,10 +7,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from ssog_core.ops import torch_ssog
-from ssog_core.ops.reference import TAP_SUBSETS, FieldLeaves, grads, reference_apply
-from ssog_core.ops.torch_ssog import apply_torch
-from tests.ops_reference import assert_backward_repeats, assert_close, check_against_definition, far_narrow_field
+from ssog_core.ops import ssog_torch
+from ssog_core.ops.ssog_torch import apply_torch
+from ssog_core.testing.oracles import TAP_SUBSETS, FieldLeaves, grads, oracle_apply
+from tests.ops_checks import assert_backward_repeats, assert_close, check_against_definition, far_narrow_field
 
 MODES = ("factorized", "axial")
 
@@ -48,7 +48,7 @@ def test_low_precision_inputs(taps: tuple[str, ...], mode: str, dtype: torch.dty
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("taps", [(), ("mu", "sigma", "lambda")], ids=["fixed", "steered"])
 def test_chunked_over_rows_and_batch(monkeypatch: pytest.MonkeyPatch, taps: tuple[str, ...], mode: str) -> None:
-    monkeypatch.setattr(torch_ssog, "CHUNK_ELEMENTS", 64)  # forces one row and one image per chunk
+    monkeypatch.setattr(ssog_torch, "CHUNK_ELEMENTS", 64)  # forces one row and one image per chunk
     check_against_definition(
         apply_torch, FieldLeaves(3, (5, 4), 2, 3, taps), mode, batch=3, head_dim=4, dtype=torch.float64, rtol=1e-10
     )
@@ -75,14 +75,14 @@ def test_inference_path_matches_definition(
     """Without autograd the steered kernels are built with the keys outermost, in either row-pass layout (one bmm,
     or one per image and head), whole or chunked over rows and images: the float64 definition, and far, narrow
     atoms stay finite."""
-    monkeypatch.setattr(torch_ssog, "ONE_BMM_ROW_PASS", one_bmm)
-    monkeypatch.setattr(torch_ssog, "CHUNK_ELEMENTS", chunk)
+    monkeypatch.setattr(ssog_torch, "ONE_BMM_ROW_PASS", one_bmm)
+    monkeypatch.setattr(ssog_torch, "CHUNK_ELEMENTS", chunk)
     b, grid, h = 3, (5, 4), 2
     fields = (FieldLeaves(b, grid, h, 3, ("mu", "sigma", "lambda")).field(), far_narrow_field(b, grid, h))
     v = torch.randn(b, grid[0] * grid[1], h, 4, dtype=torch.float64)
     with torch.no_grad():
         for field in fields:
-            assert_close(apply_torch(v, field, grid, mode), reference_apply(v, field, grid, mode), 1e-10, "output")
+            assert_close(apply_torch(v, field, grid, mode), oracle_apply(v, field, grid, mode), 1e-10, "output")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -92,7 +92,7 @@ def test_far_and_narrow_atoms_stay_finite(mode: str) -> None:
     field = far_narrow_field(b, (gh, gw), h)
     v = torch.randn(b, gh * gw, h, 4, dtype=torch.float64)
     out = apply_torch(v, field, (gh, gw), mode)
-    assert_close(out, reference_apply(v, field, (gh, gw), mode), 1e-10, "output")
+    assert_close(out, oracle_apply(v, field, (gh, gw), mode), 1e-10, "output")
     g = torch.autograd.grad(out.sum(), [field.mu, field.sigma, field.log_lam])
     assert all(torch.isfinite(x).all() for x in g)
 
@@ -115,7 +115,7 @@ def test_per_query_kernels_are_never_built_for_all_atoms_at_once(monkeypatch: py
     """With a small chunk budget no intermediate comes near the B·N·H·R·(Gh + Gw) per-query kernels of the einsums; the
     largest tensors left are per-token parameters (a few numbers per atom), not per query × key."""
     b, (gh, gw), h, r, d = 2, (24, 24), 2, 4, 8
-    monkeypatch.setattr(torch_ssog, "CHUNK_ELEMENTS", 4096)
+    monkeypatch.setattr(ssog_torch, "CHUNK_ELEMENTS", 4096)
     field = FieldLeaves(b, (gh, gw), h, r, ("mu", "sigma", "lambda"), dtype=torch.float32).field()
     v = torch.randn(b, gh * gw, h, d)
     all_kernels = b * gh * gw * h * r * (gh + gw)  # what the SSOG post's einsums materialise
@@ -152,8 +152,8 @@ def test_both_row_pass_strategies_agree(inplace: bool) -> None:
     expected = torch.einsum("bhiwrk,bhkrid->bhiwd", u, y1)
     y1_ir = y1.transpose(3, 4).contiguous()
     for stored in (u, u.permute(5, 4, 0, 1, 2, 3).contiguous().permute(2, 3, 4, 5, 1, 0)):
-        torch.testing.assert_close(torch_ssog._row_pass(stored, y1_ir, inplace, single=True), expected)
-        torch.testing.assert_close(torch_ssog._row_pass(stored, y1, inplace, single=False), expected)
+        torch.testing.assert_close(ssog_torch._row_pass(stored, y1_ir, inplace, single=True), expected)
+        torch.testing.assert_close(ssog_torch._row_pass(stored, y1, inplace, single=False), expected)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -167,7 +167,7 @@ def test_thread_count_does_not_change_results(threads: int) -> None:
             out = apply_torch(v, leaves.field(), (6, 5))
     finally:
         torch.set_num_threads(before)
-    torch.testing.assert_close(out.double(), reference_apply(v, leaves.field(), (6, 5), "factorized").detach(),
+    torch.testing.assert_close(out.double(), oracle_apply(v, leaves.field(), (6, 5), "factorized").detach(),
                                rtol=2e-6, atol=2e-6)  # fmt: skip
 
 
@@ -206,7 +206,7 @@ def test_vanishing_mixture_weights_stay_finite_in_fp32() -> None:
     inputs = [v, *leaves.tensors()]
     field32 = leaves.field(torch.float32)
     assert (torch.softmax(field32.log_lam, -1)[..., 0] == 0).any()
-    expected = reference_apply(v.float().double(), leaves.field(), leaves.grid, "factorized")
+    expected = oracle_apply(v.float().double(), leaves.field(), leaves.grid, "factorized")
     out = apply_torch(v.float(), field32, leaves.grid)
     assert_close(out, expected, 2e-6, "output")
     want = grads(expected, inputs, dy)

@@ -103,7 +103,7 @@ def test_dispatch_rejects_shapes_over_the_shared_memory_limit(monkeypatch: pytes
     import torch
 
     from ssog_core.ops import dispatch
-    from ssog_core.ops.reference import FieldLeaves
+    from ssog_core.testing.oracles import FieldLeaves
 
     monkeypatch.setattr(dispatch, "interpreting", lambda: True)
     monkeypatch.setattr(dispatch, "shared_memory_limit", lambda device: 101376)

@@ -1,4 +1,5 @@
-"""The playground head (:mod:`ssog_core.playground`): its field against an independent float64 numpy evaluation of
+"""The playground head (:mod:`ssog_core.analysis.playground`): its field against an independent float64 numpy evaluation
+of
 the formula (docs/DESIGN.md §1) and against the effective attention matrix, on odd grids, so "the atom is drawn
 where the head looks" is proven by the computation, not by convention; and its edits (grid, query, atoms), each a
 new validated spec, on random heads.
@@ -13,9 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from ssog_core.analysis import head_fields, head_stats, query_stats, steering_offsets
-from ssog_core.field import attention_matrix
-from ssog_core.playground import (
+from ssog_core.analysis.measures import head_fields, head_stats, query_stats, steering_offsets
+from ssog_core.analysis.playground import (
     DEFAULT_SPEC,
     MAX_ATOMS,
     Atom,
@@ -24,11 +24,12 @@ from ssog_core.playground import (
     rescale_cell,
     spec_from_head,
 )
+from ssog_core.field import attention_matrix
 from tests.app_fixtures import designed_ssog
 
 
 def numpy_head(spec: HeadSpec) -> np.ndarray:
-    """Independent float64 reference: softmax over keys of ℓ(q − k; μ, σ)/τ per axis, then the λ mix (or, in
+    """Independent float64 oracle: softmax over keys of ℓ(q − k; μ, σ)/τ per axis, then the λ mix (or, in
     axial mode, logsumexp of log λ + ℓ over atoms inside each axis)."""
     gh, gw = spec.grid
     qy, qx = spec.query
@@ -78,7 +79,7 @@ def random_spec(rng: np.random.Generator, grid=(7, 9), atoms=4, mode="factorized
 
 @pytest.mark.parametrize("mode", ["factorized", "axial"])
 @pytest.mark.parametrize("grid", [(7, 9), (5, 3), (12, 12)], ids=lambda g: f"{g[0]}x{g[1]}")
-def test_playground_matches_float64_reference_and_attention_matrix(mode, grid):
+def test_playground_matches_float64_oracle_and_attention_matrix(mode, grid):
     rng = np.random.default_rng(sum(grid) + len(mode))
     for _ in range(3):
         spec = random_spec(rng, grid, atoms=int(rng.integers(1, 9)), mode=mode)
@@ -104,7 +105,7 @@ def test_atom_is_drawn_where_the_head_looks():
     assert view.density.max() > 0.99 and view.radius == pytest.approx(5.0, abs=0.05)
 
 
-def test_query_stats_against_reference_and_head_stats():
+def test_query_stats_against_an_oracle_and_head_stats():
     rng = np.random.default_rng(3)
     spec = random_spec(rng, (7, 5), atoms=3)
     a = attention_matrix(spec.field(), spec.grid)[0]  # (1, N, N)
@@ -161,9 +162,9 @@ def test_steered_spec_carries_the_querys_own_atoms_at_every_gate(gate):
     """The playground's "content steers the head" view: its atoms are the ones the model's own field gives the
     query when every gate scale is turned down to ``gate``·s (checked by scaling the model's gate parameters
     themselves); at gate 0 its field is exactly the model's fixed-field attention row of the query."""
-    from ssog_core.analysis import _layer_inputs, attention_maps, ssog_layers
+    from ssog_core.analysis.measures import _layer_inputs, attention_maps, ssog_layers
+    from ssog_core.analysis.playground import steered_spec
     from ssog_core.field import EPS
-    from ssog_core.playground import steered_spec
 
     model = designed_ssog(depth=2)
     x = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(3))

@@ -1,4 +1,5 @@
-"""Presets (:mod:`ssog_core.presets`): the trained heads the playground offers, picked by the shape of their field."""
+"""Presets (:mod:`ssog_core.analysis.presets`): the trained heads the playground offers, picked by the shape of
+their field."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from ssog_core.analysis import head_fields
-from ssog_core.presets import find_presets, head_shapes
+from ssog_core.analysis.measures import head_fields
+from ssog_core.analysis.presets import find_presets, head_shapes
 from tests.app_fixtures import designed_ssog
 
 

@@ -1,4 +1,4 @@
-"""RBF attention: reference op, dispatch, registers as sinks, the module and the ViT vs a dense float64 reference."""
+"""RBF attention: the torch path, dispatch, registers as sinks, the module and the ViT vs a dense float64 oracle."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from ssog_core import ViT, load_checkpoint, save_checkpoint
-from ssog_core.attention import DotAttention, RBFAttention
-from ssog_core.config import ViTConfig
+from ssog_core.nn.attention import DotAttention, RBFAttention
+from ssog_core.nn.config import ViTConfig
 from ssog_core.ops import dispatch
 from ssog_core.ops.dispatch import (
     BackendUnavailable,
@@ -18,8 +18,8 @@ from ssog_core.ops.dispatch import (
     rbf_attention,
     rbf_triton_problem,
 )
-from ssog_core.ops.rbf import rbf_attention_torch
-from tests.rbf_reference import rbf_weights, vit_forward
+from ssog_core.ops.rbf_torch import rbf_attention_torch
+from tests.rbf_oracle import rbf_weights, vit_forward
 
 CFG = dict(num_classes=5, img_size=(28, 20), patch_size=4, dim=24, depth=2, num_heads=3)
 
@@ -42,7 +42,7 @@ def test_identity_distance_logits_equal_dot_logits_with_key_penalty():
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("n, d, dv", [(37, 16, 16), (61, 24, 24), (7, 24, 5)], ids=["n37-d16", "n61-d24", "n7-dv5"])
-def test_reference_path_matches_dense_float64(n, d, dv, causal):
+def test_torch_path_matches_dense_float64(n, d, dv, causal):
     q, k, v = qkv(n=n, d=d, dv=dv, scale=1.5)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     out = rbf_attention_torch(q, k, v, causal)
@@ -55,7 +55,7 @@ def test_reference_path_matches_dense_float64(n, d, dv, causal):
         torch.testing.assert_close(g_, r_, rtol=1e-9, atol=1e-11)
 
 
-def test_reference_path_float32_and_gradcheck():
+def test_torch_path_float32_and_gradcheck():
     q, k, v = qkv(b=1, h=2, n=6, d=4)
     torch.autograd.gradcheck(lambda *t: rbf_attention_torch(*t, causal=True), [t.requires_grad_() for t in (q, k, v)])
     q32, k32, v32 = (t.detach().float() for t in (q, k, v))
@@ -108,7 +108,7 @@ def test_zero_registers_are_keys_at_the_origin_in_the_first_block():
 def test_registers_absorb_attention_through_the_model():
     """With the key projection scaled up, every token's key is far from every query, so RBF queries fall back
     to the zero register (prefix share ≈ 1); the same weights under dot attention chase the biggest key."""
-    from ssog_core.analysis import attention_maps
+    from ssog_core.analysis.measures import attention_maps
 
     shares = {}
     for attn in ("rbf", "dot"):
@@ -154,7 +154,7 @@ def test_modules_need_a_grid_that_fits_for_susie():
     ],
     ids=["rbf", "rbf-reg2-susie", "rbf-reg1-susie4", "dot-reg2-susie-qknorm"],
 )
-def test_vit_matches_dense_reference(overrides):
+def test_vit_matches_dense_oracle(overrides):
     torch.manual_seed(0)
     model = ViT(**CFG, **overrides).double().eval()
     with torch.no_grad():  # random registers and SuSiE weights, so that neither is a no-op
@@ -164,7 +164,7 @@ def test_vit_matches_dense_reference(overrides):
     img = torch.rand(2, 3, 28, 20, dtype=torch.float64)
     want, maps = vit_forward(img, model.state_dict(), {**CFG, **overrides})
     torch.testing.assert_close(model(img), want, rtol=1e-9, atol=1e-10)
-    from ssog_core.analysis import attention_maps
+    from ssog_core.analysis.measures import attention_maps
 
     got = attention_maps(model, img)
     prefix = overrides.get("num_registers", 0)
@@ -276,7 +276,7 @@ def test_rbf_module_compiles_with_fullgraph():
     torch.testing.assert_close(gx, want)
 
 
-def test_reference_path_keeps_the_key_penalty_in_fp32_for_bf16():
+def test_torch_path_keeps_the_key_penalty_in_fp32_for_bf16():
     """Long bf16 keys: −‖k‖²/2 rounded to bf16 would shift logits by up to γ·2⁻⁸·‖k‖² (a 4 % output error here)."""
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 64, 64, generator=gen).mul(s).bfloat16() for s in (3.0, 3.0, 1.0))

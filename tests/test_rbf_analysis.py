@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from ssog_core import ViT
-from ssog_core.analysis import compute_export_maps, has_keys, key_norms
-from ssog_core.lm import CausalLM, LMConfig
-from tests.rbf_reference import lm_forward, vit_forward
+from ssog_core.analysis.measures import export_maps, has_keys, key_norms
+from ssog_core.nn.lm import CausalLM, LMConfig
+from tests.rbf_oracle import lm_forward, vit_forward
 
 ALPHA = 8.0  # W_k gains α along the register direction: its key becomes several times longer than any other
 CFG = dict(num_classes=5, img_size=(28, 20), patch_size=4, dim=24, depth=2, num_heads=3)
@@ -108,7 +108,7 @@ def test_a_huge_key_hoards_dot_attention_but_not_rbf_attention():
 def test_export_maps_for_rbf_with_registers():
     torch.manual_seed(1)
     model = randomised(ViT(**CFG, attn="rbf", num_registers=3, susie=True).double().eval())
-    e = compute_export_maps(model, torch.rand(2, 3, 28, 20, dtype=torch.float64))
+    e = export_maps(model, torch.rand(2, 3, 28, 20, dtype=torch.float64))
     assert e.net.shape == (2, 2, 7, 5)
     torch.testing.assert_close(e.net.sum(dim=(-2, -1)), torch.zeros(2, 2), rtol=0, atol=1e-5)
     assert e.prefix_share.shape == (2, 2) and float(e.prefix_share.min()) > 0

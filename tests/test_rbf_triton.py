@@ -37,12 +37,12 @@ def run_group(group: str, interpret: bool) -> str:
     return proc.stdout
 
 
-def test_kernels_fp32_forward_and_gradients_match_float64_reference():
+def test_kernels_fp32_forward_and_gradients_match_float64_oracle():
     out = run_group("fp32", interpret=True)
     assert out.count("ok ") == 8
 
 
-def test_kernels_half_precision_within_twice_the_reference_error():
+def test_kernels_half_precision_within_twice_the_oracle_error():
     out = run_group("half", interpret=True)
     assert out.count("ok ") == 4
 

@@ -1,4 +1,4 @@
-"""Issue 7 §2: the bad-input corpus, through the app's handlers (what the page shows) and through the API
+"""The bad-input corpus, through the app's handlers (what the page shows) and through the API
 (``gradio_client`` against a running app). Every bad file gets its own clear message, nothing crashes, the pickles
 never run, and the next request succeeds; the awkward-but-valid pictures work in every tab.
 """
@@ -16,10 +16,10 @@ from gradio_client import Client, handle_file
 from app import layout
 from app.layout import build_app, build_page
 from app.main import launch
-from app.process import free_port
 from app.state import AppContext
 from app.tabs import compare, export, geometry, playground, steering
-from ssog_core.session import NO_TWIN
+from ssog_core.analysis.session import NO_TWIN
+from ssog_core.testing.app_process import free_port
 from tests.app_fixtures import write_checkpoints, write_images
 from tests.reliability_corpus import BOMB_SIDE, bad_checkpoints, bad_images
 

@@ -1,4 +1,4 @@
-"""Issue 7 §3: the app's security defaults, each with a test.
+"""The app's security defaults, each with a test.
 
 Loopback only unless ``--host`` says otherwise (whatever the environment asks), never a public share link, an
 upload size cap, every checkpoint or file the API names confined to the checkpoint folder or to the request's own
@@ -25,9 +25,9 @@ from gradio_client import Client, handle_file
 from app import layout
 from app import main as app_main
 from app.api import uploaded_path
-from app.process import AppProcess, free_port
 from app.state import MAX_UPLOAD_BYTES, AppContext, AppError
 from app.tabs import compare, export, geometry, playground, session, steering
+from ssog_core.testing.app_process import AppProcess, free_port
 from tests.app_fixtures import dot_twin, write_checkpoints, write_images
 from tests.reliability_corpus import bad_checkpoints, bad_images
 
@@ -215,7 +215,7 @@ def test_api_file_arguments_must_be_uploads(server, folders, monkeypatch):
     for endpoint, arg in (("/upload_image", str(folders["images"]["rgb"])), ("/upload_checkpoint", [str(secret)])):
         with pytest.raises(Exception, match="send the file itself"):
             client.predict(arg, api_name=endpoint)
-    # a file reference pointing at the server's disk, sent as-is (the client would otherwise upload the file)
+    # a file path pointing at the server's disk, sent as-is (the client would otherwise upload the file)
     import gradio_client.client as gc
 
     monkeypatch.setattr(gc.Endpoint, "_upload_file", lambda self, f, data_index: f)

@@ -1,4 +1,4 @@
-"""Issue 7 §4: training faults. A SIGKILL in the middle of a checkpoint save (made deterministic: the save is held,
+"""Training faults. A SIGKILL in the middle of a checkpoint save (made deterministic: the save is held,
 half-written, until the test kills the process) leaves the previous checkpoint loadable, and ``--resume`` ends with
 the weights of an uninterrupted run; a disk that fills up mid-run stops with a clear message and loses nothing; a
 full disk or an unusable output folder is refused before training starts.
@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ssog_core import checkpoint, train
-from ssog_core.checkpoint import load_checkpoint, read_checkpoint
+from ssog_core.checkpoint import format as checkpoint
+from ssog_core.checkpoint.format import load_checkpoint, read_checkpoint
+from ssog_core.cli import train
+from ssog_core.train import trainer
 from tests.helpers import assert_same_weights
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +34,8 @@ HOLD_SAVE = """
 import sys, time
 from pathlib import Path
 import torch
-from ssog_core import checkpoint, train
+from ssog_core.checkpoint import format as checkpoint
+from ssog_core.cli import train
 
 which, nth, marker = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 calls = 0
@@ -59,7 +62,7 @@ sys.exit(train.main(sys.argv[4:]))
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("reference") / "run"
+    out = tmp_path_factory.mktemp("uninterrupted") / "run"
     assert train.main([*RUN, "--out", str(out)]) == 0
     return out
 
@@ -152,7 +155,7 @@ def test_disk_full_while_writing_the_training_state(tmp_path, monkeypatch, capsy
 def test_space_check_estimate_covers_what_a_run_writes(uninterrupted, tmp_path, monkeypatch, capsys):
     """The free-space check before training asks for at least what the run's files and their temporary copies take."""
     asked = []
-    monkeypatch.setattr(train, "check_space", lambda out, need_bytes: asked.append(need_bytes))
+    monkeypatch.setattr(trainer, "check_space", lambda out, need_bytes: asked.append(need_bytes))
     assert train.main([*RUN, "--out", str(tmp_path / "r"), "--epochs", "1", "--stop-after", "1"]) == 0
     written = sum(p.stat().st_size for p in uninterrupted.iterdir() if p.suffix in (".safetensors", ".pt"))
     assert asked and asked[0] >= written + (uninterrupted / "train_state.pt").stat().st_size

@@ -1,4 +1,4 @@
-"""Reports (:mod:`ssog_core.report`): the model card, the atom table, top classes and the raw-number files."""
+"""Reports (:mod:`ssog_core.analysis.report`): the model card, the atom table, top classes and the raw-number files."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from ssog_core import report
-from ssog_core.analysis import compute_export_maps, head_fields, steering_offsets
-from ssog_core.cost import count_params
+from ssog_core.analysis import report
+from ssog_core.analysis.measures import export_maps, head_fields, steering_offsets
+from ssog_core.nn.cost import count_params
 from tests.app_fixtures import CLASS_NAMES, designed_ssog
 
 
@@ -32,7 +32,7 @@ def test_report_card_atoms_classes_and_files(tmp_path):
     top = report.top_classes(logits, CLASS_NAMES, k=3)
     assert list(top) == ["square", "star", "circle"] and sum(top.values()) < 1
     x = torch.rand(1, 3, 32, 32)
-    maps = compute_export_maps(model, x)
+    maps = export_maps(model, x)
     arrays = report.export_arrays(maps)
     npz = np.load(io.BytesIO(report.npz_bytes(arrays, {"alpha": 0.5})))
     assert json.loads(str(npz["settings"])) == {"alpha": 0.5}

@@ -1,4 +1,4 @@
-"""The session file (:mod:`ssog_core.session`): what the app saves, the figures CLI and the app read back."""
+"""The session file (:mod:`ssog_core.analysis.session`): what the app saves, the figures CLI and the app read back."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from ssog_core.analysis import DEFAULT_ALPHA
-from ssog_core.playground import DEFAULT_SPEC, MAX_ATOMS, Atom, HeadSpec
-from ssog_core.session import FORMAT, MAX_BYTES, NO_TWIN, Session, SessionError, dumps, loads, read
+from ssog_core.analysis.measures import DEFAULT_ALPHA
+from ssog_core.analysis.playground import DEFAULT_SPEC, MAX_ATOMS, Atom, HeadSpec
+from ssog_core.analysis.session import FORMAT, MAX_BYTES, NO_TWIN, Session, SessionError, dumps, loads, read
 
 SHA = "0123456789abcdef" * 4
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ssog_core.accuracy import transfer_curve
-from ssog_core.checkpoint import read_checkpoint
+from ssog_core.checkpoint.format import read_checkpoint
+from ssog_core.train.accuracy import transfer_curve
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = {"train": 1438, "val": 359, "size": 12}

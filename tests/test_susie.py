@@ -1,4 +1,4 @@
-"""SuSiE: the code against a term-by-term reference, its distance geometry, registers, and the module."""
+"""SuSiE: the code against a term-by-term oracle, its distance geometry, registers, and the module."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-from ssog_core.susie import SuSiE, sinusoids
-from tests.rbf_reference import susie_code
+from ssog_core.nn.susie import SuSiE, sinusoids
+from tests.rbf_oracle import susie_code
 
 
 @pytest.mark.parametrize("mode, grid, dim", [("1d", (1, 23), 10), ("2d", (7, 5), 12), ("1d", (3, 4), 6)])
-def test_code_matches_term_by_term_reference(mode, grid, dim):
+def test_code_matches_term_by_term_oracle(mode, grid, dim):
     gh, gw = grid
     if mode == "1d":
         positions = [(float(t),) for t in range(gh * gw)]  # raster index
@@ -56,7 +56,7 @@ def test_module_adds_weighted_code_on_the_subspace_and_skips_prefix_tokens():
 
 def test_position_becomes_a_distance_penalty_in_rbf_attention():
     """With identical content everywhere, RBF + SuSiE attends by position alone: nearest tokens first."""
-    from ssog_core.ops.rbf import rbf_attention_torch
+    from ssog_core.ops.rbf_torch import rbf_attention_torch
 
     s = SuSiE(num_heads=1, head_dim=8, mode="1d")
     with torch.no_grad():

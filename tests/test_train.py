@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,8 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from ssog_core import train
-from ssog_core.checkpoint import load_checkpoint, read_checkpoint
+from ssog_core.checkpoint.format import load_checkpoint, read_checkpoint
+from ssog_core.cli import train
+from ssog_core.nn.vit import ViT
+from ssog_core.train import optim, trainer
+from ssog_core.train.config import TrainConfig
+from ssog_core.train.state import resume_config
 from tests.data_files import write_cifar_tar, write_imagefolder
 from tests.helpers import assert_same_weights, weights
 
@@ -57,7 +63,7 @@ def test_train_shapes_writes_everything(tmp_path, capsys):
     assert model.config.steer == ("mu", "sigma", "lambda") and model.config.cold_init
     _, half, _ = read_checkpoint(out / "model.safetensors")
     assert all(t.dtype == torch.float16 for t in half.values())
-    full = weights(out / "last.safetensors")
+    full = {k: t for k, t in weights(out / "last.safetensors").items() if not k.startswith("history.")}
     assert all(t.dtype == torch.float32 for t in full.values())
     assert meta["augment"] == ["pad-crop", "flip"] and meta["crop_pad"] == 4
     assert meta["transforms"]["train"] == (
@@ -106,7 +112,7 @@ def test_init_from_starts_a_second_stage_from_the_weights(tmp_path, capsys):
         run(tmp_path / "b", "--epochs", "1", "--transfer-sizes", "none", "--init-from", str(first), "--lr", "1e-9") == 0
     )
     a, b = weights(first), weights(tmp_path / "b" / "last.safetensors")
-    moved = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    moved = max(float((a[k].float() - b[k].float()).abs().max()) for k in a if not k.startswith("history."))
     assert moved < 1e-5  # a near-zero learning rate keeps the loaded weights, not a fresh initialisation
     assert run(tmp_path / "c", "--epochs", "1", "--dim", "8", "--init-from", str(first)) == 2
     assert "differs from this run's in dim" in capsys.readouterr().err
@@ -134,14 +140,14 @@ def test_resume_refuses_a_changed_recipe_and_a_missing_run(tmp_path, capsys):
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     calls = {"n": 0}
-    real = train.loss_fn
+    real = trainer.loss_fn
 
     def poisoned(logits, target):
         calls["n"] += 1
         loss = real(logits, target)
         return loss * float("nan") if calls["n"] == 9 else loss  # step 9: the middle of epoch 2
 
-    monkeypatch.setattr(train, "loss_fn", poisoned)
+    monkeypatch.setattr(trainer, "loss_fn", poisoned)
     assert run(out) == 1
     err = capsys.readouterr().err
     assert "the loss became nan at step 9 (epoch 2)" in err and "last good checkpoint" in err
@@ -230,7 +236,7 @@ def test_full_disk_fails_before_training(tmp_path, monkeypatch, capsys):
     class Usage:
         total, used, free = 10**9, 10**9 - 1000, 1000
 
-    monkeypatch.setattr(train.shutil, "disk_usage", lambda path: Usage())
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage())
     assert run(tmp_path / "run") == 2
     err = capsys.readouterr().err
     assert "MB free, but the checkpoints need about" in err and "epoch" not in err
@@ -238,11 +244,11 @@ def test_full_disk_fails_before_training(tmp_path, monkeypatch, capsys):
 
 
 def test_lr_schedule_warmup_then_cosine():
-    f = [train.lr_factor(s, 4, 12) for s in range(12)]
+    f = [optim.lr_factor(s, 4, 12) for s in range(12)]
     assert f[:4] == [0.25, 0.5, 0.75, 1.0]
     assert f[4] == 1.0 and all(a > b for a, b in zip(f[4:], f[5:], strict=False))
-    assert abs(train.lr_factor(12, 4, 12)) < 1e-12
-    assert abs(train.lr_factor(8, 4, 12) - 0.5) < 1e-12
+    assert abs(optim.lr_factor(12, 4, 12)) < 1e-12
+    assert abs(optim.lr_factor(8, 4, 12) - 0.5) < 1e-12
 
 
 def test_torchrun_two_processes_match_one(tmp_path):
@@ -268,7 +274,7 @@ def test_sigint_saves_and_resume_continues_exactly(tmp_path, monkeypatch, capsys
     with the weights of an uninterrupted run."""
     assert run(tmp_path / "a", "--epochs", "1") == 0
     calls = {"n": 0}
-    real = train.loss_fn
+    real = trainer.loss_fn
 
     def interrupting(logits, target):
         calls["n"] += 1
@@ -276,11 +282,11 @@ def test_sigint_saves_and_resume_continues_exactly(tmp_path, monkeypatch, capsys
             os.kill(os.getpid(), signal.SIGINT)
         return real(logits, target)
 
-    monkeypatch.setattr(train, "loss_fn", interrupting)
+    monkeypatch.setattr(trainer, "loss_fn", interrupting)
     assert run(tmp_path / "b", "--epochs", "1") == 130
     assert "interrupted (SIGINT)" in capsys.readouterr().err
     assert read_checkpoint(tmp_path / "b" / "last.safetensors")[2]["step"] == 3
-    monkeypatch.setattr(train, "loss_fn", real)
+    monkeypatch.setattr(trainer, "loss_fn", real)
     assert train.main(["--out", str(tmp_path / "b"), "--resume", "--no-progress"]) == 0
     assert_same_weights(tmp_path / "a" / "last.safetensors", tmp_path / "b" / "last.safetensors")
 
@@ -306,9 +312,9 @@ def test_rbf_with_registers_and_susie(tmp_path):
 def test_resume_of_a_run_saved_before_newer_options_existed():
     """A state written by an older version lacks later flags: they take their defaults, the recipe is kept."""
     args, explicit = train.parse_args(["--out", "runs/x", "--resume"])
-    saved = {k: v for k, v in vars(train.parse_args(["--dim", "32", "--out", "runs/x"])[0]).items()
+    saved = {k: v for k, v in train.parse_args(["--dim", "32", "--out", "runs/x"])[0].to_dict().items()
              if k not in ("qk_norm", "susie", "susie_dim")}  # fmt: skip
-    merged = train._resume_args(args, explicit, saved)
+    merged = resume_config(args, explicit, saved)
     assert merged.dim == 32 and merged.qk_norm is False and merged.susie is False and merged.resume is True
 
 
@@ -350,9 +356,9 @@ def test_crop_pad_reaches_the_data(tmp_path):
 
 def _groups(argv: list[str]) -> tuple[torch.nn.Module, list[dict]]:
     args, _ = train.parse_args([*TINY, *argv])
-    config = train.model_config(args, type("Data", (), {"num_classes": 3})())
-    model = train.ViT(config)
-    return model, train.make_optimizer(model, args).param_groups
+    config = trainer.model_config(args, type("Data", (), {"num_classes": 3})())
+    model = ViT(config)
+    return model, optim.make_optimizer(model, args).param_groups
 
 
 def test_field_lr_mult_groups_exactly_the_fixed_field():
@@ -365,7 +371,7 @@ def test_field_lr_mult_groups_exactly_the_fixed_field():
     assert [g["lr"] for g in groups] == [0.002, 0.006, 0.02]
     names = {id(p): n for n, p in model.named_parameters()}
     field = sorted(names[id(p)].rsplit(".", 1)[-1] for p in groups[2]["params"])
-    assert set(field) == set(train.FIELD_PARAMETERS) and len(field) == len(train.FIELD_PARAMETERS)  # depth 1
+    assert set(field) == set(optim.FIELD_PARAMETERS) and len(field) == len(optim.FIELD_PARAMETERS)  # depth 1
     gates = {names[id(p)].rsplit(".", 1)[-1] for p in groups[1]["params"]}
     assert all(g.endswith("_scale") for g in gates)
     assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
@@ -380,7 +386,49 @@ def test_field_lr_mult_moves_the_field_faster(tmp_path):
         out = tmp_path / mult
         assert run(out, "--stop-after", "1", "--field-lr-mult", mult, "--weight-decay", "0") == 0
         torch.manual_seed(0)  # what train does before building the model (--seed 0)
-        start = train.ViT(read_checkpoint(out / "last.safetensors")[0]).state_dict()
+        start = ViT(read_checkpoint(out / "last.safetensors")[0]).state_dict()
         end = weights(out / "last.safetensors")
-        moved[mult] = max((end[k] - start[k]).abs().max().item() for k in end if k.endswith(".mu"))
+        moved[mult] = max(
+            (end[k] - start[k]).abs().max().item() for k in end if k.endswith(".mu") and not k.startswith("history.")
+        )
     assert 10 < moved["20"] / moved["1"] < 30
+
+
+# What train_state.pt held as "args" before TrainConfig (the argparse namespace as a plain dict), written by the
+# code of that time for `run(out, "--epochs", "1", "--stop-after", "3")`; such states also had no "history".
+PRE_CONFIG_ARGS = {
+    "data": "shapes:size=16,train=48,val=16,classes=3", "img_size": [16, 16], "augment": ["crop", "flip"],
+    "crop_pad": 4, "workers": None, "attn": "ssog", "field": "factorized", "steer": ["mu", "sigma", "lambda"],
+    "atoms": 2, "patch_size": 4, "dim": 16, "depth": 1, "heads": 2, "mlp_ratio": 2.0, "dropout": 0.1,
+    "max_offset": 4.0, "sigma_floor": 0.25, "warm_gates": False, "registers": 0, "qk_norm": False, "susie": False,
+    "susie_dim": 0, "epochs": 1, "batch_size": 8, "lr": 0.001, "weight_decay": 0.05, "warmup_epochs": 5.0,
+    "gate_lr_mult": 1.0, "field_lr_mult": 1.0, "seed": 0, "out": "runs/old", "resume": False, "init_from": None,
+    "ckpt_every": 0, "stop_after": 3, "save_dtype": "float32", "plot": False, "device": None, "compile": None,
+    "amp": None, "eval_batch_size": 256, "progress": False, "transfer_sizes": "auto",
+}  # fmt: skip
+
+
+def test_a_state_saved_before_train_config_resumes_exactly(tmp_path):
+    """A run stopped by the code before TrainConfig (its state: the argparse namespace as a dict, an option this
+    version no longer knows, no history) resumes and ends exactly as an uninterrupted run."""
+    assert run(tmp_path / "a", "--epochs", "1") == 0
+    assert run(tmp_path / "b", "--epochs", "1", "--stop-after", "3") == 0
+    path = tmp_path / "b" / "train_state.pt"
+    state = torch.load(path, weights_only=True)
+    assert state["args"] == {**PRE_CONFIG_ARGS, "out": str(tmp_path / "b")}  # the format is unchanged
+    state["args"] = {**PRE_CONFIG_ARGS, "an_option_since_removed": 7}
+    del state["history"]
+    torch.save(state, path)
+    assert train.main(["--out", str(tmp_path / "b"), "--resume", "--no-progress"]) == 0
+    (_, a, _), (_, b, meta) = (read_checkpoint(tmp_path / r / "last.safetensors") for r in "ab")  # weights only:
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # the old state had no history
+    assert meta["train_args"] == {**PRE_CONFIG_ARGS, "out": str(tmp_path / "b"), "resume": True, "stop_after": None}
+
+
+def test_train_config_round_trips_and_ignores_unknown_keys():
+    config, _ = train.parse_args([*SHAPES, *TINY, "--img-size", "16x24", "--transfer-sizes", "8,16x24"])
+    assert config.img_size == (16, 24) and config.transfer_sizes == ((8, 8), (16, 24)) and config.dim == 16
+    plain = config.to_dict()
+    assert plain["img_size"] == [16, 24] and list(plain) == [f.name for f in dataclasses.fields(TrainConfig)]
+    assert TrainConfig.from_dict({**plain, "gone": 1}) == config
+    assert TrainConfig.from_dict({}) == TrainConfig() == train.parse_args([])[0]  # one set of defaults

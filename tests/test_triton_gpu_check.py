@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ssog_core.ops.reference import FieldLeaves, reference_apply
+from ssog_core.testing.oracles import FieldLeaves, oracle_apply
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
@@ -29,13 +29,13 @@ def _run(out: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
 
 
-def test_reference_stays_on_the_device_of_its_field() -> None:
+def test_oracle_stays_on_the_device_of_its_field() -> None:
     """The float64 definition built on a non-CPU device (meta): no CPU tensor mixed in (the first GPU run's bug)."""
     leaves = FieldLeaves(1, (5, 4), 2, 3, ("mu",), device="meta")
     v = torch.empty(1, 20, 2, 4, dtype=torch.float64, device="meta")
     for mode in ("factorized", "axial"):
-        assert reference_apply(v, leaves.field(), (5, 4), mode).device.type == "meta"
-        assert reference_apply(v, FieldLeaves(1, (5, 4), 2, 3, (), device="meta").field(), (5, 4), mode).is_meta
+        assert oracle_apply(v, leaves.field(), (5, 4), mode).device.type == "meta"
+        assert oracle_apply(v, FieldLeaves(1, (5, 4), 2, 3, (), device="meta").field(), (5, 4), mode).is_meta
 
 
 @needs_triton

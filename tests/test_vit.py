@@ -1,22 +1,22 @@
-"""The ViT against the dense float64 reference; counting; resolution transfer; torch.compile."""
+"""The ViT against the dense float64 oracle; counting; resolution transfer; torch.compile."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ssog_core.config import SEED_CONFIGS, ViTConfig
-from ssog_core.cost import count_flops, count_params
-from ssog_core.info import main as info_main
-from ssog_core.vit import ViT
-from tests.dense_reference import reference_state_dict, vit_forward
+from ssog_core.cli.info import main as info_main
+from ssog_core.nn.config import SEED_CONFIGS, ViTConfig
+from ssog_core.nn.cost import count_flops, count_params
+from ssog_core.nn.vit import ViT
+from tests.dense_oracle import upstream_state_dict, vit_forward
 
 SMALL = dict(num_classes=7, img_size=20, patch_size=4, dim=12, depth=2, num_heads=3, num_atoms=3)
 
 
-def reference_model(cfg: dict, taps=("mu", "sigma", "lambda")) -> tuple[ViT, dict]:
-    """A float64 ViT holding random reference-layout weights (gates open, probes active)."""
-    sd = reference_state_dict(cfg, taps=taps)
+def upstream_layout_model(cfg: dict, taps=("mu", "sigma", "lambda")) -> tuple[ViT, dict]:
+    """A float64 ViT holding random upstream-layout weights (gates open, probes active)."""
+    sd = upstream_state_dict(cfg, taps=taps)
     model = ViT(**cfg, steer=taps if cfg["attn"] != "dot" else ()).double().eval()
     model.load_state_dict({k: v.double() for k, v in sd.items()})
     return model, sd
@@ -32,17 +32,17 @@ def reference_model(cfg: dict, taps=("mu", "sigma", "lambda")) -> tuple[ViT, dic
         ("dot", "factorized", ()),
     ],
 )
-def test_logits_match_dense_reference(attn, field, taps):
+def test_logits_match_dense_oracle(attn, field, taps):
     cfg = dict(SMALL, attn=attn, field=field)
-    model, sd = reference_model(cfg, taps)
+    model, sd = upstream_layout_model(cfg, taps)
     img = torch.rand(2, 3, 20, 20, dtype=torch.float64)
     want, _ = vit_forward(img, sd, cfg)
     torch.testing.assert_close(model(img), want, rtol=1e-10, atol=1e-10)
 
 
-def test_non_square_image_and_resolution_transfer_match_reference():
+def test_non_square_image_and_resolution_transfer_match_the_oracle():
     cfg = dict(SMALL, attn="ssog")
-    model, sd = reference_model(cfg)
+    model, sd = upstream_layout_model(cfg)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     img = torch.rand(2, 3, 28, 16, dtype=torch.float64)  # 7×4 grid from a 5×5-trained model
     want, _ = vit_forward(img, sd, cfg)

@@ -1,4 +1,4 @@
-"""Drawing (:mod:`ssog_core.viz`): colour maps, PNG bytes and cells, and figure layout and metadata."""
+"""Drawing (:mod:`ssog_core.viz.figures`): colour maps, PNG bytes and cells, and figure layout and metadata."""
 
 from __future__ import annotations
 
@@ -8,24 +8,25 @@ import json
 import numpy as np
 from PIL import Image
 
-from ssog_core import viz
-from ssog_core.analysis import head_fields
+from ssog_core.analysis.measures import head_fields
+from ssog_core.viz import figures as viz
+from ssog_core.viz import raster
 from tests.app_fixtures import designed_ssog
 
 
 def test_colorize_png_and_cells():
     a = np.array([[0.0, 0.5], [1.0, 2.0]])
-    rgb = viz.colorize(a, "viridis", 0.0, 1.0)
-    lut = viz._lut("viridis")
+    rgb = raster.colorize(a, "viridis", 0.0, 1.0)
+    lut = raster._lut("viridis")
     assert rgb.dtype == np.uint8 and rgb.shape == (2, 2, 3)
     assert (rgb[0, 0] == lut[0]).all() and (rgb[1, 0] == lut[255]).all() and (rgb[1, 1] == lut[255]).all()
-    png = viz.png_bytes(rgb)
+    png = raster.png_bytes(rgb)
     assert np.array_equal(np.asarray(Image.open(io.BytesIO(png))), rgb)
-    assert viz.data_url(png).startswith("data:image/png;base64,")
-    assert viz.cell_at((0, 0), (100, 50), (5, 10)) == (0, 0)
-    assert viz.cell_at((99.9, 49.9), (100, 50), (5, 10)) == (4, 9)
-    assert viz.cell_at((35, 12), (100, 50), (5, 10)) == (1, 3)
-    assert viz.density_rgba(np.ones((3, 4))).shape == (3, 4, 4)
+    assert raster.data_url(png).startswith("data:image/png;base64,")
+    assert raster.cell_at((0, 0), (100, 50), (5, 10)) == (0, 0)
+    assert raster.cell_at((99.9, 49.9), (100, 50), (5, 10)) == (4, 9)
+    assert raster.cell_at((35, 12), (100, 50), (5, 10)) == (1, 3)
+    assert raster.density_rgba(np.ones((3, 4))).shape == (3, 4, 4)
 
 
 def _overlap(a, b) -> bool:

@@ -17,12 +17,12 @@ if os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover - guarded by t
 
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from ssog_core.attention import SSOGAttention  # noqa: E402
-from ssog_core.ops import triton_ssog, triton_tiles  # noqa: E402
+from ssog_core.nn.attention import SSOGAttention  # noqa: E402
+from ssog_core.ops import ssog_triton, triton_tiles  # noqa: E402
 from ssog_core.ops.dispatch import choose_ssog_backend, ssog_apply  # noqa: E402
-from ssog_core.ops.reference import FieldLeaves, reference_apply, reference_matrix  # noqa: E402
-from ssog_core.ops.triton_ssog import apply_triton, kernel_params  # noqa: E402
-from tests.ops_reference import (  # noqa: E402
+from ssog_core.ops.ssog_triton import apply_triton, kernel_params  # noqa: E402
+from ssog_core.testing.oracles import FieldLeaves, oracle_apply, oracle_matrix  # noqa: E402
+from tests.ops_checks import (  # noqa: E402
     assert_close,
     assert_compiles_like_eager,
     check_against_definition,
@@ -74,7 +74,7 @@ def test_tiled_and_chunked_programs(monkeypatch: pytest.MonkeyPatch, grid: tuple
     grid, splits query columns over programs and chunks them in the column backward kernel on a wide grid, and
     narrows that kernel's key-column tile."""
     monkeypatch.setattr(triton_tiles, "TILE_BUDGET", 2048)
-    cfg = triton_ssog._config(*grid, 4, 2, mode == "axial", torch.float32)
+    cfg = ssog_triton._config(*grid, 4, 2, mode == "axial", torch.float32)
     kt, ic, wc = triton_tiles.col_tiles(cfg, mode == "axial")
     if grid[0] > 16 and mode == "axial":
         assert cfg["JC"] < cfg["GHP"] and kt < 4
@@ -94,7 +94,7 @@ def test_far_narrow_atoms_and_strided_values(mode: str) -> None:
     field = far_narrow_field(b, (gh, gw), h)
     wide = torch.randn(b, gh * gw, h, 3 * d, dtype=torch.float64)
     v = wide[..., d : 2 * d]  # not contiguous: like a slice of a fused projection
-    expected = reference_apply(v, field, (gh, gw), mode)
+    expected = oracle_apply(v, field, (gh, gw), mode)
     out = apply_triton(v.float(), field.to(torch.float32), (gh, gw), mode)
     assert_close(out, expected, 1e-5, "output")
     g = torch.autograd.grad(out.sum(), [field.mu, field.sigma, field.log_lam])
@@ -160,7 +160,7 @@ def test_dispatch_picks_triton_and_matrix_parity(monkeypatch: pytest.MonkeyPatch
                 torch.testing.assert_close(
                     torch.einsum("bhnm,bmhd->bnhd", a, v), ssog_apply(v, field, (7, 5), mode), rtol=1e-5, atol=1e-6
                 )
-                ref = reference_matrix(field, (7, 5), mode, batch=2)
+                ref = oracle_matrix(field, (7, 5), mode, batch=2)
                 torch.testing.assert_close(a.double(), ref, rtol=1e-5, atol=1e-6)
 
 
@@ -177,4 +177,4 @@ def test_flop_formulas_count_the_separable_cost(mode: str, steered: bool) -> Non
 def test_kernel_parameters_are_validated() -> None:
     v, prm, _, _ = _op_inputs("factorized", steered=True)
     with pytest.raises(ValueError, match="do not match"):
-        triton_ssog.steered_fwd(v, prm[..., :4].contiguous(), False)
+        ssog_triton.steered_fwd(v, prm[..., :4].contiguous(), False)

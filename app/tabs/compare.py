@@ -12,8 +12,10 @@ from gradio.blocks import Block
 from app.common import Updates, error_text, shown_figure, warn, write_downloads
 from app.state import AppContext
 from app.tabs.export import maps_for, summary
-from ssog_core import figures, viz
-from ssog_core.analysis import DEFAULT_ALPHA
+from ssog_core.analysis.measures import DEFAULT_ALPHA
+from ssog_core.viz import figures as viz
+from ssog_core.viz import files as figures
+from ssog_core.viz import raster
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ class CompareUI:
 def _analyse(ctx: AppContext, a: str, b: str, sha: str, alpha: float):
     stored = ctx.image(sha)
     la, lb = ctx.model(a), ctx.model(b)
-    display = viz.model_view(stored.image, la.config.img_size, figures.EXPORT_WIDTH)
+    display = raster.model_view(stored.image, la.config.img_size, figures.EXPORT_WIDTH)
     return stored, display, maps_for(ctx, la, stored, alpha), maps_for(ctx, lb, stored, alpha)
 
 

@@ -13,9 +13,11 @@ from gradio.blocks import Block
 from app import plots
 from app.common import Updates, error_text, shown_figure, warn, write_downloads
 from app.state import AppContext, LoadedModel, StoredImage, resize_note
-from ssog_core import figures, viz
-from ssog_core.analysis import DEFAULT_ALPHA, ExportMaps, compute_export_maps
-from ssog_core.session import NO_TWIN
+from ssog_core.analysis.measures import DEFAULT_ALPHA, ExportMaps, export_maps
+from ssog_core.analysis.session import NO_TWIN
+from ssog_core.viz import figures as viz
+from ssog_core.viz import files as figures
+from ssog_core.viz import raster
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ def maps_for(ctx: AppContext, loaded: LoadedModel, stored: StoredImage, alpha: f
     """The export maps of a model on a picture (cached: the export and compare tabs and the API share them)."""
 
     def make() -> ExportMaps:
-        return compute_export_maps(loaded.model, loaded.input(stored.image), alpha)
+        return export_maps(loaded.model, loaded.input(stored.image), alpha)
 
     return ctx.cache.export_maps.get((loaded.key, stored.sha256, round(float(alpha), 4)), make)
 
@@ -75,7 +77,7 @@ def default_twin(ctx: AppContext, ckpt: str | None) -> str:
 
 
 def _display(stored: StoredImage, loaded: LoadedModel):
-    return viz.model_view(stored.image, loaded.config.img_size, figures.EXPORT_WIDTH)
+    return raster.model_view(stored.image, loaded.config.img_size, figures.EXPORT_WIDTH)
 
 
 def summary(name: str, m: ExportMaps) -> str:
@@ -113,7 +115,7 @@ def render(
         layer = min(int(layer or 0), depth - 1)
         q = (int(query[0]), int(query[1])) if query else None
         named = [(n, m) for n, _, m in models]
-        fig = figures.app_export_maps_figure(named, _display(stored, loaded), layer, stored.name, q)
+        fig = figures.named_export_maps_figure(named, _display(stored, loaded), layer, stored.name, q)
         names = "+".join(figures.stem_of(n) for n, _, _ in models)
         meta = {"figure": "export maps", "checkpoints": [n for n, _, _ in models], "image": stored.name,
                 "image_sha256": sha, "alpha": float(alpha), "layer": layer, "colormap": viz.NET_CMAP,

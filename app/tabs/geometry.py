@@ -15,8 +15,11 @@ from PIL import Image
 from app import plots
 from app.common import Updates, error_text, shown_figure, warn, write_downloads
 from app.state import AppContext, LoadedModel
-from ssog_core import figures, report, viz
-from ssog_core.analysis import attention_maps, has_keys, key_norms
+from ssog_core.analysis import report
+from ssog_core.analysis.measures import attention_maps, has_keys, key_norms
+from ssog_core.viz import figures as viz
+from ssog_core.viz import files as figures
+from ssog_core.viz import raster
 
 ATOM_HEADERS = [
     "layer",
@@ -175,7 +178,7 @@ def dot_view(ctx: AppContext, loaded: LoadedModel, sha: str | None):
     q = ((gh - 1) // 2, (gw - 1) // 2)
     n = q[0] * gw + q[1]
     rows = np.stack([a[0, :, n].reshape(-1, gh, gw).cpu().numpy() for a in maps.attn])
-    display = viz.model_view(stored.image, loaded.config.img_size, figures.DISPLAY_WIDTH)
+    display = raster.model_view(stored.image, loaded.config.img_size, figures.DISPLAY_WIDTH)
     fig = viz.attention_grid_figure(display, rows, q, f"{loaded.name} on {stored.name}")
     settings = {"figure": "attention maps", "checkpoint": loaded.name, "image": stored.name, "image_sha256": sha,
                 "query": list(q)}  # fmt: skip

@@ -1,7 +1,7 @@
 """The Intervene tab: build an edit list, see what it changes on the picture and on the validation set (with a
 noise floor), and find the heads that matter (head importance; a click on a cell adds that edit).
 
-Every number comes from :mod:`ssog_core.effects` through :mod:`app.interventions`; the edits apply to this
+Every number comes from :mod:`ssog_core.analysis.effects` through :mod:`app.interventions`; the edits apply to this
 request only (the shared model is never changed).
 """
 
@@ -19,9 +19,9 @@ from gradio.blocks import Block
 from app import interventions, plots
 from app.common import Updates, error_text, stoppable, warn
 from app.state import AppContext, AppError, LoadedModel
-from ssog_core.effects import DEFAULT_EVAL_IMAGES, MAX_EVAL_IMAGES, HeadImportance, ValidationEffect
+from ssog_core.analysis.effects import DEFAULT_EVAL_IMAGES, MAX_EVAL_IMAGES, HeadImportance, ValidationEffect
+from ssog_core.analysis.interventions import OPS, TAP_NAMES, check_edits, describe, parse_edits
 from ssog_core.field import TAPS
-from ssog_core.interventions import OPS, TAP_NAMES, check_edits, describe, parse_edits
 
 FIELD_OPS = ("close_gate", "drop_atom", "swap_axes")  # the builder's ops besides ablation and patching
 DOT_OPS = ("ablate_head", "patch_head")  # what a dot-product model can take

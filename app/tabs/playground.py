@@ -18,10 +18,12 @@ from app import plots
 from app.canvas import CSS_TEMPLATE, HTML_TEMPLATE, JS_ON_LOAD, canvas_props
 from app.common import Updates, error_text, warn, write_downloads
 from app.state import AppContext, AppError
-from ssog_core import figures, viz
-from ssog_core.interventions import SetHead, edited
-from ssog_core.playground import DEFAULT_SPEC, MAX_ATOMS, Atom, HeadSpec, HeadView, evaluate, spec_from_head
-from ssog_core.presets import KINDS
+from ssog_core.analysis.interventions import SetHead, edited
+from ssog_core.analysis.playground import DEFAULT_SPEC, MAX_ATOMS, Atom, HeadSpec, HeadView, evaluate, spec_from_head
+from ssog_core.analysis.presets import KINDS
+from ssog_core.viz import figures as viz
+from ssog_core.viz import files as figures
+from ssog_core.viz import raster
 
 CANVAS_SIZE = 440  # px of the canvas' longer side
 READOUT_HEADERS = ["atom", "looks at (y, x)", "μ = ★ − key", "σ (y, x)", "width σ√τ", "λ"]
@@ -95,15 +97,15 @@ def head_value(spec: HeadSpec, sel: int = 0) -> dict[str, Any]:
 
 
 def render(value: Any, overlay: bool = False, hover: bool = True) -> tuple[dict[str, Any], HeadSpec, HeadView]:
-    """Field image and overlay numbers for the canvas, computed by :func:`ssog_core.playground.evaluate`; with
+    """Field image and overlay numbers for the canvas, computed by :func:`ssog_core.analysis.playground.evaluate`; with
     ``hover`` also every cell's weight (left out of drag previews, which stay small and fast)."""
     spec = _spec(value)
     view = evaluate(spec)
     d = view.density.numpy()
-    rgb = viz.density_rgba(d) if overlay else viz.colorize(d, viz.FIELD_CMAP, 0.0, float(d.max()))
+    rgb = raster.density_rgba(d) if overlay else raster.colorize(d, viz.FIELD_CMAP, 0.0, float(d.max()))
     ky, kx = view.row_marginal.numpy(), view.col_marginal.numpy()
     props = {
-        "img": viz.data_url(viz.png_bytes(rgb)),
+        "img": raster.data_url(raster.png_bytes(rgb)),
         "vmax": f"{float(d.max()):.4g}",
         "cbar": LEGENDS[viz.OVERLAY_CMAP if overlay else viz.FIELD_CMAP],
         "ky": [round(float(v), 4) for v in ky / max(ky.max(), 1e-30)],
@@ -120,7 +122,7 @@ def render(value: Any, overlay: bool = False, hover: bool = True) -> tuple[dict[
 
 def legend_gradient(cmap: str) -> str:
     """A CSS gradient of a colour map, for the canvas' colour bar."""
-    stops = viz.colorize(np.linspace(0.0, 1.0, 9)[None], cmap, 0.0, 1.0)[0]
+    stops = raster.colorize(np.linspace(0.0, 1.0, 9)[None], cmap, 0.0, 1.0)[0]
     return "linear-gradient(to right, " + ", ".join(f"rgb({r},{g},{b})" for r, g, b in stops) + ")"
 
 

@@ -25,7 +25,7 @@ from safetensors import safe_open
 from app.common import Updates, error_text, warn
 from app.state import UPLOADED, AppContext, AppError, LoadedModel
 from app.tabs.export import default_twin
-from ssog_core.session import NO_TWIN
+from ssog_core.analysis.session import NO_TWIN
 
 TRANSFER_KEY = "resolution_transfer"  # safetensors metadata key written by train at the end of a run
 GRID_FACTORS = (0.5, 1.0, 1.5, 2.0, 3.0)  # token grids measured, relative to the training grid's side

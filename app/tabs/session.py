@@ -1,5 +1,6 @@
 """The Session tab: save the view (checkpoint, image hash, playground head, each tab's settings) as a session file,
-or restore one. The format is :mod:`ssog_core.session`, which ``python -m ssog_core.figures --session FILE`` reads
+or restore one. The format is :mod:`ssog_core.analysis.session`, which
+``python -m ssog_core.figures --session FILE`` reads
 too; restoring sets components of every tab, so its handler lives with the page (:mod:`app.layout`)."""
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from typing import Any
 import gradio as gr
 
 from app.state import AppContext, AppError
-from ssog_core import session
-from ssog_core.playground import HeadSpec
-from ssog_core.session import Session
+from ssog_core.analysis import session
+from ssog_core.analysis.playground import HeadSpec
+from ssog_core.analysis.session import Session
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ def make_session(
 
 
 def read_session(path: str | Path) -> Session:
-    """An uploaded session file, checked (:func:`ssog_core.session.read`); raises with the reason."""
+    """An uploaded session file, checked (:func:`ssog_core.analysis.session.read`); raises with the reason."""
     if not Path(path).is_file():
         raise AppError("the session file did not arrive; try again")
     return session.read(path)

@@ -13,9 +13,12 @@ from PIL import Image
 
 from app.common import Updates, error_text, shown_figure, warn, write_downloads
 from app.state import AppContext, AppError, LoadedModel, StoredImage, resize_note
-from ssog_core import figures, report, viz
-from ssog_core.analysis import AttentionMaps, SteeringOffsets, attention_maps, steering_offsets
-from ssog_core.playground import HeadSpec, steered_spec
+from ssog_core.analysis import report
+from ssog_core.analysis.measures import AttentionMaps, SteeringOffsets, attention_maps, steering_offsets
+from ssog_core.analysis.playground import HeadSpec, steered_spec
+from ssog_core.viz import figures as viz
+from ssog_core.viz import files as figures
+from ssog_core.viz import raster
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ def on_cpu(maps: AttentionMaps) -> AttentionMaps:
 def analyse(ctx: AppContext, loaded: LoadedModel, stored: StoredImage) -> Steering:
     def make() -> Steering:
         x = loaded.input(stored.image)
-        display = viz.model_view(stored.image, loaded.config.img_size, figures.DISPLAY_WIDTH)
+        display = raster.model_view(stored.image, loaded.config.img_size, figures.DISPLAY_WIDTH)
         steered = on_cpu(attention_maps(loaded.model, x))
         if loaded.is_ssog:
             return Steering(
@@ -138,7 +141,7 @@ def render(
         heads = loaded.config.num_heads
         return {
             ui.note: note,
-            ui.click: viz.grid_overlay(s.display, s.grid, q),
+            ui.click: raster.grid_overlay(s.display, s.grid, q),
             ui.prediction: report.top_classes(s.logits, loaded.class_names),
             ui.steering: gr.update(value=steer, visible=steer is not None),
             ui.query_figure: query_image(loaded, stored, s, layer, q) if q else None,
@@ -159,11 +162,11 @@ def on_select(
     try:
         loaded, stored = ctx.model(ckpt), ctx.image(sha)
         s = analyse(ctx, loaded, stored)
-        q = viz.cell_at(evt.index, s.display.size, s.grid)
+        q = raster.cell_at(evt.index, s.display.size, s.grid)
         layer = min(int(layer or 0), len(s.steered.attn) - 1)
         return {
             ui.query: list(q),
-            ui.click: viz.grid_overlay(s.display, s.grid, q),
+            ui.click: raster.grid_overlay(s.display, s.grid, q),
             ui.query_figure: query_image(loaded, stored, s, layer, q),
             ui.query_text: f"query patch {q}",
         }
@@ -173,7 +176,7 @@ def on_select(
 
 def steered_head(ctx: AppContext, src: dict[str, Any], gate: float) -> HeadSpec:
     """The clicked query's head on the model's grid with content's steering at ``gate`` (0 = the fixed field,
-    1 = the learned gate), from the image's steering offsets (:func:`ssog_core.playground.steered_spec`)."""
+    1 = the learned gate), from the image's steering offsets (:func:`ssog_core.analysis.playground.steered_spec`)."""
     loaded, stored = ctx.model(src["checkpoint"]), ctx.image(src["image_sha256"])
     if not loaded.is_ssog:
         raise AppError(f"{loaded.name} is a {loaded.kind} attention model: it has no field for content to steer")

@@ -3,12 +3,13 @@
 Backends (each computes its operator exactly, up to rounding):
 
 * SSOG (:func:`ssog_apply`, the definition is :func:`ssog_core.field.apply_field`): ``triton`` — the fused kernels
-  of :mod:`ssog_core.ops.triton_ssog`; ``cpu`` — the fused C kernels of :mod:`ssog_core.ops.cpu_ssog` (steered
-  factorized fields on CPU tensors); ``torch`` — the fast PyTorch path (:mod:`ssog_core.ops.torch_ssog`, any
-  device); ``reference`` — :func:`~ssog_core.field.apply_field` itself.
-* RBF (:func:`rbf_attention`, defined in :mod:`ssog_core.ops.rbf`): ``triton`` — the fused flash-style kernels
+  of :mod:`ssog_core.ops.ssog_triton`; ``cpu`` — the fused C kernels of :mod:`ssog_core.ops.ssog_cpu` (steered
+  factorized fields on CPU tensors); ``torch`` — the fast PyTorch path (:mod:`ssog_core.ops.ssog_torch`, any
+  device); ``definition`` — :func:`~ssog_core.field.apply_field` itself, the definition evaluated as written
+  (``reference``, its old name, is still accepted with a warning).
+* RBF (:func:`rbf_attention`, defined in :mod:`ssog_core.ops.rbf_torch`): ``triton`` — the fused flash-style kernels
   of :mod:`ssog_core.ops.rbf_triton`; ``torch`` — SDPA on augmented vectors
-  (:func:`~ssog_core.ops.rbf.rbf_attention_torch`).
+  (:func:`~ssog_core.ops.rbf_torch.rbf_attention_torch`).
 
 Both operators choose the same way, per call: the ``backend=`` argument, else the environment variable
 (``SSOG_BACKEND`` / ``RBF_BACKEND``), else ``triton`` where :func:`can_run_triton_ssog` /
@@ -16,26 +17,29 @@ Both operators choose the same way, per call: the ``backend=`` argument, else th
 ``torch`` otherwise (the choice and the reason are logged at debug level, logger ``ssog_core.ops``). The Triton
 kernels run on CUDA tensors, or on CPU tensors under ``TRITON_INTERPRET=1`` (how the tests run them without a
 GPU). A backend that was asked for but cannot run this input raises :class:`BackendUnavailable` with the reason.
-Every environment check lives in this module, and importing it never imports Triton.
+The environment checks are :mod:`ssog_core.ops.env`; importing this module never imports Triton.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
+import warnings
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from ssog_core.field import MAX_ATOMS, Field, FieldMode, apply_field, check_grid
-from ssog_core.ops import cpu_ssog
-from ssog_core.ops.rbf import check_rbf_inputs, rbf_attention_torch
-from ssog_core.ops.torch_ssog import apply_torch
+from ssog_core.ops import ssog_cpu
+from ssog_core.ops.env import interpreting, triton_installed  # here too: the tests patch them on this module
+from ssog_core.ops.rbf_torch import check_rbf_inputs, rbf_attention_torch
+from ssog_core.ops.ssog_torch import apply_torch
 from ssog_core.ops.triton_tiles import shared_memory_estimate
 
-SSOG_BACKENDS = ("triton", "cpu", "torch", "reference")
+SSOG_BACKENDS = ("triton", "cpu", "torch", "definition")
+# Old names still accepted (a warning says the new one): "reference" now means only the float64 oracles.
+BACKEND_ALIASES = {"reference": "definition"}
 RBF_BACKENDS = ("triton", "torch")
 SSOG_ENV_VAR, RBF_ENV_VAR = "SSOG_BACKEND", "RBF_BACKEND"
 MAX_HEAD_DIM = 128  # both kernels keep a (rows, head_dim) fp32 accumulator on chip
@@ -50,16 +54,6 @@ class BackendUnavailable(RuntimeError):
 
 
 # ------------------------------------------------------------------------------------------- the environment
-
-
-def triton_installed() -> bool:
-    """Whether the triton package is there (found without importing it)."""
-    return importlib.util.find_spec("triton") is not None
-
-
-def interpreting() -> bool:
-    """Whether Triton's interpreter runs the kernels on the CPU (``TRITON_INTERPRET=1``, read before Triton loads)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def shared_memory_limit(device: torch.device) -> int | None:
@@ -101,6 +95,12 @@ def _choose(op: str, backend: str | None, env_var: str, choices: tuple[str, ...]
     """The backend asked for (argument, else environment; checked), else the first of ``checks`` (backend → its
     ``can_run(raise_error)``) that can run, else ``torch``."""
     requested = (backend or os.environ.get(env_var, "")).strip().lower()
+    if requested in BACKEND_ALIASES and BACKEND_ALIASES[requested] in choices:
+        source = "backend" if backend else env_var
+        warnings.warn(
+            f"{source}={requested!r} is now called {BACKEND_ALIASES[requested]!r}", FutureWarning, stacklevel=3
+        )
+        requested = BACKEND_ALIASES[requested]
     if requested:
         if requested not in choices:
             source = "backend" if backend else env_var
@@ -168,7 +168,7 @@ def ssog_cpu_problem(v: Tensor, field: Field, mode: FieldMode) -> str | None:
         return f"the field lives on {sorted(devices)}"
     if torch.compiler.is_compiling():
         return "inside torch.compile the PyTorch path is traced instead"
-    return cpu_ssog.unavailable_reason()
+    return ssog_cpu.unavailable_reason()
 
 
 def can_run_cpu_ssog(v: Tensor, field: Field, mode: FieldMode = "factorized", raise_error: bool = False) -> bool:
@@ -201,12 +201,12 @@ def ssog_apply(
     """Apply an SSOG field to values ``v`` of shape ``(B, N, H, D)``; returns ``(B, N, H, D)``."""
     chosen = choose_ssog_backend(v, field, grid, mode, backend)
     if chosen == "triton":
-        from ssog_core.ops.triton_ssog import apply_triton
+        from ssog_core.ops.ssog_triton import apply_triton
 
         return apply_triton(v, field, grid, mode)
     if chosen == "cpu":
         check_grid(v.shape[1], grid)
-        return cpu_ssog.apply_cpu(v, field, grid)
+        return ssog_cpu.apply_cpu(v, field, grid)
     if chosen == "torch":
         return apply_torch(v, field, grid, mode)
     return apply_field(v, field, grid, mode)

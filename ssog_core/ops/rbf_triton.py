@@ -27,7 +27,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ssog_core.field import LOG2E
-from ssog_core.ops.dispatch import interpreting
+from ssog_core.ops.env import interpreting
 
 INTERPRET = interpreting()  # fixed at import, as it is for Triton itself
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from ssog_core.ops.dispatch import interpreting
+from ssog_core.ops.env import interpreting
 from ssog_core.ops.triton_tiles import shared_memory_estimate
 
 SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # opt-in shared memory per block, bytes
@@ -157,7 +157,7 @@ def problem_launches(
     """Every kernel launch of one problem (forward steered and fixed, ``inv_zx``, both backward kernels), built on
     ``meta`` tensors laid out as the custom ops lay them out, so that the compile sees the launch's constexprs and
     Triton's specialisation of its arguments (16-byte divisibility, ones) exactly as the JIT would."""
-    from ssog_core.ops import triton_ssog as ts
+    from ssog_core.ops import ssog_triton as ts
 
     gh, gw = grid
     axial = mode == "axial"

@@ -1,0 +1,285 @@
+"""Training tab: how a checkpoint's gates, accuracy and fields moved during training, from the history it stores.
+
+Everything drawn here is read from the checkpoint's history (``ssog_core.history``) and measured by
+``ssog_core.trajectory``; the step slider redraws the layers × heads field grid from densities computed once per
+checkpoint, so moving it only composes a picture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import gradio as gr
+import numpy as np
+import plotly.graph_objects as go
+from gradio.blocks import Block
+from PIL import Image, ImageDraw
+from plotly.subplots import make_subplots
+
+from app.common import Updates, error_text, warn
+from app.state import AppContext, LoadedModel
+from ssog_core.analysis import report
+from ssog_core.analysis.trajectory import GeometryTrajectory, geometry_trajectory, snapshot_densities
+from ssog_core.checkpoint.format import read_history
+from ssog_core.checkpoint.history import History
+from ssog_core.viz import raster
+from ssog_core.viz.figures import TAP_LABELS
+
+TILE = 72  # px per head panel of the field grid
+LABEL = 18  # px of the label margins
+TAP_COLOURS = {"mu": "#1f77b4", "sigma": "#d62728", "lambda": "#2ca02c"}
+PLAY_SECONDS = 0.4  # one snapshot per tick while playing
+
+
+@dataclass(frozen=True)
+class TrainingView:
+    """What the tab draws for one checkpoint, computed once: its history, the geometry at every snapshot and the
+    field densities (``(S, L, H, ny, nx)``, each head's panel at every snapshot, cropped to what any snapshot
+    shows)."""
+
+    history: History
+    geometry: GeometryTrajectory | None
+    densities: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class TrainingUI:
+    note: gr.Markdown
+    gates: gr.Plot
+    accuracy: gr.Plot
+    geometry: gr.Plot
+    step: gr.Slider
+    play: gr.Button
+    timer: gr.Timer
+    step_text: gr.Markdown
+    grid: gr.Image
+    status: gr.Markdown
+
+    @property
+    def outputs(self) -> list[Block]:
+        """What :func:`render` changes."""
+        return [self.note, self.gates, self.accuracy, self.geometry, self.step, self.step_text, self.grid]
+
+
+def training_view(ctx: AppContext, loaded: LoadedModel) -> TrainingView | None:
+    """The checkpoint's history and what is drawn from it (cached per checkpoint), or None without a history."""
+
+    def make() -> TrainingView | None:
+        history = read_history(ctx.resolve(loaded.name))
+        if history is None:
+            return None
+        if not (loaded.is_ssog and history.fields["mu"]):
+            return TrainingView(history, None, None)
+        grid, mode = loaded.config.grid, loaded.config.field
+        dens = np.stack([snapshot_densities(history, i, grid, mode).float().numpy() for i in range(len(history.steps))])
+        return TrainingView(history, geometry_trajectory(history, grid, mode), crop_to_support(dens))
+
+    return ctx.cache.figures.get(("training", loaded.key), make)
+
+
+def crop_to_support(dens: np.ndarray, floor: float = 0.02, pad: int = 1) -> np.ndarray:
+    """Crop ``(..., ny, nx)`` densities (centre = the query) to the square half-width that holds every panel's
+    values ≥ ``floor`` of its own peak, so a local head is not a speck in a mostly empty square."""
+    ny, nx = dens.shape[-2:]
+    cy, cx = ny // 2, nx // 2
+    peak = dens.max(axis=(-2, -1), keepdims=True)
+    seen = (dens >= floor * peak).reshape(-1, ny, nx).any(axis=0)
+    ys, xs = np.nonzero(seen)
+    half = int(max(np.abs(ys - cy).max(), np.abs(xs - cx).max(), 2)) + pad
+    hy, hx = min(half, cy), min(half, cx)
+    return dens[..., cy - hy : cy + hy + 1, cx - hx : cx + hx + 1]
+
+
+def field_grid(dens: np.ndarray) -> Image.Image:
+    """``(L, H, ny, nx)`` densities as one picture: layers across, heads down, each panel scaled to its own peak
+    (viridis), the query marked by a white dot, labels in the margins."""
+    layers, heads, ny, nx = dens.shape
+    tile_w, tile_h = TILE, max(8, round(TILE * ny / nx))
+    canvas = Image.new("RGB", (LABEL + layers * (tile_w + 2), LABEL + heads * (tile_h + 2)), "white")
+    draw = ImageDraw.Draw(canvas)
+    for layer in range(layers):
+        draw.text((LABEL + layer * (tile_w + 2) + tile_w // 2 - 8, 3), f"L{layer}", fill="black")
+        for head in range(heads):
+            d = dens[layer, head]
+            rgb = raster.colorize(d / max(float(d.max()), 1e-30), raster.FIELD_CMAP, 0.0, 1.0)
+            tile = Image.fromarray(rgb).resize((tile_w, tile_h), Image.Resampling.NEAREST)
+            x0, y0 = LABEL + layer * (tile_w + 2), LABEL + head * (tile_h + 2)
+            canvas.paste(tile, (x0, y0))
+            cx, cy = x0 + (nx // 2 + 0.5) * tile_w / nx, y0 + (ny // 2 + 0.5) * tile_h / ny
+            draw.ellipse((cx - 2, cy - 2, cx + 2, cy + 2), fill="white")
+    for head in range(heads):
+        draw.text((3, LABEL + head * (tile_h + 2) + tile_h // 2 - 5), f"h{head}", fill="black")
+    return canvas
+
+
+def gates_plot(history: History, cold: float) -> go.Figure:
+    """Gate scale of every layer and tap vs step, log y, the cold start dashed."""
+    fig = go.Figure()
+    steps = history.steps
+    for tap, rows in history.gates.items():
+        per_layer = np.asarray(rows)
+        for layer in range(per_layer.shape[1]):
+            fig.add_trace(
+                go.Scatter(
+                    x=steps,
+                    y=per_layer[:, layer],
+                    mode="lines",
+                    name=f"{TAP_LABELS[tap]} layer {layer}",
+                    legendgroup=tap,
+                    line=dict(color=TAP_COLOURS[tap], width=1 + 2 * layer / max(per_layer.shape[1] - 1, 1)),
+                    opacity=0.45 + 0.55 * layer / max(per_layer.shape[1] - 1, 1),
+                )
+            )
+    fig.add_trace(
+        go.Scatter(x=[steps[0], steps[-1]], y=[cold, cold], mode="lines", name=f"cold start {cold:.3g}",
+                   line=dict(color="black", dash="dash", width=1))
+    )  # fmt: skip
+    fig.update_layout(
+        title="Gate scales s = softplus(raw) + 1e-4 (log scale; thicker = deeper layer)",
+        xaxis_title="step",
+        yaxis=dict(type="log", title="gate scale"),
+        height=360,
+        margin=dict(l=60, r=20, t=50, b=45),
+        legend=dict(font=dict(size=9)),
+    )
+    return fig
+
+
+def accuracy_plot(history: History, chance: float) -> go.Figure:
+    """Validation accuracy at every evaluation and train accuracy between snapshots vs step, chance dotted."""
+    fig = go.Figure()
+    if history.train:
+        t = np.asarray(history.train)
+        fig.add_trace(go.Scatter(x=t[:, 0], y=t[:, 2], mode="lines", name="train (since the previous snapshot)",
+                                 line=dict(color="#999999", width=1)))  # fmt: skip
+    if history.val:
+        v = np.asarray(history.val)
+        fig.add_trace(go.Scatter(x=v[:, 0], y=v[:, 1], mode="lines+markers", name="validation",
+                                 line=dict(color="#1f77b4", width=2)))  # fmt: skip
+    end = history.steps[-1] if history.steps else 1
+    fig.add_trace(go.Scatter(x=[0, end], y=[chance, chance], mode="lines", name=f"chance {chance:.0%}",
+                             line=dict(color="black", dash="dot", width=1)))  # fmt: skip
+    for start in history.stages[1:]:
+        fig.add_vline(x=start, line=dict(color="#888", dash="dash"), annotation_text="new stage")
+    fig.update_layout(title="Accuracy", xaxis_title="step", yaxis=dict(title="accuracy", range=[0, 1.02]),
+                      height=320, margin=dict(l=60, r=20, t=50, b=45), legend=dict(font=dict(size=9)))  # fmt: skip
+    return fig
+
+
+def geometry_plot(geometry: GeometryTrajectory) -> go.Figure:
+    """Per layer: mean reach and the largest elongation over its heads, vs step."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("mean reach per layer (cells)", "most elongated head"))
+    reach = geometry.reach.mean(-1).numpy()
+    elong = geometry.elongation.max(-1).values.numpy()
+    layers = reach.shape[1]
+    for layer in range(layers):
+        colour = viz_colour(layer, layers)
+        for col, values in ((1, reach), (2, elong)):
+            trace = go.Scatter(x=geometry.steps, y=values[:, layer], mode="lines", name=f"layer {layer}",
+                               legendgroup=str(layer), showlegend=col == 1, line=dict(color=colour))  # fmt: skip
+            fig.add_trace(trace, row=1, col=col)
+    fig.update_xaxes(title_text="step")
+    fig.update_yaxes(title_text="cells", row=1, col=1)
+    fig.update_yaxes(title_text="long ÷ short spread", row=1, col=2)
+    fig.update_layout(height=330, margin=dict(l=60, r=20, t=50, b=45), legend=dict(font=dict(size=9)))
+    return fig
+
+
+def viz_colour(index: int, count: int) -> str:
+    """The ``index``-th of ``count`` colours along viridis (shallow layers dark, deep ones bright)."""
+    r, g, b = raster.colorize(np.array([[index / max(count - 1, 1)]]), raster.FIELD_CMAP, 0.0, 1.0)[0, 0]
+    return f"rgb({r},{g},{b})"
+
+
+def step_label(history: History, index: int) -> str:
+    step = history.steps[index]
+    val = [r for r in history.val if r[0] <= step]
+    acc = f"; last validation accuracy {val[-1][1]:.1%} (step {val[-1][0]})" if val else ""
+    return f"Snapshot {index + 1} of {len(history.steps)}: **step {step}**{acc}."
+
+
+def render(ctx: AppContext, ui: TrainingUI, ckpt: str | None) -> Updates:
+    """The tab for a checkpoint: plots, and the step slider's range set before its value (the last snapshot)."""
+    empty = {ui.gates: gr.update(visible=False), ui.accuracy: gr.update(visible=False),
+             ui.geometry: gr.update(visible=False), ui.grid: gr.update(visible=False),
+             ui.step: gr.update(visible=False), ui.step_text: ""}  # fmt: skip
+    if not ckpt:
+        return {**empty, ui.note: "No checkpoint selected."}
+    try:
+        loaded = ctx.model(ckpt)
+        view = training_view(ctx, loaded)
+        if view is None:
+            return {**empty, ui.note: f"**{ckpt}** has no training history (it was trained before histories were "
+                    "recorded, or converted from another implementation)."}  # fmt: skip
+        h = view.history
+        chance = 1.0 / max(loaded.config.num_classes, 1)
+        out: Updates = {
+            **empty,
+            ui.accuracy: gr.update(value=accuracy_plot(h, chance), visible=True),
+            ui.note: f"**{ckpt}**: {len(h.steps)} snapshots over {h.steps[-1]} steps"
+            + (f" in {len(h.stages)} stages" if len(h.stages) > 1 else "")
+            + ". Move the slider (or press ▶) to see the fields at that step.",
+        }
+        if h.gates:
+            out[ui.gates] = gr.update(value=gates_plot(h, report.initial_gate_scale(loaded.config)), visible=True)
+        if view.geometry is not None:
+            last = len(h.steps) - 1
+            out[ui.geometry] = gr.update(value=geometry_plot(view.geometry), visible=True)
+            out[ui.step] = gr.update(minimum=0, maximum=last, value=last, visible=True)
+            out[ui.grid] = gr.update(value=field_grid(view.densities[last]), visible=True)
+            out[ui.step_text] = step_label(h, last)
+        return out
+    except Exception as e:
+        return {**empty, ui.note: warn(error_text(e))}
+
+
+def on_step(ctx: AppContext, ui: TrainingUI, ckpt: str | None, index: float) -> Updates:
+    """The slider moved: the field grid at that snapshot."""
+    try:
+        view = training_view(ctx, ctx.model(ckpt)) if ckpt else None
+        if view is None or view.densities is None:
+            return gr.skip()
+        i = int(min(max(round(index or 0), 0), len(view.history.steps) - 1))
+        return {ui.grid: field_grid(view.densities[i]), ui.step_text: step_label(view.history, i), ui.status: ""}
+    except Exception as e:
+        return {ui.status: warn(error_text(e))}
+
+
+def on_play(playing: bool) -> tuple[gr.Timer, str, bool]:
+    """▶ starts stepping through the snapshots, ⏸ stops."""
+    return gr.Timer(active=not playing), ("⏸ Pause" if not playing else "▶ Play"), not playing
+
+
+def on_tick(ctx: AppContext, ckpt: str | None, index: float) -> Any:
+    """One snapshot further; at the last one, start again from the first."""
+    view = training_view(ctx, ctx.model(ckpt)) if ckpt else None
+    if view is None or view.densities is None:
+        return gr.skip()
+    last = len(view.history.steps) - 1
+    return 0 if round(index or 0) >= last else round(index or 0) + 1
+
+
+def build(ctx: AppContext, shared: dict[str, Any]) -> TrainingUI:
+    note = gr.Markdown(elem_id="train-note")
+    gates = gr.Plot(label="Gate scales", elem_id="train-gates")
+    accuracy = gr.Plot(label="Accuracy", elem_id="train-acc")
+    gr.Markdown("### Fields at a step", elem_classes="hint")
+    with gr.Row():
+        step = gr.Slider(0, 1, value=0, step=1, label="Snapshot", elem_id="train-step", scale=4)
+        play = gr.Button("▶ Play", elem_id="train-play", scale=1, size="sm")
+    step_text = gr.Markdown(elem_id="train-step-text")
+    grid = gr.Image(label="Fields: layers across, heads down (each panel scaled to its own peak; dot = the query)",
+                    interactive=False, elem_id="train-grid", buttons=["download"])  # fmt: skip
+    geometry = gr.Plot(label="Reach and elongation", elem_id="train-geometry")
+    status = gr.Markdown(elem_id="train-status")
+    timer = gr.Timer(PLAY_SECONDS, active=False)
+    playing = gr.State(False)
+    ui = TrainingUI(note, gates, accuracy, geometry, step, play, timer, step_text, grid, status)
+    hidden = dict(api_visibility="private")
+    step.change(partial(on_step, ctx, ui), [shared["checkpoint"], step], [grid, step_text, status],
+                show_progress="hidden", trigger_mode="always_last", **hidden)  # fmt: skip
+    play.click(on_play, [playing], [timer, play, playing], **hidden)
+    timer.tick(partial(on_tick, ctx), [shared["checkpoint"], step], [step], show_progress="hidden", **hidden)
+    return ui

@@ -1,0 +1,182 @@
+"""Tables and files about a checkpoint and its analysis: model card, atom table, predictions, CSV / npz.
+
+Shared by the app (which shows them) and the headless CLI (which writes them), so both report the same
+numbers. Everything is derived from :mod:`ssog_core.analysis.measures`, :mod:`ssog_core.nn.cost` and the checkpoint's
+metadata.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ssog_core.analysis.measures import ExportMaps, LayerField, SteeringOffsets
+from ssog_core.field import positive
+from ssog_core.nn.attention import COLD_GATE, WARM_GATE
+from ssog_core.nn.config import ViTConfig
+from ssog_core.nn.cost import count_flops, count_params
+
+ATOM_COLUMNS = [
+    "layer",
+    "head",
+    "atom",
+    "mu_y",
+    "mu_x",
+    "looks_at_dy",
+    "looks_at_dx",
+    "sigma_y",
+    "sigma_x",
+    "lambda",
+    "head_entropy_nats",
+    "head_radius_cells",
+]
+
+
+def initial_gate_scale(config: ViTConfig) -> float:
+    """The value every gate scale starts from (cold or warm start)."""
+    return float(positive(torch.tensor(COLD_GATE if config.cold_init else WARM_GATE)))
+
+
+def atom_rows(fields: Sequence[LayerField]) -> list[list[float | int]]:
+    """One row per layer, head and atom (columns :data:`ATOM_COLUMNS`); looks-at is the key offset ``−μ``."""
+    rows = []
+    for layer, lf in enumerate(fields):
+        heads, atoms = lf.lam.shape
+        for h in range(heads):
+            for r in range(atoms):
+                my, mx = (float(v) for v in lf.mu[h, r])
+                sy, sx = (float(v) for v in lf.sigma[h, r])
+                rows.append(
+                    [
+                        layer,
+                        h,
+                        r,
+                        my,
+                        mx,
+                        -my,
+                        -mx,
+                        sy,
+                        sx,
+                        float(lf.lam[h, r]),
+                        float(lf.entropy[h]),
+                        float(lf.radius[h]),
+                    ]
+                )
+    return rows
+
+
+def gate_rows(fields: Sequence[LayerField]) -> list[dict[str, float]]:
+    """Per layer: τ and the scale of each enabled tap."""
+    return [{"layer": i, "tau": lf.tau, **{f"s_{k}": v for k, v in lf.gates.items()}} for i, lf in enumerate(fields)]
+
+
+def model_card(model: nn.Module, meta: Mapping[str, Any], flops: bool = True) -> dict[str, Any]:
+    """What a reader wants first: architecture, size, cost, how it was trained and how well it does."""
+    cfg: ViTConfig = model.config
+    card: dict[str, Any] = {
+        "attention": cfg.attn,
+        "field": cfg.field if cfg.attn == "ssog" else None,
+        "steering taps": ", ".join(cfg.steer) if cfg.attn == "ssog" and cfg.steer else None,
+        "atoms per head": cfg.num_atoms if cfg.attn == "ssog" else None,
+        "dim / depth / heads": f"{cfg.dim} / {cfg.depth} / {cfg.num_heads}",
+        "image size / patch / grid": f"{cfg.img_size[0]}×{cfg.img_size[1]} / {cfg.patch_size} / "
+        f"{cfg.grid[0]}×{cfg.grid[1]}",
+        "classes": cfg.num_classes,
+        "parameters": count_params(model),
+        "FLOPs per forward": count_flops(model) if flops else None,
+    }
+    for key, label in (
+        ("accuracy", "accuracy"),
+        ("val_accuracy", "accuracy"),
+        ("data", "data"),
+        ("epochs", "epochs"),
+        ("transforms", "transforms"),
+        ("command", "training command"),
+        ("converted_from", "converted from"),
+    ):
+        if key in meta and label not in card:
+            card[label] = meta[key]
+    if isinstance(card.get("transforms"), Mapping):  # {"train": ..., "eval": ...} as one readable line
+        card["transforms"] = "; ".join(f"{k}: {v}" for k, v in card["transforms"].items())
+    software = meta.get("software")
+    if isinstance(software, Mapping):
+        card["software"] = ", ".join(f"{k} {v}" for k, v in software.items())
+    return {k: v for k, v in card.items() if v is not None}
+
+
+def top_classes(logits: Tensor, class_names: Sequence[str], k: int = 5) -> dict[str, float]:
+    """Softmax probabilities of the ``k`` most likely classes of the first image."""
+    p = torch.softmax(logits[0].double(), dim=-1)
+    values, idx = p.topk(min(k, p.numel()))
+    return {class_names[i]: float(v) for v, i in zip(values, idx, strict=True)}
+
+
+def export_arrays(maps: ExportMaps) -> dict[str, np.ndarray]:
+    """The raw arrays of one image's export maps (first image of the batch)."""
+    return {
+        "pull_in": maps.pull_in[0].numpy(),
+        "pull_out": maps.pull_out[0].numpy(),
+        "net": maps.net[0].numpy(),
+        "accumulated": maps.accumulated[0].numpy(),
+        "rollout": maps.rollout[0].numpy(),
+        "prefix_share": maps.prefix_share[0].numpy(),
+        "entropy": maps.stats["entropy"].numpy(),
+        "radius": maps.stats["radius"].numpy(),
+        "alpha": np.float64(maps.alpha),
+        "grid": np.array(maps.grid),
+    }
+
+
+def steering_arrays(offsets: SteeringOffsets) -> dict[str, np.ndarray]:
+    """Per SSOG layer ``l``: ``dmu_l``, ``shift_l``, ``sigma_ratio_l``, ``dlam_l`` of the first image."""
+    out: dict[str, np.ndarray] = {"logits": offsets.logits[0].numpy()}
+    for l in range(len(offsets.dmu)):
+        out[f"dmu_{l}"] = offsets.dmu[l][0].numpy()
+        out[f"shift_{l}"] = offsets.shift[l][0].numpy()
+        out[f"sigma_ratio_{l}"] = offsets.sigma_ratio[l][0].numpy()
+        out[f"dlam_{l}"] = offsets.dlam[l][0].numpy()
+    return out
+
+
+def npz_bytes(arrays: Mapping[str, np.ndarray], settings: Mapping[str, Any]) -> bytes:
+    """A compressed ``.npz`` of ``arrays`` plus a ``settings`` entry (JSON text) describing how they were made."""
+    import json
+
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays, settings=np.array(json.dumps(dict(settings))))
+    return buf.getvalue()
+
+
+def maps_csv(maps: ExportMaps, settings: Mapping[str, Any]) -> str:
+    """Long-format CSV (``map, layer, row, col, value``) of one image's export maps, settings as comments."""
+    buf = io.StringIO()
+    for k, v in settings.items():
+        buf.write(f"# {k}: {v}\n")
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["map", "layer", "row", "col", "value"])
+    arrays = export_arrays(maps)
+    for name in ("pull_in", "pull_out", "net"):
+        a = arrays[name]
+        for (l, i, j), v in np.ndenumerate(a):
+            w.writerow([name, l, i, j, f"{v:.6g}"])
+    for name in ("accumulated", "rollout"):
+        for (i, j), v in np.ndenumerate(arrays[name]):
+            w.writerow([name, "", i, j, f"{v:.6g}"])
+    return buf.getvalue()
+
+
+def atoms_csv(fields: Sequence[LayerField], settings: Mapping[str, Any]) -> str:
+    buf = io.StringIO()
+    for k, v in settings.items():
+        buf.write(f"# {k}: {v}\n")
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(ATOM_COLUMNS)
+    for row in atom_rows(fields):
+        w.writerow([f"{v:.6g}" if isinstance(v, float) else v for v in row])
+    return buf.getvalue()

@@ -1,0 +1,257 @@
+"""Attention modules: SSOG (Gaussian field, content steers), its dot-product twin, and RBF (distance) attention.
+
+Every module has the same interface, so one :class:`~ssog_core.nn.vit.Block` serves them all:
+``forward(x, grid)`` maps ``(B, N, dim)`` to ``(B, N, dim)``, and ``attention_matrix(x, grid)`` returns the
+exact ``(B, H, N, N)`` weights by running the module's own operator on an identity basis of values.
+
+Parameter names and layouts match the upstream implementation's PyTorch ViT, so its state dicts load
+without renaming (docs/DESIGN.md §4).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ssog_core.field import TAPS, Field, apply_field, base_field, bound, check_grid, positive, steer
+from ssog_core.nn.config import ViTConfig
+from ssog_core.nn.edit_hooks import hook_for
+from ssog_core.nn.susie import SuSiE
+from ssog_core.ops import rbf_attention, ssog_apply
+
+# tap → (probe layer name, gate parameter name, probe outputs per atom)
+_TAP_PARAMS = {
+    "mu": ("mu_delta", "raw_mu_delta_scale", 2),
+    "sigma": ("sigma_delta", "raw_sigma_delta_scale", 2),
+    "lambda": ("lambda_gate", "raw_lambda_gate_scale", 1),
+}
+COLD_GATE, WARM_GATE = -8.0, -2.0  # softplus(-8) ≈ 3e-4 (geometry starts frozen), softplus(-2) ≈ 0.13
+
+
+def _identity_values(x: Tensor, num_heads: int) -> Tensor:
+    """Values ``(B, N, H, N)`` whose channel c is the indicator of token c: the operator's output is A."""
+    b, n, _ = x.shape
+    eye = torch.eye(n, device=x.device, dtype=x.dtype)
+    return eye[None, :, None, :].expand(b, n, num_heads, n)
+
+
+class SSOGAttention(nn.Module):
+    """A few Gaussian atoms per head over relative position; content may only steer them.
+
+    Args:
+        dim: token width; ``dim = num_heads · head_dim``.
+        num_heads: heads, each with its own atoms.
+        num_atoms: Gaussians per head (1–8).
+        field: ``"factorized"`` (per-atom separable passes) or ``"axial"`` (atoms mixed per axis).
+        steer: enabled content taps, any subset of ``("mu", "sigma", "lambda")``.
+        max_offset: bound on content's shift of an atom, in grid cells.
+        sigma_floor: narrowest atom width, in grid cells.
+        cold_init: gates start at −8 (cold) instead of −2 (warm).
+        backend: ``"triton"``, ``"cpu"``, ``"torch"``, ``"definition"`` or ``None`` for automatic
+            (:mod:`ssog_core.ops.dispatch`).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        num_atoms: int = 4,
+        field: str = "factorized",
+        steer: tuple[str, ...] = TAPS,
+        max_offset: float = 4.0,
+        sigma_floor: float = 0.25,
+        cold_init: bool = True,
+        backend: str | None = None,
+    ):
+        super().__init__()
+        self.dim, self.num_heads, self.num_atoms = dim, num_heads, num_atoms
+        self.backend = backend
+        self.head_dim = dim // num_heads
+        self.mode = field
+        self.taps = tuple(t for t in TAPS if t in steer)
+        self.max_offset, self.sigma_floor = max_offset, sigma_floor
+
+        self.v = nn.Linear(dim, dim, bias=False)
+        self.out = nn.Linear(dim, dim, bias=False)
+        self.mu = nn.Parameter(torch.randn(num_heads, num_atoms, 2) * 0.5)
+        self.raw_sigma = nn.Parameter(torch.full((num_heads, num_atoms, 2), -0.5))
+        self.log_lambda = nn.Parameter(torch.zeros(num_heads, num_atoms))
+        self.raw_temperature = nn.Parameter(torch.tensor(-1.0))
+        gate0 = COLD_GATE if cold_init else WARM_GATE
+        for tap in self.taps:
+            probe, gate, per_atom = _TAP_PARAMS[tap]
+            layer = nn.Linear(dim, num_heads * num_atoms * per_atom)
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+            self.add_module(probe, layer)
+            self.register_parameter(gate, nn.Parameter(torch.tensor(gate0)))
+
+    def fixed_field(self) -> Field:
+        """The content-free field ``(H, R)``: what every query does before content steers it."""
+        return base_field(self.mu, self.raw_sigma, self.log_lambda, self.raw_temperature, self.sigma_floor)
+
+    def gate_scales(self) -> dict[str, Tensor]:
+        """The positive scale ``s`` of each enabled tap."""
+        return {tap: positive(getattr(self, _TAP_PARAMS[tap][1])) for tap in self.taps}
+
+    def field(self, x: Tensor, grid: tuple[int, int], steered: bool = True) -> Field:
+        """The field each query of ``x`` (``(B, N, dim)``, LayerNormed block input) applies, with the active
+        interventions of this call (:mod:`ssog_core.analysis.interventions`) applied."""
+        hook = hook_for(self)
+        fixed = self.fixed_field() if hook is None else hook.fixed(self.fixed_field())
+        if not (steered and self.taps):
+            return fixed
+        b = x.shape[0]
+        gh, gw = grid
+        h, r = self.num_heads, self.num_atoms
+        layers = [getattr(self, _TAP_PARAMS[tap][0]) for tap in self.taps]
+        # one GEMM and one bound for all taps (weights concatenated at run time; the stored layout stays one Linear
+        # per tap): the bound over the whole contiguous output costs half as much as over each tap's strided view
+        raw = F.linear(x, torch.cat([m.weight for m in layers]), torch.cat([m.bias for m in layers]))
+        bounded = bound(raw, out=None if torch.is_grad_enabled() else raw)  # in place when nothing records it
+        probes = {}
+        for tap, part in zip(self.taps, bounded.split([m.out_features for m in layers], dim=-1), strict=True):
+            probes[tap] = part.view((b, gh, gw, h, r, 2) if _TAP_PARAMS[tap][2] == 2 else (b, gh, gw, h, r))
+        if hook is not None:
+            probes = hook.probes(probes)
+            if not probes:  # every gate closed: exactly the fixed field
+                return fixed
+        return steer(fixed, probes, self.gate_scales(), self.max_offset)
+
+    def forward(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
+        check_grid(x.shape[1], grid)
+        b, n, _ = x.shape
+        v = self.v(x).view(b, n, self.num_heads, self.head_dim)
+        y = ssog_apply(v, self.field(x, grid), grid, self.mode, self.backend)
+        hook = hook_for(self)
+        if hook is not None:
+            y = hook.output(y)
+        return self.out(y.reshape(b, n, self.dim))
+
+    def attention_matrix(self, x: Tensor, grid: tuple[int, int], steered: bool = True) -> Tensor:
+        """Exact ``(B, H, N, N)`` weights for input ``x``; ``steered=False`` gives the fixed field's.
+
+        Always the explicit definition operator (:func:`~ssog_core.field.apply_field` on an identity basis),
+        whatever backend :func:`~ssog_core.ops.ssog_apply` picks for ``forward``; a test proves ``A·V``
+        equals the dispatched output.
+        """
+        check_grid(x.shape[1], grid)
+        field = self.field(x, grid, steered)
+        return apply_field(_identity_values(x, self.num_heads), field, grid, self.mode).permute(0, 2, 1, 3)
+
+
+class _QKAttention(nn.Module, ABC):
+    """Shared body of the dot and RBF modules: ``qkv`` and ``out`` projections (no biases), optional
+    parameter-free QK-norm, optional SuSiE position code, optional causal mask.
+
+    Tokens are ``[prefix..., grid raster...]``: whatever precedes the ``Gh·Gw`` grid tokens is a prefix
+    (register) token, which SuSiE leaves uncoded (see :mod:`ssog_core.nn.susie`).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        qk_norm: bool = False,
+        susie: str | None = None,
+        susie_dim: int = 0,
+        causal: bool = False,
+    ):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}")
+        self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        self.qk_norm, self.causal = qk_norm, causal
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.out = nn.Linear(dim, dim, bias=False)
+        self.susie = SuSiE(num_heads, self.head_dim, susie_dim, susie) if susie else None
+
+    def queries_keys_values(self, x: Tensor, grid: tuple[int, int] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """The q, k, v ``(B, H, N, head_dim)`` the logits see (after QK-norm and the position code)."""
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if self.qk_norm:  # unit RMS per head: key magnitudes can no longer dominate the logits
+            q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
+        if self.susie is not None:
+            if grid is None:
+                raise ValueError("SuSiE needs the token grid: pass grid=(Gh, Gw), or (1, T) for a sequence")
+            q, k = self.susie(q, k, grid)
+        return q, k, v
+
+    @abstractmethod
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Attention of ``(B, H, N, D)`` queries and keys over values ``(B, H, N, Dv)``."""
+
+    def forward(self, x: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
+        b, n, _ = x.shape
+        y = self._attend(*self.queries_keys_values(x, grid)).transpose(1, 2)
+        hook = hook_for(self)
+        if hook is not None:
+            y = hook.output(y)
+        return self.out(y.reshape(b, n, self.dim))
+
+    def attention_matrix(self, x: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
+        """Exact ``(B, H, N, N)`` weights: the module's own attention applied to identity values."""
+        q, k, _ = self.queries_keys_values(x, grid)
+        return self._attend(q, k, _identity_values(x, self.num_heads).transpose(1, 2))
+
+
+class DotAttention(_QKAttention):
+    """Scaled dot-product attention, the matched baseline (fused SDPA backends on GPU).
+
+    Args:
+        dim, num_heads: token width and heads.
+        qk_norm: RMS-normalise q and k per head (no gain), the usual cure for key-magnitude dominance.
+        susie: ``"1d"`` / ``"2d"`` adds the SuSiE position code (:mod:`ssog_core.nn.susie`); ``None`` for none.
+        susie_dim: channels per head carrying the code (0: the whole head).
+        causal: each token attends to itself and earlier tokens only.
+    """
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+
+
+class RBFAttention(_QKAttention):
+    """Distance attention ``softmax(−γ‖q − k‖²)``, γ = 1/√head_dim (:mod:`ssog_core.ops.rbf_torch`).
+
+    Arguments as :class:`DotAttention`, without QK-norm (with unit-RMS keys every ``‖k‖²`` is the same
+    and RBF attention collapses to dot-product attention with scale 2γ), plus ``backend`` (``"torch"``,
+    ``"triton"`` or ``None`` for automatic).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        susie: str | None = None,
+        susie_dim: int = 0,
+        causal: bool = False,
+        backend: str | None = None,
+    ):
+        super().__init__(dim, num_heads, qk_norm=False, susie=susie, susie_dim=susie_dim, causal=causal)
+        self.backend = backend
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return rbf_attention(q, k, v, causal=self.causal, backend=self.backend)
+
+    def attention_matrix(self, x: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
+        """Exact ``(B, H, N, N)`` weights: the definition operator applied to identity values."""
+        q, k, _ = self.queries_keys_values(x, grid)
+        return rbf_attention(q, k, _identity_values(x, self.num_heads).transpose(1, 2), self.causal, "torch")
+
+
+def build_attention(cfg: ViTConfig) -> nn.Module:
+    """The attention module a config asks for."""
+    if cfg.attn == "ssog":
+        return SSOGAttention(
+            cfg.dim, cfg.num_heads, cfg.num_atoms, cfg.field, cfg.steer, cfg.max_offset, cfg.sigma_floor, cfg.cold_init
+        )
+    susie = "2d" if cfg.susie else None
+    if cfg.attn == "dot":
+        return DotAttention(cfg.dim, cfg.num_heads, qk_norm=cfg.qk_norm, susie=susie, susie_dim=cfg.susie_dim)
+    if cfg.attn == "rbf":
+        return RBFAttention(cfg.dim, cfg.num_heads, susie=susie, susie_dim=cfg.susie_dim)
+    raise ValueError(f"attention {cfg.attn!r} is not available in this build")

@@ -1,0 +1,138 @@
+"""Model configuration: one typed, validated record that checkpoints carry with their weights."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from ssog_core.field import FIELD_MODES, MAX_ATOMS, TAPS
+
+ATTENTION_KINDS = ("ssog", "dot", "rbf")
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """Architecture of a :class:`ssog_core.nn.vit.ViT` (docs/DESIGN.md §2).
+
+    Defaults are a small CIFAR-size model like the SSOG post's (patch 4 here; its CIFAR runs use patch 2); each
+    field says why it is what it is.
+    """
+
+    num_classes: int = 100
+    img_size: tuple[int, int] = (32, 32)  # training resolution (H, W); other multiples of the patch still run
+    patch_size: int = 4
+    dim: int = 256
+    depth: int = 6
+    num_heads: int = 4
+    mlp_ratio: float = 2.0  # the SSOG post's ratio: SSOG's savings come from dropping Q/K, not from a thin MLP
+    dropout: float = 0.1  # after the position embedding and on both residual branches (training only)
+    in_chans: int = 3
+    attn: str = "ssog"  # "ssog" (Gaussian field), "dot" (its SDPA twin) or "rbf" (distance attention)
+    # SSOG only
+    num_atoms: int = 4  # Gaussians per head; 1 already works, 4 is the SSOG post's sweet spot, 8 the cap
+    field: str = "factorized"  # per-atom separable passes, or "axial" (atoms mixed in logit space per axis)
+    steer: tuple[str, ...] = TAPS  # enabled content taps; () is the purely fixed field
+    max_offset: float = 4.0  # bound on how far content may move an atom, in grid cells
+    sigma_floor: float = 0.25  # narrowest atom, in grid cells
+    cold_init: bool = True  # gates start at softplus(-8) ≈ 3e-4 (frozen geometry); False: softplus(-2)
+    # dot / rbf only
+    num_registers: int = 0  # learned prefix tokens, stripped after the last block (zero-init for rbf)
+    susie: bool = False  # add the 2D SuSiE position code to q and k (RoPE would break RBF's distances)
+    susie_dim: int = 0  # channels per head with SuSiE (a multiple of 4); 0 = the whole head, as in the RBF post
+    qk_norm: bool = False  # dot only: RMS-normalise q and k per head, the usual cure for key-magnitude dominance
+
+    def __post_init__(self) -> None:
+        size = self.img_size
+        if isinstance(size, int):
+            size = (size, size)
+        object.__setattr__(self, "img_size", tuple(int(s) for s in size))
+        object.__setattr__(self, "steer", tuple(self.steer))
+        self.validate()
+
+    def validate(self) -> None:
+        problems = []
+        if self.attn not in ATTENTION_KINDS:
+            problems.append(f"attn={self.attn!r} is not one of {ATTENTION_KINDS}")
+        if len(self.img_size) != 2 or any(s % self.patch_size for s in self.img_size) or min(self.img_size) < 1:
+            problems.append(f"img_size={self.img_size} must be positive multiples of patch_size={self.patch_size}")
+        if self.dim % self.num_heads:
+            problems.append(f"dim={self.dim} must be divisible by num_heads={self.num_heads}")
+        if not 1 <= self.num_atoms <= MAX_ATOMS:
+            problems.append(f"num_atoms={self.num_atoms} must be between 1 and {MAX_ATOMS}")
+        if self.field not in FIELD_MODES:
+            problems.append(f"field={self.field!r} is not one of {FIELD_MODES}")
+        unknown = [t for t in self.steer if t not in TAPS]
+        if unknown or len(set(self.steer)) != len(self.steer):
+            problems.append(f"steer={self.steer} must be distinct taps from {TAPS}")
+        if self.num_registers < 0:
+            problems.append("num_registers must be >= 0")
+        if self.num_registers and self.attn == "ssog":
+            problems.append("register tokens have no grid position: use them with attn='dot' or 'rbf'")
+        if (self.susie or self.susie_dim) and self.attn == "ssog":
+            problems.append("SuSiE codes positions into queries and keys, which SSOG does not have")
+        head_dim = self.dim // self.num_heads if self.num_heads >= 1 else 0
+        width = self.susie_dim or head_dim
+        if self.susie and (width % 4 or not 0 < width <= head_dim):
+            problems.append(
+                f"susie_dim={self.susie_dim} must give a width in (0, head_dim] that is a multiple of 4 "
+                "(half the frequency pairs code the row, half the column)"
+            )
+        if self.susie_dim and not self.susie:
+            problems.append("susie_dim is set but susie is off")
+        if self.qk_norm and self.attn != "dot":
+            problems.append(
+                "qk_norm is for attn='dot' only (with unit-RMS keys RBF attention collapses to dot-product "
+                "attention, and SSOG has no keys)"
+            )
+        for name in ("num_classes", "patch_size", "dim", "depth", "num_heads", "in_chans"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1")
+        if problems:
+            raise ValueError("invalid model config: " + "; ".join(problems))
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """Token grid (Gh, Gw) at the training resolution."""
+        return self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["img_size"] = list(self.img_size)
+        d["steer"] = list(self.steer)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ViTConfig:
+        """Build from a dict, refusing unknown keys (they usually mean a typo or a newer format)."""
+        if not isinstance(d, dict):
+            raise ValueError(f"model config must be a JSON object, got {type(d).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown model config field(s): {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+        try:
+            return cls(**d)
+        except TypeError as e:
+            raise ValueError(f"invalid model config: {e}") from None
+
+    def replace(self, **changes: Any) -> ViTConfig:
+        return dataclasses.replace(self, **changes)
+
+
+# The SSOG post's six ImageNet configurations (docs/DESIGN.md §2): exact parameter counts and approximate FLOPs.
+_IMAGENET = dict(num_classes=1000, img_size=224, patch_size=16, mlp_ratio=2.0)
+_D256 = dict(_IMAGENET, dim=256, depth=6, num_heads=4)
+_D384 = dict(_IMAGENET, dim=384, depth=12, num_heads=6)
+SEED_CONFIGS: dict[str, tuple[ViTConfig, int, float | None]] = {
+    "d256-dot": (ViTConfig(**_D256, attn="dot"), 3_661_032, 1.5e9),
+    "d256-ssog-fixed": (ViTConfig(**_D256, attn="ssog", steer=()), 2_875_086, None),
+    "d256-ssog-mu": (ViTConfig(**_D256, attn="ssog", steer=("mu",)), 2_924_436, None),
+    "d256-ssog-all": (ViTConfig(**_D256, attn="ssog"), 2_998_464, 1.0e9),
+    "d384-dot": (ViTConfig(**_D384, attn="dot"), 14_944_360, 6.3e9),
+    "d384-ssog-all": (ViTConfig(**_D384, attn="ssog"), 11_961_304, 4.4e9),
+}

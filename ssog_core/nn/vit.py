@@ -1,0 +1,127 @@
+"""A small vision transformer whose attention is SSOG, its dot twin, or RBF (docs/DESIGN.md §2).
+
+Patches → linear embedding + learned position embedding → pre-norm blocks → LayerNorm → mean pool →
+linear head; no class token. The model runs on any image whose sides are multiples of the patch size:
+only the position embedding is resized (bilinear); the Gaussian fields are re-evaluated on the new grid,
+whose units stay grid cells.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ssog_core.nn.attention import build_attention
+from ssog_core.nn.config import ViTConfig
+
+
+def init_registers(count: int, dim: int, attn: str) -> nn.Parameter:
+    """``count`` register tokens ``(1, count, dim)`` for the ViT and the language model: zero for RBF, so a query
+    "looks away" at distance ‖q‖ from them; N(0, 0.02²) for dot, whose registers need a random start."""
+    std = 0.0 if attn == "rbf" else 0.02
+    return nn.Parameter(torch.randn(1, count, dim) * std)
+
+
+class Block(nn.Module):
+    """Pre-norm block: ``x + drop(attn(LN(x)))``, then ``x + drop(MLP(LN(x)))``.
+
+    Shared by the ViT and the causal language model: the attention module (any kind, causal or not) is
+    built by the caller, so the block is the same code for images and text.
+    """
+
+    def __init__(self, dim: int, attn: nn.Module, mlp_ratio: float, dropout: float):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = attn
+        self.drop1 = nn.Dropout(dropout)
+        self.norm2 = nn.LayerNorm(dim)
+        hidden = int(dim * mlp_ratio)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+        self.drop2 = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, grid: tuple[int, int], attn_inputs: list[Tensor] | None = None) -> Tensor:
+        h = self.norm1(x)
+        if attn_inputs is not None:
+            attn_inputs.append(h)
+        x = x + self.drop1(self.attn(h, grid))
+        return x + self.drop2(self.mlp(self.norm2(x)))
+
+
+class ViT(nn.Module):
+    """Image classifier; ``ViT(config)`` or ``ViT(num_classes=..., img_size=..., attn="ssog", ...)``.
+
+    Keyword arguments are the fields of :class:`~ssog_core.nn.config.ViTConfig`; images are NCHW in [0, 1].
+    """
+
+    def __init__(self, config: ViTConfig | None = None, **kwargs: Any):
+        super().__init__()
+        if config is not None and kwargs:
+            raise TypeError("give either a ViTConfig or keyword arguments, not both")
+        cfg = config if config is not None else ViTConfig(**kwargs)
+        self.config = cfg
+        p = cfg.patch_size
+        self.patch_embed = nn.Linear(p * p * cfg.in_chans, cfg.dim)
+        gh, gw = cfg.grid
+        self.pos_embed = nn.Parameter(torch.randn(1, gh * gw, cfg.dim) * 0.02)
+        if cfg.num_registers:
+            self.registers = init_registers(cfg.num_registers, cfg.dim, cfg.attn)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(
+            Block(cfg.dim, build_attention(cfg), cfg.mlp_ratio, cfg.dropout) for _ in range(cfg.depth)
+        )
+        self.norm = nn.LayerNorm(cfg.dim)
+        self.head = nn.Linear(cfg.dim, cfg.num_classes)
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return self.config.num_registers
+
+    def grid_for(self, height: int, width: int) -> tuple[int, int]:
+        """Token grid for an image of the given size (sides must be multiples of the patch)."""
+        p = self.config.patch_size
+        if height % p or width % p or height < p or width < p:
+            raise ValueError(f"image size {height}×{width} is not a positive multiple of the patch size {p}")
+        return height // p, width // p
+
+    def pos_embed_for(self, grid: tuple[int, int]) -> Tensor:
+        """The position embedding on ``grid``: learned as is, else resized bilinearly (resolution transfer)."""
+        gh0, gw0 = self.config.grid
+        if tuple(grid) == (gh0, gw0):
+            return self.pos_embed
+        pe = self.pos_embed.reshape(1, gh0, gw0, -1).permute(0, 3, 1, 2)
+        pe = F.interpolate(pe, size=grid, mode="bilinear", align_corners=False)
+        return pe.permute(0, 2, 3, 1).reshape(1, grid[0] * grid[1], -1)
+
+    def patchify(self, img: Tensor) -> Tensor:
+        """``(B, C, H, W)`` → ``(B, N, p·p·C)``, patches in raster order, each flattened (row, col, channel)."""
+        b, c, h, w = img.shape
+        if c != self.config.in_chans:
+            raise ValueError(f"expected {self.config.in_chans} image channels, got {c}")
+        p = self.config.patch_size
+        gh, gw = self.grid_for(h, w)
+        x = img.reshape(b, c, gh, p, gw, p).permute(0, 2, 4, 3, 5, 1)
+        return x.reshape(b, gh * gw, p * p * c)
+
+    def embed(self, img: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        """Tokens entering the first block (registers first) and the patch grid."""
+        grid = self.grid_for(img.shape[-2], img.shape[-1])
+        x = self.drop(self.patch_embed(self.patchify(img)) + self.pos_embed_for(grid))
+        if self.config.num_registers:
+            x = torch.cat([self.registers.expand(x.shape[0], -1, -1), x], dim=1)
+        return x, grid
+
+    def forward_features(self, img: Tensor, attn_inputs: list[Tensor] | None = None) -> Tensor:
+        """Normalised patch tokens ``(B, N, dim)`` after the last block (registers stripped).
+
+        If ``attn_inputs`` is a list, each block appends the LayerNormed input its attention saw.
+        """
+        x, grid = self.embed(img)
+        for block in self.blocks:
+            x = block(x, grid, attn_inputs)
+        return self.norm(x[:, self.num_prefix_tokens :])
+
+    def forward(self, img: Tensor) -> Tensor:
+        return self.head(self.forward_features(img).mean(dim=1))

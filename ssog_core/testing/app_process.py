@@ -1,0 +1,102 @@
+"""The app's real command line (``python -m app``) in a subprocess, waited for until it answers.
+
+What the browser tests, the reliability tests, the screenshots and the latency and load benchmarks drive, so
+that they all exercise the server a user starts, not an in-process stand-in.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class AppProcess:
+    """``with AppProcess(ckpts, assets, log) as app: ... app.url ...`` (or ``start()`` … ``stop()``): started on a
+    free port, its output in ``log`` (a file, not a pipe: a full pipe would block the server), stopped with
+    SIGTERM on exit."""
+
+    def __init__(
+        self,
+        checkpoint_dir: Path,
+        assets_dir: Path,
+        log_path: Path,
+        *,
+        env: dict[str, str] | None = None,
+        startup_timeout: float = 120.0,
+    ) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.log_path = Path(log_path)
+        self.cmd = [sys.executable, "-m", "app", "--port", str(self.port), "--checkpoint-dir", str(checkpoint_dir),
+                    "--assets-dir", str(assets_dir)]  # fmt: skip
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})}
+        self.startup_timeout = startup_timeout
+        self.startup_s = float("nan")
+        self.returncode: int | None = None
+
+    def __enter__(self) -> AppProcess:
+        return self.start()
+
+    def start(self) -> AppProcess:
+        """Launch and wait until the page answers (raises with the log's tail if it exits or times out)."""
+        self._log = open(self.log_path, "w")  # noqa: SIM115 (closed in stop())
+        self.proc = subprocess.Popen(self.cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
+        t0 = time.monotonic()
+        while True:
+            if self.proc.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"the app exited with code {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() - t0 > self.startup_timeout:
+                self.stop()
+                raise RuntimeError(f"the app did not answer within {self.startup_timeout:.0f} s:\n{self.log_tail()}")
+            time.sleep(0.3)
+        self.startup_s = time.monotonic() - t0
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log_tail(self, n: int = 4000) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace")[-n:]
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM (the app's clean stop), SIGKILL if it has not exited within ``timeout``; the exit code."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        self.returncode = self.proc.returncode
+        return self.returncode

@@ -1,0 +1,72 @@
+"""The resume state (``train_state.pt``): its version, the RNG states of every process, reading it back, and the
+config of a resumed run."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ssog_core.train.config import RUNTIME_OPTIONS, TrainConfig, TrainError
+
+STATE_VERSION = 1
+
+
+def rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "gauss": [int(np_state[3]), float(np_state[4])],
+        },
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["gauss"][0], n["gauss"][1]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def load_train_state(path: Path) -> dict[str, Any]:
+    """The resume file, read without unpickling anything but tensors and plain containers."""
+    if not path.is_file():
+        raise TrainError(f"nothing to resume: {path} does not exist (was the run started with this --out?)")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 (torch raises many types for a bad file; all mean "unusable")
+        raise TrainError(f"{path} is not a readable training state (truncated or corrupt?): {e}") from None
+    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+        raise TrainError(f"{path} is not a training state of this version of SSOG Lab")
+    return state
+
+
+def resume_config(now: TrainConfig, explicit: set[str], saved: Mapping[str, Any]) -> TrainConfig:
+    """The saved run's config (``saved``: its stored ``args``, of any earlier version), with the runtime options of
+    ``now``; ``explicit``: the options given on this command line. Refuses changes to the recipe."""
+    current = now.to_dict()
+    changed = []
+    for name in sorted(explicit - RUNTIME_OPTIONS):
+        then = saved.get(name)
+        if current[name] != (list(then) if isinstance(then, tuple) else then):
+            changed.append(f"--{name.replace('_', '-')} {then!r} -> {getattr(now, name)!r}")
+    if changed:
+        raise TrainError("a resumed run must keep its recipe; these differ from the saved run: " + "; ".join(changed))
+    merged = {**current, **saved}  # settings newer than the saved run keep their defaults
+    for name in RUNTIME_OPTIONS:  # how to run now: as given now (or its default), never the saved value
+        merged[name] = current[name]
+    return TrainConfig.from_dict(merged)

@@ -1,0 +1,152 @@
+"""The package layout of docs/DESIGN.md §0, enforced: which package may import which, and no import cycle.
+
+Imports are read with ``ast`` from every module of ``ssog_core/`` (also the ones inside functions), so the rules
+hold for what a module can pull in at any time, not only at import.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "ssog_core"
+
+# Each package's layer: a module may import its own package and any lower layer, never a higher layer or another
+# package of its own layer. (The package root re-exports the public API and is exempt.)
+LAYERS = {
+    "field": 0,
+    "version": 0,
+    "ops": 1,
+    "testing": 1,
+    "nn": 2,
+    "data": 2,
+    "checkpoint": 3,
+    "train": 4,
+    "analysis": 4,
+    "viz": 5,
+    "cli": 6,
+    "entry": 7,  # the root entry modules of `python -m ssog_core.<name>`: they only call ssog_core.cli
+}
+ENTRY_MODULES = {"evaluate", "convert", "export_maps", "figures", "info", "lm_train"}  # and train/__main__.py
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    """The modules ``path`` imports (``from a import b`` counts as ``a.b`` where that is a module)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            subs = {f"{node.module}.{a.name}" for a in node.names} & known
+            found |= subs or {node.module}
+    return found
+
+
+def package_of(module: str) -> str | None:
+    """The layout package of an ``ssog_core`` module, ``None`` for the package root."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return None
+    if (len(parts) == 2 and parts[1] in ENTRY_MODULES) or module == "ssog_core.train.__main__":
+        return "entry"
+    return parts[1]
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {m: {i for i in imports(p, known) if i.split(".")[0] in ("ssog_core", "app")} for m, p in mods.items()}
+
+
+def test_every_package_has_a_layer():
+    packages = {package_of(m) for m in modules()} - {None}
+    assert packages == set(LAYERS), "a new package needs its layer here and in docs/DESIGN.md §0"
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for mod, targets in graph.items():
+        src = package_of(mod)
+        if src is None:
+            continue
+        for target in targets:
+            if target.split(".")[0] == "app":
+                bad.append(f"{mod} imports the app ({target})")
+                continue
+            dst = package_of(target)
+            if dst is None:
+                bad.append(f"{mod} imports the package root ({target}): import the module that defines the name")
+            elif dst == "testing" and src != "testing":
+                bad.append(f"{mod} imports the test tooling ({target})")
+            elif dst == "entry" and src != "entry":
+                bad.append(f"{mod} imports a root entry module ({target})")
+            elif dst != src and LAYERS[dst] >= LAYERS[src]:
+                bad.append(f"{mod} ({src}, layer {LAYERS[src]}) imports {target} ({dst}, layer {LAYERS[dst]})")
+    return bad
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import cycle between modules, each once (depth-first search)."""
+    found, state = [], {}
+    seen_cycles = set()
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in graph:
+                continue
+            if state.get(nxt) == "open":
+                cycle = stack[stack.index(nxt) :]
+                key = frozenset(cycle)
+                if key not in seen_cycles:
+                    seen_cycles.add(key)
+                    found.append([*cycle, nxt])
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    return found
+
+
+def test_no_package_imports_a_higher_one():
+    assert layer_violations(import_graph()) == []
+
+
+def test_no_import_cycle():
+    assert cycles(import_graph()) == []
+
+
+def test_the_checks_can_fail():
+    """The two checks catch what they are for: a model importing the trainer, and a loop."""
+    graph = import_graph()
+    graph["ssog_core.nn.vit"] = graph["ssog_core.nn.vit"] | {"ssog_core.train.trainer"}
+    assert any("ssog_core.nn.vit (nn, layer 2) imports ssog_core.train.trainer" in v for v in layer_violations(graph))
+    graph["ssog_core.ops.env"] = {"ssog_core.ops.dispatch"}
+    assert ["ssog_core.ops.dispatch", "ssog_core.ops.env", "ssog_core.ops.dispatch"] in cycles(graph)
+    graph["ssog_core.data.shapes"] = {"app.main", "ssog_core.testing.oracles"}
+    assert {"ssog_core.data.shapes imports the app (app.main)"} <= set(layer_violations(graph))
+    assert any("imports the test tooling" in v for v in layer_violations(graph))
+
+
+@pytest.mark.parametrize("name", sorted(ENTRY_MODULES))
+def test_root_entry_modules_only_call_the_cli(name: str):
+    assert imports(PACKAGE / f"{name}.py", set(modules())) == {"sys", f"ssog_core.cli.{name}"}
