@@ -92,7 +92,7 @@ def test_a_head_opened_from_the_model_can_be_applied_to_it(ctx):
     src, value = out[pg.model_src], out[pg.canvas]["value"]
     assert src == {"checkpoint": "ssog_shapes.safetensors", "layer": 1, "head": 2} and out[pg.apply]["visible"]
     same = playground.on_apply_model(ctx, pg, value, src, True, sha)[pg.apply_note]
-    assert same.startswith("Layer 1, head 2") and same.endswith(" 0.0000).")  # its own atoms: no change
+    assert same.startswith("Layer 1, head 2") and same.endswith("0.0000).")  # its own atoms: no change
     moved = {**value, "atoms": [{**a, "y": a["y"] + 3} for a in value["atoms"]]}
     assert "→" in playground.on_apply_model(ctx, pg, moved, src, True, sha)[pg.apply_note]
     hotter = {**value, "tau": value["tau"] + 1}
