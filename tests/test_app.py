@@ -614,7 +614,8 @@ def test_caches_stay_bounded(ctx):
     with pytest.raises(ValueError, match="at least one"):
         LRU(0)
     sizes = {name: getattr(ctx.cache, name).size for name in vars(ctx.cache)}
-    assert sizes == {"models": 4, "images": 32, "cards": 8, "figures": 8, "steering": 3, "export_maps": 8}
+    want = {"models": 4, "images": 32, "cards": 8, "figures": 8, "steering": 3, "export_maps": 8, "effects": 16}
+    assert sizes == want
     assert all(len(c) <= c.size for c in vars(ctx.cache).values())
 
 
