@@ -6,12 +6,12 @@
     client.predict("ssog_layouts.safetensors", "layouts_val0008_plus.png", 0.5, "blank", api_name="/export_summary")
 
 Endpoints: ``/checkpoints``, ``/head_field``, ``/geometry_summary``, ``/export_summary``, ``/history``,
-``/upload_image``, ``/upload_checkpoint`` (docs/APP.md lists what each returns).
+``/upload_image``, ``/upload_checkpoint``, ``/intervene``, ``/head_importance`` (docs/APP.md lists what each returns).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import wraps
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,8 @@ import gradio as gr
 from gradio.data_classes import FileData
 from gradio.utils import get_upload_folder
 
-from app.common import EXPECTED_ERRORS, error_text
+from app import interventions
+from app.common import EXPECTED_ERRORS, error_text, stoppable
 from app.state import AppContext, AppError
 from app.tabs import export, playground, training
 from ssog_core.analysis import report
@@ -117,8 +118,30 @@ def register_api(ctx: AppContext) -> None:
         layer, head, atom), ``train`` ([step, loss, accuracy] between snapshots) and ``stages`` (first step of each)."""
         return training.history_of(ctx, checkpoint).to_json()
 
+    @api
+    def intervene(checkpoint: str, image: str, edits: list[dict], eval_images: int = 0) -> dict:
+        """Apply edits (ssog_core.analysis.interventions JSON, in order) to a checkpoint for this call only: class
+        probabilities (the checkpoint's class order) and accumulated export maps unedited and edited on an image
+        (bundled name or SHA-256); with ``eval_images`` > 0 also accuracy and log p(true) on that many validation
+        images, each change with its paired bootstrap 95% interval, McNemar's p and per-class effects."""
+        return interventions.intervene(ctx, checkpoint, image, edits, int(eval_images))
+
+    def head_importance(checkpoint: str, eval_images: int = 500, mode: str = "zero") -> Iterator[dict | None]:
+        """Every head ablated (mode zero or dataset_mean) and every layer's μ, σ, λ gates closed, one at a time,
+        on the first ``eval_images`` validation images: drops (unedited − edited) of accuracy and log p(true),
+        the interval of the log p drop and whether it is within noise. Cancelling the job stops the sweep."""
+        try:
+            loaded = ctx.model(checkpoint)
+            work = lambda stop: interventions.importance(ctx, loaded, int(eval_images), mode, stop)  # noqa: E731
+            for result in stoppable(work):
+                yield None if result is None else result.to_dict()
+        except EXPECTED_ERRORS as e:
+            raise gr.Error(error_text(e)) from None
+
     for fn in (checkpoints, head_field, geometry_summary, export_summary, history, upload_image, upload_checkpoint):
         gr.api(fn, api_name=fn.__name__)
+    for fn in (intervene, head_importance):  # one at a time, in a queue of their own
+        gr.api(fn, api_name=fn.__name__, concurrency_limit=1, concurrency_id=interventions.HEAVY)
 
 
 def uploaded_path(file: Any) -> str:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import gradio as gr
 from gradio.blocks import Block
@@ -79,3 +80,36 @@ def shown_figure(fig: Figure, stem: str, settings: Mapping[str, Any]) -> str:
     """A figure as a named PNG (settings in its metadata) for a ``gr.Image``: the image's own download button
     then saves this name, not a generic ``image.webp``."""
     return write_downloads({f"{viz.safe_token(stem)}.png": viz.figure_bytes(fig, "png", settings)})[0]
+
+
+T = TypeVar("T")
+
+
+def stoppable(work: Callable[[Callable[[], bool]], T], poll: float = 0.5) -> Iterator[T | None]:
+    """Run ``work(stop)`` in a thread and yield ``None`` every ``poll`` seconds while it runs, then its result.
+
+    For long handlers as generators: Gradio can cancel a generator only between two values, and cancelling a plain
+    function leaves its thread running. When the generator is closed early (a cancelled job, a Stop button),
+    ``stop()`` turns true and ``work`` is expected to return soon after (it raises, and nothing is yielded).
+    """
+    flag = threading.Event()
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = work(flag.is_set)
+        except BaseException as e:  # handed to the generator's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(poll)
+            if thread.is_alive():
+                yield None
+        if "error" in box:
+            raise box["error"]
+        yield box["result"]
+    finally:
+        flag.set()

@@ -19,7 +19,7 @@ from PIL import Image
 from app.api import register_api
 from app.common import Updates, error_text, warn, write_downloads
 from app.state import AppContext, AppError, StoredImage, default_image
-from app.tabs import compare, export, geometry, playground, scaling, session, steering, training
+from app.tabs import compare, export, geometry, intervene, playground, scaling, session, steering, training
 from ssog_core.analysis.session import NO_TWIN, dumps
 from ssog_core.viz import figures as viz
 
@@ -69,6 +69,7 @@ class Page:
     compare: compare.CompareUI
     scaling: scaling.ScalingUI
     training: training.TrainingUI
+    intervene: intervene.InterveneUI
     session: session.SessionUI
 
     def session_parts(self, ctx: AppContext) -> list[session.SessionPart]:
@@ -80,6 +81,7 @@ class Page:
             export.session_part(ctx, self.export),
             compare.session_part(ctx, self.compare),
             training.session_part(ctx, self.training),
+            intervene.session_part(self.intervene),
         ]
 
 
@@ -376,12 +378,14 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
                 sc = scaling.build(ctx, shared)
             with gr.Tab("Training", id="training", elem_id="tab-training") as t_tr:
                 tr = training.build(ctx, shared)
+            with gr.Tab("Intervene", id="intervene", elem_id="tab-intervene") as t_iv:
+                iv = intervene.build(ctx, shared)
             with gr.Tab("Session", id="session", elem_id="tab-session") as t_ses:
                 ses = session.build()
         page = Page(
             checkpoint=ckpt, checkpoint_upload=ckpt_up, image_pick=img_pick, image_upload=img_up, thumb=thumb,
             status=status, image_sha=image_sha, active=active, tabs=tabs, playground=pg, geometry=geo, steering=st,
-            export=ex, compare=cmp, scaling=sc, training=tr, session=ses,
+            export=ex, compare=cmp, scaling=sc, training=tr, intervene=iv, session=ses,
         )  # fmt: skip
         hidden = dict(api_visibility="private")
 
@@ -403,6 +407,7 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
             "compare": (t_cmp, partial(compare.render, ctx, cmp), cmp.inputs, cmp.outputs, [cmp.alpha, cmp.layer]),
             "scaling": (t_sc, partial(scaling.render, ctx, sc), [ckpt], sc.outputs, []),
             "training": (t_tr, partial(training.render, ctx, tr), [ckpt, *tr.inputs], tr.outputs, []),
+            "intervene": (t_iv, partial(intervene.render, ctx, iv), [ckpt], iv.outputs, []),
         }  # fmt: skip
         for tab_id, (tab, render, inputs, outputs, controls) in views.items():
             last = gr.State(None)

@@ -2,7 +2,7 @@
 (:mod:`app.layout`) with its API (:mod:`app.api`).
 
     python -m app [--host 127.0.0.1] [--port 7860] [--checkpoint-dir checkpoints/] [--assets-dir assets/]
-                  [--threads 1] [--device cpu|cuda|cuda:N] [--auth-file users.txt]
+                  [--threads 1] [--device cpu|cuda|cuda:N] [--auth-file users.txt] [--mcp]
 
 The app is a thin layer: every number it shows comes from :mod:`ssog_core` (field, analysis, checkpoints,
 images), drawn by :mod:`ssog_core.viz.figures` or :mod:`app.plots`.
@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import base64
 import ctypes
+import hmac
 import ipaddress
 import os
 import shutil
@@ -25,6 +27,7 @@ from typing import Any
 import gradio as gr
 import torch
 from starlette.middleware import Middleware
+from starlette.responses import PlainTextResponse
 
 from app.layout import CSS, build_app, theme
 from app.login import LoginPageWithoutApi
@@ -60,7 +63,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help=f"file of user:password lines: the page and the API ask for a login (or set {AUTH_ENV})",
     )
+    ap.add_argument(
+        "--mcp",
+        action="store_true",
+        help="also serve the typed endpoints as MCP tools at /gradio_api/mcp/ (with a login: HTTP Basic required)",
+    )
     return ap.parse_args(argv)
+
+
+class MCPLogin:
+    """ASGI guard: with logins configured, an MCP request (``/gradio_api/mcp…``) must carry HTTP Basic credentials
+    of one of them. Gradio's MCP server does not ask for the page's login, so without this anyone could list and
+    call the tools of a server that has one."""
+
+    def __init__(self, app: Any, logins: Sequence[tuple[str, str]]):
+        self.app = app
+        self.allowed = {"Basic " + base64.b64encode(f"{u}:{p}".encode()).decode("ascii") for u, p in logins}
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and "/gradio_api/mcp" in scope.get("path", ""):
+            given = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+            if not any(hmac.compare_digest(given, ok) for ok in self.allowed):
+                refuse = PlainTextResponse("login required", status_code=401, headers={"WWW-Authenticate": "Basic"})
+                await refuse(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def choose_device(requested: str | None) -> str:
@@ -130,12 +157,19 @@ def access_warning(host: str, auth: Sequence[tuple[str, str]] | None) -> str | N
     )
 
 
-def launch(demo: gr.Blocks, host: str, port: int, prevent_thread_lock: bool = False, **extra: Any) -> None:
+def launch(
+    demo: gr.Blocks, host: str, port: int, prevent_thread_lock: bool = False, mcp: bool = False, **extra: Any
+) -> None:
     """Queue (bursts wait rather than fail) and serve with the upload cap, a bound on the sessions kept in memory
     (Gradio keeps every session's state until it is evicted), the offline theme, no share link, and a login page
-    that does not describe the API (:mod:`app.login`). Gradio's own start-up lines are silenced (they suggest
+    that does not describe the API (:mod:`app.login`); ``mcp`` adds Gradio's built-in MCP server (off by default),
+    behind :class:`MCPLogin` when ``auth`` holds logins. Gradio's own start-up lines are silenced (they suggest
     ``share=True``, which this app never uses); the address is printed here instead."""
     demo.queue(default_concurrency_limit=CONCURRENCY, max_size=QUEUE_SIZE)
+    extra["mcp_server"] = mcp  # explicit: Gradio would otherwise read GRADIO_MCP_SERVER
+    middleware = [Middleware(LoginPageWithoutApi)]
+    if mcp and extra.get("auth"):
+        middleware.append(Middleware(MCPLogin, logins=extra["auth"]))
     demo.launch(
         server_name=host,
         server_port=port,
@@ -146,7 +180,7 @@ def launch(demo: gr.Blocks, host: str, port: int, prevent_thread_lock: bool = Fa
         css=CSS,
         show_error=False,
         footer_links=["api"],
-        app_kwargs={"middleware": [Middleware(LoginPageWithoutApi)]},
+        app_kwargs={"middleware": middleware},
         **{"quiet": True, **extra},
         prevent_thread_lock=True,
     )
@@ -187,6 +221,6 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop is a clean stop, as Ctrl-C is
     demo = build_app(ctx, login=bool(auth))
     try:
-        launch(demo, args.host, args.port, auth=auth)
+        launch(demo, args.host, args.port, mcp=args.mcp, auth=auth)
     except KeyboardInterrupt:  # stopped while Gradio was still starting up (once it serves, Gradio handles it)
         demo.close()

@@ -309,3 +309,47 @@ def key_norm_plot(kn: KeyNorms, title: str) -> go.Figure:
         **_LAYOUT, height=340, margin=dict(l=50, r=10, t=70, b=45), title=dict(text=title, font=dict(size=14))
     )
     return fig
+
+
+def edited_attention_plot(before: np.ndarray, after: np.ndarray, removed: Sequence[int], layer: int) -> go.Figure:
+    """One query's attention per head (``(H, Gh, Gw)``), unedited (top row) and edited (bottom row); a head the
+    edit took out of the head mean (ablated or patched) says so in its title."""
+    heads = before.shape[0]
+    titles = [f"head {h}" for h in range(heads)] + [
+        f"head {h} (not in the mean)" if h in removed else f"head {h}" for h in range(heads)
+    ]
+    fig = make_subplots(rows=2, cols=heads, subplot_titles=titles, horizontal_spacing=0.02, vertical_spacing=0.1)
+    top = float(max(before.max(), after.max())) or 1e-12
+    for row, maps in ((1, before), (2, after)):
+        for h in range(heads):
+            fig.add_trace(
+                go.Heatmap(z=maps[h], zmin=0, zmax=top, colorscale="Viridis", showscale=row == 1 and h == heads - 1,
+                           hovertemplate="key row %{y}, col %{x}<br>weight %{z:.4f}<extra></extra>"),
+                row=row, col=h + 1,
+            )  # fmt: skip
+    fig.update_yaxes(autorange="reversed", showticklabels=False)
+    fig.update_xaxes(showticklabels=False)
+    fig.update_layout(
+        **_LAYOUT, height=420, margin=dict(l=10, r=10, t=60, b=10),
+        title=dict(text=f"layer {layer}, centre query: unedited (top), edited (bottom)", font=dict(size=14)),
+    )  # fmt: skip
+    return fig
+
+
+def importance_plot(drops: np.ndarray, noise: np.ndarray, title: str, columns: Sequence[str]) -> go.Figure:
+    """A layers × columns table of log p drops (red: the edit hurts), ``·`` on cells within noise."""
+    lim = float(np.abs(drops).max()) or 1e-12
+    marks = np.where(noise, " ·", "")
+    text = [[f"{v:+.3f}{m}" for v, m in zip(*rows, strict=True)] for rows in zip(drops, marks, strict=True)]
+    fig = go.Figure(
+        go.Heatmap(
+            z=drops, x=list(columns), y=[f"layer {i}" for i in range(drops.shape[0])], text=text,
+            texttemplate="%{text}", colorscale="RdBu_r", zmid=0, zmin=-lim, zmax=lim,
+            colorbar=dict(title=dict(text="log p drop", side="right")),
+            hovertemplate="%{y}, %{x}<br>log p(true) drop %{z:.4f}<extra></extra>",
+        )
+    )  # fmt: skip
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(**_LAYOUT, height=90 + 40 * drops.shape[0], margin=dict(l=60, r=10, t=50, b=30),
+                      title=dict(text=title, font=dict(size=14)))  # fmt: skip
+    return fig

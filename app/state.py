@@ -39,6 +39,7 @@ FIGURE_CACHE = 8  # geometry figures as PNG bytes with their panel boxes
 STEERING_CACHE = 3  # full attention matrices are the largest thing the app keeps: only a few
 MAPS_CACHE = 8  # export maps, shared by the export and compare tabs and the API
 VALIDATION_CACHE = 4  # validation images' maps for the control and the per-class view: the costliest to make
+EFFECTS_CACHE = 16  # interventions: validation images, head means, effects and head-importance sweeps
 
 
 class AppError(ValueError):
@@ -112,6 +113,7 @@ class Caches:
     steering: LRU[Any] = field(default_factory=lambda: LRU(STEERING_CACHE))  # (model key, sha256)
     export_maps: LRU[Any] = field(default_factory=lambda: LRU(MAPS_CACHE))  # (model key, sha256, α[, control])
     validation: LRU[Any] = field(default_factory=lambda: LRU(VALIDATION_CACHE))  # (model key, N, α, blank)
+    effects: LRU[Any] = field(default_factory=lambda: LRU(EFFECTS_CACHE))  # (what, model key, edits, N, ...)
 
 
 @dataclass

@@ -31,8 +31,12 @@ from ssog_core.train.accuracy import evaluate_sizes, plot_transfer
 
 ROOT = Path(__file__).resolve().parent.parent
 
-SMALL_DATA = ("<!-- small-data:begin -->", "<!-- small-data:end -->")  # the section docs/small_data.py writes
-EXPORT_CONTROL = ("<!-- export-control:begin -->", "<!-- export-control:end -->")  # docs/export_control.py's
+KEPT_SECTIONS = (  # sections other scripts own
+    ("<!-- small-data:begin -->", "<!-- small-data:end -->"),  # docs/small_data.py
+    ("<!-- export-control:begin -->", "<!-- export-control:end -->"),  # docs/export_control.py
+    ("<!-- interventions:begin -->", "<!-- interventions:end -->"),  # docs/interventions_report.py
+    ("<!-- matched-trio:begin -->", "<!-- matched-trio:end -->"),  # docs/matched_trio.py
+)
 COLD = float(positive(torch.tensor(COLD_GATE)))  # softplus(-8) + 1e-4 = 4.35e-4: a cold gate's starting scale
 WARM = float(positive(torch.tensor(WARM_GATE)))  # softplus(-2) + 1e-4
 ELONGATED = 2.0  # a head whose field's spread along one axis is ≥ 2× the other reads as a strip
@@ -250,10 +254,6 @@ def main() -> None:
         f"![accumulated export maps](export_maps_{kind}.png)",
         "",
     ]
-    previous = (out / "RESULTS.md").read_text() if (out / "RESULTS.md").is_file() else ""
-    kept = re.search(re.escape(EXPORT_CONTROL[0]) + ".*?" + re.escape(EXPORT_CONTROL[1]), previous, re.S)
-    if kept:  # docs/export_control.py owns that section; keep it
-        lines += [kept.group(0), ""]
     curves = {n: out / f"metrics_{n.lower()}.jsonl" for n in rows}
     if all(p.is_file() for p in curves.values()):
         logs = {n: [json.loads(line) for line in p.read_text().splitlines()] for n, p in curves.items()}
@@ -269,9 +269,11 @@ def main() -> None:
         for e in range(epochs):
             lines.append(f"| {e + 1} | " + " | ".join(f"{100 * v[e]['val_acc']:.1f}%" for v in logs.values()) + " |")
         lines.append("")
-    kept = re.search(re.escape(SMALL_DATA[0]) + ".*?" + re.escape(SMALL_DATA[1]), previous, re.S)
-    if kept:  # docs/small_data.py owns that section; keep it
-        lines += ["", kept.group(0), ""]
+    previous = (out / "RESULTS.md").read_text() if (out / "RESULTS.md").is_file() else ""
+    for begin, end in KEPT_SECTIONS:
+        kept = re.search(re.escape(begin) + ".*?" + re.escape(end), previous, re.S)
+        if kept:  # another script owns that section; keep it
+            lines += ["", kept.group(0), ""]
     atomic_write(out / "RESULTS.md", lambda tmp: Path(tmp).write_text("\n".join(lines)))
     print(f"wrote {out / 'RESULTS.md'}")
 

@@ -81,8 +81,14 @@ def ssog_matrix(mu: Tensor, sigma: Tensor, log_lam: Tensor, tau: Tensor, grid, m
     return a.reshape(b, h, gh * gw, gh * gw)
 
 
-def attention_layer(x: Tensor, p: dict[str, Tensor], cfg: dict, grid) -> tuple[Tensor, Tensor]:
-    """One attention layer: output (B, N, dim) and the dense matrix (B, H, N, N)."""
+def attention_layer(
+    x: Tensor, p: dict[str, Tensor], cfg: dict, grid, edit=None, layer: int = 0
+) -> tuple[Tensor, Tensor]:
+    """One attention layer: output (B, N, dim) and the dense matrix (B, H, N, N).
+
+    ``edit`` (tests of interventions) may define ``atoms(layer, mu, sigma, log_lam) -> (mu, sigma, log_lam)`` on
+    the per-token atoms and ``heads(layer, y) -> y`` on the per-head outputs ``(B, H, N, hd)``.
+    """
     b, n, dim = x.shape
     h = cfg["num_heads"]
     hd = dim // h
@@ -94,15 +100,21 @@ def attention_layer(x: Tensor, p: dict[str, Tensor], cfg: dict, grid) -> tuple[T
         mu, sigma, log_lam = token_atoms(
             x, p, grid, h, cfg["num_atoms"], cfg.get("max_offset", 4.0), cfg.get("sigma_floor", 0.25)
         )
+        if edit is not None and hasattr(edit, "atoms"):
+            mu, sigma, log_lam = edit.atoms(layer, mu, sigma, log_lam)
         tau = softplus(p["raw_temperature"]) + 0.5
         a = ssog_matrix(mu, sigma, log_lam, tau, grid, cfg.get("field", "factorized"))
         v = (x @ p["v.weight"].T).reshape(b, n, h, hd).transpose(1, 2)
-    y = (a @ v).transpose(1, 2).reshape(b, n, dim)
+    y = a @ v
+    if edit is not None and hasattr(edit, "heads"):
+        y = edit.heads(layer, y)
+    y = y.transpose(1, 2).reshape(b, n, dim)
     return y @ p["out.weight"].T, a
 
 
-def vit_forward(img: Tensor, sd: dict[str, Tensor], cfg: dict) -> tuple[Tensor, list[Tensor]]:
-    """Logits and per-layer attention matrices of the ViT in ``sd`` (float64, eval mode)."""
+def vit_forward(img: Tensor, sd: dict[str, Tensor], cfg: dict, edit=None) -> tuple[Tensor, list[Tensor]]:
+    """Logits and per-layer attention matrices of the ViT in ``sd`` (float64, eval mode); ``edit`` as in
+    :func:`attention_layer`."""
     sd = {k: v.double() for k, v in sd.items()}
     img = img.double()
     p = cfg["patch_size"]
@@ -134,7 +146,7 @@ def vit_forward(img: Tensor, sd: dict[str, Tensor], cfg: dict) -> tuple[Tensor, 
         pre = f"blocks.{layer}."
         lp = {k[len(pre) + 5 :]: v for k, v in sd.items() if k.startswith(pre + "attn.")}
         hx = layer_norm(x, sd[pre + "norm1.weight"], sd[pre + "norm1.bias"])
-        y, a = attention_layer(hx, lp, cfg, (gh, gw))
+        y, a = attention_layer(hx, lp, cfg, (gh, gw), edit, layer)
         maps.append(a)
         x = x + y
         hx = layer_norm(x, sd[pre + "norm2.weight"], sd[pre + "norm2.bias"])

@@ -737,8 +737,17 @@ def test_caches_stay_bounded(ctx):
     with pytest.raises(ValueError, match="at least one"):
         LRU(0)
     sizes = {name: getattr(ctx.cache, name).size for name in vars(ctx.cache)}
-    assert sizes == {"models": 4, "images": 32, "cards": 8, "figures": 8, "steering": 3, "export_maps": 8,
-                     "validation": 4}  # fmt: skip
+    want = {
+        "models": 4,
+        "images": 32,
+        "cards": 8,
+        "figures": 8,
+        "steering": 3,
+        "export_maps": 8,
+        "validation": 4,
+        "effects": 16,
+    }
+    assert sizes == want
     assert all(len(c) <= c.size for c in vars(ctx.cache).values())
 
 

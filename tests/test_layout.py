@@ -30,7 +30,8 @@ LAYERS = {
     "cli": 6,
     "entry": 7,  # the root entry modules of `python -m ssog_core.<name>`: they only call ssog_core.cli
 }
-ENTRY_MODULES = {"evaluate", "convert", "export_maps", "figures", "info", "lm_train"}  # and train/__main__.py
+# and train/__main__.py
+ENTRY_MODULES = {"evaluate", "convert", "export_maps", "figures", "info", "intervene", "lm_train"}
 
 
 def module_name(path: Path) -> str:

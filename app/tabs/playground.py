@@ -10,6 +10,7 @@ from typing import Any
 
 import gradio as gr
 import numpy as np
+import torch
 from gradio.blocks import Block
 from PIL import Image
 
@@ -18,6 +19,7 @@ from app.canvas import CSS_TEMPLATE, HTML_TEMPLATE, JS_ON_LOAD, canvas_props
 from app.common import Updates, error_text, warn, write_downloads
 from app.state import AppContext, AppError
 from app.tabs.session import Restoring, SessionPart
+from ssog_core.analysis.interventions import SetHead, edited
 from ssog_core.analysis.playground import (
     DEFAULT_SPEC,
     MAX_ATOMS,
@@ -69,6 +71,9 @@ class PlaygroundUI:
     status: gr.Markdown
     figure_button: gr.Button
     figure_files: gr.File
+    model_src: gr.State  # {"checkpoint", "layer", "head"} of a head opened from a model, else None
+    apply: gr.Checkbox  # apply the edited head to the model on every release
+    apply_note: gr.Markdown
 
     @property
     def main_out(self) -> list[Block]:
@@ -86,7 +91,8 @@ class PlaygroundUI:
     @property
     def head_out(self) -> list[Block]:
         """Everything a head loaded from elsewhere (a preset, the geometry grid, a steered query) changes."""
-        return [*self.main_out, *self.atom_controls, *self.head_controls, self.preset_note, self.status]
+        return [*self.main_out, *self.atom_controls, *self.head_controls, self.preset_note, self.status,
+                self.model_src, self.apply, self.apply_note]  # fmt: skip
 
 
 def initial_value() -> dict[str, Any]:
@@ -346,17 +352,21 @@ def open_head(
     lf = loaded.fields[layer]
     grid = loaded.config.grid
     v = head_value(spec_from_head(lf, head, grid=tuple(grid), mode=loaded.config.field), 0)
+    src = {"checkpoint": ckpt, "layer": int(layer), "head": int(head)}
     note = (
         f"{prefix}layer {layer}, head {head} of {ckpt}, on the model's {grid[0]}×{grid[1]} "
         f"patch grid (★ = the centre query): over all queries its attention entropy is {lf.entropy[head]:.2f} "
         f"nats and its effective radius {lf.radius[head]:.2f} cells (τ = {lf.tau:.2f})."
     )
-    return load_head(ctx, ui, v, bg, sha, note)
+    return load_head(ctx, ui, v, bg, sha, note, src)
 
 
-def load_head(ctx: AppContext, ui: PlaygroundUI, v: dict[str, Any], bg: bool, sha: str | None, note: str) -> Updates:
+def load_head(
+    ctx: AppContext, ui: PlaygroundUI, v: dict[str, Any], bg: bool, sha: str | None, note: str, src: Any = None
+) -> Updates:
     """Every playground output for a head loaded from elsewhere (:attr:`PlaygroundUI.head_out`): the canvas (over
-    the picture when the underlay is on), kernels, readout, atom controls, τ, grid, mode, note and status."""
+    the picture when the underlay is on), kernels, readout, atom controls, τ, grid, mode, note and status; ``src``
+    names the model's layer and head it came from (only then can it be applied to the model)."""
     extra, status = {}, ""
     if bg:
         try:
@@ -369,7 +379,36 @@ def load_head(ctx: AppContext, ui: PlaygroundUI, v: dict[str, Any], bg: bool, sh
         **head_controls(ui, v),
         ui.preset_note: note,
         ui.status: status,
+        ui.model_src: src,
+        ui.apply: gr.update(visible=src is not None),
+        ui.apply_note: "",
     }
+
+
+def on_apply_model(ctx: AppContext, ui: PlaygroundUI, value: Any, src: Any, on: bool, sha: str | None) -> Updates:
+    """The edited head put into the model it came from (``set_head``, this request only): the prediction on the
+    selected picture, unedited → edited, beside the canvas."""
+    if not (on and src):
+        return gr.skip()
+    try:
+        if not sha:
+            raise AppError("pick an image (top of the page) to see the model's prediction change")
+        loaded = ctx.model(src["checkpoint"])
+        x = loaded.input(ctx.image(sha).image)
+        with torch.inference_mode():
+            before = ctx.cache.effects.get(("logits", loaded.key, sha), lambda: loaded.model(x))
+            with edited(loaded.model, [SetHead(src["layer"], src["head"], _spec(value))]):
+                after = loaded.model(x)
+        p0, p1 = torch.softmax(before[0].double(), -1), torch.softmax(after[0].double(), -1)
+        names, top, new = loaded.class_names, int(p0.argmax()), int(p1.argmax())
+        text = (
+            f"Layer {src['layer']}, head {src['head']} of {src['checkpoint']} set to this head: prediction "
+            f"**{names[top]}** {float(p0[top]):.4f} → **{names[new]}** {float(p1[new]):.4f} "
+            f"(Δ log p({names[top]}) = {float(p1[top].log() - p0[top].log()):+.4f})."
+        )
+        return {ui.apply_note: text}
+    except Exception as e:
+        return {ui.apply_note: warn(error_text(e))}
 
 
 def underlay_url(ctx: AppContext, sha: str | None, value: dict[str, Any]) -> str:
@@ -525,6 +564,10 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> PlaygroundUI:
             with gr.Accordion("Export this head as a figure (PNG + SVG)", open=False):
                 figure_button = gr.Button("Make figure", size="sm")
                 figure_files = gr.File(label="figure files", file_count="multiple", interactive=False)
+            model_src = gr.State(None)
+            apply = gr.Checkbox(False, label="apply to the model: the prediction change on every release",
+                                visible=False, elem_id="pg-apply")  # fmt: skip
+            apply_note = gr.Markdown(elem_id="pg-apply-note")
     kernels = gr.Plot(
         plots.kernel_plot(spec0, view0), show_label=False, label="1D kernels of the ★ query", elem_id="pg-kernels"
     )
@@ -539,7 +582,8 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> PlaygroundUI:
         canvas=canvas, kernels=kernels, table=table, sy=sy, sx=sx, w=w, add=add, remove=remove, reset=reset,
         tau=tau, grid=grid, mode=mode, preset=preset, preset_note=preset_note, underlay=underlay,
         steer_group=steer_group, steer_note=steer_note, gate=gate, steer_src=steer_src, status=status,
-        figure_button=figure_button, figure_files=figure_files,
+        figure_button=figure_button, figure_files=figure_files, model_src=model_src, apply=apply,
+        apply_note=apply_note,
     )  # fmt: skip
 
     # handlers that take gr.EventData must be plain functions (Gradio finds the parameter by its annotation)
@@ -551,9 +595,11 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> PlaygroundUI:
 
     fast = dict(show_progress="hidden", trigger_mode="always_last", api_visibility="private")
     edit_out = ui.main_out + ui.atom_controls
-    canvas.release(on_release, [canvas, underlay], [canvas], queue=False, **fast).then(
-        partial(on_details, ui), [canvas], [kernels, table], **fast
-    )
+    released = canvas.release(on_release, [canvas, underlay], [canvas], queue=False, **fast)
+    released.then(partial(on_details, ui), [canvas], [kernels, table], **fast)
+    model_inputs = [canvas, model_src, apply, shared["image_sha"]]
+    released.then(partial(on_apply_model, ctx, ui), model_inputs, [apply_note], **fast)
+    apply.input(partial(on_apply_model, ctx, ui), model_inputs, [apply_note], **fast)
     canvas.pick(picked, [canvas], ui.atom_controls, queue=False, **fast)
     canvas.addatom(added, [canvas, underlay], edit_out, **fast)
     for key, s in (("sy", sy), ("sx", sx), ("w", w)):

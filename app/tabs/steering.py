@@ -61,7 +61,7 @@ class Steering:
 def on_cpu(maps: AttentionMaps) -> AttentionMaps:
     """Attention matrices computed on the app's device, brought to the CPU for drawing."""
     return AttentionMaps([a.cpu() for a in maps.attn], [s.cpu() for s in maps.prefix_share], maps.grid,
-                         maps.logits.cpu())  # fmt: skip
+                         maps.logits.cpu(), maps.removed)  # fmt: skip
 
 
 def analyse(ctx: AppContext, loaded: LoadedModel, stored: StoredImage) -> Steering:

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from ssog_core.field import Field, attention_matrix, displacement_density
 from ssog_core.nn.attention import RBFAttention, SSOGAttention
+from ssog_core.nn.edit_hooks import hook_for
 
 DEFAULT_ALPHA = 0.5  # residual mixing Â = α·Ā + (1 − α)·I: half of a block's output is its own residual
 
@@ -212,7 +213,7 @@ def steering_offsets(model: nn.Module, img: Tensor) -> SteeringOffsets:
             attn = block.attn
             if not isinstance(attn, SSOGAttention):
                 continue
-            fixed, steered = attn.fixed_field(), attn.field(x, grid)
+            fixed, steered = attn.field(x, grid, steered=False), attn.field(x, grid)  # both under any active edit
             if not steered.per_token:  # fixed-field layer: content moves nothing
                 b, (gh, gw) = x.shape[0], grid
                 steered = Field(
@@ -236,12 +237,24 @@ class AttentionMaps:
         prefix_share: per layer ``(B, H, N)`` mass each patch query put on prefix tokens (zeros if none).
         grid: the patch grid ``(Gh, Gw)``.
         logits: ``(B, classes)``.
+        removed: per layer, the heads an active intervention ablated or patched: their output is not this
+            input's attention, so head means (export maps, rollout) leave them out.
     """
 
     attn: list[Tensor]
     prefix_share: list[Tensor]
     grid: tuple[int, int]
     logits: Tensor
+    removed: list[frozenset[int]]
+
+    def head_mean(self, layer: int) -> Tensor:
+        """``(B, N, N)`` mean over the heads that remain in ``layer`` (float64); the identity when none remains
+        (the attention branch then adds nothing and the block passes its residual on)."""
+        a = self.attn[layer].double()
+        keep = [h for h in range(a.shape[1]) if h not in self.removed[layer]]
+        if not keep:
+            return torch.eye(a.shape[-1], dtype=a.dtype, device=a.device).expand(a.shape[0], -1, -1)
+        return a[:, keep].mean(dim=1)
 
 
 def _patch_block(a: Tensor, prefix: int) -> tuple[Tensor, Tensor]:
@@ -260,8 +273,10 @@ def attention_maps(model: nn.Module, img: Tensor, steered: bool = True) -> Atten
     prefix = model.num_prefix_tokens
     with _eval(model):
         inputs, grid, logits = _layer_inputs(model, img)
-        maps, shares = [], []
+        maps, shares, removed = [], [], []
         for block, x in zip(model.blocks, inputs, strict=True):
+            hook = hook_for(block.attn)
+            removed.append(frozenset() if hook is None else hook.removed_heads)
             if isinstance(block.attn, SSOGAttention):
                 a = block.attn.attention_matrix(x, grid, steered=steered)
             else:
@@ -269,7 +284,7 @@ def attention_maps(model: nn.Module, img: Tensor, steered: bool = True) -> Atten
             patch, share = _patch_block(a.to(torch.promote_types(a.dtype, torch.float32)), prefix)
             maps.append(patch)
             shares.append(share)
-        return AttentionMaps(maps, shares, grid, logits)
+        return AttentionMaps(maps, shares, grid, logits, removed)
 
 
 @dataclass
@@ -319,12 +334,16 @@ def export_maps(model: nn.Module, img: Tensor, alpha: float = DEFAULT_ALPHA) -> 
     """Pull-in / pull-out / net export per layer, accumulated, and rollout for ``img`` (``(B, C, H, W)``)."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-    maps = attention_maps(model, img)
+    return export_maps_of(attention_maps(model, img), alpha)
+
+
+def export_maps_of(maps: AttentionMaps, alpha: float = DEFAULT_ALPHA) -> ExportMaps:
+    """:func:`compute_export_maps` from attention maps already computed (a caller that also shows them)."""
     gh, gw = maps.grid
     pull_in, pull_out, rollout = [], [], None
     entropy, radius = [], []
-    for a in maps.attn:
-        a_hat = residual_mix(a.double().mean(dim=1), alpha)  # (B, N, N), float64 so Σ net = 0 stays exact
+    for layer, a in enumerate(maps.attn):
+        a_hat = residual_mix(maps.head_mean(layer), alpha)  # (B, N, N), float64 so Σ net = 0 stays exact
         diag = torch.diagonal(a_hat, dim1=-2, dim2=-1)
         pull_in.append(1.0 - diag)
         pull_out.append(a_hat.sum(dim=-2) - diag)
@@ -332,7 +351,7 @@ def export_maps(model: nn.Module, img: Tensor, alpha: float = DEFAULT_ALPHA) -> 
         s = head_stats(a, maps.grid)
         entropy.append(s["entropy"])
         radius.append(s["radius"])
-    b = img.shape[0]
+    b = maps.logits.shape[0]
     pin = torch.stack(pull_in, 1).view(b, -1, gh, gw)
     pout = torch.stack(pull_out, 1).view(b, -1, gh, gw)
     net = pout - pin

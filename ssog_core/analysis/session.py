@@ -10,7 +10,8 @@ Format ``ssog-lab-session/1``::
      "geometry": {"layer": 0},
      "steering": {"layer": 0, "query": [row, col] or null},
      "export": {"twin": "dot_layouts.safetensors" or "(none)", "alpha": 0.5, "layer": 0},
-     "compare": {"a": "…", "b": "…", "alpha": 0.5, "layer": 0}}
+     "compare": {"a": "…", "b": "…", "alpha": 0.5, "layer": 0},
+     "intervene": {"edits": [{"op": "swap_axes", "layer": 5, "head": 0}, …]}}   # ssog_core.analysis.interventions
 
 Only ``format`` and ``playground.head`` are required: a missing section or entry takes its default, so files
 written by hand (or by an older app) still load. Any other top-level object is a section of a tab this module does
@@ -71,7 +72,7 @@ class Session:
         """The JSON form (see the module docstring)."""
         image = {"sha256": self.image_sha256, "name": self.image_name} if self.image_sha256 else None
         query = list(self.steering_query) if self.steering_query else None
-        return {
+        out = {
             "format": FORMAT,
             "checkpoint": self.checkpoint,
             "image": image,
@@ -91,6 +92,7 @@ class Session:
             },
             **self.more,
         }
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> Session:

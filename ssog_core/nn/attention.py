@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from ssog_core.field import TAPS, Field, apply_field, base_field, bound, check_grid, positive, steer
 from ssog_core.nn.config import ViTConfig
+from ssog_core.nn.edit_hooks import hook_for
 from ssog_core.nn.susie import SuSiE
 from ssog_core.ops import rbf_attention, ssog_apply
 
@@ -97,8 +98,10 @@ class SSOGAttention(nn.Module):
         return {tap: positive(getattr(self, _TAP_PARAMS[tap][1])) for tap in self.taps}
 
     def field(self, x: Tensor, grid: tuple[int, int], steered: bool = True) -> Field:
-        """The field each query of ``x`` (``(B, N, dim)``, LayerNormed block input) applies."""
-        fixed = self.fixed_field()
+        """The field each query of ``x`` (``(B, N, dim)``, LayerNormed block input) applies, with the active
+        interventions of this call (:mod:`ssog_core.analysis.interventions`) applied."""
+        hook = hook_for(self)
+        fixed = self.fixed_field() if hook is None else hook.fixed(self.fixed_field())
         if not (steered and self.taps):
             return fixed
         b = x.shape[0]
@@ -112,6 +115,10 @@ class SSOGAttention(nn.Module):
         probes = {}
         for tap, part in zip(self.taps, bounded.split([m.out_features for m in layers], dim=-1), strict=True):
             probes[tap] = part.view((b, gh, gw, h, r, 2) if _TAP_PARAMS[tap][2] == 2 else (b, gh, gw, h, r))
+        if hook is not None:
+            probes = hook.probes(probes)
+            if not probes:  # every gate closed: exactly the fixed field
+                return fixed
         return steer(fixed, probes, self.gate_scales(), self.max_offset)
 
     def forward(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
@@ -119,6 +126,9 @@ class SSOGAttention(nn.Module):
         b, n, _ = x.shape
         v = self.v(x).view(b, n, self.num_heads, self.head_dim)
         y = ssog_apply(v, self.field(x, grid), grid, self.mode, self.backend)
+        hook = hook_for(self)
+        if hook is not None:
+            y = hook.output(y)
         return self.out(y.reshape(b, n, self.dim))
 
     def attention_matrix(self, x: Tensor, grid: tuple[int, int], steered: bool = True) -> Tensor:
@@ -177,8 +187,11 @@ class _QKAttention(nn.Module, ABC):
 
     def forward(self, x: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
         b, n, _ = x.shape
-        y = self._attend(*self.queries_keys_values(x, grid))
-        return self.out(y.transpose(1, 2).reshape(b, n, self.dim))
+        y = self._attend(*self.queries_keys_values(x, grid)).transpose(1, 2)
+        hook = hook_for(self)
+        if hook is not None:
+            y = hook.output(y)
+        return self.out(y.reshape(b, n, self.dim))
 
     def attention_matrix(self, x: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
         """Exact ``(B, H, N, N)`` weights: the module's own attention applied to identity values."""

@@ -1,0 +1,378 @@
+"""The Intervene tab: build an edit list, see what it changes on the picture and on the validation set (with a
+noise floor), and find the heads that matter (head importance; a click on a cell adds that edit).
+
+Every number comes from :mod:`ssog_core.analysis.effects` through :mod:`app.interventions`; the edits apply to this
+request only (the shared model is never changed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import gradio as gr
+import numpy as np
+from gradio.blocks import Block
+
+from app import interventions, plots
+from app.common import Updates, error_text, stoppable, warn
+from app.state import AppContext, AppError, LoadedModel
+from app.tabs.session import Restoring, SessionPart
+from ssog_core.analysis.effects import DEFAULT_EVAL_IMAGES, MAX_EVAL_IMAGES, HeadImportance, ValidationEffect
+from ssog_core.analysis.interventions import OPS, TAP_NAMES, check_edits, describe, parse_edits
+from ssog_core.field import TAPS
+
+FIELD_OPS = ("close_gate", "drop_atom", "swap_axes")  # the builder's ops besides ablation and patching
+DOT_OPS = ("ablate_head", "patch_head")  # what a dot-product model can take
+CURRENT = "(the current picture)"
+FIXED_SUFFIX = "_fixed"  # ssog_layouts → ssog_fixed_layouts: the matched fixed-field model of the trio
+
+
+@dataclass(frozen=True)
+class InterveneUI:
+    """The tab's components, by name."""
+
+    note: gr.Markdown
+    edits: gr.State  # the edit list, as JSON dicts
+    listing: gr.Markdown
+    op: gr.Dropdown
+    layer: gr.Number
+    head: gr.Number
+    tap: gr.Dropdown
+    mode: gr.Dropdown
+    atom: gr.Number
+    source: gr.Dropdown
+    what: gr.Dropdown
+    index: gr.Number
+    status: gr.Markdown
+    prediction: gr.Markdown
+    maps: list[gr.Plot]  # accumulated export map unedited, edited, difference
+    attention: gr.Plot
+    n: gr.Slider
+    validation: gr.Markdown
+    per_class: gr.Dataframe
+    sweep_mode: gr.Dropdown
+    heads_plot: gr.Plot
+    gates_plot: gr.Plot
+    heads_table: gr.Dataframe
+    gates_table: gr.Dataframe
+    sweep_note: gr.Markdown
+
+    @property
+    def outputs(self) -> list[Block]:
+        """What :func:`render` (a new checkpoint) changes."""
+        return [self.note, self.op, self.source]
+
+
+def fixed_twin(ctx: AppContext, ckpt: str) -> str | None:
+    """The fixed-field model matched to ``ckpt`` (``ssog_X`` → ``ssog_fixed_X``) when it is in the folder."""
+    name = ckpt.replace("ssog_", "ssog" + FIXED_SUFFIX + "_", 1)
+    return name if name != ckpt and name in ctx.checkpoint_names() else None
+
+
+def render(ctx: AppContext, ui: InterveneUI, ckpt: str | None) -> Updates:
+    """The note and the ops a checkpoint can take (a dot-product model: ablation and output patching)."""
+    if not ckpt:
+        return {ui.note: "Pick a checkpoint (top of the page) to edit it."}
+    try:
+        loaded = ctx.model(ckpt)
+    except Exception as e:
+        return {ui.note: warn(error_text(e))}
+    ops = list(OPS) if loaded.is_ssog else list(DOT_OPS)
+    depth, heads = len(loaded.model.blocks), loaded.model.blocks[0].attn.num_heads
+    note = (
+        f"**{ckpt}** ({loaded.kind}, {depth} layers × {heads} heads). Edits apply in order, to this request only. "
+        + ("" if loaded.is_ssog else "A dot-product model has no field: it takes ablation and output patching.")
+    )
+    sources = [CURRENT, *ctx.bundled_images()]
+    return {ui.note: note, ui.op: gr.update(choices=ops, value=ops[0]), ui.source: gr.update(choices=sources)}
+
+
+def listing(edits: list[dict]) -> str:
+    if not edits:
+        return "_No edits yet: add one below, or click a cell of the head-importance tables._"
+    return "\n".join(f"{i + 1}. {line}" for i, line in enumerate(describe(parse_edits(edits))))
+
+
+def _checked(ctx: AppContext, ckpt: str | None, edits: list[dict]) -> list[dict]:
+    """``edits`` if the checkpoint can take them (patch sources are checked when they are applied)."""
+    if not ckpt:
+        raise AppError("pick a checkpoint first")
+    parsed = parse_edits(edits)
+    names = {e["source"]: None for e in edits if e.get("op") == "patch_head"}
+    check_edits(ctx.model(ckpt).model, parsed, names, has_means=True)
+    return [e.to_dict() for e in parsed]
+
+
+def _with(ctx: AppContext, ui: InterveneUI, ckpt: str | None, edits: list[dict]) -> Updates:
+    try:
+        edits = _checked(ctx, ckpt, edits)
+        return {ui.edits: edits, ui.listing: listing(edits), ui.status: ""}
+    except Exception as e:
+        return {ui.status: warn(error_text(e))}
+
+
+def on_add(
+    ctx: AppContext, ui: InterveneUI, ckpt: str | None, sha: str | None, edits: list[dict], op: str, layer: float,
+    head: float, tap: str, mode: str, atom: float, source: str, what: str,
+) -> Updates:  # fmt: skip
+    """Append the edit the builder describes (fields an op does not take are left out)."""
+    edit: dict[str, Any] = {"op": op, "layer": int(layer or 0)}
+    if op == "close_gate":
+        edit["tap"] = tap
+        if head is not None and head >= 0:
+            edit["head"] = int(head)
+    else:
+        edit["head"] = int(head or 0)
+    if op == "ablate_head":
+        edit["mode"] = mode
+    elif op == "patch_head":
+        edit.update(source=sha if source == CURRENT else source, what=what)
+    elif op == "drop_atom":
+        edit["atom"] = int(atom or 0)
+    return _with(ctx, ui, ckpt, [*(edits or []), edit])
+
+
+def on_move(ctx: AppContext, ui: InterveneUI, ckpt: str | None, edits: list[dict], index: float, by: int) -> Updates:
+    """Remove edit ``index`` (1-based, ``by`` = 0) or move it up (−1) or down (+1)."""
+    edits = list(edits or [])
+    i = int(index or 0) - 1
+    if not 0 <= i < len(edits):
+        return {ui.status: warn(f"there is no edit {i + 1} (the list has {len(edits)})")}
+    item = edits.pop(i)
+    if by:
+        edits.insert(min(max(i + by, 0), len(edits)), item)
+    return _with(ctx, ui, ckpt, edits)
+
+
+def top_table(names: list[str], before: np.ndarray, after: np.ndarray) -> str:
+    """The five most likely classes unedited, with their edited probability."""
+    order = np.argsort(-before)[:5]
+    rows = ["| class | unedited | edited |", "|---|---:|---:|"]
+    rows += [f"| {names[i]} | {before[i]:.4f} | {after[i]:.4f} |" for i in order]
+    top = int(np.argmax(after))
+    return "\n".join(rows) + f"\n\nEdited prediction: **{names[top]}** ({after[top]:.4f})."
+
+
+def on_apply(ctx: AppContext, ui: InterveneUI, ckpt: str | None, sha: str | None, edits: list[dict]) -> Updates:
+    """The one-image panels: probabilities, Δ log p, accumulated export maps and the first edited layer."""
+    try:
+        if not ckpt or not sha:
+            raise AppError("pick a checkpoint and an image (top of the page)")
+        loaded = ctx.model(ckpt)
+        eff = interventions.one_image(ctx, loaded, sha, parse_edits(edits or []))
+        names = loaded.class_names
+        text = top_table(names, eff.probs_unedited.numpy(), eff.probs_edited.numpy())
+        text += f" Δ log p of the unedited prediction: **{eff.dlogp:+.4f}**."
+        acc0, acc1 = eff.accumulated_unedited.numpy(), eff.accumulated_edited.numpy()
+        out: Updates = {
+            ui.prediction: text,
+            ui.maps[0]: plots.map_plot(acc0, "accumulated export, unedited", "net"),
+            ui.maps[1]: plots.map_plot(acc1, "accumulated export, edited", "net"),
+            ui.maps[2]: plots.map_plot(acc1 - acc0, "edited − unedited", "Δ net"),
+            ui.status: "",
+        }
+        if eff.layer is not None:
+            gh, gw = eff.accumulated_unedited.shape
+            q = (gh // 2) * gw + gw // 2
+            rows = [a[:, q].reshape(-1, gh, gw).numpy() for a in (eff.attention_unedited, eff.attention_edited)]
+            out[ui.attention] = plots.edited_attention_plot(*rows, sorted(eff.removed), eff.layer)
+        return out
+    except Exception as e:
+        return {ui.status: warn(error_text(e))}
+
+
+def validation_text(v: ValidationEffect) -> str:
+    a, lp = v.accuracy, v.logp_true
+    noise = lambda c: " — **within noise**" if c.within_noise else ""  # noqa: E731
+    return (
+        f"On the first **{v.n}** validation images: accuracy **{a.unedited:.4f} → {a.edited:.4f}** (change "
+        f"{a.change:+.4f}, 95% interval [{a.ci95[0]:+.4f}, {a.ci95[1]:+.4f}]{noise(a)}; McNemar exact p = "
+        f"{v.mcnemar_p:.3g}, mid-p {v.mcnemar_mid_p:.3g}; {v.lost} images lost, {v.gained} gained).  \n"
+        f"Mean log p(true class) change **{lp.change:+.4f}** [{lp.ci95[0]:+.4f}, {lp.ci95[1]:+.4f}]{noise(lp)}."
+    )
+
+
+def class_rows(v: ValidationEffect) -> list[list[Any]]:
+    return [
+        [r["class"], r["n"], round(r["accuracy"]["unedited"], 4), round(r["accuracy"]["edited"], 4),
+         round(r["logp_true"]["change"], 4), f"[{r['logp_true']['ci95'][0]:+.4f}, {r['logp_true']['ci95'][1]:+.4f}]",
+         "within noise" if r["within_noise"] else ""]
+        for r in v.per_class
+    ]  # fmt: skip
+
+
+def on_evaluate(ctx: AppContext, ui: InterveneUI, ckpt: str | None, edits: list[dict], n: float) -> Updates:
+    try:
+        if not ckpt:
+            raise AppError("pick a checkpoint first")
+        v = interventions.on_validation(ctx, ctx.model(ckpt), parse_edits(edits or []), int(n))
+        return {ui.validation: validation_text(v), ui.per_class: class_rows(v), ui.status: ""}
+    except Exception as e:
+        return {ui.validation: warn(error_text(e))}
+
+
+def _cell(c: Any) -> str:
+    return "–" if c is None else f"{c.logp_drop:+.3f} [{c.ci95[0]:+.3f}, {c.ci95[1]:+.3f}]" + (" ·" * c.within_noise)
+
+
+def importance_updates(ctx: AppContext, ui: InterveneUI, loaded: LoadedModel, imp: HeadImportance) -> Updates:
+    heads = len(imp.ablate[0])
+    drops = np.array([[c.logp_drop for c in row] for row in imp.ablate])
+    noise = np.array([[c.within_noise for c in row] for row in imp.ablate])
+    out: Updates = {
+        ui.heads_plot: plots.importance_plot(drops, noise, f"each head ablated ({imp.mode})",
+                                             [f"head {h}" for h in range(heads)]),
+        ui.heads_table: [[f"layer {i}", *(_cell(c) for c in row)] for i, row in enumerate(imp.ablate)],
+    }  # fmt: skip
+    note = f"{imp.n} images, unedited accuracy {imp.unedited_accuracy:.4f}. Cells: log p(true) drop [95% interval]"
+    note += "; · = within noise. Click a cell of a table to add that edit."
+    if imp.close_gate:
+        taps = list(imp.close_gate)
+        cells = [[imp.close_gate[t][i] for t in taps] for i in range(len(imp.ablate))]
+        g = np.array([[0.0 if c is None else c.logp_drop for c in row] for row in cells])
+        gn = np.array([[c is None or c.within_noise for c in row] for row in cells])
+        out[ui.gates_plot] = plots.importance_plot(
+            g, gn, "each layer's gate closed", [f"{TAP_NAMES[t]} gate" for t in taps]
+        )
+        out[ui.gates_table] = [[f"layer {i}", *(_cell(c) for c in row)] for i, row in enumerate(cells)]
+        twin = fixed_twin(ctx, loaded.name)
+        if twin:
+            data, _ = interventions.eval_set(ctx, loaded, imp.n)
+            fixed = interventions.eval_set(ctx, ctx.model(twin), imp.n)[1].correct(data.labels).double().mean()
+            note += (
+                f"  \nClosing gates after training measures reliance on steering, not what a model trained without it "
+                f"does: the matched fixed-field model **{twin}** reaches **{float(fixed):.4f}** on the same images."
+            )
+    out[ui.sweep_note] = note
+    return out
+
+
+def on_sweep(ctx: AppContext, ui: InterveneUI, ckpt: str | None, n: float, mode: str) -> Iterator[Updates]:
+    """Head importance, as a generator so a Stop press (or a closed page) stops the sweep between batches."""
+    try:
+        if not ckpt:
+            raise AppError("pick a checkpoint first")
+        loaded = ctx.model(ckpt)
+        yield {ui.sweep_note: f"Sweeping every head and gate of **{ckpt}** on {int(n)} images…"}
+        for imp in stoppable(lambda stop: interventions.importance(ctx, loaded, int(n), mode, stop)):
+            if imp is not None:
+                yield importance_updates(ctx, ui, loaded, imp)
+    except Exception as e:
+        yield {ui.sweep_note: warn(error_text(e))}
+
+
+def on_cell(
+    ctx: AppContext, ui: InterveneUI, ckpt: str | None, edits: list[dict], mode: str, gates: bool, index: Any
+) -> Updates:
+    """A click on a head-importance cell adds that edit (ablate that head, or close that layer's gate)."""
+    row, col = (int(v) for v in index)
+    if col == 0:
+        return {}
+    edit = {"op": "close_gate", "layer": row, "tap": TAPS[col - 1]} if gates else {
+        "op": "ablate_head", "layer": row, "head": col - 1, "mode": mode}  # fmt: skip
+    return _with(ctx, ui, ckpt, [*(edits or []), edit])
+
+
+def build(ctx: AppContext, shared: dict[str, Any]) -> InterveneUI:
+    hidden = dict(api_visibility="private")
+    note = gr.Markdown(elem_id="iv-note")
+    edits = gr.State([])
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=2, min_width=340):
+            listing_md = gr.Markdown(listing([]), elem_id="iv-list")
+            with gr.Row():
+                op = gr.Dropdown(list(OPS), value="close_gate", label="op", elem_id="iv-op", scale=2)
+                layer = gr.Number(0, precision=0, minimum=0, label="layer", elem_id="iv-layer", scale=1)
+                head = gr.Number(0, precision=0, minimum=-1, label="head (−1: all, gates)", elem_id="iv-head", scale=1)
+            with gr.Row():
+                tap = gr.Dropdown([*TAPS, "all"], value="mu", label="tap (close_gate)", elem_id="iv-tap")
+                mode = gr.Dropdown(["zero", "dataset_mean"], value="zero", label="mode (ablate)", elem_id="iv-mode")
+                atom = gr.Number(0, precision=0, minimum=0, label="atom (drop_atom)", elem_id="iv-atom")
+            with gr.Row():
+                source = gr.Dropdown([CURRENT], value=CURRENT, label="source (patch)", elem_id="iv-source")
+                what = gr.Dropdown(["output", "steering"], value="output", label="what (patch)", elem_id="iv-what")
+            add = gr.Button("Add edit", variant="primary", size="sm", elem_id="iv-add")
+            with gr.Row():
+                index = gr.Number(1, precision=0, minimum=1, label="edit #", elem_id="iv-index", scale=1)
+                up = gr.Button("↑", size="sm", scale=1)
+                down = gr.Button("↓", size="sm", scale=1)
+                remove = gr.Button("Remove", size="sm", scale=1)
+                clear = gr.Button("Clear", size="sm", scale=1)
+            status = gr.Markdown(elem_id="iv-status")
+            apply = gr.Button("Apply to the picture", variant="primary", elem_id="iv-apply")
+            prediction = gr.Markdown(elem_id="iv-pred")
+        with gr.Column(scale=3):
+            with gr.Row():
+                maps = [gr.Plot(show_label=False, elem_id=f"iv-map{i}") for i in range(3)]
+            attention = gr.Plot(show_label=False, elem_id="iv-attn")
+    with gr.Accordion("The validation set, with a noise floor", open=True):
+        with gr.Row():
+            n = gr.Slider(10, MAX_EVAL_IMAGES, value=DEFAULT_EVAL_IMAGES, step=10, label="validation images (N)",
+                          elem_id="iv-n", scale=3)  # fmt: skip
+            evaluate = gr.Button("Evaluate the edits", elem_id="iv-eval", scale=1)
+        validation = gr.Markdown(elem_id="iv-val")
+        per_class = gr.Dataframe(
+            headers=["class", "n", "acc unedited", "acc edited", "Δ log p(true)", "95% interval", ""],
+            interactive=False, elem_id="iv-classes",
+        )  # fmt: skip
+    with gr.Accordion("Head importance: each head ablated, each layer's gates closed", open=True):
+        with gr.Row():
+            sweep_mode = gr.Dropdown(["zero", "dataset_mean"], value="zero", label="ablation", elem_id="iv-smode")
+            sweep = gr.Button("Run head importance", elem_id="iv-sweep")
+            stop = gr.Button("Stop", variant="stop", elem_id="iv-stop")
+        sweep_note = gr.Markdown(elem_id="iv-snote")
+        with gr.Row():
+            heads_plot = gr.Plot(show_label=False, elem_id="iv-heads")
+            gates_plot = gr.Plot(show_label=False, elem_id="iv-gates")
+        heads_table = gr.Dataframe(interactive=False, elem_id="iv-heads-table", label="log p drop per head")
+        gates_table = gr.Dataframe(interactive=False, elem_id="iv-gates-table", label="log p drop per gate")
+    ui = InterveneUI(note=note, edits=edits, listing=listing_md, op=op, layer=layer, head=head, tap=tap, mode=mode,
+                     atom=atom, source=source, what=what, index=index, status=status, prediction=prediction, maps=maps,
+                     attention=attention, n=n, validation=validation, per_class=per_class, sweep_mode=sweep_mode,
+                     heads_plot=heads_plot, gates_plot=gates_plot, heads_table=heads_table, gates_table=gates_table,
+                     sweep_note=sweep_note)  # fmt: skip
+    ckpt, sha = shared["checkpoint"], shared["image_sha"]
+    list_out = [edits, listing_md, status]
+    builder = [ckpt, sha, edits, op, layer, head, tap, mode, atom, source, what]
+    add.click(partial(on_add, ctx, ui), builder, list_out, **hidden)
+    for button, by in ((remove, 0), (up, -1), (down, 1)):
+        button.click(partial(on_move, ctx, ui, by=by), [ckpt, edits, index], list_out, **hidden)
+    clear.click(lambda: {edits: [], listing_md: listing([]), status: ""}, None, list_out, **hidden)
+    apply.click(partial(on_apply, ctx, ui), [ckpt, sha, edits], [prediction, *maps, attention, status], **hidden)
+    heavy = dict(concurrency_limit=1, concurrency_id=interventions.HEAVY, **hidden)
+    evaluate.click(partial(on_evaluate, ctx, ui), [ckpt, edits, n], [validation, per_class, status], **heavy)
+    sweep_outputs = [heads_plot, gates_plot, heads_table, gates_table, sweep_note]
+    running = sweep.click(partial(on_sweep, ctx, ui), [ckpt, n, sweep_mode], sweep_outputs, **heavy)
+    stop.click(lambda: {sweep_note: "Stopped."}, None, [sweep_note], cancels=[running], **hidden)
+
+    def head_cell(c: str | None, e: list[dict], m: str, evt: gr.SelectData) -> Updates:
+        return on_cell(ctx, ui, c, e, m, False, evt.index)  # a plain function: Gradio finds its SelectData
+
+    def gate_cell(c: str | None, e: list[dict], m: str, evt: gr.SelectData) -> Updates:
+        return on_cell(ctx, ui, c, e, m, True, evt.index)
+
+    heads_table.select(head_cell, [ckpt, edits, sweep_mode], list_out, **hidden)
+    gates_table.select(gate_cell, [ckpt, edits, sweep_mode], list_out, **hidden)
+    return ui
+
+
+def session_part(ui: InterveneUI) -> SessionPart:
+    """The Intervene tab's section: its edit list as JSON (written only when there are edits). A restored list is
+    checked edit by edit; an unusable one is left out and named in the restore's notes."""
+
+    def save(values: dict[str, Any]) -> dict[str, Any]:
+        edits = list(values.get("edits") or [])
+        return {"edits": edits} if edits else {}
+
+    def restore(section: dict[str, Any], restoring: Restoring) -> Updates:
+        try:
+            edits = [e.to_dict() for e in parse_edits(list(section.get("edits") or []))]
+        except ValueError as e:
+            restoring.notes.append(f"intervene edits: {e}")
+            edits = []
+        return {ui.edits: edits, ui.listing: listing(edits)}
+
+    return SessionPart("intervene", {"edits": ui.edits}, restore, [ui.edits, ui.listing], save)

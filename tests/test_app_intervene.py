@@ -1,0 +1,118 @@
+"""The Intervene tab's handlers, called directly on a page built once: the edit list, the one-image panels, the
+validation set, head importance (a click on a cell adds that edit) and what a dot-product model offers."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.layout import build_page
+from app.state import AppContext
+from app.tabs import intervene
+from ssog_core import save_checkpoint
+from tests.app_fixtures import designed_ssog, dot_twin, write_images
+from tests.test_app_intervene_api import SHAPES
+
+
+@pytest.fixture(scope="module")
+def ctx(tmp_path_factory):
+    root = tmp_path_factory.mktemp("iv")
+    (root / "ckpt").mkdir()
+    save_checkpoint(root / "ckpt" / "ssog_shapes.safetensors", designed_ssog(depth=2), SHAPES)
+    fixed = designed_ssog(depth=2)
+    save_checkpoint(root / "ckpt" / "ssog_fixed_shapes.safetensors", fixed, SHAPES)
+    save_checkpoint(root / "ckpt" / "dot_shapes.safetensors", dot_twin(depth=2), SHAPES)
+    write_images(root / "assets")
+    return AppContext(root / "ckpt", root / "assets", upload_dir=tmp_path_factory.mktemp("uploads"))
+
+
+@pytest.fixture(scope="module")
+def ui(ctx):
+    return build_page(ctx)[1].intervene
+
+
+def add(ctx, ui, edits, op, layer=0, head=0, tap="mu", mode="zero", atom=0, source=intervene.CURRENT, what="output",
+        ckpt="ssog_shapes.safetensors", sha="x" * 64):  # fmt: skip
+    return intervene.on_add(ctx, ui, ckpt, sha, edits, op, layer, head, tap, mode, atom, source, what)
+
+
+def test_the_edit_list_adds_moves_removes_and_reads_as_sentences(ctx, ui):
+    out = add(ctx, ui, [], "close_gate", layer=1, head=-1, tap="sigma")
+    out = add(ctx, ui, out[ui.edits], "swap_axes", layer=0, head=2)
+    out = add(ctx, ui, out[ui.edits], "patch_head", layer=1, head=3, source="gray.png", what="steering")
+    assert out[ui.listing].splitlines() == [
+        "1. layer 1: σ gate closed",
+        "2. layer 0, head 2: mirrored across the diagonal (y ↔ x)",
+        "3. layer 1, head 3: steering patched from gray.png",
+    ]
+    moved = intervene.on_move(ctx, ui, "ssog_shapes.safetensors", out[ui.edits], 3, by=-1)
+    assert moved[ui.listing].splitlines()[1].startswith("2. layer 1, head 3")
+    removed = intervene.on_move(ctx, ui, "ssog_shapes.safetensors", moved[ui.edits], 1, by=0)
+    assert len(removed[ui.edits]) == 2
+    bad = add(ctx, ui, [], "drop_atom", layer=5)
+    assert ui.edits not in bad and "layer 5 does not exist" in bad[ui.status]
+
+
+def test_apply_shows_probabilities_maps_and_the_edited_layer(ctx, ui):
+    sha = ctx.open_bundled("scene.png").sha256
+    edits = add(ctx, ui, [], "ablate_head", layer=1, head=2)[ui.edits]
+    out = intervene.on_apply(ctx, ui, "ssog_shapes.safetensors", sha, edits)
+    assert "| class | unedited | edited |" in out[ui.prediction] and "Δ log p" in out[ui.prediction]
+    assert all(m in out for m in ui.maps)
+    assert "head 2 (not in the mean)" in [a.text for a in out[ui.attention].layout.annotations]
+
+
+def test_validation_and_head_importance_with_the_fixed_field_model_beside_the_gates(ctx, ui):
+    edits = add(ctx, ui, [], "close_gate", layer=0, head=-1, tap="all")[ui.edits]
+    out = intervene.on_evaluate(ctx, ui, "ssog_shapes.safetensors", edits, 30)
+    assert "first **30** validation images" in out[ui.validation] and len(out[ui.per_class]) == 5
+    *_, last = intervene.on_sweep(ctx, ui, "ssog_shapes.safetensors", 20, "zero")
+    assert len(last[ui.heads_table]) == 2 and len(last[ui.gates_table][0]) == 4
+    assert "ssog_fixed_shapes.safetensors" in last[ui.sweep_note]
+    cell = intervene.on_cell(ctx, ui, "ssog_shapes.safetensors", [], "zero", False, (1, 3))
+    assert cell[ui.listing] == "1. layer 1, head 2: ablated (zero)"
+    gate = intervene.on_cell(ctx, ui, "ssog_shapes.safetensors", [], "zero", True, (0, 2))
+    assert gate[ui.listing] == "1. layer 0: σ gate closed"
+
+
+def test_a_dot_model_offers_what_it_can(ctx, ui):
+    out = intervene.render(ctx, ui, "dot_shapes.safetensors")
+    assert out[ui.op]["choices"] == [(o, o) for o in intervene.DOT_OPS] or out[ui.op]["choices"] == list(
+        intervene.DOT_OPS
+    )
+    refused = add(ctx, ui, [], "swap_axes", ckpt="dot_shapes.safetensors")
+    assert "only ablate_head and patch_head" in refused[ui.status]
+
+
+def test_a_head_opened_from_the_model_can_be_applied_to_it(ctx):
+    from app.tabs import playground
+
+    pg = build_page(ctx)[1].playground
+    sha = ctx.open_bundled("scene.png").sha256
+    out = playground.open_head(ctx, pg, "ssog_shapes.safetensors", 1, 2, False, sha)
+    src, value = out[pg.model_src], out[pg.canvas]["value"]
+    assert src == {"checkpoint": "ssog_shapes.safetensors", "layer": 1, "head": 2} and out[pg.apply]["visible"]
+    same = playground.on_apply_model(ctx, pg, value, src, True, sha)[pg.apply_note]
+    assert same.startswith("Layer 1, head 2") and same.endswith("0.0000).")  # its own atoms: no change
+    moved = {**value, "atoms": [{**a, "y": a["y"] + 3} for a in value["atoms"]]}
+    assert "→" in playground.on_apply_model(ctx, pg, moved, src, True, sha)[pg.apply_note]
+    hotter = {**value, "tau": value["tau"] + 1}
+    assert "τ is per layer" in playground.on_apply_model(ctx, pg, hotter, src, True, sha)[pg.apply_note]
+    assert playground.on_apply_model(ctx, pg, value, None, True, sha) == playground.gr.skip()
+
+
+def test_the_edit_list_is_a_session_section_checked_on_restore():
+    """Saved through the per-tab protocol; a restored list is checked and a bad one named in the notes."""
+    from types import SimpleNamespace
+
+    from app.tabs import intervene
+    from app.tabs.session import Restoring
+
+    ui = SimpleNamespace(edits="edits", listing="listing")
+    part = intervene.session_part(ui)
+    edits = [{"op": "swap_axes", "layer": 1, "head": 0}]
+    assert part.save({"edits": edits}) == {"edits": edits} and part.save({"edits": []}) == {}
+    out = part.restore({"edits": edits}, Restoring(None, None))
+    assert out["edits"][0]["op"] == "swap_axes" and out["listing"].startswith("1. layer 1, head 0")
+    restoring = Restoring(None, None)
+    out = part.restore({"edits": [{"op": "rotate", "layer": 0}]}, restoring)
+    assert out["edits"] == [] and "unknown op 'rotate'" in restoring.notes[0]

@@ -1,0 +1,129 @@
+"""Effects of interventions: the intervals on synthetic effects of known size, McNemar's test, the validation and
+head-importance sweeps against plain edited forward passes, and the one-image effect."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ssog_core.analysis.effects import (
+    Cancelled,
+    EvalSet,
+    Outcomes,
+    bootstrap_ci,
+    compare,
+    head_importance,
+    image_effect,
+    importance_edits,
+    load_eval_set,
+    mcnemar,
+    outcomes,
+    validation_effect,
+)
+from ssog_core.data.sources import DataError
+from tests.test_interventions import images, model_for
+
+NAMES = [f"c{i}" for i in range(5)]
+
+
+def eval_set(n: int = 30, seed: int = 0) -> EvalSet:
+    g = torch.Generator().manual_seed(seed)
+    pixels = torch.randint(0, 256, (n, 28, 20, 3), generator=g, dtype=torch.uint8)
+    return EvalSet(pixels, torch.arange(n) % 5, NAMES, "test")
+
+
+@pytest.mark.parametrize("effect", [0.0, 0.15, 2.0])
+def test_bootstrap_intervals_find_effects_of_known_size(effect):
+    rng = np.random.default_rng(1)
+    diff = effect + rng.normal(0, 1, 2000)
+    lo, hi = bootstrap_ci(diff)
+    assert lo <= effect <= hi
+    assert (lo <= 0 <= hi) == (effect == 0.0)  # zero within noise; a small and a large effect are both found
+    assert hi - lo == pytest.approx(2 * 1.96 / np.sqrt(2000), rel=0.15)  # the width of a normal mean's interval
+
+
+def test_bootstrap_intervals_cover_the_true_change_about_95_percent_of_the_time():
+    rng = np.random.default_rng(2)
+    hits = [lo <= 0.3 <= hi for lo, hi in bootstrap_ci(0.3 + rng.normal(0, 1, (300, 150)), n_boot=500)]
+    assert 0.90 <= np.mean(hits) <= 0.98
+
+
+def test_mcnemar_exact_and_mid_p():
+    assert mcnemar(0, 0) == (1.0, 1.0)
+    exact, mid = mcnemar(5, 0)
+    assert exact == pytest.approx(2 / 32) and mid == pytest.approx(1 / 32)
+    assert mcnemar(3, 7) == mcnemar(7, 3)
+    assert mcnemar(10, 10)[0] == 1.0
+
+
+def test_compare_reports_accuracy_log_p_and_classes_with_intervals():
+    labels = torch.arange(400) % 4
+    before = Outcomes(labels.clone(), torch.full((400,), -0.1, dtype=torch.float64))
+    pred = labels.clone()
+    pred[labels == 2] = 0  # the edit breaks class 2 only
+    after = Outcomes(pred, torch.where(labels == 2, -3.0, before.logp_true))
+    eff = compare(before, after, labels, ["a", "b", "c", "d"])
+    assert eff.accuracy.unedited == 1.0 and eff.accuracy.edited == 0.75 and eff.lost == 100 and eff.gained == 0
+    assert eff.logp_true.change == pytest.approx(-2.9 / 4) and not eff.logp_true.within_noise
+    assert eff.mcnemar_p < 1e-20
+    rows = {r["class"]: r for r in eff.per_class}
+    assert rows["c"]["accuracy"]["edited"] == 0.0 and not rows["c"]["within_noise"]
+    assert rows["a"]["within_noise"] and rows["a"]["logp_true"]["ci95"] == [0.0, 0.0]
+    d = eff.to_dict()
+    assert set(d) == {"n", "accuracy", "logp_true", "per_class"} and d["accuracy"]["ci95"][1] < 0
+
+
+def test_no_edit_is_no_effect():
+    model, data = model_for(), eval_set(20)
+    eff = validation_effect(model, data, [])
+    assert eff.accuracy.change == 0 and eff.logp_true.ci95 == (0.0, 0.0) and eff.mcnemar_p == 1.0
+
+
+def test_head_importance_reusing_the_lower_layers_equals_full_edited_passes():
+    model, data = model_for(), eval_set(30)
+    imp = head_importance(model, data, batch_size=8)
+    before = outcomes(model, data)
+    c0 = before.correct(data.labels).double().mean()
+    sweep = importance_edits(model)
+    assert len(sweep) == 3 * 3 + 3 * 3  # every head, and every layer's three gates
+    for e in sweep:
+        after = outcomes(model, data, [e])
+        cell = imp.ablate[e.layer][e.head] if e.op == "ablate_head" else imp.close_gate[e.tap][e.layer]
+        assert cell.accuracy_drop == pytest.approx(float(c0 - after.correct(data.labels).double().mean()), abs=1e-12)
+        torch.testing.assert_close(cell.logp_drop, float((before.logp_true - after.logp_true).mean()))
+    d = imp.to_dict()
+    assert len(d["ablate_head"]) == 3 and set(d["close_gate"]) == {"mu", "sigma", "lambda"}
+    assert set(d["ablate_head"][0][0]) == {"accuracy_drop", "logp_drop", "ci95", "within_noise"}
+
+
+def test_head_importance_of_a_dot_model_has_no_gate_rows_and_can_be_stopped():
+    model, data = model_for(attn="dot"), eval_set(10)
+    assert head_importance(model, data).close_gate == {}
+    with pytest.raises(Cancelled):
+        head_importance(model, data, stop=lambda: True)
+
+
+def test_one_image_effect():
+    model, img = model_for(), images(1)
+    none = image_effect(model, img, [])
+    assert none.dlogp == 0 and torch.equal(none.difference, torch.zeros_like(none.difference)) and none.layer is None
+    eff = image_effect(
+        model, img, [{"op": "ablate_head", "layer": 1, "head": 2}, {"op": "swap_axes", "layer": 2, "head": 0}]
+    )
+    assert eff.layer == 1 and eff.removed == {2}
+    assert torch.equal(eff.probs_unedited, none.probs_unedited) and not torch.equal(eff.probs_edited, none.probs_edited)
+    top = int(none.probs_unedited.argmax())
+    assert eff.dlogp == pytest.approx(float(eff.probs_edited[top].log() - none.probs_unedited[top].log()))
+    assert [n for n, _ in eff.top(NAMES, edited_side=False, k=2)][0] == NAMES[top]
+    assert eff.attention_edited.shape == (3, 35, 35)
+
+
+def test_the_validation_images_are_the_first_of_the_recorded_split():
+    meta = {"data": "shapes:train=4,val=30,classes=5", "class_names": None}
+    data = load_eval_set(meta, (28, 20), 12)
+    assert data.images.shape == (12, 28, 20, 3) and data.labels.tolist() == [i % 5 for i in range(12)]
+    with pytest.raises(ValueError, match="evaluate 1 to 30 images"):
+        load_eval_set(meta, (28, 20), 31)
+    with pytest.raises(DataError, match="does not record its data"):
+        load_eval_set({}, (28, 20), 5)

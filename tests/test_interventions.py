@@ -1,0 +1,410 @@
+"""Interventions against float64 definitions (tests/dense_oracle.py) on odd grids, and the promise that an
+edit never leaks out of its call, even with many threads sharing one model."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from ssog_core import ViT
+from ssog_core.analysis.interventions import (
+    MAX_EDITS,
+    EditError,
+    SetHead,
+    describe,
+    edit_from_dict,
+    edited,
+    mean_head_outputs,
+    parse_edits,
+    record,
+)
+from ssog_core.analysis.measures import attention_maps, export_maps, layer_field, residual_mix, steering_offsets
+from ssog_core.analysis.playground import spec_from_head
+from tests.dense_oracle import vit_forward
+
+CFG = dict(num_classes=5, img_size=(28, 20), patch_size=4, dim=12, depth=3, num_heads=3, num_atoms=3)
+GRID = (7, 5)
+
+
+def model_for(**overrides) -> ViT:
+    """A float64 model with open gates and active probes (steering matters), on a 7×5 grid."""
+    torch.manual_seed(3)
+    model = ViT(**{**CFG, **overrides}, cold_init=False).double().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "delta" in name or "lambda_gate" in name:
+                p.normal_(0, 0.4)
+            elif name.endswith(".mu"):
+                p.normal_(0, 1.5)
+    return model
+
+
+def head_field(attn, grid):
+    with torch.no_grad():
+        return layer_field(attn, grid)
+
+
+def images(n: int = 2, seed: int = 0, size=(28, 20)) -> torch.Tensor:
+    return torch.rand(n, 3, *size, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def reference(model: ViT, img: torch.Tensor, edit=None, **cfg) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    return vit_forward(img, model.state_dict(), {**CFG, "attn": "ssog", **cfg}, edit)
+
+
+class RefEdit:
+    """A reference edit: per-token atoms and per-head outputs changed by plain functions of (layer, ...)."""
+
+    def __init__(self, atoms=None, heads=None):
+        if atoms is not None:
+            self.atoms = atoms
+        if heads is not None:
+            self.heads = heads
+
+
+def at(layer: int, head: int, fn):
+    """An atoms edit that changes one head of one layer: ``fn(mu, sigma, log_lam)`` on that head's slices."""
+
+    def atoms(ly, mu, sigma, log_lam):
+        if ly != layer:
+            return mu, sigma, log_lam
+        mu, sigma, log_lam = mu.clone(), sigma.clone(), log_lam.clone()
+        mu[..., head, :, :], sigma[..., head, :, :], log_lam[..., head, :] = fn(
+            mu[..., head, :, :], sigma[..., head, :, :], log_lam[..., head, :]
+        )
+        return mu, sigma, log_lam
+
+    return RefEdit(atoms=atoms)
+
+
+def close(a, b):
+    torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+def test_closing_every_gate_equals_the_model_built_without_steering():
+    model, img = model_for(), images()
+    fixed = ViT(**CFG, steer=()).double().eval()
+    fixed.load_state_dict(model.state_dict(), strict=False)  # the probes and gates are simply not there
+    edits = [{"op": "close_gate", "layer": i, "tap": "all"} for i in range(CFG["depth"])]
+    with edited(model, edits):
+        logits, maps = model(img), attention_maps(model, img)
+    assert torch.equal(logits, fixed(img))
+    for got, want in zip(maps.attn, attention_maps(fixed, img).attn, strict=True):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("tap", ["mu", "sigma", "lambda"])
+def test_closing_one_heads_gate_keeps_that_tap_fixed(tap):
+    model, img = model_for(), images()
+    layer, head = 1, 2
+    attn = model.blocks[layer].attn
+    fixed = attn.fixed_field()
+
+    def keep_fixed(mu, sigma, log_lam):
+        if tap == "mu":
+            mu = fixed.mu[head].expand_as(mu)
+        elif tap == "sigma":
+            sigma = fixed.sigma[head].expand_as(sigma)
+        else:
+            log_lam = fixed.log_lam[head].expand_as(log_lam)
+        return mu, sigma, log_lam
+
+    want, want_maps = reference(model, img, at(layer, head, keep_fixed))
+    with edited(model, [{"op": "close_gate", "layer": layer, "tap": tap, "head": head}]):
+        close(model(img), want)
+        close(attention_maps(model, img).attn[layer], want_maps[layer])
+
+
+@pytest.mark.parametrize("mode", ["factorized", "axial"])
+def test_drop_atom_is_the_renormalised_mixture(mode):
+    model, img = model_for(field=mode), images()
+
+    def drop(mu, sigma, log_lam):
+        log_lam = log_lam.clone()
+        log_lam[..., 1] = -torch.inf  # λ = 0, the others renormalised by the softmax
+        return mu, sigma, log_lam
+
+    want, want_maps = reference(model, img, at(2, 0, drop), field=mode)
+    with edited(model, [{"op": "drop_atom", "layer": 2, "head": 0, "atom": 1}]):
+        close(model(img), want)
+        close(attention_maps(model, img).attn[2], want_maps[2])
+
+
+@pytest.mark.parametrize("attn", ["ssog", "dot"])
+def test_zero_ablation_equals_zeroing_that_heads_slice_of_the_output_projection(attn):
+    model, img = model_for(attn=attn), images()
+    layer, head, hd = 1, 1, CFG["dim"] // CFG["num_heads"]
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    sd[f"blocks.{layer}.attn.out.weight"][:, head * hd : (head + 1) * hd] = 0.0
+    want, _ = vit_forward(img, sd, {**CFG, "attn": attn})
+    with edited(model, [{"op": "ablate_head", "layer": layer, "head": head}]):
+        close(model(img), want)
+
+
+def test_dataset_mean_ablation_puts_the_mean_output_in_the_heads_place():
+    model, img = model_for(), images(3)
+    means = mean_head_outputs(model, [images(2, seed=5), images(3, seed=6)])
+    seen = [record(model, images(2, seed=5)), record(model, images(3, seed=6))]
+    want_mean = torch.cat([seen[0][2].output, seen[1][2].output]).mean(0)
+    close(means[2], want_mean)
+
+    def heads(layer, y):  # y is (B, H, N, hd)
+        if layer == 2:
+            y = y.clone()
+            y[:, 0] = want_mean[:, 0]
+        return y
+
+    want, _ = reference(model, img, RefEdit(heads=heads))
+    with edited(model, [{"op": "ablate_head", "layer": 2, "head": 0, "mode": "dataset_mean"}], head_means=means):
+        close(model(img), want)
+
+
+@pytest.mark.parametrize("what", ["output", "steering"])
+def test_patching_from_the_same_image_changes_nothing(what):
+    model, img = model_for(), images(1)
+    before = model(img)
+    with edited(model, [{"op": "patch_head", "layer": 1, "head": 2, "source": "a", "what": what}], {"a": img}):
+        close(model(img), before)
+
+
+def test_steering_patched_from_b_is_as_field_with_bs_offsets():
+    model, a, b = model_for(), images(2, seed=1), images(1, seed=2)
+    layer, head = 1, 0
+    taken = {}
+
+    def grab(ly, mu, sigma, log_lam):
+        if ly == layer:
+            taken["atoms"] = (mu[..., head, :, :], sigma[..., head, :, :], log_lam[..., head, :])
+        return mu, sigma, log_lam
+
+    reference(model, b, RefEdit(atoms=grab))
+    want, _ = reference(model, a, at(layer, head, lambda *_: taken["atoms"]))  # the fixed atoms are shared
+    patch = {"op": "patch_head", "layer": layer, "head": head, "source": "b", "what": "steering"}
+    with edited(model, [patch], {"b": b}):
+        close(model(a), want)
+
+
+def test_output_patched_from_b_is_bs_head_output():
+    model, a, b = model_for(), images(2, seed=1), images(1, seed=2)
+    taken = {}
+
+    def grab(layer, y):
+        if layer == 2:
+            taken["y"] = y[:, 1]
+        return y
+
+    def put(layer, y):
+        if layer == 2:
+            y = y.clone()
+            y[:, 1] = taken["y"]
+        return y
+
+    reference(model, b, RefEdit(heads=grab))
+    want, _ = reference(model, a, RefEdit(heads=put))
+    with edited(model, [{"op": "patch_head", "layer": 2, "head": 1, "source": "b"}], {"b": b}):
+        close(model(a), want)
+
+
+def test_set_head_with_its_own_atoms_changes_nothing():
+    model, img = model_for(), images()
+    lf = head_field(model.blocks[1].attn, GRID)
+    spec = spec_from_head(lf, 2, grid=GRID)
+    before = model(img)
+    with edited(model, [SetHead(layer=1, head=2, head_spec=spec)]):
+        torch.testing.assert_close(model(img), before, rtol=1e-5, atol=1e-6)  # the spec holds float32 numbers
+
+
+def test_set_head_puts_the_atoms_where_the_canvas_shows_them():
+    """A one-atom spec looking two rows up from the ★ gives a head with μ = (2, 0), λ = 1 on that atom."""
+    model = model_for()
+    spec = spec_from_head(head_field(model.blocks[0].attn, GRID), 0, grid=GRID)
+    qy, qx = spec.query
+    one = type(spec)(spec.grid, spec.query, spec.tau, (type(spec.atoms[0])(qy - 2, qx, 0.7, 0.9, 1.0),), spec.mode)
+    with edited(model, [SetHead(layer=0, head=0, head_spec=one)]):
+        f = model.blocks[0].attn.field(torch.zeros(1, 35, 12, dtype=torch.float64), GRID, steered=False)
+    torch.testing.assert_close(f.mu[0, 0], torch.tensor([2.0, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(f.sigma[0, 0], torch.tensor([0.7, 0.9], dtype=torch.float64))
+    torch.testing.assert_close(f.lam()[0], torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64))
+
+
+def test_swapping_twice_is_the_identity_and_once_mirrors_the_steered_head():
+    model, img = model_for(), images()
+    swap = {"op": "swap_axes", "layer": 1, "head": 0}
+    with edited(model, [swap, swap]):
+        assert torch.equal(model(img), model_for()(img))
+
+    def flip(mu, sigma, log_lam):
+        return mu.flip(-1), sigma.flip(-1), log_lam
+
+    want, _ = reference(model, img, at(1, 0, flip))
+    with edited(model, [swap]):
+        close(model(img), want)
+
+
+def test_swap_on_a_fixed_field_over_a_square_grid_transposes_token_positions():
+    model = model_for(steer=(), img_size=(20, 20))
+    attn, grid, n = model.blocks[0].attn, (5, 5), 25
+    x = torch.randn(1, n, 12, dtype=torch.float64)
+    t = torch.arange(n).view(5, 5).T.reshape(-1)  # P: token (i, w) ↔ (w, i)
+    perm = torch.eye(n, dtype=torch.float64)[t]
+    a = attn.attention_matrix(x, grid)
+    with edited(model, [{"op": "swap_axes", "layer": 0, "head": 1}]):
+        b = attn.attention_matrix(x, grid)
+    close(b[0, 1], perm @ a[0, 1] @ perm.T)
+    assert torch.equal(b[0, [0, 2]], a[0, [0, 2]])
+
+
+def test_edited_export_maps_equal_the_definition_under_the_edit():
+    model, img = model_for(), images()
+    hd = CFG["dim"] // CFG["num_heads"]
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    sd["blocks.1.attn.out.weight"][:, 0:hd] = 0.0  # head 0 of layer 1 ablated
+    _, mats = vit_forward(img, sd, {**CFG, "attn": "ssog"}, at(2, 1, lambda mu, s, ll: (mu.flip(-1), s.flip(-1), ll)))
+    edits = [{"op": "ablate_head", "layer": 1, "head": 0}, {"op": "swap_axes", "layer": 2, "head": 1}]
+    with edited(model, edits):
+        got = export_maps(model, img, alpha=0.5)
+    kept = [[0, 1, 2], [1, 2], [0, 1, 2]]  # the ablated head contributes no attention to the head mean
+    acc, roll = 0, None
+    for layer, a in enumerate(mats):
+        a_hat = residual_mix(a[:, kept[layer]].mean(1), 0.5)
+        diag = torch.diagonal(a_hat, dim1=-2, dim2=-1)
+        net = a_hat.sum(-2) - diag - (1 - diag)
+        torch.testing.assert_close(got.net[:, layer].double(), net.view(2, *GRID), rtol=1e-5, atol=1e-6)
+        acc = acc + net
+        roll = a_hat if roll is None else a_hat @ roll
+    torch.testing.assert_close(got.accumulated.double(), acc.view(2, *GRID), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got.rollout.double(), roll.mean(-2).view(2, *GRID), rtol=1e-5, atol=1e-6)
+
+
+def test_a_layer_with_every_head_ablated_passes_its_residual_on_in_the_maps():
+    model, img = model_for(), images(1)
+    with edited(model, [{"op": "ablate_head", "layer": 0, "head": h} for h in range(3)]):
+        maps = export_maps(model, img)
+    assert torch.allclose(maps.net[:, 0], torch.zeros_like(maps.net[:, 0]), atol=1e-6)
+
+
+def test_steering_offsets_are_measured_from_the_edited_fixed_field():
+    model, img = model_for(), images(1)
+    with edited(model, [{"op": "close_gate", "layer": 1, "tap": "mu", "head": 0}]):
+        off = steering_offsets(model, img)
+    assert off.dmu[1][..., 0, :, :].abs().max() == 0 and off.dmu[1][..., 1, :, :].abs().max() > 0
+
+
+def _everything(model, img):
+    maps = export_maps(model, img)
+    offsets = steering_offsets(model, img).dmu
+    return [model(img), *attention_maps(model, img).attn, maps.accumulated, maps.rollout, *offsets]
+
+
+def test_edits_never_leak_even_from_eight_concurrent_threads():
+    model, img, src = model_for(), images(2), images(1, seed=9)
+    before = _everything(model, img)
+    edit_sets = [
+        [{"op": "close_gate", "layer": i % 3, "tap": "all"}, {"op": "swap_axes", "layer": 2, "head": i % 3}]
+        + [{"op": "patch_head", "layer": 1, "head": 1, "source": "s", "what": ["output", "steering"][i % 2]}]
+        for i in range(8)
+    ]
+    want_edited = []
+    for edits in edit_sets:
+        with edited(model, edits, {"s": src}):
+            want_edited.append(model(img))
+    with pytest.raises(RuntimeError), edited(model, edit_sets[0], {"s": src}):
+        raise RuntimeError("a failure inside the block")
+    assert all(torch.equal(a, b) for a, b in zip(_everything(model, img), before, strict=True))
+
+    failures: list[str] = []
+    barrier = threading.Barrier(8)
+
+    def client(i: int) -> None:
+        barrier.wait()
+        for _ in range(3):
+            with edited(model, edit_sets[i], {"s": src}):
+                if not torch.equal(model(img), want_edited[i]):
+                    failures.append(f"client {i}: edited result changed")
+            if not all(torch.equal(a, b) for a, b in zip(_everything(model, img), before, strict=True)):
+                failures.append(f"client {i}: an unedited result changed")
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+    assert all(torch.equal(a, b) for a, b in zip(_everything(model, img), before, strict=True))
+    assert all(not p.requires_grad or p.grad is None for p in model.parameters())
+
+
+def test_edits_round_trip_through_json_and_read_as_sentences():
+    model = model_for()
+    spec = spec_from_head(head_field(model.blocks[0].attn, GRID), 1, grid=GRID)
+    edits = parse_edits(
+        [
+            {"op": "close_gate", "layer": 5, "tap": "mu", "head": 0},
+            {"op": "close_gate", "layer": 2},
+            {"op": "ablate_head", "layer": 1, "head": 3, "mode": "dataset_mean"},
+            {"op": "patch_head", "layer": 0, "head": 1, "source": "a" * 64, "what": "steering"},
+            {"op": "drop_atom", "layer": 0, "head": 1, "atom": 2},
+            {"op": "set_head", "layer": 0, "head": 1, "head_spec": spec.to_dict()},
+            {"op": "swap_axes", "layer": 4, "head": 2},
+        ]
+    )
+    assert [edit_from_dict(e.to_dict()) for e in edits] == edits
+    assert describe(edits) == [
+        "layer 5, head 0: μ gate closed",
+        "layer 2: all gates closed",
+        "layer 1, head 3: ablated (dataset mean)",
+        "layer 0, head 1: steering patched from aaaaaaaaaaaa…",
+        "layer 0, head 1: atom 2 dropped",
+        "layer 0, head 1: atoms set by hand (3 atoms)",
+        "layer 4, head 2: mirrored across the diagonal (y ↔ x)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("edits", "message"),
+    [
+        ([{"op": "close_gate", "layer": 3}], "layer 3 does not exist"),
+        ([{"op": "swap_axes", "layer": 0, "head": 3}], "head 3 does not exist"),
+        ([{"op": "rotate", "layer": 0}], "unknown op 'rotate'"),
+        ([{"op": "close_gate", "layer": 0, "tap": "tau"}], "unknown tap 'tau'"),
+        ([{"op": "drop_atom", "layer": 0, "head": float("nan"), "atom": 0}], "head must be a whole number"),
+        ([{"op": "patch_head", "layer": 0, "head": 0, "source": "nowhere.png"}], "'nowhere.png' is not there"),
+        ([{"op": "swap_axes", "layer": 0, "head": 0}] * (MAX_EDITS + 1), f"at most {MAX_EDITS} edits"),
+        ([{"op": "drop_atom", "layer": 0, "head": 0, "atom": a} for a in range(3)], "would have no atom left"),
+        ([{"op": "ablate_head", "layer": 0, "head": 0, "mode": "dataset_mean"}], "needs the head means"),
+        ([{"op": "swap_axes", "layer": 0, "head": 0, "axis": 1}], "has no field 'axis'"),
+    ],
+)
+def test_bad_edits_are_refused_in_words(edits, message):
+    with pytest.raises(EditError, match=message), edited(model_for(), edits):
+        pass
+
+
+def test_field_edits_are_refused_on_dot_and_fixed_models_with_what_works_there():
+    dot_swap = [{"op": "swap_axes", "layer": 0, "head": 0}]
+    with (
+        pytest.raises(EditError, match="only ablate_head and patch_head with what='output'"),
+        edited(model_for(attn="dot"), dot_swap),
+    ):
+        pass
+    with pytest.raises(EditError, match="fixed field"), edited(model_for(steer=()), [{"op": "close_gate", "layer": 0}]):
+        pass
+    dot, img = model_for(attn="dot"), images(1)
+    with edited(dot, [{"op": "patch_head", "layer": 1, "head": 0, "source": "a"}], {"a": img}):
+        close(dot(img), model_for(attn="dot")(img))
+
+
+def test_set_head_refuses_another_tau_a_sigma_below_the_floor_and_a_steered_query():
+    model = model_for()
+    spec = spec_from_head(head_field(model.blocks[0].attn, GRID), 0, grid=GRID)
+    bad_tau = type(spec)(spec.grid, spec.query, spec.tau + 0.5, spec.atoms, spec.mode)
+    thin = spec.with_atom(0, sy=0.1)
+    for edit, message in [
+        (SetHead(0, 0, bad_tau), "τ is per layer"),
+        (SetHead(0, 0, thin), "below the model's floor"),
+        (SetHead(0, 0, spec, steered=True), "steered query"),
+    ]:
+        with pytest.raises(EditError, match=message), edited(model, [edit]):
+            pass
