@@ -88,6 +88,25 @@ def geometry_rows(model: torch.nn.Module) -> list[dict[str, float]]:
     ]
 
 
+def what_it_says(metas: dict, histories: dict, steered: list[dict], fixed: list[dict]) -> str:
+    """The reading, from the numbers above: who leaves chance first, the gaps at matched steps, the geometry."""
+    (s_name, f_name, d_name) = TRIO
+    acc = {n: 100 * metas[n]["accuracy"] for n in TRIO}
+    left = {n: first_step_above(histories[n].val, LEFT_CHANCE) for n in TRIO}
+    strips = sum(r["strips"] for r in steered)
+    return (
+        f"What this says, at this budget ({metas[s_name]['step']:,} steps): the dot twin leaves the chance plateau "
+        f"first (step {left[d_name]}) and ends {acc[d_name] - acc[s_name]:.1f} points ahead of the steered SSOG model "
+        f"— the opposite of the SSOG post's picture, where SSOG leads its matched dot twin; both SSOG models leave "
+        f"chance only after step {min(left[s_name] or 0, left[f_name] or 0):,}, so their numbers are of models "
+        "still learning. Steering helps at matched steps: the steered model is "
+        f"{acc[s_name] - acc[f_name]:+.1f} points from the fixed-field one (the post's ablation: steering closes the "
+        "fixed field's gap), one run each, so the size of that gap is not measured here. The steered model's fields "
+        f"widen with depth but {'no head reads' if strips == 0 else f'{strips} of them read'} as a strip, "
+        "unlike the post's figure of elongated deep heads."
+    )
+
+
 def section(ckpts: Path, docs: Path) -> str:
     models, metas, histories = {}, {}, {}
     for name, file in TRIO.items():
@@ -151,6 +170,8 @@ def section(ckpts: Path, docs: Path) -> str:
         f"Steered model: mean reach per layer moved from {', '.join(f'{v:.2f}' for v in reach0)} (step 0) to "
         f"{', '.join(f'{v:.2f}' for v in reach_end)} (step {h.steps[-1]}); deepest layer / layer 0: "
         f"**{steered[-1]['reach'] / steered[0]['reach']:.2f}×**; smallest gate opening: **×{smallest:,.0f}**.",
+        "",
+        what_it_says(metas, histories, steered, fixed),
         MARKS[1],
     ]
     return "\n".join(lines)
