@@ -31,3 +31,18 @@ class RunsCode:
 
     def __reduce__(self):
         return (Path.touch, (self.marker,))
+
+
+def steered_vit(config: dict, seed: int) -> torch.nn.Module:
+    """A float64 ViT with open gates and active probes (so steering changes the field) and atoms spread out."""
+    from ssog_core import ViT
+
+    torch.manual_seed(seed)
+    model = ViT(**config, cold_init=False).double().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "delta" in name or "lambda_gate" in name:
+                p.normal_(0, 0.4)
+            elif name.endswith(".mu"):
+                p.normal_(0, 1.5)
+    return model

@@ -19,21 +19,14 @@ from ssog_core.analysis.measures import (
 )
 from ssog_core.cli.export_maps import main as export_main
 from tests.dense_oracle import vit_forward
+from tests.helpers import steered_vit
 
 CFG = dict(num_classes=5, img_size=(28, 20), patch_size=4, dim=12, depth=3, num_heads=3, num_atoms=3)
 
 
 def steered_model(**overrides) -> ViT:
     """A float64 model with open gates and active probes, so steering changes the field."""
-    torch.manual_seed(1)
-    model = ViT(**{**CFG, **overrides}, cold_init=False).double().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "delta" in name or "lambda_gate" in name:
-                p.normal_(0, 0.4)
-            elif name.endswith(".mu"):
-                p.normal_(0, 1.5)
-    return model
+    return steered_vit({**CFG, **overrides}, seed=1)
 
 
 @pytest.mark.parametrize("overrides", [{}, {"field": "axial"}, {"attn": "dot"}])

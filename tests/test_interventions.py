@@ -23,6 +23,7 @@ from ssog_core.analysis.interventions import (
 from ssog_core.analysis.measures import attention_maps, export_maps, layer_field, residual_mix, steering_offsets
 from ssog_core.analysis.playground import spec_from_head
 from tests.dense_oracle import vit_forward
+from tests.helpers import steered_vit
 
 CFG = dict(num_classes=5, img_size=(28, 20), patch_size=4, dim=12, depth=3, num_heads=3, num_atoms=3)
 GRID = (7, 5)
@@ -30,15 +31,7 @@ GRID = (7, 5)
 
 def model_for(**overrides) -> ViT:
     """A float64 model with open gates and active probes (steering matters), on a 7×5 grid."""
-    torch.manual_seed(3)
-    model = ViT(**{**CFG, **overrides}, cold_init=False).double().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "delta" in name or "lambda_gate" in name:
-                p.normal_(0, 0.4)
-            elif name.endswith(".mu"):
-                p.normal_(0, 1.5)
-    return model
+    return steered_vit({**CFG, **overrides}, seed=3)
 
 
 def head_field(attn, grid):
