@@ -598,7 +598,8 @@ def session_values(v: dict, **sections: dict) -> dict:
     """What the page's session fields hold, by section (as :func:`app.tabs.session.by_section` hands them over)."""
     base = {"playground": {"head": v, "underlay": False}, "geometry": {"layer": 0},
             "steering": {"layer": 0, "query": None}, "export": {"twin": NO_TWIN, "alpha": 0.5, "layer": 0},
-            "compare": {"a": None, "b": None, "alpha": 0.5, "layer": 0}}  # fmt: skip
+            "compare": {"a": None, "b": None, "alpha": 0.5, "layer": 0},
+            "training": {"snapshot": 0, "checkpoint": None}, "intervene": {"edits": []}}  # fmt: skip
     return {k: {**base[k], **sections.get(k, {})} for k in base}
 
 
@@ -672,17 +673,17 @@ def test_a_tab_the_session_module_does_not_know_records_its_own_section(ctx, sha
     the section as written."""
     level = gr.Slider(0, 1, value=0)
     part = session.SessionPart(
-        "intervene", {"level": level},
+        "lens", {"level": level},
         lambda section, restoring: {level: gr.update(maximum=max(section["level"], 1), value=section["level"])},
         [level],
     )  # fmt: skip
     parts = [*page.session_parts(ctx), part]
-    values = {**session_values(playground.initial_value()), "intervene": {"level": 7}}
+    values = {**session_values(playground.initial_value()), "lens": {"level": 7}}
     s = session.make_session(ctx, parts, "ssog_test.safetensors", sha, values)
     path = tmp_path / "s.json"
     path.write_text(dumps(s))
     restored = session.read_session(path)
-    assert restored.more == {"intervene": {"level": 7}}
+    assert restored.more == {"lens": {"level": 7}}
     out = session.restore_parts(parts, restored, session.Restoring("ssog_test.safetensors", sha))
     assert out[level]["maximum"] == 7 and out[level]["value"] == 7
 

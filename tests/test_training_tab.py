@@ -18,7 +18,7 @@ from tests.app_fixtures import write_checkpoints, write_images
 RUN = [
     *("--data", "shapes:size=16,train=48,val=16,classes=3", "--transfer-sizes", "none", "--epochs", "3"),
     *("--dim", "16", "--depth", "2", "--heads", "2", "--atoms", "2", "--batch-size", "8", "--no-progress"),
-    *("--lr", "0.05", "--field-lr-mult", "10", "--gate-lr-mult", "100"),
+    *("--lr", "0.01", "--field-lr-mult", "20", "--gate-lr-mult", "60"),
 ]  # 18 steps: the gates open and the fields move
 
 

@@ -98,7 +98,9 @@ def make_session(
         "image": {"sha256": sha, "name": name} if sha else None,
     }
     for part in parts:
-        data[part.section] = part.save(values[part.section])
+        saved = part.save(values.get(part.section, {}))
+        if saved or part.section in session.SECTIONS:  # a new tab's section is written only when it holds something
+            data[part.section] = saved
     return Session.from_dict(data)
 
 
