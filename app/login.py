@@ -44,9 +44,10 @@ class LoginPageWithoutApi:
                 start.update(message)
                 return
             if message["type"] != "http.response.body" or not _is_html(start):
-                if start:
-                    await send(start)
+                if start:  # a copy: a middleware further out may keep the start message it was sent
+                    first = dict(start)
                     start.clear()
+                    await send(first)
                 await send(message)
                 return
             body.extend(message.get("body", b""))
