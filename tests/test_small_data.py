@@ -679,3 +679,65 @@ def test_runner_reports_a_failed_training_and_does_not_evaluate(sd, digits_tree,
     assert message == f"{out}: train exited 2 (see {out / 'log.txt'})"
     assert "fewer than one batch" in (out / "log.txt").read_text()
     assert not (out / "eval.json").exists() and json.loads((out / "cpu_s.json").read_text())["train"] > 0
+
+
+def test_sweep_run_trains_with_the_recipe_evaluates_twice_skips_and_resumes(sd, tmp_path, monkeypatch):
+    """The sweep's commands, with a stand-in for the subprocess that leaves the files train and evaluate leave."""
+    calls: list[list[str]] = []
+
+    def fake_cpu_run(cmd: list[str], log: Path) -> tuple[int, float]:
+        calls.append(cmd)
+        out = Path(cmd[cmd.index("--out") + 1]) if "--out" in cmd else None
+        if "ssog_core.train" in cmd:
+            (out / "train_state.pt").write_bytes(b"")
+            if "--stop" not in cmd:
+                (out / "model.safetensors").write_bytes(b"")
+        else:
+            Path(cmd[cmd.index("--json") + 1]).write_text("[]")
+        return 0, 2.5
+
+    monkeypatch.setattr(sd, "_cpu_run", fake_cpu_run)
+    root = tmp_path / "small_data"
+    data = sd.sweep_data(root, 500)
+    (data / "train" / "0").mkdir(parents=True)
+    out = sd.sweep_dir(root, "d64-L4", 500, "dot", 2)
+    assert out == root / "runs" / "sizes" / "d64-L4" / "n500" / "dot-s2"
+
+    assert sd.sweep_run(root, "d64-L4", 500, "dot", 2, 100) == f"{out}: done"
+    train, val, clean = calls
+    assert train[1:3] == ["-m", "ssog_core.train"] and train[-2:] == ["--out", str(out)]
+    args = train[3:-2]
+    assert args[: args.index("--img-size")] == [
+        "--data", f"imagefolder:{data}", "--attn", "dot", "--epochs", "100", "--seed", "2"
+    ]  # fmt: skip
+    pairs = {k: args[args.index(k) + 1] for k in args if k.startswith("--") and k != "--no-progress"}
+    assert {k: pairs[k] for k in ("--img-size", "--patch-size", "--dim", "--depth", "--heads", "--batch-size")} == {
+        "--img-size": "16", "--patch-size": "2", "--dim": "64", "--depth": "4", "--heads": "4", "--batch-size": "64"
+    }  # fmt: skip
+    assert (pairs["--lr"], pairs["--warmup-epochs"], pairs["--augment"], pairs["--crop-pad"]) == (
+        "1e-3",
+        "2",
+        "pad-crop",
+        "2",
+    )
+    model = str(out / "model.safetensors")
+    assert val[1:5] == ["-m", "ssog_core.evaluate", "--checkpoint", model] and "--data" not in val
+    assert val[-2:] == ["--json", str(out / "eval.json")]
+    view = root / "digits16-n500-train-view"
+    assert clean[5:7] == ["--data", f"imagefolder:{view}"] and clean[-2:] == ["--json", str(out / "train_eval.json")]
+    assert (view / "val").resolve() == (data / "train").resolve()
+    assert json.loads((out / "cpu_s.json").read_text()) == {"train": 2.5}
+
+    calls.clear()
+    assert sd.sweep_run(root, "d64-L4", 500, "dot", 2, 100) == f"{out}: done" and calls == []  # finished: skipped
+    (out / "train_eval.json").unlink()
+    assert sd.sweep_run(root, "d64-L4", 500, "dot", 2, 100) == f"{out}: done"
+    assert [c[-1] for c in calls] == [str(out / "train_eval.json")]  # only the missing evaluation
+
+    calls.clear()
+    (out / "model.safetensors").unlink()  # stopped: a train_state.pt and no final model
+    (out / "eval.json").unlink()
+    assert sd.sweep_run(root, "d64-L4", 500, "dot", 2, 100) == f"{out}: done"
+    assert calls[0][3:] == ["--out", str(out), "--resume", "--device", "cpu", "--workers", "0", "--no-progress"]
+    assert [c[-1] for c in calls[1:]] == [str(out / "eval.json")]
+    assert json.loads((out / "cpu_s.json").read_text()) == {"train": 5.0}  # CPU time adds up over the parts
