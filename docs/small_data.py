@@ -646,9 +646,49 @@ def sizes_markdown(cells: list[dict[str, Any]], epochs: int, seeds: list[int]) -
     return "\n".join(lines)
 
 
+def _mean_pts(rows: list[dict[str, Any]], key: str) -> float:
+    return 100 * statistics.mean(r[key] for r in rows)
+
+
+def evidence(cells: list[dict[str, Any]], present: dict[str, Any]) -> list[str]:
+    """The numbers the conclusions rest on, one bullet each: the verdicts, the reviewer's run beside ours, how much
+    each model over-fits (clean train − val), and whether the gap survives matched CPU time and shorter runs."""
+    lines = ["* " + sizes_verdict(cells)]
+    done = [c for c in cells if c["rows"]]
+    s500 = [r for c in done if (c["arch"], c["n"]) == ("d64-L4", 500) for r in c["rows"]]
+    seed0 = [r for r in s500 if r["seed"] == 0]
+    if seed0:
+        r = seed0[0]
+        lines.append(
+            f"* The reviewer's single run (d64, 4 layers, 500 images, seed 0): SSOG {100 * REVIEWER['ssog']:.1f}% vs "
+            f"dot {100 * REVIEWER['dot']:.1f}% ({100 * (REVIEWER['ssog'] - REVIEWER['dot']):+.1f} points). Seed 0 "
+            f"here (our own stratified 500): {100 * r['ssog']:.1f}% vs {100 * r['dot']:.1f}% ({100 * r['gap']:+.1f}); "
+            f"over {len(s500)} seeds {_ms([x['gap'] for x in s500])} points."
+        )
+    if done:
+        fit = "; ".join(
+            f"{_arch_name(c['arch'])}, {c['n']:,}: SSOG {_mean_pts(c['rows'], 'ssog_train'):.1f} − "
+            f"{_mean_pts(c['rows'], 'ssog'):.1f}, dot {_mean_pts(c['rows'], 'dot_train'):.1f} − "
+            f"{_mean_pts(c['rows'], 'dot'):.1f}"
+            for c in done
+        )
+        lines.append(f"* Clean train − val accuracy (%, mean over seeds): {fit}.")
+        cpu = "; ".join(f"{_arch_name(c['arch'])}, {c['n']:,}: {_ms([r['gap_at_matched'] for r in c['rows']])}"
+                        for c in done)  # fmt: skip
+        lines.append(f"* The gap at matched CPU time (points): {cpu}.")
+        early = "; ".join(
+            f"{_arch_name(c['arch'])}, {c['n']:,}: "
+            + " / ".join(_ms([r["at_steps"][i]["gap"] for r in c["rows"]]) for i in range(len(STEP_SHARES)))
+            for c in done
+        )
+        lines.append(f"* The gap at 25 / 50 / 100% of the (matched) steps (points): {early}.")
+    lines.append("* Present configuration: " + _verdict(present))
+    return lines
+
+
 def conclusions(cells: list[dict[str, Any]], present: dict[str, Any]) -> list[str]:
     """The text's reading of the numbers, against the SSOG post's claims; every number in it comes from the runs."""
-    return [sizes_verdict(cells), "", "Present configuration: " + _verdict(present)]
+    return evidence(cells, present)
 
 
 def results_section(cells: list[dict[str, Any]], present: dict[str, Any], seeds: list[int]) -> str:

@@ -481,6 +481,28 @@ def test_sizes_markdown_tables(sd, sweep_root):
     )
 
 
+def test_evidence_reads_the_cells(sd, sweep_root):
+    cells = sd.summarise_sizes(sweep_root, ["d64-L4"], list(sd.SWEEP_SIZES), SEEDS)
+    text = "\n".join(sd.evidence(cells, {"pad-crop": [{"gap": -0.01}, {"gap": 0.03}]}))
+    assert "SSOG is clearly ahead (mean gap above one std, every seed) at d64, 4 layers, 500 images (+8.0 ± 2.0" in text
+    assert "Seed 0 here (our own stratified 500): 80.0% vs 70.0% (+10.0); over 3 seeds 8.0 ± 2.0 points." in text
+    assert "SSOG 85.1% vs dot 70.2% (+14.9 points)" in text
+    fit = (
+        "d64, 4 layers, 250: SSOG 90.0 − 50.0, dot 100.0 − 55.0; d64, 4 layers, 500: SSOG 96.7 − 85.3, dot 99.7 − 77.3."
+    )
+    assert fit in text
+    assert "matched CPU time (points): d64, 4 layers, 250: -5.0; d64, 4 layers, 500: -1.7 ± 16.1." in text
+    assert (
+        "(points): d64, 4 layers, 250: 0.0 / 0.0 / -5.0; d64, 4 layers, 500: 10.0 ± 10.0 / 16.7 ± 11.5 / 8.3 ± 2.9."
+        in (text)
+    )
+    assert (
+        "* Present configuration: Read off the table: `pad-crop`: SSOG ahead by 1.0 points, within one std (2.8)"
+        in text
+    )
+    assert "4 layers, 1,438" not in text  # a cell without runs says nothing
+
+
 def _cell(gaps: list[float], n: int = 500, arch: str = "d64-L4") -> dict:
     """A cell holding only the paired gaps, all the verdict reads."""
     return {"arch": arch, "n": n, "rows": [{"gap": g} for g in gaps]}
