@@ -1,24 +1,33 @@
-"""The SSOG post's small-data claim in miniature: SSOG vs its dot twin on scikit-learn's digits, under two crops.
+"""The SSOG post's small-data claim in miniature: SSOG vs its dot twin on scikit-learn's digits, where it holds.
 
     PYTHONPATH=/path/to/sklearn python docs/small_data.py [--root runs/small_data] [--jobs 2] [--seeds 0 1 2]
-    python docs/small_data.py --report-only          # rebuild the tables from the finished runs
+    python docs/small_data.py --study sizes --sizes 500 250 1438   # only the size sweep, most telling size first
+    python docs/small_data.py --report-only          # rebuild the tables and the plot from the finished runs
     python docs/small_data.py --report-only --docs /tmp/check   # ... written elsewhere (to compare, or in tests)
 
 The SSOG post reports SSOG far ahead of a dot-product ViT at a matched recipe on small data (CIFAR-100 with 500
 images per class: ~70% vs 53%). This script measures the same comparison offline, through the project's own
-``train`` and ``evaluate`` command lines:
+``train`` and ``evaluate`` command lines, in two studies on one fixed stratified 80/20 split of the 1,797 digits:
 
-1. writes scikit-learn's bundled digits (1,797 8×8 images, 10 classes) as an ImageFolder tree of 12×12 PNGs
-   (bilinear upsampling; a fixed stratified 80/20 train/val split) under ``ROOT/digits`` (never committed);
-2. trains both models at one recipe for every seed and crop -- ``pad-crop`` (zero-pad 2 px, random 12×12
-   crop) and ``resized-crop`` (Inception, 25–100% of the area) -- no flip (digits are not mirror-symmetric),
-   two runs at a time under ``nice -n 10`` with one thread each (so it can share a machine with more
-   important work); a run that was stopped resumes (``--resume``), a finished one is skipped;
-3. evaluates every final model with ``python -m ssog_core.evaluate --json`` and writes ``docs/small_data.json``,
-   ``docs/SMALL_DATA.md`` and a short section between the markers in ``docs/RESULTS.md``.
+* the present configuration (``--study crops``): 12×12 PNGs (bilinear), d32, 2 layers, all 1,438 training images,
+  batch 128, under two crops -- ``pad-crop`` (zero-pad 2 px, random crop) and ``resized-crop`` (Inception, 25–100%
+  of the area); its runs are not kept, so a report without them reuses the numbers ``docs/small_data.json`` saved;
+* the size sweep (``--study sizes``): the SSOG post's regime as a reviewer ran it -- 16×16 PNGs (nearest), patch 2,
+  batch 64, lr 1e-3, 2 warm-up epochs, pad-crop 2, 100 epochs -- at d64 / 4 layers (``--archs`` adds d32 / 2
+  layers) on stratified, nested subsets of 250 / 500 / 1,438 training images, scored on the same val images, with
+  the final model's clean train accuracy (its own training images, no augmentation) beside val.
 
-The compute-matched comparison reads each run's per-epoch CPU time (``epoch_cpu_s`` in ``metrics.jsonl``): with
-one thread that is the time the epoch would take on an idle core, whatever else the machine was doing.
+Within a row only ``--attn`` differs, and the same seed gives both models the same data order and crops. No flip
+(digits are not mirror-symmetric). Runs go two at a time under ``nice -n 10`` with one thread each (so the study
+can share a machine with more important work); a stopped run resumes (``--resume``), a finished one is skipped,
+a missing evaluation is redone. Data and runs live under ``--root`` (never committed). The report:
+``docs/SMALL_DATA.md``, ``docs/small_data.json`` (present configuration), ``docs/small_data_sizes.json`` (sweep),
+``docs/small_data_gap.png`` and a short section between the markers in ``docs/RESULTS.md``.
+
+Both runs of a pair make the same optimizer steps (drop_last), so their final gap is at matched steps; the gap is
+also read at 25/50% of the run, and at matched CPU time from each run's per-epoch CPU time (``epoch_cpu_s`` in
+``metrics.jsonl``): with one thread that is the time the epoch would take on an idle core, whatever else the
+machine was doing.
 """
 
 from __future__ import annotations
