@@ -61,6 +61,7 @@ RECIPE = [
     "--batch-size", "128", "--crop-pad", "2", "--device", "cpu", "--workers", "0", "--no-progress",
 ]  # fmt: skip
 RESAMPLE = {"bilinear": Image.Resampling.BILINEAR, "nearest": Image.Resampling.NEAREST}
+NICE = 10  # added niceness of every run (--nice): below the machine's other work unless asked otherwise
 MARK_BEGIN, MARK_END = "<!-- small-data:begin -->", "<!-- small-data:end -->"
 
 
@@ -115,7 +116,7 @@ def _cpu_run(cmd: list[str], log: Path) -> tuple[int, float]:
     """Run ``cmd`` with its output appended to ``log``; exit code and CPU seconds (user + system) it used."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     with log.open("a") as f:
-        p = subprocess.Popen(["nice", "-n", "10", *cmd], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
+        p = subprocess.Popen(["nice", "-n", str(NICE), *cmd], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
         _, status, usage = os.wait4(p.pid, 0)
         p.returncode = os.waitstatus_to_exitcode(status)
     return p.returncode, usage.ru_utime + usage.ru_stime
@@ -806,6 +807,7 @@ def _run_all(jobs: list[tuple[Any, ...]], n_jobs: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global NICE
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", type=Path, default=ROOT / "runs" / "small_data", help="data and run folders")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -816,9 +818,11 @@ def main(argv: list[str] | None = None) -> int:
     order = "the sweep's training-set sizes to train, in this order (default: all)"
     ap.add_argument("--sizes", type=int, nargs="+", default=list(SWEEP_SIZES), choices=SWEEP_SIZES, help=order)
     ap.add_argument("--archs", nargs="+", default=["d64-L4"], choices=list(ARCHS), help="model sizes of the sweep")
+    ap.add_argument("--nice", type=int, default=NICE, help=f"niceness added to every run (default {NICE})")
     ap.add_argument("--report-only", action="store_true", help="only rebuild the tables from finished runs")
     ap.add_argument("--docs", type=Path, default=DOCS, help="where the reports go (default: this checkout's docs/)")
     args = ap.parse_args(argv)
+    NICE = args.nice
     build_sweep_data(args.root, SWEEP_SIZES)
     if not args.report_only:
         jobs: list[tuple[Any, ...]] = []
