@@ -363,6 +363,7 @@ SWEEP_RECIPE = [
     "--transfer-sizes", "none",  # the zero-shot transfer train measures at the end: not read here, and costly
 ]  # fmt: skip
 STEP_SHARES = (0.25, 0.5, 1.0)  # the gap at matched steps is also read at these shares of the run
+CONTROL = (1438, 32)  # all 1,438 images for 32 epochs: 704 steps, about the 700 that 500 images make in 100
 REVIEWER = {"ssog": 0.851, "dot": 0.702}  # the reviewer's single run (500 images, d64-L4, seed 0)
 
 
@@ -432,16 +433,19 @@ def build_sweep_data(root: Path, sizes: tuple[int, ...] | list[int]) -> dict[int
     return out
 
 
-def sweep_dir(root: Path, arch: str, n: int, model: str, seed: int) -> Path:
-    return root / "runs" / "sizes" / arch / f"n{n}" / f"{model}-s{seed}"
+def sweep_dir(root: Path, arch: str, n: int, model: str, seed: int, epochs: int | None = None) -> Path:
+    """A run of the grid (``epochs`` None: the study's epochs) or of the step-matched control (``epochs`` given)."""
+    return root / "runs" / "sizes" / arch / (f"n{n}" if epochs is None else f"n{n}-e{epochs}") / f"{model}-s{seed}"
 
 
-def sweep_run(root: Path, arch: str, n: int, model: str, seed: int, epochs: int) -> str:
-    """One run of the sweep: train (resume, skip), then val accuracy and clean train accuracy of the final model."""
+def sweep_run(root: Path, arch: str, n: int, model: str, seed: int, epochs: int, control: bool = False) -> str:
+    """One run of the sweep: train (resume, skip), then val accuracy and clean train accuracy of the final model.
+    ``control``: a run of the step-matched control, kept apart from the grid's runs (its folder names its epochs)."""
     data = sweep_data(root, n)
     args = ["--data", f"imagefolder:{data}", "--attn", model, "--epochs", str(epochs), "--seed", str(seed)]
     clean = {"eval.json": [], "train_eval.json": ["--data", f"imagefolder:{train_view(data)}"]}
-    return run_then_evaluate(sweep_dir(root, arch, n, model, seed), [*args, *SWEEP_RECIPE, *ARCHS[arch]], clean)
+    out = sweep_dir(root, arch, n, model, seed, epochs if control else None)
+    return run_then_evaluate(out, [*args, *SWEEP_RECIPE, *ARCHS[arch]], clean)
 
 
 def _sweep_result(out: Path) -> dict[str, Any] | None:
@@ -459,43 +463,51 @@ def _at_share(run: dict[str, Any], share: float) -> tuple[int, float]:
 
 
 def summarise_sizes(root: Path, archs: list[str], sizes: list[int], seeds: list[int]) -> list[dict[str, Any]]:
-    """One cell per (model size, training-set size): its seed-paired rows, each with both models' val and clean
-    train accuracy, the gap, the gap at matched CPU time and at STEP_SHARES of the (shared) step count."""
+    """One cell per (model size, training-set size), and one for the step-matched control where it ran: its
+    seed-paired rows, each with both models' val and clean train accuracy, the gap, the gap at matched CPU time
+    and at STEP_SHARES of the (shared) step count."""
     cells = []
-    for arch in archs:
-        for n in sizes:
-            rows = []
-            for s in seeds:
-                a, b = (_sweep_result(sweep_dir(root, arch, n, m, s)) for m in MODELS)
-                if a is None or b is None:
-                    continue
-                if a["steps"] != b["steps"]:
-                    raise ValueError(f"{arch} n{n} seed {s}: the two runs made different steps; not a matched pair")
-                matched = min(a["cpu_s"][-1], b["cpu_s"][-1])
-                at_steps = []
-                for share in STEP_SHARES:
-                    (step, x), (_, y) = _at_share(a, share), _at_share(b, share)
-                    at_steps.append({"share": share, "step": step, "ssog": x, "dot": y, "gap": x - y})
-                rows.append(
-                    {
-                        "seed": s,
-                        "ssog": a["accuracy"],
-                        "dot": b["accuracy"],
-                        "gap": a["accuracy"] - b["accuracy"],
-                        "ssog_train": a["train_accuracy"],
-                        "dot_train": b["train_accuracy"],
-                        "steps": a["steps"][-1],
-                        "matched_cpu_s": matched,
-                        "gap_at_matched": _acc_at(a, matched) - _acc_at(b, matched),
-                        "ssog_cpu_s": a["cpu_s"][-1],
-                        "dot_cpu_s": b["cpu_s"][-1],
-                        "at_steps": at_steps,
-                        "ssog_val_acc": a["val_acc"],
-                        "dot_val_acc": b["val_acc"],
-                    }
-                )
-            cells.append({"arch": arch, "n": n, "rows": rows})
+    grid = [(arch, n, None) for arch in archs for n in sizes]
+    control = [(arch, CONTROL[0], CONTROL[1]) for arch in archs]
+    ran = [c for c in control if sweep_dir(root, c[0], c[1], "ssog", 0, c[2]).parent.is_dir()]
+    for arch, n, epochs in grid + ran:
+        rows = []
+        for s in seeds:
+            a, b = (_sweep_result(sweep_dir(root, arch, n, m, s, epochs)) for m in MODELS)
+            if a is None or b is None:
+                continue
+            if a["steps"] != b["steps"]:
+                raise ValueError(f"{arch} n{n} seed {s}: the two runs made different steps; not a matched pair")
+            matched = min(a["cpu_s"][-1], b["cpu_s"][-1])
+            at_steps = []
+            for share in STEP_SHARES:
+                (step, x), (_, y) = _at_share(a, share), _at_share(b, share)
+                at_steps.append({"share": share, "step": step, "ssog": x, "dot": y, "gap": x - y})
+            rows.append(
+                {
+                    "seed": s,
+                    "ssog": a["accuracy"],
+                    "dot": b["accuracy"],
+                    "gap": a["accuracy"] - b["accuracy"],
+                    "ssog_train": a["train_accuracy"],
+                    "dot_train": b["train_accuracy"],
+                    "steps": a["steps"][-1],
+                    "matched_cpu_s": matched,
+                    "gap_at_matched": _acc_at(a, matched) - _acc_at(b, matched),
+                    "ssog_cpu_s": a["cpu_s"][-1],
+                    "dot_cpu_s": b["cpu_s"][-1],
+                    "at_steps": at_steps,
+                    "ssog_val_acc": a["val_acc"],
+                    "dot_val_acc": b["val_acc"],
+                }
+            )
+        cells.append({"arch": arch, "n": n, "epochs": epochs, "rows": rows})
     return cells
+
+
+def _n(cell: dict[str, Any]) -> str:
+    """The training-set column: the size, and for the step-matched control its epochs."""
+    return f"{cell['n']:,}" + ("" if cell.get("epochs") is None else f" × {cell['epochs']} epochs")
 
 
 def _arch_name(arch: str) -> str:
@@ -518,7 +530,7 @@ def sizes_verdict(cells: list[dict[str, Any]]) -> str:
         if len(rows) < 2:
             continue
         mean, std, ahead = _gap_stats(rows)
-        where = f"{_arch_name(cell['arch'])}, {cell['n']} images ({mean:+.1f} ± {std:.1f}, {ahead}/{len(rows)} seeds)"
+        where = f"{_arch_name(cell['arch'])}, {_n(cell)} images ({mean:+.1f} ± {std:.1f}, {ahead}/{len(rows)} seeds)"
         if mean > std and ahead == len(rows):
             groups["clear"].append(where)
         elif mean < -std and ahead == 0:
@@ -546,11 +558,15 @@ def plot_gap(cells: list[dict[str, Any]], present: dict[str, Any], path: Path) -
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     ax.axhline(0, color="0.6", lw=0.8)
     for arch in dict.fromkeys(c["arch"] for c in cells):
-        done = [c for c in cells if c["arch"] == arch and c["rows"]]
+        done = [c for c in cells if c["arch"] == arch and c["rows"] and c.get("epochs") is None]
         if done:
             stats = [_gap_stats(c["rows"]) for c in done]
             ax.errorbar([c["n"] for c in done], [m for m, _, _ in stats], yerr=[s for _, s, _ in stats], marker="o",
                         capsize=4, label=f"{_arch_name(arch)}, 16×16 nearest, batch 64, pad-crop 2")  # fmt: skip
+    for c in (c for c in cells if c["rows"] and c.get("epochs") is not None):
+        mean, std, _ = _gap_stats(c["rows"])
+        ax.errorbar([c["n"]], [mean], yerr=[std], marker="^", capsize=4, ls="none", color="tab:red",
+                    label=f"{_arch_name(c['arch'])}, {_n(c)} (≈ the steps of 500 × 100)")  # fmt: skip
     rows = present.get("pad-crop", [])
     if rows:
         mean, std, _ = _gap_stats(rows)
@@ -571,7 +587,7 @@ def plot_gap(cells: list[dict[str, Any]], present: dict[str, Any], path: Path) -
 
 def sizes_markdown(cells: list[dict[str, Any]], epochs: int, seeds: list[int]) -> str:
     """The sweep's section of SMALL_DATA.md: the recipe, the cells, the gap at matched steps, the runs per seed."""
-    missing = [f"{_arch_name(c['arch'])} n={c['n']}: {len(c['rows'])}/{len(seeds)} seeds" for c in cells
+    missing = [f"{_arch_name(c['arch'])} n={_n(c)}: {len(c['rows'])}/{len(seeds)} seeds" for c in cells
                if len(c["rows"]) < len(seeds)]  # fmt: skip
     status = (
         "All planned pairs finished."
@@ -609,14 +625,14 @@ def sizes_markdown(cells: list[dict[str, Any]], epochs: int, seeds: list[int]) -
     for c in cells:
         rows, name = c["rows"], _arch_name(c["arch"])
         if not rows:
-            lines.append(f"| {name} | {c['n']:,} | 0 | – | – | – | – | – | – | – |")
+            lines.append(f"| {name} | {_n(c)} | 0 | – | – | – | – | – | – | – |")
             continue
 
         def col(key: str, rows: list[dict[str, Any]] = rows) -> list[float]:
             return [r[key] for r in rows]
 
         lines.append(
-            f"| {name} | {c['n']:,} | {len(rows)} | {_ms(col('ssog'))} | {_ms(col('dot'))} | {_ms(col('gap'))} | "
+            f"| {name} | {_n(c)} | {len(rows)} | {_ms(col('ssog'))} | {_ms(col('dot'))} | {_ms(col('gap'))} | "
             f"{_ms(col('ssog_train'))} | {_ms(col('dot_train'))} | {_ms(col('gap_at_matched'))} | "
             f"{statistics.mean(col('ssog_cpu_s')):.0f}, {statistics.mean(col('dot_cpu_s')):.0f} |"
         )
@@ -636,9 +652,7 @@ def sizes_markdown(cells: list[dict[str, Any]], epochs: int, seeds: list[int]) -
         if c["rows"]:
             steps = [p["step"] for p in c["rows"][0]["at_steps"]]
             gaps = [_ms([r["at_steps"][i]["gap"] for r in c["rows"]]) for i in range(len(STEP_SHARES))]
-            lines.append(
-                f"| {_arch_name(c['arch'])} | {c['n']:,} | {' / '.join(map(str, steps))} | {' | '.join(gaps)} |"
-            )
+            lines.append(f"| {_arch_name(c['arch'])} | {_n(c)} | {' / '.join(map(str, steps))} | {' | '.join(gaps)} |")
     lines += [
         "",
         "Per seed (%):",
@@ -649,7 +663,7 @@ def sizes_markdown(cells: list[dict[str, Any]], epochs: int, seeds: list[int]) -
     for c in cells:
         for r in c["rows"]:
             lines.append(
-                f"| {_arch_name(c['arch'])} | {c['n']:,} | {r['seed']} | {100 * r['ssog']:.1f} | {100 * r['dot']:.1f} "
+                f"| {_arch_name(c['arch'])} | {_n(c)} | {r['seed']} | {100 * r['ssog']:.1f} | {100 * r['dot']:.1f} "
                 f"| {100 * r['gap']:+.1f} | {100 * r['ssog_train']:.1f} | {100 * r['dot_train']:.1f} | "
                 f"{100 * r['gap_at_matched']:+.1f} |"
             )
@@ -677,17 +691,17 @@ def evidence(cells: list[dict[str, Any]], present: dict[str, Any]) -> list[str]:
         )
     if done:
         fit = "; ".join(
-            f"{_arch_name(c['arch'])}, {c['n']:,}: SSOG {_mean_pts(c['rows'], 'ssog_train'):.1f} − "
+            f"{_arch_name(c['arch'])}, {_n(c)}: SSOG {_mean_pts(c['rows'], 'ssog_train'):.1f} − "
             f"{_mean_pts(c['rows'], 'ssog'):.1f}, dot {_mean_pts(c['rows'], 'dot_train'):.1f} − "
             f"{_mean_pts(c['rows'], 'dot'):.1f}"
             for c in done
         )
         lines.append(f"* Clean train − val accuracy (%, mean over seeds): {fit}.")
-        cpu = "; ".join(f"{_arch_name(c['arch'])}, {c['n']:,}: {_ms([r['gap_at_matched'] for r in c['rows']])}"
+        cpu = "; ".join(f"{_arch_name(c['arch'])}, {_n(c)}: {_ms([r['gap_at_matched'] for r in c['rows']])}"
                         for c in done)  # fmt: skip
         lines.append(f"* The gap at matched CPU time (points): {cpu}.")
         early = "; ".join(
-            f"{_arch_name(c['arch'])}, {c['n']:,}: "
+            f"{_arch_name(c['arch'])}, {_n(c)}: "
             + " / ".join(_ms([r["at_steps"][i]["gap"] for r in c["rows"]]) for i in range(len(STEP_SHARES)))
             for c in done
         )
@@ -708,7 +722,7 @@ def results_section(cells: list[dict[str, Any]], present: dict[str, Any], seeds:
         rows = c["rows"]
         if rows:
             lines.append(
-                f"* {_arch_name(c['arch'])}, {c['n']:,} images (16×16, batch 64, pad-crop 2): SSOG "
+                f"* {_arch_name(c['arch'])}, {_n(c)} images (16×16, batch 64, pad-crop 2): SSOG "
                 f"{_ms([r['ssog'] for r in rows])}%, dot {_ms([r['dot'] for r in rows])}%, paired gap "
                 f"{_ms([r['gap'] for r in rows])} points; clean train {_ms([r['ssog_train'] for r in rows])}% vs "
                 f"{_ms([r['dot_train'] for r in rows])}% ({len(rows)} of {len(seeds)} seeds)."
@@ -818,6 +832,8 @@ def main(argv: list[str] | None = None) -> int:
     order = "the sweep's training-set sizes to train, in this order (default: all)"
     ap.add_argument("--sizes", type=int, nargs="+", default=list(SWEEP_SIZES), choices=SWEEP_SIZES, help=order)
     ap.add_argument("--archs", nargs="+", default=["d64-L4"], choices=list(ARCHS), help="model sizes of the sweep")
+    control = f"also the step-matched control: {CONTROL[0]:,} images for {CONTROL[1]} epochs"
+    ap.add_argument("--control", action="store_true", help=control)
     ap.add_argument("--nice", type=int, default=NICE, help=f"niceness added to every run (default {NICE})")
     ap.add_argument("--report-only", action="store_true", help="only rebuild the tables from finished runs")
     ap.add_argument("--docs", type=Path, default=DOCS, help="where the reports go (default: this checkout's docs/)")
@@ -834,6 +850,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.study in ("all", "sizes"):
             jobs += [(sweep_run, args.root, a, n, m, s, args.epochs)
                      for a in args.archs for n in args.sizes for s in args.seeds for m in MODELS]  # fmt: skip
+            if args.control:
+                jobs += [(sweep_run, args.root, a, CONTROL[0], m, s, CONTROL[1], True)
+                         for a in args.archs for s in args.seeds for m in MODELS]  # fmt: skip
         _run_all(jobs, args.jobs)
     write_reports(args.root, args.seeds, args.epochs, args.docs, args.archs)
     print(f"wrote SMALL_DATA.md, small_data_gap.png, the JSON files and the section in RESULTS.md in {args.docs}")

@@ -453,6 +453,20 @@ def test_summarise_sizes_pairs_runs_with_both_evaluations(sd, sweep_root):
         pytest.approx(g) for g in ([0.10, 0.10, 0.10], [0.0, 0.10, 0.05], [0.20, 0.30, 0.10])
     ]
     assert cells[0]["rows"][0]["gap"] == pytest.approx(-0.05) and cells[0]["rows"][0]["steps"] == 12
+    assert [c["epochs"] for c in cells] == [None] * 3  # no control ran
+
+
+def test_the_step_matched_control_is_a_cell_of_its_own(sd, sweep_root):
+    for model, acc in (("ssog", 0.9), ("dot", 0.85)):
+        out = sd.sweep_dir(sweep_root, "d64-L4", 1438, model, 0, 32)
+        assert out.parent.name == "n1438-e32"
+        write_run(out, [0.5, acc], [1.0, 1.0], acc, steps_per_epoch=22, train_accuracy=0.95, size=16)
+    cells = sd.summarise_sizes(sweep_root, ["d64-L4"], list(sd.SWEEP_SIZES), SEEDS)
+    assert [(c["n"], c["epochs"], len(c["rows"])) for c in cells] == [(250, None, 1), (500, None, 3), (1438, None, 0),
+                                                                      (1438, 32, 1)]  # fmt: skip
+    assert cells[3]["rows"][0]["gap"] == pytest.approx(0.05)
+    lines = sd.sizes_markdown(cells, 4, SEEDS).splitlines()
+    assert "| d64, 4 layers | 1,438 × 32 epochs | 1 | 90.0 | 85.0 | 5.0 | 95.0 | 95.0 | 5.0 | 2, 2 |" in lines
 
 
 def test_summarise_sizes_refuses_a_pair_that_made_different_steps(sd, tmp_path):
@@ -476,7 +490,7 @@ def test_sizes_markdown_tables(sd, sweep_root):
     assert "| d64, 4 layers | 500 | 7 / 14 / 28 | 10.0 ± 10.0 | 16.7 ± 11.5 | 8.3 ± 2.9 |" in lines
     assert "| d64, 4 layers | 250 | 3 / 6 / 12 | 0.0 | 0.0 | -5.0 |" in lines
     assert "| d64, 4 layers | 500 | 1 | 86.0 | 80.0 | +6.0 | 97.0 | 99.0 | +5.0 |" in lines
-    assert "**Unfinished or not run:** d64, 4 layers n=250: 1/3 seeds; d64, 4 layers n=1438: 0/3 seeds (" in (
+    assert "**Unfinished or not run:** d64, 4 layers n=250: 1/3 seeds; d64, 4 layers n=1,438: 0/3 seeds (" in (
         "\n".join(lines)
     )
 
@@ -623,12 +637,15 @@ def test_main_runs_the_sweep_in_the_order_asked(sd, tmp_path, monkeypatch):
     """Sizes in the order given (the one that matters most first), seed by seed, both models of a pair together."""
     ran: list[tuple] = []
     monkeypatch.setattr(sd, "build_sweep_data", lambda root, sizes: None)
-    monkeypatch.setattr(sd, "sweep_run", lambda *args: ran.append(args[1:5]) or "done")
+    monkeypatch.setattr(sd, "sweep_run", lambda *args: ran.append(args[1:]) or "done")
     monkeypatch.setattr(sd, "train_and_evaluate", lambda *args: pytest.fail("--study sizes trained the crops"))
     monkeypatch.setattr(sd, "write_reports", lambda *args: None)
     argv = ["--root", str(tmp_path), "--study", "sizes", "--sizes", "500", "250", "--seeds", "0", "1", "--jobs", "1"]
-    assert sd.main(argv) == 0
-    assert ran == [("d64-L4", n, m, s) for n in (500, 250) for s in (0, 1) for m in ("ssog", "dot")]
+    assert sd.main([*argv, "--epochs", "7"]) == 0
+    assert ran == [("d64-L4", n, m, s, 7) for n in (500, 250) for s in (0, 1) for m in ("ssog", "dot")]
+    ran.clear()
+    assert sd.main([*argv, "--control"]) == 0  # the step-matched control after the grid, 32 epochs of 1,438 images
+    assert ran[8:] == [("d64-L4", 1438, m, s, 32, True) for s in (0, 1) for m in ("ssog", "dot")]
 
 
 # ------------------------------------------------------------------------------------------------ the runner
