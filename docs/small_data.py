@@ -710,9 +710,98 @@ def evidence(cells: list[dict[str, Any]], present: dict[str, Any]) -> list[str]:
     return lines
 
 
+UNDER_FIT = 0.9  # a final model below this clean train accuracy has not fitted its own training images
+OVER_FIT = 0.10  # clean train minus val above this: over-fitting
+
+
+def _fit(rows: list[dict[str, Any]], model: str) -> str:
+    """How a model's final fit reads: under-fitting, over-fitting or neither, with its clean train and val."""
+    train, val = (statistics.mean(r[k] for r in rows) for k in (f"{model}_train", model))
+    kind = "under-fits" if train < UNDER_FIT else "over-fits" if train - val > OVER_FIT else "fits and generalises"
+    return f"{kind} (clean train {100 * train:.1f}%, val {100 * val:.1f}%)"
+
+
+def _side(rows: list[dict[str, Any]]) -> str:
+    """clear / within / dot: the verdict rule of ``sizes_verdict`` for one cell."""
+    mean, std, ahead = _gap_stats(rows)
+    return "clear" if mean > std and ahead == len(rows) else "dot" if mean < -std and ahead == 0 else "within"
+
+
+def _against_the_post(grid: list[dict[str, Any]], present: dict[str, Any], gone: list[str]) -> list[str]:
+    """What agrees with the SSOG post's small-data claim and what contradicts it, from the cells read."""
+    lines = []
+    at500 = next((c["rows"] for c in grid if (c["arch"], c["n"]) == ("d64-L4", 500)), [])
+    if at500 and _side(at500) == "clear":
+        cpu = [statistics.mean(r[f"{m}_cpu_s"] for r in at500) for m in MODELS]
+        lines.append(
+            "**What agrees with the SSOG post.** At a matched recipe on few images SSOG is far ahead: "
+            f"{_ms([r['gap'] for r in at500])} points at 500 images, the size of the post's +17 (CIFAR-100, 500 "
+            f"images per class) and of the reviewer's {100 * (REVIEWER['ssog'] - REVIEWER['dot']):+.1f}; it holds "
+            f"at matched CPU time ({_ms([r['gap_at_matched'] for r in at500])}), both models costing about the "
+            f"same here ({cpu[0]:.0f} vs {cpu[1]:.0f} CPU s a run)."
+        )
+    against = []
+    if at500:
+        dot_train = statistics.mean(r["dot_train"] for r in at500)
+        if dot_train < UNDER_FIT:
+            against.append(
+                "the claim is a small-data one (few images, where a model over-fits), but at 500 images the dot twin "
+                f"does not over-fit, it under-fits (clean train {100 * dot_train:.1f}%): in 700 steps it has not "
+                "learnt its own training images, so the gap measures how fast each model fits under a short "
+                "schedule more than how well it generalises"
+            )
+    if gone:
+        against.append(f"the advantage is not the attention's alone: it is gone at {', '.join(gone)}")
+    resized = present.get("resized-crop", [])
+    if len(resized) >= 2 and statistics.mean(r["gap"] for r in resized) < 0:
+        against.append(
+            "under the Inception resized crop (present configuration) the dot twin is ahead by "
+            f"{_ms([-r['gap'] for r in resized])} points: strong augmentation does not hand SSOG a lead"
+        )
+    if against:
+        text = "; ".join(against)
+        lines.append(f"**What contradicts it.** {text[0].upper()}{text[1:]}.")
+    return lines
+
+
+def reading(cells: list[dict[str, Any]], present: dict[str, Any]) -> list[str]:
+    """Where the advantage lives and where it vanishes, why (clean train accuracy), and what that says about the
+    SSOG post's claims. Read off cells with ≥ 2 seeds by the rules above; the sentences change with the numbers."""
+    read = [c for c in cells if len(c["rows"]) >= 2]
+    if not read:
+        return []
+    grid = [c for c in read if c.get("epochs") is None]
+    say = {k: [f"{_n(c)} images ({_ms([r['gap'] for r in c['rows']])})" for c in grid if _side(c["rows"]) == k]
+           for k in ("clear", "within", "dot")}  # fmt: skip
+    lines = []
+    if say["clear"]:
+        lines.append(f"**Where the advantage lives.** SSOG is ahead at every seed, by more than the seed spread, at "
+                     f"{', '.join(say['clear'])} (d64, 4 layers, paired gap in points).")  # fmt: skip
+    gone = say["within"] + say["dot"]
+    crops = [f"`{crop}` {_ms([r['gap'] for r in rows])}" for crop, rows in present.items() if len(rows) >= 2]
+    if gone or crops:
+        at = f"At {', '.join(gone)} (d64, 4 layers)" if gone else ""
+        there = f"in the present configuration (d32, 2 layers, 1,438 images, 12×12, batch 128: {', '.join(crops)})"
+        where = f"{at}, and {there}" if gone and crops else at or there[0].upper() + there[1:]
+        lines.append(f"**Where it vanishes.** {where}: the gap is within the seed spread or the dot twin leads.")
+    fits = "; ".join(f"{_n(c)} images: SSOG {_fit(c['rows'], 'ssog')}, dot {_fit(c['rows'], 'dot')}" for c in read)
+    rule = f"under-fitting: below {100 * UNDER_FIT:.0f}% on its own training images; over-fitting: more than "
+    lines.append(f"**Why, read off clean train accuracy** ({rule}{100 * OVER_FIT:.0f} points above val): {fits}.")
+    lines += _against_the_post(grid, present, gone)
+    ctrl = [c for c in read if c.get("epochs") is not None]
+    if ctrl:
+        c = ctrl[0]
+        lines.append(f"**Data or steps?** With a fixed 100 epochs, fewer images also means fewer steps (250: 300, "
+                     f"500: 700, 1,438: 2,200). The control trains on all 1,438 images for {c['epochs']} epochs "
+                     f"({c['rows'][0]['steps']} steps, about the 500-image runs' 700): gap "
+                     f"{_ms([r['gap'] for r in c['rows']])} points over {len(c['rows'])} seeds.")  # fmt: skip
+    return lines
+
+
 def conclusions(cells: list[dict[str, Any]], present: dict[str, Any]) -> list[str]:
-    """The text's reading of the numbers, against the SSOG post's claims; every number in it comes from the runs."""
-    return evidence(cells, present)
+    """The text's reading of the numbers, then the numbers it rests on; every number in it comes from the runs."""
+    text = reading(cells, present)
+    return [*(line for t in text for line in (t, "")), "The numbers behind it:", "", *evidence(cells, present)]
 
 
 def results_section(cells: list[dict[str, Any]], present: dict[str, Any], seeds: list[int]) -> str:
