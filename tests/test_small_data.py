@@ -517,6 +517,28 @@ def test_evidence_reads_the_cells(sd, sweep_root):
     assert "4 layers, 1,438" not in text  # a cell without runs says nothing
 
 
+def test_reading_says_where_the_advantage_lives_and_why(sd, sweep_root):
+    cells = sd.summarise_sizes(sweep_root, ["d64-L4"], list(sd.SWEEP_SIZES), SEEDS)
+    present = {"pad-crop": [{"gap": -0.01}, {"gap": 0.03}], "resized-crop": [{"gap": -0.03}, {"gap": -0.01}]}
+    text = "\n".join(sd.reading(cells, present))
+    assert "SSOG is ahead at every seed, by more than the seed spread, at 500 images (8.0 ± 2.0) (d64" in text
+    vanish = "**Where it vanishes.** In the present configuration (d32, 2 layers, 1,438 images, 12×12, batch 128: "
+    assert vanish + "`pad-crop` 1.0 ± 2.8, `resized-crop` -2.0 ± 1.4): the gap is within" in text
+    assert "250 images" not in text  # one seed: not read
+    # clean train − val: SSOG 96.7 − 85.3 = 11.4, dot 99.7 − 77.3 = 22.4 points: both above 10, both over-fit
+    assert "500 images: SSOG over-fits (clean train 96.7%, val 85.3%), dot over-fits (clean train 99.7%" in text
+    assert "far ahead: 8.0 ± 2.0 points at 500 images" in text and "matched CPU time (-1.7 ± 16.1)" in text
+    assert "(40 vs 33 CPU s a run)" in text and "under-fits" not in text
+    contra = "**What contradicts it.** Under the Inception resized crop (present configuration) the dot twin is "
+    assert contra + "ahead by 2.0 ± 1.4 points" in text
+    for r in cells[1]["rows"]:
+        r["dot_train"] = 0.70  # a dot twin that has not fitted its own training images
+    text = "\n".join(sd.reading(cells, {}))
+    assert "dot under-fits (clean train 70.0%, val 77.3%)" in text and "it under-fits (clean train 70.0%)" in text
+    assert "Where it vanishes" not in text and "resized crop" not in text
+    assert sd.reading([c for c in cells if c["n"] != 500], present) == []  # nothing with two seeds: nothing read
+
+
 def _cell(gaps: list[float], n: int = 500, arch: str = "d64-L4") -> dict:
     """A cell holding only the paired gaps, all the verdict reads."""
     return {"arch": arch, "n": n, "rows": [{"gap": g} for g in gaps]}
