@@ -363,6 +363,7 @@ SWEEP_RECIPE = [
     "--transfer-sizes", "none",  # the zero-shot transfer train measures at the end: not read here, and costly
 ]  # fmt: skip
 STEP_SHARES = (0.25, 0.5, 1.0)  # the gap at matched steps is also read at these shares of the run
+STEP_MARK = 700  # ... and at the epoch ending nearest this step: all 500-image runs make, in every longer run
 CONTROL = (1438, 32)  # all 1,438 images for 32 epochs: 704 steps, about the 700 that 500 images make in 100
 REVIEWER = {"ssog": 0.851, "dot": 0.702}  # the reviewer's single run (500 images, d64-L4, seed 0)
 
@@ -462,6 +463,15 @@ def _at_share(run: dict[str, Any], share: float) -> tuple[int, float]:
     return run["steps"][e], run["val_acc"][e]
 
 
+def _at_mark(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
+    """The gap after the epoch ending nearest STEP_MARK (None when the run is shorter): the same number of steps
+    across training-set sizes, though a longer run's learning rate has not decayed there yet."""
+    if a["steps"][-1] < STEP_MARK:
+        return None
+    e = min(range(len(a["steps"])), key=lambda i: abs(a["steps"][i] - STEP_MARK))
+    return {"step": a["steps"][e], "gap": a["val_acc"][e] - b["val_acc"][e]}
+
+
 def summarise_sizes(root: Path, archs: list[str], sizes: list[int], seeds: list[int]) -> list[dict[str, Any]]:
     """One cell per (model size, training-set size), and one for the step-matched control where it ran: its
     seed-paired rows, each with both models' val and clean train accuracy, the gap, the gap at matched CPU time
@@ -497,6 +507,7 @@ def summarise_sizes(root: Path, archs: list[str], sizes: list[int], seeds: list[
                     "ssog_cpu_s": a["cpu_s"][-1],
                     "dot_cpu_s": b["cpu_s"][-1],
                     "at_steps": at_steps,
+                    "at_mark": _at_mark(a, b),
                     "ssog_val_acc": a["val_acc"],
                     "dot_val_acc": b["val_acc"],
                 }
@@ -644,16 +655,21 @@ def sizes_markdown(cells: list[dict[str, Any]], epochs: int, seeds: list[int]) -
         "",
         "The gap during the run, at matched steps (val accuracy after the epoch ending 25%, 50% and 100% of the way "
         "through; from `metrics.jsonl`, so the 100% column is the last epoch's evaluation, which `evaluate` repeats "
-        "above):",
+        f"above), and after the epoch ending nearest step {STEP_MARK} (the 500-image runs' length) in every run that "
+        "long: the same steps across sizes, though a 1,438-image run's learning rate is still high there:",
         "",
-        f"| model | train images | steps | {shares} |",
-        "|---|---:|---:|" + "---:|" * len(STEP_SHARES),
+        f"| model | train images | steps | {shares} | gap at ≈ {STEP_MARK} steps |",
+        "|---|---:|---:|" + "---:|" * (len(STEP_SHARES) + 1),
     ]
     for c in cells:
         if c["rows"]:
             steps = [p["step"] for p in c["rows"][0]["at_steps"]]
             gaps = [_ms([r["at_steps"][i]["gap"] for r in c["rows"]]) for i in range(len(STEP_SHARES))]
-            lines.append(f"| {_arch_name(c['arch'])} | {_n(c)} | {' / '.join(map(str, steps))} | {' | '.join(gaps)} |")
+            marks = [r["at_mark"] for r in c["rows"] if r.get("at_mark")]
+            mark = f"{_ms([m['gap'] for m in marks])} (step {marks[0]['step']})" if marks else "–"
+            lines.append(
+                f"| {_arch_name(c['arch'])} | {_n(c)} | {' / '.join(map(str, steps))} | {' | '.join(gaps)} | {mark} |"
+            )
     lines += [
         "",
         "Per seed (%):",

@@ -487,8 +487,8 @@ def test_sizes_markdown_tables(sd, sweep_root):
     assert "| d64, 4 layers | 250 | 1 | 50.0 | 55.0 | -5.0 | 90.0 | 100.0 | -5.0 | 20, 20 |" in lines
     assert "| d64, 4 layers | 1,438 | 0 | – | – | – | – | – | – | – |" in lines
     # at matched steps: 25% gaps 10, 0, 20; 50% 10, 10, 30; 100% 10, 5, 10
-    assert "| d64, 4 layers | 500 | 7 / 14 / 28 | 10.0 ± 10.0 | 16.7 ± 11.5 | 8.3 ± 2.9 |" in lines
-    assert "| d64, 4 layers | 250 | 3 / 6 / 12 | 0.0 | 0.0 | -5.0 |" in lines
+    assert "| d64, 4 layers | 500 | 7 / 14 / 28 | 10.0 ± 10.0 | 16.7 ± 11.5 | 8.3 ± 2.9 | – |" in lines
+    assert "| d64, 4 layers | 250 | 3 / 6 / 12 | 0.0 | 0.0 | -5.0 | – |" in lines
     assert "| d64, 4 layers | 500 | 1 | 86.0 | 80.0 | +6.0 | 97.0 | 99.0 | +5.0 |" in lines
     assert "**Unfinished or not run:** d64, 4 layers n=250: 1/3 seeds; d64, 4 layers n=1,438: 0/3 seeds (" in (
         "\n".join(lines)
@@ -537,6 +537,14 @@ def test_reading_says_where_the_advantage_lives_and_why(sd, sweep_root):
     assert "dot under-fits (clean train 70.0%, val 77.3%)" in text and "it under-fits (clean train 70.0%)" in text
     assert "Where it vanishes" not in text and "resized crop" not in text
     assert sd.reading([c for c in cells if c["n"] != 500], present) == []  # nothing with two seeds: nothing read
+
+
+def test_the_gap_at_the_step_mark(sd):
+    a = {"steps": [300, 600, 900], "val_acc": [0.1, 0.5, 0.8]}
+    b = {"steps": [300, 600, 900], "val_acc": [0.1, 0.4, 0.6]}
+    assert sd.STEP_MARK == 700
+    assert sd._at_mark(a, b) == {"step": 600, "gap": pytest.approx(0.1)}  # 600 is nearer 700 than 900
+    assert sd._at_mark({"steps": [300, 699], "val_acc": [0.1, 0.2]}, b) is None  # the run never got there
 
 
 def _cell(gaps: list[float], n: int = 500, arch: str = "d64-L4") -> dict:
