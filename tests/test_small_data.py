@@ -467,6 +467,13 @@ def test_the_step_matched_control_is_a_cell_of_its_own(sd, sweep_root):
     assert cells[3]["rows"][0]["gap"] == pytest.approx(0.05)
     lines = sd.sizes_markdown(cells, 4, SEEDS).splitlines()
     assert "| d64, 4 layers | 1,438 × 32 epochs | 1 | 90.0 | 85.0 | 5.0 | 95.0 | 95.0 | 5.0 | 2, 2 |" in lines
+    (text,) = sd._data_or_steps(cells)
+    assert text.startswith(
+        "**Data or steps?** With a fixed 100 epochs fewer images also means fewer steps (250: 12, 500: 28)."
+    )
+    assert "At 500 images the final gap (28 steps) is 8.0 ± 2.0." in text
+    assert text.endswith("The control, all 1,438 images for 32 epochs (44 steps, a full schedule): 5.0 (1 seed).")
+    assert sd._data_or_steps([c for c in cells if c["epochs"] is None]) == []  # no control, no 1,438 run that long
 
 
 def test_summarise_sizes_refuses_a_pair_that_made_different_steps(sd, tmp_path):
