@@ -867,7 +867,8 @@ def results_section(cells: list[dict[str, Any]], present: dict[str, Any], seeds:
             )
     lines += [
         "",
-        *conclusions(cells, present),
+        *(line for t in reading(cells, present) for line in (t, "")),
+        "Present configuration, per crop: " + _verdict(present),
         "",
         "Recipes, plot, per-seed numbers, clean train accuracy and the gaps at matched steps and CPU time: "
         "[SMALL_DATA.md](SMALL_DATA.md).",
