@@ -554,6 +554,27 @@ def test_the_gap_at_the_step_mark(sd):
     assert sd._at_mark({"steps": [300, 699], "val_acc": [0.1, 0.2]}, b) is None  # the run never got there
 
 
+def test_the_gap_read_against_size_and_steps(sd):
+    def row(gap: float, steps: int, mark: float | None = None) -> dict:
+        return {"gap": gap, "steps": steps, "at_mark": None if mark is None else {"step": 704, "gap": mark}}
+
+    full = {"arch": "d64-L4", "n": 1438, "epochs": None, "rows": [row(0.10, 2200, 0.17), row(0.12, 2200, 0.19)]}
+    at500 = {"arch": "d64-L4", "n": 500, "epochs": None, "rows": [row(0.18, 700, 0.18), row(0.20, 700, 0.20)]}
+    present = {"pad-crop": [{"gap": -0.01}, {"gap": 0.01}]}
+    (text,) = sd._against_the_post([full], present, [])
+    assert (
+        "on all 1,438 images d64 / 4 layers still leads by 11.0 ± 1.4 points, while the present configuration" in text
+    )
+    assert "shows 0.0 ± 1.4; which of those differences removes it is not separated here." in text
+    assert sd._against_the_post([full], {"pad-crop": [{"gap": 0.10}, {"gap": 0.12}]}, []) == []  # both clear
+    (steps,) = sd._data_or_steps([at500, full])
+    assert "fewer steps (500: 700, 1,438: 2,200). At 500 images the final gap (700 steps) is 19.0 ± 1.4." in steps
+    assert "after the epoch ending at step 704 (their learning rate still high), stand at 18.0 ± 1.4 (2 seeds)" in steps
+    assert steps.endswith("more than how many images there are.")  # 18 vs 19 at ~700 steps; 11 at the end
+    full["rows"] = [row(0.10, 2200, 0.05), row(0.12, 2200, 0.07)]  # at ~700 steps far below the 500-image gap
+    assert "Read together" not in sd._data_or_steps([at500, full])[0]
+
+
 def _cell(gaps: list[float], n: int = 500, arch: str = "d64-L4") -> dict:
     """A cell holding only the paired gaps, all the verdict reads."""
     return {"arch": arch, "n": n, "rows": [{"gap": g} for g in gaps]}
