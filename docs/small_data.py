@@ -757,6 +757,9 @@ def _against_the_post(grid: list[dict[str, Any]], present: dict[str, Any], gone:
             f"at matched CPU time ({_ms([r['gap_at_matched'] for r in at500])}), both models costing about the "
             f"same here ({cpu[0]:.0f} vs {cpu[1]:.0f} CPU s a run)."
         )
+        full = next((c["rows"] for c in grid if (c["arch"], c["n"]) == ("d64-L4", 1438)), [])
+        if full and _side(full) == "clear":
+            lines[-1] += f" It persists, smaller, with all 1,438 images ({_ms([r['gap'] for r in full])} points)."
     against = []
     if at500:
         dot_train = statistics.mean(r["dot_train"] for r in at500)
@@ -785,8 +788,7 @@ def _against_the_post(grid: list[dict[str, Any]], present: dict[str, Any], gone:
             f"{_ms([-r['gap'] for r in resized])} points: strong augmentation does not hand SSOG a lead"
         )
     if against:
-        text = "; ".join(against)
-        lines.append(f"**What contradicts it.** {text[0].upper()}{text[1:]}.")
+        lines.append("**What contradicts it.**\n\n" + "\n".join(f"* {t[0].upper()}{t[1:]}." for t in against))
     return lines
 
 

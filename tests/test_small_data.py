@@ -536,7 +536,7 @@ def test_reading_says_where_the_advantage_lives_and_why(sd, sweep_root):
     assert "500 images: SSOG over-fits (clean train 96.7%, val 85.3%), dot over-fits (clean train 99.7%" in text
     assert "far ahead: 8.0 ± 2.0 points at 500 images" in text and "matched CPU time (-1.7 ± 16.1)" in text
     assert "(40 vs 33 CPU s a run)" in text and "under-fits" not in text
-    contra = "**What contradicts it.** Under the Inception resized crop (present configuration) the dot twin is "
+    contra = "**What contradicts it.**\n\n* Under the Inception resized crop (present configuration) the dot twin is "
     assert contra + "ahead by 2.0 ± 1.4 points" in text
     for r in cells[1]["rows"]:
         r["dot_train"] = 0.70  # a dot twin that has not fitted its own training images
