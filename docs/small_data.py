@@ -521,6 +521,11 @@ def _n(cell: dict[str, Any]) -> str:
     return f"{cell['n']:,}" + ("" if cell.get("epochs") is None else f" × {cell['epochs']} epochs")
 
 
+def _imgs(cell: dict[str, Any]) -> str:
+    """The training set in a sentence: "500 images", "1,438 images × 32 epochs"."""
+    return f"{cell['n']:,} images" + ("" if cell.get("epochs") is None else f" × {cell['epochs']} epochs")
+
+
 def _arch_name(arch: str) -> str:
     dim, depth = arch.split("-")
     return f"{dim}, {depth[1:]} layers"
@@ -541,7 +546,7 @@ def sizes_verdict(cells: list[dict[str, Any]]) -> str:
         if len(rows) < 2:
             continue
         mean, std, ahead = _gap_stats(rows)
-        where = f"{_arch_name(cell['arch'])}, {_n(cell)} images ({mean:+.1f} ± {std:.1f}, {ahead}/{len(rows)} seeds)"
+        where = f"{_arch_name(cell['arch'])}, {_imgs(cell)} ({mean:+.1f} ± {std:.1f}, {ahead}/{len(rows)} seeds)"
         if mean > std and ahead == len(rows):
             groups["clear"].append(where)
         elif mean < -std and ahead == 0:
@@ -840,7 +845,7 @@ def reading(cells: list[dict[str, Any]], present: dict[str, Any]) -> list[str]:
     if not read:
         return []
     grid = [c for c in read if c.get("epochs") is None]
-    say = {k: [f"{_n(c)} images ({_ms([r['gap'] for r in c['rows']])})" for c in grid if _side(c["rows"]) == k]
+    say = {k: [f"{_imgs(c)} ({_ms([r['gap'] for r in c['rows']])})" for c in grid if _side(c["rows"]) == k]
            for k in ("clear", "within", "dot")}  # fmt: skip
     lines = []
     if say["clear"]:
@@ -853,7 +858,7 @@ def reading(cells: list[dict[str, Any]], present: dict[str, Any]) -> list[str]:
         there = f"in the present configuration (d32, 2 layers, 1,438 images, 12×12, batch 128: {', '.join(crops)})"
         where = f"{at}, and {there}" if gone and crops else at or there[0].upper() + there[1:]
         lines.append(f"**Where it vanishes.** {where}: the gap is within the seed spread or the dot twin leads.")
-    fits = "; ".join(f"{_n(c)} images: SSOG {_fit(c['rows'], 'ssog')}, dot {_fit(c['rows'], 'dot')}" for c in read)
+    fits = "; ".join(f"{_imgs(c)}: SSOG {_fit(c['rows'], 'ssog')}, dot {_fit(c['rows'], 'dot')}" for c in read)
     rule = f"under-fitting: below {100 * UNDER_FIT:.0f}% on its own training images; over-fitting: more than "
     lines.append(f"**Why, read off clean train accuracy** ({rule}{100 * OVER_FIT:.0f} points above val): {fits}.")
     lines += _against_the_post(grid, present, gone)
@@ -874,7 +879,7 @@ def results_section(cells: list[dict[str, Any]], present: dict[str, Any], seeds:
         rows = c["rows"]
         if rows:
             lines.append(
-                f"* {_arch_name(c['arch'])}, {_n(c)} images (16×16, batch 64, pad-crop 2): SSOG "
+                f"* {_arch_name(c['arch'])}, {_imgs(c)} (16×16, batch 64, pad-crop 2): SSOG "
                 f"{_ms([r['ssog'] for r in rows])}%, dot {_ms([r['dot'] for r in rows])}%, paired gap "
                 f"{_ms([r['gap'] for r in rows])} points; clean train {_ms([r['ssog_train'] for r in rows])}% vs "
                 f"{_ms([r['dot_train'] for r in rows])}% ({len(rows)} of {len(seeds)} seeds)."
