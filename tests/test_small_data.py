@@ -1,7 +1,9 @@
-"""The small-data study (``docs/small_data.py``): the digits tree it trains on, the report it reads off finished runs
-(accuracies, paired gaps, the gap at matched CPU time, the verdict, the section in RESULTS.md), and its runner's
-resume/skip logic on a one-epoch run. The report tests use fake finished runs whose files have the formats ``train``
-and ``evaluate --json`` write, with numbers chosen so every expected value below can be worked out by hand."""
+"""The small-data study (``docs/small_data.py``): the digits trees it trains on (the present configuration's, the
+size sweep's 16×16 tree and its stratified subsets), the report it reads off finished runs (accuracies, paired
+gaps, clean train accuracy, the gaps at matched steps and CPU time, the verdicts, the plot, the section in
+RESULTS.md), and its runner's resume/skip logic on a one-epoch run. The report tests use fake finished runs whose
+files have the formats ``train`` and ``evaluate --json`` write, with numbers chosen so every expected value below can
+be worked out by hand."""
 
 from __future__ import annotations
 
@@ -108,6 +110,88 @@ def test_build_digits_refuses_a_folder_holding_another_version(sd, tmp_path, man
     assert sorted(p.name for p in folder.rglob("*")) == sorted(["train", "0"] + (["manifest.json"] if manifest else []))
 
 
+@pytest.fixture(scope="module")
+def sweep_tree(sd, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("sweep") / "digits16"
+    assert sd.build_digits(folder, 16, "nearest") == {**MANIFEST, "size": 16, "resample": "nearest"}
+    return folder
+
+
+def test_sweep_tree_is_the_same_split_nearest_upsampled(sd, sweep_tree, digits_tree):
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    assert _indices(sweep_tree, "train") == _indices(digits_tree, "train")
+    assert _indices(sweep_tree, "val") == _indices(digits_tree, "val")
+    val_indices = sorted(i for idx in _indices(sweep_tree, "val").values() for i in idx)
+    assert hashlib.sha256(json.dumps(val_indices).encode()).hexdigest() == VAL_SPLIT_SHA256
+    for path in sweep_tree.rglob("*.png"):
+        with Image.open(path) as im:
+            assert (im.mode, im.size) == ("L", (16, 16))
+            pixels = np.asarray(im)
+        source = np.round(digits.images[int(path.stem)] * (255 / 16)).astype(np.uint8)
+        np.testing.assert_array_equal(pixels, np.kron(source, np.ones((2, 2), np.uint8)), err_msg=str(path))
+
+
+def test_a_tree_of_another_resampling_is_refused(sd, sweep_tree, tmp_path):
+    shutil.copytree(sweep_tree, tmp_path / "d")
+    with pytest.raises(SystemExit, match="another version"):
+        sd.build_digits(tmp_path / "d", 16, "bilinear")
+
+
+@pytest.mark.parametrize(
+    ("per_class", "n", "want"),
+    [
+        ({0: 5, 1: 3, 2: 2}, 5, {0: 3, 1: 1, 2: 1}),  # 2.5, 1.5, 1.0: one image left over, the tie to digit 0
+        ({0: 5, 1: 3, 2: 2}, 10, {0: 5, 1: 3, 2: 2}),
+        ({0: 4, 1: 4, 2: 4}, 2, {0: 1, 1: 1, 2: 0}),
+        ({0: 1, 1: 9}, 5, {0: 1, 1: 4}),  # 0.5 and 4.5: equal remainders, the leftover image to digit 0
+    ],
+)
+def test_stratified_counts(sd, per_class, n, want):
+    assert sd.stratified_counts(per_class, n) == want
+
+
+@pytest.mark.parametrize("n", [0, 11])
+def test_stratified_counts_refuses_an_impossible_size(sd, n):
+    with pytest.raises(ValueError, match="subset"):
+        sd.stratified_counts({0: 5, 1: 5}, n)
+
+
+def test_subsets_are_stratified_nested_copies_and_share_the_val_split(sd, sweep_tree, tmp_path):
+    full_train = _indices(sweep_tree, "train")
+    subsets = {}
+    for n in (250, 500, 1438):
+        folder = tmp_path / f"n{n}"
+        assert sd.build_subset(sweep_tree, folder, n) == {
+            "train": n, "val": 359, "size": 16, "resample": "nearest", "subset_of": "digits16"
+        }  # fmt: skip
+        subsets[n] = _indices(folder, "train")
+        counts = {c: len(idx) for c, idx in subsets[n].items()}
+        assert counts == sd.stratified_counts({c: len(idx) for c, idx in full_train.items()}, n)
+        assert all(abs(counts[c] - n * len(full_train[c]) / 1438) < 1 for c in counts)
+        assert _indices(folder, "val") == _indices(sweep_tree, "val")
+        for path in folder.rglob("*.png"):
+            assert path.read_bytes() == (sweep_tree / path.relative_to(folder)).read_bytes()
+    assert subsets[1438] == full_train
+    for small, large in ((250, 500), (500, 1438)):
+        assert all(set(subsets[small][c]) <= set(subsets[large][c]) for c in range(10)), (small, large)
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "n250").rglob("*")}
+    assert sd.build_subset(sweep_tree, tmp_path / "n250", 250)["train"] == 250
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "n250").rglob("*")} == before
+    with pytest.raises(SystemExit, match="another version"):
+        sd.build_subset(sweep_tree, tmp_path / "n250", 500)
+
+
+def test_train_view_scores_a_subset_on_its_own_training_images(sd, sweep_tree, tmp_path):
+    folder = tmp_path / "digits16-n250"
+    sd.build_subset(sweep_tree, folder, 250)
+    view = sd.train_view(folder)
+    assert view == tmp_path / "digits16-n250-train-view" and sd.train_view(folder) == view  # idempotent
+    assert _indices(view, "val") == _indices(view, "train") == _indices(folder, "train")
+    assert (view / "val").resolve() == (folder / "train").resolve() and not Path.readlink(view / "val").is_absolute()
+
+
 # ------------------------------------------------------------------------------------------------ fake runs
 
 
@@ -118,14 +202,18 @@ def write_run(
     accuracy: float | None,
     transfer: list[float] | None = None,
     epoch_time_s: float = 3.0,
+    steps_per_epoch: int = 11,
+    train_accuracy: float | None = None,
+    size: int = 12,
 ) -> None:
     """The files a run leaves: ``metrics.jsonl`` as ``train`` logs it, ``cpu_s.json`` from the runner, the final
     model's ``model.transfer.json`` (``transfer``: accuracy at each of SIZES) and ``eval.json`` as
-    ``evaluate --json`` writes it at the training size (``accuracy`` None: an unfinished run, no eval.json)."""
+    ``evaluate --json`` writes it at the training size (``accuracy`` None: an unfinished run, no eval.json), and
+    for the sweep ``train_eval.json``, the same on the run's own training images (``train_accuracy``)."""
     out.mkdir(parents=True)
     rows = [
-        {"epoch": e + 1, "step": 11 * (e + 1), "lr": 1e-3, "train_loss": 1.0, "train_acc": 0.5, "val_loss": 1.0,
-         "val_acc": acc, "epoch_time_s": epoch_time_s, "epoch_cpu_s": cpu, "img_per_s": 800.0}
+        {"epoch": e + 1, "step": steps_per_epoch * (e + 1), "lr": 1e-3, "train_loss": 1.0, "train_acc": 0.5,
+         "val_loss": 1.0, "val_acc": acc, "epoch_time_s": epoch_time_s, "epoch_cpu_s": cpu, "img_per_s": 800.0}
         for e, (acc, cpu) in enumerate(zip(val_acc, epoch_cpu_s, strict=True))
     ]  # fmt: skip
     (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -138,8 +226,10 @@ def write_run(
         (out / "model.transfer.json").write_text(json.dumps(transfer_curve(curve), indent=1))
     if accuracy is not None:
         (out / "model.safetensors").write_bytes(b"")
-        at_training_size = [{"size": (12, 12), "grid": (6, 6), "accuracy": accuracy}]
-        (out / "eval.json").write_text(json.dumps(transfer_curve(at_training_size), indent=1))
+        for name, acc in (("eval.json", accuracy), ("train_eval.json", train_accuracy)):
+            if acc is not None:
+                at_training_size = [{"size": (size, size), "grid": (size // 2, size // 2), "accuracy": acc}]
+                (out / name).write_text(json.dumps(transfer_curve(at_training_size), indent=1))
 
 
 # (crop, model, seed): val_acc per epoch, epoch_cpu_s per epoch, final accuracy (eval.json), transfer curve.
@@ -260,25 +350,22 @@ def test_markdown_and_section_with_one_seed_and_an_empty_crop(sd, tmp_path):
     assert "| `pad-crop` | 1 | 90.0 | 85.0 | 5.0 | -4.0 | 80, 60 |" in text.splitlines()  # one seed: no ± std
     assert "| `resized-crop` | 0 | – | – | – | – | – |" in text.splitlines()
     assert "**Unfinished:** `resized-crop` seed 0 (" in text
-    section = sd.results_section(table, [0])
-    assert "* `pad-crop`: SSOG 90.0%, dot 85.0%, paired gap 5.0 points (1 of 1 seeds finished)." in section
+    section = sd.results_section([], table, [0])
+    assert "`pad-crop`: SSOG 90.0%, dot 85.0%, paired gap 5.0 points (1 seed)." in section
     assert "`resized-crop`" not in section and "Too few finished seeds for a verdict." in section
 
 
 def test_results_section_and_verdict(sd, fake_root):
-    section = sd.results_section(sd.summarise(fake_root, SEEDS), SEEDS)
+    section = sd.results_section([], sd.summarise(fake_root, SEEDS), SEEDS)
     assert section.startswith(sd.MARK_BEGIN + "\n") and section.endswith("\n" + sd.MARK_END)
-    assert "* `pad-crop`: SSOG 92.0 ± 2.0%, dot 87.0 ± 2.6%, paired gap 5.0 ± 1.0 points (3 of 3 seeds finished)." in (
-        section
-    )
-    assert (
-        "* `resized-crop`: SSOG 82.0 ± 2.8%, dot 82.5 ± 0.7%, paired gap -0.5 ± 3.5 points (2 of 3 seeds finished)."
-        in (section)
-    )
+    assert "`pad-crop`: SSOG 92.0 ± 2.0%, dot 87.0 ± 2.6%, paired gap 5.0 ± 1.0 points (3 seeds)." in section
+    assert "`resized-crop`: SSOG 82.0 ± 2.8%, dot 82.5 ± 0.7%, paired gap -0.5 ± 3.5 points (2 seeds)." in section
     assert "`pad-crop`: SSOG ahead by 5.0 points, beyond one std (1.0)" in section
     assert "`resized-crop`: the dot twin ahead by 0.5 points, within one std (3.5)" in section
     assert section.count(sd.MARK_BEGIN) == section.count(sd.MARK_END) == 1
-    assert "at this scale (d32, 2 layers, 36 tokens, digits) it appears under `pad-crop`." in section
+    assert "In this configuration (d32, 2 layers, 36 tokens, 1,438 images, batch 128) it appears under `pad-crop`." in (
+        section
+    )
 
 
 def _gaps(**crops: list[float]) -> dict[str, list[dict[str, float]]]:
@@ -304,6 +391,221 @@ def test_verdict_counts_only_a_clear_ssog_lead(sd, table, reads, found):
     assert ("it appears under" in verdict) == (found.startswith("it appears"))
 
 
+# ------------------------------------------------------------------------------------------------ the size sweep
+
+
+# (arch, n, model, seed): val_acc per epoch, epoch_cpu_s per epoch, final val accuracy, clean train accuracy.
+# 4 epochs; 500 images make 7 steps an epoch (batch 64, drop_last), 250 make 3. Worked out by hand:
+#   n500 s0: gap 80-70 = +10; matched CPU 20 s (dot: 5,10,15,20): ssog 0.5 (epoch 2), dot 0.7 -> -20;
+#            at 25% (epoch 1, step 7) 20-10 = +10, at 50% (epoch 2, step 14) +10, at 100% (step 28) +10
+#   n500 s1: gap +6; matched 40 s -> 85-80 = +5; at the shares 0, +10, +5
+#   n500 s2: gap +8; matched 40 s -> 90-80 = +10; at the shares +20, +30, +10
+#   n250 s0: gap -5 (the only pair: s1's dot run is unfinished, s2's SSOG run has no clean train evaluation)
+#   n1438: no runs.
+SWEEP_RUNS = {
+    ("d64-L4", 500, "ssog", 0): ([0.2, 0.5, 0.7, 0.8], [10.0] * 4, 0.80, 0.95),
+    ("d64-L4", 500, "dot", 0): ([0.1, 0.4, 0.6, 0.7], [5.0] * 4, 0.70, 1.00),
+    ("d64-L4", 500, "ssog", 1): ([0.3, 0.6, 0.8, 0.85], [10.0] * 4, 0.86, 0.97),
+    ("d64-L4", 500, "dot", 1): ([0.3, 0.5, 0.7, 0.8], [10.0] * 4, 0.80, 0.99),
+    ("d64-L4", 500, "ssog", 2): ([0.4, 0.6, 0.8, 0.9], [10.0] * 4, 0.90, 0.98),
+    ("d64-L4", 500, "dot", 2): ([0.2, 0.3, 0.6, 0.8], [10.0] * 4, 0.82, 1.00),
+    ("d64-L4", 250, "ssog", 0): ([0.2, 0.3, 0.4, 0.5], [5.0] * 4, 0.50, 0.90),
+    ("d64-L4", 250, "dot", 0): ([0.2, 0.3, 0.4, 0.55], [5.0] * 4, 0.55, 1.00),
+    ("d64-L4", 250, "ssog", 1): ([0.2, 0.3, 0.4, 0.6], [5.0] * 4, 0.60, 0.92),
+    ("d64-L4", 250, "dot", 1): ([0.2, 0.3], [5.0] * 2, None, None),
+    ("d64-L4", 250, "ssog", 2): ([0.2, 0.3, 0.4, 0.6], [5.0] * 4, 0.60, None),
+    ("d64-L4", 250, "dot", 2): ([0.2, 0.3, 0.4, 0.6], [5.0] * 4, 0.60, 0.95),
+}
+
+
+def write_sweep_runs(sd: ModuleType, root: Path, runs: dict = SWEEP_RUNS) -> Path:
+    for (arch, n, model, seed), (val_acc, cpu, accuracy, train_accuracy) in runs.items():
+        out = sd.sweep_dir(root, arch, n, model, seed)
+        write_run(out, val_acc, cpu, accuracy, steps_per_epoch=7 if n == 500 else 3, train_accuracy=train_accuracy,
+                  size=16)  # fmt: skip
+    return root
+
+
+@pytest.fixture
+def sweep_root(sd, tmp_path) -> Path:
+    return write_sweep_runs(sd, tmp_path / "small_data")
+
+
+def test_summarise_sizes_pairs_runs_with_both_evaluations(sd, sweep_root):
+    cells = sd.summarise_sizes(sweep_root, ["d64-L4"], list(sd.SWEEP_SIZES), SEEDS)
+    assert [(c["arch"], c["n"], [r["seed"] for r in c["rows"]]) for c in cells] == [
+        ("d64-L4", 250, [0]),
+        ("d64-L4", 500, [0, 1, 2]),
+        ("d64-L4", 1438, []),
+    ]
+    rows = cells[1]["rows"]
+    assert [(r["ssog"], r["dot"], r["ssog_train"], r["dot_train"]) for r in rows] == [
+        (0.80, 0.70, 0.95, 1.00),
+        (0.86, 0.80, 0.97, 0.99),
+        (0.90, 0.82, 0.98, 1.00),
+    ]
+    assert [r["gap"] for r in rows] == pytest.approx([0.10, 0.06, 0.08])
+    assert [r["matched_cpu_s"] for r in rows] == pytest.approx([20.0, 40.0, 40.0])
+    assert [r["gap_at_matched"] for r in rows] == pytest.approx([-0.20, 0.05, 0.10])
+    assert [r["steps"] for r in rows] == [28, 28, 28]
+    assert [[p["step"] for p in r["at_steps"]] for r in rows] == [[7, 14, 28]] * 3
+    assert [[p["gap"] for p in r["at_steps"]] for r in rows] == [
+        pytest.approx(g) for g in ([0.10, 0.10, 0.10], [0.0, 0.10, 0.05], [0.20, 0.30, 0.10])
+    ]
+    assert cells[0]["rows"][0]["gap"] == pytest.approx(-0.05) and cells[0]["rows"][0]["steps"] == 12
+    assert [c["epochs"] for c in cells] == [None] * 3  # no control ran
+
+
+def test_the_step_matched_control_is_a_cell_of_its_own(sd, sweep_root):
+    for model, acc in (("ssog", 0.9), ("dot", 0.85)):
+        out = sd.sweep_dir(sweep_root, "d64-L4", 1438, model, 0, 32)
+        assert out.parent.name == "n1438-e32"
+        write_run(out, [0.5, acc], [1.0, 1.0], acc, steps_per_epoch=22, train_accuracy=0.95, size=16)
+    cells = sd.summarise_sizes(sweep_root, ["d64-L4"], list(sd.SWEEP_SIZES), SEEDS)
+    assert [(c["n"], c["epochs"], len(c["rows"])) for c in cells] == [(250, None, 1), (500, None, 3), (1438, None, 0),
+                                                                      (1438, 32, 1)]  # fmt: skip
+    assert cells[3]["rows"][0]["gap"] == pytest.approx(0.05)
+    lines = sd.sizes_markdown(cells, 4, SEEDS).splitlines()
+    assert "| d64, 4 layers | 1,438 × 32 epochs | 1 | 90.0 | 85.0 | 5.0 | 95.0 | 95.0 | 5.0 | 2, 2 |" in lines
+    (text,) = sd._data_or_steps(cells)
+    assert text.startswith(
+        "**Data or steps?** With a fixed 100 epochs fewer images also means fewer steps (250: 12, 500: 28)."
+    )
+    assert "At 500 images the final gap (28 steps) is 8.0 ± 2.0." in text
+    assert text.endswith("The control, all 1,438 images for 32 epochs (44 steps, a full schedule): 5.0 (1 seed).")
+    assert sd._data_or_steps([c for c in cells if c["epochs"] is None]) == []  # no control, no 1,438 run that long
+
+
+def test_summarise_sizes_refuses_a_pair_that_made_different_steps(sd, tmp_path):
+    for model, per_epoch in (("ssog", 7), ("dot", 6)):
+        out = sd.sweep_dir(tmp_path, "d64-L4", 500, model, 0)
+        write_run(out, [0.5, 0.6], [1.0, 1.0], 0.6, steps_per_epoch=per_epoch, train_accuracy=0.9, size=16)
+    with pytest.raises(ValueError, match="different steps"):
+        sd.summarise_sizes(tmp_path, ["d64-L4"], [500], [0])
+
+
+def test_sizes_markdown_tables(sd, sweep_root):
+    cells = sd.summarise_sizes(sweep_root, ["d64-L4"], list(sd.SWEEP_SIZES), SEEDS)
+    lines = sd.sizes_markdown(cells, 4, SEEDS).splitlines()
+    # n500: SSOG 80, 86, 90; dot 70, 80, 82; gaps 10, 6, 8; clean train 95, 97, 98 and 100, 99, 100;
+    # gaps at matched CPU -20, 5, 10; CPU s 40, 40, 40 and 20, 40, 40
+    want = "| d64, 4 layers | 500 | 3 | 85.3 ± 5.0 | 77.3 ± 6.4 | 8.0 ± 2.0 | 96.7 ± 1.5 | 99.7 ± 0.6 | -1.7 ± 16.1 |"
+    assert f"{want} 40, 33 |" in lines
+    assert "| d64, 4 layers | 250 | 1 | 50.0 | 55.0 | -5.0 | 90.0 | 100.0 | -5.0 | 20, 20 |" in lines
+    assert "| d64, 4 layers | 1,438 | 0 | – | – | – | – | – | – | – |" in lines
+    # at matched steps: 25% gaps 10, 0, 20; 50% 10, 10, 30; 100% 10, 5, 10
+    assert "| d64, 4 layers | 500 | 7 / 14 / 28 | 10.0 ± 10.0 | 16.7 ± 11.5 | 8.3 ± 2.9 | – |" in lines
+    assert "| d64, 4 layers | 250 | 3 / 6 / 12 | 0.0 | 0.0 | -5.0 | – |" in lines
+    assert "| d64, 4 layers | 500 | 1 | 86.0 | 80.0 | +6.0 | 97.0 | 99.0 | +5.0 |" in lines
+    assert "**Unfinished or not run:** d64, 4 layers n=250: 1/3 seeds; d64, 4 layers n=1,438: 0/3 seeds (" in (
+        "\n".join(lines)
+    )
+
+
+def test_evidence_reads_the_cells(sd, sweep_root):
+    cells = sd.summarise_sizes(sweep_root, ["d64-L4"], list(sd.SWEEP_SIZES), SEEDS)
+    text = "\n".join(sd.evidence(cells, {"pad-crop": [{"gap": -0.01}, {"gap": 0.03}]}))
+    assert "SSOG is clearly ahead (mean gap above one std, every seed) at d64, 4 layers, 500 images (+8.0 ± 2.0" in text
+    assert "Seed 0 here (our own stratified 500): 80.0% vs 70.0% (+10.0); over 3 seeds 8.0 ± 2.0 points." in text
+    assert "SSOG 85.1% vs dot 70.2% (+14.9 points)" in text
+    fit = (
+        "d64, 4 layers, 250: SSOG 90.0 − 50.0, dot 100.0 − 55.0; d64, 4 layers, 500: SSOG 96.7 − 85.3, dot 99.7 − 77.3."
+    )
+    assert fit in text
+    assert "matched CPU time (points): d64, 4 layers, 250: -5.0; d64, 4 layers, 500: -1.7 ± 16.1." in text
+    assert (
+        "(points): d64, 4 layers, 250: 0.0 / 0.0 / -5.0; d64, 4 layers, 500: 10.0 ± 10.0 / 16.7 ± 11.5 / 8.3 ± 2.9."
+        in (text)
+    )
+    assert (
+        "* Present configuration: Read off the table: `pad-crop`: SSOG ahead by 1.0 points, within one std (2.8)"
+        in text
+    )
+    assert "4 layers, 1,438" not in text  # a cell without runs says nothing
+
+
+def test_reading_says_where_the_advantage_lives_and_why(sd, sweep_root):
+    cells = sd.summarise_sizes(sweep_root, ["d64-L4"], list(sd.SWEEP_SIZES), SEEDS)
+    present = {"pad-crop": [{"gap": -0.01}, {"gap": 0.03}], "resized-crop": [{"gap": -0.03}, {"gap": -0.01}]}
+    text = "\n".join(sd.reading(cells, present))
+    assert "SSOG is ahead at every seed, by more than the seed spread, at 500 images (8.0 ± 2.0) (d64" in text
+    vanish = "**Where it vanishes.** In the present configuration (d32, 2 layers, 1,438 images, 12×12, batch 128: "
+    assert vanish + "`pad-crop` 1.0 ± 2.8, `resized-crop` -2.0 ± 1.4): the gap is within" in text
+    assert "250 images" not in text  # one seed: not read
+    # clean train − val: SSOG 96.7 − 85.3 = 11.4, dot 99.7 − 77.3 = 22.4 points: both above 10, both over-fit
+    assert "500 images: SSOG over-fits (clean train 96.7%, val 85.3%), dot over-fits (clean train 99.7%" in text
+    assert "far ahead: 8.0 ± 2.0 points at 500 images" in text and "matched CPU time (-1.7 ± 16.1)" in text
+    assert "(40 vs 33 CPU s a run)" in text and "under-fits" not in text
+    contra = "**What contradicts it.**\n\n* Under the Inception resized crop (present configuration) the dot twin is "
+    assert contra + "ahead by 2.0 ± 1.4 points" in text
+    for r in cells[1]["rows"]:
+        r["dot_train"] = 0.70  # a dot twin that has not fitted its own training images
+    text = "\n".join(sd.reading(cells, {}))
+    assert "dot under-fits (clean train 70.0%, val 77.3%)" in text and "it under-fits (clean train 70.0%)" in text
+    assert "Where it vanishes" not in text and "resized crop" not in text
+    assert sd.reading([c for c in cells if c["n"] != 500], present) == []  # nothing with two seeds: nothing read
+
+
+def test_the_gap_at_the_step_mark(sd):
+    a = {"steps": [300, 600, 900], "val_acc": [0.1, 0.5, 0.8]}
+    b = {"steps": [300, 600, 900], "val_acc": [0.1, 0.4, 0.6]}
+    assert sd.STEP_MARK == 700
+    assert sd._at_mark(a, b) == {"step": 600, "gap": pytest.approx(0.1)}  # 600 is nearer 700 than 900
+    assert sd._at_mark({"steps": [300, 699], "val_acc": [0.1, 0.2]}, b) is None  # the run never got there
+
+
+def test_the_gap_read_against_size_and_steps(sd):
+    def row(gap: float, steps: int, mark: float | None = None) -> dict:
+        return {"gap": gap, "steps": steps, "at_mark": None if mark is None else {"step": 704, "gap": mark}}
+
+    full = {"arch": "d64-L4", "n": 1438, "epochs": None, "rows": [row(0.10, 2200, 0.17), row(0.12, 2200, 0.19)]}
+    at500 = {"arch": "d64-L4", "n": 500, "epochs": None, "rows": [row(0.18, 700, 0.18), row(0.20, 700, 0.20)]}
+    present = {"pad-crop": [{"gap": -0.01}, {"gap": 0.01}]}
+    (text,) = sd._against_the_post([full], present, [])
+    assert (
+        "on all 1,438 images d64 / 4 layers still leads by 11.0 ± 1.4 points, while the present configuration" in text
+    )
+    assert "shows 0.0 ± 1.4; which of those differences removes it is not separated here." in text
+    assert sd._against_the_post([full], {"pad-crop": [{"gap": 0.10}, {"gap": 0.12}]}, []) == []  # both clear
+    (steps,) = sd._data_or_steps([at500, full])
+    assert "fewer steps (500: 700, 1,438: 2,200). At 500 images the final gap (700 steps) is 19.0 ± 1.4." in steps
+    assert "after the epoch ending at step 704 (their learning rate still high), stand at 18.0 ± 1.4 (2 seeds)" in steps
+    assert steps.endswith("more than how many images there are.")  # 18 vs 19 at ~700 steps; 11 at the end
+    full["rows"] = [row(0.10, 2200, 0.05), row(0.12, 2200, 0.07)]  # at ~700 steps far below the 500-image gap
+    assert "Read together" not in sd._data_or_steps([at500, full])[0]
+
+
+def _cell(gaps: list[float], n: int = 500, arch: str = "d64-L4") -> dict:
+    """A cell holding only the paired gaps, all the verdict reads."""
+    return {"arch": arch, "n": n, "rows": [{"gap": g} for g in gaps]}
+
+
+@pytest.mark.parametrize(
+    ("gaps", "reads"),
+    [
+        ([0.10, 0.06, 0.08], "SSOG is clearly ahead (mean gap above one std, every seed) at d64, 4 layers, 500 images "
+         "(+8.0 ± 2.0, 3/3 seeds)."),
+        ([0.10, -0.01, 0.12], "the gap is within the seed spread at d64, 4 layers, 500 images (+7.0 ± 7.0, 2/3 seeds)"),
+        ([0.20, 0.01, 0.02], "the gap is within the seed spread at d64, 4 layers, 500 images (+7.7 ± 10.7, 3/3 seeds)"),
+        ([-0.05, -0.06, -0.04], "the dot twin is clearly ahead at d64, 4 layers, 500 images (-5.0 ± 1.0, 0/3 seeds)"),
+        ([0.30], "Too few finished seeds for a verdict."),
+    ],
+    ids=["clear", "mean-equals-std", "one-seed-carries-it", "dot-clear", "one-seed"],
+)  # fmt: skip
+def test_sizes_verdict_calls_a_lead_clear_only_beyond_the_spread_at_every_seed(sd, gaps, reads):
+    verdict = sd.sizes_verdict([_cell(gaps), _cell([0.5], n=250)])  # a one-seed cell is never read
+    assert reads in verdict and "250 images" not in verdict
+
+
+def test_plot_gap_writes_a_png_with_or_without_runs(sd, sweep_root, tmp_path):
+    cells = sd.summarise_sizes(sweep_root, ["d64-L4", "d32-L2"], list(sd.SWEEP_SIZES), SEEDS)
+    present = {"pad-crop": [{"gap": -0.01}, {"gap": 0.03}], "resized-crop": []}
+    for name, (c, p) in {"full.png": (cells, present), "empty.png": ([], {})}.items():
+        sd.plot_gap(c, p, tmp_path / name)
+        with Image.open(tmp_path / name) as im:
+            assert im.format == "PNG" and im.size == (768, 480)
+
+
 def test_the_repository_results_md_holds_one_section_between_the_markers(sd):
     text = (ROOT / "docs" / "RESULTS.md").read_text()
     assert text.count(sd.MARK_BEGIN) == text.count(sd.MARK_END) == 1  # else a rerun appends a second section
@@ -320,44 +622,88 @@ def test_the_repository_results_md_holds_one_section_between_the_markers(sd):
     ids=["replaced", "appended", "new-file"],
 )
 def test_write_reports_places_the_section_and_writes_the_numbers(sd, fake_root, tmp_path, before, after):
+    write_sweep_runs(sd, fake_root)
     docs = tmp_path / "docs"
     docs.mkdir()
     old = f"{sd.MARK_BEGIN}\n## an older section\n\n* stale numbers\n{sd.MARK_END}"
     if before is not None:
         (docs / "RESULTS.md").write_text(before.replace("MARK", old))
-    sd.write_reports(fake_root, SEEDS, MANIFEST, 4, docs)
+    (fake_root / "digits").mkdir()
+    (fake_root / "digits" / "manifest.json").write_text(json.dumps(MANIFEST))  # a built tree: nothing to build
+    sd.write_reports(fake_root, SEEDS, 4, docs, ["d64-L4"])
     table = sd.summarise(fake_root, SEEDS)
-    section = sd.results_section(table, SEEDS)
+    cells = sd.summarise_sizes(fake_root, ["d64-L4"], list(sd.SWEEP_SIZES), SEEDS)
+    section = sd.results_section(cells, table, SEEDS)
     assert (docs / "RESULTS.md").read_text() == after.replace("SECTION", section)
-    sd.write_reports(fake_root, SEEDS, MANIFEST, 4, docs)  # a second write replaces its own section
+    sd.write_reports(fake_root, SEEDS, 4, docs, ["d64-L4"])  # a second write replaces its own section
     assert (docs / "RESULTS.md").read_text() == after.replace("SECTION", section)
     assert json.loads((docs / "small_data.json").read_text()) == json.loads(
         json.dumps({"data": MANIFEST, "epochs": 4, "runs": table})
     )
-    assert (docs / "SMALL_DATA.md").read_text() == sd.markdown(table, MANIFEST, 4, SEEDS)
-    assert sorted(p.name for p in docs.iterdir()) == ["RESULTS.md", "SMALL_DATA.md", "small_data.json"]
+    assert json.loads((docs / "small_data_sizes.json").read_text())["cells"] == json.loads(json.dumps(cells))
+    assert (docs / "SMALL_DATA.md").read_text() == sd.markdown_all(cells, table, MANIFEST, 4, SEEDS, SEEDS)
+    assert sorted(p.name for p in docs.iterdir()) == [
+        "RESULTS.md", "SMALL_DATA.md", "small_data.json", "small_data_gap.png", "small_data_sizes.json"
+    ]  # fmt: skip
+    bullet = "* d64, 4 layers, 500 images (16×16, batch 64, pad-crop 2): SSOG 85.3 ± 5.0%, dot 77.3 ± 6.4%, "
+    assert bullet + "paired gap 8.0 ± 2.0 points; clean train 96.7 ± 1.5% vs 99.7 ± 0.6% (3 of 3 seeds)." in section
+
+
+def test_write_reports_keeps_the_present_configuration_when_its_runs_are_gone(sd, sweep_root, tmp_path):
+    """Only docs/small_data.json holds the present configuration's numbers: a report without its runs keeps them."""
+    docs = tmp_path / "docs"
+    sd.write_reports(sweep_root, SEEDS, 100, docs, ["d64-L4"])
+    assert json.loads((docs / "small_data.json").read_text()) == json.loads(
+        (ROOT / "docs" / "small_data.json").read_text()
+    )
+    text = (docs / "SMALL_DATA.md").read_text()
+    saved = json.loads((ROOT / "docs" / "small_data.json").read_text())
+    want = sd.markdown(saved["runs"], saved["data"], saved["epochs"], [0, 1, 2])
+    assert text.endswith(want) and "## The SSOG post's regime in miniature: training-set size" in text
+    assert text.index("## What the numbers say") < text.index("## The SSOG post's regime") < text.index(want)
 
 
 def test_main_report_only_writes_the_reports_where_asked(sd, fake_root, tmp_path, monkeypatch, capsys):
+    write_sweep_runs(sd, fake_root)
     (fake_root / "digits").mkdir()
     (fake_root / "digits" / "manifest.json").write_text(json.dumps(MANIFEST))  # a built tree: nothing to build
+    built = []
+    monkeypatch.setattr(sd, "build_sweep_data", lambda root, sizes: built.append((root, sizes)))
 
     def no_training(*args: object) -> str:
         raise AssertionError(f"--report-only trained {args}")
 
     monkeypatch.setattr(sd, "train_and_evaluate", no_training)
+    monkeypatch.setattr(sd, "sweep_run", no_training)
     docs = tmp_path / "out" / "docs"
     argv = ["--root", str(fake_root), "--seeds", "0", "1", "2", "--epochs", "4", "--report-only", "--docs", str(docs)]
     assert sd.main(argv) == 0
-    assert str(docs / "SMALL_DATA.md") in capsys.readouterr().out
+    assert built == [(fake_root, sd.SWEEP_SIZES)]
+    assert str(docs) in capsys.readouterr().out
     text = (docs / "SMALL_DATA.md").read_text()
     assert "1438 train / 359 val images" in text and ", 4 epochs," in text
     assert "| `pad-crop` | 3 | 92.0 ± 2.0 | 87.0 ± 2.6 | 5.0 ± 1.0 | 5.3 ± 10.1 | 73, 70 |" in text
+    assert "| d64, 4 layers | 500 | 3 | 85.3 ± 5.0 | 77.3 ± 6.4 | 8.0 ± 2.0 |" in text
     saved = json.loads((docs / "small_data.json").read_text())
     assert saved["data"] == MANIFEST and saved["epochs"] == 4
     assert [r["seed"] for r in saved["runs"]["resized-crop"]] == [0, 1]
     results = (docs / "RESULTS.md").read_text()
     assert results.startswith(sd.MARK_BEGIN) and "it appears under `pad-crop`." in results
+
+
+def test_main_runs_the_sweep_in_the_order_asked(sd, tmp_path, monkeypatch):
+    """Sizes in the order given (the one that matters most first), seed by seed, both models of a pair together."""
+    ran: list[tuple] = []
+    monkeypatch.setattr(sd, "build_sweep_data", lambda root, sizes: None)
+    monkeypatch.setattr(sd, "sweep_run", lambda *args: ran.append(args[1:]) or "done")
+    monkeypatch.setattr(sd, "train_and_evaluate", lambda *args: pytest.fail("--study sizes trained the crops"))
+    monkeypatch.setattr(sd, "write_reports", lambda *args: None)
+    argv = ["--root", str(tmp_path), "--study", "sizes", "--sizes", "500", "250", "--seeds", "0", "1", "--jobs", "1"]
+    assert sd.main([*argv, "--epochs", "7"]) == 0
+    assert ran == [("d64-L4", n, m, s, 7) for n in (500, 250) for s in (0, 1) for m in ("ssog", "dot")]
+    ran.clear()
+    assert sd.main([*argv, "--control"]) == 0  # the step-matched control after the grid, 32 epochs of 1,438 images
+    assert ran[8:] == [("d64-L4", 1438, m, s, 32, True) for s in (0, 1) for m in ("ssog", "dot")]
 
 
 # ------------------------------------------------------------------------------------------------ the runner
@@ -430,3 +776,65 @@ def test_runner_reports_a_failed_training_and_does_not_evaluate(sd, digits_tree,
     assert message == f"{out}: train exited 2 (see {out / 'log.txt'})"
     assert "fewer than one batch" in (out / "log.txt").read_text()
     assert not (out / "eval.json").exists() and json.loads((out / "cpu_s.json").read_text())["train"] > 0
+
+
+def test_sweep_run_trains_with_the_recipe_evaluates_twice_skips_and_resumes(sd, tmp_path, monkeypatch):
+    """The sweep's commands, with a stand-in for the subprocess that leaves the files train and evaluate leave."""
+    calls: list[list[str]] = []
+
+    def fake_cpu_run(cmd: list[str], log: Path) -> tuple[int, float]:
+        calls.append(cmd)
+        out = Path(cmd[cmd.index("--out") + 1]) if "--out" in cmd else None
+        if "ssog_core.train" in cmd:
+            (out / "train_state.pt").write_bytes(b"")
+            if "--stop" not in cmd:
+                (out / "model.safetensors").write_bytes(b"")
+        else:
+            Path(cmd[cmd.index("--json") + 1]).write_text("[]")
+        return 0, 2.5
+
+    monkeypatch.setattr(sd, "_cpu_run", fake_cpu_run)
+    root = tmp_path / "small_data"
+    data = sd.sweep_data(root, 500)
+    (data / "train" / "0").mkdir(parents=True)
+    out = sd.sweep_dir(root, "d64-L4", 500, "dot", 2)
+    assert out == root / "runs" / "sizes" / "d64-L4" / "n500" / "dot-s2"
+
+    assert sd.sweep_run(root, "d64-L4", 500, "dot", 2, 100) == f"{out}: done"
+    train, val, clean = calls
+    assert train[1:3] == ["-m", "ssog_core.train"] and train[-2:] == ["--out", str(out)]
+    args = train[3:-2]
+    assert args[: args.index("--img-size")] == [
+        "--data", f"imagefolder:{data}", "--attn", "dot", "--epochs", "100", "--seed", "2"
+    ]  # fmt: skip
+    pairs = {k: args[args.index(k) + 1] for k in args if k.startswith("--") and k != "--no-progress"}
+    assert {k: pairs[k] for k in ("--img-size", "--patch-size", "--dim", "--depth", "--heads", "--batch-size")} == {
+        "--img-size": "16", "--patch-size": "2", "--dim": "64", "--depth": "4", "--heads": "4", "--batch-size": "64"
+    }  # fmt: skip
+    assert (pairs["--lr"], pairs["--warmup-epochs"], pairs["--augment"], pairs["--crop-pad"]) == (
+        "1e-3",
+        "2",
+        "pad-crop",
+        "2",
+    )
+    model = str(out / "model.safetensors")
+    assert val[1:5] == ["-m", "ssog_core.evaluate", "--checkpoint", model] and "--data" not in val
+    assert val[-2:] == ["--json", str(out / "eval.json")]
+    view = root / "digits16-n500-train-view"
+    assert clean[5:7] == ["--data", f"imagefolder:{view}"] and clean[-2:] == ["--json", str(out / "train_eval.json")]
+    assert (view / "val").resolve() == (data / "train").resolve()
+    assert json.loads((out / "cpu_s.json").read_text()) == {"train": 2.5}
+
+    calls.clear()
+    assert sd.sweep_run(root, "d64-L4", 500, "dot", 2, 100) == f"{out}: done" and calls == []  # finished: skipped
+    (out / "train_eval.json").unlink()
+    assert sd.sweep_run(root, "d64-L4", 500, "dot", 2, 100) == f"{out}: done"
+    assert [c[-1] for c in calls] == [str(out / "train_eval.json")]  # only the missing evaluation
+
+    calls.clear()
+    (out / "model.safetensors").unlink()  # stopped: a train_state.pt and no final model
+    (out / "eval.json").unlink()
+    assert sd.sweep_run(root, "d64-L4", 500, "dot", 2, 100) == f"{out}: done"
+    assert calls[0][3:] == ["--out", str(out), "--resume", "--device", "cpu", "--workers", "0", "--no-progress"]
+    assert [c[-1] for c in calls[1:]] == [str(out / "eval.json")]
+    assert json.loads((out / "cpu_s.json").read_text()) == {"train": 5.0}  # CPU time adds up over the parts
