@@ -47,6 +47,8 @@ from ssog_core.viz import figures as viz
 from ssog_core.viz import raster
 from ssog_core.viz.files import EXPORT_WIDTH, named_export_maps_figure
 
+from common import write_report
+
 ROOT = Path(__file__).resolve().parents[1]
 
 CHROMIUM = "/usr/bin/chromium"
@@ -342,11 +344,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_browser:
         results["browser"] = bench_browser(folder, args.seconds, args.drags)
     results["load_after"] = ", ".join(f"{v:.1f}" for v in os.getloadavg())
-    table = render_table(results)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(table, encoding="utf-8")
-    args.out.with_suffix(".json").write_text(json.dumps(results, indent=2), encoding="utf-8")
-    print(table)
+    write_report(args.out, results, render_table(results))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import json
 import os
 import sys
 from pathlib import Path
@@ -68,3 +69,11 @@ def rand_field(b: int, grid: tuple[int, int], h: int, r: int, steered: bool, dev
     log_lam = torch.randn(*lead, h, r, generator=g)
     tensors = [t.to(device).requires_grad_(grad) for t in (mu, sigma, log_lam)]
     return Field(*tensors, torch.tensor(0.8, device=device))
+
+
+def write_report(out: Path, results: dict, table: str) -> None:
+    """The markdown table at ``out`` and the raw results beside it as ``.json``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(table, encoding="utf-8")
+    out.with_suffix(".json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+    print(table)

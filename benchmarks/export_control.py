@@ -14,7 +14,6 @@ time (one torch thread) is what the render costs on an idle core.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -30,6 +29,8 @@ from ssog_core.checkpoint.format import load_checkpoint
 from ssog_core.data.images import model_input
 from ssog_core.viz import figures as viz
 from ssog_core.viz.files import EXPORT_WIDTH
+
+from common import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ("ssog_layouts", "dot_layouts")
@@ -118,11 +119,7 @@ def main(argv: list[str] | None = None) -> None:
         **bench(args.checkpoint_dir),
     }
     results["load_after"] = ", ".join(f"{v:.1f}" for v in os.getloadavg())
-    table = render_table(results)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(table, encoding="utf-8")
-    args.out.with_suffix(".json").write_text(json.dumps(results, indent=2), encoding="utf-8")
-    print(table)
+    write_report(args.out, results, render_table(results))
 
 
 if __name__ == "__main__":
