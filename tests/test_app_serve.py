@@ -16,7 +16,7 @@ from app import state
 from app.layout import HEADER, build_app
 from app.main import launch
 from app.state import AppContext
-from ssog_core.testing.app_process import free_port
+from ssog_core.testing.app_process import READY_LINE, free_port
 from tests.app_fixtures import write_checkpoints, write_images
 
 LOGIN = ("ana", "pa:ss word")
@@ -148,5 +148,5 @@ def test_the_log_names_the_address_and_suggests_no_share_link(tmp_path, capfd):
         said = capfd.readouterr()
     finally:
         demo.close()
-    assert "share" not in said.out + said.err and f"serving on {demo.local_url}" in said.out
+    assert "share" not in said.out + said.err and f"{READY_LINE} {demo.local_url}" in said.out
     assert "logout" not in str(demo.get_config_file())  # no log-out button without a login

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import TracebackType
 
 ROOT = Path(__file__).resolve().parents[2]
+READY_LINE = "SSOG Lab is serving on"  # printed by app.main.launch once Gradio's own start-up requests are done
 
 
 def free_port() -> int:
@@ -53,7 +54,9 @@ class AppProcess:
         return self.start()
 
     def start(self) -> AppProcess:
-        """Launch and wait until the page answers (raises with the log's tail if it exits or times out)."""
+        """Launch and wait until the page answers and the app has printed its address (the page answers while
+        Gradio's launch() is still making start-up requests of its own); raises with the log's tail if the app
+        exits or times out."""
         self._log = open(self.log_path, "w")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(self.cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
         t0 = time.monotonic()
@@ -63,7 +66,7 @@ class AppProcess:
                 raise RuntimeError(f"the app exited with code {self.proc.returncode}:\n{self.log_tail()}")
             try:
                 with urllib.request.urlopen(self.url, timeout=5) as r:
-                    if r.status == 200:
+                    if r.status == 200 and READY_LINE in self.log_tail(n=None):
                         break
             except OSError:
                 pass
@@ -83,10 +86,12 @@ class AppProcess:
     def pid(self) -> int:
         return self.proc.pid
 
-    def log_tail(self, n: int = 4000) -> str:
+    def log_tail(self, n: int | None = 4000) -> str:
+        """The last ``n`` characters of the app's output so far (all of it for ``None``)."""
         if not self._log.closed:
             self._log.flush()
-        return self.log_path.read_text(errors="replace")[-n:]
+        text = self.log_path.read_text(errors="replace")
+        return text if n is None else text[-n:]
 
     def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM (the app's clean stop), SIGKILL if it has not exited within ``timeout``; the exit code."""
