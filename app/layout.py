@@ -20,6 +20,7 @@ from app.api import register_api
 from app.common import Updates, error_text, warn, write_downloads
 from app.state import AppContext, AppError, StoredImage, default_image
 from app.tabs import compare, export, geometry, intervene, playground, scaling, session, steering, training
+from ssog_core.analysis.interventions import ScaleGate
 from ssog_core.analysis.session import NO_TWIN, dumps
 from ssog_core.viz import figures as viz
 
@@ -236,6 +237,7 @@ def on_open_steered(
             pg.steer_group: gr.update(visible=True),
             pg.steer_note: note,
             pg.gate: gr.update(value=1.0),
+            pg.gate_effect: "",
             pg.steer_src: src,
             **show_playground(page),
             status: "",
@@ -257,6 +259,20 @@ def on_gate(
         return {**drawn, **playground.sliders(pg, v), pg.status: ""}  # the sliders show the atom as it is now
     except Exception as e:
         return {pg.status: warn(error_text(e))}
+
+
+def on_gate_release(ctx: AppContext, pg: playground.PlaygroundUI, src: dict | None, gate: float) -> Updates:
+    """The content gate let go: the model's prediction on the steered picture with this head's gates at that
+    fraction (``scale_gate``, every query of the head; the canvas shows one query)."""
+    if not src:
+        return gr.skip()
+    try:
+        layer, head = src["layer"], src["head"]
+        edit = ScaleGate(layer, "all", head, factor=float(gate))
+        what = f"Layer {layer}, head {head}: every gate × {float(gate):g} at every query"
+        return {pg.gate_effect: playground.prediction_change(ctx, src["checkpoint"], src["image_sha256"], [edit], what)}
+    except Exception as e:
+        return {pg.gate_effect: warn(error_text(e))}
 
 
 def refresh_underlay(
@@ -439,7 +455,7 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
         st.open.click(
             partial(on_open_steered, ctx, page),
             [ckpt, image_sha, st.layer, st.query, st.head, pg.underlay],
-            [*pg.head_out, pg.steer_group, pg.steer_note, pg.gate, pg.steer_src, *to_playground, st.query_text],
+            [*pg.head_out, *pg.steer_out, *to_playground, st.query_text],
             **hidden,
         )
         pg.gate.change(
@@ -450,6 +466,10 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
             trigger_mode="always_last",
             **hidden,
         )
+        pg.gate.release(
+            partial(on_gate_release, ctx, pg), [pg.steer_src, pg.gate], [pg.gate_effect], show_progress="hidden",
+            trigger_mode="always_last", **hidden,
+        )  # fmt: skip
         shown = [image_sha, thumb, status, st.query, st.query_text]
         img_pick.input(partial(on_image_pick, ctx, page), [img_pick], shown, **hidden)
         img_up.upload(partial(on_image_upload, ctx, page), [img_up], [*shown, img_pick], **hidden)

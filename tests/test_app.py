@@ -28,6 +28,7 @@ from app.state import UPLOADED, AppContext, AppError, default_image
 from app.tabs import compare, export, geometry, playground, scaling, session, steering
 from ssog_core import ViT, save_checkpoint
 from ssog_core.analysis.controls import DEFAULT_CONTROL_IMAGES, describe
+from ssog_core.analysis.interventions import CloseGate, edited
 from ssog_core.analysis.measures import attention_maps, export_maps
 from ssog_core.analysis.playground import MAX_ATOMS, HeadSpec, evaluate
 from ssog_core.analysis.session import NO_TWIN, dumps
@@ -410,6 +411,24 @@ def test_a_steering_query_opens_in_the_playground_with_a_content_gate(ctx, sha, 
     status = page.steering.query_text
     assert "click a patch" in layout.on_open_steered(ctx, page, "ssog_test.safetensors", sha, 1, None, 0, False)[status]
     assert "no field" in layout.on_open_steered(ctx, page, "dot_test.safetensors", sha, 0, [1, 1], 0, False)[status]
+
+
+def test_letting_go_of_the_content_gate_shows_the_models_prediction_with_that_gate(ctx, sha, page, pg):
+    """The gate slider is an intervention (scale_gate on the head, every query): at 0 the prediction is the
+    closed gate's, at 1 the model's own."""
+    src = layout.on_open_steered(ctx, page, "ssog_test.safetensors", sha, 1, [2, 5], 2, False)[pg.steer_src]
+    loaded = ctx.model("ssog_test.safetensors")
+    x = loaded.input(ctx.image(sha).image)
+    with torch.inference_mode(), edited(loaded.model, [CloseGate(1, "all", 2)]):
+        closed = torch.softmax(loaded.model(x)[0].double(), -1)
+    text = layout.on_gate_release(ctx, pg, src, 0.0)[pg.gate_effect]
+    assert "Layer 1, head 2: every gate × 0 at every query" in text
+    assert f"**{loaded.class_names[int(closed.argmax())]}** {float(closed.max()):.4f} (Δ" in text
+    assert "Δ log p(" in layout.on_gate_release(ctx, pg, src, 1.0)[pg.gate_effect]
+    assert "= +0.0000)" in layout.on_gate_release(ctx, pg, src, 1.0)[pg.gate_effect]
+    assert layout.on_gate_release(ctx, pg, None, 0.5) == gr.skip()
+    gone = {**src, "image_sha256": "0" * 64}
+    assert "no longer in memory" in layout.on_gate_release(ctx, pg, gone, 0.5)[pg.gate_effect]
 
 
 # ----------------------------------------------------------------------------------------------- export + compare

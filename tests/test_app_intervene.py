@@ -31,19 +31,22 @@ def ui(ctx):
 
 
 def add(ctx, ui, edits, op, layer=0, head=0, tap="mu", mode="zero", atom=0, source=intervene.CURRENT, what="output",
-        ckpt="ssog_shapes.safetensors", sha="x" * 64):  # fmt: skip
-    return intervene.on_add(ctx, ui, ckpt, sha, edits, op, layer, head, tap, mode, atom, source, what)
+        factor=0.5, ckpt="ssog_shapes.safetensors", sha="x" * 64):  # fmt: skip
+    return intervene.on_add(ctx, ui, ckpt, sha, edits, op, layer, head, tap, mode, atom, source, what, factor)
 
 
 def test_the_edit_list_adds_moves_removes_and_reads_as_sentences(ctx, ui):
     out = add(ctx, ui, [], "close_gate", layer=1, head=-1, tap="sigma")
     out = add(ctx, ui, out[ui.edits], "swap_axes", layer=0, head=2)
     out = add(ctx, ui, out[ui.edits], "patch_head", layer=1, head=3, source="gray.png", what="steering")
+    out = add(ctx, ui, out[ui.edits], "scale_gate", layer=0, head=1, tap="all", factor=0.25)
     assert out[ui.listing].splitlines() == [
         "1. layer 1: σ gate closed",
         "2. layer 0, head 2: mirrored across the diagonal (y ↔ x)",
         "3. layer 1, head 3: steering patched from gray.png",
+        "4. layer 0, head 1: all gates × 0.25",
     ]
+    out = {ui.edits: out[ui.edits][:3]}
     moved = intervene.on_move(ctx, ui, "ssog_shapes.safetensors", out[ui.edits], 3, by=-1)
     assert moved[ui.listing].splitlines()[1].startswith("2. layer 1, head 3")
     removed = intervene.on_move(ctx, ui, "ssog_shapes.safetensors", moved[ui.edits], 1, by=0)

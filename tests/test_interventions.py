@@ -110,6 +110,42 @@ def test_closing_one_heads_gate_keeps_that_tap_fixed(tap):
         close(attention_maps(model, img).attn[layer], want_maps[layer])
 
 
+@pytest.mark.parametrize(("tap", "factor"), [("mu", 0.5), ("sigma", 0.3), ("lambda", 2.0), ("all", 0.7)])
+def test_scaling_a_heads_gate_moves_its_atoms_that_fraction_of_contents_offset(tap, factor):
+    """The offsets are s·tanh(p), so the gate times g puts μ, log σ and log λ that fraction of the way from the
+    fixed field to the learned steered one, for that head only."""
+    model, img = model_for(), images()
+    layer, head = 2, 1
+    fixed = model.blocks[layer].attn.fixed_field()
+
+    def scaled(mu, sigma, log_lam):
+        if tap in ("mu", "all"):
+            mu = fixed.mu[head] + factor * (mu - fixed.mu[head])
+        if tap in ("sigma", "all"):
+            sigma = fixed.sigma[head] * (sigma / fixed.sigma[head]) ** factor
+        if tap in ("lambda", "all"):
+            log_lam = fixed.log_lam[head] + factor * (log_lam - fixed.log_lam[head])
+        return mu, sigma, log_lam
+
+    want, want_maps = reference(model, img, at(layer, head, scaled))
+    with edited(model, [{"op": "scale_gate", "layer": layer, "tap": tap, "head": head, "factor": factor}]):
+        close(model(img), want)
+        close(attention_maps(model, img).attn[layer], want_maps[layer])
+
+
+def test_a_gate_scaled_by_zero_is_closed_and_by_one_is_as_trained():
+    model, img = model_for(), images()
+    with edited(model, [{"op": "scale_gate", "layer": 1, "tap": "all", "factor": 0}]):
+        zero = model(img)
+    with edited(model, [{"op": "close_gate", "layer": 1, "tap": "all"}]):
+        closed = model(img)
+    with edited(model, [{"op": "scale_gate", "layer": 1, "factor": 1}]):
+        one = model(img)
+    close(zero, closed)
+    assert torch.equal(one, model(img))
+    assert not torch.allclose(zero, one)  # the gate matters in this model, so the checks above can fail
+
+
 @pytest.mark.parametrize("mode", ["factorized", "axial"])
 def test_drop_atom_is_the_renormalised_mixture(mode):
     model, img = model_for(field=mode), images()
@@ -336,6 +372,7 @@ def test_edits_round_trip_through_json_and_read_as_sentences():
         [
             {"op": "close_gate", "layer": 5, "tap": "mu", "head": 0},
             {"op": "close_gate", "layer": 2},
+            {"op": "scale_gate", "layer": 2, "tap": "sigma", "head": 1, "factor": 0.25},
             {"op": "ablate_head", "layer": 1, "head": 3, "mode": "dataset_mean"},
             {"op": "patch_head", "layer": 0, "head": 1, "source": "a" * 64, "what": "steering"},
             {"op": "drop_atom", "layer": 0, "head": 1, "atom": 2},
@@ -347,6 +384,7 @@ def test_edits_round_trip_through_json_and_read_as_sentences():
     assert describe(edits) == [
         "layer 5, head 0: μ gate closed",
         "layer 2: all gates closed",
+        "layer 2, head 1: σ gate × 0.25",
         "layer 1, head 3: ablated (dataset mean)",
         "layer 0, head 1: steering patched from aaaaaaaaaaaa…",
         "layer 0, head 1: atom 2 dropped",
@@ -368,6 +406,9 @@ def test_edits_round_trip_through_json_and_read_as_sentences():
         ([{"op": "drop_atom", "layer": 0, "head": 0, "atom": a} for a in range(3)], "would have no atom left"),
         ([{"op": "ablate_head", "layer": 0, "head": 0, "mode": "dataset_mean"}], "needs the head means"),
         ([{"op": "swap_axes", "layer": 0, "head": 0, "axis": 1}], "has no field 'axis'"),
+        ([{"op": "scale_gate", "layer": 0, "factor": float("nan")}], "factor must be a number from 0 to 10"),
+        ([{"op": "scale_gate", "layer": 0, "factor": -0.5}], "factor must be a number"),
+        ([{"op": "scale_gate", "layer": 0, "factor": "half"}], "factor must be a number"),
     ],
 )
 def test_bad_edits_are_refused_in_words(edits, message):

@@ -21,10 +21,9 @@ from app.common import Updates, error_text, stoppable, warn
 from app.state import AppContext, AppError, LoadedModel
 from app.tabs.session import Restoring, SessionPart
 from ssog_core.analysis.effects import DEFAULT_EVAL_IMAGES, MAX_EVAL_IMAGES, HeadImportance, ValidationEffect
-from ssog_core.analysis.interventions import OPS, TAP_NAMES, check_edits, describe, parse_edits
+from ssog_core.analysis.interventions import MAX_GATE_FACTOR, OPS, TAP_NAMES, check_edits, describe, parse_edits
 from ssog_core.field import TAPS
 
-FIELD_OPS = ("close_gate", "drop_atom", "swap_axes")  # the builder's ops besides ablation and patching
 DOT_OPS = ("ablate_head", "patch_head")  # what a dot-product model can take
 CURRENT = "(the current picture)"
 FIXED_SUFFIX = "_fixed"  # ssog_layouts → ssog_fixed_layouts: the matched fixed-field model of the trio
@@ -116,11 +115,11 @@ def _with(ctx: AppContext, ui: InterveneUI, ckpt: str | None, edits: list[dict])
 
 def on_add(
     ctx: AppContext, ui: InterveneUI, ckpt: str | None, sha: str | None, edits: list[dict], op: str, layer: float,
-    head: float, tap: str, mode: str, atom: float, source: str, what: str,
+    head: float, tap: str, mode: str, atom: float, source: str, what: str, factor: float = 0.5,
 ) -> Updates:  # fmt: skip
     """Append the edit the builder describes (fields an op does not take are left out)."""
     edit: dict[str, Any] = {"op": op, "layer": int(layer or 0)}
-    if op == "close_gate":
+    if op in ("close_gate", "scale_gate"):
         edit["tap"] = tap
         if head is not None and head >= 0:
             edit["head"] = int(head)
@@ -132,6 +131,8 @@ def on_add(
         edit.update(source=sha if source == CURRENT else source, what=what)
     elif op == "drop_atom":
         edit["atom"] = int(atom or 0)
+    elif op == "scale_gate":
+        edit["factor"] = factor
     return _with(ctx, ui, ckpt, [*(edits or []), edit])
 
 
@@ -288,7 +289,9 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> InterveneUI:
                 layer = gr.Number(0, precision=0, minimum=0, label="layer", elem_id="iv-layer", scale=1)
                 head = gr.Number(0, precision=0, minimum=-1, label="head (−1: all, gates)", elem_id="iv-head", scale=1)
             with gr.Row():
-                tap = gr.Dropdown([*TAPS, "all"], value="mu", label="tap (close_gate)", elem_id="iv-tap")
+                tap = gr.Dropdown([*TAPS, "all"], value="mu", label="tap (gates)", elem_id="iv-tap")
+                factor = gr.Number(0.5, minimum=0, maximum=MAX_GATE_FACTOR, label="factor (scale_gate)",
+                                   elem_id="iv-factor")  # fmt: skip
                 mode = gr.Dropdown(["zero", "dataset_mean"], value="zero", label="mode (ablate)", elem_id="iv-mode")
                 atom = gr.Number(0, precision=0, minimum=0, label="atom (drop_atom)", elem_id="iv-atom")
             with gr.Row():
@@ -336,7 +339,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> InterveneUI:
                      sweep_note=sweep_note)  # fmt: skip
     ckpt, sha = shared["checkpoint"], shared["image_sha"]
     list_out = [edits, listing_md, status]
-    builder = [ckpt, sha, edits, op, layer, head, tap, mode, atom, source, what]
+    builder = [ckpt, sha, edits, op, layer, head, tap, mode, atom, source, what, factor]
     add.click(partial(on_add, ctx, ui), builder, list_out, **hidden)
     for button, by in ((remove, 0), (up, -1), (down, 1)):
         button.click(partial(on_move, ctx, ui, by=by), [ckpt, edits, index], list_out, **hidden)

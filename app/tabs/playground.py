@@ -19,7 +19,7 @@ from app.canvas import CSS_TEMPLATE, HTML_TEMPLATE, JS_ON_LOAD, canvas_props
 from app.common import Updates, error_text, warn, write_downloads
 from app.state import AppContext, AppError
 from app.tabs.session import Restoring, SessionPart
-from ssog_core.analysis.interventions import SetHead, edited
+from ssog_core.analysis.interventions import Edit, SetHead, edited
 from ssog_core.analysis.playground import (
     DEFAULT_SPEC,
     MAX_ATOMS,
@@ -67,6 +67,7 @@ class PlaygroundUI:
     steer_group: gr.Group
     steer_note: gr.Markdown
     gate: gr.Slider
+    gate_effect: gr.Markdown  # the model's prediction with this head's gates at the slider's value
     steer_src: gr.State
     status: gr.Markdown
     figure_button: gr.Button
@@ -87,6 +88,11 @@ class PlaygroundUI:
     @property
     def head_controls(self) -> list[Block]:
         return [self.tau, self.grid, self.mode]
+
+    @property
+    def steer_out(self) -> list[Block]:
+        """What opening a steered query's head sets besides :attr:`head_out`."""
+        return [self.steer_group, self.steer_note, self.gate, self.gate_effect, self.steer_src]
 
     @property
     def head_out(self) -> list[Block]:
@@ -385,28 +391,32 @@ def load_head(
     }
 
 
+def prediction_change(ctx: AppContext, ckpt: str, sha: str | None, edits: list[Edit], what: str) -> str:
+    """One line: the model's prediction on the picture, unedited → under ``edits`` (this request only)."""
+    if not sha:
+        raise AppError("pick an image (top of the page) to see the model's prediction change")
+    loaded = ctx.model(ckpt)
+    x = loaded.input(ctx.image(sha).image)
+    with torch.inference_mode():
+        before = ctx.cache.effects.get(("logits", loaded.key, sha), lambda: loaded.model(x))
+        with edited(loaded.model, edits):
+            after = loaded.model(x)
+    p0, p1 = torch.softmax(before[0].double(), -1), torch.softmax(after[0].double(), -1)
+    names, top, new = loaded.class_names, int(p0.argmax()), int(p1.argmax())
+    return (
+        f"{what}: prediction **{names[top]}** {float(p0[top]):.4f} → **{names[new]}** {float(p1[new]):.4f} "
+        f"(Δ log p({names[top]}) = {float(p1[top].log() - p0[top].log()):+.4f})."
+    )
+
+
 def on_apply_model(ctx: AppContext, ui: PlaygroundUI, value: Any, src: Any, on: bool, sha: str | None) -> Updates:
-    """The edited head put into the model it came from (``set_head``, this request only): the prediction on the
-    selected picture, unedited → edited, beside the canvas."""
+    """The edited head put into the model it came from (``set_head``): the prediction change beside the canvas."""
     if not (on and src):
         return gr.skip()
     try:
-        if not sha:
-            raise AppError("pick an image (top of the page) to see the model's prediction change")
-        loaded = ctx.model(src["checkpoint"])
-        x = loaded.input(ctx.image(sha).image)
-        with torch.inference_mode():
-            before = ctx.cache.effects.get(("logits", loaded.key, sha), lambda: loaded.model(x))
-            with edited(loaded.model, [SetHead(src["layer"], src["head"], _spec(value))]):
-                after = loaded.model(x)
-        p0, p1 = torch.softmax(before[0].double(), -1), torch.softmax(after[0].double(), -1)
-        names, top, new = loaded.class_names, int(p0.argmax()), int(p1.argmax())
-        text = (
-            f"Layer {src['layer']}, head {src['head']} of {src['checkpoint']} set to this head: prediction "
-            f"**{names[top]}** {float(p0[top]):.4f} → **{names[new]}** {float(p1[new]):.4f} "
-            f"(Δ log p({names[top]}) = {float(p1[top].log() - p0[top].log()):+.4f})."
-        )
-        return {ui.apply_note: text}
+        edit = SetHead(src["layer"], src["head"], _spec(value))
+        what = f"Layer {src['layer']}, head {src['head']} of {src['checkpoint']} set to this head"
+        return {ui.apply_note: prediction_change(ctx, src["checkpoint"], sha, [edit], what)}
     except Exception as e:
         return {ui.apply_note: warn(error_text(e))}
 
@@ -559,6 +569,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> PlaygroundUI:
                     label="content gate: 0 = the fixed field … 1 = the learned gate",
                     elem_id="pg-gate",
                 )
+                gate_effect = gr.Markdown(elem_id="pg-gate-effect")
             steer_src = gr.State(None)
             status = gr.Markdown()
             with gr.Accordion("Export this head as a figure (PNG + SVG)", open=False):
@@ -581,7 +592,8 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> PlaygroundUI:
     ui = PlaygroundUI(
         canvas=canvas, kernels=kernels, table=table, sy=sy, sx=sx, w=w, add=add, remove=remove, reset=reset,
         tau=tau, grid=grid, mode=mode, preset=preset, preset_note=preset_note, underlay=underlay,
-        steer_group=steer_group, steer_note=steer_note, gate=gate, steer_src=steer_src, status=status,
+        steer_group=steer_group, steer_note=steer_note, gate=gate, gate_effect=gate_effect, steer_src=steer_src,
+        status=status,
         figure_button=figure_button, figure_files=figure_files, model_src=model_src, apply=apply,
         apply_note=apply_note,
     )  # fmt: skip

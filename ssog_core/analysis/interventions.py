@@ -10,6 +10,7 @@ nothing outlives the block, even with many threads sharing the model (the hooks 
 | op | meaning |
 |---|---|
 | ``close_gate`` | content cannot steer that tap (``mu``/``sigma``/``lambda``/``all``) of one head or every head |
+| ``scale_gate`` | that tap's gate times ``factor`` (0 = closed, 1 = as trained): the playground's content gate |
 | ``ablate_head`` | the head's output before the output projection is zero, or its per-position dataset mean |
 | ``patch_head`` | from a source image: the head's whole output, or only its steering (where it looks) |
 | ``drop_atom`` | that atom's λ is 0 and the others are renormalised |
@@ -39,6 +40,7 @@ from ssog_core.nn.attention import SSOGAttention
 from ssog_core.nn.edit_hooks import install, uninstall
 
 MAX_EDITS = 64
+MAX_GATE_FACTOR = 10.0  # beyond this the bounded offsets saturate every atom: a typo, not an experiment
 DROPPED_LOG_LAMBDA = -1.0e4  # a dropped atom's log λ: its weight underflows to exactly 0 in every float type,
 # while every kernel still sees finite numbers (−inf would turn the fast paths' max-free softmax into NaN)
 TAP_NAMES = {"mu": "μ", "sigma": "σ", "lambda": "λ"}
@@ -75,6 +77,19 @@ class CloseGate(Edit):
     def describe(self) -> str:
         what = "all gates closed" if self.tap == "all" else f"{TAP_NAMES.get(self.tap, self.tap)} gate closed"
         return f"{self._where(self.head)}: {what}"
+
+
+@dataclass(frozen=True)
+class ScaleGate(CloseGate):
+    """The gate scale ``s`` of a tap times ``factor``: exactly the playground's content gate for that head (the
+    offsets are ``s·tanh(p)``, so scaling ``s`` scales each offset, in μ, log σ and log λ)."""
+
+    op: ClassVar[str] = "scale_gate"
+    factor: float = 1.0
+
+    def describe(self) -> str:
+        what = "all gates" if self.tap == "all" else f"{TAP_NAMES.get(self.tap, self.tap)} gate"
+        return f"{self._where(self.head)}: {what} × {self.factor:g}"
 
 
 @dataclass(frozen=True)
@@ -134,7 +149,9 @@ class SwapAxes(Edit):
         return f"{self._where(self.head)}: mirrored across the diagonal (y ↔ x)"
 
 
-EDIT_TYPES: dict[str, type[Edit]] = {t.op: t for t in (CloseGate, AblateHead, PatchHead, DropAtom, SetHead, SwapAxes)}
+EDIT_TYPES: dict[str, type[Edit]] = {
+    t.op: t for t in (CloseGate, ScaleGate, AblateHead, PatchHead, DropAtom, SetHead, SwapAxes)
+}
 OPS = tuple(EDIT_TYPES)
 
 
@@ -145,6 +162,12 @@ def _int(d: Mapping[str, Any], key: str, optional: bool = False) -> int | None:
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v != int(v):
         raise EditError(f"{key} must be a whole number, got {v!r}")
     return int(v)
+
+
+def _factor(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= MAX_GATE_FACTOR:
+        raise EditError(f"factor must be a number from 0 to {MAX_GATE_FACTOR:g} (0 closes the gate), got {v!r}")
+    return float(v)
 
 
 def edit_from_dict(d: Any) -> Edit:
@@ -164,16 +187,18 @@ def edit_from_dict(d: Any) -> Edit:
         if name not in d:
             continue
         if name in ("head", "atom"):
-            kw[name] = _int(d, name, optional=name == "head" and cls is CloseGate)
+            kw[name] = _int(d, name, optional=name == "head" and issubclass(cls, CloseGate))
         elif name == "head_spec":
             kw[name] = HeadSpec.from_dict(d[name])
         elif name == "steered":
             kw[name] = bool(d[name])
+        elif name == "factor":
+            kw[name] = _factor(d[name])
         elif not isinstance(d[name], str):
             raise EditError(f"{name} must be a string, got {d[name]!r}")
         else:
             kw[name] = d[name]
-    if cls is not CloseGate and "head" not in d:
+    if not issubclass(cls, CloseGate) and "head" not in d:
         raise EditError(f"{op} needs a head")
     return cls(**kw)
 
@@ -226,8 +251,11 @@ def _problems(edit: Edit, model: nn.Module, sources: Mapping[str, Any], has_mean
     if isinstance(edit, CloseGate):
         if edit.tap not in (*TAPS, "all"):
             return [f"unknown tap {edit.tap!r}; expected mu, sigma, lambda or all"]
+        if isinstance(edit, ScaleGate) and not 0.0 <= edit.factor <= MAX_GATE_FACTOR:
+            return [f"factor must be a number from 0 to {MAX_GATE_FACTOR:g} (0 closes the gate), got {edit.factor}"]
         if not attn.taps:
-            return [f"layer {edit.layer} has a fixed field (no steering gates): there is no gate to close"]
+            verb = "scale" if isinstance(edit, ScaleGate) else "close"
+            return [f"layer {edit.layer} has a fixed field (no steering gates): there is no gate to {verb}"]
         if edit.tap != "all" and edit.tap not in attn.taps:
             return [f"layer {edit.layer} has no {TAP_NAMES[edit.tap]} gate (its taps: {', '.join(attn.taps)})"]
     elif isinstance(edit, AblateHead):
@@ -364,7 +392,13 @@ class _LayerPlan:
     def probes(self, probes: dict[str, Tensor]) -> dict[str, Tensor]:
         probes = dict(probes)
         for e in self.edits:
-            if isinstance(e, CloseGate):
+            if isinstance(e, ScaleGate):
+                heads = slice(None) if e.head is None else e.head
+                for tap in TAPS if e.tap == "all" else (e.tap,):
+                    if tap in probes:
+                        probes[tap] = probes[tap].clone()
+                        probes[tap][:, :, :, heads] *= e.factor
+            elif isinstance(e, CloseGate):
                 for tap in TAPS if e.tap == "all" else (e.tap,):
                     if tap in probes and e.head is None:
                         del probes[tap]
