@@ -14,21 +14,27 @@ always the latest positions; on release ``value`` takes the new head. On release
 
 from __future__ import annotations
 
+FIT_MIN_CELLS = 5  # the zoomed window's shortest side: a window of one cell would hide where the atoms are
+
 # Template: a JS template literal (no "{{": Handlebars runs first). It draws V, the head being dragged (``moving``)
 # or else the component's value, in a W × H px box at most (narrower screens scale it down: every position is a
-# percentage). Coordinates are grid cells; the overlay SVG's viewBox makes a cell centre (y, x) the point (x, y).
+# percentage). Coordinates are grid cells; the overlay SVG's viewBox makes a cell centre (y, x) the point (x, y),
+# and its window is the view ``Z``: [top, left, rows, cols] in cell edges and the CSS that places the grid-sized
+# images under it. That is the whole grid, or with ``fit`` (a zoom) the ★ and every atom ±1.5 widths plus a cell,
+# at least FIT_MIN_CELLS a side; it is computed from ``value``, not ``moving``, so it holds still while dragging.
+# No line comments inside the template (it is evaluated as one expression).
 # λ labels are stacked downwards where they would overlap each other or the ★ (clustered atoms, as trained heads
 # pile theirs near the query: the ★'s box is placed first). Every prop used here must be passed
 # at construction.
 HTML_TEMPLATE = """
-${((V) => ((W, H) => `
+${((V, Z) => ((W, H) => `
 <div class="pgw" style="grid-template-columns:minmax(0, ${W}px) 64px">
- <div class="pg" style="max-width:${W}px;aspect-ratio:${V.grid[1]} / ${V.grid[0]}">
-  <img class="bg" src="${bg}" alt="" draggable="false" style="display:${bg ? 'block' : 'none'}"/>
-  <img class="fld" src="${img}" alt="field" draggable="false"/>
-  <svg class="ov" viewBox="-0.5 -0.5 ${V.grid[1]} ${V.grid[0]}" preserveAspectRatio="none">
+ <div class="pg" data-view="${Z.slice(0, 4).join(',')}" style="max-width:${W}px;aspect-ratio:${Z[3]} / ${Z[2]}">
+  <img class="bg" src="${bg}" alt="" draggable="false" style="display:${bg ? 'block' : 'none'};${Z[4]}"/>
+  <img class="fld" src="${img}" alt="field" draggable="false" style="${Z[4]}"/>
+  <svg class="ov" viewBox="${Z[1]} ${Z[0]} ${Z[3]} ${Z[2]}" preserveAspectRatio="none">
    ${V.atoms.map((a, i) => {
-     const q = V.query, ppc = size / Math.max(...V.grid);
+     const q = V.query, ppc = size / Math.max(Z[2], Z[3]);
      const dy = a.y - q[0], dx = a.x - q[1], len = Math.hypot(dy, dx);
      const w = wid[i] || [a.sy, a.sx];
      let head = '';
@@ -46,38 +52,61 @@ ${((V) => ((W, H) => `
       aria-label="atom ${i + 1}, looks at row ${a.y.toFixed(1)}, column ${a.x.toFixed(1)},
         λ ${(lam[i] ?? 0).toFixed(2)}: arrow keys move it"
       title="atom ${i + 1}: drag (or focus and use the arrow keys) to move, click to select"
-      style="left:${(a.x + 0.5) / V.grid[1] * 100}%;top:${(a.y + 0.5) / V.grid[0] * 100}%">${i + 1}</div>`).join('')}
+      style="left:${(a.x - Z[1]) / Z[3] * 100}%;top:${(a.y - Z[0]) / Z[2] * 100}%">${i + 1}</div>`).join('')}
   ${((placed) => V.atoms.map((a, i) => {
-     const x = (a.x + 0.5) / V.grid[1] * W + 14;
-     let y = (a.y + 0.5) / V.grid[0] * H - 24;
+     const x = (a.x - Z[1]) / Z[3] * W + 14;
+     let y = (a.y - Z[0]) / Z[2] * H - 24;
      while (placed.some(p => Math.abs(p[0] - x) < 48 && Math.abs(p[1] - y) < 13)) y += 13;
      placed.push([x, y]);
      return `<div class="lam" style="left:${x / W * 100}%;top:${y / H * 100}%">λ=${(lam[i] ?? 0).toFixed(2)}</div>`;
-   }).join(''))([[(V.query[1] + 0.5) / V.grid[1] * W - 10, (V.query[0] + 0.5) / V.grid[0] * H - 8]])}
+   }).join(''))([[(V.query[1] - Z[1]) / Z[3] * W - 10, (V.query[0] - Z[0]) / Z[2] * H - 8]])}
   <div class="star" tabindex="0" role="button"
       aria-label="query ★ at row ${V.query[0]}, column ${V.query[1]}: arrow keys move it with its atoms"
       title="the query: drag (or focus and use the arrow keys) to move it (the atoms keep their offsets μ)"
-      style="left:${(V.query[1] + 0.5) / V.grid[1] * 100}%;top:${(V.query[0] + 0.5) / V.grid[0] * 100}%"
+      style="left:${(V.query[1] - Z[1]) / Z[3] * 100}%;top:${(V.query[0] - Z[0]) / Z[2] * 100}%"
       >★</div>
  </div>
- <div class="kyw"><svg class="ky" viewBox="0 -0.5 1 ${V.grid[0]}" preserveAspectRatio="none">
+ <div class="kyw"><svg class="ky" viewBox="0 ${Z[0]} 1 ${Z[2]}" preserveAspectRatio="none">
   <polyline points="${ky.map((v, i) => `${0.97 * v},${i}`).join(' ')}"/></svg></div>
- <svg class="kx" viewBox="-0.5 0 ${V.grid[1]} 1" preserveAspectRatio="none">
+ <svg class="kx" viewBox="${Z[1]} 0 ${Z[3]} 1" preserveAspectRatio="none">
   <polyline points="${kx.map((v, i) => `${i},${1 - 0.97 * v}`).join(' ')}"/></svg>
  <div class="info"><span class="cbar" title="colour = the ★ query's attention weight on each key cell">
    <span>0</span><i style="background:${cbar}"></i><span class="vmax">${vmax}</span> weight</span>
   <span class="hov"></span><br/><span class="inf">${info}</span><br/>
+  <span class="zoom">${Z[2] < V.grid[0] || Z[3] < V.grid[1]
+   ? `zoomed: rows ${Math.ceil(Z[0])}–${Math.floor(Z[0] + Z[2])}, columns ${Math.ceil(Z[1])}–`
+     + `${Math.floor(Z[1] + Z[3])} of ${V.grid[0]}×${V.grid[1]}` : ''}</span>
   <span class="lat">${lat}</span> <span class="err">${err}</span></div>
 </div>
-`)(Math.round(size * V.grid[1] / Math.max(...V.grid)), Math.round(size * V.grid[0] / Math.max(...V.grid)))
-)(moving && moving.atoms ? moving : value)}
-"""
+`)(Math.round(size * Z[3] / Math.max(Z[2], Z[3])), Math.round(size * Z[2] / Math.max(Z[2], Z[3])))
+)(moving && moving.atoms ? moving : value, ((v) => {
+  const [gh, gw] = v.grid;
+  let t = -0.5, l = -0.5, h = gh, w = gw;
+  if (fit) {
+    let y0 = v.query[0], y1 = v.query[0], x0 = v.query[1], x1 = v.query[1];
+    v.atoms.forEach((a, i) => {
+      const s = wid[i] || [a.sy, a.sx];
+      y0 = Math.min(y0, a.y - 1.5 * s[0]); y1 = Math.max(y1, a.y + 1.5 * s[0]);
+      x0 = Math.min(x0, a.x - 1.5 * s[1]); x1 = Math.max(x1, a.x + 1.5 * s[1]);
+    });
+    const side = (lo, hi, n) => {
+      const len = Math.min(n, Math.max(hi - lo + 2, __FIT_MIN__)), mid = (lo + hi) / 2;
+      const start = Math.min(Math.max(mid - len / 2, -0.5), n - 0.5 - len);
+      return [Math.round(start * 100) / 100, Math.round(len * 100) / 100];
+    };
+    [t, h] = side(y0, y1, gh); [l, w] = side(x0, x1, gw);
+  }
+  const css = `left:${(-0.5 - l) / w * 100}%;top:${(-0.5 - t) / h * 100}%;`
+    + `width:${gw / w * 100}%;height:${gh / h * 100}%`;
+  return [t, l, h, w, css];
+})(value))}
+""".replace("__FIT_MIN__", str(FIT_MIN_CELLS))
 
 CSS_TEMPLATE = """
 .pgw { display: grid; gap: 6px; align-items: start;
        font-family: ui-sans-serif, system-ui, sans-serif; user-select: none; }
 .pg { position: relative; width: 100%; touch-action: none; background: #111; border-radius: 4px; overflow: hidden; }
-.pg img { position: absolute; inset: 0; width: 100%; height: 100%; image-rendering: pixelated; pointer-events: none; }
+.pg img { position: absolute; image-rendering: pixelated; pointer-events: none; max-width: none; }
 .pg img.bg { image-rendering: auto; }
 .ov { position: absolute; inset: 0; width: 100%; height: 100%; pointer-events: none; overflow: visible; }
 .ov .mu { stroke: #fff; stroke-width: 2; vector-effect: non-scaling-stroke; }
@@ -113,12 +142,12 @@ const MAX_INFLIGHT = 2;  // two previews overlap: one computes while the other t
 const stats = { frames: 0, moves: 0, ms: [], release: [] };  // read by benchmarks/app_latency.py
 window.ssogCanvasStats = stats;
 const clone = v => JSON.parse(JSON.stringify(v));
-function pos(e) {
-  const r = element.querySelector('.pg').getBoundingClientRect();
-  const [gh, gw] = props.value.grid;
-  const y = (e.clientY - r.top) / r.height * gh - 0.5, x = (e.clientX - r.left) / r.width * gw - 0.5;
-  const clip = (v, n) => Math.min(Math.max(v, -0.5), n - 0.5);
-  return [Math.round(clip(y, gh) * 10) / 10, Math.round(clip(x, gw) * 10) / 10];
+function pos(e) {  // the pointer in grid cells, kept inside the window shown
+  const pg = element.querySelector('.pg'), r = pg.getBoundingClientRect();
+  const [t, l, h, w] = pg.dataset.view.split(',').map(Number);
+  const y = t + (e.clientY - r.top) / r.height * h, x = l + (e.clientX - r.left) / r.width * w;
+  const clip = (v, lo, n) => Math.min(Math.max(v, lo), lo + n);
+  return [Math.round(clip(y, t, h) * 10) / 10, Math.round(clip(x, l, w) * 10) / 10];
 }
 // Live preview: ask the server function for the field of the latest positions; never more than MAX_INFLIGHT
 // requests at once, the newest positions are always sent next, and a late answer never replaces a newer one.
@@ -263,4 +292,5 @@ def canvas_props(size: int = 440) -> dict:
         ack=0,
         live="server",
         moving=None,
+        fit=False,
     )

@@ -348,6 +348,7 @@ def test_a_head_clicked_in_the_geometry_grid_opens_in_the_playground(ctx, sha, p
     assert v["grid"] == [8, 8] and "layer 1, head 2" in out[pg.preset_note]
     assert out[page.tabs].selected == "playground" and out[page.active] == "playground"
     assert set(out) == {*pg.head_out, page.tabs, page.active, page.geometry.status}
+    assert out[pg.zoom] is True and out[pg.canvas]["fit"] is True  # a trained head opens zoomed to its atoms
     fixed = attention_maps(loaded.model, torch.rand(1, 3, 32, 32), steered=False).attn[1][0, 2, 3 * 8 + 3]
     np.testing.assert_allclose(evaluate(HeadSpec.from_dict(v)).density.numpy().ravel(), fixed.numpy(), atol=1e-5)
     missed = gr.SelectData(None, {"index": [1, 1], "value": None})

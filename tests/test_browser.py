@@ -90,6 +90,7 @@ def test_browser_tour(server):
             layer_controls_redraw(page)
             figure_downloads_are_named(page)
             geometry_click_opens_the_head(page, server["ckpt"])
+            a_trained_head_opens_zoomed_to_its_atoms(page)
             export_tab_upload(page, server["images"]["rgba"])
             steering_tab_click(page)
             bad_upload_keeps_serving(page, server["bad"]["text"])
@@ -406,6 +407,37 @@ def geometry_click_opens_the_head(page, ckpt_dir: Path) -> None:
     assert page.get_attribute("#tab-playground-button", "aria-selected") == "true"
     page.wait_for_function("() => document.querySelector('#pg-canvas .inf').textContent.includes('★ query (3, 3)')")
     shot(page, "13_geometry_click_playground")
+
+
+def a_trained_head_opens_zoomed_to_its_atoms(page) -> None:
+    """A head opened from a model is shown zoomed to the ★ and its atoms (trained atoms pile up near the ★); a
+    dragged atom follows the pointer in the zoomed window, and unticking the zoom shows the whole grid."""
+    assert page.is_checked("#pg-zoom input")
+    view = page.get_attribute("#pg-canvas .pg", "data-view").split(",")
+    assert float(view[2]) < 8 or float(view[3]) < 8, view  # a window of the 8×8 grid
+    assert "zoomed: rows" in page.inner_text("#pg-canvas .info")
+    x, y = centre(page.locator("#pg-canvas .atom").nth(0).bounding_box())
+    box = page.locator("#pg-canvas .pg").bounding_box()
+    tx, ty = box["x"] + box["width"] * 0.3, box["y"] + box["height"] * 0.7
+    page.mouse.move(x, y)
+    page.mouse.down()
+    page.mouse.move(tx, ty, steps=8)
+    page.wait_for_timeout(300)
+    ax, ay = centre(page.locator("#pg-canvas .atom").nth(0).bounding_box())
+    cell = box["width"] / float(view[3])
+    assert abs(ax - tx) < 0.1 * cell + 2 and abs(ay - ty) < 0.1 * cell + 2, (ax, ay, tx, ty)  # 0.1-cell steps
+    page.mouse.up()
+    page.wait_for_function("() => /release → update/.test(document.querySelector('#pg-canvas .lat').textContent)")
+    page.wait_for_timeout(300)
+    shot(page, "14_playground_zoomed")
+    rows, cols = (float(v) for v in page.get_attribute("#pg-canvas .pg", "data-view").split(",")[2:4])
+    box = page.locator("#pg-canvas .pg").bounding_box()
+    assert abs(box["height"] / box["width"] - rows / cols) < 0.02  # the canvas has the window's shape
+    page.uncheck("#pg-zoom input")
+    page.wait_for_function("() => !document.querySelector('#pg-canvas .info').innerText.includes('zoomed')")
+    assert page.get_attribute("#pg-canvas .pg", "data-view").split(",")[2:4] == ["8", "8"]
+    box = page.locator("#pg-canvas .pg").bounding_box()
+    assert abs(box["height"] - box["width"]) < 2
 
 
 @pytest.fixture(scope="module")

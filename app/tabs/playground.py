@@ -64,6 +64,7 @@ class PlaygroundUI:
     preset: gr.Dropdown
     preset_note: gr.Markdown
     underlay: gr.Checkbox
+    zoom: gr.Checkbox  # show only the ★ and the atoms' extent (the canvas' ``fit``)
     steer_group: gr.Group
     steer_note: gr.Markdown
     gate: gr.Slider
@@ -98,7 +99,7 @@ class PlaygroundUI:
     def head_out(self) -> list[Block]:
         """Everything a head loaded from elsewhere (a preset, the geometry grid, a steered query) changes."""
         return [*self.main_out, *self.atom_controls, *self.head_controls, self.preset_note, self.status,
-                self.model_src, self.apply, self.apply_note]  # fmt: skip
+                self.model_src, self.apply, self.apply_note, self.zoom]  # fmt: skip
 
 
 def initial_value() -> dict[str, Any]:
@@ -379,10 +380,12 @@ def load_head(
             extra["bg"] = underlay_url(ctx, sha, v)
         except AppError as e:
             status = warn(error_text(e))
+    extra["fit"] = True  # a trained head piles its atoms near the ★: zoomed to them, they can be told apart
     return {
-        **canvas_outputs(ui, v, bg and bool(extra), extra, new_value=True),
+        **canvas_outputs(ui, v, bg and "bg" in extra, extra, new_value=True),
         **sliders(ui, v),
         **head_controls(ui, v),
+        ui.zoom: True,
         ui.preset_note: note,
         ui.status: status,
         ui.model_src: src,
@@ -559,6 +562,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> PlaygroundUI:
                 )
                 mode = gr.Radio(["factorized", "axial"], value=v0["mode"], label="field mode")
                 underlay = gr.Checkbox(False, label="draw over the selected image", elem_id="pg-underlay")
+                zoom = gr.Checkbox(False, label="zoom to the ★ and the atoms", elem_id="pg-zoom")
             with gr.Group(visible=False, elem_id="pg-steer") as steer_group:
                 steer_note = gr.Markdown(elem_id="pg-steer-note")
                 gate = gr.Slider(
@@ -591,7 +595,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> PlaygroundUI:
     )
     ui = PlaygroundUI(
         canvas=canvas, kernels=kernels, table=table, sy=sy, sx=sx, w=w, add=add, remove=remove, reset=reset,
-        tau=tau, grid=grid, mode=mode, preset=preset, preset_note=preset_note, underlay=underlay,
+        tau=tau, grid=grid, mode=mode, preset=preset, preset_note=preset_note, underlay=underlay, zoom=zoom,
         steer_group=steer_group, steer_note=steer_note, gate=gate, gate_effect=gate_effect, steer_src=steer_src,
         status=status,
         figure_button=figure_button, figure_files=figure_files, model_src=model_src, apply=apply,
@@ -633,6 +637,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> PlaygroundUI:
         [*ui.main_out, underlay, status],
         **fast,
     )
+    zoom.input(lambda on: gr.update(fit=bool(on)), [zoom], [canvas], queue=False, **fast)
     figure_button.click(
         partial(on_make_figure, ctx, ui),
         [canvas, underlay, shared["image_sha"]],
