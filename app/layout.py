@@ -24,6 +24,8 @@ from ssog_core.analysis.interventions import ScaleGate
 from ssog_core.analysis.session import NO_TWIN, dumps
 from ssog_core.viz import figures as viz
 
+NARROW_PX = 700  # a screen narrower than this gets the export figure one layer at a time
+
 FONTS = ["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto", "sans-serif"]  # no web fonts
 MONO = ["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"]
 CSS = """
@@ -415,6 +417,7 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
         )
         ckpt.change(partial(playground.on_checkpoint, ctx, pg), [ckpt], [pg.preset, pg.preset_note], **hidden)
         page_loaded = demo.load(partial(on_checkpoint_change, ctx, page), [ckpt], follow, **hidden)
+        demo.load(None, None, [ex.layout], js=f"() => window.innerWidth < {NARROW_PX} ? 'narrow' : 'wide'", **hidden)
         views = {
             "geometry": (t_geo, partial(geometry.render, ctx, geo), [ckpt, geo.layer, image_sha], geo.outputs, []),
             "steering": (t_st, partial(steering.render, ctx, st), [ckpt, image_sha, st.layer, st.query, st.head],

@@ -33,6 +33,7 @@ from ssog_core.analysis.measures import attention_maps, export_maps
 from ssog_core.analysis.playground import MAX_ATOMS, HeadSpec, evaluate
 from ssog_core.analysis.session import NO_TWIN, dumps
 from ssog_core.data.images import model_input
+from ssog_core.viz import figures as viz
 from tests.app_fixtures import (
     designed_ssog,
     dot_twin,
@@ -460,6 +461,31 @@ def test_export_maps_with_twin_and_downloads(ctx, sha, page):
     assert "query patch (2, 5)" in text and "yellow" in text
     assert [(sh.x0, sh.y0) for sh in acc.layout.shapes] == [(4.5, 1.5)]
     assert json.loads(Image.open(fig).info["Description"])["query"] == [2, 5]
+
+
+def test_a_narrow_screen_gets_one_layer_in_two_columns(ctx, sha, page):
+    """The phone layout: the six panels of one layer in three rows of two, no strip of every layer, so each
+    panel keeps its size (the wide figure at 390 px shrinks every panel to ~55 px)."""
+    ex = page.export
+    wide = export.render(ctx, ex, "ssog_test.safetensors", NO_TWIN, sha, 0.5, 1)[ex.figure]
+    narrow = export.render(ctx, ex, "ssog_test.safetensors", NO_TWIN, sha, 0.5, 1, None, "none", "narrow")[ex.figure]
+    (ww, wh), (nw, nh) = Image.open(wide).size, Image.open(narrow).size
+    assert ww > wh and nh > nw and Path(narrow).name.endswith("_narrow.png")
+    assert json.loads(Image.open(narrow).info["Description"])["layout"] == "narrow"
+    maps = ctx_maps(ctx, sha)
+    panels = {}
+    for flag in (False, True):
+        fig = viz.export_maps_figure(Image.new("RGB", (32, 32)), [("m", maps)], 1, narrow=flag)
+        panels[flag] = [ax for ax in fig.get_axes() if ax.get_images()]
+    assert len(panels[True]) == 6 and len(panels[False]) == 6 + 2  # the wide one adds every layer's net export
+    assert {ax.get_title().split("\n")[0] for ax in panels[True]} >= {"layer 1 pull-in", "layer 1 net export"}
+    width = {flag: panels[flag][1].get_position().width for flag in panels}  # of the figure, at one screen width
+    assert width[True] > 2.5 * width[False]
+
+
+def ctx_maps(ctx, sha):
+    loaded = ctx.model("ssog_test.safetensors")
+    return export_maps(loaded.model, loaded.input(ctx.image(sha).image), 0.5)
 
 
 def test_export_maps_against_a_control_and_per_class(ctx, sha, page, tmp_path):

@@ -385,6 +385,22 @@ def phone_width(page) -> None:
         shot(page, "12_phone")
     finally:
         page.set_viewport_size({"width": 1400, "height": 1000})
+    phone = page.context.browser.new_page(viewport={"width": 390, "height": 844})
+    phone.set_default_timeout(60_000)
+    try:  # a page opened on a phone draws the export maps one layer at a time, in two columns
+        phone.goto(page.url)
+        phone.wait_for_selector("#pg-canvas .atom")
+        phone.click("button[aria-label='More tabs']")  # at this width the tabs are in Gradio's overflow menu
+        phone.locator(".overflow-dropdown button", has_text="Export maps").click()
+        phone.wait_for_selector("#ex-figure img[src]", state="attached")
+        assert phone.is_checked("#ex-layout input[value=narrow]")
+        phone.wait_for_function("() => document.querySelector('#ex-figure img').src.includes('_narrow')")
+        w, h = phone.evaluate("() => { const i = document.querySelector('#ex-figure img');"
+                              " return [i.naturalWidth, i.naturalHeight]; }")  # fmt: skip
+        assert h > w
+        shot(phone, "15_phone_export")
+    finally:
+        phone.close()
 
 
 def geometry_click_opens_the_head(page, ckpt_dir: Path) -> None:

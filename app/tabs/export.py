@@ -40,6 +40,7 @@ class ExportUI:
     alpha: gr.Slider
     layer: gr.Slider
     control: gr.Dropdown
+    layout: gr.Radio  # wide (every layer) or narrow (this layer in two columns: a phone)
     text: gr.Markdown
     figure: gr.Image
     control_figure: gr.Image
@@ -144,9 +145,11 @@ def render(
     layer: float,
     query: Any = None,
     control: str = "none",
+    layout: str = "wide",
 ) -> Updates:
     """The summary, the figure, the accumulated-map plot, the layer slider, and with a control the figure of raw,
-    control and raw − control; ``query``, the patch picked in Steering, is outlined on every map."""
+    control and raw − control; ``query``, the patch picked in Steering, is outlined on every map; ``layout``
+    "narrow" draws one layer in two columns (a phone's width)."""
     if not ckpt or not sha:
         missing = "a checkpoint" if not ckpt else "an image (top of the page)"
         return {ui.text: f"Pick {missing} to compute export maps.", ui.figure: None, ui.accumulated: None,
@@ -162,12 +165,14 @@ def render(
         layer = min(int(layer or 0), depth - 1)
         q = (int(query[0]), int(query[1])) if query else None
         named = [(n, m) for n, _, m in models]
-        fig = figures.named_export_maps_figure(named, _display(stored, loaded), layer, stored.name, q)
+        narrow = layout == "narrow"
+        fig = figures.named_export_maps_figure(named, _display(stored, loaded), layer, stored.name, q, narrow)
         names = "+".join(figures.stem_of(n) for n, _, _ in models)
         meta = {"figure": "export maps", "checkpoints": [n for n, _, _ in models], "image": stored.name,
                 "image_sha256": sha, "alpha": float(alpha), "layer": layer, "colormap": viz.NET_CMAP,
-                "query": list(q) if q else None}  # fmt: skip
-        shown = shown_figure(fig, f"export_{names}_{sha[:8]}_L{layer}_alpha{alpha:.2f}_{viz.NET_CMAP}", meta)
+                "query": list(q) if q else None, "layout": "narrow" if narrow else "wide"}  # fmt: skip
+        stem = f"export_{names}_{sha[:8]}_L{layer}_alpha{alpha:.2f}_{viz.NET_CMAP}" + ("_narrow" if narrow else "")
+        shown = shown_figure(fig, stem, meta)
         controls = [control_for(ctx, lm, stored, m, control) for _, lm, m in models]
         control_shown = None
         if controls[0] is not None:
@@ -225,9 +230,11 @@ def downloads(
     layer: float,
     query: Any = None,
     control: str = "none",
+    layout: str = "wide",
 ) -> Updates:
     """The figure (PNG + SVG) and every model's raw maps (.npz + CSV); with a control also the figure against it
-    and the control's maps in each .npz; settings in file names and metadata."""
+    and the control's maps in each .npz; settings in file names and metadata. The files are the wide figure
+    whatever the screen's ``layout``: they are for papers, not phones."""
     try:
         loaded, stored = ctx.model(ckpt), ctx.image(sha)
         pairs = [(ckpt, loaded)]
@@ -274,6 +281,13 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> ExportUI:
             elem_id="ex-control",
             scale=2,
         )
+    layout = gr.Radio(
+        ["wide", "narrow"],
+        value="wide",
+        label="figure layout: wide (this layer and every layer's net export) or narrow (this layer only, two "
+        "columns: phones; chosen for you on a narrow screen)",
+        elem_id="ex-layout",
+    )
     gr.Markdown(  # above the figure: read before the maps, not found after them
         "**How to read it.** With the head-mean attention Ā of a layer and Â = α·Ā + (1−α)·I: "
         "pull-in = 1 − Â_ii (how much patch i reads from the others), pull-out = Σ_j Â_ji − Â_ii (how much "
@@ -323,11 +337,11 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> ExportUI:
         show_label=False,
         buttons=["download", "fullscreen"],
     )
-    inputs = [shared["checkpoint"], twin, shared["image_sha"], alpha, layer, shared["query"], control]
-    ui = ExportUI(twin=twin, alpha=alpha, layer=layer, control=control, text=text, figure=figure,
+    inputs = [shared["checkpoint"], twin, shared["image_sha"], alpha, layer, shared["query"], control, layout]
+    ui = ExportUI(twin=twin, alpha=alpha, layer=layer, control=control, layout=layout, text=text, figure=figure,
                   control_figure=control_figure, accumulated=accumulated, files=files, files_status=files_status,
                   classes=classes, classes_status=classes_status, inputs=inputs)  # fmt: skip
-    for picker in (twin, control):
+    for picker in (twin, control, layout):
         picker.input(partial(render, ctx, ui), inputs, ui.outputs, api_visibility="private")
     files_button.click(partial(downloads, ctx, ui), inputs, [files, files_status], api_visibility="private")
     classes_button.click(

@@ -465,14 +465,17 @@ def export_maps_figure(
     layer: int,
     title: str = "",
     query: tuple[int, int] | None = None,
+    narrow: bool = False,
 ) -> Figure:
     """Per model (a block of rows): the input, layer ``layer``'s pull-in / pull-out / net export, the accumulated
     net export with its range and exporter share, and attention rollout; below, net export of every layer on
     one shared colour scale (six panels per row). ``query`` (a patch picked in the Steering view) is outlined
-    on every map."""
+    on every map. ``narrow`` (a phone's width): the six panels in three rows of two and no all-layer strip, so
+    that each panel stays readable: one layer at a time."""
     depth = max(m.net.shape[1] for _, m in models)
-    strip_rows = math.ceil(depth / 6)
-    fig = new_figure(15.0, (2.7 + 2.35 * strip_rows) * len(models) + 0.8)
+    strip_rows = 0 if narrow else math.ceil(depth / 6)
+    block_height = 3 * 2.6 if narrow else 2.7 + 2.35 * strip_rows
+    fig = new_figure(6.4 if narrow else 15.0, block_height * len(models) + 0.8)
     blocks = np.atleast_1d(fig.subfigures(len(models), 1))
     img = backdrop(image, 230)
     for block, (label, m) in zip(blocks, models, strict=True):
@@ -480,8 +483,12 @@ def export_maps_figure(
         pin, pout, net = (x[0, l].numpy() for x in (m.pull_in, m.pull_out, m.net))
         acc, roll = m.accumulated[0].numpy(), m.rollout[0].numpy()
         s = m.summary()
-        top, bottom = block.subfigures(2, 1, height_ratios=[2.7, 2.35 * strip_rows])
-        axes = top.subplots(1, 6)
+        if narrow:
+            top, bottom = block, None
+            axes = top.subplots(3, 2).ravel()
+        else:
+            top, bottom = block.subfigures(2, 1, height_ratios=[2.7, 2.35 * strip_rows])
+            axes = top.subplots(1, 6)
         axes[0].imshow(img, interpolation="nearest")
         _no_ticks(axes[0])
         axes[0].set_title(f"{label}\ninput", fontsize=8, fontweight="bold")
@@ -503,6 +510,8 @@ def export_maps_figure(
             _mark_cell(ax, query, m.grid)
             ax.set_title(name, fontsize=8)
             _colorbar(top, im, ax, unit)
+        if bottom is None:
+            continue
         strip = np.atleast_1d(bottom.subplots(strip_rows, 6, squeeze=False)).ravel()
         for k, ax in enumerate(strip):
             if k >= m.net.shape[1]:

@@ -113,11 +113,12 @@ def named_export_maps_figure(
     layer: int,
     image_name: str | None = None,
     query: tuple[int, int] | None = None,
+    narrow: bool = False,
 ):
     """The export-maps figure exactly as the app shows it: ``models`` are ``(checkpoint file name, maps)``,
     labelled without the suffix, and the image's name goes in the title (drawn by :func:`viz.export_maps_figure`)."""
     title = f"on {image_name}" if image_name else ""
-    return viz.export_maps_figure(display, [(stem_of(n), m) for n, m in models], layer, title, query)
+    return viz.export_maps_figure(display, [(stem_of(n), m) for n, m in models], layer, title, query, narrow)
 
 
 def compare_figure(
