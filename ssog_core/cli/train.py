@@ -206,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--save-dtype", choices=tuple(SAVE_DTYPES), default=c.save_dtype, help="dtype of the final model.safetensors"
     )
     g.add_argument("--plot", action="store_true", help="write curves.png (train/val loss and accuracy) every epoch")
+    g.add_argument(
+        "--tensorboard", metavar="DIR", help="also write the history's scalars and the field grid as TensorBoard events"
+    )
     g.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     g.add_argument("--compile", action=argparse.BooleanOptionalAction, help="torch.compile (default: on CUDA)")
     g.add_argument("--amp", action=argparse.BooleanOptionalAction, help="bf16 autocast (default: on CUDA)")

@@ -101,6 +101,7 @@ class TrainConfig:
     stop_after: int | None = None
     save_dtype: str = "float32"
     plot: bool = False
+    tensorboard: str | None = None  # a folder for TensorBoard events (needs the tensorboard package)
     device: str | None = None
     compile: bool | None = None
     amp: bool | None = None

@@ -61,6 +61,7 @@ from ssog_core.train.distributed import Dist, sync
 from ssog_core.train.optim import lr_factor, make_optimizer
 from ssog_core.train.output import check_space, plot_curves, write_json_lines
 from ssog_core.train.state import STATE_VERSION, rng_state, set_rng_state
+from ssog_core.train.tensorboard import TensorBoardLog
 
 
 def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -215,6 +216,7 @@ class Trainer:
             generator=torch.Generator(),  # keeps the loader from drawing on the global RNG
         )
         self.val_loader = eval_loader(self.data.val, cfg.img_size, cfg.eval_batch_size, self.workers, d.rank, d.world)
+        self.tensorboard = TensorBoardLog(cfg.tensorboard) if cfg.tensorboard and d.is_primary else None
 
     def _choose_transfer_sizes(self) -> list[tuple[int, int]]:
         """The sizes of the final transfer curve, checked now rather than after hours of training."""
@@ -358,6 +360,8 @@ class Trainer:
     def _snapshot(self) -> None:
         """Record the fields and gates now; warn once if every gate is still shut after a tenth of the run."""
         self.history.snapshot(self.model, self.step)
+        if self.tensorboard is not None:
+            self.tensorboard.snapshot(self.history)
         if (
             self.step >= 0.1 * self.total_steps
             and "gates" not in self.history.warned
@@ -386,6 +390,8 @@ class Trainer:
 
     def _stop(self, why: str) -> None:
         self.save()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         self.log(f"{why}: saved {self.out / 'last.safetensors'} at step {self.step}; continue with --resume")
 
     def fit(self) -> int:
@@ -401,7 +407,7 @@ class Trainer:
             self.log(f"resuming at step {self.step} (epoch {self.step // spe + 1}, batch {self.step % spe})")
         with _StopRequest() as stop:
             if self.step == 0:
-                self.history.snapshot(self.model, 0)
+                self._snapshot()
             while self.step < self.total_steps:
                 if a.stop_after is not None and self.step >= a.stop_after:
                     self._stop(f"stopped after {self.step} steps (--stop-after)")
@@ -486,6 +492,8 @@ class Trainer:
             row["gates"] = gates
         self.metrics.append(row)
         self.history.add_validation(self.step, val["accuracy"], val["loss"])
+        if self.tensorboard is not None:
+            self.tensorboard.validation(self.history, self.model, self.config.grid)
         self._check_chance(val["accuracy"])
         self.save()
         if self.d.is_primary:
@@ -501,6 +509,8 @@ class Trainer:
 
     def finish(self) -> None:
         """Final checkpoints, then the transfer curve added to them (a failure there leaves them complete)."""
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         if self.d.is_primary:
             last = self.metrics[-1] if self.metrics else {}
             meta = self.meta(last.get("val_acc"), last.get("val_loss"), finished=True)
