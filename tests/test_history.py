@@ -14,6 +14,7 @@ from ssog_core.checkpoint.format import CheckpointError, load_checkpoint, read_c
 from ssog_core.checkpoint.history import History, at_chance, snapshot_steps, split_history, stalled_gates
 from ssog_core.cli import train
 from ssog_core.field import positive
+from ssog_core.train import trainer
 
 TINY = ["--dim", "16", "--depth", "2", "--heads", "2", "--atoms", "2", "--batch-size", "8", "--no-progress"]
 SHAPES = ["--data", "shapes:size=16,train=48,val=16,classes=3", "--transfer-sizes", "none"]  # 6 steps per epoch
@@ -108,6 +109,13 @@ def test_shut_gates_warn_once_with_the_remedy(tmp_path, capsys):
     assert "--gate-lr-mult" in err and "--warm-gates" in err
     assert run(tmp_path / "open", "--gate-lr-mult", "1000", "--lr", "0.05") == 0
     assert "every steering gate" not in capsys.readouterr().err
+
+
+def test_accuracy_at_chance_warns_once_with_the_remedy(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(trainer, "evaluate_loader", lambda *a, **k: {"accuracy": 1 / 3, "loss": 1.1})  # guessing
+    assert run(tmp_path / "still") == 0
+    err = capsys.readouterr().err
+    assert err.count("is still at chance (1/3)") == 1 and "lower peak --lr" in err and "check the labels" in err
 
 
 def test_warning_rules():

@@ -371,7 +371,7 @@ class Trainer:
             self.log(
                 f"warning: after {self.step} steps (10% of the run) every steering gate is still within 2x its "
                 f"starting scale {self.cold_gate_scale:.3g}: content cannot steer the fields yet. Give the gates a "
-                "larger --gate-lr-mult (the bundled models use 10) or start them warm with --warm-gates."
+                "larger --gate-lr-mult or start them warm with --warm-gates."
             )
 
     def _check_chance(self, accuracy: float) -> None:
@@ -384,8 +384,9 @@ class Trainer:
             self.history.warned.append("chance")
             self.log(
                 f"warning: validation accuracy {accuracy:.1%} is still at chance (1/{self.data.num_classes}) after "
-                f"{self.step} steps (20% of the run). Try a higher --lr or a shorter --warmup-epochs; for SSOG "
-                "also --field-lr-mult and --gate-lr-mult (the bundled models use 10); and check the labels."
+                f"{self.step} steps (20% of the run). Try another --lr or a shorter --warmup-epochs: for SSOG a "
+                "lower peak --lr can end the plateau sooner (checkpoints/MODEL_CARD.md), as can --field-lr-mult "
+                "and --gate-lr-mult; and check the labels."
             )
 
     def _stop(self, why: str) -> None:
