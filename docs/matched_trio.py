@@ -88,22 +88,43 @@ def geometry_rows(model: torch.nn.Module) -> list[dict[str, float]]:
     ]
 
 
-def what_it_says(metas: dict, histories: dict, steered: list[dict], fixed: list[dict]) -> str:
-    """The reading, from the numbers above: who leaves chance first, the gaps at matched steps, the geometry."""
+def what_it_says(metas: dict, histories: dict, steered: list[dict], fixed: list[dict], cold: float) -> str:
+    """The reading, from the numbers above: who leaves chance first, who ends ahead, whether steering helped at
+    matched steps, how far the gates opened, whether the runs were still improving, and the geometry."""
     (s_name, f_name, d_name) = TRIO
     acc = {n: 100 * metas[n]["accuracy"] for n in TRIO}
     left = {n: first_step_above(histories[n].val, LEFT_CHANCE) for n in TRIO}
+    last_gain = {n: 100 * (histories[n].val[-1][1] - histories[n].val[-2][1]) for n in TRIO}
+    learning = [n for n in TRIO if last_gain[n] > 1.0]
+    best = max(TRIO, key=lambda n: acc[n])
     strips = sum(r["strips"] for r in steered)
+    opening = min(min(r["gates"].values()) for r in steered) / cold
+    gap = acc[s_name] - acc[f_name]
+    steering = (
+        f"steering helps at matched steps: the steered model is {gap:+.1f} points from the fixed-field one (the post's "
+        "ablation row: steering closes the fixed field's gap)"
+        if gap > 0
+        else f"steering does not help at this budget: the steered model ends {gap:+.1f} points from the fixed-field "
+        f"one, the opposite of the post's ablation row, and its gates opened only ×{opening:.0f} at the least"
+    )
     return (
-        f"What this says, at this budget ({metas[s_name]['step']:,} steps): the dot twin leaves the chance plateau "
-        f"first (step {left[d_name]}) and ends {acc[d_name] - acc[s_name]:.1f} points ahead of the steered SSOG model "
-        f"— the opposite of the SSOG post's picture, where SSOG leads its matched dot twin; both SSOG models leave "
-        f"chance only after step {min(left[s_name] or 0, left[f_name] or 0):,}, so their numbers are of models "
-        "still learning. Steering helps at matched steps: the steered model is "
-        f"{acc[s_name] - acc[f_name]:+.1f} points from the fixed-field one (the post's ablation: steering closes the "
-        "fixed field's gap), one run each, so the size of that gap is not measured here. The steered model's fields "
-        f"widen with depth but {'no head reads' if strips == 0 else f'{strips} of them read'} as a strip, "
-        "unlike the post's figure of elongated deep heads."
+        f"What this says, at this budget ({metas[s_name]['step']:,} steps, one run each, so no gap here has a "
+        f"measured spread): the dot twin leaves the chance plateau first (step {left[d_name]:,}; the SSOG models at "
+        f"{left[s_name]:,} and {left[f_name]:,}); {best} ends ahead"
+        + (
+            ""
+            if best == s_name
+            else f", {acc[best] - acc[s_name]:.1f} points above the steered SSOG model (the SSOG "
+            "post has SSOG ahead of its matched dot twin)"
+        )
+        + f"; {steering}. "
+        + (
+            f"{', '.join(learning)} still gained more than a point in the last epoch. "
+            if learning
+            else "No model gained more than a point in its last epoch. "
+        )
+        + f"The steered model's fields widen with depth but {'no head reads' if strips == 0 else f'{strips} read'} "
+        "as a strip, unlike the post's figure of elongated deep heads."
     )
 
 
@@ -171,7 +192,7 @@ def section(ckpts: Path, docs: Path) -> str:
         f"{', '.join(f'{v:.2f}' for v in reach_end)} (step {h.steps[-1]}); deepest layer / layer 0: "
         f"**{steered[-1]['reach'] / steered[0]['reach']:.2f}×**; smallest gate opening: **×{smallest:,.0f}**.",
         "",
-        what_it_says(metas, histories, steered, fixed),
+        what_it_says(metas, histories, steered, fixed, cold),
         MARKS[1],
     ]
     return "\n".join(lines)
