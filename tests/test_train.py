@@ -406,6 +406,7 @@ PRE_CONFIG_ARGS = {
     "ckpt_every": 0, "stop_after": 3, "save_dtype": "float32", "plot": False, "device": None, "compile": None,
     "amp": None, "eval_batch_size": 256, "progress": False, "transfer_sizes": "auto",
 }  # fmt: skip
+ADDED_SINCE = {"tensorboard": None}  # options added after that format, at their defaults
 
 
 def test_a_state_saved_before_train_config_resumes_exactly(tmp_path):
@@ -415,14 +416,15 @@ def test_a_state_saved_before_train_config_resumes_exactly(tmp_path):
     assert run(tmp_path / "b", "--epochs", "1", "--stop-after", "3") == 0
     path = tmp_path / "b" / "train_state.pt"
     state = torch.load(path, weights_only=True)
-    assert state["args"] == {**PRE_CONFIG_ARGS, "out": str(tmp_path / "b")}  # the format is unchanged
+    assert state["args"] == {**PRE_CONFIG_ARGS, **ADDED_SINCE, "out": str(tmp_path / "b")}  # the same format
     state["args"] = {**PRE_CONFIG_ARGS, "an_option_since_removed": 7}
     del state["history"]
     torch.save(state, path)
     assert train.main(["--out", str(tmp_path / "b"), "--resume", "--no-progress"]) == 0
     (_, a, _), (_, b, meta) = (read_checkpoint(tmp_path / r / "last.safetensors") for r in "ab")  # weights only:
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # the old state had no history
-    assert meta["train_args"] == {**PRE_CONFIG_ARGS, "out": str(tmp_path / "b"), "resume": True, "stop_after": None}
+    resumed = {"out": str(tmp_path / "b"), "resume": True, "stop_after": None}
+    assert meta["train_args"] == {**PRE_CONFIG_ARGS, **ADDED_SINCE, **resumed}
 
 
 def test_train_config_round_trips_and_ignores_unknown_keys():
