@@ -20,8 +20,9 @@ FIT_MIN_CELLS = 5  # the zoomed window's shortest side: a window of one cell wou
 # or else the component's value, in a W × H px box at most (narrower screens scale it down: every position is a
 # percentage). Coordinates are grid cells; the overlay SVG's viewBox makes a cell centre (y, x) the point (x, y),
 # and its window is the view ``Z``: [top, left, rows, cols] in cell edges and the CSS that places the grid-sized
-# images under it. That is the whole grid, or with ``fit`` (a zoom) the ★ and every atom ±1.5 widths plus a cell,
-# at least FIT_MIN_CELLS a side; it is computed from ``value``, not ``moving``, so it holds still while dragging.
+# images under it. That is the whole grid, or with ``fit`` (a zoom) the ★ and every atom's centre with 1.5 cells
+# around them, at least FIT_MIN_CELLS a side; it is computed from ``value``, not ``moving``, so it holds still
+# while dragging.
 # No line comments inside the template (it is evaluated as one expression).
 # λ labels are stacked downwards where they would overlap each other or the ★ (clustered atoms, as trained heads
 # pile theirs near the query: the ★'s box is placed first). Every prop used here must be passed
@@ -84,13 +85,11 @@ ${((V, Z) => ((W, H) => `
   let t = -0.5, l = -0.5, h = gh, w = gw;
   if (fit) {
     let y0 = v.query[0], y1 = v.query[0], x0 = v.query[1], x1 = v.query[1];
-    v.atoms.forEach((a, i) => {
-      const s = wid[i] || [a.sy, a.sx];
-      y0 = Math.min(y0, a.y - 1.5 * s[0]); y1 = Math.max(y1, a.y + 1.5 * s[0]);
-      x0 = Math.min(x0, a.x - 1.5 * s[1]); x1 = Math.max(x1, a.x + 1.5 * s[1]);
+    v.atoms.forEach(a => {
+      y0 = Math.min(y0, a.y); y1 = Math.max(y1, a.y); x0 = Math.min(x0, a.x); x1 = Math.max(x1, a.x);
     });
     const side = (lo, hi, n) => {
-      const len = Math.min(n, Math.max(hi - lo + 2, __FIT_MIN__)), mid = (lo + hi) / 2;
+      const len = Math.min(n, Math.max(hi - lo + 3, __FIT_MIN__)), mid = (lo + hi) / 2;
       const start = Math.min(Math.max(mid - len / 2, -0.5), n - 0.5 - len);
       return [Math.round(start * 100) / 100, Math.round(len * 100) / 100];
     };
