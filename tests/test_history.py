@@ -10,7 +10,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from ssog_core.checkpoint.format import CheckpointError, load_checkpoint, read_checkpoint, read_history
+from ssog_core.checkpoint.format import (
+    CheckpointError,
+    has_history,
+    load_checkpoint,
+    read_checkpoint,
+    read_history,
+    save_checkpoint,
+)
 from ssog_core.checkpoint.history import History, at_chance, snapshot_steps, split_history, stalled_gates
 from ssog_core.cli import train
 from ssog_core.field import positive
@@ -116,6 +123,16 @@ def test_accuracy_at_chance_warns_once_with_the_remedy(tmp_path, capsys, monkeyp
     assert run(tmp_path / "still") == 0
     err = capsys.readouterr().err
     assert err.count("is still at chance (1/3)") == 1 and "lower peak --lr" in err and "check the labels" in err
+
+
+def test_has_history_reads_only_the_header_and_never_raises(tmp_path):
+    assert run(tmp_path / "run") == 0
+    model, meta = load_checkpoint(tmp_path / "run" / "model.safetensors")
+    save_checkpoint(tmp_path / "bare.safetensors", model, meta)  # no history given
+    (tmp_path / "cut.safetensors").write_bytes((tmp_path / "run" / "model.safetensors").read_bytes()[:300])
+    assert has_history(tmp_path / "run" / "model.safetensors")
+    assert not has_history(tmp_path / "bare.safetensors") and not has_history(tmp_path / "cut.safetensors")
+    assert not has_history(tmp_path / "missing.safetensors")
 
 
 def test_warning_rules():

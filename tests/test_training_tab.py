@@ -73,6 +73,7 @@ def test_the_step_slider_shows_the_fields_at_that_snapshot(ctx):
 def test_a_checkpoint_without_history_says_so_in_one_line(ctx):
     out = training.render(ctx, FakeUI(), "ssog_test.safetensors")
     assert "no training history" in out["note"] and out["step"]["visible"] is False
+    assert "Checkpoints here with one: trained.safetensors." in out["note"]  # where to look instead
     with pytest.raises(AppError, match="no training history"):
         training.history_of(ctx, "dot_test.safetensors")
 

@@ -23,7 +23,7 @@ from app.state import AppContext, AppError, LoadedModel
 from app.tabs.session import Restoring, SessionPart
 from ssog_core.analysis import report
 from ssog_core.analysis.trajectory import GeometryTrajectory, geometry_trajectory, snapshot_densities
-from ssog_core.checkpoint.format import read_history
+from ssog_core.checkpoint.format import has_history, read_history
 from ssog_core.checkpoint.history import History
 from ssog_core.viz import raster
 from ssog_core.viz.figures import TAP_LABELS
@@ -234,8 +234,10 @@ def render(ctx: AppContext, ui: TrainingUI, ckpt: str | None, pending: Any = Non
         loaded = ctx.model(ckpt)
         view = training_view(ctx, loaded)
         if view is None:
+            others = [n for n in ctx.checkpoint_names() if n != ckpt and has_history(ctx.resolve(n))]
+            hint = f" Checkpoints here with one: {', '.join(others)}." if others else ""
             return {**empty, ui.note: f"**{ckpt}** has no training history (it was trained before histories were "
-                    "recorded, or converted from another implementation)."}  # fmt: skip
+                    f"recorded, or converted from another implementation).{hint}"}  # fmt: skip
         h = view.history
         chance = 1.0 / max(loaded.config.num_classes, 1)
         out: Updates = {

@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from ssog_core.checkpoint.files import atomic_write
+from ssog_core.checkpoint.history import PREFIX as HISTORY_PREFIX
 from ssog_core.checkpoint.history import History, split_history
 from ssog_core.nn.config import ViTConfig
 
@@ -180,6 +181,15 @@ def read_checkpoint(path: str | Path) -> tuple[ViTConfig, dict[str, Tensor], dic
     """Config, raw tensors and metadata of a ViT checkpoint file, with clear errors for bad files."""
     config, state, meta, _ = read_checkpoint_with_history(path)
     return config, state, meta
+
+
+def has_history(path: str | Path) -> bool:
+    """Whether a safetensors checkpoint stores a training history (reads the header only; False if unreadable)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return any(k.startswith(HISTORY_PREFIX) for k in f.keys())  # noqa: SIM118 (safe_open is not a dict)
+    except (OSError, SafetensorError):
+        return False
 
 
 def read_history(path: str | Path) -> History | None:
