@@ -28,6 +28,7 @@ from ssog_core.analysis.measures import export_maps
 from ssog_core.checkpoint.format import load_checkpoint
 from ssog_core.data.images import model_input
 from ssog_core.viz import figures as viz
+from ssog_core.viz import raster
 from ssog_core.viz.files import EXPORT_WIDTH
 
 from common import write_report
@@ -55,7 +56,7 @@ def bench(folder: Path) -> dict:
     models = [(name, *load_checkpoint(folder / f"{name}.safetensors")) for name in NAMES]
     inputs = {name: model_input([img], model.config.img_size, meta)[0] for name, model, meta in models}
     raw = {name: export_maps(model, inputs[name]) for name, model, _ in models}
-    display = viz.model_view(img, models[0][1].config.img_size, EXPORT_WIDTH)
+    display = raster.model_view(img, models[0][1].config.img_size, EXPORT_WIDTH)
     first, val = {}, {}
     for name, model, meta in models:
         t, c = time.perf_counter(), time.process_time()

@@ -587,10 +587,11 @@ def control_figure(
             (img, d_roll, NET_CMAP, -symmetric_limit(d_roll), symmetric_limit(d_roll), "rollout: raw − control",
              "difference"),
         ]  # fmt: skip
-        for ax, (under, a, cmap, lo, hi, name, unit) in zip(axes, panels, strict=True):
+        for k, (ax, (under, a, cmap, lo, hi, name, unit)) in enumerate(zip(axes, panels, strict=True)):
             im = _show_map(ax, under, a, cmap, lo, hi)
             ax.set_title(name, fontsize=8)
-            _colorbar(fig, im, ax, unit)
+            if k % 3:  # one colour bar for raw and control (one scale), one for the difference
+                _colorbar(fig, im, list(axes[k - 1 : k + 1]) if k % 3 == 1 else ax, unit)
     c = models[0][2]
     legend = (
         f"Control: {describe(c.control, c.images)}, α = {models[0][1].alpha:.2f}. Raw and control share one colour "
