@@ -27,7 +27,7 @@ def kernel_plot(spec: HeadSpec, view: HeadView) -> go.Figure:
     fig = make_subplots(
         rows=1,
         cols=2,
-        subplot_titles=(f"row pass (★ {spec.query[0]} dashed)", f"column pass (★ {spec.query[1]} dashed)"),
+        subplot_titles=(f"row pass<br>(★ {spec.query[0]} dashed)", f"column pass<br>(★ {spec.query[1]} dashed)"),
         horizontal_spacing=0.12,
     )
     qy, qx = spec.query

@@ -382,6 +382,8 @@ def phone_width(page) -> None:
         assert bar is None or title["y"] >= bar["y"] + bar["height"] - 1 or title["x"] + title["width"] <= bar["x"]
         xt = [page.locator(f"#pg-kernels .{a}title").bounding_box() for a in ("x", "x2")]
         assert xt[0]["x"] + xt[0]["width"] <= xt[1]["x"], xt  # the two x-axis titles do not collide
+        st = [page.locator("#pg-kernels .annotation-text").nth(i).bounding_box() for i in (0, 1)]
+        assert st[0]["x"] + st[0]["width"] <= st[1]["x"], st  # nor the two subplot titles
         shot(page, "12_phone")
     finally:
         page.set_viewport_size({"width": 1400, "height": 1000})
