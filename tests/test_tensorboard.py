@@ -67,3 +67,11 @@ def test_without_the_package_the_run_refuses_at_once_in_words(monkeypatch, tmp_p
     assert train.main(["--out", str(tmp_path / "r"), "--tensorboard", str(tmp_path / "tb"), "--epochs", "1",
                        "--data", "shapes:size=16,train=16,val=8,classes=2", "--batch-size", "8"]) != 0  # fmt: skip
     assert not (tmp_path / "r" / "model.safetensors").exists()
+
+
+def test_a_folder_that_cannot_be_written_is_refused_before_training(tmp_path):
+    (tmp_path / "taken").write_text("a file, not a folder")
+    with pytest.raises(TrainError, match="cannot write TensorBoard events there"):
+        TensorBoardLog(tmp_path / "taken")
+    assert run(tmp_path / "r", "--tensorboard", str(tmp_path / "taken")) != 0
+    assert not (tmp_path / "r" / "model.safetensors").exists()

@@ -164,10 +164,11 @@ def _int(d: Mapping[str, Any], key: str, optional: bool = False) -> int | None:
     return int(v)
 
 
-def _factor(v: Any) -> float:
+def _factor_problem(v: Any) -> str | None:
+    """Why ``v`` is not a gate factor (NaN included), or ``None``."""
     if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= MAX_GATE_FACTOR:
-        raise EditError(f"factor must be a number from 0 to {MAX_GATE_FACTOR:g} (0 closes the gate), got {v!r}")
-    return float(v)
+        return f"factor must be a number from 0 to {MAX_GATE_FACTOR:g} (0 closes the gate), got {v!r}"
+    return None
 
 
 def edit_from_dict(d: Any) -> Edit:
@@ -193,7 +194,9 @@ def edit_from_dict(d: Any) -> Edit:
         elif name == "steered":
             kw[name] = bool(d[name])
         elif name == "factor":
-            kw[name] = _factor(d[name])
+            if problem := _factor_problem(d[name]):
+                raise EditError(problem)
+            kw[name] = float(d[name])
         elif not isinstance(d[name], str):
             raise EditError(f"{name} must be a string, got {d[name]!r}")
         else:
@@ -251,8 +254,8 @@ def _problems(edit: Edit, model: nn.Module, sources: Mapping[str, Any], has_mean
     if isinstance(edit, CloseGate):
         if edit.tap not in (*TAPS, "all"):
             return [f"unknown tap {edit.tap!r}; expected mu, sigma, lambda or all"]
-        if isinstance(edit, ScaleGate) and not 0.0 <= edit.factor <= MAX_GATE_FACTOR:
-            return [f"factor must be a number from 0 to {MAX_GATE_FACTOR:g} (0 closes the gate), got {edit.factor}"]
+        if isinstance(edit, ScaleGate) and (problem := _factor_problem(edit.factor)):
+            return [problem]
         if not attn.taps:
             verb = "scale" if isinstance(edit, ScaleGate) else "close"
             return [f"layer {edit.layer} has a fixed field (no steering gates): there is no gate to {verb}"]

@@ -32,7 +32,10 @@ class TensorBoardLog:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as e:  # tensorboard is optional: the run must not start and then fail
             raise TrainError("--tensorboard needs the tensorboard package: pip install tensorboard") from e
-        self.writer = SummaryWriter(str(log_dir))
+        try:
+            self.writer = SummaryWriter(str(log_dir))
+        except OSError as e:  # a file in the way, no permission: said before training starts
+            raise TrainError(f"--tensorboard {log_dir}: cannot write TensorBoard events there ({e.strerror})") from e
 
     def snapshot(self, history: History) -> None:
         """The latest snapshot's gate scales and the train loss / accuracy since the one before."""

@@ -391,8 +391,6 @@ class Trainer:
 
     def _stop(self, why: str) -> None:
         self.save()
-        if self.tensorboard is not None:
-            self.tensorboard.close()
         self.log(f"{why}: saved {self.out / 'last.safetensors'} at step {self.step}; continue with --resume")
 
     def fit(self) -> int:
@@ -406,18 +404,22 @@ class Trainer:
         self.log(f"transforms: train {self.transforms['train']}; eval {self.transforms['eval']}")
         if self.resumed_from is not None:
             self.log(f"resuming at step {self.step} (epoch {self.step // spe + 1}, batch {self.step % spe})")
-        with _StopRequest() as stop:
-            if self.step == 0:
-                self._snapshot()
-            while self.step < self.total_steps:
-                if a.stop_after is not None and self.step >= a.stop_after:
-                    self._stop(f"stopped after {self.step} steps (--stop-after)")
-                    return 0
-                code = self._run_epoch(stop)
-                if code is not None:
-                    return code
-        self.finish()
-        return 0
+        try:
+            with _StopRequest() as stop:
+                if self.step == 0:
+                    self._snapshot()
+                while self.step < self.total_steps:
+                    if a.stop_after is not None and self.step >= a.stop_after:
+                        self._stop(f"stopped after {self.step} steps (--stop-after)")
+                        return 0
+                    code = self._run_epoch(stop)
+                    if code is not None:
+                        return code
+            self.finish()
+            return 0
+        finally:  # every way out of the run (done, stopped, NaN, an error) closes the event file
+            if self.tensorboard is not None:
+                self.tensorboard.close()
 
     def _run_epoch(self, stop: _StopRequest) -> int | None:
         """Train from the current step to the end of its epoch, then evaluate and save; an exit code if stopped."""
@@ -510,8 +512,6 @@ class Trainer:
 
     def finish(self) -> None:
         """Final checkpoints, then the transfer curve added to them (a failure there leaves them complete)."""
-        if self.tensorboard is not None:
-            self.tensorboard.close()
         if self.d.is_primary:
             last = self.metrics[-1] if self.metrics else {}
             meta = self.meta(last.get("val_acc"), last.get("val_loss"), finished=True)
