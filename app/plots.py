@@ -142,7 +142,7 @@ def layer_density_plot(lf: LayerField, layer: int) -> go.Figure:
     fig = make_subplots(
         rows=1,
         cols=heads,
-        subplot_titles=[f"head {h}: H={lf.entropy[h]:.2f}, r={lf.radius[h]:.1f}" for h in range(heads)],
+        subplot_titles=[f"head {h}<br>H={lf.entropy[h]:.2f}<br>r={lf.radius[h]:.1f}" for h in range(heads)],
         horizontal_spacing=0.03,
     )
     dy = np.arange(-ey, ey + 1)
@@ -190,14 +190,20 @@ def layer_density_plot(lf: LayerField, layer: int) -> go.Figure:
             row=1,
             col=h + 1,
         )
-        fig.update_yaxes(
-            autorange="reversed", scaleanchor=f"x{h + 1 if h else ''}", row=1, col=h + 1, showticklabels=h == 0
+        fig.update_yaxes(  # constrained to its domain: a narrow page shrinks the panel, not widens its range
+            autorange="reversed",
+            scaleanchor=f"x{h + 1 if h else ''}",
+            constrain="domain",
+            row=1,
+            col=h + 1,
+            showticklabels=h == 0,
         )
+        fig.update_xaxes(constrain="domain", row=1, col=h + 1)
     fig.update_layout(
         **_LAYOUT,
-        height=330,
-        margin=dict(l=40, r=10, t=70, b=30),
-        title=dict(text=f"Layer {layer}: each head's field over key offset (hover for weights)", font=dict(size=14)),
+        height=380,
+        margin=dict(l=40, r=10, t=125, b=30),
+        title=dict(text=f"Layer {layer}: each head's field over key offset<br>(hover for weights)", font=dict(size=14)),
     )
     fig.update_annotations(font_size=11)
     return fig
@@ -233,11 +239,15 @@ def map_plot(
 
 def stats_plot(entropy: np.ndarray, radius: np.ndarray, title: str, tokens: int) -> go.Figure:
     """Per layer × head attention entropy and effective radius, side by side, values on hover. Colours span the
-    possible range (entropy 0 to ln N nats, radius from 0), so a 0.3-nat difference looks like one."""
+    possible range (entropy 0 to ln N nats, radius from 0), so a 0.3-nat difference looks like one. Each colour
+    bar lies under its own panel, so at a phone's width it cannot cover the other one."""
+    spacing = 0.12
     fig = make_subplots(
-        rows=1, cols=2, subplot_titles=("attention entropy (nats)", "effective radius (cells)"), horizontal_spacing=0.16
-    )
+        rows=1, cols=2, subplot_titles=("attention entropy<br>(nats)", "effective radius<br>(cells)"),
+        horizontal_spacing=spacing,
+    )  # fmt: skip
     ranges = ((0.0, float(np.log(tokens))), (0.0, max(float(radius.max()), 1e-9)))
+    panel = (1 - spacing) / 2
     for c, (a, name, (lo, hi)) in enumerate(((entropy, "entropy", ranges[0]), (radius, "radius", ranges[1])), 1):
         fig.add_trace(
             go.Heatmap(
@@ -245,7 +255,15 @@ def stats_plot(entropy: np.ndarray, radius: np.ndarray, title: str, tokens: int)
                 zmin=lo,
                 zmax=hi,
                 colorscale="Cividis",
-                colorbar=dict(title=dict(text=name, side="right"), x=0.43 if c == 1 else 1.0, len=0.9),
+                colorbar=dict(
+                    orientation="h",
+                    x=(c - 1) * (panel + spacing) + panel / 2,
+                    xanchor="center",
+                    len=panel,
+                    y=-0.32,
+                    yanchor="top",
+                    thickness=12,
+                ),  # fmt: skip
                 hovertemplate=f"layer %{{y}}, head %{{x}}<br>{name} %{{z:.3f}}<extra></extra>",
             ),
             row=1,
@@ -254,8 +272,9 @@ def stats_plot(entropy: np.ndarray, radius: np.ndarray, title: str, tokens: int)
         fig.update_xaxes(title_text="head", dtick=1, row=1, col=c)
         fig.update_yaxes(title_text="layer", dtick=1, autorange="reversed", row=1, col=c)
     fig.update_layout(
-        **_LAYOUT, height=300, margin=dict(l=50, r=10, t=70, b=45), title=dict(text=title, font=dict(size=14))
+        **_LAYOUT, height=400, margin=dict(l=50, r=10, t=110, b=70), title=dict(text=title, font=dict(size=14))
     )
+    fig.update_annotations(font_size=12)
     return fig
 
 

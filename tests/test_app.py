@@ -612,9 +612,8 @@ def test_latency_is_warmed_up_interleaved_and_shown_with_its_spread(ctx, page):
     models = [ctx.model("ssog_test.safetensors"), ctx.model("dot_test.safetensors")]
     fake = FakeForwards()
     curves = scaling.measure(models, repeats=5, warmup=2, clock=fake.clock, run=fake.run)
-    first = fake.calls[: 2 * 2 + 5 * 2]  # the smallest size: both warmed up, then taking turns, order reversed
-    assert first == [("ssog", 16), ("dot_", 16)] * 2 + [("ssog", 16), ("dot_", 16), ("dot_", 16), ("ssog", 16)] * 2 + [
-        ("ssog", 16), ("dot_", 16)]  # fmt: skip
+    points = [(m, n) for n in (16, 64, 144, 256, 576) for m in ("ssog", "dot_")]  # size by size, model by model
+    assert fake.calls == points * 2 + (points + points[::-1]) * 2 + points  # warmed up, then rounds, each reversed
     ssog, dot = curves
     assert ssog.tokens == dot.tokens == [16, 64, 144, 256, 576] and all(len(s) == 5 for s in ssog.samples)
     assert ssog.exponent() == pytest.approx(1, abs=0.05) and dot.exponent() == pytest.approx(2, abs=0.05)

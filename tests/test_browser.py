@@ -6,6 +6,7 @@ pytest-xdist cannot split it over workers. Screenshots of every step go to ``art
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
@@ -401,8 +402,40 @@ def phone_width(page) -> None:
                               " return [i.naturalWidth, i.naturalHeight]; }")  # fmt: skip
         assert h > w
         shot(phone, "15_phone_export")
+        phone_geometry(phone)
     finally:
         phone.close()
+
+
+def overlaps(a: dict, b: dict) -> bool:
+    return a["x"] < b["x"] + b["width"] and b["x"] < a["x"] + a["width"] and \
+        a["y"] < b["y"] + b["height"] and b["y"] < a["y"] + a["height"]  # fmt: skip
+
+
+def boxes(page, selector: str) -> list[dict]:
+    return [page.locator(selector).nth(i).bounding_box() for i in range(page.locator(selector).count())]
+
+
+def phone_geometry(phone) -> None:
+    """At 390 px the geometry tab fits the page: the atom table scrolls sideways inside its frame to its last
+    column, and no plot's titles or colour bars run into each other or into a panel (each did before)."""
+    phone.click("button[aria-label='More tabs']")
+    phone.locator(".overflow-dropdown button", has_text="Checkpoint geometry").click()
+    phone.wait_for_selector("#geo-atoms table tbody tr", state="attached")
+    phone.wait_for_selector("#geo-stats .colorbar")
+    assert phone.evaluate("() => document.documentElement.scrollWidth") <= 390
+    viewport = "#geo-atoms .virtual-table-viewport"
+    phone.locator(viewport).evaluate("e => { e.scrollLeft = e.scrollWidth; }")
+    phone.wait_for_timeout(300)
+    frame = phone.locator(viewport).bounding_box()
+    last = phone.locator("#geo-atoms thead th").last.bounding_box()
+    assert frame["x"] <= last["x"] and last["x"] + last["width"] <= frame["x"] + frame["width"] + 1, (last, frame)
+    for plot in ("#geo-layer-plot", "#geo-stats"):
+        titles = boxes(phone, f"{plot} .annotation-text")
+        assert len(titles) >= 2 and not any(overlaps(a, b) for a, b in itertools.pairwise(titles)), (plot, titles)
+    bars, panels = boxes(phone, "#geo-stats .colorbar"), boxes(phone, "#geo-stats .nsewdrag")
+    assert len(bars) == len(panels) == 2 and not any(overlaps(c, p) for c in bars for p in panels), (bars, panels)
+    shot(phone, "16_phone_geometry")
 
 
 def geometry_click_opens_the_head(page, ckpt_dir: Path) -> None:

@@ -136,7 +136,7 @@ def render(ctx: AppContext, ui: GeometryUI, ckpt: str | None, layer: float, sha:
             "Each panel is a head's field over key offset; `+` marks where an atom looks (−μ), brighter = larger λ. "
             "**Click a panel** to open that head in the playground."
         )
-        stats = plots.stats_plot(entropy, radius, "Per-head attention entropy and effective radius (fixed field)",
+        stats = plots.stats_plot(entropy, radius, "Per-head attention entropy and effective radius<br>(fixed field)",
                                  loaded.config.grid[0] * loaded.config.grid[1])  # fmt: skip
         atoms = [[round(v, 4) if isinstance(v, float) else v for v in row] for row in report.atom_rows(loaded.fields)]
         return {
@@ -245,7 +245,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> GeometryUI:
     gates = gr.Plot(show_label=False, label="Gate scales vs layer", elem_id="geo-gates")
     layer = gr.Slider(0, 1, value=0, step=1, label="layer for the interactive view", elem_id="geo-layer")
     layer_plot = gr.Plot(show_label=False, label="One layer, interactive", elem_id="geo-layer-plot")
-    stats = gr.Plot(show_label=False, label="Per-head entropy and effective radius")
+    stats = gr.Plot(show_label=False, label="Per-head entropy and effective radius", elem_id="geo-stats")
     table = gr.Dataframe(
         headers=ATOM_HEADERS,
         label="Atoms: centres (query − key), widths, weights, head statistics",

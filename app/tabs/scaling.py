@@ -124,27 +124,29 @@ def measure(
     clock: Clock = time.perf_counter,
     run: Forward = forward,
 ) -> list[Latency]:
-    """Time every model at every size of :func:`sizes` on random inputs. At each size all models are warmed up
-    first, then timed in turns, the order reversed every round (A B, B A, …): a drift in the machine's speed
-    (another job, a clock boost) then falls on every model alike, and one press compares like with like."""
-    curves = [Latency(m.name, m.kind) for m in models]
+    """Time every model at every size of :func:`sizes` on random inputs. Every (model, size) point is warmed up
+    first; then each round times every point once, the order reversed every round (A B C …, … C B A). A point's
+    runs are thus spread over the whole press: a slow spell of the machine (another job, a clock change) falls on
+    every model and size alike and shows in each point's spread, rather than shifting one point's median."""
     plans = [sizes(m) for m in models]
-    for k in range(max(map(len, plans), default=0)):
-        here = [(i, m, plans[i][k]) for i, m in enumerate(models) if k < len(plans[i])]
-        inputs = {i: torch.rand(1, 3, h, w, device=m.device) for i, m, (h, w) in here}
-        for _ in range(warmup):
-            for i, m, _ in here:
-                run(m, inputs[i])
-        times: dict[int, list[float]] = {i: [] for i, _, _ in here}
-        for r in range(repeats):
-            for i, m, _ in here if r % 2 == 0 else here[::-1]:
-                t = clock()
-                run(m, inputs[i])
-                times[i].append((clock() - t) * 1e3)
-        for i, m, (h, w) in here:
-            p = m.config.patch_size
-            curves[i].tokens.append((h // p) * (w // p))
-            curves[i].samples.append(times[i])
+    points = [(i, m, plans[i][k]) for k in range(max(map(len, plans), default=0))
+              for i, m in enumerate(models) if k < len(plans[i])]  # fmt: skip
+    inputs = [torch.rand(1, 3, h, w, device=m.device) for _, m, (h, w) in points]
+    for _ in range(warmup):
+        for (_, m, _), x in zip(points, inputs, strict=True):
+            run(m, x)
+    times: list[list[float]] = [[] for _ in points]
+    order = list(range(len(points)))
+    for r in range(repeats):
+        for j in order if r % 2 == 0 else order[::-1]:
+            t = clock()
+            run(points[j][1], inputs[j])
+            times[j].append((clock() - t) * 1e3)
+    curves = [Latency(m.name, m.kind) for m in models]
+    for (i, m, (h, w)), samples in zip(points, times, strict=True):
+        p = m.config.patch_size
+        curves[i].tokens.append((h // p) * (w // p))
+        curves[i].samples.append(samples)
     return curves
 
 
@@ -301,7 +303,8 @@ def on_measure(
             "The SSOG post: SSOG's cost grows near-linearly with the token count (slope ≈ 1: its field is two 1D "
             "passes, no N×N matrix), dot attention's towards quadratically (slope → 2 once attention dominates the "
             f"MLPs). Measured now on {where}, {len(curves[0].tokens)} sizes up to {largest} tokens; each point "
-            f"is the median of {len(curves[0].samples[0])} runs after {WARMUP} warm-ups, the models taking turns:"
+            f"is the median of {len(curves[0].samples[0])} runs after {WARMUP} warm-ups, every model and size "
+            "taking turns through the press:"
         )
         return {ui.latency_note: f"{claim}  \n" + "  \n".join(lines), ui.latency: latency_plot(curves, where)}
     except Exception as e:
