@@ -47,6 +47,8 @@ HEADER = (
 )
 THUMB_HEIGHT = 96  # px of the picked image's thumbnail in the top row
 
+DEMO_CHECKPOINTS = ("matched_ssog_layouts.safetensors", "ssog_layouts.safetensors")  # the first one present opens
+
 
 def theme() -> gr.themes.Base:
     return gr.themes.Soft(font=FONTS, font_mono=MONO)
@@ -89,9 +91,10 @@ class Page:
 
 
 def default_checkpoint(ctx: AppContext, names: Sequence[str]) -> str | None:
-    """The demo SSOG checkpoint if present, else the first SSOG one, else the first one."""
-    if "ssog_layouts.safetensors" in names:
-        return "ssog_layouts.safetensors"
+    """The first of :data:`DEMO_CHECKPOINTS` present, else the first SSOG checkpoint, else the first one."""
+    for demo in DEMO_CHECKPOINTS:
+        if demo in names:
+            return demo
     for name in names:
         try:
             if ctx.model(name).is_ssog:

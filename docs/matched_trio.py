@@ -88,43 +88,54 @@ def geometry_rows(model: torch.nn.Module) -> list[dict[str, float]]:
     ]
 
 
-def what_it_says(metas: dict, histories: dict, steered: list[dict], fixed: list[dict], cold: float) -> str:
-    """The reading, from the numbers above: who leaves chance first, who ends ahead, whether steering helped at
-    matched steps, how far the gates opened, whether the runs were still improving, and the geometry."""
+def noise_points(p: float, q: float, n: int) -> float:
+    """Two binomial standard errors of the difference of two accuracies on ``n`` images, in points."""
+    return 200 * float(np.sqrt((p * (1 - p) + q * (1 - q)) / n))
+
+
+def compare(a: str, b: str, acc: dict[str, float], n: int) -> str:
+    """``a`` against ``b`` in words: ahead, behind, or within the noise of ``n`` validation images."""
+    gap, noise = acc[a] - acc[b], noise_points(acc[a] / 100, acc[b] / 100, n)
+    if abs(gap) <= noise:
+        return f"{a} and {b} are within noise ({gap:+.1f} points; two standard errors on {n:,} images: {noise:.1f})"
+    return f"{a} ends {abs(gap):.1f} points {'ahead of' if gap > 0 else 'behind'} {b} (noise: {noise:.1f})"
+
+
+def what_it_says(metas: dict, histories: dict, steered: list[dict], cold: float) -> str:
+    """The reading, from the numbers above: who leaves chance first, who ends ahead of whom (against the binomial
+    noise of the validation set), how far the gates opened, whether the runs were still improving, the geometry."""
     (s_name, f_name, d_name) = TRIO
     acc = {n: 100 * metas[n]["accuracy"] for n in TRIO}
+    n_val = int(re.search(r"val=(\d+)", metas[s_name]["data"]).group(1))
     left = {n: first_step_above(histories[n].val, LEFT_CHANCE) for n in TRIO}
+    order = sorted(TRIO, key=lambda n: left[n] if left[n] is not None else float("inf"))
     last_gain = {n: 100 * (histories[n].val[-1][1] - histories[n].val[-2][1]) for n in TRIO}
     learning = [n for n in TRIO if last_gain[n] > 1.0]
-    best = max(TRIO, key=lambda n: acc[n])
     strips = sum(r["strips"] for r in steered)
     opening = min(min(r["gates"].values()) for r in steered) / cold
-    gap = acc[s_name] - acc[f_name]
-    steering = (
-        f"steering helps at matched steps: the steered model is {gap:+.1f} points from the fixed-field one (the post's "
-        "ablation row: steering closes the fixed field's gap)"
-        if gap > 0
-        else f"steering does not help at this budget: the steered model ends {gap:+.1f} points from the fixed-field "
-        f"one, the opposite of the post's ablation row, and its gates opened only ×{opening:.0f} at the least"
-    )
+    plateau = "; ".join(f"{n} at step {left[n]:,}" if left[n] is not None else f"{n} never" for n in order)
     return (
-        f"What this says, at this budget ({metas[s_name]['step']:,} steps, one run each, so no gap here has a "
-        f"measured spread): the dot twin leaves the chance plateau first (step {left[d_name]:,}; the SSOG models at "
-        f"{left[s_name]:,} and {left[f_name]:,}); {best} ends ahead"
+        f"What this says, at this budget ({metas[s_name]['step']:,} steps, one run each, so the only spread is the "
+        f"validation set's): the models leave the chance plateau in this order: {plateau}. "
+        f"{compare(s_name, d_name, acc, n_val)} (the SSOG post has SSOG ahead of its matched dot twin); "
+        f"{compare(s_name, f_name, acc, n_val)} (the post's ablation row has steering ahead of the fixed field)"
         + (
-            ""
-            if best == s_name
-            else f", {acc[best] - acc[s_name]:.1f} points above the steered SSOG model (the SSOG "
-            "post has SSOG ahead of its matched dot twin)"
+            "; both SSOG models are at the task's ceiling, where final accuracy cannot tell steering's share"
+            if min(acc[s_name], acc[f_name]) >= 99
+            else ""
         )
-        + f"; {steering}. "
+        + f". Every steering gate opened at least ×{opening:,.0f} from its cold start. "
         + (
             f"{', '.join(learning)} still gained more than a point in the last epoch. "
             if learning
             else "No model gained more than a point in its last epoch. "
         )
-        + f"The steered model's fields widen with depth but {'no head reads' if strips == 0 else f'{strips} read'} "
-        "as a strip, unlike the post's figure of elongated deep heads."
+        + "The steered model's fields widen with depth; "
+        + (
+            "no head reads as a strip, unlike the post's figure of elongated deep heads."
+            if strips == 0
+            else f"{strips} head(s) read as a strip, as in the post's figure of elongated deep heads."
+        )  # fmt: skip
     )
 
 
@@ -192,7 +203,7 @@ def section(ckpts: Path, docs: Path) -> str:
         f"{', '.join(f'{v:.2f}' for v in reach_end)} (step {h.steps[-1]}); deepest layer / layer 0: "
         f"**{steered[-1]['reach'] / steered[0]['reach']:.2f}×**; smallest gate opening: **×{smallest:,.0f}**.",
         "",
-        what_it_says(metas, histories, steered, fixed, cold),
+        what_it_says(metas, histories, steered, cold),
         MARKS[1],
     ]
     return "\n".join(lines)

@@ -11,6 +11,7 @@ import io
 import json
 import os
 import re
+import shutil
 import time
 from functools import partial
 from pathlib import Path
@@ -746,6 +747,14 @@ def test_lazy_rendering_and_checkpoint_defaults(ctx, page, tmp_path):
     out = run("export", None, 1, 2)
     assert out[shown] == "x" and run("export", out[last], 1, 2) == gr.skip() and len(calls) == 1
     assert layout.default_checkpoint(ctx, ctx.checkpoint_names()) == "ssog_test.safetensors"
+    bundled = tmp_path / "bundled"
+    bundled.mkdir()
+    for name in ("dot_layouts.safetensors", "ssog_layouts.safetensors", "matched_ssog_layouts.safetensors"):
+        shutil.copy(ctx.checkpoint_dir / "ssog_test.safetensors", bundled / name)
+    demo = AppContext(bundled, ctx.assets_dir, upload_dir=tmp_path / "up")
+    assert layout.default_checkpoint(demo, demo.checkpoint_names()) == "matched_ssog_layouts.safetensors"
+    (bundled / "matched_ssog_layouts.safetensors").unlink()
+    assert layout.default_checkpoint(demo, demo.checkpoint_names()) == "ssog_layouts.safetensors"
     follow = [page.playground.preset, page.playground.preset_note, page.export.twin, page.compare.a, page.compare.b]
     presets, note, twin, a, b = values(layout.on_checkpoint_change(ctx, page, "ssog_test.safetensors"), follow)
     dot = layout.on_checkpoint_change(ctx, page, "dot_test.safetensors")
