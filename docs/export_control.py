@@ -141,7 +141,8 @@ def section(results: dict[str, dict], n: int) -> str:
         MARKERS[0],
         "## Export against a control: object or position?",
         "",
-        f"Written by `python docs/export_control.py` (numbers in `docs/export_control.json`). α = {ALPHA}; the first "
+        f"Written by `python docs/export_control.py --ssog checkpoints/{s['checkpoint']} --dot "
+        f"checkpoints/{d['checkpoint']}` (numbers in `docs/export_control.json`). α = {ALPHA}; the first "
         f"{n} validation images of `{s['data']}` and, to separate the object from the image centre, the same images "
         "with the object moved off-centre (`layouts.render_with_mask(off_centre=True)`, kept when the centroid of the "
         "object's mask is in the outer third of the image along x or y). *Blank*: the accumulated map of a blank image "
@@ -205,8 +206,8 @@ def write_section(path: Path, text: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ssog", default=str(ROOT / "checkpoints" / "ssog_layouts.safetensors"))
-    ap.add_argument("--dot", default=str(ROOT / "checkpoints" / "dot_layouts.safetensors"))
+    ap.add_argument("--ssog", default=str(ROOT / "checkpoints" / "matched_ssog_layouts.safetensors"))
+    ap.add_argument("--dot", default=str(ROOT / "checkpoints" / "matched_dot_layouts.safetensors"))
     ap.add_argument("--images", type=int, default=200)
     ap.add_argument("--control-images", type=int, default=200)
     ap.add_argument("--out", default=str(ROOT / "docs"))
