@@ -1,0 +1,43 @@
+"""The bundled matched trio holds the standard its model card claims: read from the files, not from the card."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ssog_core.analysis.measures import head_fields
+from ssog_core.checkpoint.format import load_checkpoint, read_history
+
+ROOT = Path(__file__).resolve().parents[1]
+CKPTS = ROOT / "checkpoints"
+TRIO = [CKPTS / f"matched_{kind}_layouts.safetensors" for kind in ("ssog", "ssog_fixed", "dot")]
+COLD = 4.35e-4  # softplus(−8) + 1e-4, every steering gate's start
+
+pytestmark = pytest.mark.skipif(not all(p.is_file() for p in TRIO), reason="the matched trio is not in checkpoints/")
+
+
+def test_the_trio_differs_only_in_attention_and_is_small():
+    spec = importlib.util.spec_from_file_location("matched_trio", ROOT / "docs" / "matched_trio.py")
+    trio = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trio)
+    metas = [load_checkpoint(p)[1] for p in TRIO]
+    differ = trio.differing_flags([m["command"] for m in metas])
+    assert {f.split(" ")[0] for f in differ} <= {"--attn", "--steer"}, differ
+    assert len({m["step"] for m in metas}) == 1 and all(p.stat().st_size <= 15 * 2**20 for p in TRIO)
+
+
+def test_the_steered_model_meets_the_standard_and_its_history_shows_the_gates_open():
+    model, meta = load_checkpoint(TRIO[0])
+    assert meta["accuracy"] >= 0.90
+    fields = head_fields(model)
+    assert all(s >= 10 * COLD for lf in fields for s in lf.gates.values())
+    assert fields[-1].reach.mean() >= 2 * fields[0].reach.mean()
+    history = read_history(TRIO[0])
+    assert len(history.steps) >= 100 and history.steps[0] == 0
+    start, end = (np.array([history.gates[t][i] for t in ("mu", "sigma", "lambda")]) for i in (0, -1))
+    assert np.allclose(start, COLD, rtol=0.05) and (end >= 10 * COLD).all()
+    mu = history.fields["mu"]
+    assert np.abs(mu[-1] - mu[0]).max() > 0.5  # some atom moved by more than half a cell
