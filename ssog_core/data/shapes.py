@@ -26,6 +26,7 @@ from ssog_core.data.images import list_images, load_image
 BACKGROUNDS = Path(__file__).resolve().parents[2] / "assets" / "backgrounds"  # the photos define the data set
 SUPERSAMPLE = 4  # mask drawn at 4× resolution, then box-filtered: smooth edges at any output size
 SPLITS = {"train": 0, "val": 1}
+CACHE_BYTES = 512 * 1024**2  # rendered images kept per data set and process
 
 Polygon = list[tuple[float, float]]
 Layer = tuple[Polygon, bool]  # (polygon in unit coordinates, True = paint, False = cut out)
@@ -130,22 +131,27 @@ class ShapesSpec:
 
     @classmethod
     def parse(cls, text: str) -> ShapesSpec:
-        values = {}
-        for item in filter(None, (s.strip() for s in text.split(","))):
-            key, sep, value = item.partition("=")
-            if not sep or key not in cls.__dataclass_fields__:
-                known = ", ".join(cls.__dataclass_fields__)
-                raise ValueError(f"{cls.KIND} option {item!r} is not key=value with key one of {known}")
-            try:
-                values[key] = int(value)
-            except ValueError:
-                raise ValueError(f"{cls.KIND} option {key}={value!r} is not an integer") from None
-        spec = cls(**values)
+        spec = cls(**parse_options(cls, text))
         if not 2 <= spec.classes <= cls.CLASSES:
             raise ValueError(f"{cls.KIND} classes={spec.classes} must be between 2 and {cls.CLASSES}")
         if spec.train < 1 or spec.val < 1 or spec.size < 8 or spec.seed < 0:
             raise ValueError(f"{cls.KIND} needs train >= 1, val >= 1, size >= 8 and seed >= 0")
         return spec
+
+
+def parse_options(spec_type: type, text: str) -> dict[str, int]:
+    """``key=value,...`` → ``{key: int}`` for the fields of a procedural spec; ValueError naming the known keys."""
+    values = {}
+    fields = list(spec_type.__dataclass_fields__)
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or key not in fields:
+            raise ValueError(f"{spec_type.KIND} option {item!r} is not key=value with key one of {', '.join(fields)}")
+        try:
+            values[key] = int(value)
+        except ValueError:
+            raise ValueError(f"{spec_type.KIND} option {key}={value!r} is not an integer") from None
+    return values
 
 
 @lru_cache(maxsize=4)
@@ -249,14 +255,32 @@ class ShapesDataset:
         self.size = tuple(size) if size else (spec.size, spec.size)
         self.photos_dir = str(photos_dir)
         self.class_names = list(self.CLASS_NAMES[: spec.classes])
+        self._cache: dict[int, tuple[np.ndarray, int]] = {}
+        self._cached_bytes = 0
 
     def __len__(self) -> int:
         return self.spec.train if self.split == "train" else self.spec.val
 
-    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+    def render_options(self) -> dict[str, int]:
+        """Keyword arguments of ``render_with_mask`` beyond the common ones (a scene task's grid)."""
+        return {}
+
+    def with_mask(self, index: int) -> tuple[np.ndarray, int, np.ndarray]:
+        """Image ``index``, its label and the coverage ``(H, W)`` of what decides its class."""
         if not 0 <= index < len(self):
             raise IndexError(f"index {index} out of range for {len(self)} images")
-        img, label, _ = self.render_with_mask(
-            self.spec.seed, self.split, index, self.spec.classes, self.size, self.photos_dir
+        return self.render_with_mask(
+            self.spec.seed, self.split, index, self.spec.classes, self.size, self.photos_dir, **self.render_options()
         )
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        """Rendered once per process up to :data:`CACHE_BYTES` (rendering can cost a third of a small model's
+        step); the cached array is never written to (the transforms copy before they change pixels)."""
+        if index in self._cache:
+            return self._cache[index]
+        img, label, _ = self.with_mask(index)
+        img.setflags(write=False)
+        if self._cached_bytes + img.nbytes <= CACHE_BYTES:
+            self._cache[index] = img, label
+            self._cached_bytes += img.nbytes
         return img, label

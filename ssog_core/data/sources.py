@@ -1,10 +1,14 @@
-"""Training and evaluation data given as ``KIND:PATH``: CIFAR-100, an ImageFolder tree, ``shapes`` or ``layouts``.
+"""Training and evaluation data given as ``KIND:PATH``: CIFAR-100, an ImageFolder tree or a procedural set.
 
     cifar100:PATH      the official "python version": a ``cifar-100-python/`` folder (``train``, ``test``,
                        ``meta``) or the ``cifar-100-python.tar.gz`` archive (read in place, never extracted)
     imagefolder:PATH   ``PATH/train/CLASS/*.jpg|png|...`` and ``PATH/val/CLASS/*`` (the ImageNet layout)
     shapes[:SPEC]      the procedural data set of :mod:`ssog_core.data.shapes` (SPEC e.g. ``classes=10,train=20000``)
     layouts[:SPEC]     the procedural data set of :mod:`ssog_core.data.layouts` (bars, pairs, stripes; same SPEC keys)
+    pointer[:SPEC]     the scene task of :mod:`ssog_core.data.pointer` (a cue points at one of three coloured
+                       targets; SPEC e.g. ``grid=24,train=20000``: the board's size in cells of 4 px)
+    relation[:SPEC]    the scene task of :mod:`ssog_core.data.relation` (two far marks on one row, column or
+                       diagonal, same or different; same SPEC keys as pointer)
 
 Every sample is an ``(H, W, 3)`` uint8 array at the requested size plus an integer label; pixels become
 floats in [0, 1] on the device (no normalisation: the models see raw [0, 1] pixels, like the upstream CIFAR example).
@@ -37,13 +41,20 @@ from torch.utils.data import DistributedSampler, Sampler
 
 from ssog_core.data.images import IMAGE_SUFFIXES, ImageError, load_image
 from ssog_core.data.layouts import LayoutsDataset, LayoutsSpec
+from ssog_core.data.pointer import PointerDataset, PointerSpec
+from ssog_core.data.relation import RelationDataset, RelationSpec
 from ssog_core.data.shapes import ShapesDataset, ShapesSpec
 
-PROCEDURAL = {"shapes": (ShapesSpec, ShapesDataset), "layouts": (LayoutsSpec, LayoutsDataset)}
+PROCEDURAL = {
+    "shapes": (ShapesSpec, ShapesDataset),
+    "layouts": (LayoutsSpec, LayoutsDataset),
+    "pointer": (PointerSpec, PointerDataset),
+    "relation": (RelationSpec, RelationDataset),
+}
 DATA_KINDS = ("cifar100", "imagefolder", *PROCEDURAL)
 AUGMENTS = ("pad-crop", "resized-crop", "flip")  # what a run can ask for; "crop" names the data kind's default
 CROPS = ("pad-crop", "resized-crop")
-DEFAULT_CROP = {"cifar100": "pad-crop", "imagefolder": "resized-crop", "shapes": "pad-crop", "layouts": "pad-crop"}
+DEFAULT_CROP = {"cifar100": "pad-crop", "imagefolder": "resized-crop"} | {kind: "pad-crop" for kind in PROCEDURAL}
 CROP_PADDING = 4  # the upstream CIFAR recipe: pad 4 px (zeros), then a random crop of the original size
 CACHE_BYTES = 256 * 1024**2  # decoded ImageFolder pixels kept in memory per process
 EVAL_CROP = 0.875  # ImageFolder files of another size: resize the short side to size/0.875, centre-crop

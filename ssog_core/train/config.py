@@ -42,6 +42,8 @@ DEFAULT_PATCH = {
     "imagefolder": 16,
     "shapes": 4,
     "layouts": 4,
+    "pointer": 4,
+    "relation": 4,
 }  # the SSOG post's 16×16 (CIFAR) and 14×14 (224²) grids
 
 

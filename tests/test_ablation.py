@@ -1,0 +1,105 @@
+"""experiments/ablation.py: the plan is the SSOG post's table (commands differ only where they should), a finished
+run is skipped and an interrupted one resumed, and the report's numbers equal a direct computation."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def ablation(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("ablation", ROOT / "experiments" / "ablation.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "ablation", module)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "RESULTS", tmp_path / "results" / "ablation.jsonl")
+    monkeypatch.setattr(module, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(module, "DOC", tmp_path / "RESULTS.md")
+    return module
+
+
+def _flags(cmd: list[str]) -> dict[str, str]:
+    args = cmd[cmd.index("ssog_core.train") + 1 :]
+    out, i = {}, 0
+    while i < len(args):
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            out[args[i]], i = args[i + 1], i + 2
+        else:
+            out[args[i]], i = "", i + 1
+    return out
+
+
+def _row(run) -> dict:
+    return dict(zip(("task", "grid", "variant", "seed"), run.key(), strict=True))
+
+
+def test_the_plan_is_the_table(ablation):
+    runs = ablation.plan("pointer", tuple(ablation.GRIDS))
+    assert len(runs) == 4 * 3 * 2 + 2
+    assert {(r.variant, r.seed, r.grid) for r in runs[:24]} == {
+        (v, s, g) for v in ablation.VARIANTS for s in (0, 1, 2) for g in ablation.GRIDS.values()
+    }
+    assert len({r.out for r in runs}) == len(runs)  # one folder per run
+    may_differ = {"--attn", "--steer", "--seed", "--out", "--max-offset"}
+    for grid in ablation.GRIDS.values():
+        same_board = [_flags(r.command()) for r in runs if r.grid == grid]
+        base = same_board[0]
+        for flags in same_board[1:]:
+            differ = {k for k in base.keys() | flags.keys() if base.get(k) != flags.get(k)}
+            assert differ <= may_differ, differ
+    offset = [r for r in runs if r.variant.startswith("steered ±")]
+    assert [_flags(r.command())["--max-offset"] for r in offset] == ["2", "2"]
+
+
+def test_finished_runs_are_skipped_and_interrupted_ones_resumed(ablation, monkeypatch):
+    runs = ablation.plan("pointer", ("small",))
+    finished, interrupted = runs[0], runs[1]
+    ablation.append_result({**_row(finished), "x": 1})
+    interrupted.out.mkdir(parents=True)
+    (interrupted.out / "last.safetensors").write_bytes(b"")
+    called = []
+    monkeypatch.setattr(ablation.subprocess, "call", lambda cmd, **kw: called.append(cmd) or 0)
+    monkeypatch.setattr(ablation, "evaluate", _row)
+    args = ablation.argparse.Namespace(task="pointer", jobs=1, threads=1, only="small")
+    assert ablation.cmd_train(args) == 0
+    outs = [c[c.index("--out") + 1] for c in called]
+    assert len(called) == len(runs) - 1 and not any(o.endswith(finished.out.name) for o in outs)
+    resumed = [c for c in called if "--resume" in c]
+    assert len(resumed) == 1 and resumed[0][resumed[0].index("--out") + 1].endswith(interrupted.out.name)
+    assert len(ablation.read_results()) == len(runs)  # one row per run, none twice
+
+
+def test_report_numbers_equal_a_direct_computation(ablation):
+    rng = np.random.default_rng(0)
+    n = 300
+    correct = {}
+    for variant, p in (("fixed", 0.5), ("+mu", 0.6), ("steered", 0.8), ("dot", 0.7)):
+        for seed in (0, 1, 2):
+            c = rng.random(n) < p
+            correct[variant, seed] = c
+            ablation.append_result(
+                {"task": "pointer", "grid": 20, "variant": variant, "seed": seed, "val_acc": float(c.mean()),
+                 "val_images": n, "cpu_s": 10.0, "correct_hex": np.packbits(c.astype(np.uint8)).tobytes().hex()}
+            )  # fmt: skip
+    rows = ablation.read_results()
+    mean, ci, seeds = ablation.contrast(rows, "steered", "fixed")
+    direct = np.mean([correct["steered", s].mean() - correct["fixed", s].mean() for s in (0, 1, 2)])
+    assert seeds == 3 and mean == pytest.approx(direct, abs=1e-12)
+    assert ci[0] < mean < ci[1] and 0.05 < ci[1] - ci[0] < 0.13  # ±2 SE: SE = (0.41 / 3 / 300) ** 0.5 = 0.021
+    ablation.DOC.write_text(f"# Results\n\n{ablation.BEGIN}\nold\n{ablation.END}\n\nafter\n")
+    ablation.cmd_report(ablation.argparse.Namespace(task="pointer"))
+    doc = ablation.DOC.read_text()
+    assert "old" not in doc and doc.endswith(f"{ablation.END}\n\nafter\n")
+    steered = [100 * correct["steered", s].mean() for s in (0, 1, 2)]
+    assert f"{np.mean(steered):.1f} ± {np.std(steered, ddof=1):.1f} (n=3)" in doc
+    assert f"{100 * direct:+.1f} [" in doc
+    saved = json.loads(ablation.RESULTS.read_text().splitlines()[0])
+    np.testing.assert_array_equal(ablation.correct_of(saved), correct["fixed", 0])
