@@ -12,8 +12,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ssog_core.analysis.head_spec import HeadSpec, HeadView
 from ssog_core.analysis.measures import KeyNorms, LayerField
-from ssog_core.analysis.playground import HeadSpec, HeadView
 
 _LAYOUT = dict(template="plotly_white", font=dict(size=12), hoverlabel=dict(font_size=12))
 _TAP_NAMES = {"mu": "s(μδ)", "sigma": "s(σδ)", "lambda": "s(λ)"}

@@ -4,7 +4,7 @@
 
 Measures, each against its target:
 
-* core: the playground head (32×32 grid, 8 atoms) evaluated by ``ssog_core.analysis.playground.evaluate`` (≤ 5 ms);
+* core: the playground head (32×32 grid, 8 atoms) evaluated by ``ssog_core.analysis.head_spec.evaluate`` (≤ 5 ms);
 * export maps of a demo-size checkpoint on a 224² image (``ssog_core.analysis.measures.export_maps``, ≤ 2 s), and the
   whole export-tab render (maps + the matplotlib figure) for context;
 * the Scaling tab's "Measure latency now" (:func:`app.tabs.scaling.measure`) pressed twice in a row: whether the two
@@ -38,8 +38,8 @@ from PIL import Image
 from app.state import AppContext
 from app.tabs import scaling
 from ssog_core import ViT, save_checkpoint
+from ssog_core.analysis.head_spec import Atom, HeadSpec, evaluate
 from ssog_core.analysis.measures import export_maps
-from ssog_core.analysis.playground import Atom, HeadSpec, evaluate
 from ssog_core.checkpoint.format import load_checkpoint
 from ssog_core.data.images import model_input
 from ssog_core.testing.app_process import AppProcess

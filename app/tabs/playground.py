@@ -19,8 +19,7 @@ from app.canvas import CSS_TEMPLATE, HTML_TEMPLATE, JS_ON_LOAD, canvas_props
 from app.common import Updates, error_text, warn, write_downloads
 from app.state import AppContext, AppError
 from app.tabs.session import Restoring, SessionPart
-from ssog_core.analysis.interventions import Edit, SetHead, edited
-from ssog_core.analysis.playground import (
+from ssog_core.analysis.head_spec import (
     DEFAULT_SPEC,
     MAX_ATOMS,
     SIGMA_RANGE,
@@ -30,6 +29,7 @@ from ssog_core.analysis.playground import (
     evaluate,
     spec_from_head,
 )
+from ssog_core.analysis.interventions import Edit, SetHead, edited
 from ssog_core.analysis.presets import KINDS, RULES
 from ssog_core.viz import figures as viz
 from ssog_core.viz import files as figures
@@ -120,7 +120,7 @@ def head_value(spec: HeadSpec, sel: int = 0) -> dict[str, Any]:
 
 
 def render(value: Any, overlay: bool = False, hover: bool = True) -> tuple[dict[str, Any], HeadSpec, HeadView]:
-    """Field image and overlay numbers for the canvas, computed by :func:`ssog_core.analysis.playground.evaluate`; with
+    """Field image and overlay numbers for the canvas, computed by :func:`ssog_core.analysis.head_spec.evaluate`; with
     ``hover`` also every cell's weight (left out of drag previews, which stay small and fast)."""
     spec = _spec(value)
     view = evaluate(spec)

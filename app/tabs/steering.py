@@ -15,8 +15,8 @@ from app.common import Updates, error_text, layer_update, model_depth, shown_fig
 from app.state import AppContext, AppError, LoadedModel, StoredImage, resize_note
 from app.tabs.session import Restoring, SessionPart
 from ssog_core.analysis import report
+from ssog_core.analysis.head_spec import HeadSpec, steered_spec
 from ssog_core.analysis.measures import AttentionMaps, SteeringOffsets, attention_maps, steering_offsets
-from ssog_core.analysis.playground import HeadSpec, steered_spec
 from ssog_core.viz import figures as viz
 from ssog_core.viz import files as figures
 from ssog_core.viz import raster
@@ -178,7 +178,7 @@ def on_select(
 
 def steered_head(ctx: AppContext, src: dict[str, Any], gate: float) -> HeadSpec:
     """The clicked query's head on the model's grid with content's steering at ``gate`` (0 = the fixed field,
-    1 = the learned gate), from the image's steering offsets (:func:`ssog_core.analysis.playground.steered_spec`)."""
+    1 = the learned gate), from the image's steering offsets (:func:`ssog_core.analysis.head_spec.steered_spec`)."""
     loaded, stored = ctx.model(src["checkpoint"]), ctx.image(src["image_sha256"])
     if not loaded.is_ssog:
         raise AppError(f"{loaded.name} is a {loaded.kind} attention model: it has no field for content to steer")
