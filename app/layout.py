@@ -18,7 +18,7 @@ from PIL import Image
 
 from app.api import register_api
 from app.common import Updates, error_text, warn, write_downloads
-from app.state import AppContext, AppError, StoredImage, default_image
+from app.state import AppContext, AppError, StoredImage, default_image, default_twin
 from app.tabs import compare, export, geometry, intervene, playground, scaling, session, steering, training
 from ssog_core.analysis.interventions import ScaleGate
 from ssog_core.analysis.session import NO_TWIN, dumps
@@ -133,7 +133,7 @@ def lazy(tab_id: str, render: Callable[..., Updates], last: gr.State) -> Callabl
 def checkpoint_updates(ctx: AppContext, page: Page, value: str | None) -> Updates:
     """Choices for every checkpoint picker after the folder or the uploads changed."""
     names = ctx.checkpoint_names()
-    twin = export.default_twin(ctx, value)
+    twin = default_twin(ctx, value)
     return {
         page.checkpoint: gr.update(choices=names, value=value),
         page.export.twin: gr.update(choices=[NO_TWIN, *names], value=twin),
@@ -154,7 +154,7 @@ def on_checkpoint_upload(ctx: AppContext, page: Page, files: Any, current: str |
 def on_checkpoint_change(ctx: AppContext, page: Page, ckpt: str | None) -> Updates:
     """Presets, twin and comparison defaults follow the selected checkpoint."""
     names = ctx.checkpoint_names()
-    twin = export.default_twin(ctx, ckpt)
+    twin = default_twin(ctx, ckpt)
     return {
         **playground.on_checkpoint(ctx, page.playground, ckpt),
         page.export.twin: gr.update(choices=[NO_TWIN, *names], value=twin),

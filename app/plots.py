@@ -301,7 +301,7 @@ def key_norm_plot(kn: KeyNorms, title: str) -> go.Figure:
             row=1,
             col=1,
         )
-    ratio = (kn.topk_share / kn.uniform_share.clamp_min(1e-12)).numpy()  # (L, H)
+    ratio = kn.sink_ratio.numpy()  # (L, H)
     layers = np.arange(ratio.shape[0])
     for head in range(ratio.shape[1]):
         fig.add_trace(

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from app.cache import LRU
 from ssog_core.analysis.measures import LayerField, head_fields
 from ssog_core.analysis.presets import Preset, find_presets
+from ssog_core.analysis.session import NO_TWIN
 from ssog_core.checkpoint.format import CheckpointError, load_checkpoint, save_checkpoint
 from ssog_core.checkpoint.upstream import convert
 from ssog_core.data.images import MAX_BYTES, ImageError, list_images, load_image, model_input
@@ -316,3 +317,30 @@ def default_image(ctx: AppContext) -> StoredImage | None:
         except AppError:
             continue
     return None
+
+
+def default_twin(ctx: AppContext, ckpt: str | None) -> str:
+    """The other kind of model to show beside ``ckpt``: its metadata's ``twin``, else a name match, else the
+    first checkpoint of the other attention kind."""
+    if not ckpt:
+        return NO_TWIN
+    names = ctx.checkpoint_names()
+    try:
+        loaded = ctx.model(ckpt)
+    except Exception:
+        return NO_TWIN
+    hinted = loaded.meta.get("twin")
+    if isinstance(hinted, str) and hinted in names:
+        return hinted
+    swapped = ckpt.replace("ssog", "dot") if loaded.is_ssog else ckpt.replace("dot", "ssog")
+    if swapped != ckpt and swapped in names:
+        return swapped
+    for name in names:
+        if name == ckpt:
+            continue
+        try:
+            if ctx.model(name).config.attn != loaded.config.attn:
+                return name
+        except Exception:
+            continue
+    return NO_TWIN

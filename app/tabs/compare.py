@@ -10,8 +10,8 @@ import gradio as gr
 from gradio.blocks import Block
 
 from app.common import Updates, error_text, layer_update, model_depth, shown_figure, warn, write_downloads
+from app.export_maps import maps_for, summary
 from app.state import AppContext
-from app.tabs.export import maps_for, summary
 from app.tabs.session import Restoring, SessionPart
 from ssog_core.analysis.measures import DEFAULT_ALPHA
 from ssog_core.viz import figures as viz

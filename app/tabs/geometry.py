@@ -168,7 +168,7 @@ def dot_view(ctx: AppContext, loaded: LoadedModel, sha: str | None):
     norms = None
     if has_keys(loaded.model):
         kn = key_norms(loaded.model, x)
-        ratio = float((kn.topk_share / kn.uniform_share.clamp_min(1e-12)).max())
+        ratio = float(kn.sink_ratio.max())
         text += (
             f"\n\n**Key norms** (magnitude bullying): the {kn.top_k} largest-norm keys of a head take at most "
             f"**{ratio:.1f}×** the attention uniform attention would give them"

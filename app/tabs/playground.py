@@ -19,6 +19,7 @@ from app.canvas import CSS_TEMPLATE, HTML_TEMPLATE, JS_ON_LOAD, canvas_props
 from app.common import Updates, error_text, warn, write_downloads
 from app.state import AppContext, AppError
 from app.tabs.session import Restoring, SessionPart
+from ssog_core.analysis import predictions
 from ssog_core.analysis.head_spec import (
     DEFAULT_SPEC,
     MAX_ATOMS,
@@ -404,11 +405,11 @@ def prediction_change(ctx: AppContext, ckpt: str, sha: str | None, edits: list[E
         before = ctx.cache.effects.get(("logits", loaded.key, sha), lambda: loaded.model(x))
         with edited(loaded.model, edits):
             after = loaded.model(x)
-    p0, p1 = torch.softmax(before[0].double(), -1), torch.softmax(after[0].double(), -1)
-    names, top, new = loaded.class_names, int(p0.argmax()), int(p1.argmax())
+    change = predictions.prediction_change(before, after)
+    names, top, new = loaded.class_names, change.top, change.winner
     return (
-        f"{what}: prediction **{names[top]}** {float(p0[top]):.4f} → **{names[new]}** {float(p1[new]):.4f} "
-        f"(Δ log p({names[top]}) = {float(p1[top].log() - p0[top].log()):+.4f})."
+        f"{what}: prediction **{names[top]}** {float(change.unedited[top]):.4f} → **{names[new]}** "
+        f"{float(change.edited[new]):.4f} (Δ log p({names[top]}) = {change.dlogp:+.4f})."
     )
 
 
