@@ -23,11 +23,12 @@ import torch
 from PIL import Image
 
 from app import layout, plots
+from app import session_protocol as session
 from app.cache import LRU
 from app.export_maps import control_for, maps_for, validation_for
 from app.layout import build_page
 from app.state import UPLOADED, AppContext, AppError, default_image, default_twin
-from app.tabs import compare, export, geometry, playground, scaling, session, steering
+from app.tabs import compare, export, geometry, playground, scaling, steering
 from ssog_core import ViT, save_checkpoint
 from ssog_core.analysis import latency
 from ssog_core.analysis.controls import DEFAULT_CONTROL_IMAGES, describe
@@ -643,7 +644,7 @@ def test_latency_is_warmed_up_interleaved_and_shown_with_its_spread(ctx, page):
 
 
 def session_values(v: dict, **sections: dict) -> dict:
-    """What the page's session fields hold, by section (as :func:`app.tabs.session.by_section` hands them over)."""
+    """What the page's session fields hold, by section (as :func:`app.session_protocol.by_section` hands them over)."""
     base = {"playground": {"head": v, "underlay": False}, "geometry": {"layer": 0},
             "steering": {"layer": 0, "query": None}, "export": {"twin": NO_TWIN, "alpha": 0.5, "layer": 0},
             "compare": {"a": None, "b": None, "alpha": 0.5, "layer": 0},

@@ -11,8 +11,8 @@ from gradio.blocks import Block
 
 from app.common import Updates, error_text, layer_update, model_depth, shown_figure, warn, write_downloads
 from app.export_maps import maps_for, summary
+from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext
-from app.tabs.session import Restoring, SessionPart
 from ssog_core.analysis.measures import DEFAULT_ALPHA
 from ssog_core.viz import figures as viz
 from ssog_core.viz import files as figures

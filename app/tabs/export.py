@@ -14,8 +14,8 @@ from gradio.blocks import Block
 from app import plots
 from app.common import Updates, error_text, layer_update, model_depth, shown_figure, warn, write_downloads
 from app.export_maps import control_for, maps_for, summary, validation_for
+from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError, LoadedModel, StoredImage, resize_note
-from app.tabs.session import Restoring, SessionPart
 from ssog_core.analysis.controls import (
     CONTROLS,
     DEFAULT_CONTROL_IMAGES,

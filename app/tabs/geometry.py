@@ -14,8 +14,8 @@ from PIL import Image
 
 from app import plots
 from app.common import Updates, error_text, layer_update, model_depth, shown_figure, warn, write_downloads
+from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, LoadedModel
-from app.tabs.session import Restoring, SessionPart
 from ssog_core.analysis import report
 from ssog_core.analysis.measures import attention_maps, has_keys, key_norms
 from ssog_core.viz import figures as viz

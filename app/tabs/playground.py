@@ -17,8 +17,8 @@ from PIL import Image
 from app import plots
 from app.canvas import CSS_TEMPLATE, HTML_TEMPLATE, JS_ON_LOAD, canvas_props
 from app.common import Updates, error_text, warn, write_downloads
+from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError
-from app.tabs.session import Restoring, SessionPart
 from ssog_core.analysis import predictions
 from ssog_core.analysis.head_spec import (
     DEFAULT_SPEC,

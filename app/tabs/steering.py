@@ -12,8 +12,8 @@ from gradio.blocks import Block
 from PIL import Image
 
 from app.common import Updates, error_text, layer_update, model_depth, shown_figure, warn, write_downloads
+from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError, LoadedModel, StoredImage, resize_note
-from app.tabs.session import Restoring, SessionPart
 from ssog_core.analysis import report
 from ssog_core.analysis.head_spec import HeadSpec, steered_spec
 from ssog_core.analysis.measures import AttentionMaps, SteeringOffsets, attention_maps, steering_offsets

@@ -19,8 +19,8 @@ from PIL import Image, ImageDraw
 from plotly.subplots import make_subplots
 
 from app.common import Updates, error_text, warn
+from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError, LoadedModel
-from app.tabs.session import Restoring, SessionPart
 from ssog_core.analysis import report
 from ssog_core.analysis.trajectory import GeometryTrajectory, geometry_trajectory, snapshot_densities
 from ssog_core.checkpoint.format import has_history, read_history
