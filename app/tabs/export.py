@@ -11,11 +11,12 @@ from typing import Any
 import gradio as gr
 from gradio.blocks import Block
 
-from app import plots
-from app.common import Updates, error_text, layer_update, model_depth, shown_figure, warn, write_downloads
+from app import plots, widgets
+from app.common import Updates, error_text, shown_figure, warn, write_downloads
 from app.export_maps import control_for, maps_for, summary, validation_for
 from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError, LoadedModel, StoredImage, resize_note
+from app.widgets import layer_update, model_depth
 from ssog_core.analysis.controls import (
     CONTROLS,
     DEFAULT_CONTROL_IMAGES,
@@ -192,9 +193,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> ExportUI:
             elem_id="ex-alpha",
             scale=2,
         )
-        layer = gr.Slider(
-            0, 1, value=0, step=1, label="layer for pull-in / pull-out / net", elem_id="ex-layer", scale=2
-        )
+        layer = widgets.layer_slider("layer for pull-in / pull-out / net", "ex-layer", scale=2)
         control = gr.Dropdown(
             list(CONTROLS),
             value="none",
@@ -242,9 +241,8 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> ExportUI:
     with gr.Row(equal_height=False):
         accumulated = gr.Plot(show_label=False, label="Accumulated net export (interactive)", elem_id="ex-acc")
         with gr.Column():
-            files_button = gr.Button("Make files: figure PNG + SVG, maps .npz + CSV", size="sm", elem_id="ex-dl")
-            files = gr.File(label="files", file_count="multiple", interactive=False, elem_id="ex-files")
-            files_status = gr.Markdown()
+            made = widgets.downloads("Make files: figure PNG + SVG, maps .npz + CSV", "ex-dl", "ex-files")
+            files, files_status = made.files, made.status
     classes_button = gr.Button(
         "Per class: mean accumulated export over the validation images (raw and against the control)",
         size="sm",
@@ -266,7 +264,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> ExportUI:
                   classes=classes, classes_status=classes_status, inputs=inputs)  # fmt: skip
     for picker in (twin, control, layout):
         picker.input(partial(render, ctx, ui), inputs, ui.outputs, api_visibility="private")
-    files_button.click(partial(downloads, ctx, ui), inputs, [files, files_status], api_visibility="private")
+    made.on_click(partial(downloads, ctx, ui), inputs)
     classes_button.click(
         partial(per_class, ctx, ui), [shared["checkpoint"], alpha, control], [classes, classes_status],
         api_visibility="private",
