@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 # Gradio, torch and the page are imported where they are used, not here: `python -m app --help` and a mistyped flag
 # answer at once instead of after the seconds those imports take (tests/test_app_serve.py times it).
 
+MAX_UPLOAD_BYTES = 64 * 1024**2  # any file sent to the server; checkpoints of the size this project trains fit
 QUEUE_SIZE = 512  # requests waiting beyond this are told the server is busy (a class firing bursts at once fits)
 CONCURRENCY = 2  # analysis requests computed at once (2 CPU cores); the rest wait in the queue
 M_ARENA_MAX = -8  # glibc's mallopt() parameter number
@@ -175,7 +176,6 @@ def launch(
 
     from app.layout import CSS, theme
     from app.login import LoginPageWithoutApi
-    from app.state import MAX_UPLOAD_BYTES
 
     demo.queue(default_concurrency_limit=CONCURRENCY, max_size=QUEUE_SIZE)
     extra["mcp_server"] = mcp  # explicit: Gradio would otherwise read GRADIO_MCP_SERVER

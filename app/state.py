@@ -29,7 +29,6 @@ from ssog_core.checkpoint.upstream import convert
 from ssog_core.data.images import MAX_BYTES, ImageError, list_images, load_image, model_input
 
 UPLOADED = "uploaded/"  # prefix of checkpoints a user uploaded in this session of the server
-MAX_UPLOAD_BYTES = 64 * 1024**2  # any file sent to the server; checkpoints of the size this project trains fit
 MAX_PIXELS = 25_000_000  # decoded-image cap for uploads (decompression bombs are refused before decoding)
 DISPLAY_SIDE = 768  # images are kept at most this large for overlays: plenty for a figure, cheap to draw
 MAX_UPLOADED_CHECKPOINTS = 8  # older uploads are deleted: disk use stays bounded however long the server runs

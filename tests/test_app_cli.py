@@ -37,3 +37,12 @@ def test_readme_lists_every_flag():
     assert section, "README has no '## The app' section"
     missing = [f for f in flags() if f"`{f}" not in section.group(1)]
     assert missing == [], f"README's app section does not name {missing}"
+
+
+def test_the_command_line_imports_nothing_heavy():
+    """What --help's speed rests on, checked without a clock: the command line's module loads neither torch nor
+    Gradio nor the page."""
+    code = "import sys, app.main; print(sorted({'torch', 'gradio', 'app.layout', 'app.state'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
