@@ -22,8 +22,9 @@ from gradio.utils import get_upload_folder
 
 from app import interventions
 from app.common import EXPECTED_ERRORS, error_text, stoppable
+from app.export_maps import control_for, maps_for
 from app.state import AppContext, AppError
-from app.tabs import export, playground, training
+from app.tabs import playground, training
 from ssog_core.analysis import report
 from ssog_core.analysis.controls import check_control
 
@@ -82,7 +83,7 @@ def register_api(ctx: AppContext) -> None:
         ``validation``: the mean over validation images of the checkpoint's data) adds ``accumulated_control`` and
         ``accumulated_difference`` (raw − control)."""
         loaded, stored = ctx.model(checkpoint), ctx.find_image(image)
-        maps = export.maps_for(ctx, loaded, stored, float(alpha))
+        maps = maps_for(ctx, loaded, stored, float(alpha))
         out = {
             **maps.summary(),
             "alpha": maps.alpha,
@@ -90,7 +91,7 @@ def register_api(ctx: AppContext) -> None:
             "accumulated": maps.accumulated[0].tolist(),
             "control": check_control(control),
         }
-        c = export.control_for(ctx, loaded, stored, maps, control)
+        c = control_for(ctx, loaded, stored, maps, control)
         if c is not None:
             out["control_images"] = c.images
             out["accumulated_control"] = c.accumulated[0].tolist()

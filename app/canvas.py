@@ -1,7 +1,7 @@
 """The head playground's draggable canvas: a ``gr.HTML`` with a template, scoped CSS and pointer handlers.
 
 Mechanism (Gradio 6's ``gr.HTML`` template + ``js_on_load``, no npm build): the component's ``value`` is the
-head spec (:meth:`ssog_core.analysis.playground.HeadSpec.to_dict` plus ``sel``, the selected atom) and is what Python
+head spec (:meth:`ssog_core.analysis.head_spec.HeadSpec.to_dict` plus ``sel``, the selected atom) and is what Python
 receives. The template places one marker per atom (key coordinates), the ★ query, μ arrows, σ ellipses and λ
 labels, over a server-rendered field image (``img`` prop) and an optional picture (``bg``), with a colour bar
 and the weight of the cell under the pointer. While an atom or the ★ is dragged, JS assigns the head being

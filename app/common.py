@@ -14,7 +14,7 @@ import gradio as gr
 from gradio.blocks import Block
 from matplotlib.figure import Figure
 
-from app.state import AppContext, AppError
+from app.state import AppError
 from ssog_core.checkpoint.format import CheckpointError
 from ssog_core.data.images import ImageError
 from ssog_core.viz import figures as viz
@@ -34,28 +34,6 @@ def warn(message: str) -> str:
 def error_text(e: Exception) -> str:
     """A person-readable message for an expected failure (no tracebacks in the UI)."""
     return str(e) if isinstance(e, EXPECTED_ERRORS) else f"unexpected error: {type(e).__name__}: {e}"
-
-
-def layer_update(layer: Any, depth: int | None, keep: bool = False, **more: Any) -> dict[str, Any]:
-    """A layer slider for a model of ``depth`` layers: its range and its value in one update, the value kept inside
-    the range (Gradio refuses a value above a slider's maximum). With ``keep`` the value is sent only when it had
-    to move into the range: a render must not write back an older value over one the user set while it ran.
-    Without a depth (no model to ask) the range widens to hold the value, which a render clamps later."""
-    value = int(layer or 0)
-    if depth is None:
-        return gr.update(maximum=max(value, 1), value=value, **more)
-    top = depth - 1
-    if keep and value <= top:
-        return gr.update(maximum=max(top, 1), **more)
-    return gr.update(maximum=max(top, 1), value=min(value, top), **more)
-
-
-def model_depth(ctx: AppContext, name: str | None) -> int | None:
-    """How many layers checkpoint ``name`` has, or None when there is no such model to ask."""
-    try:
-        return int(ctx.model(name).config.depth) if name else None
-    except AppError:
-        return None
 
 
 def write_downloads(files: Mapping[str, bytes | str]) -> list[str]:

@@ -16,10 +16,12 @@ from typing import Any
 import gradio as gr
 from PIL import Image
 
+from app import session_protocol as session
 from app.api import register_api
 from app.common import Updates, error_text, warn, write_downloads
-from app.state import AppContext, AppError, StoredImage, default_image
-from app.tabs import compare, export, geometry, intervene, playground, scaling, session, steering, training
+from app.state import AppContext, AppError, StoredImage, default_image, default_twin
+from app.tabs import compare, export, geometry, intervene, playground, scaling, steering, training
+from app.tabs import session as session_tab
 from ssog_core.analysis.interventions import ScaleGate
 from ssog_core.analysis.session import NO_TWIN, dumps
 from ssog_core.viz import figures as viz
@@ -75,10 +77,10 @@ class Page:
     scaling: scaling.ScalingUI
     training: training.TrainingUI
     intervene: intervene.InterveneUI
-    session: session.SessionUI
+    session: session_tab.SessionUI
 
     def session_parts(self, ctx: AppContext) -> list[session.SessionPart]:
-        """Each tab's section of a session file (:mod:`app.tabs.session`); a new tab adds its part here."""
+        """Each tab's section of a session file (:mod:`app.session_protocol`); a new tab adds its part here."""
         return [
             playground.session_part(ctx, self.playground),
             geometry.session_part(ctx, self.geometry),
@@ -133,7 +135,7 @@ def lazy(tab_id: str, render: Callable[..., Updates], last: gr.State) -> Callabl
 def checkpoint_updates(ctx: AppContext, page: Page, value: str | None) -> Updates:
     """Choices for every checkpoint picker after the folder or the uploads changed."""
     names = ctx.checkpoint_names()
-    twin = export.default_twin(ctx, value)
+    twin = default_twin(ctx, value)
     return {
         page.checkpoint: gr.update(choices=names, value=value),
         page.export.twin: gr.update(choices=[NO_TWIN, *names], value=twin),
@@ -154,7 +156,7 @@ def on_checkpoint_upload(ctx: AppContext, page: Page, files: Any, current: str |
 def on_checkpoint_change(ctx: AppContext, page: Page, ckpt: str | None) -> Updates:
     """Presets, twin and comparison defaults follow the selected checkpoint."""
     names = ctx.checkpoint_names()
-    twin = export.default_twin(ctx, ckpt)
+    twin = default_twin(ctx, ckpt)
     return {
         **playground.on_checkpoint(ctx, page.playground, ckpt),
         page.export.twin: gr.update(choices=[NO_TWIN, *names], value=twin),
@@ -294,7 +296,7 @@ def refresh_underlay(
 
 def save_session(ctx: AppContext, page: Page, ckpt: str | None, sha: str | None, *values: Any) -> Updates:
     """Write the page's current values as a session file to download; ``values`` are those of every tab's
-    session fields (:func:`app.tabs.session.inputs`)."""
+    session fields (:func:`app.session_protocol.inputs`)."""
     ui = page.session
     try:
         parts = page.session_parts(ctx)
@@ -402,7 +404,7 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
             with gr.Tab("Intervene", id="intervene", elem_id="tab-intervene") as t_iv:
                 iv = intervene.build(ctx, shared)
             with gr.Tab("Session", id="session", elem_id="tab-session") as t_ses:
-                ses = session.build()
+                ses = session_tab.build()
         page = Page(
             checkpoint=ckpt, checkpoint_upload=ckpt_up, image_pick=img_pick, image_upload=img_up, thumb=thumb,
             status=status, image_sha=image_sha, active=active, tabs=tabs, playground=pg, geometry=geo, steering=st,

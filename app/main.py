@@ -22,17 +22,15 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import gradio as gr
-import torch
-from starlette.middleware import Middleware
-from starlette.responses import PlainTextResponse
+if TYPE_CHECKING:
+    import gradio as gr
 
-from app.layout import CSS, build_app, theme
-from app.login import LoginPageWithoutApi
-from app.state import MAX_UPLOAD_BYTES, AppContext
+# Gradio, torch and the page are imported where they are used, not here: `python -m app --help` and a mistyped flag
+# answer at once instead of after the seconds those imports take (tests/test_app_serve.py times it).
 
+MAX_UPLOAD_BYTES = 64 * 1024**2  # any file sent to the server; checkpoints of the size this project trains fit
 QUEUE_SIZE = 512  # requests waiting beyond this are told the server is busy (a class firing bursts at once fits)
 CONCURRENCY = 2  # analysis requests computed at once (2 CPU cores); the rest wait in the queue
 M_ARENA_MAX = -8  # glibc's mallopt() parameter number
@@ -40,7 +38,8 @@ SESSIONS = 128  # browser tabs / API clients whose state Gradio keeps (~0.3-2 MB
 AUTH_ENV = "SSOG_LAB_AUTH"  # user:password lines, as in an --auth-file (never a password on the command line)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m app`` (README's "The app" lists every flag; a test checks it)."""
     ap = argparse.ArgumentParser(prog="python -m app", description="SSOG Lab web app")
     ap.add_argument("--host", default="127.0.0.1", help="interface to bind (default: this machine only)")
     ap.add_argument("--port", type=int, default=7860)
@@ -68,7 +67,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="also serve the typed endpoints as MCP tools at /gradio_api/mcp/ (with a login: HTTP Basic required)",
     )
-    return ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return parser().parse_args(argv)
 
 
 class MCPLogin:
@@ -82,6 +85,8 @@ class MCPLogin:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and "/gradio_api/mcp" in scope.get("path", ""):
+            from starlette.responses import PlainTextResponse
+
             given = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
             if not any(hmac.compare_digest(given, ok) for ok in self.allowed):
                 refuse = PlainTextResponse("login required", status_code=401, headers={"WWW-Authenticate": "Basic"})
@@ -94,6 +99,8 @@ def choose_device(requested: str | None) -> str:
     """The device models run on: the one asked for (refused with the reason if this machine lacks it), else
     the first GPU when there is one. On CUDA the models' SSOG layers run the fused Triton kernels through the
     same ``ssog_apply`` dispatch as training, so the app shows what those kernels compute."""
+    import torch
+
     if requested is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -165,6 +172,11 @@ def launch(
     that does not describe the API (:mod:`app.login`); ``mcp`` adds Gradio's built-in MCP server (off by default),
     behind :class:`MCPLogin` when ``auth`` holds logins. Gradio's own start-up lines are silenced (they suggest
     ``share=True``, which this app never uses); the address is printed here instead."""
+    from starlette.middleware import Middleware
+
+    from app.layout import CSS, theme
+    from app.login import LoginPageWithoutApi
+
     demo.queue(default_concurrency_limit=CONCURRENCY, max_size=QUEUE_SIZE)
     extra["mcp_server"] = mcp  # explicit: Gradio would otherwise read GRADIO_MCP_SERVER
     middleware = [Middleware(LoginPageWithoutApi)]
@@ -206,6 +218,11 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    import torch
+
+    from app.layout import build_app
+    from app.state import AppContext
+
     try:
         device = choose_device(args.device)
         auth = read_auth(args.auth_file, os.environ)

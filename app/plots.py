@@ -12,8 +12,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ssog_core.analysis.head_spec import HeadSpec, HeadView
 from ssog_core.analysis.measures import KeyNorms, LayerField
-from ssog_core.analysis.playground import HeadSpec, HeadView
 
 _LAYOUT = dict(template="plotly_white", font=dict(size=12), hoverlabel=dict(font_size=12))
 _TAP_NAMES = {"mu": "s(μδ)", "sigma": "s(σδ)", "lambda": "s(λ)"}
@@ -301,7 +301,7 @@ def key_norm_plot(kn: KeyNorms, title: str) -> go.Figure:
             row=1,
             col=1,
         )
-    ratio = (kn.topk_share / kn.uniform_share.clamp_min(1e-12)).numpy()  # (L, H)
+    ratio = kn.sink_ratio.numpy()  # (L, H)
     layers = np.arange(ratio.shape[0])
     for head in range(ratio.shape[1]):
         fig.add_trace(

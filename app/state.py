@@ -23,12 +23,12 @@ from torch import Tensor, nn
 from app.cache import LRU
 from ssog_core.analysis.measures import LayerField, head_fields
 from ssog_core.analysis.presets import Preset, find_presets
+from ssog_core.analysis.session import NO_TWIN
 from ssog_core.checkpoint.format import CheckpointError, load_checkpoint, save_checkpoint
 from ssog_core.checkpoint.upstream import convert
 from ssog_core.data.images import MAX_BYTES, ImageError, list_images, load_image, model_input
 
 UPLOADED = "uploaded/"  # prefix of checkpoints a user uploaded in this session of the server
-MAX_UPLOAD_BYTES = 64 * 1024**2  # any file sent to the server; checkpoints of the size this project trains fit
 MAX_PIXELS = 25_000_000  # decoded-image cap for uploads (decompression bombs are refused before decoding)
 DISPLAY_SIDE = 768  # images are kept at most this large for overlays: plenty for a figure, cheap to draw
 MAX_UPLOADED_CHECKPOINTS = 8  # older uploads are deleted: disk use stays bounded however long the server runs
@@ -316,3 +316,30 @@ def default_image(ctx: AppContext) -> StoredImage | None:
         except AppError:
             continue
     return None
+
+
+def default_twin(ctx: AppContext, ckpt: str | None) -> str:
+    """The other kind of model to show beside ``ckpt``: its metadata's ``twin``, else a name match, else the
+    first checkpoint of the other attention kind."""
+    if not ckpt:
+        return NO_TWIN
+    names = ctx.checkpoint_names()
+    try:
+        loaded = ctx.model(ckpt)
+    except Exception:
+        return NO_TWIN
+    hinted = loaded.meta.get("twin")
+    if isinstance(hinted, str) and hinted in names:
+        return hinted
+    swapped = ckpt.replace("ssog", "dot") if loaded.is_ssog else ckpt.replace("dot", "ssog")
+    if swapped != ckpt and swapped in names:
+        return swapped
+    for name in names:
+        if name == ckpt:
+            continue
+        try:
+            if ctx.model(name).config.attn != loaded.config.attn:
+                return name
+        except Exception:
+            continue
+    return NO_TWIN

@@ -4,11 +4,11 @@
 
 Measures, each against its target:
 
-* core: the playground head (32×32 grid, 8 atoms) evaluated by ``ssog_core.analysis.playground.evaluate`` (≤ 5 ms);
+* core: the playground head (32×32 grid, 8 atoms) evaluated by ``ssog_core.analysis.head_spec.evaluate`` (≤ 5 ms);
 * export maps of a demo-size checkpoint on a 224² image (``ssog_core.analysis.measures.export_maps``, ≤ 2 s), and the
   whole export-tab render (maps + the matplotlib figure) for context;
-* the Scaling tab's "Measure latency now" (:func:`app.tabs.scaling.measure`) pressed twice in a row: whether the two
-  presses agree within their spread (each point's interquartile ranges overlap), and their slopes;
+* the Scaling tab's "Measure latency now" (:func:`ssog_core.analysis.latency.measure`) pressed twice in a row:
+  whether the two presses agree within their spread (each point's interquartile ranges overlap), and their slopes;
 * browser (Playwright + Debian Chromium, the app as a subprocess): preview frames per second while an atom is
   dragged (≥ 30), and the release → authoritative update round trip (≤ 100 ms), measured in the page from
   the pointer release to the re-rendered canvas, and by Playwright from ``mouse.up()`` to the new image.
@@ -36,10 +36,10 @@ import torch
 from PIL import Image
 
 from app.state import AppContext
-from app.tabs import scaling
 from ssog_core import ViT, save_checkpoint
+from ssog_core.analysis import latency
+from ssog_core.analysis.head_spec import Atom, HeadSpec, evaluate
 from ssog_core.analysis.measures import export_maps
-from ssog_core.analysis.playground import Atom, HeadSpec, evaluate
 from ssog_core.checkpoint.format import load_checkpoint
 from ssog_core.data.images import model_input
 from ssog_core.testing.app_process import AppProcess
@@ -135,7 +135,7 @@ def bench_presses(folder: Path, threads: int) -> dict:
     torch.set_num_threads(threads)
     ctx = AppContext(folder, folder)
     models = [ctx.model("ssog_layouts.safetensors"), ctx.model("dot_layouts.safetensors")]
-    presses = [scaling.measure(models) for _ in range(2)]
+    presses = [latency.measure(models) for _ in range(2)]
     points = []
     for a, b in zip(*presses, strict=True):
         (a1, a3), (b1, b3) = (a.quantile(0.25), a.quantile(0.75)), (b.quantile(0.25), b.quantile(0.75))
@@ -144,7 +144,7 @@ def bench_presses(folder: Path, threads: int) -> dict:
             points.append({"model": a.name, "tokens": n, "medians": [a.ms[k], b.ms[k]],
                            "iqr": [[a1[k], a3[k]], [b1[k], b3[k]]], "agree": agree})  # fmt: skip
     return {"points": points, "slopes": [[c.exponent() for c in p] for p in presses],
-            "repeats": scaling.REPEATS, "machine": scaling.machine("cpu")}  # fmt: skip
+            "repeats": latency.REPEATS, "machine": latency.machine("cpu")}  # fmt: skip
 
 
 def bench_browser(folder: Path, seconds: float, drags: int) -> dict[str, dict[str, float]]:

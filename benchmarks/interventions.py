@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from ssog_core.analysis.effects import head_importance, image_effect, importance_edits, load_eval_set, outcomes
+from ssog_core.analysis.head_spec import spec_from_head
 from ssog_core.analysis.interventions import SetHead, edited
 from ssog_core.analysis.measures import attention_maps, layer_field
-from ssog_core.analysis.playground import spec_from_head
 from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.format import load_checkpoint
 

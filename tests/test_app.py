@@ -23,15 +23,18 @@ import torch
 from PIL import Image
 
 from app import layout, plots
+from app import session_protocol as session
 from app.cache import LRU
+from app.export_maps import control_for, maps_for, validation_for
 from app.layout import build_page
-from app.state import UPLOADED, AppContext, AppError, default_image
-from app.tabs import compare, export, geometry, playground, scaling, session, steering
+from app.state import UPLOADED, AppContext, AppError, default_image, default_twin
+from app.tabs import compare, export, geometry, playground, scaling, steering
 from ssog_core import ViT, save_checkpoint
+from ssog_core.analysis import latency
 from ssog_core.analysis.controls import DEFAULT_CONTROL_IMAGES, describe
+from ssog_core.analysis.head_spec import MAX_ATOMS, HeadSpec, evaluate
 from ssog_core.analysis.interventions import CloseGate, edited
 from ssog_core.analysis.measures import attention_maps, export_maps
-from ssog_core.analysis.playground import MAX_ATOMS, HeadSpec, evaluate
 from ssog_core.analysis.session import NO_TWIN, dumps
 from ssog_core.data.images import model_input
 from ssog_core.viz import figures as viz
@@ -439,8 +442,8 @@ def test_letting_go_of_the_content_gate_shows_the_models_prediction_with_that_ga
 
 def test_export_maps_with_twin_and_downloads(ctx, sha, page):
     ex = page.export
-    assert export.default_twin(ctx, "ssog_test.safetensors") == "dot_test.safetensors"
-    assert export.default_twin(ctx, None) == NO_TWIN
+    assert default_twin(ctx, "ssog_test.safetensors") == "dot_test.safetensors"
+    assert default_twin(ctx, None) == NO_TWIN
     out = export.render(ctx, ex, "ssog_test.safetensors", "dot_test.safetensors", sha, 0.25, 1)
     text, fig, acc, slider, _ = values(out, ex.outputs)
     loaded = ctx.model("ssog_test.safetensors")
@@ -492,13 +495,13 @@ def ctx_maps(ctx, sha):
 def test_export_maps_against_a_control_and_per_class(ctx, sha, page, tmp_path):
     ex, ckpt = page.export, "ssog_test.safetensors"
     loaded, stored = ctx.model(ckpt), ctx.image(sha)
-    raw = export.maps_for(ctx, loaded, stored, 0.5)
+    raw = maps_for(ctx, loaded, stored, 0.5)
     out = export.render(ctx, ex, ckpt, NO_TWIN, sha, 0.5, 0)
     assert out[ex.control_figure]["visible"] is False and "Control: **none (raw maps)**" in out[ex.text]
     for control in ("blank", "validation"):
         out = export.render(ctx, ex, ckpt, "dot_test.safetensors", sha, 0.5, 0, None, control)
         text, _, acc, _, shown = values(out, ex.outputs)
-        c = export.control_for(ctx, loaded, stored, raw, control)
+        c = control_for(ctx, loaded, stored, raw, control)
         assert f"Control: **{describe(control, c.images)}**" in text and text.count("raw − control in [") == 2
         assert shown["visible"] and json.loads(Image.open(shown["value"]).info["Description"])["control"] == control
         np.testing.assert_allclose(np.asarray(acc.data[0].z, float), raw.accumulated[0].numpy())  # the plot stays raw
@@ -509,7 +512,7 @@ def test_export_maps_against_a_control_and_per_class(ctx, sha, page, tmp_path):
     np.testing.assert_array_equal(npz["accumulated_difference"], npz["accumulated"] - npz["accumulated_control"])
     assert json.loads(str(npz["settings"]))["control"] == "validation"
     made = ctx.cache.validation.peek((loaded.key, DEFAULT_CONTROL_IMAGES, 0.5, False))
-    assert made is not None and export.validation_for(ctx, loaded, 0.5) is made  # computed once per checkpoint, α
+    assert made is not None and validation_for(ctx, loaded, 0.5) is made  # computed once per checkpoint, α
     for control in ("none", "blank", "validation"):
         out = export.per_class(ctx, ex, ckpt, 0.5, control)
         assert Path(out[ex.classes]).suffix == ".png" and "64 validation images of `shapes:" in out[ex.classes_status]
@@ -588,11 +591,11 @@ def test_scaling_resolution_transfer(ctx, folders, page, tmp_path):
                           {"resolution_transfer": '[{"tokens": 3}]'})  # fmt: skip
     assert "expected img_size" in scaling.render(ctx, sc, ctx.add_upload([str(bad)]))[sc.transfer_note]
     loaded = ctx.model("ssog_test.safetensors")
-    assert scaling.sizes(loaded) == [(16, 16), (32, 32), (48, 48), (64, 64), (96, 96)]
+    assert latency.sizes(loaded) == [(16, 16), (32, 32), (48, 48), (64, 64), (96, 96)]
 
 
 class FakeForwards:
-    """A clock and a forward for :func:`app.tabs.scaling.measure`: each forward advances the clock by a time that
+    """A clock and a forward for :func:`app.tabs.latency.measure`: each forward advances the clock by a time that
     grows as N (SSOG) or N² (dot) with a spread, and is recorded; nothing is really timed."""
 
     def __init__(self) -> None:
@@ -612,7 +615,7 @@ def test_latency_is_warmed_up_interleaved_and_shown_with_its_spread(ctx, page):
     sc = page.scaling
     models = [ctx.model("ssog_test.safetensors"), ctx.model("dot_test.safetensors")]
     fake = FakeForwards()
-    curves = scaling.measure(models, repeats=5, warmup=2, clock=fake.clock, run=fake.run)
+    curves = latency.measure(models, repeats=5, warmup=2, clock=fake.clock, run=fake.run)
     points = [(m, n) for n in (16, 64, 144, 256, 576) for m in ("ssog", "dot_")]  # size by size, model by model
     assert fake.calls == points * 2 + (points + points[::-1]) * 2 + points  # warmed up, then rounds, each reversed
     ssog, dot = curves
@@ -622,18 +625,18 @@ def test_latency_is_warmed_up_interleaved_and_shown_with_its_spread(ctx, page):
     assert all(a <= m <= b for a, m, b in zip(q1, ssog.ms, q3, strict=True)) and all(
         b > a for a, b in zip(q1, q3, strict=True)
     )
-    timing = partial(scaling.measure, repeats=5, warmup=2, clock=fake.clock, run=fake.run)
+    timing = partial(latency.measure, repeats=5, warmup=2, clock=fake.clock, run=fake.run)
     measured = scaling.on_measure(ctx, sc, "ssog_test.safetensors", timing)
     text, plot = measured[sc.latency_note], measured[sc.latency]
     assert "ssog_test.safetensors" in text and "dot_test.safetensors" in text
     assert re.search(r"slope \*\*(0\.9\d|1\.0\d)\*\*", text) and re.search(r"slope \*\*(1\.9\d|2\.0\d)\*\*", text)
     assert "up to 576 tokens" in text and "4096" not in text and "median of 5 runs after 2 warm-ups" in text
-    assert scaling.cpu_model() in text and "torch thread" in text and "IQR" in text
+    assert latency.cpu_model() in text and "torch thread" in text and "IQR" in text
     assert [t.name.split(" ")[0] for t in plot.data[:2]] == ["ssog_test.safetensors", "dot_test.safetensors"]
     assert list(plot.data[0].x) == [16, 64, 144, 256, 576] and plot.data[0].error_y.array is not None
     guides = plot.data[2:]
     assert len({g.line.dash for g in guides}) == 2 and {"∝ N", "∝ N²"} == {g.name.split(" (")[0] for g in guides}
-    assert scaling.cpu_model() in plot.layout.title.text
+    assert latency.cpu_model() in plot.layout.title.text
     assert "pick a checkpoint" in scaling.on_measure(ctx, sc, None)[sc.latency_note]
 
 
@@ -641,7 +644,7 @@ def test_latency_is_warmed_up_interleaved_and_shown_with_its_spread(ctx, page):
 
 
 def session_values(v: dict, **sections: dict) -> dict:
-    """What the page's session fields hold, by section (as :func:`app.tabs.session.by_section` hands them over)."""
+    """What the page's session fields hold, by section (as :func:`app.session_protocol.by_section` hands them over)."""
     base = {"playground": {"head": v, "underlay": False}, "geometry": {"layer": 0},
             "steering": {"layer": 0, "query": None}, "export": {"twin": NO_TWIN, "alpha": 0.5, "layer": 0},
             "compare": {"a": None, "b": None, "alpha": 0.5, "layer": 0},
@@ -816,7 +819,7 @@ def test_demo_checkpoints_open_in_every_tab(page, tmp_path):
     geo = geometry.render(demo, page.geometry, "ssog_layouts.safetensors", 0, stored.sha256)
     note, card, fig, *_ = values(geo, page.geometry.outputs)
     assert fig is not None and "accuracy" in card
-    twin = export.default_twin(demo, "ssog_layouts.safetensors")
+    twin = default_twin(demo, "ssog_layouts.safetensors")
     ex = export.render(demo, page.export, "ssog_layouts.safetensors", twin, stored.sha256, 0.5, 0)
     assert ex[page.export.figure] is not None and "net exporters" in ex[page.export.text]
     st = steering.render(demo, page.steering, "ssog_layouts.safetensors", stored.sha256, 0, [1, 1])

@@ -7,9 +7,9 @@ import pytest
 from gradio_client import Client
 
 from app.layout import build_app
-from app.main import CONCURRENCY, QUEUE_SIZE, launch, parse_args
-from app.state import MAX_UPLOAD_BYTES, AppContext
-from ssog_core.analysis.playground import DEFAULT_SPEC
+from app.main import CONCURRENCY, MAX_UPLOAD_BYTES, QUEUE_SIZE, launch, parse_args
+from app.state import AppContext
+from ssog_core.analysis.head_spec import DEFAULT_SPEC
 from ssog_core.testing.app_process import free_port
 from tests.app_fixtures import write_checkpoints, write_images
 

@@ -107,8 +107,8 @@ def test_the_edit_list_is_a_session_section_checked_on_restore():
     """Saved through the per-tab protocol; a restored list is checked and a bad one named in the notes."""
     from types import SimpleNamespace
 
+    from app.session_protocol import Restoring
     from app.tabs import intervene
-    from app.tabs.session import Restoring
 
     ui = SimpleNamespace(edits="edits", listing="listing")
     part = intervene.session_part(ui)

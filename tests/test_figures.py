@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from ssog_core.analysis.playground import DEFAULT_SPEC
+from ssog_core.analysis.head_spec import DEFAULT_SPEC
 from ssog_core.cli import figures as figures_cli
 from ssog_core.viz import figures as viz
 from ssog_core.viz import files as figures

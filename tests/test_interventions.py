@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ssog_core import ViT
+from ssog_core.analysis.head_spec import spec_from_head
 from ssog_core.analysis.interventions import (
     MAX_EDITS,
     EditError,
@@ -21,7 +22,6 @@ from ssog_core.analysis.interventions import (
     record,
 )
 from ssog_core.analysis.measures import attention_maps, export_maps, layer_field, residual_mix, steering_offsets
-from ssog_core.analysis.playground import spec_from_head
 from tests.dense_oracle import vit_forward
 from tests.helpers import steered_vit
 

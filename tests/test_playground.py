@@ -1,4 +1,4 @@
-"""The playground head (:mod:`ssog_core.analysis.playground`): its field against an independent float64 numpy evaluation
+"""The playground head (:mod:`ssog_core.analysis.head_spec`): its field against an independent float64 numpy evaluation
 of
 the formula (docs/DESIGN.md §1) and against the effective attention matrix, on odd grids, so "the atom is drawn
 where the head looks" is proven by the computation, not by convention; and its edits (grid, query, atoms), each a
@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from ssog_core.analysis.measures import head_fields, head_stats, query_stats, steering_offsets
-from ssog_core.analysis.playground import (
+from ssog_core.analysis.head_spec import (
     DEFAULT_SPEC,
     MAX_ATOMS,
     Atom,
@@ -24,6 +23,7 @@ from ssog_core.analysis.playground import (
     rescale_cell,
     spec_from_head,
 )
+from ssog_core.analysis.measures import head_fields, head_stats, query_stats, steering_offsets
 from ssog_core.field import attention_matrix
 from tests.app_fixtures import designed_ssog
 
@@ -162,8 +162,8 @@ def test_steered_spec_carries_the_querys_own_atoms_at_every_gate(gate):
     """The playground's "content steers the head" view: its atoms are the ones the model's own field gives the
     query when every gate scale is turned down to ``gate``·s (checked by scaling the model's gate parameters
     themselves); at gate 0 its field is exactly the model's fixed-field attention row of the query."""
+    from ssog_core.analysis.head_spec import steered_spec
     from ssog_core.analysis.measures import _layer_inputs, attention_maps, ssog_layers
-    from ssog_core.analysis.playground import steered_spec
     from ssog_core.field import EPS
 
     model = designed_ssog(depth=2)

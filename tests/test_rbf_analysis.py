@@ -59,6 +59,7 @@ def test_vit_key_norms_match_their_definitions(attn, extra):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(kn.norm_attention_corr.numpy(), corr, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(kn.uniform_share.numpy(), 3 / 37, rtol=1e-6)
+    np.testing.assert_allclose(kn.sink_ratio.numpy(), topk / uniform, rtol=1e-5)
     rows = kn.summary()
     assert len(rows) == 6 and rows[0]["max_norm"] >= rows[0]["p99_norm"] >= rows[0]["median_norm"] > 0
     edges, dens = kn.histogram(bins=16)
@@ -78,6 +79,7 @@ def test_lm_key_norms_use_the_causal_visibility():
     for got, want in ((kn.topk_share, topk), (kn.uniform_share, uniform), (kn.prefix_share, pshare)):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(kn.norm_attention_corr.numpy(), corr, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(kn.sink_ratio.numpy(), topk / uniform, rtol=1e-5)  # causal: uniform varies by row
 
 
 def test_a_huge_key_hoards_dot_attention_but_not_rbf_attention():

@@ -14,9 +14,10 @@ import pytest
 from gradio_client import Client, handle_file
 
 from app import layout
+from app.export_maps import maps_for
 from app.layout import build_app, build_page
 from app.main import launch
-from app.state import AppContext
+from app.state import AppContext, default_twin
 from app.tabs import compare, export, geometry, playground, steering
 from ssog_core.analysis.session import NO_TWIN
 from ssog_core.testing.app_process import free_port
@@ -80,7 +81,7 @@ def _works(ctx: AppContext, page: layout.Page, sha: str, every_tab: bool) -> Non
     ``every_tab`` every tab also draws its figures of it."""
     stored = ctx.image(sha)
     for name in (GOOD, TWIN):
-        maps = export.maps_for(ctx, ctx.model(name), stored, 0.5)
+        maps = maps_for(ctx, ctx.model(name), stored, 0.5)
         assert maps.grid == (8, 8) and np.isfinite(maps.accumulated.numpy()).all()
     assert steering.analyse(ctx, ctx.model(GOOD), stored).offsets is not None
     pg = page.playground
@@ -163,7 +164,7 @@ def test_bad_checkpoints_in_the_folder_give_messages_in_every_tab(corpus, page, 
             playground.preset_choices(ctx, path.name)[1],
         ):
             assert re.search(expected, text), (key, text)
-        assert export.default_twin(ctx, path.name) == NO_TWIN
+        assert default_twin(ctx, path.name) == NO_TWIN
     assert geometry.render(ctx, geo, GOOD, 0, sha)[geo.figure]["value"] is not None
     assert not corpus["marker"].exists()
 

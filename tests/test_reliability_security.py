@@ -24,9 +24,11 @@ from gradio_client import Client, handle_file
 
 from app import layout
 from app import main as app_main
+from app import session_protocol as session
 from app.api import uploaded_path
-from app.state import MAX_UPLOAD_BYTES, AppContext, AppError
-from app.tabs import compare, export, geometry, playground, session, steering
+from app.main import MAX_UPLOAD_BYTES
+from app.state import AppContext, AppError
+from app.tabs import compare, export, geometry, playground, steering
 from ssog_core.testing.app_process import AppProcess, free_port
 from tests.app_fixtures import dot_twin, write_checkpoints, write_images
 from tests.reliability_corpus import bad_checkpoints, bad_images

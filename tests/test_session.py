@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
+from ssog_core.analysis.head_spec import DEFAULT_SPEC, MAX_ATOMS, Atom, HeadSpec
 from ssog_core.analysis.measures import DEFAULT_ALPHA
-from ssog_core.analysis.playground import DEFAULT_SPEC, MAX_ATOMS, Atom, HeadSpec
 from ssog_core.analysis.session import FORMAT, MAX_BYTES, NO_TWIN, Session, SessionError, dumps, loads, read
 
 SHA = "0123456789abcdef" * 4

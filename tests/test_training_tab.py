@@ -49,8 +49,9 @@ def test_render_draws_the_history_with_the_slider_range_and_value_in_one_update(
     ui = FakeUI()
     history = read_history(folder / "ckpt" / "trained.safetensors")
     out = training.render(ctx, ui, "trained.safetensors")
-    last = len(history.steps) - 1
-    assert out["step"]["maximum"] == last and out["step"]["value"] == last and out["step"]["visible"]
+    n = len(history.steps)  # the slider counts snapshots from 1, as its text does
+    assert out["step"]["minimum"] == 1 and out["step"]["maximum"] == n and out["step"]["value"] == n
+    assert out["step"]["visible"] and out["step_text"].startswith(f"Snapshot {n} of {n}:")
     gates = out["gates"]["value"]
     assert gates.layout.yaxis.type == "log"
     cold = [t for t in gates.data if t.name.startswith("cold start")][0]
@@ -64,10 +65,14 @@ def test_render_draws_the_history_with_the_slider_range_and_value_in_one_update(
 
 def test_the_step_slider_shows_the_fields_at_that_snapshot(ctx):
     ui = FakeUI()
-    first, last = (training.on_step(ctx, ui, "trained.safetensors", i) for i in (0, 1e9))
+    first, last = (training.on_step(ctx, ui, "trained.safetensors", i) for i in (1, 1e9))
     a, b = np.asarray(first["grid"]), np.asarray(last["grid"])
     assert a.shape == b.shape and a.shape[2] == 3 and not np.array_equal(a, b)  # the fields moved
     assert "step 0" in first["step_text"] and "step 18" in last["step_text"]
+    assert first["step_text"].startswith("Snapshot 1 of ")  # slider position 1 is snapshot 1
+    assert training.on_step(ctx, ui, "trained.safetensors", 3)["step_text"].startswith("Snapshot 3 of ")
+    n = len(read_history(ctx.resolve("trained.safetensors")).steps)
+    assert training.on_tick(ctx, "trained.safetensors", 1) == 2 and training.on_tick(ctx, "trained.safetensors", n) == 1
 
 
 def test_a_checkpoint_without_history_says_so_in_one_line(ctx):
@@ -83,12 +88,12 @@ def test_the_session_keeps_a_training_step_and_restores_it_on_render(ctx, folder
     ui.checkpoint = "checkpoint"
     part = training.session_part(ctx, ui)
     history = read_history(folder / "ckpt" / "trained.safetensors")
-    saved = part.save({"snapshot": 7, "checkpoint": "trained.safetensors"})
+    saved = part.save({"snapshot": 8, "checkpoint": "trained.safetensors"})  # the 8th snapshot
     assert saved == {"step": history.steps[7]}
     restored = part.restore(saved, None)
     assert restored == {"pending": history.steps[7]}
     out = training.render(ctx, ui, "trained.safetensors", restored["pending"])
-    assert out["step"]["value"] == 7 and out["step"]["maximum"] == len(history.steps) - 1
+    assert out["step"]["value"] == 8 and out["step"]["maximum"] == len(history.steps)
     assert (
         training.snapshot_index(history, 10**6) == len(history.steps) - 1 and training.snapshot_index(history, 0) == 0
     )

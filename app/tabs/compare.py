@@ -9,10 +9,12 @@ from typing import Any
 import gradio as gr
 from gradio.blocks import Block
 
-from app.common import Updates, error_text, layer_update, model_depth, shown_figure, warn, write_downloads
+from app import widgets
+from app.common import Updates, error_text, shown_figure, warn, write_downloads
+from app.export_maps import maps_for, summary
+from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext
-from app.tabs.export import maps_for, summary
-from app.tabs.session import Restoring, SessionPart
+from app.widgets import layer_update, model_depth
 from ssog_core.analysis.measures import DEFAULT_ALPHA
 from ssog_core.viz import figures as viz
 from ssog_core.viz import files as figures
@@ -116,7 +118,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> CompareUI:
         a = gr.Dropdown([], label="Checkpoint A", elem_id="cmp-a", scale=2)
         b = gr.Dropdown([], label="Checkpoint B", elem_id="cmp-b", scale=2)
         alpha = gr.Slider(0.0, 1.0, value=DEFAULT_ALPHA, step=0.05, label="α", elem_id="cmp-alpha", scale=1)
-        layer = gr.Slider(0, 1, value=0, step=1, label="layer (shared by A and B)", elem_id="cmp-layer", scale=2)
+        layer = widgets.layer_slider("layer (shared by A and B)", "cmp-layer", scale=2)
     text = gr.Markdown(elem_id="cmp-summary")
     figure = gr.Image(
         label="A, B and A − B",
@@ -128,13 +130,12 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> CompareUI:
         buttons=["download", "fullscreen"],
     )
     with gr.Accordion("Download the figure (PNG + SVG) and the maps of both (.npz)", open=False):
-        files_button = gr.Button("Make files", size="sm")
-        files = gr.File(label="files", file_count="multiple", interactive=False)
-        files_status = gr.Markdown()
+        made = widgets.downloads()
+        files, files_status = made.files, made.status
     inputs = [a, b, shared["image_sha"], alpha, layer]
     ui = CompareUI(a=a, b=b, alpha=alpha, layer=layer, text=text, figure=figure, files=files,
                    files_status=files_status, inputs=inputs)  # fmt: skip
     for picker in (a, b):
         picker.input(partial(render, ctx, ui), inputs, ui.outputs, api_visibility="private")
-    files_button.click(partial(downloads, ctx, ui), inputs, [files, files_status], api_visibility="private")
+    made.on_click(partial(downloads, ctx, ui), inputs)
     return ui

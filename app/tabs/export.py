@@ -11,21 +11,19 @@ from typing import Any
 import gradio as gr
 from gradio.blocks import Block
 
-from app import plots
-from app.common import Updates, error_text, layer_update, model_depth, shown_figure, warn, write_downloads
+from app import plots, widgets
+from app.common import Updates, error_text, shown_figure, warn, write_downloads
+from app.export_maps import control_for, maps_for, summary, validation_for
+from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError, LoadedModel, StoredImage, resize_note
-from app.tabs.session import Restoring, SessionPart
+from app.widgets import layer_update, model_depth
 from ssog_core.analysis.controls import (
     CONTROLS,
     DEFAULT_CONTROL_IMAGES,
-    ControlMaps,
-    ValidationMaps,
     class_maps,
-    control_maps,
     describe,
-    validation_maps,
 )
-from ssog_core.analysis.measures import DEFAULT_ALPHA, ExportMaps, export_maps
+from ssog_core.analysis.measures import DEFAULT_ALPHA
 from ssog_core.analysis.session import NO_TWIN
 from ssog_core.viz import figures as viz
 from ssog_core.viz import files as figures
@@ -57,82 +55,8 @@ class ExportUI:
         return [self.text, self.figure, self.accumulated, self.layer, self.control_figure]
 
 
-def maps_for(ctx: AppContext, loaded: LoadedModel, stored: StoredImage, alpha: float) -> ExportMaps:
-    """The export maps of a model on a picture (cached: the export and compare tabs and the API share them)."""
-
-    def make() -> ExportMaps:
-        return export_maps(loaded.model, loaded.input(stored.image), alpha)
-
-    return ctx.cache.export_maps.get((loaded.key, stored.sha256, round(float(alpha), 4)), make)
-
-
-def validation_for(ctx: AppContext, loaded: LoadedModel, alpha: float, blank: bool = False) -> ValidationMaps:
-    """The maps of the checkpoint's validation images (``blank``: of their blank images), cached per checkpoint
-    and α: computed once, shared by the validation control of every picture and the per-class view."""
-
-    def make() -> ValidationMaps:
-        return validation_maps(loaded.model, loaded.meta, alpha, DEFAULT_CONTROL_IMAGES, blank=blank)
-
-    return ctx.cache.validation.get((loaded.key, DEFAULT_CONTROL_IMAGES, round(float(alpha), 4), blank), make)
-
-
-def control_for(
-    ctx: AppContext, loaded: LoadedModel, stored: StoredImage, raw: ExportMaps, control: str
-) -> ControlMaps | None:
-    """The control of a picture's maps (None for ``none``), cached beside the maps."""
-    if control == "none":
-        return None
-
-    def make() -> ControlMaps | None:
-        validation = validation_for(ctx, loaded, raw.alpha) if control == "validation" else None
-        x = loaded.input(stored.image)
-        return control_maps(loaded.model, loaded.meta, x, raw, control, validation=validation)
-
-    return ctx.cache.export_maps.get((loaded.key, stored.sha256, round(raw.alpha, 4), control), make)
-
-
-def default_twin(ctx: AppContext, ckpt: str | None) -> str:
-    """The other kind of model to show beside ``ckpt``: its metadata's ``twin``, else a name match, else the
-    first checkpoint of the other attention kind."""
-    if not ckpt:
-        return NO_TWIN
-    names = ctx.checkpoint_names()
-    try:
-        loaded = ctx.model(ckpt)
-    except Exception:
-        return NO_TWIN
-    hinted = loaded.meta.get("twin")
-    if isinstance(hinted, str) and hinted in names:
-        return hinted
-    swapped = ckpt.replace("ssog", "dot") if loaded.is_ssog else ckpt.replace("dot", "ssog")
-    if swapped != ckpt and swapped in names:
-        return swapped
-    for name in names:
-        if name == ckpt:
-            continue
-        try:
-            if ctx.model(name).config.attn != loaded.config.attn:
-                return name
-        except Exception:
-            continue
-    return NO_TWIN
-
-
 def _display(stored: StoredImage, loaded: LoadedModel):
     return raster.model_view(stored.image, loaded.config.img_size, figures.EXPORT_WIDTH)
-
-
-def summary(name: str, m: ExportMaps, control: ControlMaps | None = None) -> str:
-    s = m.summary()
-    prefix = float(m.prefix_share.mean())
-    extra = f" · register tokens took {prefix:.1%} of patch attention (removed, rows renormalised)" if prefix else ""
-    if control is not None:
-        d = m.accumulated[0] - control.accumulated[0]
-        extra += f" · raw − control in [{float(d.min()):.3f}, {float(d.max()):.3f}]"
-    return (
-        f"**{name}**: accumulated net export in [{s['acc_min']:.3f}, {s['acc_max']:.3f}], "
-        f"**{s['exporter_share']:.0%}** of patches are net exporters (red){extra}"
-    )
 
 
 def render(
@@ -269,9 +193,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> ExportUI:
             elem_id="ex-alpha",
             scale=2,
         )
-        layer = gr.Slider(
-            0, 1, value=0, step=1, label="layer for pull-in / pull-out / net", elem_id="ex-layer", scale=2
-        )
+        layer = widgets.layer_slider("layer for pull-in / pull-out / net", "ex-layer", scale=2)
         control = gr.Dropdown(
             list(CONTROLS),
             value="none",
@@ -319,9 +241,8 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> ExportUI:
     with gr.Row(equal_height=False):
         accumulated = gr.Plot(show_label=False, label="Accumulated net export (interactive)", elem_id="ex-acc")
         with gr.Column():
-            files_button = gr.Button("Make files: figure PNG + SVG, maps .npz + CSV", size="sm", elem_id="ex-dl")
-            files = gr.File(label="files", file_count="multiple", interactive=False, elem_id="ex-files")
-            files_status = gr.Markdown()
+            made = widgets.downloads("Make files: figure PNG + SVG, maps .npz + CSV", "ex-dl", "ex-files")
+            files, files_status = made.files, made.status
     classes_button = gr.Button(
         "Per class: mean accumulated export over the validation images (raw and against the control)",
         size="sm",
@@ -343,7 +264,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> ExportUI:
                   classes=classes, classes_status=classes_status, inputs=inputs)  # fmt: skip
     for picker in (twin, control, layout):
         picker.input(partial(render, ctx, ui), inputs, ui.outputs, api_visibility="private")
-    files_button.click(partial(downloads, ctx, ui), inputs, [files, files_status], api_visibility="private")
+    made.on_click(partial(downloads, ctx, ui), inputs)
     classes_button.click(
         partial(per_class, ctx, ui), [shared["checkpoint"], alpha, control], [classes, classes_status],
         api_visibility="private",

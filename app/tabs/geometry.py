@@ -12,10 +12,11 @@ import numpy as np
 from gradio.blocks import Block
 from PIL import Image
 
-from app import plots
-from app.common import Updates, error_text, layer_update, model_depth, shown_figure, warn, write_downloads
+from app import plots, widgets
+from app.common import Updates, error_text, shown_figure, warn, write_downloads
+from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, LoadedModel
-from app.tabs.session import Restoring, SessionPart
+from app.widgets import layer_update, model_depth
 from ssog_core.analysis import report
 from ssog_core.analysis.measures import attention_maps, has_keys, key_norms
 from ssog_core.viz import figures as viz
@@ -168,7 +169,7 @@ def dot_view(ctx: AppContext, loaded: LoadedModel, sha: str | None):
     norms = None
     if has_keys(loaded.model):
         kn = key_norms(loaded.model, x)
-        ratio = float((kn.topk_share / kn.uniform_share.clamp_min(1e-12)).max())
+        ratio = float(kn.sink_ratio.max())
         text += (
             f"\n\n**Key norms** (magnitude bullying): the {kn.top_k} largest-norm keys of a head take at most "
             f"**{ratio:.1f}×** the attention uniform attention would give them"
@@ -238,12 +239,11 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> GeometryUI:
         with gr.Column(scale=2, min_width=300):
             card = gr.Markdown(elem_id="geo-card")
             with gr.Accordion("Download figures (PNG + SVG) and the atom table (CSV)", open=False):
-                files_button = gr.Button("Make files", size="sm")
-                files = gr.File(label="files", file_count="multiple", interactive=False)
-                files_status = gr.Markdown()
+                made = widgets.downloads()
+                files, files_status = made.files, made.status
             status = gr.Markdown(elem_id="geo-status")
     gates = gr.Plot(show_label=False, label="Gate scales vs layer", elem_id="geo-gates")
-    layer = gr.Slider(0, 1, value=0, step=1, label="layer for the interactive view", elem_id="geo-layer")
+    layer = widgets.layer_slider("layer for the interactive view", "geo-layer")
     layer_plot = gr.Plot(show_label=False, label="One layer, interactive", elem_id="geo-layer-plot")
     stats = gr.Plot(show_label=False, label="Per-head entropy and effective radius", elem_id="geo-stats")
     table = gr.Dataframe(
@@ -263,6 +263,5 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> GeometryUI:
         trigger_mode="always_last",
         api_visibility="private",
     )
-    files_button.click(partial(downloads, ctx, ui), [shared["checkpoint"]], [files, files_status],
-                       api_visibility="private")  # fmt: skip
+    made.on_click(partial(downloads, ctx, ui), [shared["checkpoint"]])
     return ui

@@ -18,8 +18,8 @@ from gradio.blocks import Block
 
 from app import interventions, plots
 from app.common import Updates, error_text, stoppable, warn
+from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError, LoadedModel
-from app.tabs.session import Restoring, SessionPart
 from ssog_core.analysis.effects import DEFAULT_EVAL_IMAGES, MAX_EVAL_IMAGES, HeadImportance, ValidationEffect
 from ssog_core.analysis.interventions import MAX_GATE_FACTOR, OPS, TAP_NAMES, check_edits, describe, parse_edits
 from ssog_core.field import TAPS

@@ -17,10 +17,10 @@ from PIL import Image
 from app import plots
 from app.canvas import CSS_TEMPLATE, HTML_TEMPLATE, JS_ON_LOAD, canvas_props
 from app.common import Updates, error_text, warn, write_downloads
+from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError
-from app.tabs.session import Restoring, SessionPart
-from ssog_core.analysis.interventions import Edit, SetHead, edited
-from ssog_core.analysis.playground import (
+from ssog_core.analysis import predictions
+from ssog_core.analysis.head_spec import (
     DEFAULT_SPEC,
     MAX_ATOMS,
     SIGMA_RANGE,
@@ -30,6 +30,7 @@ from ssog_core.analysis.playground import (
     evaluate,
     spec_from_head,
 )
+from ssog_core.analysis.interventions import Edit, SetHead, edited
 from ssog_core.analysis.presets import KINDS, RULES
 from ssog_core.viz import figures as viz
 from ssog_core.viz import files as figures
@@ -120,7 +121,7 @@ def head_value(spec: HeadSpec, sel: int = 0) -> dict[str, Any]:
 
 
 def render(value: Any, overlay: bool = False, hover: bool = True) -> tuple[dict[str, Any], HeadSpec, HeadView]:
-    """Field image and overlay numbers for the canvas, computed by :func:`ssog_core.analysis.playground.evaluate`; with
+    """Field image and overlay numbers for the canvas, computed by :func:`ssog_core.analysis.head_spec.evaluate`; with
     ``hover`` also every cell's weight (left out of drag previews, which stay small and fast)."""
     spec = _spec(value)
     view = evaluate(spec)
@@ -404,11 +405,11 @@ def prediction_change(ctx: AppContext, ckpt: str, sha: str | None, edits: list[E
         before = ctx.cache.effects.get(("logits", loaded.key, sha), lambda: loaded.model(x))
         with edited(loaded.model, edits):
             after = loaded.model(x)
-    p0, p1 = torch.softmax(before[0].double(), -1), torch.softmax(after[0].double(), -1)
-    names, top, new = loaded.class_names, int(p0.argmax()), int(p1.argmax())
+    change = predictions.prediction_change(before, after)
+    names, top, new = loaded.class_names, change.top, change.winner
     return (
-        f"{what}: prediction **{names[top]}** {float(p0[top]):.4f} → **{names[new]}** {float(p1[new]):.4f} "
-        f"(Δ log p({names[top]}) = {float(p1[top].log() - p0[top].log()):+.4f})."
+        f"{what}: prediction **{names[top]}** {float(change.unedited[top]):.4f} → **{names[new]}** "
+        f"{float(change.edited[new]):.4f} (Δ log p({names[top]}) = {change.dlogp:+.4f})."
     )
 
 

@@ -7,38 +7,26 @@ matrix) while dot attention's grows quadratically; the fitted exponent of each m
 
 from __future__ import annotations
 
-import json
 import math
-import platform
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
 import numpy as np
 import plotly.graph_objects as go
-import torch
 from gradio.blocks import Block
-from safetensors import safe_open
 
 from app.common import Updates, error_text, warn
-from app.state import UPLOADED, AppContext, AppError, LoadedModel
-from app.tabs.export import default_twin
+from app.state import UPLOADED, AppContext, AppError, LoadedModel, default_twin
+from ssog_core.analysis.latency import GRID_FACTORS, MAX_TOKENS, REPEATS, WARMUP, Latency, machine, measure
 from ssog_core.analysis.session import NO_TWIN
+from ssog_core.checkpoint.format import TRANSFER_KEY
+from ssog_core.checkpoint.transfer import beside, read_transfer
 
-TRANSFER_KEY = "resolution_transfer"  # safetensors metadata key written by train at the end of a run
-GRID_FACTORS = (0.5, 1.0, 1.5, 2.0, 3.0)  # token grids measured, relative to the training grid's side
-MAX_TOKENS = 4096  # beyond this a CPU forward of a demo model takes seconds: the curve's shape is clear before
-WARMUP = 2  # untimed forwards of every model at a size before any is timed: allocations, caches, compilation
-REPEATS = 15  # timed forwards per model and size: the median is plotted, the quartiles as its spread
 _LAYOUT = dict(template="plotly_white", font=dict(size=12), hoverlabel=dict(font_size=12))
 GUIDES = ((1, "∝ N (slope 1, linear)", "dash", "#7f7f7f"), (2, "∝ N² (slope 2, quadratic)", "dot", "#bcbd22"))
-
-Clock = Callable[[], float]  # seconds, as time.perf_counter
-Forward = Callable[[LoadedModel, torch.Tensor], None]
 
 
 @dataclass(frozen=True)
@@ -55,99 +43,6 @@ class ScalingUI:
     def outputs(self) -> list[Block]:
         """What :func:`render` changes."""
         return [self.transfer_note, self.transfer]
-
-
-@dataclass
-class Latency:
-    """Every timed forward of one model at several token counts (ms), and their medians and quartiles."""
-
-    name: str
-    kind: str
-    tokens: list[int] = field(default_factory=list)
-    samples: list[list[float]] = field(default_factory=list)  # per token count, every timed forward (ms)
-
-    def quantile(self, q: float) -> list[float]:
-        return [float(np.quantile(s, q)) for s in self.samples]
-
-    @property
-    def ms(self) -> list[float]:
-        """The median forward time at each token count."""
-        return self.quantile(0.5)
-
-    def exponent(self) -> float:
-        """Slope of log median time against log tokens: 1 = linear, 2 = quadratic (NaN with fewer than two)."""
-        if len(self.tokens) < 2:
-            return float("nan")
-        return float(np.polyfit(np.log(self.tokens), np.log(self.ms), 1)[0])
-
-
-def cpu_model() -> str:
-    """The processor's name as the OS reports it (``/proc/cpuinfo`` on Linux)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
-def machine(device: str) -> str:
-    """What the timings ran on: the processor (or GPU) and torch's thread count."""
-    chip = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else cpu_model()
-    return f"{chip}, {torch.get_num_threads()} torch thread(s)"
-
-
-def forward(loaded: LoadedModel, x: torch.Tensor) -> None:
-    """One forward of ``loaded`` on ``x``, finished (a GPU is waited for) when it returns."""
-    with torch.inference_mode():
-        loaded.model(x)
-    if loaded.device.type == "cuda":
-        torch.cuda.synchronize(loaded.device)
-
-
-def sizes(loaded: LoadedModel) -> list[tuple[int, int]]:
-    """Input sizes (H, W) to time: multiples of the patch around the training grid, up to MAX_TOKENS tokens."""
-    (gh, gw), p = loaded.config.grid, loaded.config.patch_size
-    out = []
-    for f in GRID_FACTORS:
-        h, w = max(1, round(gh * f)), max(1, round(gw * f))
-        if h * w <= MAX_TOKENS and (h * p, w * p) not in out:
-            out.append((h * p, w * p))
-    return out
-
-
-def measure(
-    models: Sequence[LoadedModel],
-    repeats: int = REPEATS,
-    warmup: int = WARMUP,
-    clock: Clock = time.perf_counter,
-    run: Forward = forward,
-) -> list[Latency]:
-    """Time every model at every size of :func:`sizes` on random inputs. Every (model, size) point is warmed up
-    first; then each round times every point once, the order reversed every round (A B C …, … C B A). A point's
-    runs are thus spread over the whole press: a slow spell of the machine (another job, a clock change) falls on
-    every model and size alike and shows in each point's spread, rather than shifting one point's median."""
-    plans = [sizes(m) for m in models]
-    points = [(i, m, plans[i][k]) for k in range(max(map(len, plans), default=0))
-              for i, m in enumerate(models) if k < len(plans[i])]  # fmt: skip
-    inputs = [torch.rand(1, 3, h, w, device=m.device) for _, m, (h, w) in points]
-    for _ in range(warmup):
-        for (_, m, _), x in zip(points, inputs, strict=True):
-            run(m, x)
-    times: list[list[float]] = [[] for _ in points]
-    order = list(range(len(points)))
-    for r in range(repeats):
-        for j in order if r % 2 == 0 else order[::-1]:
-            t = clock()
-            run(points[j][1], inputs[j])
-            times[j].append((clock() - t) * 1e3)
-    curves = [Latency(m.name, m.kind) for m in models]
-    for (i, m, (h, w)), samples in zip(points, times, strict=True):
-        p = m.config.patch_size
-        curves[i].tokens.append((h // p) * (w // p))
-        curves[i].samples.append(samples)
-    return curves
 
 
 def latency_plot(curves: list[Latency], where: str) -> go.Figure:
@@ -193,42 +88,6 @@ def latency_plot(curves: list[Latency], where: str) -> go.Figure:
     return fig
 
 
-def _transfer_rows(data: Any, source: str) -> list[dict[str, Any]]:
-    """Check a resolution-transfer list: ``[{"img_size": [H, W], "tokens": N, "accuracy": A}, ...]``."""
-    if isinstance(data, str):
-        data = json.loads(data)
-    if not isinstance(data, list) or not data:
-        raise AppError(f"{source}: a resolution-transfer curve is a non-empty JSON list")
-    rows = []
-    for i, r in enumerate(data):
-        try:
-            h, w = (int(v) for v in r["img_size"])
-            rows.append({"img_size": [h, w], "tokens": int(r["tokens"]), "accuracy": float(r["accuracy"])})
-        except (KeyError, TypeError, ValueError):
-            raise AppError(f"{source}, entry {i}: expected img_size [H, W], tokens and accuracy") from None
-    return sorted(rows, key=lambda r: r["tokens"])
-
-
-def transfer_curve(ctx: AppContext, loaded: LoadedModel) -> tuple[list[dict[str, Any]], str] | None:
-    """The checkpoint's zero-shot resolution-transfer curve and where it came from: its safetensors metadata
-    (``resolution_transfer``, written by ``train``), else an ``evaluate --json`` file beside it
-    (``<stem>.transfer.json``); None when neither exists."""
-    path = ctx.resolve(loaded.name)
-    if TRANSFER_KEY in loaded.meta:
-        return _transfer_rows(loaded.meta[TRANSFER_KEY], f"{loaded.name} metadata"), "the checkpoint's metadata"
-    with safe_open(str(path), framework="pt") as f:
-        header = f.metadata() or {}
-    if TRANSFER_KEY in header:
-        return _transfer_rows(header[TRANSFER_KEY], f"{loaded.name} metadata"), "the checkpoint's metadata"
-    beside = path.with_name(path.name.removesuffix(".safetensors") + ".transfer.json")
-    if not loaded.name.startswith(UPLOADED) and beside.is_file():
-        try:
-            return _transfer_rows(beside.read_text(encoding="utf-8"), beside.name), f"`{beside.name}`"
-        except json.JSONDecodeError as e:
-            raise AppError(f"{beside.name} is not valid JSON: {e}") from None
-    return None
-
-
 def transfer_plot(rows: list[dict[str, Any]], name: str, trained_tokens: int) -> go.Figure:
     fig = go.Figure(
         go.Scatter(
@@ -260,15 +119,15 @@ def render(ctx: AppContext, ui: ScalingUI, ckpt: str | None) -> Updates:
         return {ui.transfer_note: "Pick a checkpoint to see how it scales.", ui.transfer: hidden}
     try:
         loaded = ctx.model(ckpt)
-        found = transfer_curve(ctx, loaded)
-        if found is None:
-            stem = Path(ckpt).name.removesuffix(".safetensors")
+        curve = read_transfer(ctx.resolve(ckpt), loaded.meta, look_beside=not ckpt.startswith(UPLOADED))
+        if curve is None:
             note = (
                 f"No resolution-transfer curve for **{ckpt}**: neither its metadata (`{TRANSFER_KEY}`, written by "
-                f"`train` at the end of a run) nor a `{stem}.transfer.json` from `evaluate --json` beside it."
+                f"`train` at the end of a run) nor a `{beside(ckpt).name}` from `evaluate --json` beside it."
             )
             return {ui.transfer_note: note, ui.transfer: hidden}
-        rows, source = found
+        rows = curve.rows
+        source = curve.source if curve.file is None else f"`{curve.source}`"
         trained = loaded.config.grid[0] * loaded.config.grid[1]
         text = f"Zero-shot resolution transfer of **{ckpt}** ({len(rows)} sizes, from {source})."
         plot = transfer_plot(rows, loaded.name, trained)

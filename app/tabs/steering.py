@@ -11,12 +11,14 @@ import numpy as np
 from gradio.blocks import Block
 from PIL import Image
 
-from app.common import Updates, error_text, layer_update, model_depth, shown_figure, warn, write_downloads
+from app import widgets
+from app.common import Updates, error_text, shown_figure, warn, write_downloads
+from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError, LoadedModel, StoredImage, resize_note
-from app.tabs.session import Restoring, SessionPart
+from app.widgets import layer_update, model_depth
 from ssog_core.analysis import report
+from ssog_core.analysis.head_spec import HeadSpec, steered_spec
 from ssog_core.analysis.measures import AttentionMaps, SteeringOffsets, attention_maps, steering_offsets
-from ssog_core.analysis.playground import HeadSpec, steered_spec
 from ssog_core.viz import figures as viz
 from ssog_core.viz import files as figures
 from ssog_core.viz import raster
@@ -178,7 +180,7 @@ def on_select(
 
 def steered_head(ctx: AppContext, src: dict[str, Any], gate: float) -> HeadSpec:
     """The clicked query's head on the model's grid with content's steering at ``gate`` (0 = the fixed field,
-    1 = the learned gate), from the image's steering offsets (:func:`ssog_core.analysis.playground.steered_spec`)."""
+    1 = the learned gate), from the image's steering offsets (:func:`ssog_core.analysis.head_spec.steered_spec`)."""
     loaded, stored = ctx.model(src["checkpoint"]), ctx.image(src["image_sha256"])
     if not loaded.is_ssog:
         raise AppError(f"{loaded.name} is a {loaded.kind} attention model: it has no field for content to steer")
@@ -256,11 +258,10 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> SteeringUI:
                     "Watch content steer it in the playground", size="sm", elem_id="st-open", scale=3
                 )
             prediction = gr.Label(num_top_classes=5, label="Prediction", elem_id="st-pred")
-            layer = gr.Slider(0, 1, value=0, step=1, label="layer", elem_id="st-layer")
+            layer = widgets.layer_slider("layer", "st-layer")
             with gr.Accordion("Download figures (PNG + SVG) and raw offsets (.npz)", open=False):
-                files_button = gr.Button("Make files", size="sm")
-                files = gr.File(label="files", file_count="multiple", interactive=False)
-                files_status = gr.Markdown()
+                made = widgets.downloads()
+                files, files_status = made.files, made.status
         with gr.Column(scale=3):
             steering = gr.Image(
                 label="|μδ| per head with direction arrows",
@@ -293,10 +294,5 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> SteeringUI:
         [query, click, query_figure, query_text],
         api_visibility="private",
     )
-    files_button.click(
-        partial(downloads, ctx, ui),
-        [shared["checkpoint"], shared["image_sha"], layer, query],
-        [files, files_status],
-        api_visibility="private",
-    )
+    made.on_click(partial(downloads, ctx, ui), [shared["checkpoint"], shared["image_sha"], layer, query])
     return ui

@@ -19,8 +19,8 @@ from PIL import Image, ImageDraw
 from plotly.subplots import make_subplots
 
 from app.common import Updates, error_text, warn
+from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError, LoadedModel
-from app.tabs.session import Restoring, SessionPart
 from ssog_core.analysis import report
 from ssog_core.analysis.trajectory import GeometryTrajectory, geometry_trajectory, snapshot_densities
 from ssog_core.checkpoint.format import has_history, read_history
@@ -31,6 +31,7 @@ from ssog_core.viz.figures import TAP_LABELS
 TILE = 72  # px per head panel of the field grid
 LABEL = 18  # px of the label margins
 TAP_COLOURS = {"mu": "#1f77b4", "sigma": "#d62728", "lambda": "#2ca02c"}
+GRID_CAPTION = "Fields: layers across, heads down (each panel scaled to its own peak; dot = the query)"
 PLAY_SECONDS = 0.4  # one snapshot per tick while playing
 
 
@@ -215,6 +216,11 @@ def history_of(ctx: AppContext, ckpt: str) -> History:
     return view.history
 
 
+def slider_index(position: Any, count: int) -> int:
+    """The snapshot (0-based) at slider ``position``: the slider counts snapshots from 1, as its text does."""
+    return int(min(max(round(position or 1) - 1, 0), count - 1))
+
+
 def snapshot_index(history: History, step: Any) -> int:
     """The snapshot at or before training step ``step`` (the last one when ``step`` is None)."""
     if step is None:
@@ -252,7 +258,7 @@ def render(ctx: AppContext, ui: TrainingUI, ckpt: str | None, pending: Any = Non
         if view.geometry is not None:
             shown_at = snapshot_index(h, pending)
             out[ui.geometry] = gr.update(value=geometry_plot(view.geometry), visible=True)
-            out[ui.step] = gr.update(minimum=0, maximum=max(len(h.steps) - 1, 1), value=shown_at, visible=True)
+            out[ui.step] = gr.update(minimum=1, maximum=max(len(h.steps), 2), value=shown_at + 1, visible=True)
             out[ui.grid] = gr.update(value=field_grid(view.densities[shown_at]), visible=True)
             out[ui.step_text] = step_label(h, shown_at)
         return out
@@ -260,13 +266,13 @@ def render(ctx: AppContext, ui: TrainingUI, ckpt: str | None, pending: Any = Non
         return {**empty, ui.note: warn(error_text(e))}
 
 
-def on_step(ctx: AppContext, ui: TrainingUI, ckpt: str | None, index: float) -> Updates:
-    """The slider moved: the field grid at that snapshot."""
+def on_step(ctx: AppContext, ui: TrainingUI, ckpt: str | None, position: float) -> Updates:
+    """The slider moved (to snapshot ``position``, counted from 1): the field grid at that snapshot."""
     try:
         view = training_view(ctx, ctx.model(ckpt)) if ckpt else None
         if view is None or view.densities is None:
             return gr.skip()
-        i = int(min(max(round(index or 0), 0), len(view.history.steps) - 1))
+        i = slider_index(position, len(view.history.steps))
         return {ui.grid: field_grid(view.densities[i]), ui.step_text: step_label(view.history, i), ui.status: ""}
     except Exception as e:
         return {ui.status: warn(error_text(e))}
@@ -277,13 +283,13 @@ def on_play(playing: bool) -> tuple[gr.Timer, str, bool]:
     return gr.Timer(active=not playing), ("⏸ Pause" if not playing else "▶ Play"), not playing
 
 
-def on_tick(ctx: AppContext, ckpt: str | None, index: float) -> Any:
-    """One snapshot further; at the last one, start again from the first."""
+def on_tick(ctx: AppContext, ckpt: str | None, position: float) -> Any:
+    """One snapshot further; at the last one, start again from the first (slider positions count from 1)."""
     view = training_view(ctx, ctx.model(ckpt)) if ckpt else None
     if view is None or view.densities is None:
         return gr.skip()
-    last = len(view.history.steps) - 1
-    return 0 if round(index or 0) >= last else round(index or 0) + 1
+    count = len(view.history.steps)
+    return 1 if round(position or 1) >= count else round(position or 1) + 1
 
 
 def session_part(ctx: AppContext, ui: TrainingUI) -> SessionPart:
@@ -291,14 +297,14 @@ def session_part(ctx: AppContext, ui: TrainingUI) -> SessionPart:
     whatever the history's snapshots); the tab shows it when it renders, within the restored checkpoint's run."""
 
     def save(values: dict[str, Any]) -> dict[str, Any]:
-        ckpt, index = values.get("checkpoint"), values.get("snapshot")
+        ckpt, position = values.get("checkpoint"), values.get("snapshot")
         try:
             history = history_of(ctx, ckpt) if ckpt else None
         except AppError:
             history = None
-        if history is None or index is None:
+        if history is None or position is None:
             return {}
-        return {"step": history.steps[int(min(max(round(index), 0), len(history.steps) - 1))]}
+        return {"step": history.steps[slider_index(position, len(history.steps))]}
 
     def restore(section: dict[str, Any], restoring: Restoring) -> Updates:
         step = section.get("step")
@@ -313,11 +319,13 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> TrainingUI:
     accuracy = gr.Plot(label="Accuracy", elem_id="train-acc")
     gr.Markdown("### Fields at a step", elem_classes="hint")
     with gr.Row():
-        step = gr.Slider(0, 1, value=0, step=1, label="Snapshot", elem_id="train-step", scale=4)
+        step = gr.Slider(1, 2, value=1, step=1, label="Snapshot", elem_id="train-step", scale=4)
         play = gr.Button("▶ Play", elem_id="train-play", scale=1, size="sm")
     step_text = gr.Markdown(elem_id="train-step-text")
-    grid = gr.Image(label="Fields: layers across, heads down (each panel scaled to its own peak; dot = the query)",
-                    interactive=False, elem_id="train-grid", buttons=["download"])  # fmt: skip
+    # the caption sits above the picture: as the image's label it floated over the column titles
+    gr.Markdown(f"{GRID_CAPTION}.", elem_classes="hint", elem_id="train-grid-caption")
+    grid = gr.Image(label=GRID_CAPTION, show_label=False, interactive=False, elem_id="train-grid",
+                    buttons=["download"])  # fmt: skip
     geometry = gr.Plot(label="Reach and elongation", elem_id="train-geometry")
     status = gr.Markdown(elem_id="train-status")
     timer = gr.Timer(PLAY_SECONDS, active=False)

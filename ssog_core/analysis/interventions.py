@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from ssog_core.analysis.playground import HeadSpec
+from ssog_core.analysis.head_spec import HeadSpec
 from ssog_core.field import TAPS, Field
 from ssog_core.nn.attention import SSOGAttention
 from ssog_core.nn.edit_hooks import install, uninstall

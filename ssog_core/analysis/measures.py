@@ -419,6 +419,12 @@ class KeyNorms:
     norm_attention_corr: Tensor
     kinds: list[str]
 
+    @property
+    def sink_ratio(self) -> Tensor:
+        """``(L, H)`` ``topk_share / uniform_share``: how many times the attention uniform attention would give the
+        ``top_k`` largest-norm keys they take (≫ 1: big keys hoard attention, an attention sink)."""
+        return self.topk_share / self.uniform_share.clamp_min(1e-12)
+
     def histogram(self, bins: int = 40) -> tuple[Tensor, Tensor]:
         """Shared bin edges ``(bins + 1,)`` and per-layer densities ``(L, bins)`` of all key norms (heads pooled)."""
         top = max(max(float(n.max()) for n in self.norms), 1e-6) * (1 + 1e-6)  # the largest norm falls inside

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ssog_core.analysis.measures import ExportMaps, LayerField, SteeringOffsets
+from ssog_core.analysis.predictions import probabilities
 from ssog_core.field import positive
 from ssog_core.nn.attention import COLD_GATE, WARM_GATE
 from ssog_core.nn.config import ViTConfig
@@ -112,7 +113,7 @@ def model_card(model: nn.Module, meta: Mapping[str, Any], flops: bool = True) ->
 
 def top_classes(logits: Tensor, class_names: Sequence[str], k: int = 5) -> dict[str, float]:
     """Softmax probabilities of the ``k`` most likely classes of the first image."""
-    p = torch.softmax(logits[0].double(), dim=-1)
+    p = probabilities(logits[0])
     values, idx = p.topk(min(k, p.numel()))
     return {class_names[i]: float(v) for v, i in zip(values, idx, strict=True)}
 

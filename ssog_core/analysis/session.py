@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ssog_core.analysis.head_spec import HeadSpec
 from ssog_core.analysis.measures import DEFAULT_ALPHA
-from ssog_core.analysis.playground import HeadSpec
 
 FORMAT = "ssog-lab-session/1"
 MAX_BYTES = 1024**2  # a session is a few kB; anything this large is not one

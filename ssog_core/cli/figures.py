@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ssog_core.analysis import report, session
+from ssog_core.analysis.head_spec import DEFAULT_SPEC, HeadSpec
 from ssog_core.analysis.measures import (
     DEFAULT_ALPHA,
     attention_maps,
@@ -27,7 +28,6 @@ from ssog_core.analysis.measures import (
     head_fields,
     steering_offsets,
 )
-from ssog_core.analysis.playground import DEFAULT_SPEC, HeadSpec
 from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.format import CheckpointError, load_checkpoint
 from ssog_core.data.images import ImageError, list_images, load_image, model_input

@@ -3,7 +3,7 @@
 
 Shared by the app and the headless CLI (``python -m ssog_core.figures``), so a figure downloaded from the
 browser and one written by a script are the same drawing. Nothing here computes attention: every function
-takes the outputs of :mod:`ssog_core.analysis.measures` / :mod:`ssog_core.analysis.playground` and only draws them.
+takes the outputs of :mod:`ssog_core.analysis.measures` / :mod:`ssog_core.analysis.head_spec` and only draws them.
 Figures use matplotlib's object API (no pyplot state), so concurrent requests can draw at once.
 
 Conventions: images are ``(H, W, 3)`` uint8; maps are ``(Gh, Gw)`` over patch cells and are drawn
@@ -28,8 +28,8 @@ from matplotlib.patches import Ellipse, Rectangle
 from PIL import Image
 
 from ssog_core.analysis.controls import ClassMaps, ControlMaps, describe
+from ssog_core.analysis.head_spec import HeadSpec, HeadView
 from ssog_core.analysis.measures import ExportMaps, LayerField, SteeringOffsets
-from ssog_core.analysis.playground import HeadSpec, HeadView
 from ssog_core.viz.raster import (
     FIELD_CMAP,
     NET_CMAP,

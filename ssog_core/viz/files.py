@@ -16,12 +16,12 @@ from PIL import Image
 
 from ssog_core.analysis import report
 from ssog_core.analysis.controls import ControlMaps, differences
+from ssog_core.analysis.head_spec import HeadSpec, evaluate
 from ssog_core.analysis.measures import (
     ExportMaps,
     LayerField,
     SteeringOffsets,
 )
-from ssog_core.analysis.playground import HeadSpec, evaluate
 from ssog_core.viz import figures as viz
 
 Files = dict[str, bytes | str]

@@ -1,0 +1,61 @@
+"""The export maps the Export and Compare tabs and the API share: computed once per model, picture and α, with
+their controls, and the one-line summary both tabs print under them."""
+
+from __future__ import annotations
+
+from app.state import AppContext, LoadedModel, StoredImage
+from ssog_core.analysis.controls import (
+    DEFAULT_CONTROL_IMAGES,
+    ControlMaps,
+    ValidationMaps,
+    control_maps,
+    validation_maps,
+)
+from ssog_core.analysis.measures import ExportMaps, export_maps
+
+
+def maps_for(ctx: AppContext, loaded: LoadedModel, stored: StoredImage, alpha: float) -> ExportMaps:
+    """The export maps of a model on a picture (cached: the export and compare tabs and the API share them)."""
+
+    def make() -> ExportMaps:
+        return export_maps(loaded.model, loaded.input(stored.image), alpha)
+
+    return ctx.cache.export_maps.get((loaded.key, stored.sha256, round(float(alpha), 4)), make)
+
+
+def validation_for(ctx: AppContext, loaded: LoadedModel, alpha: float, blank: bool = False) -> ValidationMaps:
+    """The maps of the checkpoint's validation images (``blank``: of their blank images), cached per checkpoint
+    and α: computed once, shared by the validation control of every picture and the per-class view."""
+
+    def make() -> ValidationMaps:
+        return validation_maps(loaded.model, loaded.meta, alpha, DEFAULT_CONTROL_IMAGES, blank=blank)
+
+    return ctx.cache.validation.get((loaded.key, DEFAULT_CONTROL_IMAGES, round(float(alpha), 4), blank), make)
+
+
+def control_for(
+    ctx: AppContext, loaded: LoadedModel, stored: StoredImage, raw: ExportMaps, control: str
+) -> ControlMaps | None:
+    """The control of a picture's maps (None for ``none``), cached beside the maps."""
+    if control == "none":
+        return None
+
+    def make() -> ControlMaps | None:
+        validation = validation_for(ctx, loaded, raw.alpha) if control == "validation" else None
+        x = loaded.input(stored.image)
+        return control_maps(loaded.model, loaded.meta, x, raw, control, validation=validation)
+
+    return ctx.cache.export_maps.get((loaded.key, stored.sha256, round(raw.alpha, 4), control), make)
+
+
+def summary(name: str, m: ExportMaps, control: ControlMaps | None = None) -> str:
+    s = m.summary()
+    prefix = float(m.prefix_share.mean())
+    extra = f" · register tokens took {prefix:.1%} of patch attention (removed, rows renormalised)" if prefix else ""
+    if control is not None:
+        d = m.accumulated[0] - control.accumulated[0]
+        extra += f" · raw − control in [{float(d.min()):.3f}, {float(d.max()):.3f}]"
+    return (
+        f"**{name}**: accumulated net export in [{s['acc_min']:.3f}, {s['acc_max']:.3f}], "
+        f"**{s['exporter_share']:.0%}** of patches are net exporters (red){extra}"
+    )
