@@ -49,7 +49,7 @@ GRIDS = {"small": 14, "large": 20}  # cells a side: the SSOG post's 14×14 grid,
 SEEDS = (0, 1, 2)
 IMAGES = {"train": 16000, "val": 2000}
 RECIPE = [  # the matched trio's recipe (checkpoints/MODEL_CARD.md) at depth 4, sized by the pilot in docs/RESULTS.md
-    *("--dim", "64", "--depth", "4", "--heads", "4", "--batch-size", "64", "--epochs", "6"),
+    *("--dim", "64", "--depth", "4", "--heads", "4", "--batch-size", "64", "--epochs", "12"),
     *("--warmup-epochs", "0.5", "--lr", "6e-4", "--dropout", "0", "--gate-lr-mult", "10", "--field-lr-mult", "3"),
     *("--transfer-sizes", "none", "--no-progress", "--ckpt-every", "50"),
 ]
