@@ -24,6 +24,7 @@ import argparse
 import ctypes
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -144,7 +145,7 @@ def train(run: Run, threads: int) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     run.out.mkdir(parents=True, exist_ok=True)
     with open(run.out / "sweep.log", "a") as log:
-        log.write("$ " + " ".join(cmd[1:]) + "\n")
+        log.write("$ python " + shlex.join(cmd[1:]) + "\n")
         log.flush()
         code = subprocess.call(
             cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
@@ -176,7 +177,7 @@ def evaluate(run: Run) -> dict:
         "val_images": len(correct),
         "gate_scales": gates,
         "max_offset": model.config.max_offset if run.variant != "dot" else None,
-        "command": "python " + " ".join(run.command()[1:]),
+        "command": "python " + shlex.join(run.command()[1:]),
         "correct_hex": np.packbits(correct.astype(np.uint8)).tobytes().hex(),
     }
 
