@@ -9,17 +9,9 @@ import pytest
 import torch
 
 from ssog_core import ViT
-from ssog_core.analysis.interventions import (
-    MAX_EDITS,
-    EditError,
-    SetHead,
-    describe,
-    edit_from_dict,
-    edited,
-    mean_head_outputs,
-    parse_edits,
-    record,
-)
+from ssog_core.interventions.edit import MAX_EDITS, EditError, describe, edit_from_dict, parse_edits
+from ssog_core.interventions.ops import SetHead
+from ssog_core.interventions.run import edited, mean_head_outputs, record
 from ssog_core.analysis.measures import attention_maps, export_maps, layer_field, residual_mix, steering_offsets
 from ssog_core.analysis.playground import spec_from_head
 from tests.dense_oracle import vit_forward
@@ -252,7 +244,7 @@ def test_set_head_puts_the_atoms_where_the_canvas_shows_them():
     qy, qx = spec.query
     one = type(spec)(spec.grid, spec.query, spec.tau, (type(spec.atoms[0])(qy - 2, qx, 0.7, 0.9, 1.0),), spec.mode)
     with edited(model, [SetHead(layer=0, head=0, head_spec=one)]):
-        f = model.blocks[0].attn.field(torch.zeros(1, 35, 12, dtype=torch.float64), GRID, steered=False)
+        f = model.blocks[0].attn.field_of(torch.zeros(1, 35, 12, dtype=torch.float64), GRID, steered=False)
     torch.testing.assert_close(f.mu[0, 0], torch.tensor([2.0, 0.0], dtype=torch.float64))
     torch.testing.assert_close(f.sigma[0, 0], torch.tensor([0.7, 0.9], dtype=torch.float64))
     torch.testing.assert_close(f.lam()[0], torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64))
