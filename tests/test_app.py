@@ -29,12 +29,12 @@ from app.state import UPLOADED, AppContext, AppError, default_image
 from app.tabs import compare, export, geometry, playground, scaling, session, steering
 from ssog_core import ViT, save_checkpoint
 from ssog_core.analysis.controls import DEFAULT_CONTROL_IMAGES, describe
-from ssog_core.interventions.ops import CloseGate
-from ssog_core.interventions.run import edited
 from ssog_core.analysis.measures import attention_maps, export_maps
 from ssog_core.analysis.playground import MAX_ATOMS, HeadSpec, evaluate
 from ssog_core.analysis.session import NO_TWIN, dumps
 from ssog_core.data.images import model_input
+from ssog_core.interventions.ops import CloseGate
+from ssog_core.interventions.run import edited
 from ssog_core.viz import figures as viz
 from tests.app_fixtures import (
     designed_ssog,

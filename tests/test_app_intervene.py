@@ -32,7 +32,8 @@ def ui(ctx):
 
 def add(ctx, ui, edits, op, layer=0, head=0, tap="mu", mode="zero", atom=0, source=intervene.CURRENT, what="output",
         factor=0.5, ckpt="ssog_shapes.safetensors", sha="x" * 64):  # fmt: skip
-    return intervene.on_add(ctx, ui, ckpt, sha, edits, op, layer, head, tap, mode, atom, source, what, factor)
+    given = dict(layer=layer, head=head, tap=tap, mode=mode, atom=atom, source=source, what=what, factor=factor)
+    return intervene.on_add(ctx, ui, ckpt, sha, edits, op, *(given.get(f, 0) for f in ui.fields))
 
 
 def test_the_edit_list_adds_moves_removes_and_reads_as_sentences(ctx, ui):

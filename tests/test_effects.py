@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from ssog_core.data.sources import DataError
 from ssog_core.interventions.effects import (
     Outcomes,
     bootstrap_ci,
@@ -18,7 +19,6 @@ from ssog_core.interventions.effects import (
 )
 from ssog_core.interventions.importance import Cancelled, head_importance, importance_edits
 from ssog_core.interventions.validation import EvalSet, load_eval_set
-from ssog_core.data.sources import DataError
 from tests.test_interventions import images, model_for
 
 NAMES = [f"c{i}" for i in range(5)]

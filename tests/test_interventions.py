@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from ssog_core import ViT
+from ssog_core.analysis.measures import attention_maps, export_maps, layer_field, residual_mix, steering_offsets
+from ssog_core.analysis.playground import spec_from_head
 from ssog_core.interventions.edit import MAX_EDITS, EditError, describe, edit_from_dict, parse_edits
 from ssog_core.interventions.ops import SetHead
 from ssog_core.interventions.run import edited, mean_head_outputs, record
-from ssog_core.analysis.measures import attention_maps, export_maps, layer_field, residual_mix, steering_offsets
-from ssog_core.analysis.playground import spec_from_head
 from tests.dense_oracle import vit_forward
 from tests.helpers import steered_vit
 

@@ -26,6 +26,7 @@ LAYERS = {
     "checkpoint": 3,
     "train": 4,
     "analysis": 4,
+    "interventions": 5,
     "viz": 5,
     "cli": 6,
     "entry": 7,  # the root entry modules of `python -m ssog_core.<name>`: they only call ssog_core.cli

@@ -44,11 +44,8 @@ class Param:
     required: bool = False
     noun: str = ""  # how a refusal names a bad choice ("unknown ablation mode …"); the field's name by default
     why: str = ""  # a refusal's reason for the range, in words
-
-    @property
-    def form(self) -> bool:
-        """Whether a form field can hold it (a playground head comes from the playground, not from a form)."""
-        return self.kind != "head"
+    form: bool = True  # a form field can hold it (a playground head comes from the playground, not from a form)
+    start: Any = None  # the form's starting value (the field's default when None)
 
     def parse(self, name: str, v: Any) -> Any:
         """``v`` as this field holds it; raises :class:`EditError` in words."""
@@ -164,7 +161,9 @@ class Edit:
             if name in d:
                 kw[name] = p.parse(name, d[name])
             elif p.required or name == "layer":
-                raise EditError(f"{cls.op} needs a {name}" if name != "layer" else "layer must be a whole number, got None")
+                raise EditError(
+                    f"{cls.op} needs a {name}" if name != "layer" else "layer must be a whole number, got None"
+                )
         return cls(**kw)
 
     def to_dict(self) -> dict[str, Any]:
@@ -262,7 +261,7 @@ def ops_help() -> str:
     """Every op and its fields, from the registry: the CLI's help and the API's description."""
     lines = []
     for op, cls in EDITS.items():
-        doc = (cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+        doc = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
         lines.append(f"{op}: {doc}")
         lines += [f"    {name}: {p.describe()}" for name, p in cls.params().items()]
     return "\n".join(lines)

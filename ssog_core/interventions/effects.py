@@ -24,7 +24,7 @@ from tqdm import tqdm
 from ssog_core.analysis.measures import AttentionMaps, attention_maps, export_maps_of
 from ssog_core.interventions.edit import Edit, parse_edits
 from ssog_core.interventions.run import edited, mean_head_outputs
-from ssog_core.interventions.validation import BATCH, DEFAULT_EVAL_IMAGES, EvalSet, load_eval_set
+from ssog_core.interventions.validation import BATCH, EvalSet, load_eval_set
 
 BOOTSTRAP = 2000  # resamples: the 2.5% and 97.5% quantiles move by < 0.1 of an interval's width between seeds
 TOP_K = 5

@@ -42,9 +42,10 @@ def _points(model: nn.Module, names: Sequence[str]) -> dict[str, HookPoint]:
 
 
 @contextlib.contextmanager
-def hooked(points: Mapping[int, PointFn], removed: Mapping[int, frozenset[int]] | None = None,
-           replace: bool = False) -> Iterator[None]:  # fmt: skip
-    """Install point functions (by ``id`` of the point) for the ``with`` block (:func:`ssog_core.nn.hook_points.install`)."""
+def hooked(
+    points: Mapping[int, PointFn], removed: Mapping[int, frozenset[int]] | None = None, replace: bool = False
+) -> Iterator[None]:
+    """Install point functions (by ``id`` of the point) for the ``with`` block (see ``hook_points.install``)."""
     token = install(points, removed, replace)
     try:
         yield

@@ -84,7 +84,13 @@ class ScaleGate(_Gate):
 
     op = "scale_gate"
     factor: float = param(
-        1.0, kind="float", low=0.0, high=MAX_GATE_FACTOR, why="0 closes the gate", help="0 closed, 1 as trained"
+        1.0,
+        kind="float",
+        low=0.0,
+        high=MAX_GATE_FACTOR,
+        why="0 closes the gate",
+        help="0 closed, 1 as trained",
+        start=0.5,
     )
 
     def describe(self) -> str:
@@ -222,8 +228,10 @@ class SetHead(Edit):
 
     op = "set_head"
     head: int = param(0, **_HEAD)
-    head_spec: HeadSpec | None = param(None, kind="head", required=True, help="a playground head (its JSON)")
-    steered: bool = param(False, kind="bool", help="the head came from a steered query (refused)")
+    head_spec: HeadSpec | None = param(
+        None, kind="head", required=True, form=False, help="a playground head (its JSON)"
+    )
+    steered: bool = param(False, kind="bool", form=False, help="the head came from a steered query (refused)")
 
     def describe(self) -> str:
         n = 0 if self.head_spec is None else len(self.head_spec.atoms)
@@ -307,7 +315,9 @@ class MoveAtom(Edit):
         y, x = float(mu[0]) + self.dy, float(mu[1]) + self.dx
         out = []
         if abs(y) > gh - 1:
-            out.append(f"atom {self.atom} would look {y:+.3g} rows away (μy), beyond the {gh}-row grid (|μy| ≤ {gh - 1})")
+            out.append(
+                f"atom {self.atom} would look {y:+.3g} rows away (μy), beyond the {gh}-row grid (|μy| ≤ {gh - 1})"
+            )
         if abs(x) > gw - 1:
             out.append(f"atom {self.atom} would look {x:+.3g} columns away (μx), beyond the {gw}-column grid "
                        f"(|μx| ≤ {gw - 1})")  # fmt: skip
@@ -325,7 +335,7 @@ def head_edits(layer: int, head: int, opened: HeadSpec, edited: HeadSpec) -> lis
     one ``move_atom`` per dragged atom when only atom positions changed, else ``set_head`` with the whole head."""
     same = (opened.grid, opened.query, opened.tau, opened.mode, len(opened.atoms)) == (
         edited.grid, edited.query, edited.tau, edited.mode, len(edited.atoms))  # fmt: skip
-    if not same or any((a.sy, a.sx, a.w) != (b.sy, b.sx, b.w) for a, b in zip(opened.atoms, edited.atoms)):
+    if not same or any((a.sy, a.sx, a.w) != (b.sy, b.sx, b.w) for a, b in zip(opened.atoms, edited.atoms, strict=True)):
         return [SetHead(layer, head, edited)]
     # μ = query − key: a key moved by +d moves μ by −d
     return [
