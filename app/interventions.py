@@ -20,6 +20,7 @@ from ssog_core.analysis.measures import attention_maps
 from ssog_core.interventions.edit import Edit, edits_key, parse_edits
 from ssog_core.interventions.effects import Outcomes, dataset_means, outcomes
 from ssog_core.interventions.importance import HeadImportance, head_importance
+from ssog_core.interventions.ops import AblateHead
 from ssog_core.interventions.result import InterventionResult, run_intervention
 from ssog_core.interventions.validation import EvalSet, load_eval_set
 
@@ -79,12 +80,10 @@ def importance(
     ctx: AppContext, loaded: LoadedModel, n: int, mode: str, stop: Callable[[], bool] | None = None
 ) -> HeadImportance:
     """The head-importance sweep, cached per (checkpoint, N, mode); ``stop`` cancels it between batches."""
-    if mode not in ("zero", "dataset_mean"):
-        raise ValueError(f"unknown ablation mode {mode!r}; expected zero or dataset_mean")
 
     def make() -> HeadImportance:
         data, _ = eval_set(ctx, loaded, n)
-        means = head_means(ctx, loaded) if mode == "dataset_mean" else None
+        means = head_means(ctx, loaded) if AblateHead(0, 0, mode).needs_means() else None
         return head_importance(loaded.model, data, mode, means, progress=True, stop=stop)
 
     return ctx.cache.effects.get(("importance", loaded.key, int(n), mode), make)

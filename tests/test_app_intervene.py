@@ -3,12 +3,15 @@ validation set, head importance (a click on a cell adds that edit) and what a do
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
 from app.layout import build_page
 from app.state import AppContext
 from app.tabs import intervene
 from ssog_core import save_checkpoint
+from ssog_core.interventions.edit import Edit, ops_help, param
 from tests.app_fixtures import designed_ssog, dot_twin, write_images
 from tests.test_app_intervene_api import SHAPES
 
@@ -120,3 +123,31 @@ def test_the_edit_list_is_a_session_section_checked_on_restore():
     restoring = Restoring(None, None)
     out = part.restore({"edits": [{"op": "rotate", "layer": 0}]}, restoring)
     assert out["edits"] == [] and "unknown op 'rotate'" in restoring.notes[0]
+
+
+def test_the_form_is_built_from_the_registry(ctx, ui):
+    """move_atom (and any op defined later) is in the op list and the form without an edit to the tab."""
+    from ssog_core.interventions.edit import EDITS
+
+    assert {"dy", "dx", "atom", "factor", "tap", "mode", "source", "what"} <= set(ui.fields)
+    assert "head_spec" not in ui.fields and "move_atom" in [c[0] for c in ui.op.choices]
+    given = {"layer": 1, "head": 2, "atom": 0, "dy": -1.5, "dx": 0.25}
+    out = intervene.on_add(ctx, ui, "ssog_shapes.safetensors", "x" * 64, [], "move_atom",
+                           *(given.get(f, 0) for f in ui.fields))  # fmt: skip
+    assert out[ui.listing] == "1. layer 1, head 2: atom 0 moved by (dy, dx) = (-1.5, +0.25)"
+    assert out[ui.edits] == [{"op": "move_atom", "layer": 1, "head": 2, "atom": 0, "dy": -1.5, "dx": 0.25}]
+    assert list(intervene.form_fields()) == list(ui.fields)
+    try:
+
+        @dataclass(frozen=True)
+        class Nudge(Edit):
+            """A test op."""
+
+            op = "test_nudge"
+            head: int = param(0, kind="int", low=0, required=True, help="the head")
+            amount: float = param(0.0, kind="float", help="how far")
+
+        assert intervene.form_fields()["amount"][1] == ["test_nudge"]
+        assert "test_nudge: A test op." in ops_help() and "amount: float: how far" in ops_help()
+    finally:
+        EDITS.pop("test_nudge", None)

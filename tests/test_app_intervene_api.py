@@ -94,3 +94,10 @@ def test_a_closed_stoppable_generator_tells_its_work_to_stop():
     assert next(gen) is None
     gen.close()
     assert stopped.wait(5)
+
+
+def test_the_intervene_description_lists_every_op_of_the_registry(client):
+    from ssog_core.interventions.edit import EDITS
+
+    info = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/intervene"]
+    assert all(f"{op}:" in info["description"] for op in EDITS) and "dy: float" in info["description"]

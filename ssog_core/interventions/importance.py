@@ -98,6 +98,7 @@ def head_importance(
     The residual stream entering each block is computed once per batch and every edited run starts at its own
     layer. ``stop`` is asked between batches; when it returns true the sweep raises :class:`Cancelled`.
     """
+    mode = AblateHead.params()["mode"].parse("mode", mode)  # refused in words before any work
     sweep = importance_edits(model, mode)
     dev, dtype = device_dtype(model)
     base: list[Outcomes] = []
