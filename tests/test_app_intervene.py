@@ -151,3 +151,26 @@ def test_the_form_is_built_from_the_registry(ctx, ui):
         assert "test_nudge: A test op." in ops_help() and "amount: float: how far" in ops_help()
     finally:
         EDITS.pop("test_nudge", None)
+
+
+def test_the_top_table_keeps_the_edited_winner_and_the_maps_sit_on_the_grid(ctx, ui):
+    import numpy as np
+
+    names = [f"c{i}" for i in range(7)]
+    unedited = np.array([0.3, 0.2, 0.15, 0.12, 0.1, 0.08, 0.05])
+    edited = np.array([0.1, 0.1, 0.1, 0.1, 0.1, 0.05, 0.45])  # c6: last unedited, first edited
+    rows = intervene.top_table(names, unedited, edited).splitlines()
+    assert rows[2:7] == [f"| c{i} | {unedited[i]:.4f} | {edited[i]:.4f} |" for i in range(5)]
+    assert rows[7] == "| c6 | 0.0500 | 0.4500 |" and "Edited prediction: **c6**" in rows[-1]
+    assert len(intervene.top_table(names, unedited, unedited).splitlines()) == 2 + 5 + 2  # no extra row
+    sha = ctx.open_bundled("scene.png").sha256
+    out = intervene.on_apply(ctx, ui, "ssog_shapes.safetensors", sha, [])
+    fig = out[ui.maps[0]]
+    gh, gw = np.asarray(fig.data[0].z).shape
+    assert tuple(fig.layout.yaxis.range) == (gh - 0.5, -0.5) and tuple(fig.layout.xaxis.range) == (-0.5, gw - 0.5)
+
+
+def test_the_head_importance_tables_are_titled_by_layer_head_and_gate(ui):
+    rows = [["layer 0", "+0.1", "+0.2", "+0.3", "+0.4"], ["layer 1", "+0.1", "+0.2", "+0.3", "+0.4"]]
+    assert ui.heads_table.postprocess(rows).headers == ["layer", "head 0", "head 1", "head 2", "head 3"]
+    assert ui.gates_table.postprocess([["layer 0", "a", "b", "c"]]).headers == ["layer", "μ gate", "σ gate", "λ gate"]

@@ -302,10 +302,9 @@ def check_edits(
         if found or head is None:
             continue
         r = getattr(model.blocks[e.layer].attn, "num_atoms", 0)
-        before = left.get((e.layer, head), set(range(r)))
-        after = e.atoms_left(before, r)
-        left[(e.layer, head)] = after
-        if r and not after:
+        remaining = e.atoms_left(left.get((e.layer, head), set(range(r))), r)
+        left[(e.layer, head)] = remaining
+        if r and not remaining:
             problems.append(f"edit {i + 1} ({e.op}): layer {e.layer}, head {head} would have no atom left")
     if problems:
         raise EditError("; ".join(problems))
