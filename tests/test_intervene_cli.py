@@ -40,6 +40,7 @@ def test_cli_reports_one_image_and_the_validation_set(tmp_path, capsys):
     v = result["validation"]
     assert v["n"] == 20 and set(v["accuracy"]) == {"unedited", "edited", "ci95", "mcnemar_p"}
     assert len(v["per_class"]) == 5
+    assert v["images"] == {"data": META["data"], "split": "validation", "first": 20}
 
 
 def test_cli_refuses_bad_edits_in_words(tmp_path, capsys):
