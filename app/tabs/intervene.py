@@ -33,7 +33,10 @@ DOT_OPS = tuple(dot_product_ops())  # what a dot-product model can take
 CURRENT = "(the current picture)"
 FIXED_SUFFIX = "_fixed"  # ssog_layouts → ssog_fixed_layouts: the matched fixed-field model of the trio
 MODES = AblateHead.params()["mode"].choices  # the head-importance sweep's ablation modes
-MAX_HEADS_SHOWN = 64  # the head-importance table's column titles (Gradio keeps as many as a table has columns)
+MAX_HEADS_SHOWN = 64
+FORM_ROW = (
+    4  # form fields per row  # the head-importance table's column titles (Gradio keeps as many as a table has columns)
+)
 
 
 def form_fields() -> dict[str, tuple[Param, list[str]]]:
@@ -325,8 +328,10 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> InterveneUI:
         with gr.Column(scale=2, min_width=340):
             listing_md = gr.Markdown(listing([]), elem_id="iv-list")
             op = gr.Dropdown(list(EDITS), value=next(iter(EDITS)), label="op", elem_id="iv-op")
-            with gr.Row(equal_height=True):
-                fields = {name: _component(name, p, ops) for name, (p, ops) in form_fields().items()}
+            declared, fields = list(form_fields().items()), {}
+            for start in range(0, len(declared), FORM_ROW):
+                with gr.Row(equal_height=True):
+                    fields |= {name: _component(name, p, ops) for name, (p, ops) in declared[start : start + FORM_ROW]}
             add = gr.Button("Add edit", variant="primary", size="sm", elem_id="iv-add")
             with gr.Row():
                 index = gr.Number(1, precision=0, minimum=1, label="edit #", elem_id="iv-index", scale=1)

@@ -5,7 +5,7 @@ The points are the model's :class:`~ssog_core.nn.hook_points.HookPoint` submodul
 | point | activation |
 |---|---|
 | ``blocks.{l}.attn.head_out`` | per-head output before the output projection ``(B, N, H, head_dim)`` |
-| ``blocks.{l}.attn.field`` | the content-free field a :class:`~ssog_core.field.Field` of ``(H, R)`` tensors (SSOG) |
+| ``blocks.{l}.attn.field`` | the content-free field that content steers (a ``Field`` of ``(H, R)`` tensors) |
 | ``blocks.{l}.attn.probes.{tap}`` | bounded steering probes ``(B, Gh, Gw, H, R[, 2])`` of tap mu/sigma/lambda |
 | ``blocks.{l}.resid_post`` | the block's output, the residual stream ``(B, N, dim)`` |
 
