@@ -53,11 +53,10 @@ def _component(name: str, p: Param, ops: list[str]) -> Block:
     """One form field, from its declaration (label: the ops that take it; −1 leaves an optional field out)."""
     optional = [op for op in ops if EDITS[op].params()[name].optional]
     label = name if len(ops) == len(EDITS) else f"{name} ({', '.join(ops)})"
-    if optional:
-        label += f" (−1: left out, {', '.join(optional)})"
+    info = p.help + (f" (−1 leaves it out: {', '.join(optional)})" if optional else "")
     default = EDITS[ops[0]].__dataclass_fields__[name].default
     start = p.start if p.start is not None else (None if default is MISSING else default)
-    common = dict(label=label, elem_id=f"iv-{name}", info=p.help)
+    common = dict(label=label, elem_id=f"iv-{name}", info=info)
     if p.kind == "choice":
         return gr.Dropdown(list(p.choices), value=start, **common)
     if p.kind == "image":
