@@ -27,6 +27,7 @@ from app.state import AppContext, AppError
 from app.tabs import playground, training
 from ssog_core.analysis import report
 from ssog_core.analysis.controls import check_control
+from ssog_core.interventions.edit import ops_help
 
 
 def register_api(ctx: AppContext) -> None:
@@ -121,11 +122,14 @@ def register_api(ctx: AppContext) -> None:
 
     @api
     def intervene(checkpoint: str, image: str, edits: list[dict], eval_images: int = 0) -> dict:
-        """Apply edits (ssog_core.analysis.interventions JSON, in order) to a checkpoint for this call only: class
-        probabilities (the checkpoint's class order) and accumulated export maps unedited and edited on an image
-        (bundled name or SHA-256); with ``eval_images`` > 0 also accuracy and log p(true) on that many validation
-        images, each change with its paired bootstrap 95% interval, McNemar's p and per-class effects."""
+        """Apply edits (JSON objects with an "op", in order; the ops are listed below) to a checkpoint for this call
+        only: class probabilities (the checkpoint's class order) and accumulated export maps unedited and edited on
+        an image (bundled name or SHA-256); with ``eval_images`` > 0 also accuracy and log p(true) on the first
+        that many validation images, each change with its paired bootstrap 95% interval, McNemar's p and per-class
+        effects."""
         return interventions.intervene(ctx, checkpoint, image, edits, int(eval_images))
+
+    intervene.__doc__ += "\n\nOps and their fields:\n" + ops_help()  # from the registry: a new op is listed
 
     def head_importance(checkpoint: str, eval_images: int = 500, mode: str = "zero") -> Iterator[dict | None]:
         """Every head ablated (mode zero or dataset_mean) and every layer's μ, σ, λ gates closed, one at a time,

@@ -1,7 +1,7 @@
-"""The app's side of interventions: names → images and models, caches, and the ``/intervene`` and
-``/head_importance`` results. The numbers come from :mod:`ssog_core.analysis.effects`; this module only finds the inputs
-and keeps what is expensive (validation images, their unedited outcomes, head means, sweeps) in
-``ctx.cache.effects``, keyed by what each depends on (the model's file, the edit list, N, the mode).
+"""The app's side of interventions: names → images and models, and caches around the one run entry
+(:func:`ssog_core.interventions.result.run_intervention`). What is expensive and shared (validation images and the
+unedited model's outcomes on them, head means, unedited attention maps, sweeps) lives in ``ctx.cache.effects``,
+keyed by what each depends on (the model's file, the image, the edit list, N, the mode).
 
 Heavy work (the validation set, head importance) runs one request at a time: every event and endpoint that does it
 shares the concurrency id :data:`HEAVY` with limit 1, so one sweep waits in the queue instead of stalling every
@@ -16,41 +16,30 @@ from typing import Any
 from torch import Tensor
 
 from app.state import AppContext, LoadedModel
-from ssog_core.analysis.effects import (
-    EvalSet,
-    HeadImportance,
-    ImageEffect,
-    Outcomes,
-    ValidationEffect,
-    dataset_means,
-    head_importance,
-    image_effect,
-    load_eval_set,
-    outcomes,
-    validation_effect,
-)
-from ssog_core.analysis.interventions import AblateHead, Edit, PatchHead, edits_key, parse_edits
 from ssog_core.analysis.measures import attention_maps
-from ssog_core.cli.intervene import result_dict
+from ssog_core.interventions.edit import Edit, edits_key, parse_edits
+from ssog_core.interventions.effects import Outcomes, dataset_means, outcomes
+from ssog_core.interventions.importance import HeadImportance, head_importance
+from ssog_core.interventions.ops import AblateHead
+from ssog_core.interventions.result import InterventionResult, run_intervention
+from ssog_core.interventions.validation import EvalSet, load_eval_set
 
 HEAVY = "heavy"  # concurrency id of the validation and head-importance work (limit 1)
 
 
 def sources(ctx: AppContext, loaded: LoadedModel, edits: Sequence[Edit]) -> dict[str, Tensor]:
-    """Model inputs of the images ``patch_head`` edits name (bundled name or SHA-256, as everywhere in the app)."""
-    names = sorted({e.source for e in edits if isinstance(e, PatchHead)})
+    """Model inputs of the patch source images the edits name (bundled name or SHA-256, as everywhere in the app)."""
+    names = sorted({name for e in edits for name in e.sources()})
     return {n: loaded.input(ctx.find_image(n).image) for n in names}
 
 
-def head_means(ctx: AppContext, loaded: LoadedModel, edits: Sequence[Edit]) -> list[Tensor] | None:
-    """The per-position head means ``dataset_mean`` ablation needs (once per checkpoint), else ``None``."""
-    if not any(isinstance(e, AblateHead) and e.mode == "dataset_mean" for e in edits):
-        return None
+def head_means(ctx: AppContext, loaded: LoadedModel) -> list[Tensor]:
+    """The per-position head means ``dataset_mean`` ablation needs (once per checkpoint)."""
     return ctx.cache.effects.get(("means", loaded.key), lambda: dataset_means(loaded.model, loaded.meta))
 
 
 def eval_set(ctx: AppContext, loaded: LoadedModel, n: int) -> tuple[EvalSet, Outcomes]:
-    """The first ``n`` validation images and the unedited model's outcomes on them (once per checkpoint and N)."""
+    """The validation images and the unedited model's outcomes on them (once per checkpoint and N)."""
 
     def make() -> tuple[EvalSet, Outcomes]:
         data = load_eval_set(loaded.meta, loaded.config.img_size, n)
@@ -59,44 +48,42 @@ def eval_set(ctx: AppContext, loaded: LoadedModel, n: int) -> tuple[EvalSet, Out
     return ctx.cache.effects.get(("eval", loaded.key, int(n)), make)
 
 
-def one_image(ctx: AppContext, loaded: LoadedModel, sha: str, edits: Sequence[Edit]) -> ImageEffect:
-    """The one-image effect (unedited attention maps cached per model and image)."""
-    x = loaded.input(ctx.find_image(sha).image)
-    before = ctx.cache.effects.get(("maps", loaded.key, sha), lambda: attention_maps(loaded.model, x))
-    return image_effect(loaded.model, x, edits, sources(ctx, loaded, edits), head_means(ctx, loaded, edits), before)
+def run(ctx: AppContext, loaded: LoadedModel, sha: str | None, edits: Sequence[Edit], n: int = 0) -> InterventionResult:
+    """The run entry with the app's caches: on image ``sha`` (if given) and on ``n`` validation images (if > 0);
+    a result with validation images is kept per (checkpoint, image, edits, N)."""
 
+    def make() -> InterventionResult:
+        x = maps = data = unedited = None
+        if sha:
+            x = loaded.input(ctx.find_image(sha).image)
+            maps = ctx.cache.effects.get(("maps", loaded.key, sha), lambda: attention_maps(loaded.model, x))
+        if n:
+            data, unedited = eval_set(ctx, loaded, n)
+        means = head_means(ctx, loaded) if any(e.needs_means() for e in edits) else None
+        src = sources(ctx, loaded, edits)
+        return run_intervention(loaded.model, loaded.meta, edits, x, int(n), sources=src, head_means=means,
+                                unedited_maps=maps, eval_set=data, unedited_outcomes=unedited)  # fmt: skip
 
-def on_validation(ctx: AppContext, loaded: LoadedModel, edits: Sequence[Edit], n: int) -> ValidationEffect:
-    """The validation-set effect, cached per (checkpoint, edits, N)."""
-
-    def make() -> ValidationEffect:
-        data, before = eval_set(ctx, loaded, n)
-        src, means = sources(ctx, loaded, edits), head_means(ctx, loaded, edits)
-        return validation_effect(loaded.model, data, edits, src, means, unedited=before)
-
-    return ctx.cache.effects.get(("validation", loaded.key, edits_key(edits), int(n)), make)
+    if not n:
+        return make()
+    return ctx.cache.effects.get(("result", loaded.key, sha, edits_key(edits), int(n)), make)
 
 
 def intervene(ctx: AppContext, checkpoint: str, image: str, edits: Any, eval_images: int = 0) -> dict[str, Any]:
-    """The ``/intervene`` result (see :func:`ssog_core.intervene.result_dict`)."""
+    """The ``/intervene`` result (:meth:`~ssog_core.interventions.result.InterventionResult.to_dict`)."""
     loaded = ctx.model(checkpoint)
     parsed = parse_edits(edits)
-    sha = ctx.find_image(image).sha256
-    img = one_image(ctx, loaded, sha, parsed)
-    val = on_validation(ctx, loaded, parsed, int(eval_images)) if int(eval_images) > 0 else None
-    return result_dict(loaded.class_names, img, val)
+    return run(ctx, loaded, ctx.find_image(image).sha256, parsed, int(eval_images)).to_dict()
 
 
 def importance(
     ctx: AppContext, loaded: LoadedModel, n: int, mode: str, stop: Callable[[], bool] | None = None
 ) -> HeadImportance:
     """The head-importance sweep, cached per (checkpoint, N, mode); ``stop`` cancels it between batches."""
-    if mode not in ("zero", "dataset_mean"):
-        raise ValueError(f"unknown ablation mode {mode!r}; expected zero or dataset_mean")
 
     def make() -> HeadImportance:
         data, _ = eval_set(ctx, loaded, n)
-        means = head_means(ctx, loaded, [AblateHead(0, 0, mode)])
+        means = head_means(ctx, loaded) if AblateHead(0, 0, mode).needs_means() else None
         return head_importance(loaded.model, data, mode, means, progress=True, stop=stop)
 
     return ctx.cache.effects.get(("importance", loaded.key, int(n), mode), make)

@@ -22,8 +22,8 @@ from app.common import Updates, error_text, warn, write_downloads
 from app.state import AppContext, AppError, StoredImage, default_image, default_twin
 from app.tabs import compare, export, geometry, intervene, playground, scaling, steering, training
 from app.tabs import session as session_tab
-from ssog_core.analysis.interventions import ScaleGate
 from ssog_core.analysis.session import NO_TWIN, dumps
+from ssog_core.interventions.ops import ScaleGate
 from ssog_core.viz import figures as viz
 
 NARROW_PX = 700  # a screen narrower than this gets the export figure one layer at a time

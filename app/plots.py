@@ -229,8 +229,10 @@ def map_plot(
     if mark is not None:
         y, x = mark
         fig.add_shape(type="rect", x0=x - 0.5, x1=x + 0.5, y0=y - 0.5, y1=y + 0.5, line=dict(color="#ffd400", width=3))
-    fig.update_yaxes(autorange="reversed", scaleanchor="x", title="patch row")
-    fig.update_xaxes(title="patch col", constrain="domain")
+    gh, gw = a.shape
+    # the ranges are the grid's: with square cells and free ranges Plotly pads the short axis far past the grid
+    fig.update_yaxes(range=[gh - 0.5, -0.5], scaleanchor="x", constrain="domain", title="patch row")
+    fig.update_xaxes(range=[-0.5, gw - 0.5], constrain="domain", title="patch col")
     fig.update_layout(
         **_LAYOUT, height=380, margin=dict(l=50, r=10, t=50, b=45), title=dict(text=title, font=dict(size=14))
     )

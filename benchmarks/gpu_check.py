@@ -158,7 +158,7 @@ def _check_dispatch_and_analysis(dev: torch.device) -> str | None:
         torch.nn.init.normal_(attn.mu_delta.weight, std=0.3)
         x = torch.randn(2, 35, 24).to(dev)
         with torch.no_grad():
-            field = attn.field(x, (7, 5))
+            field = attn.field_of(x, (7, 5))
             v = attn.v(x).view(2, 35, 3, 8)
             if choose_ssog_backend(v, field, (7, 5), mode) != "triton":
                 problems.append(f"{mode}: {dev.type} tensors did not dispatch to triton")

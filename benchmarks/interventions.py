@@ -20,12 +20,15 @@ from pathlib import Path
 
 import torch
 
-from ssog_core.analysis.effects import head_importance, image_effect, importance_edits, load_eval_set, outcomes
 from ssog_core.analysis.head_spec import spec_from_head
-from ssog_core.analysis.interventions import SetHead, edited
 from ssog_core.analysis.measures import attention_maps, layer_field
 from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.format import load_checkpoint
+from ssog_core.interventions.effects import image_effect, outcomes
+from ssog_core.interventions.importance import head_importance, importance_edits
+from ssog_core.interventions.ops import SetHead
+from ssog_core.interventions.run import edited
+from ssog_core.interventions.validation import load_eval_set
 
 from common import add_run_flags, apply_run_flags, provenance
 

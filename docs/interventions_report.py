@@ -20,19 +20,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ssog_core.analysis.effects import (
-    EvalSet,
-    Outcomes,
-    bootstrap_ci,
-    compare,
-    head_importance,
-    load_eval_set,
-    outcomes,
-)
-from ssog_core.analysis.interventions import TAP_NAMES, AblateHead, CloseGate, Edit, SwapAxes, describe
 from ssog_core.analysis.measures import head_fields
 from ssog_core.checkpoint.format import load_checkpoint
 from ssog_core.field import TAPS
+from ssog_core.interventions.edit import Edit, describe
+from ssog_core.interventions.effects import Outcomes, bootstrap_ci, compare, outcomes
+from ssog_core.interventions.importance import head_importance
+from ssog_core.interventions.ops import TAP_NAMES, AblateHead, CloseGate, SwapAxes
+from ssog_core.interventions.validation import EvalSet, load_eval_set
 
 ROOT = Path(__file__).resolve().parent.parent
 MARKS = ("<!-- interventions:begin -->", "<!-- interventions:end -->")
@@ -101,7 +96,7 @@ def section(ssog: Path, n: int) -> str:
         "## What the interventions say",
         "",
         f"Written by `python docs/interventions_report.py --ssog {shown} --images {n}` "
-        f"(`ssog_core.analysis.effects`) on the first {n} validation images of `{data.spec}`; unedited accuracy "
+        f"(`ssog_core.interventions`) on the first {n} validation images of `{data.spec}`; unedited accuracy "
         f"**{acc0:.4f}**. Every change is edited − unedited with its paired bootstrap 95% interval (the same images "
         "resampled on both sides); *within noise* when the interval contains 0. Log p(true) moves measurably where "
         "accuracy near 100% moves by a handful of images.",

@@ -38,8 +38,9 @@ import numpy as np
 import torch
 
 from ssog_core import load_checkpoint
-from ssog_core.analysis.effects import bootstrap_ci, load_eval_set, outcomes
 from ssog_core.checkpoint.files import atomic_write
+from ssog_core.interventions.effects import bootstrap_ci, outcomes
+from ssog_core.interventions.validation import load_eval_set
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results" / "ablation.jsonl"

@@ -33,10 +33,11 @@ from ssog_core import ViT, save_checkpoint
 from ssog_core.analysis import latency
 from ssog_core.analysis.controls import DEFAULT_CONTROL_IMAGES, describe
 from ssog_core.analysis.head_spec import MAX_ATOMS, HeadSpec, evaluate
-from ssog_core.analysis.interventions import CloseGate, edited
 from ssog_core.analysis.measures import attention_maps, export_maps
 from ssog_core.analysis.session import NO_TWIN, dumps
 from ssog_core.data.images import model_input
+from ssog_core.interventions.ops import CloseGate
+from ssog_core.interventions.run import edited
 from ssog_core.viz import figures as viz
 from tests.app_fixtures import (
     designed_ssog,

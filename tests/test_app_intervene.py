@@ -3,12 +3,15 @@ validation set, head importance (a click on a cell adds that edit) and what a do
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
 from app.layout import build_page
 from app.state import AppContext
 from app.tabs import intervene
 from ssog_core import save_checkpoint
+from ssog_core.interventions.edit import Edit, ops_help, param
 from tests.app_fixtures import designed_ssog, dot_twin, write_images
 from tests.test_app_intervene_api import SHAPES
 
@@ -32,7 +35,8 @@ def ui(ctx):
 
 def add(ctx, ui, edits, op, layer=0, head=0, tap="mu", mode="zero", atom=0, source=intervene.CURRENT, what="output",
         factor=0.5, ckpt="ssog_shapes.safetensors", sha="x" * 64):  # fmt: skip
-    return intervene.on_add(ctx, ui, ckpt, sha, edits, op, layer, head, tap, mode, atom, source, what, factor)
+    given = dict(layer=layer, head=head, tap=tap, mode=mode, atom=atom, source=source, what=what, factor=factor)
+    return intervene.on_add(ctx, ui, ckpt, sha, edits, op, *(given.get(f, 0) for f in ui.fields))
 
 
 def test_the_edit_list_adds_moves_removes_and_reads_as_sentences(ctx, ui):
@@ -119,3 +123,54 @@ def test_the_edit_list_is_a_session_section_checked_on_restore():
     restoring = Restoring(None, None)
     out = part.restore({"edits": [{"op": "rotate", "layer": 0}]}, restoring)
     assert out["edits"] == [] and "unknown op 'rotate'" in restoring.notes[0]
+
+
+def test_the_form_is_built_from_the_registry(ctx, ui):
+    """move_atom (and any op defined later) is in the op list and the form without an edit to the tab."""
+    from ssog_core.interventions.edit import EDITS
+
+    assert {"dy", "dx", "atom", "factor", "tap", "mode", "source", "what"} <= set(ui.fields)
+    assert "head_spec" not in ui.fields and "move_atom" in [c[0] for c in ui.op.choices]
+    given = {"layer": 1, "head": 2, "atom": 0, "dy": -1.5, "dx": 0.25}
+    out = intervene.on_add(ctx, ui, "ssog_shapes.safetensors", "x" * 64, [], "move_atom",
+                           *(given.get(f, 0) for f in ui.fields))  # fmt: skip
+    assert out[ui.listing] == "1. layer 1, head 2: atom 0 moved by (dy, dx) = (-1.5, +0.25)"
+    assert out[ui.edits] == [{"op": "move_atom", "layer": 1, "head": 2, "atom": 0, "dy": -1.5, "dx": 0.25}]
+    assert list(intervene.form_fields()) == list(ui.fields)
+    try:
+
+        @dataclass(frozen=True)
+        class Nudge(Edit):
+            """A test op."""
+
+            op = "test_nudge"
+            head: int = param(0, kind="int", low=0, required=True, help="the head")
+            amount: float = param(0.0, kind="float", help="how far")
+
+        assert intervene.form_fields()["amount"][1] == ["test_nudge"]
+        assert "test_nudge: A test op." in ops_help() and "amount: float: how far" in ops_help()
+    finally:
+        EDITS.pop("test_nudge", None)
+
+
+def test_the_top_table_keeps_the_edited_winner_and_the_maps_sit_on_the_grid(ctx, ui):
+    import numpy as np
+
+    names = [f"c{i}" for i in range(7)]
+    unedited = np.array([0.3, 0.2, 0.15, 0.12, 0.1, 0.08, 0.05])
+    edited = np.array([0.1, 0.1, 0.1, 0.1, 0.1, 0.05, 0.45])  # c6: last unedited, first edited
+    rows = intervene.top_table(names, unedited, edited).splitlines()
+    assert rows[2:7] == [f"| c{i} | {unedited[i]:.4f} | {edited[i]:.4f} |" for i in range(5)]
+    assert rows[7] == "| c6 | 0.0500 | 0.4500 |" and "Edited prediction: **c6**" in rows[-1]
+    assert len(intervene.top_table(names, unedited, unedited).splitlines()) == 2 + 5 + 2  # no extra row
+    sha = ctx.open_bundled("scene.png").sha256
+    out = intervene.on_apply(ctx, ui, "ssog_shapes.safetensors", sha, [])
+    fig = out[ui.maps[0]]
+    gh, gw = np.asarray(fig.data[0].z).shape
+    assert tuple(fig.layout.yaxis.range) == (gh - 0.5, -0.5) and tuple(fig.layout.xaxis.range) == (-0.5, gw - 0.5)
+
+
+def test_the_head_importance_tables_are_titled_by_layer_head_and_gate(ui):
+    rows = [["layer 0", "+0.1", "+0.2", "+0.3", "+0.4"], ["layer 1", "+0.1", "+0.2", "+0.3", "+0.4"]]
+    assert ui.heads_table.postprocess(rows).headers == ["layer", "head 0", "head 1", "head 2", "head 3"]
+    assert ui.gates_table.postprocess([["layer 0", "a", "b", "c"]]).headers == ["layer", "μ gate", "σ gate", "λ gate"]

@@ -14,7 +14,7 @@ from app.layout import build_app
 from app.main import launch
 from app.state import AppContext
 from ssog_core import save_checkpoint
-from ssog_core.analysis.effects import Cancelled
+from ssog_core.interventions.importance import Cancelled
 from ssog_core.testing.app_process import free_port
 from tests.app_fixtures import designed_ssog, dot_twin, write_images
 
@@ -94,3 +94,10 @@ def test_a_closed_stoppable_generator_tells_its_work_to_stop():
     assert next(gen) is None
     gen.close()
     assert stopped.wait(5)
+
+
+def test_the_intervene_description_lists_every_op_of_the_registry(client):
+    from ssog_core.interventions.edit import EDITS
+
+    info = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/intervene"]
+    assert all(f"{op}:" in info["description"] for op in EDITS) and "dy: float" in info["description"]

@@ -68,7 +68,7 @@ def test_argument_picks_a_backend_per_call(monkeypatch: pytest.MonkeyPatch, back
     attn = SSOGAttention(8, 2, 3, backend=backend)
     x = torch.randn(2, 12, 8)
     with torch.no_grad():
-        expected = attn.out(impl(attn.v(x).view(2, 12, 2, 4), attn.field(x, grid), grid).reshape(2, 12, 8))
+        expected = attn.out(impl(attn.v(x).view(2, 12, 2, 4), attn.field_of(x, grid), grid).reshape(2, 12, 8))
         torch.testing.assert_close(attn(x, grid), expected, rtol=0, atol=0)
     with pytest.raises(BackendUnavailable, match="backend='cuda' is not one of triton, cpu, torch, definition"):
         ssog_apply(v, field, grid, backend="cuda")
@@ -148,7 +148,7 @@ def test_attention_matrix_times_values_equals_dispatched_output(mode: str, steer
         torch.nn.init.normal_(probe.weight, std=0.3)
     x = torch.randn(2, 35, 12)
     with torch.no_grad():
-        field = attn.field(x, (7, 5), steered=steered)
+        field = attn.field_of(x, (7, 5), steered=steered)
         v = attn.v(x).view(2, 35, 3, 4)
         a = attn.attention_matrix(x, (7, 5), steered=steered)
         torch.testing.assert_close(

@@ -7,21 +7,18 @@ import numpy as np
 import pytest
 import torch
 
-from ssog_core.analysis.effects import (
-    Cancelled,
-    EvalSet,
+from ssog_core.data.sources import DataError
+from ssog_core.interventions.effects import (
     Outcomes,
     bootstrap_ci,
     compare,
-    head_importance,
     image_effect,
-    importance_edits,
-    load_eval_set,
     mcnemar,
     outcomes,
     validation_effect,
 )
-from ssog_core.data.sources import DataError
+from ssog_core.interventions.importance import Cancelled, head_importance, importance_edits
+from ssog_core.interventions.validation import EvalSet, load_eval_set
 from tests.test_interventions import images, model_for
 
 NAMES = [f"c{i}" for i in range(5)]

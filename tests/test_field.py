@@ -178,7 +178,7 @@ def test_axial_with_one_atom_equals_factorized():
 def test_operator_is_linear_in_values_and_matches_matrix():
     attn = make_attention(3, 4, "factorized", ("mu", "sigma", "lambda"))
     x = torch.randn(2, 35, attn.dim, dtype=torch.float64)
-    field = attn.field(x, (7, 5))
+    field = attn.field_of(x, (7, 5))
     v = torch.randn(2, 35, 3, 5, dtype=torch.float64)
     a = attention_matrix(field, (7, 5))
     torch.testing.assert_close(apply_field(v, field, (7, 5)), torch.einsum("bhqk,bkhd->bqhd", a, v))

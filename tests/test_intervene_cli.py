@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from ssog_core import save_checkpoint
@@ -39,6 +40,7 @@ def test_cli_reports_one_image_and_the_validation_set(tmp_path, capsys):
     v = result["validation"]
     assert v["n"] == 20 and set(v["accuracy"]) == {"unedited", "edited", "ci95", "mcnemar_p"}
     assert len(v["per_class"]) == 5
+    assert v["images"] == {"data": META["data"], "split": "validation", "first": 20}
 
 
 def test_cli_refuses_bad_edits_in_words(tmp_path, capsys):
@@ -46,3 +48,17 @@ def test_cli_refuses_bad_edits_in_words(tmp_path, capsys):
     (tmp_path / "edits.json").write_text(json.dumps([{"op": "swap_axes", "layer": 9, "head": 0}]))
     assert main(["--checkpoint", str(ckpt), "--edits", str(tmp_path / "edits.json"), "--eval", "5"]) == 2
     assert "layer 9 does not exist" in capsys.readouterr().err
+
+
+def test_cli_help_lists_every_op_and_the_default_images_exist(capsys):
+    from pathlib import Path
+
+    from ssog_core.cli.intervene import DEFAULT_ASSETS
+    from ssog_core.interventions.edit import EDITS
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert all(f"\n{op}: " in text for op in EDITS) and "move_atom" in text
+    root = Path(__file__).resolve().parents[1]
+    assert (root / DEFAULT_ASSETS).is_dir() and any((root / DEFAULT_ASSETS).glob("*.png"))

@@ -10,18 +10,10 @@ import torch
 
 from ssog_core import ViT
 from ssog_core.analysis.head_spec import spec_from_head
-from ssog_core.analysis.interventions import (
-    MAX_EDITS,
-    EditError,
-    SetHead,
-    describe,
-    edit_from_dict,
-    edited,
-    mean_head_outputs,
-    parse_edits,
-    record,
-)
 from ssog_core.analysis.measures import attention_maps, export_maps, layer_field, residual_mix, steering_offsets
+from ssog_core.interventions.edit import MAX_EDITS, EditError, describe, edit_from_dict, parse_edits
+from ssog_core.interventions.ops import SetHead
+from ssog_core.interventions.run import edited, mean_head_outputs, record
 from tests.dense_oracle import vit_forward
 from tests.helpers import steered_vit
 
@@ -252,7 +244,7 @@ def test_set_head_puts_the_atoms_where_the_canvas_shows_them():
     qy, qx = spec.query
     one = type(spec)(spec.grid, spec.query, spec.tau, (type(spec.atoms[0])(qy - 2, qx, 0.7, 0.9, 1.0),), spec.mode)
     with edited(model, [SetHead(layer=0, head=0, head_spec=one)]):
-        f = model.blocks[0].attn.field(torch.zeros(1, 35, 12, dtype=torch.float64), GRID, steered=False)
+        f = model.blocks[0].attn.field_of(torch.zeros(1, 35, 12, dtype=torch.float64), GRID, steered=False)
     torch.testing.assert_close(f.mu[0, 0], torch.tensor([2.0, 0.0], dtype=torch.float64))
     torch.testing.assert_close(f.sigma[0, 0], torch.tensor([0.7, 0.9], dtype=torch.float64))
     torch.testing.assert_close(f.lam()[0], torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64))
@@ -442,3 +434,65 @@ def test_set_head_refuses_another_tau_a_sigma_below_the_floor_and_a_steered_quer
     ]:
         with pytest.raises(EditError, match=message), edited(model, [edit]):
             pass
+
+
+@pytest.mark.parametrize("mode", ["factorized", "axial"])
+def test_move_atom_equals_shifting_mu_in_the_checkpoint_by_hand(mode):
+    """``move_atom`` adds (dy, dx) to the stored μ (query − key): the same model as one whose μ was shifted in its
+    state dict, with content still steering the moved atom."""
+    model, img = model_for(field=mode), images(2, seed=11)
+    layer, head, atom, dy, dx = 1, 2, 1, 0.75, -1.25
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    sd[f"blocks.{layer}.attn.mu"][head, atom] += torch.tensor([dy, dx], dtype=torch.float64)
+    by_hand = model_for(field=mode)
+    by_hand.load_state_dict(sd)
+    want, want_maps = reference(model, img, field=mode)
+    moved = {"op": "move_atom", "layer": layer, "head": head, "atom": atom, "dy": dy, "dx": dx}
+    with edited(model, [moved]):
+        got, maps = model(img), attention_maps(model, img)
+    torch.testing.assert_close(got, by_hand(img), rtol=1e-12, atol=1e-12)
+    for a, b in zip(maps.attn, attention_maps(by_hand, img).attn, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(got, want)  # the move matters, so the check above can fail
+    ref, _ = reference(by_hand, img, field=mode)  # and the shifted model is the float64 definition's
+    close(got, ref)
+
+
+def test_move_atom_reads_as_a_sentence_and_refuses_moves_off_the_grid():
+    model = model_for()
+    edit = parse_edits([{"op": "move_atom", "layer": 0, "head": 1, "atom": 2, "dy": 1, "dx": -0.5}])[0]
+    assert describe([edit]) == ["layer 0, head 1: atom 2 moved by (dy, dx) = (+1, -0.5)"]
+    assert edit_from_dict(edit.to_dict()) == edit and edit.to_dict()["dy"] == 1.0
+    mu = model.blocks[0].attn.fixed_field().mu[1, 2].detach()
+    far = {"op": "move_atom", "layer": 0, "head": 1, "atom": 2, "dy": 6.5 - float(mu[0]), "dx": 0.0}  # |μy| > 6
+    for bad, message in [
+        (far, r"beyond the 7-row grid \(\|μy\| ≤ 6\)"),
+        ({**far, "dy": 0.0, "dx": -4.5 - float(mu[1])}, r"beyond the 5-column grid \(\|μx\| ≤ 4\)"),
+        ({**far, "dy": float("inf")}, "dy must be a finite number, got inf"),
+        ({**far, "dx": "left"}, "dx must be a finite number"),
+        ({**far, "atom": 3}, "atom 3 does not exist"),
+        ({"op": "move_atom", "layer": 0, "head": 1, "dy": 1.0}, "move_atom needs a atom"),
+    ]:
+        with pytest.raises(EditError, match=message), edited(model, [bad]):
+            pass
+    with edited(model, [{**far, "dy": 5.9 - float(mu[0])}]):  # inside the grid: taken
+        pass
+    with pytest.raises(EditError, match="only ablate_head and patch_head"), edited(model_for(attn="dot"), [far]):
+        pass
+
+
+def test_a_playground_head_goes_back_as_moves_when_only_atoms_were_dragged():
+    from ssog_core.interventions.ops import MoveAtom, head_edits
+
+    model = model_for()
+    opened = spec_from_head(head_field(model.blocks[1].attn, GRID), 2, grid=GRID)
+    assert head_edits(1, 2, opened, opened) == []
+    a = opened.atoms[1]
+    atoms = (opened.atoms[0], type(a)(a.y + 2, a.x - 1, a.sy, a.sx, a.w), *opened.atoms[2:])
+    dragged = type(opened)(opened.grid, opened.query, opened.tau, atoms, opened.mode)
+    assert head_edits(1, 2, opened, dragged) == [MoveAtom(1, 2, 1, -2.0, 1.0)]  # μ = query − key
+    with edited(model, head_edits(1, 2, opened, dragged)):
+        f = model.blocks[1].attn.field_of(torch.zeros(1, 35, 12, dtype=torch.float64), GRID, steered=False)
+    torch.testing.assert_close(f.mu[2, 1], dragged.field().mu[0, 1])  # the atom sits where the canvas shows it
+    wider = opened.with_atom(0, sy=opened.atoms[0].sy + 0.5)
+    assert [e.op for e in head_edits(1, 2, opened, wider)] == ["set_head"]

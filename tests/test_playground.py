@@ -182,7 +182,7 @@ def test_steered_spec_carries_the_querys_own_atoms_at_every_gate(gate):
             target = (gate * scales[tap] - EPS).clamp_min(1e-30)
             getattr(attn, name).copy_(torch.log(torch.expm1(target)).clamp_min(-80.0))
         inputs, grid, _ = _layer_inputs(model, x)
-        field = attn.field(inputs[layer], grid)
+        field = attn.field_of(inputs[layer], grid)
     looks = torch.tensor([[query[0] - a.y, query[1] - a.x] for a in spec.atoms])  # μ = ★ − key
     atol = 1e-4 if gate else 1e-3  # gate 0 is reached up to the gate's positive floor
     torch.testing.assert_close(looks, field.mu[t].double(), atol=atol, rtol=1e-4, check_dtype=False)

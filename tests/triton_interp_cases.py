@@ -153,7 +153,7 @@ def test_dispatch_picks_triton_and_matrix_parity(monkeypatch: pytest.MonkeyPatch
         x = torch.randn(2, 35, 12)
         with torch.no_grad():
             for steered in (True, False):
-                field = attn.field(x, (7, 5), steered=steered)
+                field = attn.field_of(x, (7, 5), steered=steered)
                 v = attn.v(x).view(2, 35, 3, 4)
                 assert choose_ssog_backend(v, field, (7, 5), mode) == "triton"
                 a = attn.attention_matrix(x, (7, 5), steered=steered)

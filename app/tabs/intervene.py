@@ -1,14 +1,16 @@
 """The Intervene tab: build an edit list, see what it changes on the picture and on the validation set (with a
 noise floor), and find the heads that matter (head importance; a click on a cell adds that edit).
 
-Every number comes from :mod:`ssog_core.analysis.effects` through :mod:`app.interventions`; the edits apply to this
-request only (the shared model is never changed).
+Every number comes from :mod:`ssog_core.interventions` through :mod:`app.interventions`; the edits apply to this
+request only (the shared model is never changed). The edit form is built from the registry of ops
+(:data:`~ssog_core.interventions.edit.EDITS`): one field per declared field name, so a new op shows up here by
+being defined.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from functools import partial
 from typing import Any
 
@@ -20,13 +22,51 @@ from app import interventions, plots
 from app.common import Updates, error_text, stoppable, warn
 from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError, LoadedModel
-from ssog_core.analysis.effects import DEFAULT_EVAL_IMAGES, MAX_EVAL_IMAGES, HeadImportance, ValidationEffect
-from ssog_core.analysis.interventions import MAX_GATE_FACTOR, OPS, TAP_NAMES, check_edits, describe, parse_edits
 from ssog_core.field import TAPS
+from ssog_core.interventions.edit import EDITS, Param, check_edits, describe, dot_product_ops, parse_edits
+from ssog_core.interventions.effects import ValidationEffect
+from ssog_core.interventions.importance import HeadImportance
+from ssog_core.interventions.ops import TAP_NAMES, AblateHead, CloseGate
+from ssog_core.interventions.validation import DEFAULT_EVAL_IMAGES, MAX_EVAL_IMAGES
 
-DOT_OPS = ("ablate_head", "patch_head")  # what a dot-product model can take
+DOT_OPS = tuple(dot_product_ops())  # what a dot-product model can take
 CURRENT = "(the current picture)"
 FIXED_SUFFIX = "_fixed"  # ssog_layouts → ssog_fixed_layouts: the matched fixed-field model of the trio
+MODES = AblateHead.params()["mode"].choices  # the head-importance sweep's ablation modes
+MAX_HEADS_SHOWN = 64
+FORM_ROW = (
+    4  # form fields per row  # the head-importance table's column titles (Gradio keeps as many as a table has columns)
+)
+
+
+def form_fields() -> dict[str, tuple[Param, list[str]]]:
+    """Every field a form can hold, across the ops (first declaration), with the ops that take it."""
+    out: dict[str, tuple[Param, list[str]]] = {}
+    for op, cls in EDITS.items():
+        for name, p in cls.params().items():
+            if p.form:
+                out.setdefault(name, (p, []))[1].append(op)
+    return out
+
+
+def _component(name: str, p: Param, ops: list[str]) -> Block:
+    """One form field, from its declaration (label: the ops that take it; −1 leaves an optional field out)."""
+    optional = [op for op in ops if EDITS[op].params()[name].optional]
+    label = name if len(ops) == len(EDITS) else f"{name} ({', '.join(ops)})"
+    info = p.help + (f" (−1 leaves it out: {', '.join(optional)})" if optional else "")
+    default = EDITS[ops[0]].__dataclass_fields__[name].default
+    start = p.start if p.start is not None else (None if default is MISSING else default)
+    common = dict(label=label, elem_id=f"iv-{name}", info=info)
+    if p.kind == "choice":
+        return gr.Dropdown(list(p.choices), value=start, **common)
+    if p.kind == "image":
+        return gr.Dropdown([CURRENT], value=CURRENT, **common)
+    if p.kind == "bool":
+        return gr.Checkbox(bool(start), **common)
+    if p.kind == "text":
+        return gr.Textbox(start or "", **common)
+    low = -1 if optional else p.low
+    return gr.Number(start or 0, precision=0 if p.kind == "int" else None, minimum=low, maximum=p.high, **common)
 
 
 @dataclass(frozen=True)
@@ -37,13 +77,7 @@ class InterveneUI:
     edits: gr.State  # the edit list, as JSON dicts
     listing: gr.Markdown
     op: gr.Dropdown
-    layer: gr.Number
-    head: gr.Number
-    tap: gr.Dropdown
-    mode: gr.Dropdown
-    atom: gr.Number
-    source: gr.Dropdown
-    what: gr.Dropdown
+    fields: dict[str, Block]  # the form, one component per declared field name (form_fields)
     index: gr.Number
     status: gr.Markdown
     prediction: gr.Markdown
@@ -57,12 +91,17 @@ class InterveneUI:
     gates_plot: gr.Plot
     heads_table: gr.Dataframe
     gates_table: gr.Dataframe
+    tables: gr.Column  # the two tables, shown once there is a sweep
     sweep_note: gr.Markdown
 
     @property
     def outputs(self) -> list[Block]:
         """What :func:`render` (a new checkpoint) changes."""
-        return [self.note, self.op, self.source]
+        return [self.note, self.op, *self.image_fields]
+
+    @property
+    def image_fields(self) -> list[Block]:
+        return [c for name, c in self.fields.items() if form_fields()[name][0].kind == "image"]
 
 
 def fixed_twin(ctx: AppContext, ckpt: str) -> str | None:
@@ -79,14 +118,18 @@ def render(ctx: AppContext, ui: InterveneUI, ckpt: str | None) -> Updates:
         loaded = ctx.model(ckpt)
     except Exception as e:
         return {ui.note: warn(error_text(e))}
-    ops = list(OPS) if loaded.is_ssog else list(DOT_OPS)
+    ops = list(EDITS) if loaded.is_ssog else list(DOT_OPS)
     depth, heads = len(loaded.model.blocks), loaded.model.blocks[0].attn.num_heads
     note = (
         f"**{ckpt}** ({loaded.kind}, {depth} layers × {heads} heads). Edits apply in order, to this request only. "
         + ("" if loaded.is_ssog else "A dot-product model has no field: it takes ablation and output patching.")
     )
     sources = [CURRENT, *ctx.bundled_images()]
-    return {ui.note: note, ui.op: gr.update(choices=ops, value=ops[0]), ui.source: gr.update(choices=sources)}
+    return {
+        ui.note: note,
+        ui.op: gr.update(choices=ops, value=ops[0]),
+        **{c: gr.update(choices=sources) for c in ui.image_fields},
+    }
 
 
 def listing(edits: list[dict]) -> str:
@@ -100,7 +143,7 @@ def _checked(ctx: AppContext, ckpt: str | None, edits: list[dict]) -> list[dict]
     if not ckpt:
         raise AppError("pick a checkpoint first")
     parsed = parse_edits(edits)
-    names = {e["source"]: None for e in edits if e.get("op") == "patch_head"}
+    names = {name: None for e in parsed for name in e.sources()}
     check_edits(ctx.model(ckpt).model, parsed, names, has_means=True)
     return [e.to_dict() for e in parsed]
 
@@ -114,25 +157,23 @@ def _with(ctx: AppContext, ui: InterveneUI, ckpt: str | None, edits: list[dict])
 
 
 def on_add(
-    ctx: AppContext, ui: InterveneUI, ckpt: str | None, sha: str | None, edits: list[dict], op: str, layer: float,
-    head: float, tap: str, mode: str, atom: float, source: str, what: str, factor: float = 0.5,
-) -> Updates:  # fmt: skip
-    """Append the edit the builder describes (fields an op does not take are left out)."""
-    edit: dict[str, Any] = {"op": op, "layer": int(layer or 0)}
-    if op in ("close_gate", "scale_gate"):
-        edit["tap"] = tap
-        if head is not None and head >= 0:
-            edit["head"] = int(head)
-    else:
-        edit["head"] = int(head or 0)
-    if op == "ablate_head":
-        edit["mode"] = mode
-    elif op == "patch_head":
-        edit.update(source=sha if source == CURRENT else source, what=what)
-    elif op == "drop_atom":
-        edit["atom"] = int(atom or 0)
-    elif op == "scale_gate":
-        edit["factor"] = factor
+    ctx: AppContext, ui: InterveneUI, ckpt: str | None, sha: str | None, edits: list[dict], op: str, *values: Any
+) -> Updates:
+    """Append the edit the form describes: ``values`` follow ``ui.fields``; fields the op does not take, and an
+    optional one at −1, are left out."""
+    given = dict(zip(ui.fields, values, strict=True))
+    edit: dict[str, Any] = {"op": op}
+    for name, p in EDITS[op].params().items() if op in EDITS else ():
+        if not p.form or name not in given:
+            continue
+        v = given[name]
+        if p.kind == "int":
+            if p.optional and (v is None or v < 0):
+                continue
+            v = int(v or 0)
+        elif p.kind == "image":
+            v = sha if v == CURRENT else v
+        edit[name] = v
     return _with(ctx, ui, ckpt, [*(edits or []), edit])
 
 
@@ -148,13 +189,14 @@ def on_move(ctx: AppContext, ui: InterveneUI, ckpt: str | None, edits: list[dict
     return _with(ctx, ui, ckpt, edits)
 
 
-def top_table(names: list[str], before: np.ndarray, after: np.ndarray) -> str:
-    """The five most likely classes unedited, with their edited probability."""
-    order = np.argsort(-before)[:5]
+def top_table(names: list[str], unedited: np.ndarray, edited: np.ndarray) -> str:
+    """The five most likely classes unedited, with their edited probability, and the edited winner below them
+    when it is not among them."""
+    order = [int(i) for i in np.argsort(-unedited)[:5]]
+    top = int(np.argmax(edited))
     rows = ["| class | unedited | edited |", "|---|---:|---:|"]
-    rows += [f"| {names[i]} | {before[i]:.4f} | {after[i]:.4f} |" for i in order]
-    top = int(np.argmax(after))
-    return "\n".join(rows) + f"\n\nEdited prediction: **{names[top]}** ({after[top]:.4f})."
+    rows += [f"| {names[i]} | {unedited[i]:.4f} | {edited[i]:.4f} |" for i in [*order, *([top] * (top not in order))]]
+    return "\n".join(rows) + f"\n\nEdited prediction: **{names[top]}** ({edited[top]:.4f})."
 
 
 def on_apply(ctx: AppContext, ui: InterveneUI, ckpt: str | None, sha: str | None, edits: list[dict]) -> Updates:
@@ -163,7 +205,7 @@ def on_apply(ctx: AppContext, ui: InterveneUI, ckpt: str | None, sha: str | None
         if not ckpt or not sha:
             raise AppError("pick a checkpoint and an image (top of the page)")
         loaded = ctx.model(ckpt)
-        eff = interventions.one_image(ctx, loaded, sha, parse_edits(edits or []))
+        eff = interventions.run(ctx, loaded, sha, parse_edits(edits or [])).image
         names = loaded.class_names
         text = top_table(names, eff.probs_unedited.numpy(), eff.probs_edited.numpy())
         text += f" Δ log p of the unedited prediction: **{eff.dlogp:+.4f}**."
@@ -209,7 +251,7 @@ def on_evaluate(ctx: AppContext, ui: InterveneUI, ckpt: str | None, edits: list[
     try:
         if not ckpt:
             raise AppError("pick a checkpoint first")
-        v = interventions.on_validation(ctx, ctx.model(ckpt), parse_edits(edits or []), int(n))
+        v = interventions.run(ctx, ctx.model(ckpt), None, parse_edits(edits or []), int(n)).validation
         return {ui.validation: validation_text(v), ui.per_class: class_rows(v), ui.status: ""}
     except Exception as e:
         return {ui.validation: warn(error_text(e))}
@@ -227,6 +269,7 @@ def importance_updates(ctx: AppContext, ui: InterveneUI, loaded: LoadedModel, im
         ui.heads_plot: plots.importance_plot(drops, noise, f"each head ablated ({imp.mode})",
                                              [f"head {h}" for h in range(heads)]),
         ui.heads_table: [[f"layer {i}", *(_cell(c) for c in row)] for i, row in enumerate(imp.ablate)],
+        ui.tables: gr.update(visible=True),
     }  # fmt: skip
     note = f"{imp.n} images, unedited accuracy {imp.unedited_accuracy:.4f}. Cells: log p(true) drop [95% interval]"
     note += "; · = within noise. Click a cell of a table to add that edit."
@@ -272,9 +315,8 @@ def on_cell(
     row, col = (int(v) for v in index)
     if col == 0:
         return {}
-    edit = {"op": "close_gate", "layer": row, "tap": TAPS[col - 1]} if gates else {
-        "op": "ablate_head", "layer": row, "head": col - 1, "mode": mode}  # fmt: skip
-    return _with(ctx, ui, ckpt, [*(edits or []), edit])
+    edit = CloseGate(row, TAPS[col - 1]) if gates else AblateHead(row, col - 1, mode)
+    return _with(ctx, ui, ckpt, [*(edits or []), edit.to_dict()])
 
 
 def build(ctx: AppContext, shared: dict[str, Any]) -> InterveneUI:
@@ -284,19 +326,11 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> InterveneUI:
     with gr.Row(equal_height=False):
         with gr.Column(scale=2, min_width=340):
             listing_md = gr.Markdown(listing([]), elem_id="iv-list")
-            with gr.Row():
-                op = gr.Dropdown(list(OPS), value="close_gate", label="op", elem_id="iv-op", scale=2)
-                layer = gr.Number(0, precision=0, minimum=0, label="layer", elem_id="iv-layer", scale=1)
-                head = gr.Number(0, precision=0, minimum=-1, label="head (−1: all, gates)", elem_id="iv-head", scale=1)
-            with gr.Row():
-                tap = gr.Dropdown([*TAPS, "all"], value="mu", label="tap (gates)", elem_id="iv-tap")
-                factor = gr.Number(0.5, minimum=0, maximum=MAX_GATE_FACTOR, label="factor (scale_gate)",
-                                   elem_id="iv-factor")  # fmt: skip
-                mode = gr.Dropdown(["zero", "dataset_mean"], value="zero", label="mode (ablate)", elem_id="iv-mode")
-                atom = gr.Number(0, precision=0, minimum=0, label="atom (drop_atom)", elem_id="iv-atom")
-            with gr.Row():
-                source = gr.Dropdown([CURRENT], value=CURRENT, label="source (patch)", elem_id="iv-source")
-                what = gr.Dropdown(["output", "steering"], value="output", label="what (patch)", elem_id="iv-what")
+            op = gr.Dropdown(list(EDITS), value=next(iter(EDITS)), label="op", elem_id="iv-op")
+            declared, fields = list(form_fields().items()), {}
+            for start in range(0, len(declared), FORM_ROW):
+                with gr.Row(equal_height=True):
+                    fields |= {name: _component(name, p, ops) for name, (p, ops) in declared[start : start + FORM_ROW]}
             add = gr.Button("Add edit", variant="primary", size="sm", elem_id="iv-add")
             with gr.Row():
                 index = gr.Number(1, precision=0, minimum=1, label="edit #", elem_id="iv-index", scale=1)
@@ -323,23 +357,30 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> InterveneUI:
         )  # fmt: skip
     with gr.Accordion("Head importance: each head ablated, each layer's gates closed", open=True):
         with gr.Row():
-            sweep_mode = gr.Dropdown(["zero", "dataset_mean"], value="zero", label="ablation", elem_id="iv-smode")
+            sweep_mode = gr.Dropdown(list(MODES), value=MODES[0], label="ablation", elem_id="iv-smode")
             sweep = gr.Button("Run head importance", elem_id="iv-sweep")
             stop = gr.Button("Stop", variant="stop", elem_id="iv-stop")
         sweep_note = gr.Markdown(elem_id="iv-snote")
         with gr.Row():
             heads_plot = gr.Plot(show_label=False, elem_id="iv-heads")
             gates_plot = gr.Plot(show_label=False, elem_id="iv-gates")
-        heads_table = gr.Dataframe(interactive=False, elem_id="iv-heads-table", label="log p drop per head")
-        gates_table = gr.Dataframe(interactive=False, elem_id="iv-gates-table", label="log p drop per gate")
-    ui = InterveneUI(note=note, edits=edits, listing=listing_md, op=op, layer=layer, head=head, tap=tap, mode=mode,
-                     atom=atom, source=source, what=what, index=index, status=status, prediction=prediction, maps=maps,
-                     attention=attention, n=n, validation=validation, per_class=per_class, sweep_mode=sweep_mode,
-                     heads_plot=heads_plot, gates_plot=gates_plot, heads_table=heads_table, gates_table=gates_table,
+        with gr.Column(visible=False) as tables:  # shown with the first sweep: empty tables have no columns yet
+            heads_table = gr.Dataframe(
+                headers=["layer", *(f"head {h}" for h in range(MAX_HEADS_SHOWN))],  # cut to the model's heads
+                interactive=False, elem_id="iv-heads-table", label="log p drop per head",
+            )  # fmt: skip
+            gates_table = gr.Dataframe(
+                headers=["layer", *(f"{TAP_NAMES[t]} gate" for t in TAPS)],
+                interactive=False, elem_id="iv-gates-table", label="log p drop per gate",
+            )  # fmt: skip
+    ui = InterveneUI(note=note, edits=edits, listing=listing_md, op=op, fields=fields, index=index, status=status,
+                     prediction=prediction, maps=maps, attention=attention, n=n, validation=validation,
+                     per_class=per_class, sweep_mode=sweep_mode, heads_plot=heads_plot, gates_plot=gates_plot,
+                     heads_table=heads_table, gates_table=gates_table, tables=tables,
                      sweep_note=sweep_note)  # fmt: skip
     ckpt, sha = shared["checkpoint"], shared["image_sha"]
     list_out = [edits, listing_md, status]
-    builder = [ckpt, sha, edits, op, layer, head, tap, mode, atom, source, what, factor]
+    builder = [ckpt, sha, edits, op, *fields.values()]
     add.click(partial(on_add, ctx, ui), builder, list_out, **hidden)
     for button, by in ((remove, 0), (up, -1), (down, 1)):
         button.click(partial(on_move, ctx, ui, by=by), [ckpt, edits, index], list_out, **hidden)
@@ -347,7 +388,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> InterveneUI:
     apply.click(partial(on_apply, ctx, ui), [ckpt, sha, edits], [prediction, *maps, attention, status], **hidden)
     heavy = dict(concurrency_limit=1, concurrency_id=interventions.HEAVY, **hidden)
     evaluate.click(partial(on_evaluate, ctx, ui), [ckpt, edits, n], [validation, per_class, status], **heavy)
-    sweep_outputs = [heads_plot, gates_plot, heads_table, gates_table, sweep_note]
+    sweep_outputs = [heads_plot, gates_plot, heads_table, gates_table, tables, sweep_note]
     running = sweep.click(partial(on_sweep, ctx, ui), [ckpt, n, sweep_mode], sweep_outputs, **heavy)
     stop.click(lambda: {sweep_note: "Stopped."}, None, [sweep_note], cancels=[running], **hidden)
 

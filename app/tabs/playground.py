@@ -30,8 +30,10 @@ from ssog_core.analysis.head_spec import (
     evaluate,
     spec_from_head,
 )
-from ssog_core.analysis.interventions import Edit, SetHead, edited
 from ssog_core.analysis.presets import KINDS, RULES
+from ssog_core.interventions.edit import Edit
+from ssog_core.interventions.ops import head_edits
+from ssog_core.interventions.run import edited
 from ssog_core.viz import figures as viz
 from ssog_core.viz import files as figures
 from ssog_core.viz import raster
@@ -414,13 +416,16 @@ def prediction_change(ctx: AppContext, ckpt: str, sha: str | None, edits: list[E
 
 
 def on_apply_model(ctx: AppContext, ui: PlaygroundUI, value: Any, src: Any, on: bool, sha: str | None) -> Updates:
-    """The edited head put into the model it came from (``set_head``): the prediction change beside the canvas."""
+    """The edited head put into the model it came from (dragged atoms: ``move_atom``, anything else: ``set_head``):
+    the prediction change beside the canvas."""
     if not (on and src):
         return gr.skip()
     try:
-        edit = SetHead(src["layer"], src["head"], _spec(value))
-        what = f"Layer {src['layer']}, head {src['head']} of {src['checkpoint']} set to this head"
-        return {ui.apply_note: prediction_change(ctx, src["checkpoint"], sha, [edit], what)}
+        loaded, layer, head = ctx.model(src["checkpoint"]), src["layer"], src["head"]
+        opened = spec_from_head(loaded.fields[layer], head, grid=tuple(loaded.config.grid), mode=loaded.config.field)
+        edits = head_edits(layer, head, opened, _spec(value))
+        what = f"Layer {layer}, head {head} of {src['checkpoint']} set to this head"
+        return {ui.apply_note: prediction_change(ctx, src["checkpoint"], sha, edits, what)}
     except Exception as e:
         return {ui.apply_note: warn(error_text(e))}
 

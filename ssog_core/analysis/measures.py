@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from ssog_core.field import Field, attention_matrix, displacement_density
 from ssog_core.nn.attention import RBFAttention, SSOGAttention
-from ssog_core.nn.edit_hooks import hook_for
+from ssog_core.nn.hook_points import removed_heads
 
 DEFAULT_ALPHA = 0.5  # residual mixing Â = α·Ā + (1 − α)·I: half of a block's output is its own residual
 
@@ -213,7 +213,7 @@ def steering_offsets(model: nn.Module, img: Tensor) -> SteeringOffsets:
             attn = block.attn
             if not isinstance(attn, SSOGAttention):
                 continue
-            fixed, steered = attn.field(x, grid, steered=False), attn.field(x, grid)  # both under any active edit
+            fixed, steered = attn.field_of(x, grid, steered=False), attn.field_of(x, grid)  # both under any active edit
             if not steered.per_token:  # fixed-field layer: content moves nothing
                 b, (gh, gw) = x.shape[0], grid
                 steered = Field(
@@ -275,8 +275,7 @@ def attention_maps(model: nn.Module, img: Tensor, steered: bool = True) -> Atten
         inputs, grid, logits = _layer_inputs(model, img)
         maps, shares, removed = [], [], []
         for block, x in zip(model.blocks, inputs, strict=True):
-            hook = hook_for(block.attn)
-            removed.append(frozenset() if hook is None else hook.removed_heads)
+            removed.append(removed_heads(block.attn))
             if isinstance(block.attn, SSOGAttention):
                 a = block.attn.attention_matrix(x, grid, steered=steered)
             else:

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from ssog_core.field import TAPS, Field, apply_field, base_field, bound, check_grid, positive, steer
 from ssog_core.nn.config import ViTConfig
-from ssog_core.nn.edit_hooks import hook_for
+from ssog_core.nn.hook_points import HookPoint
 from ssog_core.nn.susie import SuSiE
 from ssog_core.ops import rbf_attention, ssog_apply
 
@@ -88,6 +88,10 @@ class SSOGAttention(nn.Module):
             nn.init.zeros_(layer.bias)
             self.add_module(probe, layer)
             self.register_parameter(gate, nn.Parameter(torch.tensor(gate0)))
+        # hook points (identity unless a call installs a function: docs/DESIGN.md §0, ssog_core.interventions)
+        self.field = HookPoint()  # the content-free field (H, R) that content steers
+        self.probes = nn.ModuleDict({tap: HookPoint() for tap in self.taps})  # bounded probes per tap
+        self.head_out = HookPoint()  # per-head output (B, N, H, head_dim) before the output projection
 
     def fixed_field(self) -> Field:
         """The content-free field ``(H, R)``: what every query does before content steers it."""
@@ -97,11 +101,11 @@ class SSOGAttention(nn.Module):
         """The positive scale ``s`` of each enabled tap."""
         return {tap: positive(getattr(self, _TAP_PARAMS[tap][1])) for tap in self.taps}
 
-    def field(self, x: Tensor, grid: tuple[int, int], steered: bool = True) -> Field:
-        """The field each query of ``x`` (``(B, N, dim)``, LayerNormed block input) applies, with the active
-        interventions of this call (:mod:`ssog_core.analysis.interventions`) applied."""
-        hook = hook_for(self)
-        fixed = self.fixed_field() if hook is None else hook.fixed(self.fixed_field())
+    def field_of(self, x: Tensor, grid: tuple[int, int], steered: bool = True) -> Field:
+        """The field each query of ``x`` (``(B, N, dim)``, LayerNormed block input) applies, through the hook
+        points ``field`` and ``probes.{tap}`` (where this call's interventions act; a probe point that returns
+        ``None`` closes that tap)."""
+        fixed = self.field(self.fixed_field())
         if not (steered and self.taps):
             return fixed
         b = x.shape[0]
@@ -114,21 +118,18 @@ class SSOGAttention(nn.Module):
         bounded = bound(raw, out=None if torch.is_grad_enabled() else raw)  # in place when nothing records it
         probes = {}
         for tap, part in zip(self.taps, bounded.split([m.out_features for m in layers], dim=-1), strict=True):
-            probes[tap] = part.view((b, gh, gw, h, r, 2) if _TAP_PARAMS[tap][2] == 2 else (b, gh, gw, h, r))
-        if hook is not None:
-            probes = hook.probes(probes)
-            if not probes:  # every gate closed: exactly the fixed field
-                return fixed
+            probe = self.probes[tap](part.view((b, gh, gw, h, r, 2) if _TAP_PARAMS[tap][2] == 2 else (b, gh, gw, h, r)))
+            if probe is not None:
+                probes[tap] = probe
+        if not probes:  # every gate closed: exactly the fixed field
+            return fixed
         return steer(fixed, probes, self.gate_scales(), self.max_offset)
 
     def forward(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
         check_grid(x.shape[1], grid)
         b, n, _ = x.shape
         v = self.v(x).view(b, n, self.num_heads, self.head_dim)
-        y = ssog_apply(v, self.field(x, grid), grid, self.mode, self.backend)
-        hook = hook_for(self)
-        if hook is not None:
-            y = hook.output(y)
+        y = self.head_out(ssog_apply(v, self.field_of(x, grid), grid, self.mode, self.backend))
         return self.out(y.reshape(b, n, self.dim))
 
     def attention_matrix(self, x: Tensor, grid: tuple[int, int], steered: bool = True) -> Tensor:
@@ -139,7 +140,7 @@ class SSOGAttention(nn.Module):
         equals the dispatched output.
         """
         check_grid(x.shape[1], grid)
-        field = self.field(x, grid, steered)
+        field = self.field_of(x, grid, steered)
         return apply_field(_identity_values(x, self.num_heads), field, grid, self.mode).permute(0, 2, 1, 3)
 
 
@@ -168,6 +169,7 @@ class _QKAttention(nn.Module, ABC):
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.out = nn.Linear(dim, dim, bias=False)
         self.susie = SuSiE(num_heads, self.head_dim, susie_dim, susie) if susie else None
+        self.head_out = HookPoint()  # per-head output (B, N, H, head_dim) before the output projection
 
     def queries_keys_values(self, x: Tensor, grid: tuple[int, int] | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """The q, k, v ``(B, H, N, head_dim)`` the logits see (after QK-norm and the position code)."""
@@ -187,10 +189,7 @@ class _QKAttention(nn.Module, ABC):
 
     def forward(self, x: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
         b, n, _ = x.shape
-        y = self._attend(*self.queries_keys_values(x, grid)).transpose(1, 2)
-        hook = hook_for(self)
-        if hook is not None:
-            y = hook.output(y)
+        y = self.head_out(self._attend(*self.queries_keys_values(x, grid)).transpose(1, 2))
         return self.out(y.reshape(b, n, self.dim))
 
     def attention_matrix(self, x: Tensor, grid: tuple[int, int] | None = None) -> Tensor:

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from ssog_core.nn.attention import build_attention
 from ssog_core.nn.config import ViTConfig
+from ssog_core.nn.hook_points import HookPoint
 
 
 def init_registers(count: int, dim: int, attn: str) -> nn.Parameter:
@@ -41,13 +42,14 @@ class Block(nn.Module):
         hidden = int(dim * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
         self.drop2 = nn.Dropout(dropout)
+        self.resid_post = HookPoint()  # the block's output (B, N, dim): a hook point (ssog_core.nn.hook_points)
 
     def forward(self, x: Tensor, grid: tuple[int, int], attn_inputs: list[Tensor] | None = None) -> Tensor:
         h = self.norm1(x)
         if attn_inputs is not None:
             attn_inputs.append(h)
         x = x + self.drop1(self.attn(h, grid))
-        return x + self.drop2(self.mlp(self.norm2(x)))
+        return self.resid_post(x + self.drop2(self.mlp(self.norm2(x))))
 
 
 class ViT(nn.Module):
