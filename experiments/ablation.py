@@ -4,6 +4,7 @@ per board; every run a plain ``python -m ssog_core.train`` command that differs 
 ``--attn`` / ``--steer`` / ``--seed`` (and ``--max-offset`` for the offset row).
 
     python experiments/ablation.py train  [--task pointer] [--jobs 2] [--only small|large]
+    python experiments/ablation.py read   [--task pointer] [--seeds 0]
     python experiments/ablation.py report [--task pointer]
 
 ``train`` skips finished runs (a row in the results file), resumes interrupted ones (``--resume``) and starts the
@@ -38,12 +39,18 @@ import numpy as np
 import torch
 
 from ssog_core import load_checkpoint
+from ssog_core.analysis.measures import head_fields
+from ssog_core.analysis.presets import STRIP_RATIO
+from ssog_core.analysis.report import initial_gate_scale
 from ssog_core.checkpoint.files import atomic_write
-from ssog_core.interventions.effects import bootstrap_ci, outcomes
+from ssog_core.data import pointer, relation
+from ssog_core.interventions.effects import bootstrap_ci, compare, outcomes
 from ssog_core.interventions.validation import load_eval_set
+from ssog_core.train.accuracy import evaluate_model_sizes
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results" / "ablation.jsonl"
+READINGS = ROOT / "experiments" / "results" / "ablation_readings.jsonl"
 RUNS = ROOT / "runs" / "ablation"
 DOC = ROOT / "docs" / "RESULTS.md"
 GRIDS = {"small": 14, "large": 20}  # cells a side: the SSOG post's 14×14 grid, and a board where targets lie
@@ -64,6 +71,9 @@ VARIANTS = {  # the SSOG post's rows, in its order
 OFFSET_ROW = ("steered ±2", ["--attn", "ssog", "--steer", "mu,sigma,lambda", "--max-offset", "2"])
 CONTRASTS = (("steered", "fixed"), ("+mu", "fixed"), ("steered", "dot"))
 BEGIN, END = "<!-- ablation:begin -->", "<!-- ablation:end -->"
+READ_IMAGES = 500  # validation images per edit of the reading (the first 500: balanced, as every effect uses)
+TRANSFER_STEP = 4  # cells added to the board per step of the transfer sweep
+MIN_DISTANCE = {"pointer": pointer.min_reach, "relation": relation.min_gap}  # cells, on the training board
 
 
 @dataclass(frozen=True)
@@ -110,10 +120,14 @@ def plan(task: str, boards: tuple[str, ...]) -> list[Run]:
     return runs + [Run(task, b, OFFSET_ROW[0], 0, tuple(OFFSET_ROW[1])) for b in boards]
 
 
-def read_results() -> list[dict]:
-    if not RESULTS.exists():
+def read_rows(path: Path) -> list[dict]:
+    if not path.exists():
         return []
-    return [json.loads(line) for line in RESULTS.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def read_results() -> list[dict]:
+    return read_rows(RESULTS)
 
 
 _write_lock = threading.Lock()
@@ -124,13 +138,18 @@ def row_key(row: dict) -> tuple[str, int, str, int]:
     return row["task"], row["grid"], row["variant"], row["seed"]
 
 
-def append_result(row: dict) -> None:
-    """Add one run's row, rewriting the file atomically (a kill leaves the old file or the new one)."""
+def append_row(path: Path, row: dict) -> None:
+    """Add one run's row (replacing an older one of the same run), rewriting the file atomically (a kill leaves
+    the old file or the new one)."""
     with _write_lock:
-        rows = [r for r in read_results() if (r["task"], r["grid"], r["variant"], r["seed"]) != row_key(row)]
+        rows = [r for r in read_rows(path) if row_key(r) != row_key(row)]
         text = "".join(json.dumps(r) + "\n" for r in [*rows, row])
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(RESULTS, lambda tmp: Path(tmp).write_text(text))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def append_result(row: dict) -> None:
+    append_row(RESULTS, row)
 
 
 def _die_with_parent() -> None:
@@ -207,6 +226,93 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+# ---------------------------------------------------------------------------------------------------- reading
+
+
+def layer_geometry(model: torch.nn.Module) -> list[dict]:
+    """Per SSOG layer: mean reach (cells), the most elongated head, strips (long/short spread ≥ STRIP_RATIO) and
+    each tap's gate opening from its cold start (×)."""
+    cold = initial_gate_scale(model.config)
+    return [
+        {
+            "reach": round(float(lf.reach.mean()), 3),
+            "max_elongation": round(float(lf.elongation.max()), 3),
+            "strips": int((lf.elongation >= STRIP_RATIO).sum()),
+            "gate_opening": {tap: round(float(s) / cold, 1) for tap, s in lf.gates.items()},
+        }
+        for lf in head_fields(model)
+    ]
+
+
+def gate_closing(model: torch.nn.Module, data, taps: tuple[str, ...]) -> dict:
+    """Close ``taps`` in every layer: accuracy unedited → edited with its paired interval, and what the edited
+    model predicts (a collapse onto one class reads as chance by accuracy but is not chance)."""
+    edits = [{"op": "close_gate", "layer": layer, "tap": tap} for layer in range(model.config.depth) for tap in taps]
+    unedited, closed = outcomes(model, data), outcomes(model, data, edits)
+    effect = compare(unedited, closed, data.labels, data.class_names)
+    counts = np.bincount(closed.pred.numpy(), minlength=len(data.class_names))
+    return {
+        "closed": "+".join(taps),
+        "unedited": effect.accuracy.unedited,
+        "edited": effect.accuracy.edited,
+        "ci95": list(effect.accuracy.ci95),
+        "within_noise": effect.accuracy.within_noise,
+        "predicted": dict(zip(data.class_names, counts.tolist(), strict=True)),
+    }
+
+
+def transfer_until_it_falls(model: torch.nn.Module, meta: dict, task: str, grid: int, fall: float = 0.1) -> list:
+    """Zero-shot accuracy on larger boards (the same scenes, more cells), ``TRANSFER_STEP`` cells at a time, until
+    it is ``fall`` below the best seen or the board doubles; each row says how far the nearest evidence lies in
+    cells there, and whether that is beyond the deepest layer's reach plus the offset bound (where the bound
+    should bite)."""
+    patch = model.config.patch_size
+    reach = layer_geometry(model)[-1]["reach"] if model.config.attn == "ssog" else None
+    rows, best = [], 0.0
+    for g in range(grid, 2 * grid + 1, TRANSFER_STEP):
+        (row,) = evaluate_model_sizes(model, meta["data"], [(g * patch, g * patch)], meta.get("class_names"),
+                                      max_images=READ_IMAGES)  # fmt: skip
+        nearest = MIN_DISTANCE[task](grid) * g / grid
+        bites = None if reach is None else nearest > reach + model.config.max_offset
+        rows.append(
+            {"grid": g, "accuracy": row["accuracy"], "nearest_evidence": round(nearest, 2), "bound_bites": bites}
+        )
+        best = max(best, row["accuracy"])
+        if row["accuracy"] < best - fall:
+            break
+    return rows
+
+
+def read(run: Run) -> dict:
+    """The project's instrument on one finished run: geometry per layer, gates closed, resolution transfer."""
+    model, meta = load_checkpoint(run.out / "model.safetensors")
+    data = load_eval_set(meta, model.config.img_size, READ_IMAGES)
+    ssog = model.config.attn == "ssog"
+    steered = tuple(model.config.steer) if ssog else ()
+    closings = ([("mu",)] if "mu" in steered else []) + ([steered] if steered else [])  # μ gates, then every gate
+    return {
+        "task": run.task,
+        "grid": run.grid,
+        "variant": run.variant,
+        "seed": run.seed,
+        "layers": layer_geometry(model) if ssog else None,
+        "gates_closed": [gate_closing(model, data, taps) for taps in closings],
+        "transfer": transfer_until_it_falls(model, meta, run.task, run.grid),
+    }
+
+
+def cmd_read(args: argparse.Namespace) -> int:
+    """Read every finished run of ``--seeds`` not read yet into the readings file."""
+    torch.set_num_threads(args.threads)
+    done = {row_key(r) for r in read_results()}
+    have = {row_key(r) for r in read_rows(READINGS)}
+    for run in plan(args.task, tuple(GRIDS)):
+        if run.key() in done and run.key() not in have and run.seed in args.seeds:
+            print(f"read   {run.out.name}", flush=True)
+            append_row(READINGS, read(run))
+    return 0
+
+
 # ----------------------------------------------------------------------------------------------------- report
 
 
@@ -263,6 +369,7 @@ def render(task: str, rows: list[dict]) -> str:
             c = contrast(grid_rows, a, b)
             cells.append("—" if c is None else f"{_pct(c[0])} [{_pct(c[1][0])}, {_pct(c[1][1])}] (seeds={c[2]})")
         out.append(f"| {a} − {b} | " + " | ".join(cells) + " |")
+    out += readings_table(task)
     cpu = sum(r["cpu_s"] for r in rows) / 3600
     out += [
         "",
@@ -270,6 +377,43 @@ def render(task: str, rows: list[dict]) -> str:
         "Command: `python experiments/ablation.py train && python experiments/ablation.py report`.",
     ]
     return "\n".join(out) + "\n"
+
+
+def readings_table(task: str) -> list[str]:
+    """The instrument's readings (``read``) of the runs read so far, one line each."""
+    rows = [r for r in read_rows(READINGS) if r["task"] == task]
+    if not rows:
+        return []
+    out = ["", f"The instrument on the runs read so far (`python experiments/ablation.py read`, first {READ_IMAGES} "
+           "validation images; closing a gate in every layer, accuracy change with its paired 95% interval and the "
+           "edited model's most predicted class; transfer: accuracy on larger boards until it falls, * where the "
+           "nearest evidence lies beyond the deepest reach plus the offset bound):", "",
+           "| run | deepest reach | most elongated (strips) | close μ | close all | transfer (board: accuracy) |",
+           "|---|---:|---:|---|---|---|"]  # fmt: skip
+    for r in rows:
+        layers = r["layers"] or []
+        reach = f"{layers[-1]['reach']:.2f}" if layers else "—"
+        shape = (
+            f"{max(x['max_elongation'] for x in layers):.1f}× ({sum(x['strips'] for x in layers)})" if layers else "—"
+        )
+        closed = {c["closed"]: c for c in r["gates_closed"]}
+
+        def effect(c: dict | None) -> str:
+            if c is None:
+                return "—"
+            top = max(c["predicted"], key=c["predicted"].get)
+            share = c["predicted"][top] / sum(c["predicted"].values())
+            return (
+                f"{_pct(c['edited'] - c['unedited'])} [{_pct(c['ci95'][0])}, {_pct(c['ci95'][1])}]; {top} {share:.0%}"
+            )
+
+        every = next((c for k, c in closed.items() if k != "mu"), None)
+        transfer = ", ".join(
+            f"{t['grid']}: {100 * t['accuracy']:.0f}{'*' if t['bound_bites'] else ''}" for t in r["transfer"]
+        )
+        out.append(f"| {r['variant']} g{r['grid']} s{r['seed']} | {reach} | {shape} | {effect(closed.get('mu'))} | "
+                   f"{effect(every)} | {transfer} |")  # fmt: skip
+    return out
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -295,8 +439,12 @@ def main(argv: Iterator[str] | None = None) -> int:
     t.add_argument("--only", choices=tuple(GRIDS), help="one board only")
     r = sub.add_parser("report", help="render the table from the results file")
     r.add_argument("--task", default="pointer", choices=("pointer", "relation"))
+    d = sub.add_parser("read", help="read finished runs with the project's instrument (geometry, gates, transfer)")
+    d.add_argument("--task", default="pointer", choices=("pointer", "relation"))
+    d.add_argument("--seeds", type=lambda t: {int(x) for x in t.split(",")}, default={0}, help="e.g. 0,1,2 (default 0)")
+    d.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
-    return cmd_train(args) if args.command == "train" else cmd_report(args)
+    return {"train": cmd_train, "report": cmd_report, "read": cmd_read}[args.command](args)
 
 
 if __name__ == "__main__":

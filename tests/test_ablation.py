@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,6 +23,7 @@ def ablation(tmp_path, monkeypatch):
     spec.loader.exec_module(module)
     monkeypatch.setattr(module, "RESULTS", tmp_path / "results" / "ablation.jsonl")
     monkeypatch.setattr(module, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(module, "READINGS", tmp_path / "results" / "readings.jsonl")
     monkeypatch.setattr(module, "DOC", tmp_path / "RESULTS.md")
     return module
 
@@ -103,3 +105,42 @@ def test_report_numbers_equal_a_direct_computation(ablation):
     assert f"{100 * direct:+.1f} [" in doc
     saved = json.loads(ablation.RESULTS.read_text().splitlines()[0])
     np.testing.assert_array_equal(ablation.correct_of(saved), correct["fixed", 0])
+
+
+def test_reading_a_run(ablation, monkeypatch):
+    """The instrument's reading of a (small, random, steered) model: geometry per layer, closing every gate equals
+    the same weights without steering, predictions counted, a transfer sweep from the training board up."""
+    from ssog_core import ViT, save_checkpoint
+    from ssog_core.data.pointer import CLASS_NAMES, min_reach
+    from tests.helpers import steered_vit
+
+    config = dict(num_classes=6, img_size=48, patch_size=4, dim=16, depth=2, num_heads=2, mlp_ratio=2.0, dropout=0.0)
+    model = steered_vit({**config, "attn": "ssog"}, seed=1).float()
+    run = ablation.plan("pointer", ("small",))[2]  # steered, seed 0
+    monkeypatch.setitem(ablation.GRIDS, "small", 12)
+    run.out.mkdir(parents=True)
+    meta = {"data": "pointer:grid=12,train=20,val=60", "class_names": list(CLASS_NAMES)}
+    save_checkpoint(run.out / "model.safetensors", model, meta)
+    monkeypatch.setattr(ablation, "READ_IMAGES", 60)
+    reading = ablation.read(run)
+
+    assert len(reading["layers"]) == 2
+    assert all(g > 1 for layer in reading["layers"] for g in layer["gate_opening"].values())  # warm, not cold
+    mu_only, every = reading["gates_closed"]
+    assert mu_only["closed"] == "mu" and every["closed"] == "mu+sigma+lambda"
+    assert sum(every["predicted"].values()) == 60 and list(every["predicted"]) == list(CLASS_NAMES)
+    fixed = ViT(**config, attn="ssog", steer=(), cold_init=False).eval()
+    fixed.load_state_dict(model.state_dict(), strict=False)
+    data = ablation.load_eval_set(meta, (48, 48), 60)
+    with torch.no_grad():
+        pred = torch.cat([fixed(x).argmax(-1) for x in data.batches(fixed)])
+    counts = np.bincount(pred.numpy(), minlength=6)
+    assert every["predicted"] == dict(zip(CLASS_NAMES, counts.tolist(), strict=True))
+    assert every["edited"] == pytest.approx(float((pred == data.labels).float().mean()))
+    grids = [row["grid"] for row in reading["transfer"]]
+    assert grids[0] == 12 and grids == list(range(12, grids[-1] + 1, 4)) and grids[-1] <= 24
+    assert reading["transfer"][1]["nearest_evidence"] == pytest.approx(min_reach(12) * 16 / 12, abs=0.01)
+    ablation.append_row(ablation.READINGS, reading)
+    table = ablation.render("pointer", [])
+    line = next(x for x in table.splitlines() if x.startswith("| steered g12 s0 |"))
+    assert f"{reading['layers'][-1]['reach']:.2f}" in line and line.count("[") == 2
