@@ -10,6 +10,7 @@ from ssog_core.analysis.controls import (
     ValidationMaps,
     control_maps,
     validation_maps,
+    within_noise_share,
 )
 from ssog_core.analysis.measures import ExportMaps, export_maps
 
@@ -55,6 +56,12 @@ def summary(name: str, m: ExportMaps, control: ControlMaps | None = None) -> str
     if control is not None:
         d = m.accumulated[0] - control.accumulated[0]
         extra += f" · raw − control in [{float(d.min()):.3f}, {float(d.max()):.3f}]"
+        if control.noise is not None:
+            within = float(within_noise_share(m, control)[0])
+            extra += (
+                f" · {within:.0%} of cells within the blank's noise floor (its map moves by up to "
+                f"{float(control.noise[0].max()):.3f} for colours within ±1/255)"
+            )
     return (
         f"**{name}**: accumulated net export in [{s['acc_min']:.3f}, {s['acc_max']:.3f}], "
         f"**{s['exporter_share']:.0%}** of patches are net exporters (red){extra}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from ssog_core.analysis.controls import (
     differences,
     validation_batch,
     validation_maps,
+    within_noise_share,
 )
 from ssog_core.analysis.measures import export_maps
 from ssog_core.cli.export_maps import main as export_main
@@ -57,6 +59,29 @@ def test_blank_control_is_the_maps_of_the_constant_image(model, img):
     d = differences(raw, c)
     assert torch.equal(d["accumulated_difference"], raw.accumulated - c.accumulated)
     assert torch.equal(d["rollout_difference"], raw.rollout - c.rollout)
+
+
+def test_blank_noise_floor_is_the_spread_over_colours_within_one_grey_level(model, img):
+    """The noise floor, computed here one colour at a time: the spread of the blank maps over the 8 corners of the
+    ±1/255 cube around the mean colour and the mean colour itself; differences within it are marked."""
+    raw = export_maps(model, img, alpha=0.7)
+    c = control_maps(model, META, img, raw, "blank")
+    colour = img.mean(dim=(-2, -1))
+    maps = []
+    for shift in [(0, 0, 0), *itertools.product((-1, 1), repeat=3)]:
+        shifted = (colour + torch.tensor(shift, dtype=colour.dtype) / 255)[:, :, None, None]
+        maps.append(export_maps(model, shifted * torch.ones(1, 1, *SIZE, dtype=torch.float64), 0.7).accumulated)
+    maps = torch.stack(maps)
+    spread = maps.amax(0) - maps.amin(0)
+    torch.testing.assert_close(c.noise, spread, rtol=0, atol=1e-6)
+    assert float(spread.max()) > 0  # the colour does move the map of this (random) model
+    within = differences(raw, c)["accumulated_within_noise"]
+    assert torch.equal(within, (raw.accumulated - c.accumulated).abs() <= c.noise)
+    torch.testing.assert_close(within_noise_share(raw, c), within.flatten(1).double().mean(1).float())
+    assert within_noise_share(raw, control_maps(model, META, img, raw, "validation", n=7)) is None
+    normalised = control_maps(model, {**META, "normalization": {"mean": [0.5] * 3, "std": [0.5, 0.25, 1.0]}}, img,
+                              raw, "blank")  # fmt: skip
+    assert not torch.equal(normalised.noise, c.noise)  # a shift of 1/255 is 1/(255·std) in normalised units
 
 
 def test_validation_control_is_the_mean_of_per_image_maps(model, img):

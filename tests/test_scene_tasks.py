@@ -229,3 +229,12 @@ def test_same_scene_at_another_resolution(kind):
 def test_a_wrong_spec_is_refused_in_words(text, message):
     with pytest.raises(ValueError, match=message):
         parse_data_spec(text)
+
+
+def test_rendered_once_and_never_changed_through_a_caller():
+    data = open_data("pointer:grid=12,train=4")
+    first, _ = data.train[2]
+    first[:] = 0  # a caller writing into its image
+    again, _ = data.train[2]
+    assert again.any() and again.flags.writeable
+    np.testing.assert_array_equal(again, data.train.with_mask(2)[0])

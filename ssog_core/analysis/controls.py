@@ -5,7 +5,10 @@ already a centred blob, and objects in a procedural set cover the centre, so "ex
 position alone. A control separates the two; the difference raw − control is what this image changes:
 
 * ``none`` — the raw maps only;
-* ``blank`` — the maps of a blank image of the image's mean colour (position and colour, no content);
+* ``blank`` — the maps of a blank image of the image's mean colour (position and colour, no content), with its
+  noise floor: how far the blank maps move when that colour moves by up to ±1/255 per channel (a trained model's
+  blank map can move by a tenth of its range for less than that), so a difference within it is not read as an
+  effect of the image;
 * ``validation`` — the mean maps over N images of the checkpoint's validation data (its metadata's ``data``): what
   the model does on a typical image of its task.
 
@@ -29,6 +32,7 @@ from ssog_core.data.sources import DataError, Transformed, fixed_subset, open_da
 CONTROLS = ("none", "blank", "validation")
 DEFAULT_CONTROL_IMAGES = 64  # validation images in the mean (the app makes it once per checkpoint and α)
 BATCH = 16
+NOISE_SHIFT = 1 / 255  # the blank control's noise floor: its mean colour moved by up to one grey level per channel
 
 
 @dataclass(frozen=True)
@@ -40,12 +44,16 @@ class ControlMaps:
         accumulated: the control's accumulated net export.
         rollout: the control's attention rollout.
         images: the pictures behind each control map (1 for ``blank``, N for ``validation``).
+        noise: ``blank`` only: per cell, the spread (max − min) of the accumulated map over blank images whose
+            colour differs from the mean colour by ±:data:`NOISE_SHIFT` per channel (the 8 corners of that cube
+            and the centre); a raw − control difference within it is within noise.
     """
 
     control: str
     accumulated: Tensor
     rollout: Tensor
     images: int
+    noise: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -85,9 +93,25 @@ def blank_images(img: Tensor) -> Tensor:
     return img.mean(dim=(-2, -1), keepdim=True).expand_as(img).contiguous()
 
 
-def blank_control(model: nn.Module, img: Tensor, alpha: float = DEFAULT_ALPHA) -> ControlMaps:
-    m = export_maps(model, blank_images(img), alpha)
-    return ControlMaps("blank", m.accumulated, m.rollout, 1)
+def colour_shifts(channels: int, normalization: dict[str, list[float]] | None = None) -> Tensor:
+    """The corners of the cube ±:data:`NOISE_SHIFT` per channel, ``(2**channels, channels)``, in the model's input
+    units (a normalised input divides a shift by the channel's std)."""
+    corners = torch.cartesian_prod(*[torch.tensor([-1.0, 1.0])] * channels).reshape(-1, channels)
+    std = torch.tensor(normalization["std"]) if normalization else torch.ones(channels)
+    return corners * NOISE_SHIFT / std
+
+
+def blank_control(
+    model: nn.Module, img: Tensor, alpha: float = DEFAULT_ALPHA, normalization: dict[str, list[float]] | None = None
+) -> ControlMaps:
+    """The blank image's maps and their noise floor (one batch: the blank and its colour-shifted copies)."""
+    blank = blank_images(img)
+    shifts = colour_shifts(img.shape[1], normalization).to(blank)
+    batch = torch.cat([blank, *(blank + s.view(1, -1, 1, 1) for s in shifts)])
+    m = export_maps(model, batch, alpha)
+    b = img.shape[0]
+    acc = m.accumulated.reshape(len(shifts) + 1, b, *m.accumulated.shape[1:])
+    return ControlMaps("blank", acc[0], m.rollout[:b], 1, acc.amax(0) - acc.amin(0))
 
 
 def validation_batch(meta: dict[str, Any], size: tuple[int, int], n: int) -> tuple[Tensor, Tensor, list[str]]:
@@ -150,18 +174,30 @@ def control_maps(
     if check_control(control) == "none":
         return None
     if control == "blank":
-        return blank_control(model, img, raw.alpha)
+        return blank_control(model, img, raw.alpha, meta.get("normalization"))
     if validation is None:
         validation = validation_maps(model, meta, raw.alpha, n, tuple(img.shape[-2:]))
     return validation.control(img.shape[0])
 
 
 def differences(raw: ExportMaps, control: ControlMaps) -> dict[str, Tensor]:
-    """raw − control for the accumulated map and rollout."""
-    return {
+    """raw − control for the accumulated map and rollout; with a noise floor (``blank``) also which cells of the
+    accumulated difference lie within it."""
+    out = {
         "accumulated_difference": raw.accumulated - control.accumulated,
         "rollout_difference": raw.rollout - control.rollout,
     }
+    if control.noise is not None:
+        out["accumulated_within_noise"] = out["accumulated_difference"].abs() <= control.noise
+    return out
+
+
+def within_noise_share(raw: ExportMaps, control: ControlMaps) -> Tensor | None:
+    """Per image ``(B,)``, the share of cells whose accumulated raw − control lies within the control's noise floor
+    (None for a control without one)."""
+    if control.noise is None:
+        return None
+    return differences(raw, control)["accumulated_within_noise"].flatten(1).float().mean(1)
 
 
 @dataclass(frozen=True)

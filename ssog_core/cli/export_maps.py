@@ -132,6 +132,8 @@ def _image_arrays(
             c = control_maps(model, meta, x, maps, control, validation=validation)
             if c is not None:
                 arrays.update(accumulated_control=c.accumulated.numpy(), rollout_control=c.rollout.numpy())
+                if c.noise is not None:
+                    arrays["accumulated_control_noise"] = c.noise.numpy()
                 arrays.update({k: v.numpy() for k, v in differences(maps, c).items()})
             chunks.append(arrays)
             names += [p.name for p, _ in good]

@@ -275,12 +275,12 @@ class ShapesDataset:
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
         """Rendered once per process up to :data:`CACHE_BYTES` (rendering can cost a third of a small model's
-        step); the cached array is never written to (the transforms copy before they change pixels)."""
+        step); a caller gets its own copy, so nothing it does reaches the cache."""
         if index in self._cache:
-            return self._cache[index]
+            img, label = self._cache[index]
+            return img.copy(), label
         img, label, _ = self.with_mask(index)
-        img.setflags(write=False)
         if self._cached_bytes + img.nbytes <= CACHE_BYTES:
-            self._cache[index] = img, label
+            self._cache[index] = img.copy(), label
             self._cached_bytes += img.nbytes
         return img, label

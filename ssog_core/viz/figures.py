@@ -592,11 +592,19 @@ def control_figure(
             ax.set_title(name, fontsize=8)
             if k % 3:  # one colour bar for raw and control (one scale), one for the difference
                 _colorbar(fig, im, list(axes[k - 1 : k + 1]) if k % 3 == 1 else ax, unit)
+        if c.noise is not None:  # cells whose difference the blank's own colour noise could make
+            ys, xs = np.nonzero(np.abs(d_acc) <= c.noise[0].numpy())
+            axes[2].scatter(xs, ys, marker="x", s=12, c="0.25", linewidths=0.7, zorder=4)
     c = models[0][2]
     legend = (
         f"Control: {describe(c.control, c.images)}, α = {models[0][1].alpha:.2f}. Raw and control share one colour "
         "scale; each difference (raw − control: what this image changes) has its own, centred on 0."
     )
+    if c.noise is not None:
+        legend += (
+            " × marks cells of the accumulated difference within the blank's noise floor (the spread of its map over "
+            "mean colours within ±1/255 per channel)."
+        )
     suptitle(fig, title, legend, 10)
     return fig
 

@@ -168,6 +168,8 @@ def export_files(
         if controls:
             c = controls[k]
             arrays |= {"accumulated_control": c.accumulated[0].numpy(), "rollout_control": c.rollout[0].numpy()}
+            if c.noise is not None:
+                arrays["accumulated_control_noise"] = c.noise[0].numpy()
             arrays |= {key: v[0].numpy() for key, v in differences(m, c).items()}
         files[f"{one}.npz"] = report.npz_bytes(arrays, {**meta, "checkpoint": name})
         files[f"{one}.csv"] = report.maps_csv(m, {**meta, "checkpoint": name})
