@@ -1,6 +1,6 @@
 """Measure what interventions say about the bundled models and write that section of docs/RESULTS.md.
 
-    python docs/interventions_report.py [--ssog checkpoints/ssog_layouts.safetensors] [--images 500]
+    python experiments/interventions_report.py [--ssog checkpoints/ssog_layouts.safetensors] [--images 500]
 
 On the first N validation images (every number with its paired bootstrap 95% interval; "within noise" when the
 interval contains 0): which heads matter when zero-ablated; which classes the top heads serve; whether closing
@@ -8,7 +8,7 @@ every layer's μ, σ or λ gates hurts, beside the matched fixed-field model (``
 they are bundled; and a prediction tested with controls — mirroring (``swap_axes``) the strongest elongated head
 should turn vertical-vs-horizontal decisions specifically, mirroring a round head should change nothing, and
 zero-ablating the elongated head shows what losing it costs. The section sits between markers in RESULTS.md, so
-docs/results.py keeps it.
+experiments/results.py keeps it.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from ssog_core.field import TAPS
 
 ROOT = Path(__file__).resolve().parent.parent
 MARKS = ("<!-- interventions:begin -->", "<!-- interventions:end -->")
-STRIP = 2.0  # a head whose field's spreads differ by this factor is elongated (as docs/results.py counts them)
+STRIP = 2.0  # a head whose field's spreads differ by this factor is elongated (as experiments/results.py counts them)
 
 
 def ci_text(value: float, ci: tuple[float, float] | list[float], digits: int = 4) -> str:
@@ -100,7 +100,7 @@ def section(ssog: Path, n: int) -> str:
         MARKS[0],
         "## What the interventions say",
         "",
-        f"Written by `python docs/interventions_report.py --ssog {shown} --images {n}` "
+        f"Written by `python experiments/interventions_report.py --ssog {shown} --images {n}` "
         f"(`ssog_core.analysis.effects`) on the first {n} validation images of `{data.spec}`; unedited accuracy "
         f"**{acc0:.4f}**. Every change is edited − unedited with its paired bootstrap 95% interval (the same images "
         "resampled on both sides); *within noise* when the interval contains 0. Log p(true) moves measurably where "

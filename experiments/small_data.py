@@ -1,9 +1,9 @@
 """The SSOG post's small-data claim in miniature: SSOG vs its dot twin on scikit-learn's digits, where it holds.
 
-    PYTHONPATH=/path/to/sklearn python docs/small_data.py [--root runs/small_data] [--jobs 2] [--seeds 0 1 2]
-    python docs/small_data.py --study sizes --sizes 500 250 1438   # only the size sweep, most telling size first
-    python docs/small_data.py --report-only          # rebuild the tables and the plot from the finished runs
-    python docs/small_data.py --report-only --docs /tmp/check   # ... written elsewhere (to compare, or in tests)
+    PYTHONPATH=/path/to/sklearn python experiments/small_data.py [--root runs/small_data] [--jobs 2] [--seeds 0 1 2]
+    python experiments/small_data.py --study sizes --sizes 500 250 1438   # only the size sweep, most telling size first
+    python experiments/small_data.py --report-only          # rebuild the tables and the plot from the finished runs
+    python experiments/small_data.py --report-only --docs /tmp/check   # ... written elsewhere (to compare, or in tests)
 
 The SSOG post reports SSOG far ahead of a dot-product ViT at a matched recipe on small data (CIFAR-100 with 500
 images per class: ~70% vs 53%). This script measures the same comparison offline, through the project's own
@@ -11,7 +11,8 @@ images per class: ~70% vs 53%). This script measures the same comparison offline
 
 * the present configuration (``--study crops``): 12×12 PNGs (bilinear), d32, 2 layers, all 1,438 training images,
   batch 128, under two crops -- ``pad-crop`` (zero-pad 2 px, random crop) and ``resized-crop`` (Inception, 25–100%
-  of the area); its runs are not kept, so a report without them reuses the numbers ``docs/small_data.json`` saved;
+  of the area); its runs are not kept, so a report without them reuses the numbers
+  ``docs/results/small_data.json`` saved;
 * the size sweep (``--study sizes``): the SSOG post's regime as a reviewer ran it -- 16×16 PNGs (nearest), patch 2,
   batch 64, lr 1e-3, 2 warm-up epochs, pad-crop 2, 100 epochs -- at d64 / 4 layers (``--archs`` adds d32 / 2
   layers) on stratified, nested subsets of 250 / 500 / 1,438 training images, scored on the same val images, with
@@ -21,8 +22,9 @@ Within a row only ``--attn`` differs, and the same seed gives both models the sa
 (digits are not mirror-symmetric). Runs go two at a time under ``nice -n 10`` with one thread each (so the study
 can share a machine with more important work); a stopped run resumes (``--resume``), a finished one is skipped,
 a missing evaluation is redone. Data and runs live under ``--root`` (never committed). The report:
-``docs/SMALL_DATA.md``, ``docs/small_data.json`` (present configuration), ``docs/small_data_sizes.json`` (sweep),
-``docs/small_data_gap.png`` and a short section between the markers in ``docs/RESULTS.md``.
+``docs/SMALL_DATA.md``, ``docs/results/small_data.json`` (present configuration),
+``docs/results/small_data_sizes.json`` (sweep), ``docs/figures/small_data_gap.png`` and a short section between
+the markers in ``docs/RESULTS.md``.
 
 Both runs of a pair make the same optimizer steps (drop_last), so their final gap is at matched steps; the gap is
 also read at 25/50% of the run, and at matched CPU time from each run's per-epoch CPU time (``epoch_cpu_s`` in
@@ -82,7 +84,8 @@ def build_digits(folder: Path, size: int = SIZE, resample: str = "bilinear") -> 
     """scikit-learn's digits as ``folder/{train,val}/DIGIT/N.png`` at size×size; written only when missing.
 
     ``resample`` names the upsampling (RESAMPLE). The manifest records it only when it is not bilinear, so the
-    12×12 bilinear tree's manifest stays the one ``docs/small_data.json`` records for the present configuration."""
+    12×12 bilinear tree's manifest stays the one ``docs/results/small_data.json`` records for the present
+    configuration."""
     want: dict[str, Any] = {"size": size} | ({} if resample == "bilinear" else {"resample": resample})
     manifest = folder / "manifest.json"
     if manifest.is_file():
@@ -262,12 +265,13 @@ def markdown(table: dict[str, Any], counts: dict[str, int], epochs: int, seeds: 
         f"All {len(CROPS) * len(seeds)} planned pairs finished."
         if not missing
         else f"**Unfinished:** {', '.join(missing)} (the runs had not finished when this was written; "
-        "`python docs/small_data.py` resumes them and rewrites these tables)."
+        "`python experiments/small_data.py` resumes them and rewrites these tables)."
     )
     lines = [
         "## The present configuration: d32, 2 layers, 1,438 images, under two crops",
         "",
-        "The project's first run of this comparison (numbers in `docs/small_data.json`; the sweep above reuses its",
+        "The project's first run of this comparison (numbers in `docs/results/small_data.json`; the sweep above "
+        "reuses its",
         "split, not its images: those are 12×12 here, 16×16 there).",
         "",
         f"Data: scikit-learn's digits as an `imagefolder:` tree of {SIZE}×{SIZE} PNGs (8×8 upsampled bilinearly), "
@@ -609,7 +613,7 @@ def sizes_markdown(cells: list[dict[str, Any]], epochs: int, seeds: list[int]) -
         "All planned pairs finished."
         if not missing
         else "**Unfinished or not run:** " + "; ".join(missing) + " (cut to fit the CPU time the study had; "
-        "`python docs/small_data.py --study sizes --control` runs them, resumes stopped ones and rewrites these "
+        "`python experiments/small_data.py --study sizes --control` runs them, resumes stopped ones and rewrites these "
         "tables)."
     )
     lines = [
@@ -656,7 +660,7 @@ def sizes_markdown(cells: list[dict[str, Any]], epochs: int, seeds: list[int]) -
     shares = " | ".join(f"gap at {100 * s:.0f}%" for s in STEP_SHARES)
     lines += [
         "",
-        "![paired gap vs training-set size](small_data_gap.png)",
+        "![paired gap vs training-set size](figures/small_data_gap.png)",
         "",
         "The gap during the run, at matched steps (val accuracy after the epoch ending 25%, 50% and 100% of the way "
         "through; from `metrics.jsonl`, so the 100% column is the last epoch's evaluation, which `evaluate` repeats "
@@ -910,8 +914,9 @@ def markdown_all(cells: list[dict[str, Any]], present: dict[str, Any], counts: d
         [
             "# Small data: SSOG vs its dot twin on digits",
             "",
-            "Written by `python docs/small_data.py` (numbers in `docs/small_data_sizes.json` and, for the present "
-            "configuration, `docs/small_data.json`; plot `docs/small_data_gap.png`). The SSOG post's headline is "
+            "Written by `python experiments/small_data.py` (numbers in `docs/results/small_data_sizes.json` and, "
+            "for the present configuration, `docs/results/small_data.json`; plot `docs/figures/small_data_gap.png`). "
+            "The SSOG post's headline is "
             "SSOG ~70% vs SDPA 53% at a matched recipe on small data (CIFAR-100, 500 images per class); this is the "
             "same comparison in miniature, run offline through `python -m ssog_core.train` and "
             "`python -m ssog_core.evaluate`, on scikit-learn's digits (1,797 8×8 images, 10 classes; a fixed "
@@ -941,31 +946,35 @@ def _place_section(results: Path, section: str) -> None:
 
 def present_table(root: Path, seeds: list[int], epochs: int, docs: Path) -> tuple[dict[str, Any], dict, int, list[int]]:
     """The present configuration's table, counts, epochs and seeds: from its runs under ``root`` where any finished,
-    else as ``small_data.json`` saved them (in ``docs``, else this checkout's docs/): those runs are not kept."""
+    else as ``results/small_data.json`` saved them (in ``docs``, else this checkout's docs/): those runs are not
+    kept."""
     table = summarise(root, seeds)
     if any(table.values()):
         return table, build_digits(root / "digits"), epochs, seeds
-    saved_file = docs / "small_data.json" if (docs / "small_data.json").is_file() else DOCS / "small_data.json"
+    name = Path("results") / "small_data.json"
+    saved_file = docs / name if (docs / name).is_file() else DOCS / name
     saved = json.loads(saved_file.read_text())
     saved_seeds = sorted({r["seed"] for rows in saved["runs"].values() for r in rows})
     return saved["runs"], saved["data"], saved["epochs"], saved_seeds
 
 
 def write_reports(root: Path, seeds: list[int], epochs: int, docs: Path, archs: list[str]) -> None:
-    """small_data.json, small_data_sizes.json, SMALL_DATA.md and small_data_gap.png in ``docs``, and the section
-    between the markers in its RESULTS.md. The sweep's grid: ``archs`` (and any model size with runs) × SWEEP_SIZES."""
+    """SMALL_DATA.md, results/small_data.json, results/small_data_sizes.json and figures/small_data_gap.png in
+    ``docs``, and the section between the markers in its RESULTS.md. The sweep's grid: ``archs`` (and any model
+    size with runs) × SWEEP_SIZES."""
     present, counts, present_epochs, present_seeds = present_table(root, seeds, epochs, docs)
     ran = [p.name for p in sorted((root / "runs" / "sizes").glob("*")) if p.name in ARCHS]
     cells = summarise_sizes(root, list(dict.fromkeys([*archs, *ran])), list(SWEEP_SIZES), seeds)
-    docs.mkdir(parents=True, exist_ok=True)
+    for folder in ("results", "figures"):
+        (docs / folder).mkdir(parents=True, exist_ok=True)
     data = {n: json.loads(m.read_text()) for n in SWEEP_SIZES if (m := sweep_data(root, n) / "manifest.json").is_file()}
-    (docs / "small_data.json").write_text(
+    (docs / "results" / "small_data.json").write_text(
         json.dumps({"data": counts, "epochs": present_epochs, "runs": present}, indent=1)
     )
     sweep = {"data": data, "epochs": epochs, "recipe": SWEEP_RECIPE, "archs": ARCHS, "cells": cells}
-    (docs / "small_data_sizes.json").write_text(json.dumps(sweep, indent=1))
+    (docs / "results" / "small_data_sizes.json").write_text(json.dumps(sweep, indent=1))
     (docs / "SMALL_DATA.md").write_text(markdown_all(cells, present, counts, present_epochs, seeds, present_seeds))
-    plot_gap(cells, present, docs / "small_data_gap.png")
+    plot_gap(cells, present, docs / "figures" / "small_data_gap.png")
     _place_section(docs / "RESULTS.md", results_section(cells, present, seeds))
 
 

@@ -1,4 +1,4 @@
-"""``docs/export_control.py``: its measures by hand, a run on small random models, and the section it writes."""
+"""``experiments/export_control.py``: its measures by hand, a run on small random models, and the section it writes."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def ec() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("export_control", ROOT / "docs" / "export_control.py")
+    spec = importlib.util.spec_from_file_location("export_control", ROOT / "experiments" / "export_control.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

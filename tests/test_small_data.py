@@ -1,4 +1,4 @@
-"""The small-data study (``docs/small_data.py``): the digits trees it trains on (the present configuration's, the
+"""The small-data study (``experiments/small_data.py``): the digits trees it trains on (the present configuration's, the
 size sweep's 16×16 tree and its stratified subsets), the report it reads off finished runs (accuracies, paired
 gaps, clean train accuracy, the gaps at matched steps and CPU time, the verdicts, the plot, the section in
 RESULTS.md), and its runner's resume/skip logic on a one-epoch run. The report tests use fake finished runs whose
@@ -37,7 +37,7 @@ SIZES = [
 
 @pytest.fixture(scope="module")
 def sd() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("small_data", ROOT / "docs" / "small_data.py")
+    spec = importlib.util.spec_from_file_location("small_data", ROOT / "experiments" / "small_data.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -637,27 +637,30 @@ def test_write_reports_places_the_section_and_writes_the_numbers(sd, fake_root, 
     assert (docs / "RESULTS.md").read_text() == after.replace("SECTION", section)
     sd.write_reports(fake_root, SEEDS, 4, docs, ["d64-L4"])  # a second write replaces its own section
     assert (docs / "RESULTS.md").read_text() == after.replace("SECTION", section)
-    assert json.loads((docs / "small_data.json").read_text()) == json.loads(
+    assert json.loads((docs / "results" / "small_data.json").read_text()) == json.loads(
         json.dumps({"data": MANIFEST, "epochs": 4, "runs": table})
     )
-    assert json.loads((docs / "small_data_sizes.json").read_text())["cells"] == json.loads(json.dumps(cells))
+    sweep = json.loads((docs / "results" / "small_data_sizes.json").read_text())
+    assert sweep["cells"] == json.loads(json.dumps(cells))
     assert (docs / "SMALL_DATA.md").read_text() == sd.markdown_all(cells, table, MANIFEST, 4, SEEDS, SEEDS)
-    assert sorted(p.name for p in docs.iterdir()) == [
-        "RESULTS.md", "SMALL_DATA.md", "small_data.json", "small_data_gap.png", "small_data_sizes.json"
+    assert sorted(str(p.relative_to(docs)) for p in docs.rglob("*") if p.is_file()) == [
+        "RESULTS.md", "SMALL_DATA.md", "figures/small_data_gap.png", "results/small_data.json",
+        "results/small_data_sizes.json",
     ]  # fmt: skip
     bullet = "* d64, 4 layers, 500 images (16×16, batch 64, pad-crop 2): SSOG 85.3 ± 5.0%, dot 77.3 ± 6.4%, "
     assert bullet + "paired gap 8.0 ± 2.0 points; clean train 96.7 ± 1.5% vs 99.7 ± 0.6% (3 of 3 seeds)." in section
 
 
 def test_write_reports_keeps_the_present_configuration_when_its_runs_are_gone(sd, sweep_root, tmp_path):
-    """Only docs/small_data.json holds the present configuration's numbers: a report without its runs keeps them."""
+    """Only docs/results/small_data.json holds the present configuration's numbers: a report without its runs keeps
+    them."""
     docs = tmp_path / "docs"
     sd.write_reports(sweep_root, SEEDS, 100, docs, ["d64-L4"])
-    assert json.loads((docs / "small_data.json").read_text()) == json.loads(
-        (ROOT / "docs" / "small_data.json").read_text()
+    assert json.loads((docs / "results" / "small_data.json").read_text()) == json.loads(
+        (ROOT / "docs" / "results" / "small_data.json").read_text()
     )
     text = (docs / "SMALL_DATA.md").read_text()
-    saved = json.loads((ROOT / "docs" / "small_data.json").read_text())
+    saved = json.loads((ROOT / "docs" / "results" / "small_data.json").read_text())
     want = sd.markdown(saved["runs"], saved["data"], saved["epochs"], [0, 1, 2])
     assert text.endswith(want) and "## The SSOG post's regime in miniature: training-set size" in text
     assert text.index("## What the numbers say") < text.index("## The SSOG post's regime") < text.index(want)
@@ -684,7 +687,7 @@ def test_main_report_only_writes_the_reports_where_asked(sd, fake_root, tmp_path
     assert "1438 train / 359 val images" in text and ", 4 epochs," in text
     assert "| `pad-crop` | 3 | 92.0 ± 2.0 | 87.0 ± 2.6 | 5.0 ± 1.0 | 5.3 ± 10.1 | 73, 70 |" in text
     assert "| d64, 4 layers | 500 | 3 | 85.3 ± 5.0 | 77.3 ± 6.4 | 8.0 ± 2.0 |" in text
-    saved = json.loads((docs / "small_data.json").read_text())
+    saved = json.loads((docs / "results" / "small_data.json").read_text())
     assert saved["data"] == MANIFEST and saved["epochs"] == 4
     assert [r["seed"] for r in saved["runs"]["resized-crop"]] == [0, 1]
     results = (docs / "RESULTS.md").read_text()
