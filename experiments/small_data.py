@@ -151,7 +151,7 @@ def run_then_evaluate(out: Path, train_args: list[str], evaluations: dict[str, l
             return f"{out}: train exited {code} (see {log})"
     for name, extra in evaluations.items():
         if not (out / name).is_file():
-            cmd = [sys.executable, "-m", "ssog_core.evaluate", "--checkpoint", str(out / "model.safetensors")]
+            cmd = [sys.executable, "-m", "ssog_core", "evaluate", "--checkpoint", str(out / "model.safetensors")]
             code, _ = _cpu_run([*cmd, *extra, "--device", "cpu", "--json", str(out / name)], log)
             if code != 0:
                 return f"{out}: evaluate exited {code} (see {log})"
@@ -919,7 +919,7 @@ def markdown_all(cells: list[dict[str, Any]], present: dict[str, Any], counts: d
             "The SSOG post's headline is "
             "SSOG ~70% vs SDPA 53% at a matched recipe on small data (CIFAR-100, 500 images per class); this is the "
             "same comparison in miniature, run offline through `python -m ssog_core.train` and "
-            "`python -m ssog_core.evaluate`, on scikit-learn's digits (1,797 8×8 images, 10 classes; a fixed "
+            "`python -m ssog_core evaluate`, on scikit-learn's digits (1,797 8×8 images, 10 classes; a fixed "
             "stratified 80/20 split: 1,438 train / 359 val).",
             "",
             "## What the numbers say",

@@ -158,7 +158,7 @@ def test_converter_reproduces_upstream_logits(tmp_path, attn, prefix):
     torch.save({prefix + k: v for k, v in sd.items()}, ref)
     out = tmp_path / "ours.safetensors"
     proc = subprocess.run(
-        [sys.executable, "-m", "ssog_core.convert", str(ref), "--config", json.dumps(cfg), str(out)],
+        [sys.executable, "-m", "ssog_core", "convert", str(ref), "--config", json.dumps(cfg), str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,

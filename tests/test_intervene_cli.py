@@ -1,4 +1,4 @@
-"""``python -m ssog_core.intervene``: edits from a file, one image and the validation set, the /intervene JSON."""
+"""``python -m ssog_core intervene``: edits from a file, one image and the validation set, the /intervene JSON."""
 
 from __future__ import annotations
 

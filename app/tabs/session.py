@@ -1,6 +1,6 @@
 """The Session tab, and the protocol every tab follows to be saved in and restored from a session file.
 
-The file's format is :mod:`ssog_core.analysis.session` (``python -m ssog_core.figures --session FILE`` reads it
+The file's format is :mod:`ssog_core.analysis.session` (``python -m ssog_core figures --session FILE`` reads it
 too). Each tab owns one section of it and declares it as a :class:`SessionPart`: which component each of the
 section's keys is read from, and a ``restore`` that sets the tab's own controls from the section. A restore sets a
 control's range before its value (a layer slider's maximum depends on the checkpoint's depth), so a restored page
@@ -124,7 +124,7 @@ def build() -> SessionUI:
     gr.Markdown(
         "A session file records the checkpoint, the image (by SHA-256), the playground head and each "
         "tab's settings. Restore it here, or export the same figures headless with "
-        "`python -m ssog_core.figures --session FILE`."
+        "`python -m ssog_core figures --session FILE`."
     )
     with gr.Row():
         save = gr.Button("Save session", elem_id="ses-save")
