@@ -5,7 +5,7 @@
 On the first N validation images (every number with its paired bootstrap 95% interval; "within noise" when the
 interval contains 0): which heads matter when zero-ablated; which classes the top heads serve; whether closing
 every layer's μ, σ or λ gates hurts, beside the matched fixed-field model (``ssog_fixed_*``) and the dot twin when
-they are bundled; and a prediction tested with controls — mirroring (``swap_axes``) the strongest elongated head
+they are bundled; and a prediction tested beside a round head — mirroring (``swap_axes``) the strongest elongated head
 should turn vertical-vs-horizontal decisions specifically, mirroring a round head should change nothing, and
 zero-ablating the elongated head shows what losing it costs. The section sits between markers in RESULTS.md, so
 experiments/results.py keeps it.
@@ -170,7 +170,7 @@ def section(ssog: Path, n: int) -> str:
            "the matched fixed-field model is not bundled")
         + (f"; the dot twin **{dot}**." if dot else ".")
     )  # fmt: skip
-    lines += ["", "### A prediction with controls: mirroring the elongated head", ""]
+    lines += ["", "### A prediction: mirroring the elongated head, beside the roundest", ""]
     elong = {(i, h): float(fields[i].elongation[h]) for i, h in heads}
     strips = [ih for ih in heads if elong[ih] >= STRIP]
     strong = max(strips or heads, key=lambda ih: imp.ablate[ih[0]][ih[1]].logp_drop if strips else elong[ih])

@@ -368,7 +368,7 @@ SWEEP_RECIPE = [
 ]  # fmt: skip
 STEP_SHARES = (0.25, 0.5, 1.0)  # the gap at matched steps is also read at these shares of the run
 STEP_MARK = 700  # ... and at the epoch ending nearest this step: all 500-image runs make, in every longer run
-CONTROL = (1438, 32)  # all 1,438 images for 32 epochs: 704 steps, about the 700 that 500 images make in 100
+MATCHED_STEPS = (1438, 32)  # all 1,438 images for 32 epochs: 704 steps, about the 700 that 500 images make in 100
 REVIEWER = {"ssog": 0.851, "dot": 0.702}  # the reviewer's single run (500 images, d64-L4, seed 0)
 
 
@@ -439,17 +439,17 @@ def build_sweep_data(root: Path, sizes: tuple[int, ...] | list[int]) -> dict[int
 
 
 def sweep_dir(root: Path, arch: str, n: int, model: str, seed: int, epochs: int | None = None) -> Path:
-    """A run of the grid (``epochs`` None: the study's epochs) or of the step-matched control (``epochs`` given)."""
+    """A run of the grid (``epochs`` None: the study's epochs) or of the step-matched run (``epochs`` given)."""
     return root / "runs" / "sizes" / arch / (f"n{n}" if epochs is None else f"n{n}-e{epochs}") / f"{model}-s{seed}"
 
 
-def sweep_run(root: Path, arch: str, n: int, model: str, seed: int, epochs: int, control: bool = False) -> str:
+def sweep_run(root: Path, arch: str, n: int, model: str, seed: int, epochs: int, matched_steps: bool = False) -> str:
     """One run of the sweep: train (resume, skip), then val accuracy and clean train accuracy of the final model.
-    ``control``: a run of the step-matched control, kept apart from the grid's runs (its folder names its epochs)."""
+    ``matched_steps``: the step-matched run, kept apart from the grid's runs (its folder names its epochs)."""
     data = sweep_data(root, n)
     args = ["--data", f"imagefolder:{data}", "--attn", model, "--epochs", str(epochs), "--seed", str(seed)]
     clean = {"eval.json": [], "train_eval.json": ["--data", f"imagefolder:{train_view(data)}"]}
-    out = sweep_dir(root, arch, n, model, seed, epochs if control else None)
+    out = sweep_dir(root, arch, n, model, seed, epochs if matched_steps else None)
     return run_then_evaluate(out, [*args, *SWEEP_RECIPE, *ARCHS[arch]], clean)
 
 
@@ -477,13 +477,13 @@ def _at_mark(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def summarise_sizes(root: Path, archs: list[str], sizes: list[int], seeds: list[int]) -> list[dict[str, Any]]:
-    """One cell per (model size, training-set size), and one for the step-matched control where it ran: its
+    """One cell per (model size, training-set size), and one for the step-matched run where it ran: its
     seed-paired rows, each with both models' val and clean train accuracy, the gap, the gap at matched CPU time
     and at STEP_SHARES of the (shared) step count."""
     cells = []
     grid = [(arch, n, None) for arch in archs for n in sizes]
-    control = [(arch, CONTROL[0], CONTROL[1]) for arch in archs]
-    ran = [c for c in control if sweep_dir(root, c[0], c[1], "ssog", 0, c[2]).parent.is_dir()]
+    matched = [(arch, MATCHED_STEPS[0], MATCHED_STEPS[1]) for arch in archs]
+    ran = [c for c in matched if sweep_dir(root, c[0], c[1], "ssog", 0, c[2]).parent.is_dir()]
     for arch, n, epochs in grid + ran:
         rows = []
         for s in seeds:
@@ -521,7 +521,7 @@ def summarise_sizes(root: Path, archs: list[str], sizes: list[int], seeds: list[
 
 
 def _n(cell: dict[str, Any]) -> str:
-    """The training-set column: the size, and for the step-matched control its epochs."""
+    """The training-set column: the size, and for the step-matched run its epochs."""
     return f"{cell['n']:,}" + ("" if cell.get("epochs") is None else f" × {cell['epochs']} epochs")
 
 
@@ -613,8 +613,8 @@ def sizes_markdown(cells: list[dict[str, Any]], epochs: int, seeds: list[int]) -
         "All planned pairs finished."
         if not missing
         else "**Unfinished or not run:** " + "; ".join(missing) + " (cut to fit the CPU time the study had; "
-        "`python experiments/small_data.py --study sizes --control` runs them, resumes stopped ones and rewrites these "
-        "tables)."
+        "`python experiments/small_data.py --study sizes --matched-steps` runs them, resumes stopped ones and "
+        "rewrites these tables)."
     )
     lines = [
         "## The SSOG post's regime in miniature: training-set size",
@@ -826,8 +826,8 @@ def _data_or_steps(cells: list[dict[str, Any]]) -> list[str]:
         )
     if ctrl:
         text += (
-            f"The control, all 1,438 images for {ctrl['epochs']} epochs ({ctrl['rows'][0]['steps']} steps, a full "
-            f"schedule): {_ms([r['gap'] for r in ctrl['rows']])} ({_seeds(ctrl['rows'])}). "
+            f"The step-matched run, all 1,438 images for {ctrl['epochs']} epochs ({ctrl['rows'][0]['steps']} steps, "
+            f"a full schedule): {_ms([r['gap'] for r in ctrl['rows']])} ({_seeds(ctrl['rows'])}). "
         )
     if marks and grid.get(500):
         at500, std500 = _gap_stats(grid[500])[:2]
@@ -999,8 +999,8 @@ def main(argv: list[str] | None = None) -> int:
     order = "the sweep's training-set sizes to train, in this order (default: all)"
     ap.add_argument("--sizes", type=int, nargs="+", default=list(SWEEP_SIZES), choices=SWEEP_SIZES, help=order)
     ap.add_argument("--archs", nargs="+", default=["d64-L4"], choices=list(ARCHS), help="model sizes of the sweep")
-    control = f"also the step-matched control: {CONTROL[0]:,} images for {CONTROL[1]} epochs"
-    ap.add_argument("--control", action="store_true", help=control)
+    matched = f"also the step-matched run: {MATCHED_STEPS[0]:,} images for {MATCHED_STEPS[1]} epochs"
+    ap.add_argument("--matched-steps", action="store_true", help=matched)
     ap.add_argument("--nice", type=int, default=NICE, help=f"niceness added to every run (default {NICE})")
     ap.add_argument("--report-only", action="store_true", help="only rebuild the tables from finished runs")
     ap.add_argument("--docs", type=Path, default=DOCS, help="where the reports go (default: this checkout's docs/)")
@@ -1017,8 +1017,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.study in ("all", "sizes"):
             jobs += [(sweep_run, args.root, a, n, m, s, args.epochs)
                      for a in args.archs for n in args.sizes for s in args.seeds for m in MODELS]  # fmt: skip
-            if args.control:
-                jobs += [(sweep_run, args.root, a, CONTROL[0], m, s, CONTROL[1], True)
+            if args.matched_steps:
+                jobs += [(sweep_run, args.root, a, MATCHED_STEPS[0], m, s, MATCHED_STEPS[1], True)
                          for a in args.archs for s in args.seeds for m in MODELS]  # fmt: skip
         _run_all(jobs, args.jobs)
     write_reports(args.root, args.seeds, args.epochs, args.docs, args.archs)

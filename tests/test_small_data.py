@@ -453,10 +453,10 @@ def test_summarise_sizes_pairs_runs_with_both_evaluations(sd, sweep_root):
         pytest.approx(g) for g in ([0.10, 0.10, 0.10], [0.0, 0.10, 0.05], [0.20, 0.30, 0.10])
     ]
     assert cells[0]["rows"][0]["gap"] == pytest.approx(-0.05) and cells[0]["rows"][0]["steps"] == 12
-    assert [c["epochs"] for c in cells] == [None] * 3  # no control ran
+    assert [c["epochs"] for c in cells] == [None] * 3  # no step-matched run
 
 
-def test_the_step_matched_control_is_a_cell_of_its_own(sd, sweep_root):
+def test_the_step_matched_run_is_a_cell_of_its_own(sd, sweep_root):
     for model, acc in (("ssog", 0.9), ("dot", 0.85)):
         out = sd.sweep_dir(sweep_root, "d64-L4", 1438, model, 0, 32)
         assert out.parent.name == "n1438-e32"
@@ -472,8 +472,9 @@ def test_the_step_matched_control_is_a_cell_of_its_own(sd, sweep_root):
         "**Data or steps?** With a fixed 100 epochs fewer images also means fewer steps (250: 12, 500: 28)."
     )
     assert "At 500 images the final gap (28 steps) is 8.0 ± 2.0." in text
-    assert text.endswith("The control, all 1,438 images for 32 epochs (44 steps, a full schedule): 5.0 (1 seed).")
-    assert sd._data_or_steps([c for c in cells if c["epochs"] is None]) == []  # no control, no 1,438 run that long
+    end = "The step-matched run, all 1,438 images for 32 epochs (44 steps, a full schedule): 5.0 (1 seed)."
+    assert text.endswith(end)
+    assert sd._data_or_steps([c for c in cells if c["epochs"] is None]) == []  # no such run, no 1,438 run that long
 
 
 def test_summarise_sizes_refuses_a_pair_that_made_different_steps(sd, tmp_path):
@@ -705,7 +706,7 @@ def test_main_runs_the_sweep_in_the_order_asked(sd, tmp_path, monkeypatch):
     assert sd.main([*argv, "--epochs", "7"]) == 0
     assert ran == [("d64-L4", n, m, s, 7) for n in (500, 250) for s in (0, 1) for m in ("ssog", "dot")]
     ran.clear()
-    assert sd.main([*argv, "--control"]) == 0  # the step-matched control after the grid, 32 epochs of 1,438 images
+    assert sd.main([*argv, "--matched-steps"]) == 0  # the step-matched run after the grid, 32 epochs of 1,438 images
     assert ran[8:] == [("d64-L4", 1438, m, s, 32, True) for s in (0, 1) for m in ("ssog", "dot")]
 
 
