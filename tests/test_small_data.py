@@ -825,7 +825,7 @@ def test_sweep_run_trains_with_the_recipe_evaluates_twice_skips_and_resumes(sd, 
     assert val[1:6] == ["-m", "ssog_core", "evaluate", "--checkpoint", model] and "--data" not in val
     assert val[-2:] == ["--json", str(out / "eval.json")]
     view = root / "digits16-n500-train-view"
-    assert clean[5:7] == ["--data", f"imagefolder:{view}"] and clean[-2:] == ["--json", str(out / "train_eval.json")]
+    assert clean[6:8] == ["--data", f"imagefolder:{view}"] and clean[-2:] == ["--json", str(out / "train_eval.json")]
     assert (view / "val").resolve() == (data / "train").resolve()
     assert json.loads((out / "cpu_s.json").read_text()) == {"train": 2.5}
 
