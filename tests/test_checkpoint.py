@@ -150,6 +150,7 @@ def test_pickles_never_run(tmp_path):
 REF_CFG = dict(num_classes=6, img_size=12, patch_size=2, dim=16, depth=2, num_heads=2, attn="ssog", num_atoms=3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attn, prefix", [("ssog", ""), ("ssog", "_orig_mod."), ("dot", "module.")])
 def test_converter_reproduces_upstream_logits(tmp_path, attn, prefix):
     cfg = dict(REF_CFG, attn=attn)

@@ -17,6 +17,7 @@ from ssog_core.nn.vit import ViT
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_help_lists_every_command():
     proc = subprocess.run(
         [sys.executable, "-m", "ssog_core", "--help"],

@@ -38,6 +38,7 @@ def test_measures_by_hand(ec):
     assert ec.outer_third(cover)
 
 
+@pytest.mark.slow
 def test_run_and_section_on_small_random_models(ec, tmp_path):
     meta = {"data": "layouts:classes=10,train=10,val=40,size=28", "class_names": ["c"] * 10}
     paths = {}

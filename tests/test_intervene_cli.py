@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from ssog_core import save_checkpoint
@@ -23,6 +24,7 @@ def files(tmp_path):
     return ckpt
 
 
+@pytest.mark.slow
 def test_cli_reports_one_image_and_the_validation_set(tmp_path, capsys):
     ckpt = files(tmp_path)
     edits = [{"op": "swap_axes", "layer": 2, "head": 0}, {"op": "patch_head", "layer": 1, "head": 1, "source": "b.png"}]
