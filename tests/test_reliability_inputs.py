@@ -140,6 +140,7 @@ def test_bad_checkpoint_upload_in_the_page_says_why(ctx, page, corpus, key):
     assert geometry.render(ctx, geo, GOOD, 0, None)[geo.figure]["value"] is not None  # the next request works
 
 
+@pytest.mark.slow
 def test_bad_checkpoints_in_the_folder_give_messages_in_every_tab(corpus, page, tmp_path):
     """Files dropped into the checkpoint folder by hand are listed, and each tab says what is wrong with them."""
     folder = tmp_path / "ckpt"

@@ -83,6 +83,7 @@ def server(folders, tmp_path_factory):
 # ---------------------------------------------------------------------------------------------- binding, share
 
 
+@pytest.mark.slow
 def test_serves_loopback_only_and_no_share_link_even_if_the_environment_asks(folders, tmp_path):
     """The real command line in a subprocess, with Gradio's own environment variables asking for the opposite;
     stopped with SIGTERM, it exits cleanly and leaves no upload folder behind."""
@@ -99,6 +100,7 @@ def test_serves_loopback_only_and_no_share_link_even_if_the_environment_asks(fol
     assert code == 0 and not list(tmp.glob("ssog-lab-uploads-*"))  # SIGTERM is a clean stop: uploads removed
 
 
+@pytest.mark.slow
 def test_host_flag_and_launch_settings(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(gr.Blocks, "launch", lambda self, **kw: calls.append(kw))

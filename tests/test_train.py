@@ -33,6 +33,7 @@ def run(out: Path, *extra: str) -> int:
     return train.main([*SHAPES, *TINY, "--epochs", "2", "--out", str(out), *extra])
 
 
+@pytest.mark.slow
 def test_train_shapes_writes_everything(tmp_path, capsys):
     out = tmp_path / "run"
     assert run(out, "--plot", "--save-dtype", "float16", "--ckpt-every", "4") == 0
@@ -81,6 +82,7 @@ def test_train_shapes_writes_everything(tmp_path, capsys):
     assert "zero-shot resolution transfer" in err
 
 
+@pytest.mark.slow
 def test_train_state_loads_without_unpickling_objects(tmp_path):
     out = tmp_path / "run"
     assert run(out, "--epochs", "1") == 0
@@ -88,6 +90,7 @@ def test_train_state_loads_without_unpickling_objects(tmp_path):
     assert state["step"] == 6 and set(state) >= {"optimizer", "scheduler", "rng", "model", "args"}
 
 
+@pytest.mark.slow
 def test_resume_is_bit_identical(tmp_path):
     """Stop mid-epoch, resume, and end with exactly the weights of an uninterrupted run (dropout on)."""
     assert run(tmp_path / "a") == 0
@@ -105,6 +108,7 @@ def test_resume_is_bit_identical(tmp_path):
     assert meta["command"].endswith("--stop-after 4")  # the run's own command, not the resume line
 
 
+@pytest.mark.slow
 def test_init_from_starts_a_second_stage_from_the_weights(tmp_path, capsys):
     assert run(tmp_path / "a", "--epochs", "1", "--transfer-sizes", "none") == 0
     first = tmp_path / "a" / "last.safetensors"
