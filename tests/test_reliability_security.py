@@ -121,6 +121,7 @@ def test_host_flag_and_launch_settings(monkeypatch, tmp_path):
         assert kw["state_session_capacity"] == app_main.SESSIONS
 
 
+@pytest.mark.slow
 def test_sigterm_while_gradio_is_still_starting_is_a_clean_stop(monkeypatch, tmp_path):
     """Gradio's launch() makes requests of its own after the server answers; a SIGTERM landing then must not
     escape as a KeyboardInterrupt (exit by SIGINT, a traceback, uploads left behind): the server is closed."""
@@ -145,6 +146,7 @@ def test_sigterm_while_gradio_is_still_starting_is_a_clean_stop(monkeypatch, tmp
 # ---------------------------------------------------------------------------------------------- upload size
 
 
+@pytest.mark.slow
 def test_uploads_over_the_cap_are_refused_by_the_server(server, tmp_path):
     demo, client, _ = server
     assert demo.max_file_size == 1024**2
@@ -251,6 +253,7 @@ class _NoUnpickler:
         _refuse()
 
 
+@pytest.mark.slow
 def test_no_pickle_is_ever_loaded_by_any_tab_upload_or_api(server, folders, monkeypatch, tmp_path):
     """With pickle's loaders replaced by a failure, every tab, every upload path and every API endpoint works (or
     refuses with its message); ``torch.load`` is only ever called with ``weights_only=True``."""

@@ -124,6 +124,7 @@ def test_init_from_starts_a_second_stage_from_the_weights(tmp_path, capsys):
     assert "--init-from" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_resume_at_epoch_boundary_keeps_the_epoch_eval(tmp_path):
     assert run(tmp_path / "b", "--stop-after", "6") == 0
     assert train.main(["--out", str(tmp_path / "b"), "--resume", "--no-progress"]) == 0
@@ -141,6 +142,7 @@ def test_resume_refuses_a_changed_recipe_and_a_missing_run(tmp_path, capsys):
     assert "already holds a training run" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     calls = {"n": 0}
@@ -255,6 +257,7 @@ def test_lr_schedule_warmup_then_cosine():
     assert abs(optim.lr_factor(8, 4, 12) - 0.5) < 1e-12
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_match_one(tmp_path):
     """DDP on CPU (gloo) with 2 processes: finishes, saves once, and (dropout off) learns what one process learns
     with the same global batch."""
@@ -322,6 +325,7 @@ def test_resume_of_a_run_saved_before_newer_options_existed():
     assert merged.dim == 32 and merged.qk_norm is False and merged.susie is False and merged.resume is True
 
 
+@pytest.mark.slow
 def test_resume_of_a_run_saved_before_crop_pad_field_lr_and_transfer(tmp_path):
     """A run saved before --crop-pad, --field-lr-mult and --transfer-sizes existed resumes with their defaults, and
     its stored ``crop`` keeps its old meaning (pad-4 crop on shapes): the run ends exactly as an uninterrupted one."""
@@ -338,6 +342,7 @@ def test_resume_of_a_run_saved_before_crop_pad_field_lr_and_transfer(tmp_path):
     assert meta["crop_pad"] == 4 and len(meta["resolution_transfer"]) == 5
 
 
+@pytest.mark.slow
 def test_transfer_sizes_chosen_or_off_and_checked_before_training(tmp_path, capsys):
     assert run(tmp_path / "a", "--epochs", "1", "--transfer-sizes", "12,16x24") == 0
     curve = read_checkpoint(tmp_path / "a" / "model.safetensors")[2]["resolution_transfer"]
@@ -413,6 +418,7 @@ PRE_CONFIG_ARGS = {
 ADDED_SINCE = {"tensorboard": None}  # options added after that format, at their defaults
 
 
+@pytest.mark.slow
 def test_a_state_saved_before_train_config_resumes_exactly(tmp_path):
     """A run stopped by the code before TrainConfig (its state: the argparse namespace as a dict, an option this
     version no longer knows, no history) resumes and ends exactly as an uninterrupted run."""
