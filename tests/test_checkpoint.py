@@ -45,6 +45,7 @@ def test_round_trip_gives_identical_logits(tmp_path, kwargs):
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # a normal file, readable by the app's other users
 
 
+@pytest.mark.slow
 def test_fp16_storage_and_compiled_model_has_no_prefix(tmp_path):
     model = _randomised(ViT(**TINY))
     compiled = torch.compile(model)  # saving the wrapper must not leak "_orig_mod." into the file
