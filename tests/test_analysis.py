@@ -173,6 +173,7 @@ def _photo(path, size=(40, 30), mode="RGB"):
     return path
 
 
+@pytest.mark.slow
 def test_export_maps_cli_single_image(tmp_path, checkpoint, capsys):
     out = tmp_path / "maps.npz"
     assert (

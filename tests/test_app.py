@@ -266,6 +266,7 @@ def test_playground_add_remove_reset_limits(ctx, pg):
     assert reset[pg.canvas]["value"] == playground.initial_value() and len(reset) == 13
 
 
+@pytest.mark.slow
 def test_presets_underlay_and_figure(ctx, sha, pg):
     choices, note = playground.preset_choices(ctx, "ssog_test.safetensors")
     assert len(choices) == 4 and "layer" in choices[1]
@@ -308,6 +309,7 @@ def test_presets_underlay_and_figure(ctx, sha, pg):
 # ----------------------------------------------------------------------------------------------- geometry
 
 
+@pytest.mark.slow
 def test_geometry_ssog_dot_and_missing(ctx, sha, page):
     geo = page.geometry
     out = geometry.render(ctx, geo, "ssog_test.safetensors", 1, sha)
@@ -365,6 +367,7 @@ def test_a_head_clicked_in_the_geometry_grid_opens_in_the_playground(ctx, sha, p
 # ----------------------------------------------------------------------------------------------- steering
 
 
+@pytest.mark.slow
 def test_steering_render_click_and_downloads(ctx, sha, page):
     st = page.steering
     out = steering.render(ctx, st, "ssog_test.safetensors", sha, 1, None, 3)
@@ -441,6 +444,7 @@ def test_letting_go_of_the_content_gate_shows_the_models_prediction_with_that_ga
 # ----------------------------------------------------------------------------------------------- export + compare
 
 
+@pytest.mark.slow
 def test_export_maps_with_twin_and_downloads(ctx, sha, page):
     ex = page.export
     assert default_twin(ctx, "ssog_test.safetensors") == "dot_test.safetensors"
@@ -468,6 +472,7 @@ def test_export_maps_with_twin_and_downloads(ctx, sha, page):
     assert json.loads(Image.open(fig).info["Description"])["query"] == [2, 5]
 
 
+@pytest.mark.slow
 def test_a_narrow_screen_gets_one_layer_in_two_columns(ctx, sha, page):
     """The phone layout: the six panels of one layer in three rows of two, no strip of every layer, so each
     panel keeps its size (the wide figure at 390 px shrinks every panel to ~55 px)."""
@@ -493,6 +498,7 @@ def ctx_maps(ctx, sha):
     return export_maps(loaded.model, loaded.input(ctx.image(sha).image), 0.5)
 
 
+@pytest.mark.slow
 def test_export_maps_against_a_control_and_per_class(ctx, sha, page, tmp_path):
     ex, ckpt = page.export, "ssog_test.safetensors"
     loaded, stored = ctx.model(ckpt), ctx.image(sha)
@@ -524,6 +530,7 @@ def test_export_maps_against_a_control_and_per_class(ctx, sha, page, tmp_path):
     assert "does not record its training data" in export.per_class(ctx, ex, name, 0.5, "none")[ex.classes_status]
 
 
+@pytest.mark.slow
 def test_compare_side_by_side_and_mismatched_grids(ctx, sha, page, tmp_path):
     cmp = page.compare
     out = compare.render(ctx, cmp, "ssog_test.safetensors", "dot_test.safetensors", sha, 0.5, 1)
@@ -543,6 +550,7 @@ def test_compare_side_by_side_and_mismatched_grids(ctx, sha, page, tmp_path):
     assert "accumulated_difference" not in npz
 
 
+@pytest.mark.slow
 def test_rbf_checkpoint_with_registers(ctx, sha, page, tmp_path):
     torch.manual_seed(2)
     model = ViT(num_classes=5, img_size=32, patch_size=4, dim=32, depth=2, num_heads=4, attn="rbf", num_registers=2)
@@ -813,6 +821,7 @@ def test_caches_stay_bounded(ctx):
 DEMO = Path(__file__).resolve().parents[1] / "checkpoints"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (DEMO / "ssog_layouts.safetensors").is_file(), reason="demo checkpoints not in checkpoints/")
 def test_demo_checkpoints_open_in_every_tab(page, tmp_path):
     demo = AppContext(DEMO, DEMO.parent / "assets", upload_dir=tmp_path)
@@ -827,6 +836,7 @@ def test_demo_checkpoints_open_in_every_tab(page, tmp_path):
     assert st[page.steering.query_figure] is not None
 
 
+@pytest.mark.slow
 def test_a_restored_session_sets_every_range_before_its_value(page, pg, tmp_path):
     """A freshly loaded page has layer sliders with maximum 1; a session saved on a deeper model at layer 3 must
     come back with each slider's maximum widened in the same update as its value (else "Value 3 is greater than

@@ -68,6 +68,7 @@ def test_apply_shows_probabilities_maps_and_the_edited_layer(ctx, ui):
     assert "head 2 (not in the mean)" in [a.text for a in out[ui.attention].layout.annotations]
 
 
+@pytest.mark.slow
 def test_validation_and_head_importance_with_the_fixed_field_model_beside_the_gates(ctx, ui):
     edits = add(ctx, ui, [], "close_gate", layer=0, head=-1, tap="all")[ui.edits]
     out = intervene.on_evaluate(ctx, ui, "ssog_shapes.safetensors", edits, 30)

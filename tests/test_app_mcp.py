@@ -52,6 +52,7 @@ def test_mcp_is_off_by_default_and_lists_the_typed_endpoints(tmp_path_factory):
         demo.close()
 
 
+@pytest.mark.slow
 def test_with_a_login_no_mcp_request_is_answered_without_it(tmp_path_factory):
     demo = serve(tmp_path_factory, [LOGIN])
     try:

@@ -139,6 +139,7 @@ def test_the_login_page_names_no_endpoint_and_users_can_log_out(guarded):
         browser.open(guarded + "config", timeout=30)
 
 
+@pytest.mark.slow
 def test_the_log_names_the_address_and_suggests_no_share_link(tmp_path, capfd):
     write_checkpoints(tmp_path / "ckpt", depth=1)
     write_images(tmp_path / "assets")

@@ -10,8 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "attention.py"
+pytestmark = pytest.mark.slow  # each test starts the benchmark in a fresh interpreter
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

@@ -30,6 +30,7 @@ STARTUP = 600  # s for the app to answer: importing torch and Gradio takes minut
 ARTIFACTS = ROOT / "artifacts"
 pytestmark = [
     pytest.mark.browser,
+    pytest.mark.slow,
     pytest.mark.timeout(1500),  # one long tour: on a loaded 2-core box it outlasts the suite's 600 s default
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed"),
 ]

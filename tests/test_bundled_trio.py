@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not all(p.is_file() for p in TRIO), reason="the 
 
 
 def test_the_trio_differs_only_in_attention_and_is_small():
-    spec = importlib.util.spec_from_file_location("matched_trio", ROOT / "docs" / "matched_trio.py")
+    spec = importlib.util.spec_from_file_location("matched_trio", ROOT / "experiments" / "matched_trio.py")
     trio = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(trio)
     metas = [load_checkpoint(p)[1] for p in TRIO]

@@ -45,6 +45,7 @@ def test_round_trip_gives_identical_logits(tmp_path, kwargs):
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # a normal file, readable by the app's other users
 
 
+@pytest.mark.slow
 def test_fp16_storage_and_compiled_model_has_no_prefix(tmp_path):
     model = _randomised(ViT(**TINY))
     compiled = torch.compile(model)  # saving the wrapper must not leak "_orig_mod." into the file
@@ -150,6 +151,7 @@ def test_pickles_never_run(tmp_path):
 REF_CFG = dict(num_classes=6, img_size=12, patch_size=2, dim=16, depth=2, num_heads=2, attn="ssog", num_atoms=3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attn, prefix", [("ssog", ""), ("ssog", "_orig_mod."), ("dot", "module.")])
 def test_converter_reproduces_upstream_logits(tmp_path, attn, prefix):
     cfg = dict(REF_CFG, attn=attn)
@@ -158,7 +160,7 @@ def test_converter_reproduces_upstream_logits(tmp_path, attn, prefix):
     torch.save({prefix + k: v for k, v in sd.items()}, ref)
     out = tmp_path / "ours.safetensors"
     proc = subprocess.run(
-        [sys.executable, "-m", "ssog_core.convert", str(ref), "--config", json.dumps(cfg), str(out)],
+        [sys.executable, "-m", "ssog_core", "convert", str(ref), "--config", json.dumps(cfg), str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,

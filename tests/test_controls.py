@@ -47,6 +47,7 @@ def test_none_is_no_control(model, img):
         control_maps(model, META, img, raw, "baseline")
 
 
+@pytest.mark.slow
 def test_blank_control_is_the_maps_of_the_constant_image(model, img):
     raw = export_maps(model, img, alpha=0.7)
     c = control_maps(model, META, img, raw, "blank")

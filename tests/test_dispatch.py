@@ -124,6 +124,7 @@ def test_triton_grid_limits_follow_each_kernel_layout(monkeypatch: pytest.Monkey
     )
 
 
+@pytest.mark.slow
 def test_importing_and_running_on_cpu_never_imports_triton() -> None:
     code = (
         "import sys, torch, ssog_core, ssog_core.ops, ssog_core.analysis.measures\n"
@@ -167,6 +168,7 @@ def test_attention_matrix_does_not_go_through_dispatch(monkeypatch: pytest.Monke
         attn.attention_matrix(torch.randn(1, 12, 8), (4, 3))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("taps", [("mu", "sigma", "lambda"), ()], ids=["steered", "fixed"])
 def test_compile_fullgraph_on_cpu(taps: tuple[str, ...]) -> None:
     """CPU training under torch.compile(fullgraph=True): dispatch and the fast path trace into one graph."""

@@ -77,6 +77,7 @@ def test_no_edit_is_no_effect():
     assert eff.accuracy.change == 0 and eff.logp_true.ci95 == (0.0, 0.0) and eff.mcnemar_p == 1.0
 
 
+@pytest.mark.slow
 def test_head_importance_reusing_the_lower_layers_equals_full_edited_passes():
     model, data = model_for(), eval_set(30)
     imp = head_importance(model, data, batch_size=8)

@@ -66,6 +66,7 @@ def test_resolution_transfer_table_and_plot(checkpoint, tmp_path, capsys):
         assert im.format == "PNG" and im.width > 300
 
 
+@pytest.mark.slow
 def test_transfer_json_matches_what_train_stored_and_store_adds_it(checkpoint, tmp_path, capsys):
     """``--transfer --json`` gives the list train stored at the end of the run (same sizes, same weights, one
     implementation); ``--store`` writes it into another checkpoint's header without touching the weights."""

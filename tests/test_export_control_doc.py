@@ -1,4 +1,4 @@
-"""``docs/export_control.py``: its measures by hand, a run on small random models, and the section it writes."""
+"""``experiments/export_control.py``: its measures by hand, a run on small random models, and the section it writes."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def ec() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("export_control", ROOT / "docs" / "export_control.py")
+    spec = importlib.util.spec_from_file_location("export_control", ROOT / "experiments" / "export_control.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -38,6 +38,7 @@ def test_measures_by_hand(ec):
     assert ec.outer_third(cover)
 
 
+@pytest.mark.slow
 def test_run_and_section_on_small_random_models(ec, tmp_path):
     meta = {"data": "layouts:classes=10,train=10,val=40,size=28", "class_names": ["c"] * 10}
     paths = {}

@@ -16,6 +16,7 @@ from ssog_core.viz import files as figures
 from tests.app_fixtures import dot_twin, shapes_image, write_checkpoints
 
 
+@pytest.mark.slow
 def test_figures_cli_writes_every_figure_with_settings(tmp_path, capsys):
     ckpts = write_checkpoints(tmp_path / "ckpt", depth=2)
     image = tmp_path / "scene.png"

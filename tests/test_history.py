@@ -45,6 +45,7 @@ def test_snapshot_steps_start_at_zero_end_at_the_last_step_and_are_dense_early(t
         assert steps == list(range(total + 1))
 
 
+@pytest.mark.slow
 def test_a_run_records_fields_gates_and_accuracy_and_the_checkpoint_keeps_them(tmp_path):
     out = tmp_path / "run"
     assert run(out) == 0
@@ -75,6 +76,7 @@ def test_a_run_records_fields_gates_and_accuracy_and_the_checkpoint_keeps_them(t
     assert any(k.startswith("history.") for k in load_file(out / "model.safetensors"))
 
 
+@pytest.mark.slow
 def test_resume_continues_the_history_exactly(tmp_path):
     assert run(tmp_path / "a") == 0
     assert run(tmp_path / "b", "--stop-after", "8") == 0
@@ -85,6 +87,7 @@ def test_resume_continues_the_history_exactly(tmp_path):
         assert all(np.array_equal(x, y) for x, y in zip(a.fields[key], b.fields[key], strict=True))
 
 
+@pytest.mark.slow
 def test_init_from_appends_a_second_stage(tmp_path):
     assert run(tmp_path / "one") == 0
     assert run(tmp_path / "two", "--init-from", str(tmp_path / "one" / "model.safetensors")) == 0
@@ -96,6 +99,7 @@ def test_init_from_appends_a_second_stage(tmp_path):
     assert [r[0] for r in both.val] == [6, 12, 18, 24, 30, 36]
 
 
+@pytest.mark.slow
 def test_dot_model_records_accuracy_only(tmp_path):
     assert run(tmp_path / "dot", "--attn", "dot") == 0
     hist = read_history(tmp_path / "dot" / "model.safetensors")
@@ -103,12 +107,14 @@ def test_dot_model_records_accuracy_only(tmp_path):
     assert len(hist.val) == 3 and len(hist.train) == 18
 
 
+@pytest.mark.slow
 def test_fixed_field_model_records_fields_without_gates(tmp_path):
     assert run(tmp_path / "fixed", "--steer", "") == 0
     hist = read_history(tmp_path / "fixed" / "model.safetensors")
     assert hist.gates == {} and len(hist.fields["sigma"]) == len(hist.steps)
 
 
+@pytest.mark.slow
 def test_shut_gates_warn_once_with_the_remedy(tmp_path, capsys):
     assert run(tmp_path / "shut", "--gate-lr-mult", "1e-6") == 0
     err = capsys.readouterr().err
@@ -118,6 +124,7 @@ def test_shut_gates_warn_once_with_the_remedy(tmp_path, capsys):
     assert "every steering gate" not in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_accuracy_at_chance_warns_once_with_the_remedy(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(trainer, "evaluate_loader", lambda *a, **k: {"accuracy": 1 / 3, "loss": 1.1})  # guessing
     assert run(tmp_path / "still") == 0
@@ -125,6 +132,7 @@ def test_accuracy_at_chance_warns_once_with_the_remedy(tmp_path, capsys, monkeyp
     assert err.count("is still at chance (1/3)") == 1 and "lower peak --lr" in err and "check the labels" in err
 
 
+@pytest.mark.slow
 def test_has_history_reads_only_the_header_and_never_raises(tmp_path):
     assert run(tmp_path / "run") == 0
     model, meta = load_checkpoint(tmp_path / "run" / "model.safetensors")
@@ -173,6 +181,7 @@ def test_history_round_trips_through_tensors_and_a_weights_only_state():
     assert js["val_acc"] == [[9, 0.75]] and np.array(js["fields"]["mu"]).shape == (3, 2, 3, 4, 2)
 
 
+@pytest.mark.slow
 def test_unreadable_history_is_a_clear_checkpoint_error(tmp_path):
     assert run(tmp_path / "r", "--epochs", "1") == 0
     state = load_file(tmp_path / "r" / "model.safetensors")

@@ -1,4 +1,4 @@
-"""``python -m ssog_core.intervene``: edits from a file, one image and the validation set, the /intervene JSON."""
+"""``python -m ssog_core intervene``: edits from a file, one image and the validation set, the /intervene JSON."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ def files(tmp_path):
     return ckpt
 
 
+@pytest.mark.slow
 def test_cli_reports_one_image_and_the_validation_set(tmp_path, capsys):
     ckpt = files(tmp_path)
     edits = [{"op": "swap_axes", "layer": 2, "head": 0}, {"op": "patch_head", "layer": 1, "head": 1, "source": "b.png"}]

@@ -319,6 +319,7 @@ def _everything(model, img):
     return [model(img), *attention_maps(model, img).attn, maps.accumulated, maps.rollout, *offsets]
 
 
+@pytest.mark.slow
 def test_edits_never_leak_even_from_eight_concurrent_threads():
     model, img, src = model_for(), images(2), images(1, seed=9)
     before = _everything(model, img)

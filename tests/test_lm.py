@@ -77,6 +77,7 @@ def test_dot_and_rbf_start_from_the_same_weights():
             assert torch.equal(models["rbf"][name], t), name
 
 
+@pytest.mark.slow
 def test_training_lowers_the_loss_and_is_deterministic():
     tok = Tokenizer.for_text(STORY, "char")
     ids = tok.encode(STORY)
@@ -131,6 +132,7 @@ def test_generate_extends_the_prompt():
     assert out.shape == (1, 33) and torch.equal(out[0, :3], torch.tensor([1, 2, 3]))  # runs past the context (24)
 
 
+@pytest.mark.slow
 def test_cli_trains_both_kinds_writes_curves_and_samples(tmp_path, capsys):
     text = tmp_path / "story.txt"
     text.write_text(STORY, encoding="utf-8")

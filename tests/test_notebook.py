@@ -14,8 +14,9 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "examples" / "interventions.ipynb"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1200)  # the kernel runs the bundled model: room for a loaded machine
-@pytest.mark.skipif(not (ROOT / "checkpoints" / "ssog_layouts.safetensors").is_file(), reason="no bundled model")
+@pytest.mark.skipif(not (ROOT / "checkpoints" / "matched_ssog_layouts.safetensors").is_file(), reason="no demo model")
 def test_the_interventions_notebook_runs(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     nb = nbformat.read(NOTEBOOK, as_version=4)

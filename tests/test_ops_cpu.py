@@ -67,6 +67,7 @@ def test_float32_matches_definition(head_dim: int) -> None:
     )
 
 
+@pytest.mark.slow
 def test_gradcheck_in_float64() -> None:
     """Finite differences of every per-token field tensor and τ (the double build)."""
     b, grid, h, r = 2, (4, 3), 2, 2
@@ -171,6 +172,7 @@ def fresh_build(monkeypatch: pytest.MonkeyPatch, tmp_path):
     ssog_cpu._libraries.cache_clear()
 
 
+@pytest.mark.slow
 def test_build_is_cached_and_written_whole(fresh_build) -> None:
     assert ssog_cpu.unavailable_reason() is None
     built = sorted(fresh_build.glob("*.so"))
@@ -182,6 +184,7 @@ def test_build_is_cached_and_written_whole(fresh_build) -> None:
     assert sorted(fresh_build.iterdir()) == built
 
 
+@pytest.mark.slow
 def test_a_damaged_cached_library_is_built_again(fresh_build) -> None:
     """A cached library that no longer loads (truncated on a full disk, say) is replaced, not reported forever. Run
     in a fresh process: this one has the library mapped, and the loader would hand back the mapped copy."""

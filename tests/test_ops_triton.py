@@ -20,7 +20,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CASES = Path(__file__).with_name("triton_interp_cases.py")
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+pytestmark = [  # the kernels run under the interpreter or compile: seconds each
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed"),
+]
 
 SHARDS = {
     "fp32-factorized": "fp32 and factorized",

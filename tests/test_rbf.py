@@ -55,6 +55,7 @@ def test_torch_path_matches_dense_float64(n, d, dv, causal):
         torch.testing.assert_close(g_, r_, rtol=1e-9, atol=1e-11)
 
 
+@pytest.mark.slow
 def test_torch_path_float32_and_gradcheck():
     q, k, v = qkv(b=1, h=2, n=6, d=4)
     torch.autograd.gradcheck(lambda *t: rbf_attention_torch(*t, causal=True), [t.requires_grad_() for t in (q, k, v)])
@@ -263,6 +264,7 @@ def test_dispatch_without_triton(monkeypatch):
         rbf_attention(q, k, v, backend="triton")
 
 
+@pytest.mark.slow
 def test_rbf_module_compiles_with_fullgraph():
     """Backend choice and SuSiE trace without graph breaks (the Triton op's own compile test runs interpreted)."""
     torch.manual_seed(0)

@@ -16,7 +16,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+pytestmark = [  # the kernels run under the interpreter or compile: seconds each
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed"),
+]
 
 
 def run_group(group: str, interpret: bool) -> str:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_python_example_runs(monkeypatch):
     monkeypatch.chdir(ROOT)
     (code,) = re.findall(r"```python\n(.*?)```", README, flags=re.S)

@@ -109,6 +109,7 @@ def test_bad_image_upload_in_the_page_says_why_and_the_next_one_works(ctx, page,
     assert len(good[page.image_sha]) == 64 and "scene.png" in good[page.status]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", VALID_IMAGES)
 def test_awkward_images_are_converted_and_work_in_every_tab(ctx, page, corpus, key):
     path, _ = corpus["images"][key]
@@ -141,6 +142,7 @@ def test_bad_checkpoint_upload_in_the_page_says_why(ctx, page, corpus, key):
     assert geometry.render(ctx, geo, GOOD, 0, None)[geo.figure]["value"] is not None  # the next request works
 
 
+@pytest.mark.slow
 def test_bad_checkpoints_in_the_folder_give_messages_in_every_tab(corpus, page, tmp_path):
     """Files dropped into the checkpoint folder by hand are listed, and each tab says what is wrong with them."""
     folder = tmp_path / "ckpt"
@@ -189,6 +191,7 @@ def test_images_through_the_api(client, corpus, key):
     assert ok["grid"] == [8, 8]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", CHECKPOINTS)
 def test_checkpoints_through_the_api(client, corpus, key):
     files, expected = corpus["checkpoints"][key]

@@ -26,6 +26,7 @@ def load_app():
     return module
 
 
+@pytest.mark.slow
 def test_picture_pool_is_varied(load_app, tmp_path):
     pool = load_app.picture_pool(tmp_path, None)
     modes = {Image.open(p).mode for p in pool}
@@ -33,6 +34,7 @@ def test_picture_pool_is_varied(load_app, tmp_path):
     assert {"RGB", "L", "CMYK", "P", "RGBA", "I;16"} <= modes and (1, 1) in sizes and (1600, 1200) in sizes
 
 
+@pytest.mark.slow
 def test_load_smoke(load_app, tmp_path):
     write_checkpoints(tmp_path / "ckpt", depth=2)
     write_images(tmp_path / "assets")

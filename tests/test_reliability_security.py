@@ -85,6 +85,7 @@ def server(folders, tmp_path_factory):
 # ---------------------------------------------------------------------------------------------- binding, share
 
 
+@pytest.mark.slow
 def test_serves_loopback_only_and_no_share_link_even_if_the_environment_asks(folders, tmp_path):
     """The real command line in a subprocess, with Gradio's own environment variables asking for the opposite;
     stopped with SIGTERM, it exits cleanly and leaves no upload folder behind."""
@@ -101,6 +102,7 @@ def test_serves_loopback_only_and_no_share_link_even_if_the_environment_asks(fol
     assert code == 0 and not list(tmp.glob("ssog-lab-uploads-*"))  # SIGTERM is a clean stop: uploads removed
 
 
+@pytest.mark.slow
 def test_host_flag_and_launch_settings(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(gr.Blocks, "launch", lambda self, **kw: calls.append(kw))
@@ -121,6 +123,7 @@ def test_host_flag_and_launch_settings(monkeypatch, tmp_path):
         assert kw["state_session_capacity"] == app_main.SESSIONS
 
 
+@pytest.mark.slow
 def test_sigterm_while_gradio_is_still_starting_is_a_clean_stop(monkeypatch, tmp_path):
     """Gradio's launch() makes requests of its own after the server answers; a SIGTERM landing then must not
     escape as a KeyboardInterrupt (exit by SIGINT, a traceback, uploads left behind): the server is closed."""
@@ -145,6 +148,7 @@ def test_sigterm_while_gradio_is_still_starting_is_a_clean_stop(monkeypatch, tmp
 # ---------------------------------------------------------------------------------------------- upload size
 
 
+@pytest.mark.slow
 def test_uploads_over_the_cap_are_refused_by_the_server(server, tmp_path):
     demo, client, _ = server
     assert demo.max_file_size == 1024**2
@@ -251,6 +255,7 @@ class _NoUnpickler:
         _refuse()
 
 
+@pytest.mark.slow
 def test_no_pickle_is_ever_loaded_by_any_tab_upload_or_api(server, folders, monkeypatch, tmp_path):
     """With pickle's loaders replaced by a failure, every tab, every upload path and every API endpoint works (or
     refuses with its message); ``torch.load`` is only ever called with ``weights_only=True``."""

@@ -71,6 +71,7 @@ def leftovers(out: Path) -> list[str]:
     return sorted(p.name for p in out.iterdir() if p.name.endswith(".tmp"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["last.safetensors", "train_state.pt"])
 def test_sigkill_during_a_save_keeps_the_previous_checkpoint_and_resume_finishes_the_same(
     which, uninterrupted, tmp_path, capsys
@@ -113,6 +114,7 @@ def enospc() -> OSError:
     return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
+@pytest.mark.slow
 def test_disk_full_mid_run_stops_clearly_and_loses_nothing(uninterrupted, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     real, calls = checkpoint.save_file, {"n": 0}

@@ -1,4 +1,4 @@
-"""The small-data study (``docs/small_data.py``): the digits trees it trains on (the present configuration's, the
+"""The small-data study (``experiments/small_data.py``): the digits trees it trains on (the present configuration's, the
 size sweep's 16×16 tree and its stratified subsets), the report it reads off finished runs (accuracies, paired
 gaps, clean train accuracy, the gaps at matched steps and CPU time, the verdicts, the plot, the section in
 RESULTS.md), and its runner's resume/skip logic on a one-epoch run. The report tests use fake finished runs whose
@@ -37,7 +37,7 @@ SIZES = [
 
 @pytest.fixture(scope="module")
 def sd() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("small_data", ROOT / "docs" / "small_data.py")
+    spec = importlib.util.spec_from_file_location("small_data", ROOT / "experiments" / "small_data.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -453,10 +453,10 @@ def test_summarise_sizes_pairs_runs_with_both_evaluations(sd, sweep_root):
         pytest.approx(g) for g in ([0.10, 0.10, 0.10], [0.0, 0.10, 0.05], [0.20, 0.30, 0.10])
     ]
     assert cells[0]["rows"][0]["gap"] == pytest.approx(-0.05) and cells[0]["rows"][0]["steps"] == 12
-    assert [c["epochs"] for c in cells] == [None] * 3  # no control ran
+    assert [c["epochs"] for c in cells] == [None] * 3  # no step-matched run
 
 
-def test_the_step_matched_control_is_a_cell_of_its_own(sd, sweep_root):
+def test_the_step_matched_run_is_a_cell_of_its_own(sd, sweep_root):
     for model, acc in (("ssog", 0.9), ("dot", 0.85)):
         out = sd.sweep_dir(sweep_root, "d64-L4", 1438, model, 0, 32)
         assert out.parent.name == "n1438-e32"
@@ -472,8 +472,9 @@ def test_the_step_matched_control_is_a_cell_of_its_own(sd, sweep_root):
         "**Data or steps?** With a fixed 100 epochs fewer images also means fewer steps (250: 12, 500: 28)."
     )
     assert "At 500 images the final gap (28 steps) is 8.0 ± 2.0." in text
-    assert text.endswith("The control, all 1,438 images for 32 epochs (44 steps, a full schedule): 5.0 (1 seed).")
-    assert sd._data_or_steps([c for c in cells if c["epochs"] is None]) == []  # no control, no 1,438 run that long
+    end = "The step-matched run, all 1,438 images for 32 epochs (44 steps, a full schedule): 5.0 (1 seed)."
+    assert text.endswith(end)
+    assert sd._data_or_steps([c for c in cells if c["epochs"] is None]) == []  # no such run, no 1,438 run that long
 
 
 def test_summarise_sizes_refuses_a_pair_that_made_different_steps(sd, tmp_path):
@@ -637,27 +638,30 @@ def test_write_reports_places_the_section_and_writes_the_numbers(sd, fake_root, 
     assert (docs / "RESULTS.md").read_text() == after.replace("SECTION", section)
     sd.write_reports(fake_root, SEEDS, 4, docs, ["d64-L4"])  # a second write replaces its own section
     assert (docs / "RESULTS.md").read_text() == after.replace("SECTION", section)
-    assert json.loads((docs / "small_data.json").read_text()) == json.loads(
+    assert json.loads((docs / "results" / "small_data.json").read_text()) == json.loads(
         json.dumps({"data": MANIFEST, "epochs": 4, "runs": table})
     )
-    assert json.loads((docs / "small_data_sizes.json").read_text())["cells"] == json.loads(json.dumps(cells))
+    sweep = json.loads((docs / "results" / "small_data_sizes.json").read_text())
+    assert sweep["cells"] == json.loads(json.dumps(cells))
     assert (docs / "SMALL_DATA.md").read_text() == sd.markdown_all(cells, table, MANIFEST, 4, SEEDS, SEEDS)
-    assert sorted(p.name for p in docs.iterdir()) == [
-        "RESULTS.md", "SMALL_DATA.md", "small_data.json", "small_data_gap.png", "small_data_sizes.json"
+    assert sorted(str(p.relative_to(docs)) for p in docs.rglob("*") if p.is_file()) == [
+        "RESULTS.md", "SMALL_DATA.md", "figures/small_data_gap.png", "results/small_data.json",
+        "results/small_data_sizes.json",
     ]  # fmt: skip
     bullet = "* d64, 4 layers, 500 images (16×16, batch 64, pad-crop 2): SSOG 85.3 ± 5.0%, dot 77.3 ± 6.4%, "
     assert bullet + "paired gap 8.0 ± 2.0 points; clean train 96.7 ± 1.5% vs 99.7 ± 0.6% (3 of 3 seeds)." in section
 
 
 def test_write_reports_keeps_the_present_configuration_when_its_runs_are_gone(sd, sweep_root, tmp_path):
-    """Only docs/small_data.json holds the present configuration's numbers: a report without its runs keeps them."""
+    """Only docs/results/small_data.json holds the present configuration's numbers: a report without its runs keeps
+    them."""
     docs = tmp_path / "docs"
     sd.write_reports(sweep_root, SEEDS, 100, docs, ["d64-L4"])
-    assert json.loads((docs / "small_data.json").read_text()) == json.loads(
-        (ROOT / "docs" / "small_data.json").read_text()
+    assert json.loads((docs / "results" / "small_data.json").read_text()) == json.loads(
+        (ROOT / "docs" / "results" / "small_data.json").read_text()
     )
     text = (docs / "SMALL_DATA.md").read_text()
-    saved = json.loads((ROOT / "docs" / "small_data.json").read_text())
+    saved = json.loads((ROOT / "docs" / "results" / "small_data.json").read_text())
     want = sd.markdown(saved["runs"], saved["data"], saved["epochs"], [0, 1, 2])
     assert text.endswith(want) and "## The SSOG post's regime in miniature: training-set size" in text
     assert text.index("## What the numbers say") < text.index("## The SSOG post's regime") < text.index(want)
@@ -684,7 +688,7 @@ def test_main_report_only_writes_the_reports_where_asked(sd, fake_root, tmp_path
     assert "1438 train / 359 val images" in text and ", 4 epochs," in text
     assert "| `pad-crop` | 3 | 92.0 ± 2.0 | 87.0 ± 2.6 | 5.0 ± 1.0 | 5.3 ± 10.1 | 73, 70 |" in text
     assert "| d64, 4 layers | 500 | 3 | 85.3 ± 5.0 | 77.3 ± 6.4 | 8.0 ± 2.0 |" in text
-    saved = json.loads((docs / "small_data.json").read_text())
+    saved = json.loads((docs / "results" / "small_data.json").read_text())
     assert saved["data"] == MANIFEST and saved["epochs"] == 4
     assert [r["seed"] for r in saved["runs"]["resized-crop"]] == [0, 1]
     results = (docs / "RESULTS.md").read_text()
@@ -702,7 +706,7 @@ def test_main_runs_the_sweep_in_the_order_asked(sd, tmp_path, monkeypatch):
     assert sd.main([*argv, "--epochs", "7"]) == 0
     assert ran == [("d64-L4", n, m, s, 7) for n in (500, 250) for s in (0, 1) for m in ("ssog", "dot")]
     ran.clear()
-    assert sd.main([*argv, "--control"]) == 0  # the step-matched control after the grid, 32 epochs of 1,438 images
+    assert sd.main([*argv, "--matched-steps"]) == 0  # the step-matched run after the grid, 32 epochs of 1,438 images
     assert ran[8:] == [("d64-L4", 1438, m, s, 32, True) for s in (0, 1) for m in ("ssog", "dot")]
 
 
@@ -818,10 +822,10 @@ def test_sweep_run_trains_with_the_recipe_evaluates_twice_skips_and_resumes(sd, 
         "2",
     )
     model = str(out / "model.safetensors")
-    assert val[1:5] == ["-m", "ssog_core.evaluate", "--checkpoint", model] and "--data" not in val
+    assert val[1:6] == ["-m", "ssog_core", "evaluate", "--checkpoint", model] and "--data" not in val
     assert val[-2:] == ["--json", str(out / "eval.json")]
     view = root / "digits16-n500-train-view"
-    assert clean[5:7] == ["--data", f"imagefolder:{view}"] and clean[-2:] == ["--json", str(out / "train_eval.json")]
+    assert clean[6:8] == ["--data", f"imagefolder:{view}"] and clean[-2:] == ["--json", str(out / "train_eval.json")]
     assert (view / "val").resolve() == (data / "train").resolve()
     assert json.loads((out / "cpu_s.json").read_text()) == {"train": 2.5}
 

@@ -24,6 +24,7 @@ def events(folder):
     return acc
 
 
+@pytest.mark.slow
 def test_the_events_are_the_historys_numbers_and_the_field_grid(tmp_path):
     assert run(tmp_path / "run", "--tensorboard", str(tmp_path / "tb")) == 0
     hist = read_history(tmp_path / "run" / "model.safetensors")

@@ -33,6 +33,7 @@ def run(out: Path, *extra: str) -> int:
     return train.main([*SHAPES, *TINY, "--epochs", "2", "--out", str(out), *extra])
 
 
+@pytest.mark.slow
 def test_train_shapes_writes_everything(tmp_path, capsys):
     out = tmp_path / "run"
     assert run(out, "--plot", "--save-dtype", "float16", "--ckpt-every", "4") == 0
@@ -81,6 +82,7 @@ def test_train_shapes_writes_everything(tmp_path, capsys):
     assert "zero-shot resolution transfer" in err
 
 
+@pytest.mark.slow
 def test_train_state_loads_without_unpickling_objects(tmp_path):
     out = tmp_path / "run"
     assert run(out, "--epochs", "1") == 0
@@ -88,6 +90,7 @@ def test_train_state_loads_without_unpickling_objects(tmp_path):
     assert state["step"] == 6 and set(state) >= {"optimizer", "scheduler", "rng", "model", "args"}
 
 
+@pytest.mark.slow
 def test_resume_is_bit_identical(tmp_path):
     """Stop mid-epoch, resume, and end with exactly the weights of an uninterrupted run (dropout on)."""
     assert run(tmp_path / "a") == 0
@@ -105,6 +108,7 @@ def test_resume_is_bit_identical(tmp_path):
     assert meta["command"].endswith("--stop-after 4")  # the run's own command, not the resume line
 
 
+@pytest.mark.slow
 def test_init_from_starts_a_second_stage_from_the_weights(tmp_path, capsys):
     assert run(tmp_path / "a", "--epochs", "1", "--transfer-sizes", "none") == 0
     first = tmp_path / "a" / "last.safetensors"
@@ -120,6 +124,7 @@ def test_init_from_starts_a_second_stage_from_the_weights(tmp_path, capsys):
     assert "--init-from" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_resume_at_epoch_boundary_keeps_the_epoch_eval(tmp_path):
     assert run(tmp_path / "b", "--stop-after", "6") == 0
     assert train.main(["--out", str(tmp_path / "b"), "--resume", "--no-progress"]) == 0
@@ -137,6 +142,7 @@ def test_resume_refuses_a_changed_recipe_and_a_missing_run(tmp_path, capsys):
     assert "already holds a training run" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     calls = {"n": 0}
@@ -251,6 +257,7 @@ def test_lr_schedule_warmup_then_cosine():
     assert abs(optim.lr_factor(8, 4, 12) - 0.5) < 1e-12
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_match_one(tmp_path):
     """DDP on CPU (gloo) with 2 processes: finishes, saves once, and (dropout off) learns what one process learns
     with the same global batch."""
@@ -318,6 +325,7 @@ def test_resume_of_a_run_saved_before_newer_options_existed():
     assert merged.dim == 32 and merged.qk_norm is False and merged.susie is False and merged.resume is True
 
 
+@pytest.mark.slow
 def test_resume_of_a_run_saved_before_crop_pad_field_lr_and_transfer(tmp_path):
     """A run saved before --crop-pad, --field-lr-mult and --transfer-sizes existed resumes with their defaults, and
     its stored ``crop`` keeps its old meaning (pad-4 crop on shapes): the run ends exactly as an uninterrupted one."""
@@ -334,6 +342,7 @@ def test_resume_of_a_run_saved_before_crop_pad_field_lr_and_transfer(tmp_path):
     assert meta["crop_pad"] == 4 and len(meta["resolution_transfer"]) == 5
 
 
+@pytest.mark.slow
 def test_transfer_sizes_chosen_or_off_and_checked_before_training(tmp_path, capsys):
     assert run(tmp_path / "a", "--epochs", "1", "--transfer-sizes", "12,16x24") == 0
     curve = read_checkpoint(tmp_path / "a" / "model.safetensors")[2]["resolution_transfer"]
@@ -409,6 +418,7 @@ PRE_CONFIG_ARGS = {
 ADDED_SINCE = {"tensorboard": None}  # options added after that format, at their defaults
 
 
+@pytest.mark.slow
 def test_a_state_saved_before_train_config_resumes_exactly(tmp_path):
     """A run stopped by the code before TrainConfig (its state: the argparse namespace as a dict, an option this
     version no longer knows, no history) resumes and ends exactly as an uninterrupted run."""

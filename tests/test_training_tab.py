@@ -45,6 +45,7 @@ class FakeUI:
             setattr(self, name, name)
 
 
+@pytest.mark.slow
 def test_render_draws_the_history_with_the_slider_range_and_value_in_one_update(ctx, folder):
     ui = FakeUI()
     history = read_history(folder / "ckpt" / "trained.safetensors")

@@ -27,6 +27,7 @@ def trained(tmp_path_factory):
     return model, read_history(out / "last.safetensors")
 
 
+@pytest.mark.slow
 def test_the_last_snapshot_is_the_final_model_exactly(trained):
     model, history = trained
     assert model.config.grid == (7, 5)

@@ -38,6 +38,7 @@ def test_oracle_stays_on_the_device_of_its_field() -> None:
         assert oracle_apply(v, FieldLeaves(1, (5, 4), 2, 3, (), device="meta").field(), (5, 4), mode).is_meta
 
 
+@pytest.mark.slow
 @needs_triton
 def test_dry_run_checks_benchmarks_and_writes_results(tmp_path: Path) -> None:
     proc = _run(tmp_path)
@@ -53,6 +54,7 @@ def test_dry_run_checks_benchmarks_and_writes_results(tmp_path: Path) -> None:
     assert "23 of 23 checks passed" in (tmp_path / "RESULTS.md").read_text()
 
 
+@pytest.mark.slow
 @needs_triton
 def test_an_exhausted_budget_skips_cleanly(tmp_path: Path) -> None:
     proc = _run(tmp_path, "--budget-s", "0")

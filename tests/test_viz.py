@@ -6,6 +6,7 @@ import io
 import json
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from ssog_core.analysis.measures import head_fields
@@ -33,6 +34,7 @@ def _overlap(a, b) -> bool:
     return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
 
 
+@pytest.mark.slow
 def test_geometry_figure_titles_do_not_overlap_and_metadata_is_stored():
     fields = head_fields(designed_ssog(depth=6, heads=4))
     fig = viz.geometry_figure(fields, "six layers")

@@ -22,7 +22,7 @@ def build() -> SessionUI:
     gr.Markdown(
         "A session file records the checkpoint, the image (by SHA-256), the playground head and each "
         "tab's settings. Restore it here, or export the same figures headless with "
-        "`python -m ssog_core.figures --session FILE`."
+        "`python -m ssog_core figures --session FILE`."
     )
     with gr.Row():
         save = gr.Button("Save session", elem_id="ses-save")

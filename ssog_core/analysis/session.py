@@ -1,5 +1,5 @@
 """The session file: one JSON document that records what the app shows, so the same view can be restored in the
-app or drawn headless (``python -m ssog_core.figures --session FILE``).
+app or drawn headless (``python -m ssog_core figures --session FILE``).
 
 Format ``ssog-lab-session/1``::
 

@@ -1,6 +1,6 @@
 """How a model's geometry moved during training, read from the history its checkpoint stores (docs/DESIGN.md §3.6).
 
-Every snapshot of a :class:`~ssog_core.history.History` holds each layer's fixed field (μ, σ, λ, τ); these
+Every snapshot of a :class:`~ssog_core.checkpoint.history.History` holds each layer's fixed field (μ, σ, λ, τ); these
 functions rebuild it as a :class:`~ssog_core.field.Field` and measure it exactly as :func:`head_fields` measures a
 model's own layers (the same density over key displacement, the same moments), so a curve over steps ends at the
 number the geometry tab shows for the final model.

@@ -166,7 +166,7 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, str], dict[str, Tensor
     if path.suffix in (".pt", ".pth", ".bin", ".ckpt", ".pkl"):
         raise CheckpointError(
             f"{name} is a pickle-based file; SSOG Lab never unpickles. Convert a upstream-implementation "
-            "state dict with `python -m ssog_core.convert REF.pt --config '{...}' OUT.safetensors`"
+            "state dict with `python -m ssog_core convert REF.pt --config '{...}' OUT.safetensors`"
         )
     try:
         with safe_open(str(path), framework="pt") as f:
@@ -206,7 +206,7 @@ def read_checkpoint_with_history(
     if header.get("format") != FORMAT or "config" not in header:
         raise CheckpointError(
             f"{name} has no SSOG Lab header (format {header.get('format')!r}); if it holds an upstream-"
-            "implementation state dict, convert it with `python -m ssog_core.convert`"
+            "implementation state dict, convert it with `python -m ssog_core convert`"
         )
     try:
         config = ViTConfig.from_dict(json.loads(header["config"]))

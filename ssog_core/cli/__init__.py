@@ -1,2 +1,2 @@
-"""Every command line: ``main(argv)`` per command. ``python -m ssog_core.<name>`` (what checkpoints record) and the
-``ssog-*`` console scripts both call these."""
+"""Every command line: ``main(argv)`` per command. ``python -m ssog_core <command>``, ``python -m ssog_core.train``
+(what checkpoints record) and the ``ssog-*`` console scripts all call these."""

@@ -1,6 +1,6 @@
 """Convert a state dict saved by the upstream implementation's PyTorch ViT into an SSOG Lab checkpoint.
 
-    python -m ssog_core.convert REF.pt --config '{"num_classes": 100, "img_size": 32, "patch_size": 2}' OUT.safetensors
+    python -m ssog_core convert REF.pt --config '{"num_classes": 100, "img_size": 32, "patch_size": 2}' OUT.safetensors
 
 ``--config`` takes the keyword arguments the upstream ``ViT`` was built with; omitted ones take the
 upstream's own defaults. The file is read with ``torch.load(weights_only=True)``: a pickle that tries
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "converted_from": Path(args.upstream).name,
         "reference_config": kwargs,
-        "command": "python -m ssog_core.convert " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m ssog_core convert " + " ".join(sys.argv[1:] if argv is None else argv),
     }
     out = save_checkpoint(args.out, model, meta)
     n = sum(p.numel() for p in model.parameters())

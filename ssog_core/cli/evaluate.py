@@ -1,7 +1,7 @@
 """Accuracy of a checkpoint, and its zero-shot resolution transfer.
 
-    python -m ssog_core.evaluate --checkpoint C.safetensors --data cifar100:./cifar-100-python
-    python -m ssog_core.evaluate --checkpoint C.safetensors --data shapes --img-size 48 64 96 128
+    python -m ssog_core evaluate --checkpoint C.safetensors --data cifar100:./cifar-100-python
+    python -m ssog_core evaluate --checkpoint C.safetensors --data shapes --img-size 48 64 96 128
 
 With one size it prints ``accuracy: 0.xxxx`` on the test/val split. With several it evaluates the same
 weights at each size without any fine-tuning (only the position embedding is resized, the Gaussian

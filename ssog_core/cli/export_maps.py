@@ -1,9 +1,9 @@
 """Write pull-in / pull-out / net export maps of a checkpoint on images to an ``.npz`` file.
 
-    python -m ssog_core.export_maps --checkpoint C.safetensors --image bird.jpg --out maps.npz
-    python -m ssog_core.export_maps --checkpoint C.safetensors --image photos/ --out maps.npz
-    python -m ssog_core.export_maps --checkpoint C.safetensors --image bird.jpg --control blank --out maps.npz
-    python -m ssog_core.export_maps --checkpoint C.safetensors --per-class --control validation --out classes.npz
+    python -m ssog_core export-maps --checkpoint C.safetensors --image bird.jpg --out maps.npz
+    python -m ssog_core export-maps --checkpoint C.safetensors --image photos/ --out maps.npz
+    python -m ssog_core export-maps --checkpoint C.safetensors --image bird.jpg --control blank --out maps.npz
+    python -m ssog_core export-maps --checkpoint C.safetensors --per-class --control validation --out classes.npz
 
 One image: arrays ``pull_in``, ``pull_out``, ``net`` of shape (layers, Gh, Gw), ``accumulated`` and
 ``rollout`` (Gh, Gw). A folder: the same with a leading image axis (batched), plus ``mean_*`` maps over

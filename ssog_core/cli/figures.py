@@ -1,8 +1,8 @@
 """Headless figure export: the app's figures and raw numbers, written by a script.
 
-    python -m ssog_core.figures --checkpoint checkpoints/ssog_layouts.safetensors --image assets/bird.jpg \\
+    python -m ssog_core figures --checkpoint checkpoints/ssog_layouts.safetensors --image assets/bird.jpg \\
         [--twin checkpoints/dot_layouts.safetensors] [--layer 3] [--alpha 0.5] [--query 4,7] --out-dir figures/
-    python -m ssog_core.figures --session ssog_session.json --checkpoint-dir checkpoints --assets-dir assets \\
+    python -m ssog_core figures --session ssog_session.json --checkpoint-dir checkpoints --assets-dir assets \\
         --out-dir figures/
 
 Each figure is written as PNG and SVG with its settings (checkpoint, image hash, layer, α, colour map) in

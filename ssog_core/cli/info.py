@@ -1,4 +1,4 @@
-"""Print parameters and FLOPs per forward: ``python -m ssog_core.info [--config JSON]``.
+"""Print parameters and FLOPs per forward: ``python -m ssog_core info [--config JSON]``.
 
 Without ``--config`` it lists the SSOG post's six ImageNet configurations beside the counts the post reports.
 The counting itself is :mod:`ssog_core.nn.cost`.

@@ -1,6 +1,6 @@
 """Apply interventions to a checkpoint and report what changes, with a noise floor.
 
-    python -m ssog_core.intervene --checkpoint checkpoints/ssog_layouts.safetensors --edits edits.json \\
+    python -m ssog_core intervene --checkpoint checkpoints/ssog_layouts.safetensors --edits edits.json \\
         --image assets/layouts_val0003_vertical_pair.png --eval 500 --json out.json
 
 ``edits.json`` is a JSON list of edits (``ssog_core.interventions``; the ops are listed below), e.g.

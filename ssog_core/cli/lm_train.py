@@ -1,6 +1,6 @@
 """Train the causal language model of :mod:`ssog_core.nn.lm` on any plain-text file, and compare attention kinds.
 
-    python -m ssog_core.lm_train --text tinystories.txt --attn dot,rbf --steps 2000 --out runs/lm
+    python -m ssog_core lm-train --text tinystories.txt --attn dot,rbf --steps 2000 --out runs/lm
 
 trains one model per attention kind with the same seed, initial weights (the two share every parameter
 shape) and batches; prints both loss curves side by side; writes ``losses.jsonl``, ``losses.png`` and a
@@ -33,7 +33,7 @@ def _sample(model: CausalLM, tokenizer: Tokenizer, prompt: str, args: argparse.N
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m ssog_core.lm_train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m ssog_core lm-train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--text", type=Path, help="plain-text training file (UTF-8)")
     ap.add_argument("--attn", default="dot,rbf", help="comma-separated attention kinds to train: dot, rbf")

@@ -1,6 +1,6 @@
 """Accuracy of a model at one or more image sizes, and its zero-shot resolution-transfer curve.
 
-The one implementation behind ``python -m ssog_core.evaluate`` (a checkpoint file) and the transfer curve that
+The one implementation behind ``python -m ssog_core evaluate`` (a checkpoint file) and the transfer curve that
 ``python -m ssog_core.train`` measures at the end of a run (the model in memory). Only the position embedding is
 resized for another size; the Gaussian fields are re-evaluated on the new grid.
 """

@@ -1,6 +1,6 @@
 """The causal language model's training loop (:mod:`ssog_core.nn.lm`): one model per attention kind with the same
 seed, initial weights and batches, and the loss curves side by side. The command line is
-:mod:`ssog_core.cli.lm_train` (``python -m ssog_core.lm_train``).
+:mod:`ssog_core.cli.lm_train` (``python -m ssog_core lm-train``).
 """
 
 from __future__ import annotations

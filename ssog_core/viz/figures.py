@@ -1,7 +1,7 @@
 """The matplotlib figures of the analysis quantities, one section per app tab (raster helpers:
 :mod:`ssog_core.viz.raster`).
 
-Shared by the app and the headless CLI (``python -m ssog_core.figures``), so a figure downloaded from the
+Shared by the app and the headless CLI (``python -m ssog_core figures``), so a figure downloaded from the
 browser and one written by a script are the same drawing. Nothing here computes attention: every function
 takes the outputs of :mod:`ssog_core.analysis.measures` / :mod:`ssog_core.analysis.head_spec` and only draws them.
 Figures use matplotlib's object API (no pyplot state), so concurrent requests can draw at once.

@@ -1,6 +1,7 @@
-"""Measure the demo checkpoints and write docs/RESULTS.md (+ figures): SSOG vs its dot twin on a procedural set.
+"""Measure the two-stage pair and write docs/RESULTS.md (+ docs/figures/): SSOG vs its dot twin on a procedural set.
 
-    python docs/results.py [--ssog checkpoints/ssog_layouts.safetensors] [--dot checkpoints/dot_layouts.safetensors]
+    python experiments/results.py [--ssog checkpoints/ssog_layouts.safetensors] \
+        [--dot checkpoints/dot_layouts.safetensors]
 
 For each checkpoint: parameters, FLOPs per forward (``ssog_core.nn.cost.count_flops``), validation accuracy at
 the training size and zero-shot at other sizes (``ssog_core.cli.evaluate``); for the SSOG model the geometry of every
@@ -32,10 +33,10 @@ from ssog_core.train.accuracy import evaluate_sizes, plot_transfer
 ROOT = Path(__file__).resolve().parent.parent
 
 KEPT_SECTIONS = (  # sections other scripts own
-    ("<!-- small-data:begin -->", "<!-- small-data:end -->"),  # docs/small_data.py
-    ("<!-- export-control:begin -->", "<!-- export-control:end -->"),  # docs/export_control.py
-    ("<!-- interventions:begin -->", "<!-- interventions:end -->"),  # docs/interventions_report.py
-    ("<!-- matched-trio:begin -->", "<!-- matched-trio:end -->"),  # docs/matched_trio.py
+    ("<!-- small-data:begin -->", "<!-- small-data:end -->"),  # experiments/small_data.py
+    ("<!-- export-control:begin -->", "<!-- export-control:end -->"),  # experiments/export_control.py
+    ("<!-- interventions:begin -->", "<!-- interventions:end -->"),  # experiments/interventions_report.py
+    ("<!-- matched-trio:begin -->", "<!-- matched-trio:end -->"),  # experiments/matched_trio.py
 )
 COLD = float(positive(torch.tensor(COLD_GATE)))  # softplus(-8) + 1e-4 = 4.35e-4: a cold gate's starting scale
 WARM = float(positive(torch.tensor(WARM_GATE)))  # softplus(-2) + 1e-4
@@ -146,7 +147,8 @@ def main() -> None:
         sizes = [(s, s) for s in args.sizes]
         table, _ = evaluate_sizes(path, sizes=sizes)
         transfer[name] = table
-        plot_transfer(table, out / f"transfer_{name.lower()}.png", f"{name}: zero-shot resolution transfer on {kind}")
+        figure = out / "figures" / f"transfer_{name.lower()}.png"
+        plot_transfer(table, figure, f"{name}: zero-shot resolution transfer on {kind}")
         rows[name] = {
             "path": Path(path).name,
             "meta": meta,
@@ -159,14 +161,15 @@ def main() -> None:
             "bytes": Path(path).stat().st_size,
         }
         print(name, {k: v for k, v in rows[name].items() if k != "meta"}, flush=True)
-    example_figure(models, kind, spec, size, out / f"export_maps_{kind}.png")
+    example_figure(models, kind, spec, size, out / "figures" / f"export_maps_{kind}.png")
 
     s = rows["SSOG"]
     cfg = s["meta"]["config"]
     lines = [
         f"# Results: SSOG vs its dot-product twin on `{kind}` (matched recipe)",
         "",
-        "Written by `python docs/results.py` from the demo checkpoints in `checkpoints/` (see",
+        "Written by `python experiments/results.py` from `checkpoints/ssog_layouts.safetensors` and",
+        "`checkpoints/dot_layouts.safetensors`, the SSOG / dot pair trained in two stages (see",
         "`checkpoints/MODEL_CARD.md` for how they were trained). CPU, float32 evaluation, validation split of",
         f"`{s['meta']['data']}` ({cfg['num_classes']} classes); accuracy at other sizes is zero-shot (no fine-tuning:",
         "only the position embedding is resized; the Gaussian fields are re-evaluated on the new grid).",
@@ -196,7 +199,7 @@ def main() -> None:
         lines.append(f"| {name} | {cells} |")
     lines += [
         "",
-        "(bold: the training size). Plots: `docs/transfer_ssog.png`, `docs/transfer_dot.png`.",
+        "(bold: the training size). Plots: `docs/figures/transfer_ssog.png`, `docs/figures/transfer_dot.png`.",
         "",
         "## What the SSOG model learned: geometry per layer",
         "",
@@ -251,17 +254,18 @@ def main() -> None:
         "How much of the table is position is measured in the next section, against a control (a blank image, and "
         "the validation mean).",
         "",
-        f"![accumulated export maps](export_maps_{kind}.png)",
+        f"![accumulated export maps](figures/export_maps_{kind}.png)",
         "",
     ]
-    curves = {n: out / f"metrics_{n.lower()}.jsonl" for n in rows}
+    curves = {n: out / "results" / f"metrics_{n.lower()}.jsonl" for n in rows}
     if all(p.is_file() for p in curves.values()):
         logs = {n: [json.loads(line) for line in p.read_text().splitlines()] for n, p in curves.items()}
         epochs = min(len(v) for v in logs.values())
         lines += [
             "## Validation accuracy per epoch (same recipe, same steps, same learning rate at each epoch)",
             "",
-            "From the runs' `metrics.jsonl` (copied to `docs/metrics_*.jsonl`; curves in `docs/curves_*.png`).",
+            "From the runs' `metrics.jsonl` (copied to `docs/results/metrics_*.jsonl`; curves in "
+            "`docs/figures/curves_*.png`).",
             "",
             "| epoch | " + " | ".join(logs) + " |",
             "|---:|" + "---:|" * len(logs),

@@ -1,6 +1,6 @@
 """Is export on the object content or position? Accumulated export maps against a control, for docs/RESULTS.md.
 
-    python docs/export_control.py [--ssog SSOG.safetensors] [--dot DOT.safetensors] [--images 200]
+    python experiments/export_control.py [--ssog SSOG.safetensors] [--dot DOT.safetensors] [--images 200]
 
 For each checkpoint, on the first ``--images`` validation images of its recorded procedural data (α 0.5) and on
 the same images with the object moved off-centre (``layouts.render_with_mask(off_centre=True)``; kept when the
@@ -13,7 +13,7 @@ centroid of the object's mask lies in the outer third of the image, x or y below
   the blank map alone, raw − blank, and raw − the validation control (mean map over ``--control-images``
   validation images).
 
-Writes ``docs/export_control.json`` and the section between the markers in ``docs/RESULTS.md`` (replaced where
+Writes ``docs/results/export_control.json`` and the section between the markers in ``docs/RESULTS.md`` (replaced where
 the markers are, placed before the small-data section otherwise; the rest of the file is left as it is).
 """
 
@@ -38,7 +38,7 @@ from ssog_core.data.images import to_tensor
 ROOT = Path(__file__).resolve().parent.parent
 MARKERS = ("<!-- export-control:begin -->", "<!-- export-control:end -->")
 SMALL_DATA = "<!-- small-data:begin -->"
-COVERED = 0.25  # a patch belongs to the object when at least a quarter of it is covered (as docs/results.py)
+COVERED = 0.25  # a patch belongs to the object when at least a quarter of it is covered (as experiments/results.py)
 ALPHA = 0.5
 BATCH = 25
 
@@ -141,8 +141,8 @@ def section(results: dict[str, dict], n: int) -> str:
         MARKERS[0],
         "## Export against a control: object or position?",
         "",
-        f"Written by `python docs/export_control.py --ssog checkpoints/{s['checkpoint']} --dot "
-        f"checkpoints/{d['checkpoint']}` (numbers in `docs/export_control.json`). α = {ALPHA}; the first "
+        f"Written by `python experiments/export_control.py --ssog checkpoints/{s['checkpoint']} --dot "
+        f"checkpoints/{d['checkpoint']}` (numbers in `docs/results/export_control.json`). α = {ALPHA}; the first "
         f"{n} validation images of `{s['data']}` and, to separate the object from the image centre, the same images "
         "with the object moved off-centre (`layouts.render_with_mask(off_centre=True)`, kept when the centroid of the "
         "object's mask is in the outer third of the image along x or y). *Blank*: the accumulated map of a blank image "
@@ -217,10 +217,11 @@ def main() -> None:
         name: run(path, args.images, args.control_images) for name, path in (("SSOG", args.ssog), ("dot", args.dot))
     }
     out = Path(args.out)
+    numbers = out / "results" / "export_control.json"
     text = json.dumps({"alpha": ALPHA, "covered": COVERED, **results}, indent=1)
-    atomic_write(out / "export_control.json", lambda tmp: Path(tmp).write_text(text + "\n"))
+    atomic_write(numbers, lambda tmp: Path(tmp).write_text(text + "\n"))
     write_section(out / "RESULTS.md", section(results, args.images))
-    print(f"wrote {out / 'export_control.json'} and the section in {out / 'RESULTS.md'}")
+    print(f"wrote {numbers} and the section in {out / 'RESULTS.md'}")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The matched trio on ``layouts``: steered SSOG, fixed-field SSOG and the dot twin, trained by one command each that
 differs only in ``--attn`` / ``--steer``. Writes the section between the markers in docs/RESULTS.md and
-docs/matched_accuracy.png.
+docs/figures/matched_accuracy.png.
 
-    python docs/matched_trio.py [--checkpoints checkpoints] [--docs docs]
+    python experiments/matched_trio.py [--checkpoints checkpoints] [--docs docs]
 
 Everything is read from the checkpoints: the training commands and final accuracy from their metadata, the zero-shot
 resolution transfer ``train`` measured at the end (``resolution_transfer``), and the training history (validation
@@ -144,7 +144,7 @@ def section(ckpts: Path, docs: Path) -> str:
     for name, file in TRIO.items():
         models[name], metas[name] = load_checkpoint(ckpts / file)
         histories[name] = read_history(ckpts / file)
-    accuracy_figure(histories, docs / "matched_accuracy.png")
+    accuracy_figure(histories, docs / "figures" / "matched_accuracy.png")
     commands = [m["command"] for m in metas.values()]
     differ = sorted(differing_flags(commands))
     cold = initial_gate_scale(models[next(iter(TRIO))].config)
@@ -152,7 +152,8 @@ def section(ckpts: Path, docs: Path) -> str:
         MARKS[0],
         "## The matched trio: steered SSOG, fixed-field SSOG, dot twin (one stage each, same steps)",
         "",
-        "Written by `python docs/matched_trio.py` from `checkpoints/matched_*.safetensors`. The three training commands"
+        "Written by `python experiments/matched_trio.py` from `checkpoints/matched_*.safetensors`. The three "
+        "training commands"
         f" differ only in {', '.join(f'`{d}`' for d in differ)} (and `--out`); the common part is",
         "",
         "    " + re.sub(r" --(attn|steer) \S+| --out \S+", "", commands[0]).replace(" --attn ssog", ""),
@@ -176,7 +177,7 @@ def section(ckpts: Path, docs: Path) -> str:
         "(zero-shot: validation accuracy, %, at other image sizes with no fine-tuning, ≤ 1,000 images per size, as "
         "`train` measured it at the end; the training size is 56².)",
         "",
-        "![validation accuracy vs step](matched_accuracy.png)",
+        "![validation accuracy vs step](figures/matched_accuracy.png)",
         "",
         "Geometry of the two SSOG models' fixed fields per layer (`head_fields`: reach = RMS key distance of a centre "
         f"query's field, cells; strip = long/short spread ≥ {STRIP_RATIO:g}); gate opening = scale ÷ the cold start "

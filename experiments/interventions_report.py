@@ -1,14 +1,14 @@
 """Measure what interventions say about the bundled models and write that section of docs/RESULTS.md.
 
-    python docs/interventions_report.py [--ssog checkpoints/ssog_layouts.safetensors] [--images 500]
+    python experiments/interventions_report.py [--ssog checkpoints/ssog_layouts.safetensors] [--images 500]
 
 On the first N validation images (every number with its paired bootstrap 95% interval; "within noise" when the
 interval contains 0): which heads matter when zero-ablated; which classes the top heads serve; whether closing
 every layer's μ, σ or λ gates hurts, beside the matched fixed-field model (``ssog_fixed_*``) and the dot twin when
-they are bundled; and a prediction tested with controls — mirroring (``swap_axes``) the strongest elongated head
+they are bundled; and a prediction tested beside a round head — mirroring (``swap_axes``) the strongest elongated head
 should turn vertical-vs-horizontal decisions specifically, mirroring a round head should change nothing, and
 zero-ablating the elongated head shows what losing it costs. The section sits between markers in RESULTS.md, so
-docs/results.py keeps it.
+experiments/results.py keeps it.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ssog_core.interventions.validation import EvalSet, load_eval_set
 
 ROOT = Path(__file__).resolve().parent.parent
 MARKS = ("<!-- interventions:begin -->", "<!-- interventions:end -->")
-STRIP = 2.0  # a head whose field's spreads differ by this factor is elongated (as docs/results.py counts them)
+STRIP = 2.0  # a head whose field's spreads differ by this factor is elongated (as experiments/results.py counts them)
 
 
 def ci_text(value: float, ci: tuple[float, float] | list[float], digits: int = 4) -> str:
@@ -95,7 +95,7 @@ def section(ssog: Path, n: int) -> str:
         MARKS[0],
         "## What the interventions say",
         "",
-        f"Written by `python docs/interventions_report.py --ssog {shown} --images {n}` "
+        f"Written by `python experiments/interventions_report.py --ssog {shown} --images {n}` "
         f"(`ssog_core.interventions`) on the first {n} validation images of `{data.spec}`; unedited accuracy "
         f"**{acc0:.4f}**. Every change is edited − unedited with its paired bootstrap 95% interval (the same images "
         "resampled on both sides); *within noise* when the interval contains 0. Log p(true) moves measurably where "
@@ -165,7 +165,7 @@ def section(ssog: Path, n: int) -> str:
            "the matched fixed-field model is not bundled")
         + (f"; the dot twin **{dot}**." if dot else ".")
     )  # fmt: skip
-    lines += ["", "### A prediction with controls: mirroring the elongated head", ""]
+    lines += ["", "### A prediction: mirroring the elongated head, beside the roundest", ""]
     elong = {(i, h): float(fields[i].elongation[h]) for i, h in heads}
     strips = [ih for ih in heads if elong[ih] >= STRIP]
     strong = max(strips or heads, key=lambda ih: imp.ablate[ih[0]][ih[1]].logp_drop if strips else elong[ih])

@@ -1,9 +1,9 @@
 """The SSOG post's small-data claim in miniature: SSOG vs its dot twin on scikit-learn's digits, where it holds.
 
-    PYTHONPATH=/path/to/sklearn python docs/small_data.py [--root runs/small_data] [--jobs 2] [--seeds 0 1 2]
-    python docs/small_data.py --study sizes --sizes 500 250 1438   # only the size sweep, most telling size first
-    python docs/small_data.py --report-only          # rebuild the tables and the plot from the finished runs
-    python docs/small_data.py --report-only --docs /tmp/check   # ... written elsewhere (to compare, or in tests)
+    PYTHONPATH=/path/to/sklearn python experiments/small_data.py [--root runs/small_data] [--jobs 2] [--seeds 0 1 2]
+    python experiments/small_data.py --study sizes --sizes 500 250 1438   # only the size sweep, most telling size first
+    python experiments/small_data.py --report-only          # rebuild the tables and the plot from the finished runs
+    python experiments/small_data.py --report-only --docs /tmp/check   # ... written elsewhere (to compare, or in tests)
 
 The SSOG post reports SSOG far ahead of a dot-product ViT at a matched recipe on small data (CIFAR-100 with 500
 images per class: ~70% vs 53%). This script measures the same comparison offline, through the project's own
@@ -11,7 +11,8 @@ images per class: ~70% vs 53%). This script measures the same comparison offline
 
 * the present configuration (``--study crops``): 12×12 PNGs (bilinear), d32, 2 layers, all 1,438 training images,
   batch 128, under two crops -- ``pad-crop`` (zero-pad 2 px, random crop) and ``resized-crop`` (Inception, 25–100%
-  of the area); its runs are not kept, so a report without them reuses the numbers ``docs/small_data.json`` saved;
+  of the area); its runs are not kept, so a report without them reuses the numbers
+  ``docs/results/small_data.json`` saved;
 * the size sweep (``--study sizes``): the SSOG post's regime as a reviewer ran it -- 16×16 PNGs (nearest), patch 2,
   batch 64, lr 1e-3, 2 warm-up epochs, pad-crop 2, 100 epochs -- at d64 / 4 layers (``--archs`` adds d32 / 2
   layers) on stratified, nested subsets of 250 / 500 / 1,438 training images, scored on the same val images, with
@@ -21,8 +22,9 @@ Within a row only ``--attn`` differs, and the same seed gives both models the sa
 (digits are not mirror-symmetric). Runs go two at a time under ``nice -n 10`` with one thread each (so the study
 can share a machine with more important work); a stopped run resumes (``--resume``), a finished one is skipped,
 a missing evaluation is redone. Data and runs live under ``--root`` (never committed). The report:
-``docs/SMALL_DATA.md``, ``docs/small_data.json`` (present configuration), ``docs/small_data_sizes.json`` (sweep),
-``docs/small_data_gap.png`` and a short section between the markers in ``docs/RESULTS.md``.
+``docs/SMALL_DATA.md``, ``docs/results/small_data.json`` (present configuration),
+``docs/results/small_data_sizes.json`` (sweep), ``docs/figures/small_data_gap.png`` and a short section between
+the markers in ``docs/RESULTS.md``.
 
 Both runs of a pair make the same optimizer steps (drop_last), so their final gap is at matched steps; the gap is
 also read at 25/50% of the run, and at matched CPU time from each run's per-epoch CPU time (``epoch_cpu_s`` in
@@ -82,7 +84,8 @@ def build_digits(folder: Path, size: int = SIZE, resample: str = "bilinear") -> 
     """scikit-learn's digits as ``folder/{train,val}/DIGIT/N.png`` at size×size; written only when missing.
 
     ``resample`` names the upsampling (RESAMPLE). The manifest records it only when it is not bilinear, so the
-    12×12 bilinear tree's manifest stays the one ``docs/small_data.json`` records for the present configuration."""
+    12×12 bilinear tree's manifest stays the one ``docs/results/small_data.json`` records for the present
+    configuration."""
     want: dict[str, Any] = {"size": size} | ({} if resample == "bilinear" else {"resample": resample})
     manifest = folder / "manifest.json"
     if manifest.is_file():
@@ -148,7 +151,7 @@ def run_then_evaluate(out: Path, train_args: list[str], evaluations: dict[str, l
             return f"{out}: train exited {code} (see {log})"
     for name, extra in evaluations.items():
         if not (out / name).is_file():
-            cmd = [sys.executable, "-m", "ssog_core.evaluate", "--checkpoint", str(out / "model.safetensors")]
+            cmd = [sys.executable, "-m", "ssog_core", "evaluate", "--checkpoint", str(out / "model.safetensors")]
             code, _ = _cpu_run([*cmd, *extra, "--device", "cpu", "--json", str(out / name)], log)
             if code != 0:
                 return f"{out}: evaluate exited {code} (see {log})"
@@ -262,12 +265,13 @@ def markdown(table: dict[str, Any], counts: dict[str, int], epochs: int, seeds: 
         f"All {len(CROPS) * len(seeds)} planned pairs finished."
         if not missing
         else f"**Unfinished:** {', '.join(missing)} (the runs had not finished when this was written; "
-        "`python docs/small_data.py` resumes them and rewrites these tables)."
+        "`python experiments/small_data.py` resumes them and rewrites these tables)."
     )
     lines = [
         "## The present configuration: d32, 2 layers, 1,438 images, under two crops",
         "",
-        "The project's first run of this comparison (numbers in `docs/small_data.json`; the sweep above reuses its",
+        "The project's first run of this comparison (numbers in `docs/results/small_data.json`; the sweep above "
+        "reuses its",
         "split, not its images: those are 12×12 here, 16×16 there).",
         "",
         f"Data: scikit-learn's digits as an `imagefolder:` tree of {SIZE}×{SIZE} PNGs (8×8 upsampled bilinearly), "
@@ -364,7 +368,7 @@ SWEEP_RECIPE = [
 ]  # fmt: skip
 STEP_SHARES = (0.25, 0.5, 1.0)  # the gap at matched steps is also read at these shares of the run
 STEP_MARK = 700  # ... and at the epoch ending nearest this step: all 500-image runs make, in every longer run
-CONTROL = (1438, 32)  # all 1,438 images for 32 epochs: 704 steps, about the 700 that 500 images make in 100
+MATCHED_STEPS = (1438, 32)  # all 1,438 images for 32 epochs: 704 steps, about the 700 that 500 images make in 100
 REVIEWER = {"ssog": 0.851, "dot": 0.702}  # the reviewer's single run (500 images, d64-L4, seed 0)
 
 
@@ -435,17 +439,17 @@ def build_sweep_data(root: Path, sizes: tuple[int, ...] | list[int]) -> dict[int
 
 
 def sweep_dir(root: Path, arch: str, n: int, model: str, seed: int, epochs: int | None = None) -> Path:
-    """A run of the grid (``epochs`` None: the study's epochs) or of the step-matched control (``epochs`` given)."""
+    """A run of the grid (``epochs`` None: the study's epochs) or of the step-matched run (``epochs`` given)."""
     return root / "runs" / "sizes" / arch / (f"n{n}" if epochs is None else f"n{n}-e{epochs}") / f"{model}-s{seed}"
 
 
-def sweep_run(root: Path, arch: str, n: int, model: str, seed: int, epochs: int, control: bool = False) -> str:
+def sweep_run(root: Path, arch: str, n: int, model: str, seed: int, epochs: int, matched_steps: bool = False) -> str:
     """One run of the sweep: train (resume, skip), then val accuracy and clean train accuracy of the final model.
-    ``control``: a run of the step-matched control, kept apart from the grid's runs (its folder names its epochs)."""
+    ``matched_steps``: the step-matched run, kept apart from the grid's runs (its folder names its epochs)."""
     data = sweep_data(root, n)
     args = ["--data", f"imagefolder:{data}", "--attn", model, "--epochs", str(epochs), "--seed", str(seed)]
     clean = {"eval.json": [], "train_eval.json": ["--data", f"imagefolder:{train_view(data)}"]}
-    out = sweep_dir(root, arch, n, model, seed, epochs if control else None)
+    out = sweep_dir(root, arch, n, model, seed, epochs if matched_steps else None)
     return run_then_evaluate(out, [*args, *SWEEP_RECIPE, *ARCHS[arch]], clean)
 
 
@@ -473,13 +477,13 @@ def _at_mark(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def summarise_sizes(root: Path, archs: list[str], sizes: list[int], seeds: list[int]) -> list[dict[str, Any]]:
-    """One cell per (model size, training-set size), and one for the step-matched control where it ran: its
+    """One cell per (model size, training-set size), and one for the step-matched run where it ran: its
     seed-paired rows, each with both models' val and clean train accuracy, the gap, the gap at matched CPU time
     and at STEP_SHARES of the (shared) step count."""
     cells = []
     grid = [(arch, n, None) for arch in archs for n in sizes]
-    control = [(arch, CONTROL[0], CONTROL[1]) for arch in archs]
-    ran = [c for c in control if sweep_dir(root, c[0], c[1], "ssog", 0, c[2]).parent.is_dir()]
+    matched = [(arch, MATCHED_STEPS[0], MATCHED_STEPS[1]) for arch in archs]
+    ran = [c for c in matched if sweep_dir(root, c[0], c[1], "ssog", 0, c[2]).parent.is_dir()]
     for arch, n, epochs in grid + ran:
         rows = []
         for s in seeds:
@@ -517,7 +521,7 @@ def summarise_sizes(root: Path, archs: list[str], sizes: list[int], seeds: list[
 
 
 def _n(cell: dict[str, Any]) -> str:
-    """The training-set column: the size, and for the step-matched control its epochs."""
+    """The training-set column: the size, and for the step-matched run its epochs."""
     return f"{cell['n']:,}" + ("" if cell.get("epochs") is None else f" × {cell['epochs']} epochs")
 
 
@@ -609,8 +613,8 @@ def sizes_markdown(cells: list[dict[str, Any]], epochs: int, seeds: list[int]) -
         "All planned pairs finished."
         if not missing
         else "**Unfinished or not run:** " + "; ".join(missing) + " (cut to fit the CPU time the study had; "
-        "`python docs/small_data.py --study sizes --control` runs them, resumes stopped ones and rewrites these "
-        "tables)."
+        "`python experiments/small_data.py --study sizes --matched-steps` runs them, resumes stopped ones and "
+        "rewrites these tables)."
     )
     lines = [
         "## The SSOG post's regime in miniature: training-set size",
@@ -656,7 +660,7 @@ def sizes_markdown(cells: list[dict[str, Any]], epochs: int, seeds: list[int]) -
     shares = " | ".join(f"gap at {100 * s:.0f}%" for s in STEP_SHARES)
     lines += [
         "",
-        "![paired gap vs training-set size](small_data_gap.png)",
+        "![paired gap vs training-set size](figures/small_data_gap.png)",
         "",
         "The gap during the run, at matched steps (val accuracy after the epoch ending 25%, 50% and 100% of the way "
         "through; from `metrics.jsonl`, so the 100% column is the last epoch's evaluation, which `evaluate` repeats "
@@ -822,8 +826,8 @@ def _data_or_steps(cells: list[dict[str, Any]]) -> list[str]:
         )
     if ctrl:
         text += (
-            f"The control, all 1,438 images for {ctrl['epochs']} epochs ({ctrl['rows'][0]['steps']} steps, a full "
-            f"schedule): {_ms([r['gap'] for r in ctrl['rows']])} ({_seeds(ctrl['rows'])}). "
+            f"The step-matched run, all 1,438 images for {ctrl['epochs']} epochs ({ctrl['rows'][0]['steps']} steps, "
+            f"a full schedule): {_ms([r['gap'] for r in ctrl['rows']])} ({_seeds(ctrl['rows'])}). "
         )
     if marks and grid.get(500):
         at500, std500 = _gap_stats(grid[500])[:2]
@@ -910,11 +914,12 @@ def markdown_all(cells: list[dict[str, Any]], present: dict[str, Any], counts: d
         [
             "# Small data: SSOG vs its dot twin on digits",
             "",
-            "Written by `python docs/small_data.py` (numbers in `docs/small_data_sizes.json` and, for the present "
-            "configuration, `docs/small_data.json`; plot `docs/small_data_gap.png`). The SSOG post's headline is "
+            "Written by `python experiments/small_data.py` (numbers in `docs/results/small_data_sizes.json` and, "
+            "for the present configuration, `docs/results/small_data.json`; plot `docs/figures/small_data_gap.png`). "
+            "The SSOG post's headline is "
             "SSOG ~70% vs SDPA 53% at a matched recipe on small data (CIFAR-100, 500 images per class); this is the "
             "same comparison in miniature, run offline through `python -m ssog_core.train` and "
-            "`python -m ssog_core.evaluate`, on scikit-learn's digits (1,797 8×8 images, 10 classes; a fixed "
+            "`python -m ssog_core evaluate`, on scikit-learn's digits (1,797 8×8 images, 10 classes; a fixed "
             "stratified 80/20 split: 1,438 train / 359 val).",
             "",
             "## What the numbers say",
@@ -941,31 +946,35 @@ def _place_section(results: Path, section: str) -> None:
 
 def present_table(root: Path, seeds: list[int], epochs: int, docs: Path) -> tuple[dict[str, Any], dict, int, list[int]]:
     """The present configuration's table, counts, epochs and seeds: from its runs under ``root`` where any finished,
-    else as ``small_data.json`` saved them (in ``docs``, else this checkout's docs/): those runs are not kept."""
+    else as ``results/small_data.json`` saved them (in ``docs``, else this checkout's docs/): those runs are not
+    kept."""
     table = summarise(root, seeds)
     if any(table.values()):
         return table, build_digits(root / "digits"), epochs, seeds
-    saved_file = docs / "small_data.json" if (docs / "small_data.json").is_file() else DOCS / "small_data.json"
+    name = Path("results") / "small_data.json"
+    saved_file = docs / name if (docs / name).is_file() else DOCS / name
     saved = json.loads(saved_file.read_text())
     saved_seeds = sorted({r["seed"] for rows in saved["runs"].values() for r in rows})
     return saved["runs"], saved["data"], saved["epochs"], saved_seeds
 
 
 def write_reports(root: Path, seeds: list[int], epochs: int, docs: Path, archs: list[str]) -> None:
-    """small_data.json, small_data_sizes.json, SMALL_DATA.md and small_data_gap.png in ``docs``, and the section
-    between the markers in its RESULTS.md. The sweep's grid: ``archs`` (and any model size with runs) × SWEEP_SIZES."""
+    """SMALL_DATA.md, results/small_data.json, results/small_data_sizes.json and figures/small_data_gap.png in
+    ``docs``, and the section between the markers in its RESULTS.md. The sweep's grid: ``archs`` (and any model
+    size with runs) × SWEEP_SIZES."""
     present, counts, present_epochs, present_seeds = present_table(root, seeds, epochs, docs)
     ran = [p.name for p in sorted((root / "runs" / "sizes").glob("*")) if p.name in ARCHS]
     cells = summarise_sizes(root, list(dict.fromkeys([*archs, *ran])), list(SWEEP_SIZES), seeds)
-    docs.mkdir(parents=True, exist_ok=True)
+    for folder in ("results", "figures"):
+        (docs / folder).mkdir(parents=True, exist_ok=True)
     data = {n: json.loads(m.read_text()) for n in SWEEP_SIZES if (m := sweep_data(root, n) / "manifest.json").is_file()}
-    (docs / "small_data.json").write_text(
+    (docs / "results" / "small_data.json").write_text(
         json.dumps({"data": counts, "epochs": present_epochs, "runs": present}, indent=1)
     )
     sweep = {"data": data, "epochs": epochs, "recipe": SWEEP_RECIPE, "archs": ARCHS, "cells": cells}
-    (docs / "small_data_sizes.json").write_text(json.dumps(sweep, indent=1))
+    (docs / "results" / "small_data_sizes.json").write_text(json.dumps(sweep, indent=1))
     (docs / "SMALL_DATA.md").write_text(markdown_all(cells, present, counts, present_epochs, seeds, present_seeds))
-    plot_gap(cells, present, docs / "small_data_gap.png")
+    plot_gap(cells, present, docs / "figures" / "small_data_gap.png")
     _place_section(docs / "RESULTS.md", results_section(cells, present, seeds))
 
 
@@ -990,8 +999,8 @@ def main(argv: list[str] | None = None) -> int:
     order = "the sweep's training-set sizes to train, in this order (default: all)"
     ap.add_argument("--sizes", type=int, nargs="+", default=list(SWEEP_SIZES), choices=SWEEP_SIZES, help=order)
     ap.add_argument("--archs", nargs="+", default=["d64-L4"], choices=list(ARCHS), help="model sizes of the sweep")
-    control = f"also the step-matched control: {CONTROL[0]:,} images for {CONTROL[1]} epochs"
-    ap.add_argument("--control", action="store_true", help=control)
+    matched = f"also the step-matched run: {MATCHED_STEPS[0]:,} images for {MATCHED_STEPS[1]} epochs"
+    ap.add_argument("--matched-steps", action="store_true", help=matched)
     ap.add_argument("--nice", type=int, default=NICE, help=f"niceness added to every run (default {NICE})")
     ap.add_argument("--report-only", action="store_true", help="only rebuild the tables from finished runs")
     ap.add_argument("--docs", type=Path, default=DOCS, help="where the reports go (default: this checkout's docs/)")
@@ -1008,8 +1017,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.study in ("all", "sizes"):
             jobs += [(sweep_run, args.root, a, n, m, s, args.epochs)
                      for a in args.archs for n in args.sizes for s in args.seeds for m in MODELS]  # fmt: skip
-            if args.control:
-                jobs += [(sweep_run, args.root, a, CONTROL[0], m, s, CONTROL[1], True)
+            if args.matched_steps:
+                jobs += [(sweep_run, args.root, a, MATCHED_STEPS[0], m, s, MATCHED_STEPS[1], True)
                          for a in args.archs for s in args.seeds for m in MODELS]  # fmt: skip
         _run_all(jobs, args.jobs)
     write_reports(args.root, args.seeds, args.epochs, args.docs, args.archs)

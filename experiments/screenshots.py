@@ -1,10 +1,11 @@
 """Regenerate the README's screenshots of every tab from a real browser session.
 
-    python docs/screenshots.py [--checkpoint-dir checkpoints] [--assets-dir assets] [--image NAME] [--out DIR]
+    python experiments/screenshots.py [--checkpoint-dir checkpoints] [--assets-dir assets] [--image NAME] [--out DIR]
 
 Starts ``python -m app`` on a free port, drives Debian's Chromium with Playwright (offline) through the tabs —
 a trained preset drawn over the picture, the learned geometry, a clicked patch in the steering tab, the export
-maps beside the dot twin, the comparison — and writes one PNG per tab.
+maps beside the dot twin, the comparison — and writes one PNG per tab (default: docs/figures/screenshots/, where
+the README shows them).
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def main() -> None:
     ap.add_argument("--checkpoint-dir", type=Path, default=ROOT / "checkpoints")
     ap.add_argument("--assets-dir", type=Path, default=ROOT / "assets")
     ap.add_argument("--image", help="bundled image to select (default: the first)")
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshots")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "figures" / "screenshots")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     log_path = args.out / "app.log"
