@@ -3,9 +3,8 @@
 and keeps what is expensive (validation images, their unedited outcomes, head means, sweeps) in
 ``ctx.cache.effects``, keyed by what each depends on (the model's file, the edit list, N, the mode).
 
-Heavy work (the validation set, head importance) runs one request at a time: every event and endpoint that does it
-shares the concurrency id :data:`HEAVY` with limit 1, so one sweep waits in the queue instead of stalling every
-other user's requests.
+Work on the validation set (validation effects, head importance) runs under :data:`app.queues.heavy_gate`, so at
+most ``HEAVY_LIMIT`` such computations run at once, whichever queue asked for them (:mod:`app.queues`).
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from typing import Any
 
 from torch import Tensor
 
+from app.queues import heavy_gate
 from app.state import AppContext, LoadedModel
 from ssog_core.analysis.effects import (
     EvalSet,
@@ -32,8 +32,6 @@ from ssog_core.analysis.effects import (
 from ssog_core.analysis.interventions import AblateHead, Edit, PatchHead, edits_key, parse_edits
 from ssog_core.analysis.measures import attention_maps
 from ssog_core.cli.intervene import result_dict
-
-HEAVY = "heavy"  # concurrency id of the validation and head-importance work (limit 1)
 
 
 def sources(ctx: AppContext, loaded: LoadedModel, edits: Sequence[Edit]) -> dict[str, Tensor]:
@@ -70,9 +68,10 @@ def on_validation(ctx: AppContext, loaded: LoadedModel, edits: Sequence[Edit], n
     """The validation-set effect, cached per (checkpoint, edits, N)."""
 
     def make() -> ValidationEffect:
-        data, before = eval_set(ctx, loaded, n)
-        src, means = sources(ctx, loaded, edits), head_means(ctx, loaded, edits)
-        return validation_effect(loaded.model, data, edits, src, means, unedited=before)
+        with heavy_gate:
+            data, before = eval_set(ctx, loaded, n)
+            src, means = sources(ctx, loaded, edits), head_means(ctx, loaded, edits)
+            return validation_effect(loaded.model, data, edits, src, means, unedited=before)
 
     return ctx.cache.effects.get(("validation", loaded.key, edits_key(edits), int(n)), make)
 
@@ -95,8 +94,9 @@ def importance(
         raise ValueError(f"unknown ablation mode {mode!r}; expected zero or dataset_mean")
 
     def make() -> HeadImportance:
-        data, _ = eval_set(ctx, loaded, n)
-        means = head_means(ctx, loaded, [AblateHead(0, 0, mode)])
-        return head_importance(loaded.model, data, mode, means, progress=True, stop=stop)
+        with heavy_gate:
+            data, _ = eval_set(ctx, loaded, n)
+            means = head_means(ctx, loaded, [AblateHead(0, 0, mode)])
+            return head_importance(loaded.model, data, mode, means, progress=True, stop=stop)
 
     return ctx.cache.effects.get(("importance", loaded.key, int(n), mode), make)
