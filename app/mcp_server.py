@@ -40,7 +40,7 @@ def basic_login(header: str, logins: Sequence[tuple[str, str]]) -> tuple[str, st
 def serve_mcp(demo: gr.Blocks, logins: Sequence[tuple[str, str]] | None) -> None:
     """Adapt the running MCP server of ``demo``: JSON results; with ``logins``, call-backs as the caller."""
     if demo.mcp_server_obj is None:
-        raise RuntimeError("the MCP server is not running (launch with mcp_server=True)")
+        raise RuntimeError(f"the MCP server is not running: {getattr(demo, 'mcp_error', None) or 'launch it first'}")
     json_results(demo)
     if logins:
         call_back_as_caller(demo, logins)

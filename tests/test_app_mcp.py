@@ -31,7 +31,8 @@ LOGIN = ("ada", "s3cret:pass")
 OTHER = ("grace", "äö ü")  # a second login, non-ASCII password
 SHAPES = {"data": "shapes:train=4,val=60,classes=5", "class_names": ["circle", "square", "triangle", "star", "cross"]}
 EDITS = [{"op": "close_gate", "layer": 1, "tap": "mu"}, {"op": "ablate_head", "layer": 0, "head": 1}]
-MCP_ROUTES = ("gradio_api/mcp/sse", "gradio_api/mcp/http/", "gradio_api/mcp/schema", "gradio_api/mcp/")
+MCP_ROUTES = ("gradio_api/mcp/sse", "gradio_api/mcp/http/", "gradio_api/mcp/schema", "gradio_api/mcp/",
+              "gradio_api/mcp/http", "gradio_api/mcp/messages/")  # fmt: skip
 
 
 def basic(user: str, password: str) -> dict[str, str]:
@@ -110,8 +111,8 @@ def test_a_logged_in_client_calls_light_and_heavy_tools_as_the_gradio_client_doe
 def test_without_a_valid_login_no_mcp_route_answers_or_names_a_tool(with_login, headers):
     url = with_login.local_url
     for route in MCP_ROUTES:
-        for method in ("GET", "POST"):
-            r = httpx.request(method, url + route, headers={**(headers or {}), "Accept": "text/event-stream"})
+        for method, accept in (("GET", "text/event-stream"), ("GET", "text/html"), ("POST", "application/json")):
+            r = httpx.request(method, url + route, headers={**(headers or {}), "Accept": accept})
             assert r.status_code == 401, (route, method, r.status_code)
             assert "intervene" not in r.text and "checkpoints" not in r.text
     for kind in ("http", "sse"):
