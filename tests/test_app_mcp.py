@@ -1,6 +1,6 @@
 """``python -m app --mcp``: the typed endpoints as MCP tools (Gradio's built-in server), used with the ``mcp``
 package's client over both transports. With a login configured, a client with its HTTP Basic credentials lists and
-calls the tools, light and queued heavy ones, and gets what ``gradio_client`` gets; no MCP route answers a client
+calls the tools, light and heavy ones (all queued), and gets what ``gradio_client`` gets; no MCP route answers a client
 without them, or with a wrong password, with anything but a 401 that names no tool."""
 
 from __future__ import annotations
@@ -95,14 +95,17 @@ def test_mcp_is_off_by_default_and_lists_the_typed_endpoints(tmp_path_factory):
 def test_a_logged_in_client_calls_light_and_heavy_tools_as_the_gradio_client_does(with_login, kind):
     url = with_login.local_url
     intervene = {"checkpoint": "ssog_shapes.safetensors", "image": "scene.png", "edits": EDITS, "eval_images": 12}
-    calls = [("checkpoints", {}), ("intervene", intervene), ("intervene", {**intervene, "edits": [{"op": "x"}]})]
-    names, (listed, edited, refused) = session_run(url, kind, basic(*LOGIN), calls)
+    sweep = {"checkpoint": "ssog_shapes.safetensors", "eval_images": 12, "mode": "zero"}
+    calls = [("checkpoints", {}), ("intervene", intervene), ("intervene", {**intervene, "edits": [{"op": "x"}]}),
+             ("head_importance", sweep)]  # fmt: skip
+    names, (listed, edited, refused, importance) = session_run(url, kind, basic(*LOGIN), calls)
     assert {"checkpoints", "intervene", "head_importance", "upload_image"} <= set(names)
     gradio = Client(url, auth=OTHER, verbose=False)
     assert listed == gradio.predict(api_name="/checkpoints") and "ssog_shapes.safetensors" in listed
     assert edited == gradio.predict(*intervene.values(), api_name="/intervene")
     assert edited["validation"]["n"] == 12 and edited["edited"]["probs"] != edited["unedited"]["probs"]
     assert refused[0] == "error" and "unknown" in refused[1].lower()  # a readable refusal, the server serves on
+    assert importance == gradio.predict(*sweep.values(), api_name="/head_importance") and importance["n"] == 12
     _, (again,) = session_run(url, kind, basic(*OTHER), [("checkpoints", {})])
     assert again == listed
 
