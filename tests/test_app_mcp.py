@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -25,7 +26,7 @@ from tests.app_fixtures import designed_ssog, write_checkpoints, write_images
 
 mcp = pytest.importorskip("mcp")
 from mcp.client.sse import sse_client  # noqa: E402
-from mcp.client.streamable_http import streamablehttp_client  # noqa: E402
+from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 LOGIN = ("ada", "s3cret:pass")
 OTHER = ("grace", "äö ü")  # a second login, non-ASCII password
@@ -49,10 +50,18 @@ def serve(tmp_path_factory, auth):
     return demo
 
 
-def transport(url: str, kind: str, headers: dict | None) -> AbstractAsyncContextManager:
+@asynccontextmanager
+async def transport(url: str, kind: str, headers: dict | None) -> AsyncIterator[tuple[Any, Any]]:
+    """The (read, write) streams of an MCP connection over SSE or streamable HTTP, sending ``headers``."""
     if kind == "sse":
-        return sse_client(url + "gradio_api/mcp/sse", headers=headers)
-    return streamablehttp_client(url + "gradio_api/mcp/http/", headers=headers)
+        async with sse_client(url + "gradio_api/mcp/sse", headers=headers) as (read, write):
+            yield read, write
+        return
+    async with (
+        httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(30, read=300)) as http,
+        streamable_http_client(url + "gradio_api/mcp/http/", http_client=http) as (read, write, _),
+    ):
+        yield read, write
 
 
 def session_run(url: str, kind: str, headers: dict | None, calls: list[tuple[str, dict]]) -> tuple[list, list]:
