@@ -20,7 +20,7 @@ import gradio as gr
 from gradio.data_classes import FileData
 from gradio.utils import get_upload_folder
 
-from app import interventions
+from app import interventions, queues
 from app.common import EXPECTED_ERRORS, error_text, stoppable
 from app.export_maps import control_for, maps_for
 from app.state import AppContext, AppError
@@ -121,32 +121,40 @@ def register_api(ctx: AppContext) -> None:
         return training.history_of(ctx, checkpoint).to_json()
 
     @api
-    def intervene(checkpoint: str, image: str, edits: list[dict], eval_images: int = 0) -> dict:
+    def intervene(
+        checkpoint: str, image: str, edits: list[dict], eval_images: int = 0, request: gr.Request | None = None
+    ) -> dict:
         """Apply edits (JSON objects with an "op", in order; the ops are listed below) to a checkpoint for this call
         only: class probabilities (the checkpoint's class order) and accumulated export maps unedited and edited on
         an image (bundled name or SHA-256); with ``eval_images`` > 0 also accuracy and log p(true) on the first
         that many validation images, each change with its paired bootstrap 95% interval, McNemar's p and per-class
         effects."""
-        return interventions.intervene(ctx, checkpoint, image, edits, int(eval_images))
+        if int(eval_images) <= 0:
+            return interventions.intervene(ctx, checkpoint, image, edits, 0)
+        with queues.one_per_user(request):  # validation work: one job per user at a time
+            return interventions.intervene(ctx, checkpoint, image, edits, int(eval_images))
 
     intervene.__doc__ += "\n\nOps and their fields:\n" + ops_help()  # from the registry: a new op is listed
 
-    def head_importance(checkpoint: str, eval_images: int = 500, mode: str = "zero") -> Iterator[dict | None]:
+    def head_importance(
+        checkpoint: str, eval_images: int = 500, mode: str = "zero", request: gr.Request | None = None
+    ) -> Iterator[dict | None]:
         """Every head ablated (mode zero or dataset_mean) and every layer's μ, σ, λ gates closed, one at a time,
         on the first ``eval_images`` validation images: drops (unedited − edited) of accuracy and log p(true),
         the interval of the log p drop and whether it is within noise. Cancelling the job stops the sweep."""
         try:
             loaded = ctx.model(checkpoint)
             work = lambda stop: interventions.importance(ctx, loaded, int(eval_images), mode, stop)  # noqa: E731
-            for result in stoppable(work):
-                yield None if result is None else result.to_dict()
+            with queues.one_per_user(request):
+                for result in stoppable(work):
+                    yield None if result is None else result.to_dict()
         except EXPECTED_ERRORS as e:
             raise gr.Error(error_text(e)) from None
 
     for fn in (checkpoints, head_field, geometry_summary, export_summary, history, upload_image, upload_checkpoint):
         gr.api(fn, api_name=fn.__name__)
-    for fn in (intervene, head_importance):  # one at a time, in a queue of their own
-        gr.api(fn, api_name=fn.__name__, concurrency_limit=1, concurrency_id=interventions.HEAVY)
+    gr.api(intervene, api_name="intervene", **queues.light())  # one image: quick, never behind a sweep
+    gr.api(head_importance, api_name="head_importance", **queues.heavy())
 
 
 def uploaded_path(file: Any) -> str:

@@ -14,24 +14,28 @@ from ssog_core.analysis.controls import (
 )
 from ssog_core.analysis.measures import ExportMaps, export_maps
 
+ALPHA_PLACES = 4  # α is used to this many decimal places, so the cache key holds exactly what the maps depend on
+
 
 def maps_for(ctx: AppContext, loaded: LoadedModel, stored: StoredImage, alpha: float) -> ExportMaps:
     """The export maps of a model on a picture (cached: the export and compare tabs and the API share them)."""
+    alpha = round(float(alpha), ALPHA_PLACES)
 
     def make() -> ExportMaps:
         return export_maps(loaded.model, loaded.input(stored.image), alpha)
 
-    return ctx.cache.export_maps.get((loaded.key, stored.sha256, round(float(alpha), 4)), make)
+    return ctx.cache.export_maps.get((loaded.key, stored.sha256, alpha), make)
 
 
 def validation_for(ctx: AppContext, loaded: LoadedModel, alpha: float, blank: bool = False) -> ValidationMaps:
     """The maps of the checkpoint's validation images (``blank``: of their blank images), cached per checkpoint
     and α: computed once, shared by the validation control of every picture and the per-class view."""
+    alpha = round(float(alpha), ALPHA_PLACES)
 
     def make() -> ValidationMaps:
         return validation_maps(loaded.model, loaded.meta, alpha, DEFAULT_CONTROL_IMAGES, blank=blank)
 
-    return ctx.cache.validation.get((loaded.key, DEFAULT_CONTROL_IMAGES, round(float(alpha), 4), blank), make)
+    return ctx.cache.validation.get((loaded.key, DEFAULT_CONTROL_IMAGES, alpha, blank), make)
 
 
 def control_for(
@@ -46,7 +50,7 @@ def control_for(
         x = loaded.input(stored.image)
         return control_maps(loaded.model, loaded.meta, x, raw, control, validation=validation)
 
-    return ctx.cache.export_maps.get((loaded.key, stored.sha256, round(raw.alpha, 4), control), make)
+    return ctx.cache.export_maps.get((loaded.key, stored.sha256, raw.alpha, control), make)
 
 
 def summary(name: str, m: ExportMaps, control: ControlMaps | None = None) -> str:

@@ -3,9 +3,8 @@
 unedited model's outcomes on them, head means, unedited attention maps, sweeps) lives in ``ctx.cache.effects``,
 keyed by what each depends on (the model's file, the image, the edit list, N, the mode).
 
-Heavy work (the validation set, head importance) runs one request at a time: every event and endpoint that does it
-shares the concurrency id :data:`HEAVY` with limit 1, so one sweep waits in the queue instead of stalling every
-other user's requests.
+Work on the validation set (validation effects, head importance) runs under :data:`app.queues.heavy_gate`, so at
+most ``HEAVY_LIMIT`` such computations run at once, whichever queue asked for them (:mod:`app.queues`).
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from typing import Any
 
 from torch import Tensor
 
+from app.queues import heavy_gate
 from app.state import AppContext, LoadedModel
 from ssog_core.analysis.measures import attention_maps
 from ssog_core.interventions.edit import Edit, edits_key, parse_edits
@@ -23,8 +23,6 @@ from ssog_core.interventions.importance import HeadImportance, head_importance
 from ssog_core.interventions.ops import AblateHead
 from ssog_core.interventions.result import InterventionResult, run_intervention
 from ssog_core.interventions.validation import EvalSet, load_eval_set
-
-HEAVY = "heavy"  # concurrency id of the validation and head-importance work (limit 1)
 
 
 def sources(ctx: AppContext, loaded: LoadedModel, edits: Sequence[Edit]) -> dict[str, Tensor]:
@@ -66,7 +64,12 @@ def run(ctx: AppContext, loaded: LoadedModel, sha: str | None, edits: Sequence[E
 
     if not n:
         return make()
-    return ctx.cache.effects.get(("result", loaded.key, sha, edits_key(edits), int(n)), make)
+
+    def gated() -> InterventionResult:
+        with heavy_gate:  # validation work: at most HEAVY_LIMIT at once, whichever queue asked for it
+            return make()
+
+    return ctx.cache.effects.get(("result", loaded.key, sha, edits_key(edits), int(n)), gated)
 
 
 def intervene(ctx: AppContext, checkpoint: str, image: str, edits: Any, eval_images: int = 0) -> dict[str, Any]:
@@ -82,8 +85,9 @@ def importance(
     """The head-importance sweep, cached per (checkpoint, N, mode); ``stop`` cancels it between batches."""
 
     def make() -> HeadImportance:
-        data, _ = eval_set(ctx, loaded, n)
-        means = head_means(ctx, loaded) if AblateHead(0, 0, mode).needs_means() else None
-        return head_importance(loaded.model, data, mode, means, progress=True, stop=stop)
+        with heavy_gate:
+            data, _ = eval_set(ctx, loaded, n)
+            means = head_means(ctx, loaded) if AblateHead(0, 0, mode).needs_means() else None
+            return head_importance(loaded.model, data, mode, means, progress=True, stop=stop)
 
     return ctx.cache.effects.get(("importance", loaded.key, int(n), mode), make)

@@ -169,9 +169,9 @@ def launch(
 ) -> None:
     """Queue (bursts wait rather than fail) and serve with the upload cap, a bound on the sessions kept in memory
     (Gradio keeps every session's state until it is evicted), the offline theme, no share link, and a login page
-    that does not describe the API (:mod:`app.login`); ``mcp`` adds Gradio's built-in MCP server (off by default),
-    behind :class:`MCPLogin` when ``auth`` holds logins. Gradio's own start-up lines are silenced (they suggest
-    ``share=True``, which this app never uses); the address is printed here instead."""
+    that does not describe the API (:mod:`app.login`); ``mcp`` adds Gradio's built-in MCP server (off by default,
+    :mod:`app.mcp_server`), behind :class:`MCPLogin` when ``auth`` holds logins. Gradio's own start-up lines are
+    silenced (they suggest ``share=True``, which this app never uses); the address is printed here instead."""
     from starlette.middleware import Middleware
 
     from app.layout import CSS, theme
@@ -196,6 +196,10 @@ def launch(
         **{"quiet": True, **extra},
         prevent_thread_lock=True,
     )
+    if mcp:
+        from app.mcp_server import serve_mcp
+
+        serve_mcp(demo, extra.get("auth"))
     print(f"SSOG Lab is serving on {demo.local_url}", flush=True)
     if not prevent_thread_lock:
         demo.block_thread()

@@ -18,7 +18,7 @@ import gradio as gr
 import numpy as np
 from gradio.blocks import Block
 
-from app import interventions, plots
+from app import interventions, plots, queues
 from app.common import Updates, error_text, stoppable, warn
 from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError, LoadedModel
@@ -247,11 +247,14 @@ def class_rows(v: ValidationEffect) -> list[list[Any]]:
     ]  # fmt: skip
 
 
-def on_evaluate(ctx: AppContext, ui: InterveneUI, ckpt: str | None, edits: list[dict], n: float) -> Updates:
+def on_evaluate(
+    ctx: AppContext, ui: InterveneUI, ckpt: str | None, edits: list[dict], n: float, request: gr.Request | None = None
+) -> Updates:
     try:
         if not ckpt:
             raise AppError("pick a checkpoint first")
-        v = interventions.run(ctx, ctx.model(ckpt), None, parse_edits(edits or []), int(n)).validation
+        with queues.one_per_user(request):
+            v = interventions.run(ctx, ctx.model(ckpt), None, parse_edits(edits or []), int(n)).validation
         return {ui.validation: validation_text(v), ui.per_class: class_rows(v), ui.status: ""}
     except Exception as e:
         return {ui.validation: warn(error_text(e))}
@@ -294,16 +297,19 @@ def importance_updates(ctx: AppContext, ui: InterveneUI, loaded: LoadedModel, im
     return out
 
 
-def on_sweep(ctx: AppContext, ui: InterveneUI, ckpt: str | None, n: float, mode: str) -> Iterator[Updates]:
+def on_sweep(
+    ctx: AppContext, ui: InterveneUI, ckpt: str | None, n: float, mode: str, request: gr.Request | None = None
+) -> Iterator[Updates]:
     """Head importance, as a generator so a Stop press (or a closed page) stops the sweep between batches."""
     try:
         if not ckpt:
             raise AppError("pick a checkpoint first")
         loaded = ctx.model(ckpt)
-        yield {ui.sweep_note: f"Sweeping every head and gate of **{ckpt}** on {int(n)} images…"}
-        for imp in stoppable(lambda stop: interventions.importance(ctx, loaded, int(n), mode, stop)):
-            if imp is not None:
-                yield importance_updates(ctx, ui, loaded, imp)
+        with queues.one_per_user(request):
+            yield {ui.sweep_note: f"Sweeping every head and gate of **{ckpt}** on {int(n)} images…"}
+            for imp in stoppable(lambda stop: interventions.importance(ctx, loaded, int(n), mode, stop)):
+                if imp is not None:
+                    yield importance_updates(ctx, ui, loaded, imp)
     except Exception as e:
         yield {ui.sweep_note: warn(error_text(e))}
 
@@ -385,11 +391,24 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> InterveneUI:
     for button, by in ((remove, 0), (up, -1), (down, 1)):
         button.click(partial(on_move, ctx, ui, by=by), [ckpt, edits, index], list_out, **hidden)
     clear.click(lambda: {edits: [], listing_md: listing([]), status: ""}, None, list_out, **hidden)
-    apply.click(partial(on_apply, ctx, ui), [ckpt, sha, edits], [prediction, *maps, attention, status], **hidden)
-    heavy = dict(concurrency_limit=1, concurrency_id=interventions.HEAVY, **hidden)
-    evaluate.click(partial(on_evaluate, ctx, ui), [ckpt, edits, n], [validation, per_class, status], **heavy)
+    one_image = [prediction, *maps, attention, status]
+    apply.click(partial(on_apply, ctx, ui), [ckpt, sha, edits], one_image, **queues.light(**hidden))
+    heavy = queues.heavy(**hidden)
+    waiting = dict(queue=False, show_progress="hidden", **hidden)  # at once, before the job joins the queue
+
+    def evaluated(c: str | None, e: list[dict], k: float, request: gr.Request) -> Updates:
+        return on_evaluate(ctx, ui, c, e, k, request)  # plain functions: Gradio finds their Request
+
+    def swept(c: str | None, k: float, m: str, request: gr.Request) -> Iterator[Updates]:
+        yield from on_sweep(ctx, ui, c, k, m, request)
+
+    evaluate.click(queues.busy_note, None, [validation], **waiting).then(
+        evaluated, [ckpt, edits, n], [validation, per_class, status], **heavy
+    )
     sweep_outputs = [heads_plot, gates_plot, heads_table, gates_table, tables, sweep_note]
-    running = sweep.click(partial(on_sweep, ctx, ui), [ckpt, n, sweep_mode], sweep_outputs, **heavy)
+    running = sweep.click(queues.busy_note, None, [sweep_note], **waiting).then(
+        swept, [ckpt, n, sweep_mode], sweep_outputs, **heavy
+    )
     stop.click(lambda: {sweep_note: "Stopped."}, None, [sweep_note], cancels=[running], **hidden)
 
     def head_cell(c: str | None, e: list[dict], m: str, evt: gr.SelectData) -> Updates:

@@ -14,7 +14,7 @@ import torch
 from gradio.blocks import Block
 from PIL import Image
 
-from app import plots
+from app import plots, queues
 from app.canvas import CSS_TEMPLATE, HTML_TEMPLATE, JS_ON_LOAD, canvas_props
 from app.common import Updates, error_text, warn, write_downloads
 from app.session_protocol import Restoring, SessionPart
@@ -620,8 +620,9 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> PlaygroundUI:
     released = canvas.release(on_release, [canvas, underlay], [canvas], queue=False, **fast)
     released.then(partial(on_details, ui), [canvas], [kernels, table], **fast)
     model_inputs = [canvas, model_src, apply, shared["image_sha"]]
-    released.then(partial(on_apply_model, ctx, ui), model_inputs, [apply_note], **fast)
-    apply.input(partial(on_apply_model, ctx, ui), model_inputs, [apply_note], **fast)
+    on_model = queues.light(**fast)  # the model's prediction under the head: a one-image edit
+    released.then(partial(on_apply_model, ctx, ui), model_inputs, [apply_note], **on_model)
+    apply.input(partial(on_apply_model, ctx, ui), model_inputs, [apply_note], **on_model)
     canvas.pick(picked, [canvas], ui.atom_controls, queue=False, **fast)
     canvas.addatom(added, [canvas, underlay], edit_out, **fast)
     for key, s in (("sy", sy), ("sx", sx), ("w", w)):

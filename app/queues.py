@@ -1,0 +1,85 @@
+"""The app's two queues, so quick work never waits behind slow work.
+
+- :data:`LIGHT`: one-image edits and previews (the Intervene tab's *Apply*, ``/intervene``), tens of milliseconds.
+- :data:`HEAVY`: validation effects and head importance (the tab's *Evaluate* and *Run head importance*,
+  ``/head_importance``), seconds to minutes.
+
+Both are Gradio concurrency groups (``concurrency_id``, ``concurrency_limit``), so requests wait in Gradio's queue
+and the page shows their place in it. Work on the validation set also runs under :data:`heavy_gate`, whichever
+queue it came from (``/intervene`` with ``eval_images`` > 0 is one call in the light queue), so at most
+:data:`HEAVY_LIMIT` heavy computations run at once. One user runs one heavy job at a time (:func:`one_per_user`);
+another is refused at once with the reason instead of taking a second slot from everyone else.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import gradio as gr
+
+LIGHT, LIGHT_LIMIT = "light", 2  # two cores: two quick requests at once
+HEAVY, HEAVY_LIMIT = "heavy", 2  # at most two validation or head-importance computations at once
+heavy_gate = threading.BoundedSemaphore(HEAVY_LIMIT)  # held while a heavy computation runs (app.interventions)
+
+_running: Counter[str] = Counter()  # heavy jobs running per user
+_lock = threading.Lock()
+
+
+def light(**events: Any) -> dict[str, Any]:
+    """Event arguments for the light queue."""
+    return {"concurrency_id": LIGHT, "concurrency_limit": LIGHT_LIMIT, **events}
+
+
+def heavy(**events: Any) -> dict[str, Any]:
+    """Event arguments for the heavy queue."""
+    return {"concurrency_id": HEAVY, "concurrency_limit": HEAVY_LIMIT, **events}
+
+
+def user_of(request: Any) -> str:
+    """Who asks: the login's name, else the browser tab's or API client's session."""
+    return str(getattr(request, "username", None) or getattr(request, "session_hash", None) or "anonymous")
+
+
+class Busy(ValueError):
+    """A user asked for a second heavy job while one of theirs runs (a ValueError: shown as is)."""
+
+
+@contextmanager
+def one_per_user(request: Any) -> Iterator[None]:
+    """Run a heavy job for the user of ``request``, refused with :class:`Busy` while another of theirs runs."""
+    user = user_of(request)
+    with _lock:
+        if _running[user]:
+            raise Busy("you already have a validation or head-importance job running; wait for it or stop it")
+        _running[user] += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _running[user] -= 1
+            if not _running[user]:
+                del _running[user]
+
+
+def waiting(request: Any, concurrency_id: str = HEAVY) -> tuple[int, int]:
+    """(running, waiting) jobs of a queue, read from Gradio's queue of the app serving ``request``."""
+    try:
+        group = request.request.app.get_blocks()._queue.event_queue_per_concurrency_id[concurrency_id]
+    except (AttributeError, KeyError):  # not served yet, or nothing ever queued there
+        return 0, 0
+    return int(group.current_concurrency), len(group.queue)
+
+
+def busy_note(request: gr.Request) -> str:
+    """What the page says on a heavy click: nothing when a slot is free, else how many jobs are ahead."""
+    running, queued = waiting(request)
+    if running < HEAVY_LIMIT and not queued:
+        return ""
+    return (
+        f"⏳ Busy, {running + queued} ahead of you ({running} running, {queued} waiting) in the queue of validation "
+        "and head-importance jobs: yours starts when a slot frees, its place shows on the panels."
+    )

@@ -1,0 +1,119 @@
+"""Queues that fit the work (app/queues.py), against a live server: one-image edits never wait behind validation
+or head-importance work; heavy work runs at most HEAVY_LIMIT at once and one job per user; the page's note says
+how many are ahead; a client that disconnects gives its place and its worker back."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from types import SimpleNamespace
+
+import httpx
+import pytest
+from gradio_client import Client
+
+from app import queues
+from app.layout import build_app
+from app.main import launch
+from app.state import AppContext
+from ssog_core import save_checkpoint
+from ssog_core.testing.app_process import free_port
+from tests.app_fixtures import designed_ssog, write_images
+
+pytestmark = pytest.mark.slow  # live servers and many rounds: the full suite only
+
+SHAPES = {"data": "shapes:train=4,val=40,classes=5", "class_names": ["circle", "square", "triangle", "star", "cross"]}
+CKPT = "ssog_shapes.safetensors"
+EDITS = [{"op": "close_gate", "layer": 1, "tap": "mu"}]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("queues")
+    (root / "ckpt").mkdir()
+    save_checkpoint(root / "ckpt" / CKPT, designed_ssog(depth=2), SHAPES)
+    write_images(root / "assets")
+    demo = build_app(AppContext(root / "ckpt", root / "assets", upload_dir=tmp_path_factory.mktemp("uploads")))
+    launch(demo, "127.0.0.1", free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        yield demo
+    finally:
+        demo.close()
+
+
+def heavy_state(demo) -> tuple[int, int]:
+    """(running, waiting) in the heavy queue, as the page's note reads it."""
+    return queues.waiting(SimpleNamespace(request=SimpleNamespace(app=demo.app)))
+
+
+def until(condition, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def join_and_leave(demo, api_name: str, data: list) -> tuple[int, int]:
+    """Join the queue as a browser does (one event stream per session), read one message, then disconnect;
+    the heavy queue's state while it waited."""
+    fn_index = next(i for i, fn in demo.fns.items() if fn.api_name == api_name)
+    session = uuid.uuid4().hex
+    body = {"data": data, "fn_index": fn_index, "session_hash": session, "event_data": None, "trigger_id": None}
+    httpx.post(demo.local_url + "gradio_api/queue/join", json=body).raise_for_status()
+    with httpx.stream("GET", demo.local_url + f"gradio_api/queue/data?session_hash={session}", timeout=30) as r:
+        next(line for line in r.iter_lines() if line.startswith("data:"))
+        return heavy_state(demo)
+
+
+def test_light_work_passes_heavy_work_which_is_capped_per_queue_and_per_user(demo):
+    for _ in range(queues.HEAVY_LIMIT):  # every heavy computation now blocks until the test lets it go
+        queues.heavy_gate.acquire()
+    released = False
+    try:
+        ada, grace, eve = (Client(demo.local_url, verbose=False) for _ in range(3))
+        sweeps = [c.submit(CKPT, 20, "zero", api_name="/head_importance") for c in (ada, grace)]
+        until(lambda: heavy_state(demo) == (queues.HEAVY_LIMIT, 0))  # ada's and grace's run (blocked)
+        sweeps.append(eve.submit(CKPT, 20, "zero", api_name="/head_importance"))
+        until(lambda: heavy_state(demo) == (queues.HEAVY_LIMIT, 1))  # eve's waits
+        note = queues.busy_note(SimpleNamespace(request=SimpleNamespace(app=demo.app)))
+        assert note.startswith("⏳ Busy, 3 ahead of you (2 running, 1 waiting)")
+
+        one = eve.submit(CKPT, "scene.png", EDITS, 0, api_name="/intervene").result(timeout=20)  # not behind them
+        assert one["edited"]["probs"] != one["unedited"]["probs"]
+        with pytest.raises(Exception, match="already have a validation or head-importance job running"):
+            ada.submit(CKPT, "scene.png", EDITS, 8, api_name="/intervene").result(timeout=20)  # ada's sweep runs
+
+        assert join_and_leave(demo, "head_importance", [CKPT, 20, "zero"]) == (queues.HEAVY_LIMIT, 2)
+        until(lambda: heavy_state(demo) == (queues.HEAVY_LIMIT, 1))  # the page that left gave its place back
+        grace_sweep = sweeps[1]
+        grace_sweep.cancel()  # a running sweep stops and frees its worker: eve's waiting sweep starts
+        until(lambda: heavy_state(demo) == (queues.HEAVY_LIMIT, 0))
+        for _ in range(queues.HEAVY_LIMIT):
+            queues.heavy_gate.release()
+        released = True
+        results = [sweeps[0].result(timeout=120), sweeps[2].result(timeout=120)]
+        assert results[0] == results[1] and results[0]["n"] == 20
+        assert heavy_state(demo) == (0, 0)
+
+        for _ in range(queues.HEAVY_LIMIT):
+            queues.heavy_gate.acquire()
+        released = False
+        assert join_and_leave(demo, "head_importance", [CKPT, 16, "zero"]) == (1, 0)  # runs (N 16: not cached)
+        until(lambda: heavy_state(demo) == (0, 0))  # Gradio closed the sweep's generator: its worker is free
+    finally:
+        if not released:
+            for _ in range(queues.HEAVY_LIMIT):
+                queues.heavy_gate.release()
+
+
+def test_one_heavy_job_per_user_is_released_whatever_happens():
+    request = SimpleNamespace(username="ada", session_hash="s1")
+    with queues.one_per_user(request):
+        with pytest.raises(queues.Busy), queues.one_per_user(SimpleNamespace(username="ada", session_hash="s2")):
+            pass
+        with queues.one_per_user(SimpleNamespace(username=None, session_hash="s1")):  # another user: runs
+            pass
+    with pytest.raises(RuntimeError), queues.one_per_user(request):
+        raise RuntimeError("the job failed")
+    with queues.one_per_user(request):  # a failed job gave its turn back
+        pass
