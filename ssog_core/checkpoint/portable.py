@@ -3,11 +3,14 @@ and of the software only its versions (no platform string, host or user names)."
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from ssog_core.checkpoint.files import atomic_write
 
 PATH_ARGS = ("data", "out", "init_from", "tensorboard")  # the training settings (``train_args``) that name files
 MACHINE_DETAILS = ("platform",)  # ``software`` entries of earlier checkpoints that describe the machine
@@ -53,3 +56,26 @@ def portable_meta(meta: Mapping[str, Any], root: str | Path | None = None) -> di
                 args[name] = relative_path(args[name], root)
         meta["train_args"] = args
     return meta
+
+
+def rewrite_portable(path: str | Path, root: str | Path) -> bool:
+    """Rewrite the ``meta`` header entry of a safetensors checkpoint with :func:`portable_meta` (paths relative to
+    ``root``, the folder its run was started from), keeping every tensor byte as it is: only the JSON header before
+    them changes. The new file replaces the old one atomically. Returns whether anything changed."""
+    path = Path(path)
+    blob = path.read_bytes()
+    size = int.from_bytes(blob[:8], "little") if len(blob) >= 8 else -1
+    try:
+        header = json.loads(blob[8 : 8 + size]) if 0 < size <= len(blob) - 8 else None
+        meta = json.loads(header["__metadata__"]["meta"])
+    except (TypeError, KeyError, ValueError):
+        raise ValueError(f"{path.name} is not a safetensors checkpoint with a JSON 'meta' header entry") from None
+    portable = portable_meta(meta, root)
+    if portable == meta:
+        return False
+    header["__metadata__"]["meta"] = json.dumps(portable)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the tensors start 8-byte aligned, as safetensors writes them
+    data = blob[8 + size :]
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(len(text).to_bytes(8, "little") + text + data))
+    return True

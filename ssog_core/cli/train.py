@@ -20,6 +20,8 @@ in ``--save-dtype``. At the end the final model's zero-shot resolution transfer 
 the training size, at most 1000 val images each) is added to both checkpoints' headers as
 ``resolution_transfer`` and written to ``model.transfer.json``. Every file is written to a temporary name and
 renamed, so a kill never leaves a half-written file. Ctrl-C (or SIGTERM) finishes the current step, saves, and exits.
+After a stop of any kind: ``--resume`` if a ``*.safetensors`` is in ``--out`` (if the run was killed during its first
+save it starts afresh, saying so), else the same command again (it replaces what the stopped run left).
 """
 
 from __future__ import annotations
