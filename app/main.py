@@ -183,6 +183,11 @@ def launch(
         app_kwargs={"middleware": middleware},
         **{"quiet": True, **extra},
         prevent_thread_lock=True,
+        # Gradio's launch() first waits (no time limit) for its own /startup-events request, which proves the server
+        # answers on localhost, then probes the page once more and gives up after one 3 s request, which a busy
+        # machine can miss ("When localhost is not accessible, a shareable link must be created"). That second
+        # probe is all ``_frontend`` controls.
+        _frontend=False,
     )
     print(f"SSOG Lab is serving on {demo.local_url}", flush=True)
     if not prevent_thread_lock:
