@@ -20,6 +20,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from starlette.middleware import Middleware
 from starlette.responses import PlainTextResponse
 
 from app.layout import CSS, build_app, theme
-from app.login import LoginPageWithoutApi
+from app.login import LoginRequired
 from app.state import MAX_UPLOAD_BYTES, AppContext
 
 QUEUE_SIZE = 512  # requests waiting beyond this are told the server is busy (a class firing bursts at once fits)
@@ -161,13 +162,16 @@ def launch(
     demo: gr.Blocks, host: str, port: int, prevent_thread_lock: bool = False, mcp: bool = False, **extra: Any
 ) -> None:
     """Queue (bursts wait rather than fail) and serve with the upload cap, a bound on the sessions kept in memory
-    (Gradio keeps every session's state until it is evicted), the offline theme, no share link, and a login page
-    that does not describe the API (:mod:`app.login`); ``mcp`` adds Gradio's built-in MCP server (off by default),
-    behind :class:`MCPLogin` when ``auth`` holds logins. Gradio's own start-up lines are silenced (they suggest
-    ``share=True``, which this app never uses); the address is printed here instead."""
+    (Gradio keeps every session's state until it is evicted), the offline theme, no share link, and with ``auth``
+    nothing but a login page without the API's description for strangers (:mod:`app.login`); ``mcp`` adds
+    Gradio's built-in MCP server (off by default), behind :class:`MCPLogin` when ``auth`` holds logins. Gradio's
+    own start-up lines are silenced (they suggest ``share=True``, which this app never uses); the address is
+    printed here instead."""
     demo.queue(default_concurrency_limit=CONCURRENCY, max_size=QUEUE_SIZE)
     extra["mcp_server"] = mcp  # explicit: Gradio would otherwise read GRADIO_MCP_SERVER
-    middleware = [Middleware(LoginPageWithoutApi)]
+    started, middleware = threading.Event(), []
+    if extra.get("auth"):
+        middleware.append(Middleware(LoginRequired, logins=extra["auth"], started=started))
     if mcp and extra.get("auth"):
         middleware.append(Middleware(MCPLogin, logins=extra["auth"]))
     demo.launch(
@@ -189,6 +193,7 @@ def launch(
         # probe is all ``_frontend`` controls.
         _frontend=False,
     )
+    started.set()
     print(f"SSOG Lab is serving on {demo.local_url}", flush=True)
     if not prevent_thread_lock:
         demo.block_thread()
