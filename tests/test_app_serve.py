@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.cookiejar
 import re
+import signal
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -21,6 +22,7 @@ from app.layout import HEADER, build_app
 from app.login import is_public
 from app.main import launch
 from app.state import AppContext
+from ssog_core import ViT
 from ssog_core.testing.app_process import READY_LINE, free_port
 from tests.app_fixtures import write_checkpoints, write_images
 
@@ -202,3 +204,26 @@ def test_the_log_names_the_address_and_suggests_no_share_link(tmp_path, capfd):
         demo.close()
     assert "share" not in said.out + said.err and f"{READY_LINE} {demo.local_url}" in said.out
     assert "logout" not in str(demo.get_config_file())  # no log-out button without a login
+
+
+def test_the_first_load_and_forward_are_paid_before_the_server_is_up(tmp_path, monkeypatch):
+    """A user's first click must not pay the process's one-time costs: ``main`` loads the checkpoint the page opens
+    with and runs it once before ``launch``, and the model stays cached for that click."""
+    write_checkpoints(tmp_path / "ckpt", depth=1)
+    write_images(tmp_path / "assets")
+    events, real_load, real_forward = [], state.load_checkpoint, ViT.forward
+    monkeypatch.setattr(state, "load_checkpoint", lambda *a, **k: events.append("load") or real_load(*a, **k))
+    monkeypatch.setattr(ViT, "forward", lambda self, x, *a, **k: events.append("forward") or real_forward(self, x))
+
+    def launched(demo, host, port, **kwargs):
+        events.append("launch")
+        demo.close()
+
+    monkeypatch.setattr(app_main, "launch", launched)
+    threads, on_term = torch.get_num_threads(), signal.getsignal(signal.SIGTERM)
+    try:
+        app_main.main(["--checkpoint-dir", str(tmp_path / "ckpt"), "--assets-dir", str(tmp_path / "assets")])
+    finally:
+        torch.set_num_threads(threads)
+        signal.signal(signal.SIGTERM, on_term)
+    assert events[-1] == "launch" and "load" in events and events.index("forward") < events.index("launch")
