@@ -143,6 +143,12 @@ def build_model(config: ViTConfig, state: Mapping[str, Tensor], source: str = "c
     """A ``ViT`` holding ``state`` (float32), after checking that every tensor fits."""
     from ssog_core.nn.vit import ViT
 
+    layers = {k.split(".")[1] for k in state if k.startswith("blocks.") and k.count(".") > 1}
+    if len(layers) != config.depth:  # before building: a config claiming a million layers would take hours
+        raise CheckpointError(
+            f"{source} does not match its config ({config.attn}): depth {config.depth}, but it holds the weights "
+            f"of {len(layers)} layer(s)"
+        )
     with torch.device("meta"):
         model = ViT(config)
     return load_weights(model, state, source, config.attn)
@@ -221,10 +227,12 @@ def read_checkpoint_with_history(
     try:
         config = ViTConfig.from_dict(json.loads(header["config"]))
         meta = json.loads(header.get("meta", "{}"))
+        if not isinstance(meta, dict):
+            raise ValueError(f"its meta entry is {type(meta).__name__}, not a JSON object")
         if TRANSFER_KEY in header:
             meta[TRANSFER_KEY] = json.loads(header[TRANSFER_KEY])
     except (json.JSONDecodeError, ValueError, TypeError) as e:
-        raise CheckpointError(f"{name} has an unusable model config: {e}") from None
+        raise CheckpointError(f"{name} has an unusable model config or metadata: {e}") from None
     try:
         state, history = split_history(state)
     except ValueError as e:
