@@ -13,7 +13,7 @@ import gradio as gr
 import httpx
 import pytest
 import torch
-from gradio_client import Client
+from gradio_client import Client, handle_file
 from starlette.routing import Mount, WebSocketRoute
 
 from app import main as app_main
@@ -156,7 +156,7 @@ def test_a_stranger_reaches_the_login_page_and_nothing_else(guarded):
     assert asked > 60 and "GET / 200" in answered  # the login page itself
 
 
-def test_with_a_login_the_page_and_the_api_refuse_strangers(guarded):
+def test_with_a_login_the_page_and_the_api_refuse_strangers(guarded, tmp_path):
     for path in ("config", "gradio_api/info"):  # what the page is built from, and the API's description
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(guarded + path, timeout=30)
@@ -172,6 +172,9 @@ def test_with_a_login_the_page_and_the_api_refuse_strangers(guarded):
         Client(guarded, auth=("ana", "wrong"), verbose=False)
     client = Client(guarded, auth=LOGIN, verbose=False)
     assert client.predict(api_name="/checkpoints") == ["dot_test.safetensors", "ssog_test.safetensors"]
+    picture = write_images(tmp_path)["rgb"]  # an upload, then work on it: every route a client uses lets it in
+    sha = client.predict(handle_file(str(picture)), api_name="/upload_image")["sha256"]
+    assert client.predict("ssog_test.safetensors", sha, 0.5, api_name="/export_summary")["grid"] == [8, 8]
 
 
 ENDPOINTS = ("/checkpoints", "/head_field", "/geometry_summary", "/export_summary", "/upload_image")
