@@ -20,12 +20,15 @@ import os
 import shutil
 import signal
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import gradio as gr
+
+    from app.state import AppContext
 
 # Gradio, torch and the page are imported where they are used, not here: `python -m app --help` and a mistyped flag
 # answer at once instead of after the seconds those imports take (tests/test_app_serve.py times it).
@@ -168,18 +171,22 @@ def launch(
     demo: gr.Blocks, host: str, port: int, prevent_thread_lock: bool = False, mcp: bool = False, **extra: Any
 ) -> None:
     """Queue (bursts wait rather than fail) and serve with the upload cap, a bound on the sessions kept in memory
-    (Gradio keeps every session's state until it is evicted), the offline theme, no share link, and a login page
-    that does not describe the API (:mod:`app.login`); ``mcp`` adds Gradio's built-in MCP server (off by default,
-    :mod:`app.mcp_server`), behind :class:`MCPLogin` when ``auth`` holds logins. Gradio's own start-up lines are
-    silenced (they suggest ``share=True``, which this app never uses); the address is printed here instead."""
+    (Gradio keeps every session's state until it is evicted), the offline theme, no share link, and with ``auth``
+    nothing but a login page without the API's description for strangers (:mod:`app.login`); ``mcp`` adds
+    Gradio's built-in MCP server (off by default,
+    :mod:`app.mcp_server`), behind :class:`MCPLogin` when ``auth`` holds logins. Gradio's
+    own start-up lines are silenced (they suggest ``share=True``, which this app never uses); the address is
+    printed here instead."""
     from starlette.middleware import Middleware
 
     from app.layout import CSS, theme
-    from app.login import LoginPageWithoutApi
+    from app.login import LoginRequired
 
     demo.queue(default_concurrency_limit=CONCURRENCY, max_size=QUEUE_SIZE)
     extra["mcp_server"] = mcp  # explicit: Gradio would otherwise read GRADIO_MCP_SERVER
-    middleware = [Middleware(LoginPageWithoutApi)]
+    started, middleware = threading.Event(), []
+    if extra.get("auth"):
+        middleware.append(Middleware(LoginRequired, logins=extra["auth"], started=started))
     if mcp and extra.get("auth"):
         middleware.append(Middleware(MCPLogin, logins=extra["auth"]))
     demo.launch(
@@ -195,7 +202,13 @@ def launch(
         app_kwargs={"middleware": middleware},
         **{"quiet": True, **extra},
         prevent_thread_lock=True,
+        # Gradio's launch() first waits (no time limit) for its own /startup-events request, which proves the server
+        # answers on localhost, then probes the page once more and gives up after one 3 s request, which a busy
+        # machine can miss ("When localhost is not accessible, a shareable link must be created"). That second
+        # probe is all ``_frontend`` controls.
+        _frontend=False,
     )
+    started.set()
     if mcp:
         from app.mcp_server import serve_mcp
 
@@ -214,6 +227,32 @@ def limit_malloc_arenas(arenas: int = 2) -> bool:
     except OSError:
         return False
     return bool(libc.mallopt(M_ARENA_MAX, arenas))
+
+
+def warm_up(ctx: AppContext) -> float:
+    """Pay the process's one-time costs before the server says it is up, so that a user's first click costs what
+    the second does: the first checkpoint load and the first forward pass of a process take seconds (imports, the
+    kernels' first use), whichever checkpoint. Loads the checkpoint the page opens with (it stays cached) and runs
+    it on the first bundled picture. Returns the seconds spent; a checkpoint that fails to load is left for the
+    page to report."""
+    from time import perf_counter
+
+    import torch
+
+    from app.layout import default_checkpoint
+    from app.state import AppError, default_image
+
+    t0 = perf_counter()
+    name = default_checkpoint(ctx, ctx.checkpoint_names())
+    try:
+        loaded = ctx.model(name) if name else None
+    except AppError:
+        return perf_counter() - t0
+    image = default_image(ctx)
+    if loaded is not None and image is not None:
+        with torch.no_grad():
+            loaded.model(loaded.input(image.image))
+    return perf_counter() - t0
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -241,6 +280,7 @@ def main(argv: list[str] | None = None) -> None:
     atexit.register(shutil.rmtree, ctx.upload_dir, True)  # uploaded checkpoints do not outlive the server
     signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop is a clean stop, as Ctrl-C is
     demo = build_app(ctx, login=bool(auth))
+    print(f"warmed up in {warm_up(ctx):.1f} s", flush=True)
     try:
         launch(demo, args.host, args.port, mcp=args.mcp, auth=auth)
     except KeyboardInterrupt:  # stopped while Gradio was still starting up (once it serves, Gradio handles it)

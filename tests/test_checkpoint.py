@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 
 from ssog_core import CheckpointError, ViT, load_checkpoint, save_checkpoint
 from ssog_core.checkpoint.format import read_checkpoint
+from ssog_core.checkpoint.portable import rewrite_portable
 from ssog_core.cli.convert import main as convert_main
 from tests.dense_oracle import upstream_state_dict, vit_forward
 
@@ -185,3 +186,69 @@ def test_converter_reports_config_mismatch(tmp_path, capsys):
     assert "blocks.1.attn.lambda_gate.weight has shape (6, 16), expected (8, 16)" in err
     assert convert_main([str(ref), "--config", "[1, 2]", str(tmp_path / "o.st")]) == 2
     assert "JSON object" in capsys.readouterr().err
+
+
+MACHINE = {"platform", "hostname", "node", "user", "machine", "processor"}
+
+
+def _absolute_paths(value) -> list[str]:
+    """Every string in ``value`` (nested) that holds an absolute path, also inside a command or a data spec."""
+    if isinstance(value, dict):
+        return [p for v in value.values() for p in _absolute_paths(v)]
+    if isinstance(value, list):
+        return [p for v in value for p in _absolute_paths(v)]
+    return [w for w in str(value).replace("=", " ").replace(":", " ").split() if w.startswith(("/", "~"))]
+
+
+def test_checkpoints_record_relative_paths_and_library_versions_only(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    meta = {
+        "command": f"python -m ssog_core.train --data cifar100:{tmp_path}/c100 --out {tmp_path}/runs/a --steer ''",
+        "data": f"imagefolder:{tmp_path}/imgs",
+        "train_args": {"out": f"{tmp_path}/runs/a", "init_from": "/elsewhere/x.safetensors", "tensorboard": None},
+    }
+    _, _, saved = read_checkpoint(save_checkpoint(tmp_path / "m.safetensors", ViT(**TINY), meta))
+    assert saved["command"] == "python -m ssog_core.train --data cifar100:c100 --out runs/a --steer ''"
+    assert saved["data"] == "imagefolder:imgs" and saved["train_args"]["out"] == "runs/a"
+    assert saved["train_args"]["init_from"] == os.path.relpath("/elsewhere/x.safetensors", tmp_path)
+    assert set(saved["software"]) == {"ssog_lab", "torch", "numpy", "python"}
+
+
+def _split(blob: bytes) -> tuple[dict, bytes]:
+    """A safetensors file's JSON header and the tensor bytes after it."""
+    size = int.from_bytes(blob[:8], "little")
+    return json.loads(blob[8 : 8 + size]), blob[8 + size :]
+
+
+def test_rewriting_a_header_keeps_every_tensor_byte_and_is_atomic(tmp_path, monkeypatch):
+    meta = {"command": "python -m ssog_core.train --out /runs/a", "software": {"platform": "Linux-x"}}
+    path = save_checkpoint(tmp_path / "m.safetensors", _randomised(ViT(**TINY)), meta)
+    header, data = _split(path.read_bytes())
+    header["__metadata__"]["meta"] = json.dumps(meta)  # as an older version wrote it
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    before = len(text).to_bytes(8, "little") + text + data
+    path.write_bytes(before)
+    _, old_state, _ = read_checkpoint(path)
+    monkeypatch.setattr("ssog_core.checkpoint.files.os.replace", lambda *a: (_ for _ in ()).throw(OSError("full")))
+    with pytest.raises(OSError):
+        rewrite_portable(path, "/")
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["m.safetensors"]
+    monkeypatch.undo()
+    assert rewrite_portable(path, "/") and not rewrite_portable(path, "/")  # a second pass changes nothing
+    after = path.read_bytes()
+    assert _split(after)[1] == data and int.from_bytes(after[:8], "little") % 8 == 0  # tensors kept, aligned
+    _, state, saved = read_checkpoint(path)
+    assert saved["command"] == "python -m ssog_core.train --out runs/a" and "platform" not in saved["software"]
+    assert state.keys() == old_state.keys() and all(torch.equal(state[k], old_state[k]) for k in state)
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"\xff" * 16)
+    with pytest.raises(ValueError, match="junk.safetensors is not a safetensors checkpoint"):
+        rewrite_portable(junk, "/")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "checkpoints").glob("*.safetensors")), ids=lambda p: p.name)
+def test_bundled_checkpoints_name_no_machine_and_no_absolute_path(path):
+    _, _, meta = read_checkpoint(path)
+    assert set(meta["software"]) <= {"ssog_lab", "torch", "numpy", "python"}
+    assert not MACHINE & set(meta) and _absolute_paths(meta) == []

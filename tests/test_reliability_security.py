@@ -29,7 +29,7 @@ from app.api import uploaded_path
 from app.main import MAX_UPLOAD_BYTES
 from app.state import AppContext, AppError
 from app.tabs import compare, export, geometry, playground, steering
-from ssog_core.testing.app_process import AppProcess, free_port
+from ssog_core.testing.app_process import AppProcess, free_port, wait_until_answering
 from tests.app_fixtures import dot_twin, write_checkpoints, write_images
 from tests.reliability_corpus import bad_checkpoints, bad_images
 
@@ -75,7 +75,10 @@ def server(folders, tmp_path_factory):
     demo, page = layout.build_page(ctx)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(app_main, "MAX_UPLOAD_BYTES", CAP)
+        # as on a busy machine, Gradio's one 3 s probe of the page fails: the start must not depend on it
+        mp.setattr(gr.networking, "url_ok", lambda url: False)
         app_main.launch(demo, "127.0.0.1", free_port(), prevent_thread_lock=True, quiet=True)
+    wait_until_answering(demo.local_url)  # however long a loaded machine takes
     try:
         yield demo, Client(demo.local_url, verbose=False, download_files=False), page
     finally:

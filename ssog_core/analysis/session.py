@@ -200,6 +200,8 @@ def loads(text: str | bytes, source: str = "the session") -> Session:
         data = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise SessionError(f"{source} is not a JSON session file: {e}") from None
+    except RecursionError:  # lists or objects nested thousands deep: no session is
+        raise SessionError(f"{source} is not a session file: its JSON is nested too deeply") from None
     try:
         return Session.from_dict(data)
     except SessionError as e:

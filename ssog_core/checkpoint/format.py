@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.history import PREFIX as HISTORY_PREFIX
 from ssog_core.checkpoint.history import History, split_history
+from ssog_core.checkpoint.portable import portable_meta
 from ssog_core.nn.config import ViTConfig
 
 FORMAT = "ssog-lab/1"
@@ -44,9 +45,17 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def software_versions() -> dict[str, str]:
+    """The library versions a checkpoint records (and nothing else about the machine that wrote it)."""
+    import numpy as np
+
     from ssog_core.version import __version__
 
-    return {"ssog_lab": __version__, "torch": torch.__version__, "python": platform.python_version()}
+    return {
+        "ssog_lab": __version__,
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def cpu_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
@@ -79,13 +88,14 @@ def save_checkpoint(
 
     Args:
         meta: JSON-serialisable metadata (class names, normalisation, training command, data, epochs,
-            accuracy, ...); software versions are added.
+            accuracy, ...); software versions are added, absolute paths made relative to the working directory
+            (:func:`~ssog_core.checkpoint.portable.portable_meta`).
         dtype: store floating-point weights in this dtype (e.g. ``torch.float16`` for shipping).
         header: further safetensors header entries (strings), e.g. ``TRANSFER_KEY``.
         history: the training history, stored as float32 ``history.*`` tensors beside the weights.
     """
     config: ViTConfig = unwrap(model).config
-    full_meta = {"software": software_versions(), **(meta or {})}
+    full_meta = portable_meta({"software": software_versions(), **(meta or {})})
     entries = {
         **(header or {}),
         "format": FORMAT,
@@ -133,6 +143,12 @@ def build_model(config: ViTConfig, state: Mapping[str, Tensor], source: str = "c
     """A ``ViT`` holding ``state`` (float32), after checking that every tensor fits."""
     from ssog_core.nn.vit import ViT
 
+    layers = {k.split(".")[1] for k in state if k.startswith("blocks.") and k.count(".") > 1}
+    if len(layers) != config.depth:  # before building: a config claiming a million layers would take hours
+        raise CheckpointError(
+            f"{source} does not match its config ({config.attn}): depth {config.depth}, but it holds the weights "
+            f"of {len(layers)} layer(s)"
+        )
     with torch.device("meta"):
         model = ViT(config)
     return load_weights(model, state, source, config.attn)
@@ -211,10 +227,12 @@ def read_checkpoint_with_history(
     try:
         config = ViTConfig.from_dict(json.loads(header["config"]))
         meta = json.loads(header.get("meta", "{}"))
+        if not isinstance(meta, dict):
+            raise ValueError(f"its meta entry is {type(meta).__name__}, not a JSON object")
         if TRANSFER_KEY in header:
             meta[TRANSFER_KEY] = json.loads(header[TRANSFER_KEY])
     except (json.JSONDecodeError, ValueError, TypeError) as e:
-        raise CheckpointError(f"{name} has an unusable model config: {e}") from None
+        raise CheckpointError(f"{name} has an unusable model config or metadata: {e}") from None
     try:
         state, history = split_history(state)
     except ValueError as e:

@@ -16,6 +16,7 @@ from ssog_core.checkpoint.format import (
     software_versions,
     write_safetensors,
 )
+from ssog_core.checkpoint.portable import portable_meta
 from ssog_core.nn.lm import CausalLM, LMConfig, Tokenizer
 
 LM_FORMAT = "ssog-lab-lm/1"
@@ -27,7 +28,7 @@ def save_lm(path: str | Path, model: CausalLM, tokenizer: Tokenizer, meta: dict[
         "format": LM_FORMAT,
         "config": json.dumps(model.config.to_dict()),
         "tokenizer": json.dumps(tokenizer.to_dict()),
-        "meta": json.dumps({"software": software_versions(), **(meta or {})}),
+        "meta": json.dumps(portable_meta({"software": software_versions(), **(meta or {})})),
     }
     return write_safetensors(path, cpu_state_dict(model), header)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "converted_from": Path(args.upstream).name,
         "reference_config": kwargs,
-        "command": "python -m ssog_core convert " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m ssog_core convert " + shlex.join(sys.argv[1:] if argv is None else argv),
     }
     out = save_checkpoint(args.out, model, meta)
     n = sum(p.numel() for p in model.parameters())

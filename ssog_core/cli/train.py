@@ -20,6 +20,8 @@ in ``--save-dtype``. At the end the final model's zero-shot resolution transfer 
 the training size, at most 1000 val images each) is added to both checkpoints' headers as
 ``resolution_transfer`` and written to ``model.transfer.json``. Every file is written to a temporary name and
 renamed, so a kill never leaves a half-written file. Ctrl-C (or SIGTERM) finishes the current step, saves, and exits.
+After a stop of any kind: ``--resume`` if a ``*.safetensors`` is in ``--out`` (if the run was killed during its first
+save it starts afresh, saying so), else the same command again (it replaces what the stopped run left).
 """
 
 from __future__ import annotations
@@ -49,8 +51,8 @@ from ssog_core.field import TAPS
 from ssog_core.nn.config import ATTENTION_KINDS
 from ssog_core.train.config import SAVE_DTYPES, TRANSFER_IMAGES, DivergedError, TrainConfig, TrainError
 from ssog_core.train.distributed import init_distributed
-from ssog_core.train.output import check_writable, remove_unfinished
-from ssog_core.train.state import load_train_state, resume_config
+from ssog_core.train.output import check_writable, remove_run_files, remove_unfinished
+from ssog_core.train.state import resume_point
 from ssog_core.train.trainer import Trainer
 
 
@@ -246,12 +248,17 @@ def run(argv: list[str]) -> int:
         command = "python -m ssog_core.train " + shlex.join(argv)
         state = None
         if config.resume:
-            state = load_train_state(out / "train_state.pt")
-            config = resume_config(config, explicit, state["args"])
-            command = state["command"]
-        elif (out / "train_state.pt").exists() or (out / "last.safetensors").exists():
+            config, command, state = resume_point(out, config, explicit, d.is_primary)
+        elif checkpoints := sorted(p.name for p in out.glob("*.safetensors")):
             raise TrainError(
-                f"{out} already holds a training run: pass --resume to continue it, or choose another --out"
+                f"{out} already holds a training run ({', '.join(checkpoints)}): pass --resume to continue it, "
+                "or choose another --out"
+            )
+        elif d.is_primary and (replaced := remove_run_files(out)):
+            print(
+                f"replacing the leftovers of a run in {out} that never wrote a checkpoint "
+                f"({', '.join(p.name for p in replaced)})",
+                file=sys.stderr,
             )
         if d.is_primary and (stale := remove_unfinished(out)):
             print(f"removed {len(stale)} unfinished temporary file(s) of an interrupted save in {out}", file=sys.stderr)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
 from ssog_core.field import FIELD_MODES, MAX_ATOMS, TAPS
 
 ATTENTION_KINDS = ("ssog", "dot", "rbf")
+POSITIVE = ("num_classes", "patch_size", "dim", "depth", "num_heads", "in_chans")  # sizes of at least 1
 
 
 @dataclass(frozen=True)
@@ -50,8 +53,32 @@ class ViTConfig:
         object.__setattr__(self, "steer", tuple(self.steer))
         self.validate()
 
-    def validate(self) -> None:
+    def _type_problems(self) -> list[str]:
+        """Fields of the wrong type or sign (a config read from a file can hold anything), checked before the
+        rules of :meth:`validate` do arithmetic with them."""
         problems = []
+        for f in dataclasses.fields(self):
+            value, kind = getattr(self, f.name), f.type
+            if kind == "int" and not (isinstance(value, numbers.Integral) and not isinstance(value, bool)):
+                problems.append(f"{f.name}={value!r} must be a whole number")
+            elif kind == "int" and f.name in POSITIVE and value < 1:
+                problems.append(f"{f.name} must be >= 1")
+            elif kind == "float" and not (
+                isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+            ):
+                problems.append(f"{f.name}={value!r} must be a finite number >= 0")
+            elif kind == "bool" and value not in (True, False):
+                problems.append(f"{f.name}={value!r} must be true or false")
+            elif kind == "str" and not isinstance(value, str):
+                problems.append(f"{f.name}={value!r} must be a string")
+        if not all(isinstance(t, str) for t in self.steer):
+            problems.append(f"steer={self.steer!r} must be tap names")
+        return problems
+
+    def validate(self) -> None:
+        problems = self._type_problems()
+        if problems:
+            raise ValueError("invalid model config: " + "; ".join(problems))
         if self.attn not in ATTENTION_KINDS:
             problems.append(f"attn={self.attn!r} is not one of {ATTENTION_KINDS}")
         if len(self.img_size) != 2 or any(s % self.patch_size for s in self.img_size) or min(self.img_size) < 1:
@@ -85,9 +112,6 @@ class ViTConfig:
                 "qk_norm is for attn='dot' only (with unit-RMS keys RBF attention collapses to dot-product "
                 "attention, and SSOG has no keys)"
             )
-        for name in ("num_classes", "patch_size", "dim", "depth", "num_heads", "in_chans"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be >= 1")
         if problems:
             raise ValueError("invalid model config: " + "; ".join(problems))
 

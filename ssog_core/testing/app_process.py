@@ -11,7 +11,9 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -24,6 +26,27 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_until_answering(url: str, timeout: float = 120.0, ready: Callable[[], bool] = lambda: True) -> float:
+    """Wait until ``ready()`` holds (it is asked first, every 0.3 s, and may raise to give up) and ``url`` answers
+    (200, or 401 behind a login), however slowly the machine responds: each request may take 10 s, and only
+    ``timeout`` seconds in all end the wait (``TimeoutError``). Returns the seconds waited."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            if ready():
+                with urllib.request.urlopen(url, timeout=10) as r:
+                    if r.status == 200:
+                        return time.monotonic() - t0
+        except urllib.error.HTTPError as e:
+            if e.code == 401:
+                return time.monotonic() - t0
+        except OSError:
+            pass
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(f"{url} did not answer within {timeout:.0f} s")
+        time.sleep(0.3)
 
 
 class AppProcess:
@@ -59,22 +82,17 @@ class AppProcess:
         exits or times out."""
         self._log = open(self.log_path, "w")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(self.cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
-        t0 = time.monotonic()
-        while True:
+
+        def ready() -> bool:
             if self.proc.poll() is not None:
-                self.stop()
-                raise RuntimeError(f"the app exited with code {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url, timeout=5) as r:
-                    if r.status == 200 and READY_LINE in self.log_tail(n=None):
-                        break
-            except OSError:
-                pass
-            if time.monotonic() - t0 > self.startup_timeout:
-                self.stop()
-                raise RuntimeError(f"the app did not answer within {self.startup_timeout:.0f} s:\n{self.log_tail()}")
-            time.sleep(0.3)
-        self.startup_s = time.monotonic() - t0
+                raise RuntimeError(f"the app exited with code {self.proc.returncode}")
+            return READY_LINE in self.log_tail(n=None)
+
+        try:
+            self.startup_s = wait_until_answering(self.url, self.startup_timeout, ready)
+        except (RuntimeError, TimeoutError) as e:
+            self.stop()
+            raise RuntimeError(f"{e}:\n{self.log_tail()}") from None
         return self
 
     def __exit__(

@@ -36,9 +36,21 @@ def remove_unfinished(out: Path) -> list[Path]:
         "model.transfer.json",
     )
     stale = [p for name in names for p in out.glob(f".{name}.*.tmp") if p.is_file()]
+    stale += [p for p in out.glob(".write-test.*") if p.is_file()]  # check_writable's probe, killed mid-check
     for p in stale:
         p.unlink(missing_ok=True)
     return stale
+
+
+RUN_FILES = ("train_state.pt", "metrics.jsonl", "curves.png", "model.transfer.json")
+
+
+def remove_run_files(out: Path) -> list[Path]:
+    """Delete what a run killed before its first checkpoint left behind, so a new run in ``out`` starts clean."""
+    found = [out / name for name in RUN_FILES if (out / name).is_file()]
+    for p in found:
+        p.unlink(missing_ok=True)
+    return found
 
 
 def check_space(out: Path, need_bytes: int) -> None:

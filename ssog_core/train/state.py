@@ -1,9 +1,10 @@
-"""The resume state (``train_state.pt``): its version, the RNG states of every process, reading it back, and the
-config of a resumed run."""
+"""The resume state (``train_state.pt``): its version, the RNG states of every process, reading it back, where a
+resumed run continues and its config."""
 
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ssog_core.checkpoint.format import CheckpointError, read_checkpoint
 from ssog_core.train.config import RUNTIME_OPTIONS, TrainConfig, TrainError
 
 STATE_VERSION = 1
@@ -40,6 +42,38 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def resume_point(
+    out: Path, now: TrainConfig, explicit: set[str], talk: bool
+) -> tuple[TrainConfig, str, dict[str, Any] | None]:
+    """Where ``--resume`` continues the run in ``out``: its config, command and resume state.
+
+    A save writes ``last.safetensors`` before ``train_state.pt``, so a kill between the two writes of the first
+    save leaves a checkpoint without a state: the run then starts afresh with the checkpoint's settings (saying so
+    when ``talk``), which ends where the uninterrupted run would.
+    """
+    if (out / "train_state.pt").exists():
+        state = load_train_state(out / "train_state.pt")
+        return resume_config(now, explicit, state["args"]), state["command"], state
+    found = sorted(out.glob("*.safetensors"), key=lambda p: p.name != "last.safetensors")
+    if not found:
+        raise TrainError(
+            f"nothing to resume in {out}: no checkpoint was written there yet; start the run without --resume"
+        )
+    try:
+        meta = read_checkpoint(found[0])[2]
+    except CheckpointError as e:
+        raise TrainError(f"cannot resume from {found[0]}: {e}") from None
+    if not isinstance(meta.get("train_args"), dict) or not isinstance(meta.get("command"), str):
+        raise TrainError(f"{found[0]} records no training settings: it was not written by a training run")
+    if talk:
+        print(
+            f"{out} holds {found[0].name} but no complete training state yet (the run was stopped during its first "
+            "save): starting it afresh with its settings",
+            file=sys.stderr,
+        )
+    return resume_config(now, explicit, meta["train_args"]), meta["command"], None
 
 
 def load_train_state(path: Path) -> dict[str, Any]:

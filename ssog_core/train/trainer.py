@@ -7,7 +7,6 @@ import contextlib
 import dataclasses
 import json
 import math
-import platform
 import signal
 import sys
 import time
@@ -29,7 +28,6 @@ from ssog_core.checkpoint.format import (
     CheckpointError,
     read_checkpoint_with_history,
     save_checkpoint,
-    software_versions,
     unwrap,
     update_metadata,
 )
@@ -279,7 +277,6 @@ class Trainer:
             "transforms": self.transforms,
             "train_args": self.cfg.to_dict(),
             "gate_scales": gate_summary(self.model),
-            "software": {**software_versions(), "numpy": np.__version__, "platform": platform.platform()},
         }
 
     def save(self, finished: bool = False) -> None:
