@@ -13,8 +13,9 @@ centroid of the object's mask lies in the outer third of the image, x or y below
   the blank map alone, raw − blank, and raw − the validation control (mean map over ``--control-images``
   validation images).
 
-Writes ``docs/results/export_control.json`` and the section between the markers in ``docs/RESULTS.md`` (replaced where
-the markers are, placed before the small-data section otherwise; the rest of the file is left as it is).
+Writes ``experiments/results/export_control.json`` (``--results``) and the section between the markers in
+``docs/RESULTS.md`` (``--out``; replaced where the markers are, placed before the small-data section otherwise; the
+rest of the file is left as it is).
 """
 
 from __future__ import annotations
@@ -142,7 +143,8 @@ def section(results: dict[str, dict], n: int) -> str:
         "## Export against a control: object or position?",
         "",
         f"Written by `python experiments/export_control.py --ssog checkpoints/{s['checkpoint']} --dot "
-        f"checkpoints/{d['checkpoint']}` (numbers in `docs/results/export_control.json`). α = {ALPHA}; the first "
+        f"checkpoints/{d['checkpoint']}` (numbers in `experiments/results/export_control.json`). "
+        f"α = {ALPHA}; the first "
         f"{n} validation images of `{s['data']}` and, to separate the object from the image centre, the same images "
         "with the object moved off-centre (`layouts.render_with_mask(off_centre=True)`, kept when the centroid of the "
         "object's mask is in the outer third of the image along x or y). *Blank*: the accumulated map of a blank image "
@@ -210,14 +212,15 @@ def main() -> None:
     ap.add_argument("--dot", default=str(ROOT / "checkpoints" / "matched_dot_layouts.safetensors"))
     ap.add_argument("--images", type=int, default=200)
     ap.add_argument("--control-images", type=int, default=200)
-    ap.add_argument("--out", default=str(ROOT / "docs"))
+    ap.add_argument("--out", default=str(ROOT / "docs"), help="where RESULTS.md is")
+    ap.add_argument("--results", default=str(ROOT / "experiments" / "results"), help="where the numbers go")
     args = ap.parse_args()
     torch.manual_seed(0)
     results = {
         name: run(path, args.images, args.control_images) for name, path in (("SSOG", args.ssog), ("dot", args.dot))
     }
     out = Path(args.out)
-    numbers = out / "results" / "export_control.json"
+    numbers = Path(args.results) / "export_control.json"
     text = json.dumps({"alpha": ALPHA, "covered": COVERED, **results}, indent=1)
     atomic_write(numbers, lambda tmp: Path(tmp).write_text(text + "\n"))
     write_section(out / "RESULTS.md", section(results, args.images))

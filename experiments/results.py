@@ -133,7 +133,8 @@ def main() -> None:
     ap.add_argument("--dot", default=str(ROOT / "checkpoints" / "dot_layouts.safetensors"))
     ap.add_argument("--sizes", type=int, nargs="+", default=[28, 40, 56, 72, 84, 112])
     ap.add_argument("--export-images", type=int, default=300)
-    ap.add_argument("--out", default=str(ROOT / "docs"))
+    ap.add_argument("--out", default=str(ROOT / "docs"), help="where RESULTS.md and figures/ are")
+    ap.add_argument("--results", default=str(ROOT / "experiments" / "results"), help="where the numbers are")
     args = ap.parse_args()
     torch.manual_seed(0)
     out = Path(args.out)
@@ -257,14 +258,14 @@ def main() -> None:
         f"![accumulated export maps](figures/export_maps_{kind}.png)",
         "",
     ]
-    curves = {n: out / "results" / f"metrics_{n.lower()}.jsonl" for n in rows}
+    curves = {n: Path(args.results) / f"metrics_{n.lower()}.jsonl" for n in rows}
     if all(p.is_file() for p in curves.values()):
         logs = {n: [json.loads(line) for line in p.read_text().splitlines()] for n, p in curves.items()}
         epochs = min(len(v) for v in logs.values())
         lines += [
             "## Validation accuracy per epoch (same recipe, same steps, same learning rate at each epoch)",
             "",
-            "From the runs' `metrics.jsonl` (copied to `docs/results/metrics_*.jsonl`; curves in "
+            "From the runs' `metrics.jsonl` (copied to `experiments/results/metrics_*.jsonl`; curves in "
             "`docs/figures/curves_*.png`).",
             "",
             "| epoch | " + " | ".join(logs) + " |",

@@ -3,7 +3,7 @@
     PYTHONPATH=/path/to/sklearn python experiments/small_data.py [--root runs/small_data] [--jobs 2] [--seeds 0 1 2]
     python experiments/small_data.py --study sizes --sizes 500 250 1438   # only the size sweep, most telling size first
     python experiments/small_data.py --report-only          # rebuild the tables and the plot from the finished runs
-    python experiments/small_data.py --report-only --docs /tmp/check   # ... written elsewhere (to compare, or in tests)
+    python experiments/small_data.py --report-only --docs /tmp/check --results /tmp/check   # ... written elsewhere
 
 The SSOG post reports SSOG far ahead of a dot-product ViT at a matched recipe on small data (CIFAR-100 with 500
 images per class: ~70% vs 53%). This script measures the same comparison offline, through the project's own
@@ -12,7 +12,7 @@ images per class: ~70% vs 53%). This script measures the same comparison offline
 * the present configuration (``--study crops``): 12×12 PNGs (bilinear), d32, 2 layers, all 1,438 training images,
   batch 128, under two crops -- ``pad-crop`` (zero-pad 2 px, random crop) and ``resized-crop`` (Inception, 25–100%
   of the area); its runs are not kept, so a report without them reuses the numbers
-  ``docs/results/small_data.json`` saved;
+  ``experiments/results/small_data.json`` saved;
 * the size sweep (``--study sizes``): the SSOG post's regime as a reviewer ran it -- 16×16 PNGs (nearest), patch 2,
   batch 64, lr 1e-3, 2 warm-up epochs, pad-crop 2, 100 epochs -- at d64 / 4 layers (``--archs`` adds d32 / 2
   layers) on stratified, nested subsets of 250 / 500 / 1,438 training images, scored on the same val images, with
@@ -22,9 +22,9 @@ Within a row only ``--attn`` differs, and the same seed gives both models the sa
 (digits are not mirror-symmetric). Runs go two at a time under ``nice -n 10`` with one thread each (so the study
 can share a machine with more important work); a stopped run resumes (``--resume``), a finished one is skipped,
 a missing evaluation is redone. Data and runs live under ``--root`` (never committed). The report:
-``docs/SMALL_DATA.md``, ``docs/results/small_data.json`` (present configuration),
-``docs/results/small_data_sizes.json`` (sweep), ``docs/figures/small_data_gap.png`` and a short section between
-the markers in ``docs/RESULTS.md``.
+``docs/SMALL_DATA.md``, ``docs/figures/small_data_gap.png`` and a short section between the markers in
+``docs/RESULTS.md`` (``--docs``); the numbers in ``experiments/results/small_data.json`` (present configuration) and
+``experiments/results/small_data_sizes.json`` (sweep) (``--results``).
 
 Both runs of a pair make the same optimizer steps (drop_last), so their final gap is at matched steps; the gap is
 also read at 25/50% of the run, and at matched CPU time from each run's per-epoch CPU time (``epoch_cpu_s`` in
@@ -52,6 +52,7 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
+RESULTS = ROOT / "experiments" / "results"
 MODELS = ("ssog", "dot")
 CROPS = ("pad-crop", "resized-crop")
 SIZE = 12
@@ -84,7 +85,7 @@ def build_digits(folder: Path, size: int = SIZE, resample: str = "bilinear") -> 
     """scikit-learn's digits as ``folder/{train,val}/DIGIT/N.png`` at size×size; written only when missing.
 
     ``resample`` names the upsampling (RESAMPLE). The manifest records it only when it is not bilinear, so the
-    12×12 bilinear tree's manifest stays the one ``docs/results/small_data.json`` records for the present
+    12×12 bilinear tree's manifest stays the one ``experiments/results/small_data.json`` records for the present
     configuration."""
     want: dict[str, Any] = {"size": size} | ({} if resample == "bilinear" else {"resample": resample})
     manifest = folder / "manifest.json"
@@ -270,7 +271,7 @@ def markdown(table: dict[str, Any], counts: dict[str, int], epochs: int, seeds: 
     lines = [
         "## The present configuration: d32, 2 layers, 1,438 images, under two crops",
         "",
-        "The project's first run of this comparison (numbers in `docs/results/small_data.json`; the sweep above "
+        "The project's first run of this comparison (numbers in `experiments/results/small_data.json`; the sweep above "
         "reuses its",
         "split, not its images: those are 12×12 here, 16×16 there).",
         "",
@@ -914,8 +915,9 @@ def markdown_all(cells: list[dict[str, Any]], present: dict[str, Any], counts: d
         [
             "# Small data: SSOG vs its dot twin on digits",
             "",
-            "Written by `python experiments/small_data.py` (numbers in `docs/results/small_data_sizes.json` and, "
-            "for the present configuration, `docs/results/small_data.json`; plot `docs/figures/small_data_gap.png`). "
+            "Written by `python experiments/small_data.py` (numbers in `experiments/results/small_data_sizes.json` "
+            "and, for the present configuration, `experiments/results/small_data.json`; plot "
+            "`docs/figures/small_data_gap.png`). "
             "The SSOG post's headline is "
             "SSOG ~70% vs SDPA 53% at a matched recipe on small data (CIFAR-100, 500 images per class); this is the "
             "same comparison in miniature, run offline through `python -m ssog_core.train` and "
@@ -944,35 +946,37 @@ def _place_section(results: Path, section: str) -> None:
     results.write_text(text + ("" if text.endswith("\n") else "\n"))
 
 
-def present_table(root: Path, seeds: list[int], epochs: int, docs: Path) -> tuple[dict[str, Any], dict, int, list[int]]:
+def present_table(
+    root: Path, seeds: list[int], epochs: int, results: Path
+) -> tuple[dict[str, Any], dict, int, list[int]]:
     """The present configuration's table, counts, epochs and seeds: from its runs under ``root`` where any finished,
-    else as ``results/small_data.json`` saved them (in ``docs``, else this checkout's docs/): those runs are not
-    kept."""
+    else as ``small_data.json`` saved them (in ``results``, else this checkout's experiments/results/): those runs
+    are not kept."""
     table = summarise(root, seeds)
     if any(table.values()):
         return table, build_digits(root / "digits"), epochs, seeds
-    name = Path("results") / "small_data.json"
-    saved_file = docs / name if (docs / name).is_file() else DOCS / name
+    name = "small_data.json"
+    saved_file = results / name if (results / name).is_file() else RESULTS / name
     saved = json.loads(saved_file.read_text())
     saved_seeds = sorted({r["seed"] for rows in saved["runs"].values() for r in rows})
     return saved["runs"], saved["data"], saved["epochs"], saved_seeds
 
 
-def write_reports(root: Path, seeds: list[int], epochs: int, docs: Path, archs: list[str]) -> None:
-    """SMALL_DATA.md, results/small_data.json, results/small_data_sizes.json and figures/small_data_gap.png in
-    ``docs``, and the section between the markers in its RESULTS.md. The sweep's grid: ``archs`` (and any model
-    size with runs) × SWEEP_SIZES."""
-    present, counts, present_epochs, present_seeds = present_table(root, seeds, epochs, docs)
+def write_reports(root: Path, seeds: list[int], epochs: int, docs: Path, archs: list[str], results: Path) -> None:
+    """SMALL_DATA.md, figures/small_data_gap.png and the section between the markers in RESULTS.md in ``docs``;
+    small_data.json and small_data_sizes.json in ``results``. The sweep's grid: ``archs`` (and any model size with
+    runs) × SWEEP_SIZES."""
+    present, counts, present_epochs, present_seeds = present_table(root, seeds, epochs, results)
     ran = [p.name for p in sorted((root / "runs" / "sizes").glob("*")) if p.name in ARCHS]
     cells = summarise_sizes(root, list(dict.fromkeys([*archs, *ran])), list(SWEEP_SIZES), seeds)
-    for folder in ("results", "figures"):
-        (docs / folder).mkdir(parents=True, exist_ok=True)
+    for folder in (results, docs / "figures"):
+        folder.mkdir(parents=True, exist_ok=True)
     data = {n: json.loads(m.read_text()) for n in SWEEP_SIZES if (m := sweep_data(root, n) / "manifest.json").is_file()}
-    (docs / "results" / "small_data.json").write_text(
+    (results / "small_data.json").write_text(
         json.dumps({"data": counts, "epochs": present_epochs, "runs": present}, indent=1)
     )
     sweep = {"data": data, "epochs": epochs, "recipe": SWEEP_RECIPE, "archs": ARCHS, "cells": cells}
-    (docs / "results" / "small_data_sizes.json").write_text(json.dumps(sweep, indent=1))
+    (results / "small_data_sizes.json").write_text(json.dumps(sweep, indent=1))
     (docs / "SMALL_DATA.md").write_text(markdown_all(cells, present, counts, present_epochs, seeds, present_seeds))
     plot_gap(cells, present, docs / "figures" / "small_data_gap.png")
     _place_section(docs / "RESULTS.md", results_section(cells, present, seeds))
@@ -1004,6 +1008,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nice", type=int, default=NICE, help=f"niceness added to every run (default {NICE})")
     ap.add_argument("--report-only", action="store_true", help="only rebuild the tables from finished runs")
     ap.add_argument("--docs", type=Path, default=DOCS, help="where the reports go (default: this checkout's docs/)")
+    numbers = "where the JSON numbers go (default: this checkout's experiments/results/)"
+    ap.add_argument("--results", type=Path, default=RESULTS, help=numbers)
     args = ap.parse_args(argv)
     NICE = args.nice
     build_sweep_data(args.root, SWEEP_SIZES)
@@ -1021,8 +1027,9 @@ def main(argv: list[str] | None = None) -> int:
                 jobs += [(sweep_run, args.root, a, MATCHED_STEPS[0], m, s, MATCHED_STEPS[1], True)
                          for a in args.archs for s in args.seeds for m in MODELS]  # fmt: skip
         _run_all(jobs, args.jobs)
-    write_reports(args.root, args.seeds, args.epochs, args.docs, args.archs)
-    print(f"wrote SMALL_DATA.md, small_data_gap.png, the JSON files and the section in RESULTS.md in {args.docs}")
+    write_reports(args.root, args.seeds, args.epochs, args.docs, args.archs, args.results)
+    print(f"wrote SMALL_DATA.md, small_data_gap.png and the section in RESULTS.md in {args.docs}")
+    print(f"wrote small_data.json and small_data_sizes.json in {args.results}")
     return 0
 
 

@@ -631,37 +631,36 @@ def test_write_reports_places_the_section_and_writes_the_numbers(sd, fake_root, 
         (docs / "RESULTS.md").write_text(before.replace("MARK", old))
     (fake_root / "digits").mkdir()
     (fake_root / "digits" / "manifest.json").write_text(json.dumps(MANIFEST))  # a built tree: nothing to build
-    sd.write_reports(fake_root, SEEDS, 4, docs, ["d64-L4"])
+    results = tmp_path / "results"
+    sd.write_reports(fake_root, SEEDS, 4, docs, ["d64-L4"], results)
     table = sd.summarise(fake_root, SEEDS)
     cells = sd.summarise_sizes(fake_root, ["d64-L4"], list(sd.SWEEP_SIZES), SEEDS)
     section = sd.results_section(cells, table, SEEDS)
     assert (docs / "RESULTS.md").read_text() == after.replace("SECTION", section)
-    sd.write_reports(fake_root, SEEDS, 4, docs, ["d64-L4"])  # a second write replaces its own section
+    sd.write_reports(fake_root, SEEDS, 4, docs, ["d64-L4"], results)  # a second write replaces its own section
     assert (docs / "RESULTS.md").read_text() == after.replace("SECTION", section)
-    assert json.loads((docs / "results" / "small_data.json").read_text()) == json.loads(
+    assert json.loads((results / "small_data.json").read_text()) == json.loads(
         json.dumps({"data": MANIFEST, "epochs": 4, "runs": table})
     )
-    sweep = json.loads((docs / "results" / "small_data_sizes.json").read_text())
+    sweep = json.loads((results / "small_data_sizes.json").read_text())
     assert sweep["cells"] == json.loads(json.dumps(cells))
     assert (docs / "SMALL_DATA.md").read_text() == sd.markdown_all(cells, table, MANIFEST, 4, SEEDS, SEEDS)
     assert sorted(str(p.relative_to(docs)) for p in docs.rglob("*") if p.is_file()) == [
-        "RESULTS.md", "SMALL_DATA.md", "figures/small_data_gap.png", "results/small_data.json",
-        "results/small_data_sizes.json",
+        "RESULTS.md", "SMALL_DATA.md", "figures/small_data_gap.png",
     ]  # fmt: skip
+    assert sorted(p.name for p in results.iterdir()) == ["small_data.json", "small_data_sizes.json"]
     bullet = "* d64, 4 layers, 500 images (16×16, batch 64, pad-crop 2): SSOG 85.3 ± 5.0%, dot 77.3 ± 6.4%, "
     assert bullet + "paired gap 8.0 ± 2.0 points; clean train 96.7 ± 1.5% vs 99.7 ± 0.6% (3 of 3 seeds)." in section
 
 
 def test_write_reports_keeps_the_present_configuration_when_its_runs_are_gone(sd, sweep_root, tmp_path):
-    """Only docs/results/small_data.json holds the present configuration's numbers: a report without its runs keeps
-    them."""
-    docs = tmp_path / "docs"
-    sd.write_reports(sweep_root, SEEDS, 100, docs, ["d64-L4"])
-    assert json.loads((docs / "results" / "small_data.json").read_text()) == json.loads(
-        (ROOT / "docs" / "results" / "small_data.json").read_text()
-    )
+    """Only experiments/results/small_data.json holds the present configuration's numbers: a report without its runs
+    keeps them."""
+    docs, results = tmp_path / "docs", tmp_path / "results"
+    sd.write_reports(sweep_root, SEEDS, 100, docs, ["d64-L4"], results)
+    saved = json.loads((ROOT / "experiments" / "results" / "small_data.json").read_text())
+    assert json.loads((results / "small_data.json").read_text()) == saved
     text = (docs / "SMALL_DATA.md").read_text()
-    saved = json.loads((ROOT / "docs" / "results" / "small_data.json").read_text())
     want = sd.markdown(saved["runs"], saved["data"], saved["epochs"], [0, 1, 2])
     assert text.endswith(want) and "## The SSOG post's regime in miniature: training-set size" in text
     assert text.index("## What the numbers say") < text.index("## The SSOG post's regime") < text.index(want)
@@ -679,16 +678,17 @@ def test_main_report_only_writes_the_reports_where_asked(sd, fake_root, tmp_path
 
     monkeypatch.setattr(sd, "train_and_evaluate", no_training)
     monkeypatch.setattr(sd, "sweep_run", no_training)
-    docs = tmp_path / "out" / "docs"
+    docs, results = tmp_path / "out" / "docs", tmp_path / "out" / "results"
     argv = ["--root", str(fake_root), "--seeds", "0", "1", "2", "--epochs", "4", "--report-only", "--docs", str(docs)]
-    assert sd.main(argv) == 0
+    assert sd.main([*argv, "--results", str(results)]) == 0
     assert built == [(fake_root, sd.SWEEP_SIZES)]
-    assert str(docs) in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert str(docs) in printed and str(results) in printed
     text = (docs / "SMALL_DATA.md").read_text()
     assert "1438 train / 359 val images" in text and ", 4 epochs," in text
     assert "| `pad-crop` | 3 | 92.0 ± 2.0 | 87.0 ± 2.6 | 5.0 ± 1.0 | 5.3 ± 10.1 | 73, 70 |" in text
     assert "| d64, 4 layers | 500 | 3 | 85.3 ± 5.0 | 77.3 ± 6.4 | 8.0 ± 2.0 |" in text
-    saved = json.loads((docs / "results" / "small_data.json").read_text())
+    saved = json.loads((results / "small_data.json").read_text())
     assert saved["data"] == MANIFEST and saved["epochs"] == 4
     assert [r["seed"] for r in saved["runs"]["resized-crop"]] == [0, 1]
     results = (docs / "RESULTS.md").read_text()
