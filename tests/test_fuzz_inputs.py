@@ -321,3 +321,67 @@ def test_an_animated_gif_gives_its_first_frame_and_cmyk_keeps_its_colours():
     assert np.abs(out - (200, 20, 20)).max() <= 8  # the first frame's colour (GIF palettes quantise a little)
     cmyk = np.asarray(load_image(_encode(PHOTO.convert("CMYK"), "JPEG", quality=95)), dtype=int)
     assert np.abs(cmyk - np.asarray(PHOTO, dtype=int)).mean() < 8  # RGB again, not inverted or shifted
+
+
+# --------------------------------------------------------------------------------------------------- edit lists
+
+EDIT_MODEL = ViT(num_classes=3, img_size=20, patch_size=4, dim=16, depth=2, num_heads=2, attn="ssog").eval()
+VALID_EDITS = [  # one of every registered op that needs no sources, as a user would write them
+    {"op": "close_gate", "layer": 1, "tap": "mu"},
+    {"op": "scale_gate", "layer": 0, "tap": "sigma", "factor": 0.5},
+    {"op": "ablate_head", "layer": 0, "head": 1},
+    {"op": "drop_atom", "layer": 1, "head": 0, "atom": 2},
+    {"op": "move_atom", "layer": 1, "head": 1, "atom": 0, "dy": 0.5, "dx": -1.0},
+    {"op": "swap_axes", "layer": 0, "head": 0},
+]
+EDIT_VALUES = JSON | st.sampled_from([float("nan"), float("inf"), -1, 10**9, 2.5, "mu", "zero", [], {}])
+
+
+def _apply(items) -> None:
+    """Parse, check and run an edit list on a small model: the project's EditError, or a finite forward."""
+    from ssog_core.interventions.edit import EditError, check_edits, parse_edits
+    from ssog_core.interventions.run import edited
+
+    try:
+        edits = parse_edits(items)
+        check_edits(EDIT_MODEL, edits)
+    except EditError as e:
+        assert str(e).strip()
+        return
+    with torch.no_grad(), edited(EDIT_MODEL, edits):
+        assert torch.isfinite(EDIT_MODEL(torch.rand(1, 3, 20, 20))).all()
+
+
+def test_the_valid_edits_apply():
+    from ssog_core.interventions.edit import EDITS
+
+    assert {e["op"] for e in VALID_EDITS} <= set(EDITS)
+    _apply(VALID_EDITS)
+
+
+def _broken(edits: list[dict]) -> st.SearchStrategy:
+    """The list with 1-4 of its values replaced by odd JSON (NaN, inf, huge, nested, wrong types) or removed."""
+    return st.just(edits) if not edits else mutated({"edits": edits}, EDIT_VALUES).map(lambda d: d.get("edits", []))
+
+
+@FUZZ
+@given(st.lists(st.sampled_from(VALID_EDITS), max_size=6).flatmap(_broken))
+def test_an_edit_list_applies_or_says_what_is_wrong(items):
+    _apply(items)
+
+
+@FUZZ
+@given(JSON | st.lists(JSON, max_size=5) | st.integers(0, 5000).map(lambda n: [VALID_EDITS[0]] * n))
+def test_any_json_as_an_edit_list_applies_or_is_refused(items):
+    _apply(items)
+
+
+def test_deeply_nested_and_huge_edit_lists_are_refused_in_words():
+    from ssog_core.interventions.edit import EditError, parse_edits
+
+    nested: list = []
+    for _ in range(5000):
+        nested = [nested]
+    for items in (nested, [VALID_EDITS[0]] * 10_000, [{"op": "close_gate", "layer": 0, "tap": "mu", "x": nested}]):
+        with pytest.raises(EditError):
+            parse_edits(items)

@@ -220,8 +220,8 @@ def edit_from_dict(d: Any) -> Edit:
     if not isinstance(d, dict):
         raise EditError(f"an edit is a JSON object with an 'op', got {type(d).__name__}")
     op = d.get("op")
-    if op not in EDITS:
-        raise EditError(f"unknown op {op!r}; expected one of {', '.join(EDITS)}")
+    if not isinstance(op, str) or op not in EDITS:
+        raise EditError(f"unknown op {op!r:.60}; expected one of {', '.join(EDITS)}")
     return EDITS[op].from_dict(d)
 
 
