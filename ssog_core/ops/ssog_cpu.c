@@ -288,12 +288,13 @@ INLINE void dot4(const real *a0, const real *b0, const real *a1, const real *b1,
     const vec u0 = SHUFFLE2(s0, s1, 0, 4, 2, 6) + SHUFFLE2(s0, s1, 1, 5, 3, 7); /* s0 01, s1 01, s0 23, s1 23 */
     const vec u1 = SHUFFLE2(s2, s3, 0, 4, 2, 6) + SHUFFLE2(s2, s3, 1, 5, 3, 7);
     const vec w = SHUFFLE2(u0, u1, 0, 1, 4, 5) + SHUFFLE2(u0, u1, 2, 3, 6, 7);
-    for (idx q = 0; q < 4; q++) out[q] = w[q];
+    *(vec *)out = w;
 #else
     const vec u0 = SHUFFLE2(s0, s1, 0, 8, 2, 10, 4, 12, 6, 14) + SHUFFLE2(s0, s1, 1, 9, 3, 11, 5, 13, 7, 15);
     const vec u1 = SHUFFLE2(s2, s3, 0, 8, 2, 10, 4, 12, 6, 14) + SHUFFLE2(s2, s3, 1, 9, 3, 11, 5, 13, 7, 15);
     const vec w = SHUFFLE2(u0, u1, 0, 1, 8, 9, 4, 5, 12, 13) + SHUFFLE2(u0, u1, 2, 3, 10, 11, 6, 7, 14, 15);
-    for (idx q = 0; q < 4; q++) out[q] = w[q] + w[q + 4];
+    typedef real half __attribute__((vector_size(16), aligned(sizeof(real))));
+    *(half *)out = (half){w[0], w[1], w[2], w[3]} + (half){w[4], w[5], w[6], w[7]};
 #endif
 }
 
