@@ -4,10 +4,13 @@ The PyTorch path (:mod:`ssog_core.ops.ssog_torch`) spends most of a small model'
 that each stream a full-size intermediate through memory: per-query kernels, the per-atom column-pass output and
 its transpose. ``ssog_cpu.c`` does both filter passes for one (image, head) pair at a time instead, building
 the pair's 1D kernels in per-thread scratch that stays in cache and using them at once; only the column pass's
-output is kept (per pair, or for the whole batch when training needs it for the backward pass). The per-token
-kernel terms (μ, ``c``, log λ) are taken from :mod:`ssog_core.field` with PyTorch ops, so autograd carries their
-gradients back through σ, τ and the steering; the C code returns ``∂L/∂v``, ``∂L/∂μ``, ``∂L/∂c`` and
-``∂L/∂log λ`` (docs/KERNELS.md §6).
+output is kept (per pair, or for the whole batch when training needs it for the backward pass). The C code takes
+the per-token kernel terms (μ, ``c``, log λ) and returns ``∂L/∂v``, ``∂L/∂μ``, ``∂L/∂c`` and ``∂L/∂log λ``
+(docs/KERNELS.md §6). :func:`apply_cpu` takes them from a per-token :class:`~ssog_core.field.Field` (PyTorch ops,
+so autograd carries their gradients back through σ, τ and the steering); :func:`apply_cpu_steering`, what
+:class:`~ssog_core.nn.attention.SSOGAttention` calls on this backend, computes them in C from the probes' raw
+outputs and the fixed field (bound, steer and ``c`` in one pass over the tokens, and one pass back), which in a
+small model's training step cost more than the kernels' own forward pass as some twenty PyTorch operations.
 
 The C source is compiled on first use with the system C compiler (``$CC``, else ``cc``/``gcc``/``clang``),
 ``-O3 -march=native``, into ``$SSOG_CACHE_DIR`` (default ``~/.cache/ssog_lab``), once per source, flags, compiler
