@@ -1,6 +1,7 @@
 /* Fused CPU kernels for a steered factorized SSOG field: both filter passes of docs/DESIGN.md §1 for one
  * (image, head) pair at a time, the pair's per-query kernels built in per-thread scratch (keys outermost, so the
- * loops vectorise) and used at once; docs/KERNELS.md §6. ssog_core/ops/ssog_cpu.py compiles this file (once per
+ * loops vectorise) and used at once, line by line as register-tiled matrix products; and the steering that makes
+ * the per-token terms from the probes' raw outputs (ssog_terms_forward / _backward); docs/KERNELS.md §6. ssog_core/ops/ssog_cpu.py compiles this file (once per
  * machine, cached) and calls it through ctypes; the pairs are spread over OpenMP threads. It is built twice, with
  * REAL = float and REAL = double.
  *
