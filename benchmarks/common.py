@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -77,3 +79,35 @@ def write_report(out: Path, results: dict, table: str) -> None:
     out.write_text(table, encoding="utf-8")
     out.with_suffix(".json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     print(table)
+
+
+def timer(device: torch.device, clock: str = "wall"):
+    """A function that runs ``fn`` once and returns its time in seconds: wall time, or (``clock="cpu"``, one CPU
+    thread only) the thread's CPU time, which time slices lost to other processes do not inflate."""
+    if device.type == "cuda":
+
+        def run(fn) -> float:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end) / 1e3
+
+    else:
+        now = time.thread_time if clock == "cpu" else time.perf_counter
+
+        def run(fn) -> float:
+            t0 = now()
+            fn()
+            return now() - t0
+
+    return run
+
+
+def load_average() -> str:
+    """The 1-minute load average (``n/a`` where /proc is missing): other processes' share of the CPUs."""
+    with contextlib.suppress(OSError):
+        return Path("/proc/loadavg").read_text().split(" ")[0]
+    return "n/a"

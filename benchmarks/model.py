@@ -21,10 +21,8 @@ latency from the smallest to the largest size is reported too. Writes ``model_<t
 from __future__ import annotations
 
 import argparse
-import contextlib
 import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -36,7 +34,7 @@ from ssog_core.ops.dispatch import choose_ssog_backend
 from ssog_core.train.config import TrainConfig
 from ssog_core.train.optim import make_optimizer
 
-from common import add_run_flags, apply_run_flags, provenance, write_csv
+from common import add_run_flags, apply_run_flags, load_average, provenance, timer, write_csv
 
 OPTIMIZER = TrainConfig(lr=1e-4, weight_decay=0.05, gate_lr_mult=1.0)  # train's AdamW (fused), no multipliers
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -48,31 +46,6 @@ SMALL: dict[str, tuple[ViTConfig, int]] = {
     "d128-6L": (ViTConfig(**_SMALL, dim=128, depth=6, img_size=28, patch_size=2), 28),  # 14×14 = 196 tokens
     "d64-6L": (ViTConfig(**_SMALL, dim=64, depth=6, img_size=56, patch_size=4), 56),  # 14×14 = 196 tokens
 }
-
-
-def _timer(device: torch.device, clock: str = "wall"):
-    """A function that runs ``fn`` once and returns its time in seconds: wall time, or (``clock="cpu"``, one CPU
-    thread only) the thread's CPU time, which time slices lost to other processes do not inflate."""
-    if device.type == "cuda":
-
-        def run(fn) -> float:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            return start.elapsed_time(end) / 1e3
-
-    else:
-        now = time.thread_time if clock == "cpu" else time.perf_counter
-
-        def run(fn) -> float:
-            t0 = now()
-            fn()
-            return now() - t0
-
-    return run
 
 
 def configs(model: str, img: int) -> dict[str, ViTConfig]:
@@ -119,7 +92,7 @@ def measure(
             optims[name].step()
             optims[name].zero_grad(set_to_none=True)
 
-    timer = _timer(device, clock)
+    clock_fn = timer(device, clock)
     times: dict[str, list[float]] = {"ssog": [], "dot": []}
     with torch.inference_mode(mode == "forward"):
         for name in models:  # warm-up (allocator, kernel selection, autotuning, compilation)
@@ -128,7 +101,7 @@ def measure(
         for i in range(rounds):
             order = ("ssog", "dot") if i % 2 == 0 else ("dot", "ssog")
             for name in order:
-                times[name].append(timer(lambda n=name: run(n)))
+                times[name].append(clock_fn(lambda n=name: run(n)))
     ratios = [s / d for s, d in zip(times["ssog"], times["dot"], strict=True)]
     blk = models["ssog"].blocks[0].attn
     grid = models["ssog"].grid_for(img, img)
@@ -146,12 +119,6 @@ def measure(
         "ratio_q3": statistics.quantiles(ratios, n=4)[2] if len(ratios) > 1 else ratios[0],
         "backend": choose_ssog_backend(v, field, grid, blk.mode),
     }
-
-
-def _load() -> str:
-    with contextlib.suppress(OSError):
-        return Path("/proc/loadavg").read_text().split(" ")[0]
-    return "n/a"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -175,9 +142,9 @@ def main(argv: list[str] | None = None) -> None:
     sizes = args.img or ([224, 512] if args.model == "d384" else [SMALL[args.model][1]])
     rows = []
     for img in sizes:
-        load_before = _load()
+        load_before = load_average()
         row = measure(img, args.batch, args.rounds, device, dtype, args.clock, args.mode, args.model, args.compile)
-        row["load_avg"] = f"{load_before}→{_load()}"
+        row["load_avg"] = f"{load_before}→{load_average()}"
         rows.append(row)
         print(
             f"{row['tokens']:>6} tokens: ssog {row['ssog_ms']:8.1f} ms  dot {row['dot_ms']:8.1f} ms  "

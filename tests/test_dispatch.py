@@ -156,9 +156,10 @@ def test_attention_matrix_times_values_equals_dispatched_output(mode: str, steer
             torch.einsum("bhnm,bmhd->bnhd", a, v), ssog_apply(v, field, (7, 5), mode), rtol=1e-5, atol=1e-6
         )
         torch.testing.assert_close(a.double(), oracle_matrix(field, (7, 5), mode, batch=2), rtol=1e-5, atol=1e-6)
-        if steered:
+        if steered:  # bit for bit, unless forward steers in C from the raw probes (the same field up to rounding)
             y = attn.out(ssog_apply(v, field, (7, 5), mode).reshape(2, 35, 12))
-            torch.testing.assert_close(attn(x, (7, 5)), y, rtol=0, atol=0)
+            tol = 1e-6 if dispatch.steers_in_c(v, attn.fixed_field(), (7, 5), mode) else 0.0
+            torch.testing.assert_close(attn(x, (7, 5)), y, rtol=10 * tol, atol=tol)
 
 
 def test_attention_matrix_does_not_go_through_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -134,7 +134,7 @@ def test_a_gate_scaled_by_zero_is_closed_and_by_one_is_as_trained():
     with edited(model, [{"op": "scale_gate", "layer": 1, "factor": 1}]):
         one = model(img)
     close(zero, closed)
-    assert torch.equal(one, model(img))
+    close(one, model(img))  # not bit for bit: unedited, the CPU forward steers in C from the raw probes
     assert not torch.allclose(zero, one)  # the gate matters in this model, so the checks above can fail
 
 
@@ -254,7 +254,7 @@ def test_swapping_twice_is_the_identity_and_once_mirrors_the_steered_head():
     model, img = model_for(), images()
     swap = {"op": "swap_axes", "layer": 1, "head": 0}
     with edited(model, [swap, swap]):
-        assert torch.equal(model(img), model_for()(img))
+        close(model(img), model_for()(img))  # to rounding: unedited, the CPU forward steers in C
 
     def flip(mu, sigma, log_lam):
         return mu.flip(-1), sigma.flip(-1), log_lam

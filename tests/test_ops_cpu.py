@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from ssog_core.field import Field
+from ssog_core.field import Field, base_field, positive
+from ssog_core.nn.attention import SSOGAttention
 from ssog_core.nn.vit import ViT
 from ssog_core.ops import dispatch, ssog_cpu
 from ssog_core.ops.dispatch import BackendUnavailable, choose_ssog_backend, ssog_apply
-from ssog_core.ops.ssog_cpu import apply_cpu
+from ssog_core.ops.ssog_cpu import apply_cpu, apply_cpu_steering
 from ssog_core.ops.ssog_torch import apply_torch
 from ssog_core.testing.oracles import TAP_SUBSETS, TAPS, FieldLeaves, grads, oracle_apply
 from tests.ops_checks import assert_backward_repeats, assert_close, check_against_definition, far_narrow_field
@@ -81,6 +82,88 @@ def test_gradcheck_in_float64() -> None:
     )
     inputs = tuple(t.requires_grad_() for t in inputs)
     assert torch.autograd.gradcheck(lambda v, *f: apply_cpu(v, Field(*f), grid), inputs)
+
+
+def _steering_in_c(leaves: FieldLeaves, dtype: torch.dtype):
+    """``apply(v, field, grid, mode)`` for :func:`check_against_definition` that steers in C from ``leaves``' probes
+    (their raw outputs, the taps one after another per token as SSOGAttention's one GEMM lays them out) instead of
+    taking the per-token field."""
+    lv = {name: t.to(dtype) for name, t in leaves.leaves.items()}
+    fixed = base_field(lv["mu"], lv["raw_sigma"], lv["log_lambda"], lv["raw_tau"], sigma_floor=0.25)
+    b, gh, gw = lv[f"probe_{leaves.taps[0]}"].shape[:3]
+    raw = torch.cat([lv[f"probe_{tap}"].reshape(b, gh * gw, -1) for tap in leaves.taps], dim=-1)
+    widths = {tap: lv[f"probe_{tap}"][0, 0, 0].numel() for tap in leaves.taps}
+    scales = {tap: positive(lv[f"gate_{tap}"]) for tap in leaves.taps}
+
+    def apply(v: torch.Tensor, field: Field, grid: tuple[int, int], mode: str) -> torch.Tensor:
+        assert mode == "factorized" and field.mu.dtype == dtype
+        return apply_cpu_steering(v, fixed, raw, widths, scales, 4.0, grid)
+
+    return apply
+
+
+@pytest.mark.parametrize("taps", STEERING, ids=lambda t: "+".join(t))
+@pytest.mark.parametrize(("dtype", "rtol"), [(torch.float64, 1e-11), (torch.float32, 2e-6)], ids=["fp64", "fp32"])
+def test_steering_in_c_matches_definition(taps: tuple[str, ...], dtype: torch.dtype, rtol: float) -> None:
+    """The steering computed in C (bound, steer and c from the raw probe outputs) against the float64 definition:
+    the output and the gradient of v, every probe, gate, fixed-field leaf and τ, on a 7×5 grid with 3 atoms."""
+    leaves = FieldLeaves(2, (7, 5), 2, 3, taps)
+    field_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    check_against_definition(_steering_in_c(leaves, field_dtype), leaves, "factorized", batch=2, head_dim=5,
+                             dtype=dtype, rtol=rtol, scalar_grad_rtol=1e-4)  # fmt: skip
+
+
+def test_steering_in_c_gradcheck_in_float64() -> None:
+    """Finite differences through the C steering and kernels: values, raw probes, the fixed field, τ and gates."""
+    b, grid, h, r = 1, (3, 2), 2, 2
+    widths = {"mu": h * r * 2, "sigma": h * r * 2, "lambda": h * r}
+    inputs = (
+        torch.randn(b, 6, h, 3, dtype=torch.float64),
+        torch.randn(b, 6, sum(widths.values()), dtype=torch.float64),
+        torch.randn(h, r, 2, dtype=torch.float64),
+        torch.rand(h, r, 2, dtype=torch.float64) + 0.5,
+        torch.randn(h, r, dtype=torch.float64),
+        torch.tensor(0.8, dtype=torch.float64),
+        torch.rand(3, dtype=torch.float64) + 0.2,
+    )
+    inputs = tuple(t.requires_grad_() for t in inputs)
+
+    def run(v, raw, mu, sigma, log_lam, tau, gates):
+        scales = dict(zip(widths, gates.unbind(), strict=True))
+        return apply_cpu_steering(v, Field(mu, sigma, log_lam, tau), raw, widths, scales, 2.0, grid)
+
+    assert torch.autograd.gradcheck(run, inputs)
+
+
+def test_attention_steers_in_c_only_where_the_c_kernels_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SSOGAttention hands the raw probes to the C steering on the CPU path, and its output and gradients equal the
+    definition backend's (which builds the per-token field); elsewhere (forced backends, axial fields, bfloat16) the
+    dispatcher keeps the per-token field."""
+    monkeypatch.delenv("SSOG_BACKEND", raising=False)
+    calls = []
+    monkeypatch.setattr(
+        "ssog_core.nn.attention.apply_cpu_steering", lambda *a: calls.append(1) or apply_cpu_steering(*a)
+    )
+    torch.manual_seed(0)
+    attn = SSOGAttention(16, 2, 3, cold_init=False).double()
+    with torch.no_grad():
+        for layer in (attn.mu_delta, attn.sigma_delta, attn.lambda_gate):
+            layer.weight.normal_(0, 0.5), layer.bias.normal_(0, 0.5)
+    x = torch.randn(2, 35, 16, dtype=torch.float64, requires_grad=True)
+    outs = []
+    for backend in (None, "definition"):
+        attn.backend = backend
+        y = attn(x, (7, 5))
+        outs.append([y, *torch.autograd.grad(y.square().sum(), [x, *attn.parameters()])])
+    assert calls == [1]
+    for got, want in zip(*outs, strict=True):
+        assert_close(got, want, 1e-11, "steered in C vs the definition")
+    fixed = attn.fixed_field()
+    v = torch.randn(2, 35, 2, 8)
+    assert dispatch.steers_in_c(v, fixed.to(torch.float32), (7, 5))
+    assert not dispatch.steers_in_c(v, fixed.to(torch.float32), (7, 5), "axial")
+    assert not dispatch.steers_in_c(v.bfloat16(), fixed.to(torch.float32), (7, 5))
+    assert not dispatch.steers_in_c(v, fixed.to(torch.float32), (7, 5), backend="torch")
 
 
 def test_far_and_narrow_atoms_stay_finite() -> None:

@@ -18,9 +18,11 @@ from torch import Tensor, nn
 
 from ssog_core.field import TAPS, Field, apply_field, base_field, bound, check_grid, positive, steer
 from ssog_core.nn.config import ViTConfig
-from ssog_core.nn.hook_points import HookPoint
+from ssog_core.nn.hook_points import HookPoint, is_plain
 from ssog_core.nn.susie import SuSiE
 from ssog_core.ops import rbf_attention, ssog_apply
+from ssog_core.ops.dispatch import steers_in_c
+from ssog_core.ops.ssog_cpu import apply_cpu_steering
 
 # tap → (probe layer name, gate parameter name, probe outputs per atom)
 _TAP_PARAMS = {
@@ -111,13 +113,10 @@ class SSOGAttention(nn.Module):
         b = x.shape[0]
         gh, gw = grid
         h, r = self.num_heads, self.num_atoms
-        layers = [getattr(self, _TAP_PARAMS[tap][0]) for tap in self.taps]
-        # one GEMM and one bound for all taps (weights concatenated at run time; the stored layout stays one Linear
-        # per tap): the bound over the whole contiguous output costs half as much as over each tap's strided view
-        raw = F.linear(x, torch.cat([m.weight for m in layers]), torch.cat([m.bias for m in layers]))
+        raw = self._raw_probes(x)
         bounded = bound(raw, out=None if torch.is_grad_enabled() else raw)  # in place when nothing records it
         probes = {}
-        for tap, part in zip(self.taps, bounded.split([m.out_features for m in layers], dim=-1), strict=True):
+        for tap, part in zip(self.taps, bounded.split(list(self._probe_widths().values()), dim=-1), strict=True):
             probe = self.probes[tap](part.view((b, gh, gw, h, r, 2) if _TAP_PARAMS[tap][2] == 2 else (b, gh, gw, h, r)))
             if probe is not None:
                 probes[tap] = probe
@@ -125,11 +124,32 @@ class SSOGAttention(nn.Module):
             return fixed
         return steer(fixed, probes, self.gate_scales(), self.max_offset)
 
+    def _probe_widths(self) -> dict[str, int]:
+        """Each enabled tap's number of probe outputs per token."""
+        return {tap: getattr(self, _TAP_PARAMS[tap][0]).out_features for tap in self.taps}
+
+    def _raw_probes(self, x: Tensor) -> Tensor:
+        """Every enabled tap's raw probe outputs ``(B, N, P)``, the taps one after another: one GEMM for all (weights
+        concatenated at run time; the stored layout stays one Linear per tap)."""
+        layers = [getattr(self, _TAP_PARAMS[tap][0]) for tap in self.taps]
+        return F.linear(x, torch.cat([m.weight for m in layers]), torch.cat([m.bias for m in layers]))
+
     def forward(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
         check_grid(x.shape[1], grid)
         b, n, _ = x.shape
         v = self.v(x).view(b, n, self.num_heads, self.head_dim)
-        y = self.head_out(ssog_apply(v, self.field_of(x, grid), grid, self.mode, self.backend))
+        fixed = self.fixed_field()
+        if (
+            self.taps
+            and is_plain([self.field, *self.probes.values()])
+            and steers_in_c(v, fixed, grid, self.mode, self.backend)
+        ):  # the C kernels take the raw probes and steer in C: no per-token field in between
+            y = apply_cpu_steering(
+                v, fixed, self._raw_probes(x), self._probe_widths(), self.gate_scales(), self.max_offset, grid
+            )
+        else:
+            y = ssog_apply(v, self.field_of(x, grid), grid, self.mode, self.backend)
+        y = self.head_out(y)
         return self.out(y.reshape(b, n, self.dim))
 
     def attention_matrix(self, x: Tensor, grid: tuple[int, int], steered: bool = True) -> Tensor:

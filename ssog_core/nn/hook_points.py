@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules import module as module_hooks
 
 PointFn = Callable[[Any], Any]  # activation → its replacement (a probe point may return None: that tap closed)
 
@@ -71,6 +72,14 @@ def install(
 
 def uninstall(token: object) -> None:
     _ACTIVE.reset(token)  # type: ignore[arg-type]
+
+
+def is_plain(points: list[nn.Module]) -> bool:
+    """Whether ``points`` are the identity in this call: no function installed in this context, no forward hook
+    (global or on a point) and no replaced ``forward`` (as a tracer may do). Only then may a fused path skip them."""
+    if _ACTIVE.get() is not None or module_hooks._global_forward_hooks or module_hooks._global_forward_pre_hooks:
+        return False
+    return not any(p._forward_hooks or p._forward_pre_hooks or "forward" in p.__dict__ for p in points)
 
 
 def removed_heads(attention: nn.Module) -> frozenset[int]:

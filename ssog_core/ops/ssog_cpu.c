@@ -1,6 +1,7 @@
 /* Fused CPU kernels for a steered factorized SSOG field: both filter passes of docs/DESIGN.md §1 for one
  * (image, head) pair at a time, the pair's per-query kernels built in per-thread scratch (keys outermost, so the
- * loops vectorise) and used at once; docs/KERNELS.md §6. ssog_core/ops/ssog_cpu.py compiles this file (once per
+ * loops vectorise) and used at once, line by line as register-tiled matrix products; and the steering that makes
+ * the per-token terms from the probes' raw outputs (ssog_terms_forward / _backward); docs/KERNELS.md §6. ssog_core/ops/ssog_cpu.py compiles this file (once per
  * machine, cached) and calls it through ctypes; the pairs are spread over OpenMP threads. It is built twice, with
  * REAL = float and REAL = double.
  *
@@ -108,58 +109,63 @@ static void kernel_grads(idx m, idx n, const real *restrict x, const real *restr
     }
 }
 
-/* Copy one (image, head) pair's per-(token, atom) terms between the (B, N, H, R[, 2]) tensors and a dense
- * (N·R) array: `width` is 2 for x and c (then `axis` picks y or x), 1 for λ. */
-static void gather(const real *restrict src, idx H, idx N, idx R, idx width, idx axis, real *restrict dst) {
-    for (idx t = 0; t < N; t++)
-        for (idx r = 0; r < R; r++) dst[t * R + r] = src[(t * H * R + r) * width + axis];
+/* A line of queries: the n tokens t0 + q·step, q < n (a key column k: t0 = k, step = gw, the column pass's queries
+ * (i, k); a query row i: t0 = i·gw, step = 1, the row pass's queries (i, w)); q is also the query's coordinate on
+ * the pass's axis. The helpers below copy one (image, head) pair's per-(token, atom) terms of a line between the
+ * (B, N, H, R[, 2]) tensors (pointers at the pair's first term) and dense (n·R) arrays in line order q·R + r:
+ * `width` is 2 for μ and c (then `axis` picks y or x), 1 for λ. */
+static void gather(const real *restrict src, idx H, idx R, idx t0, idx step, idx n, idx width, idx axis,
+                   real *restrict dst) {
+    for (idx q = 0; q < n; q++)
+        for (idx r = 0; r < R; r++) dst[q * R + r] = src[((t0 + q * step) * H * R + r) * width + axis];
 }
 
-/* x = query − μ of one pair on one axis, dense: xs[t·R + r] = (axis ? w : i) − μ[t, r, axis] for t = (i, w). */
-static void gather_offsets(const real *restrict mu, idx H, idx gh, idx gw, idx R, idx axis, real *restrict xs) {
-    for (idx i = 0; i < gh; i++)
-        for (idx w = 0; w < gw; w++) {
-            const idx t = i * gw + w;
-            const real query = (real)(axis ? w : i);
-            for (idx r = 0; r < R; r++) xs[t * R + r] = query - mu[(t * H * R + r) * 2 + axis];
-        }
+/* x = query − μ of a line on its axis: xs[q·R + r] = q − μ[t0 + q·step, r, axis]. */
+static void gather_offsets(const real *restrict mu, idx H, idx R, idx t0, idx step, idx n, idx axis,
+                           real *restrict xs) {
+    gather(mu, H, R, t0, step, n, 2, axis, xs);
+    for (idx q = 0; q < n; q++)
+        for (idx r = 0; r < R; r++) xs[q * R + r] = (real)q - xs[q * R + r];
 }
 
-static void scatter(const real *restrict src, idx H, idx N, idx R, idx width, idx axis, real *restrict dst) {
-    for (idx t = 0; t < N; t++)
-        for (idx r = 0; r < R; r++) dst[(t * H * R + r) * width + axis] = src[t * R + r];
+static void scatter(const real *restrict src, idx H, idx R, idx t0, idx step, idx n, idx width, idx axis,
+                    real *restrict dst) {
+    for (idx q = 0; q < n; q++)
+        for (idx r = 0; r < R; r++) dst[((t0 + q * step) * H * R + r) * width + axis] = src[q * R + r];
 }
 
-/* λ of one pair: the softmax over the atoms of each token's log weights, gathered into a dense (N·R) array. */
-static void gather_weights(const real *restrict log_lam, idx H, idx N, idx R, real *restrict lam) {
-    gather(log_lam, H, N, R, 1, 0, lam);
-    for (idx t = 0; t < N; t++) {
-        real top = lam[t * R];
-        for (idx r = 1; r < R; r++) top = lam[t * R + r] > top ? lam[t * R + r] : top;
-        for (idx r = 0; r < R; r++) lam[t * R + r] = LOG2E * (lam[t * R + r] - top);
+/* λ of a line: the softmax over the atoms of each token's log weights, dense (n·R). */
+static void gather_weights(const real *restrict log_lam, idx H, idx R, idx t0, idx step, idx n, real *restrict lam) {
+    gather(log_lam, H, R, t0, step, n, 1, 0, lam);
+    for (idx q = 0; q < n; q++) {
+        real top = lam[q * R];
+        for (idx r = 1; r < R; r++) top = lam[q * R + r] > top ? lam[q * R + r] : top;
+        for (idx r = 0; r < R; r++) lam[q * R + r] = LOG2E * (lam[q * R + r] - top);
     }
-    for (idx p = 0; p < N * R; p++) lam[p] = exp2_nonpositive(lam[p]);
-    for (idx t = 0; t < N; t++) {
+    for (idx p = 0; p < n * R; p++) lam[p] = exp2_nonpositive(lam[p]);
+    for (idx q = 0; q < n; q++) {
         real total = 0;
-        for (idx r = 0; r < R; r++) total += lam[t * R + r];
-        for (idx r = 0; r < R; r++) lam[t * R + r] /= total;
+        for (idx r = 0; r < R; r++) total += lam[q * R + r];
+        for (idx r = 0; r < R; r++) lam[q * R + r] /= total;
     }
 }
 
-/* ∂L/∂log λ from ∂L/∂λ (in place, dense (N·R)): the softmax's Jacobian, λ_r·(g_r − Σ_s λ_s g_s) per token. */
-static void weights_grad(const real *restrict lam, idx N, idx R, real *restrict g) {
-    for (idx t = 0; t < N; t++) {
+/* ∂L/∂log λ from ∂L/∂λ (in place, dense (n·R)): the softmax's Jacobian, λ_r·(g_r − Σ_s λ_s g_s) per token. */
+static void weights_grad(const real *restrict lam, idx n, idx R, real *restrict g) {
+    for (idx q = 0; q < n; q++) {
         real mean = 0;
-        for (idx r = 0; r < R; r++) mean += lam[t * R + r] * g[t * R + r];
-        for (idx r = 0; r < R; r++) g[t * R + r] = lam[t * R + r] * (g[t * R + r] - mean);
+        for (idx r = 0; r < R; r++) mean += lam[q * R + r] * g[q * R + r];
+        for (idx r = 0; r < R; r++) g[q * R + r] = lam[q * R + r] * (g[q * R + r] - mean);
     }
 }
 
-/* Scratch for one thread: dense terms and kernels of one pair, and its per-atom intermediate. */
+/* Scratch for one thread: the dense terms and kernels of one pair, and its per-atom intermediate (evaluation;
+ * ∂L/∂y1 in the backward pass). */
 typedef struct {
     real *xs, *cs, *ls, *gx, *gc, *work; /* N·R each (work: 2·N·R) */
     real *K, *A, *S;                     /* n_max·N·R each */
     real *mid;                           /* N·R·D */
+    idx *ao, *oo;                        /* n_max·R each: a product's row offsets (tile) */
 } Scratch;
 
 /* Each thread keeps its scratch block between calls (OpenMP's threads persist), so that a block above malloc's
@@ -184,14 +190,18 @@ static void scratch_release(size_t bytes) {
     }
 }
 
+#define VW ((idx)(32 / sizeof(real))) /* reals per 256-bit vector */
+
 static size_t scratch_bytes(idx N, idx R, idx D, idx n_max) {
-    return sizeof(real) * (size_t)(N * R * (7 + 3 * n_max + D));
+    return sizeof(idx) * (size_t)(2 * n_max * R) + sizeof(real) * (size_t)(N * R * (7 + 3 * n_max + D));
 }
 
 static int scratch_alloc(Scratch *sc, idx N, idx R, idx D, idx n_max) {
-    const idx NR = N * R;
-    real *m = scratch_block(scratch_bytes(N, R, D, n_max));
-    if (!m) return 1;
+    const idx NR = N * R, line = n_max * R;
+    idx *offsets = scratch_block(scratch_bytes(N, R, D, n_max)); /* the offsets first: malloc aligns them */
+    if (!offsets) return 1;
+    sc->ao = offsets, sc->oo = offsets + line;
+    real *m = (real *)(offsets + 2 * line);
     sc->xs = m, sc->cs = m + NR, sc->ls = m + 2 * NR, sc->gx = m + 3 * NR, sc->gc = m + 4 * NR, sc->work = m + 5 * NR;
     sc->K = m + 7 * NR, sc->A = sc->K + n_max * NR, sc->S = sc->A + n_max * NR, sc->mid = sc->S + n_max * NR;
     return 0;
@@ -201,7 +211,6 @@ static int scratch_alloc(Scratch *sc, idx N, idx R, idx D, idx n_max) {
  * 128-bit registers elsewhere), at most BLOCK vectors at a time held in registers; D must be a multiple of VW
  * (ssog_cpu.py pads the values). The per-pair bodies are always inlined into a switch over the common block
  * counts, so that their channel loops are unrolled; other widths run the same code with a runtime count. */
-#define VW ((idx)(32 / sizeof(real)))
 #define BLOCK 8
 typedef real vec __attribute__((vector_size(32), aligned(sizeof(real))));
 #if defined(REAL_IS_DOUBLE)
@@ -210,11 +219,6 @@ typedef int64_t lane;
 typedef int32_t lane;
 #endif
 typedef lane lanes __attribute__((vector_size(32))); /* a shuffle's lane indices, one per element */
-#if defined(__clang__)
-#define SHUFFLE(v, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
-#else
-#define SHUFFLE(v, ...) __builtin_shuffle(v, (lanes){__VA_ARGS__})
-#endif
 #define INLINE static inline __attribute__((always_inline))
 #define DISPATCH_WIDTH(body, ...)                                                                                   \
     switch (D) {                                                                                                   \
@@ -225,96 +229,158 @@ typedef lane lanes __attribute__((vector_size(32))); /* a shuffle's lane indices
     default: body(__VA_ARGS__, D);                                                                                 \
     }
 
-/* acc[0..nv) += w · src[0..nv·VW) */
-INLINE void madd(vec *acc, real w, const real *src, idx nv) {
-    for (idx u = 0; u < nv; u++) acc[u] += w * *(const vec *)(src + u * VW);
-}
-
 INLINE void store(real *dst, const vec *acc, idx nv) {
     for (idx u = 0; u < nv; u++) *(vec *)(dst + u * VW) = acc[u];
 }
 
-/* Σ g·src over nv vectors, g held in registers; the lanes are summed by halving (log2 VW shuffles), not one by one */
-INLINE real dotv(const vec *g, const real *src, idx nv) {
-    vec s = {0};
-    for (idx u = 0; u < nv; u++) s += g[u] * *(const vec *)(src + u * VW);
-#if defined(REAL_IS_DOUBLE)
-    s += SHUFFLE(s, 2, 3, 0, 1);
-    s += SHUFFLE(s, 1, 0, 3, 2);
-#else
-    s += SHUFFLE(s, 4, 5, 6, 7, 0, 1, 2, 3);
-    s += SHUFFLE(s, 2, 3, 0, 1, 6, 7, 4, 5);
-    s += SHUFFLE(s, 1, 0, 3, 2, 5, 4, 7, 6);
-#endif
-    return s[0];
+/* Rows of a register tile of nv vectors each: at most 8 accumulators (beside the B vectors and a broadcast weight in
+ * the 16 vector registers), and for a one- or two-vector head at least 4 rows, so that the fused multiply-adds of
+ * independent accumulators hide each other's latency. */
+#define TILE_ROWS 8
+#define TILE(nv) ((nv) == 1 ? 8 : (nv) == 2 ? 4 : (nv) <= 4 ? 2 : 1)
+
+/* One register tile of a small matrix product, for ra < rows:
+ *   O[oo[ra] + (0..nv·VW)] = Σ_{q<nq} Σ_{s<ns} A[ao[ra] + q·aq + s·as] · B[q·bq + s·bs + (0..nv·VW)];
+ * each B vector is loaded once per term for all rows, the sums stay in registers until the end. */
+INLINE void tile(const idx rows, const idx nv, const real *A, const idx *ao, idx nq, idx aq, idx ns, idx as,
+                 const real *B, idx bq, idx bs, real *O, const idx *oo) {
+    vec acc[TILE_ROWS][BLOCK];
+    for (idx ra = 0; ra < rows; ra++)
+        for (idx u = 0; u < nv; u++) acc[ra][u] = (vec){0};
+    for (idx q = 0; q < nq; q++)
+        for (idx s = 0; s < ns; s++) {
+            const real *a = A + q * aq + s * as, *b = B + q * bq + s * bs;
+            vec bv[BLOCK];
+            for (idx u = 0; u < nv; u++) bv[u] = *(const vec *)(b + u * VW);
+            for (idx ra = 0; ra < rows; ra++) {
+                const real w = a[ao[ra]];
+                for (idx u = 0; u < nv; u++) acc[ra][u] += w * bv[u];
+            }
+        }
+    for (idx ra = 0; ra < rows; ra++) store(O + oo[ra], acc[ra], nv);
 }
 
-/* One (image, head) pair's forward pass; mid (N, R, D) receives the column pass's output. */
+/* `tile` over m rows (offsets ao[0..m), oo[0..m)): whole tiles of TILE(nv) rows, then the rest one row at a time. */
+INLINE void tiles(idx m, const idx nv, const real *A, const idx *ao, idx nq, idx aq, idx ns, idx as, const real *B,
+                  idx bq, idx bs, real *O, const idx *oo) {
+    const idx mr = TILE(nv);
+    idx m0 = 0;
+    for (; m0 + mr <= m; m0 += mr) tile(mr, nv, A, ao + m0, nq, aq, ns, as, B, bq, bs, O, oo + m0);
+    for (; m0 < m; m0++) tile(1, nv, A, ao + m0, nq, aq, ns, as, B, bq, bs, O, oo + m0);
+}
+
+/* Four dot products of D reals at once, out[q] = a_q · b_q: four vector sums whose lanes are then reduced together
+ * (pairs of lanes, then halves: three shuffle-and-add steps for all four instead of three for each). */
+#if defined(__clang__)
+#define SHUFFLE2(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define SHUFFLE2(a, b, ...) __builtin_shuffle(a, b, (lanes){__VA_ARGS__})
+#endif
+INLINE void dot4(const real *a0, const real *b0, const real *a1, const real *b1, const real *a2, const real *b2,
+                 const real *a3, const real *b3, idx D, real *out) {
+    vec s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+    for (idx d = 0; d < D; d += VW) {
+        s0 += *(const vec *)(a0 + d) * *(const vec *)(b0 + d);
+        s1 += *(const vec *)(a1 + d) * *(const vec *)(b1 + d);
+        s2 += *(const vec *)(a2 + d) * *(const vec *)(b2 + d);
+        s3 += *(const vec *)(a3 + d) * *(const vec *)(b3 + d);
+    }
+#if defined(REAL_IS_DOUBLE)
+    const vec u0 = SHUFFLE2(s0, s1, 0, 4, 2, 6) + SHUFFLE2(s0, s1, 1, 5, 3, 7); /* s0 01, s1 01, s0 23, s1 23 */
+    const vec u1 = SHUFFLE2(s2, s3, 0, 4, 2, 6) + SHUFFLE2(s2, s3, 1, 5, 3, 7);
+    const vec w = SHUFFLE2(u0, u1, 0, 1, 4, 5) + SHUFFLE2(u0, u1, 2, 3, 6, 7);
+    *(vec *)out = w;
+#else
+    const vec u0 = SHUFFLE2(s0, s1, 0, 8, 2, 10, 4, 12, 6, 14) + SHUFFLE2(s0, s1, 1, 9, 3, 11, 5, 13, 7, 15);
+    const vec u1 = SHUFFLE2(s2, s3, 0, 8, 2, 10, 4, 12, 6, 14) + SHUFFLE2(s2, s3, 1, 9, 3, 11, 5, 13, 7, 15);
+    const vec w = SHUFFLE2(u0, u1, 0, 1, 8, 9, 4, 5, 12, 13) + SHUFFLE2(u0, u1, 2, 3, 10, 11, 6, 7, 14, 15);
+    typedef real half __attribute__((vector_size(16), aligned(sizeof(real))));
+    *(half *)out = (half){w[0], w[1], w[2], w[3]} + (half){w[4], w[5], w[6], w[7]};
+#endif
+}
+
+/* One (image, head) pair's forward pass; mid (N, R, D) receives the column pass's output. Each pass builds the
+ * kernels of all the pair's N·R (query, atom) terms at once (keys outermost, K[key·N·R + p], so the loops run along
+ * the terms and vectorise), in the order of the pass's lines of queries (key columns k for the column pass, query
+ * rows i for the row pass) so that each line's terms are contiguous; then each line's product runs with its output
+ * rows register-tiled (`tiles`). */
 INLINE void forward_pair(const real *v, const real *mu, const real *c, const real *log_lam, real *y, real *mid,
                          Scratch *sc, idx b, idx h, idx gh, idx gw, idx H, idx R, const idx D) {
     const idx N = gh * gw, NR = N * R, first = (b * N * H + h) * R; /* the pair's (t = 0, r = 0) term */
-    const real *vb = v + (b * N * H + h) * D;                       /* token t's values: vb + t·H·D */
-    real *yb = y + (b * N * H + h) * D;
-    const real *K = sc->K;
-    /* column pass: mid[t, r] = Σ_j a_r(t)[j] · v[(j, k)] for every token t = (i, k) */
-    gather_offsets(mu + 2 * first, H, gh, gw, R, 0, sc->xs);
-    gather(c + 2 * first, H, N, R, 2, 0, sc->cs);
-    kernels(NR, gh, sc->xs, sc->cs, NULL, sc->K, NULL, sc->work);
-    for (idx d0 = 0; d0 < D; d0 += BLOCK * VW) {
-        const idx nv = (D - d0 < BLOCK * VW ? D - d0 : BLOCK * VW) / VW;
-        for (idx t = 0; t < N; t++) {
-            const real *column = vb + (t % gw) * H * D + d0; /* v[(j, k)] = column[j·gw·H·D] */
-            for (idx r = 0; r < R; r++) {
-                vec acc[BLOCK] = {{0}};
-                for (idx j = 0; j < gh; j++) madd(acc, K[j * NR + t * R + r], column + j * gw * H * D, nv);
-                store(mid + (t * R + r) * D + d0, acc, nv);
-            }
+    const real *vb = v + (b * N * H + h) * D, *mub = mu + 2 * first, *cb = c + 2 * first; /* token t: vb + t·H·D */
+    real *yb = y + (b * N * H + h) * D, *K = sc->K;
+    idx *ao = sc->ao, *oo = sc->oo;
+    /* column pass, per key column k: mid[(i, k), r] = Σ_j a_r(i, k)[j] · v[(j, k)], rows (i, r) */
+    const idx mc = gh * R;
+    for (idx k = 0; k < gw; k++) {
+        gather_offsets(mub, H, R, k, gw, gh, 0, sc->xs + k * mc);
+        gather(cb, H, R, k, gw, gh, 2, 0, sc->cs + k * mc);
+    }
+    kernels(NR, gh, sc->xs, sc->cs, NULL, K, NULL, sc->work);
+    for (idx k = 0; k < gw; k++) {
+        for (idx i = 0, p = 0; i < gh; i++)
+            for (idx r = 0; r < R; r++, p++) ao[p] = p, oo[p] = ((i * gw + k) * R + r) * D;
+        for (idx d0 = 0; d0 < D; d0 += BLOCK * VW) {
+            const idx nv = (D - d0 < BLOCK * VW ? D - d0 : BLOCK * VW) / VW;
+            tiles(mc, nv, K + k * mc, ao, gh, NR, 1, 0, vb + k * H * D + d0, gw * H * D, 0, mid + d0, oo);
         }
     }
-    /* row pass: y[t] = Σ_r λ_r(t) Σ_k u_r(t)[k] · mid[(i, k), r] for every query t = (i, w) */
-    gather_offsets(mu + 2 * first, H, gh, gw, R, 1, sc->xs);
-    gather(c + 2 * first, H, N, R, 2, 1, sc->cs);
-    gather_weights(log_lam + first, H, N, R, sc->ls);
-    kernels(NR, gw, sc->xs, sc->cs, sc->ls, sc->K, NULL, sc->work);
-    for (idx d0 = 0; d0 < D; d0 += BLOCK * VW) {
-        const idx nv = (D - d0 < BLOCK * VW ? D - d0 : BLOCK * VW) / VW;
-        for (idx t = 0; t < N; t++) {
-            const real *row = mid + (t / gw) * gw * R * D + d0; /* mid[(i, k), r] = row[(k·R + r)·D] */
-            vec acc[BLOCK] = {{0}};
-            for (idx k = 0; k < gw; k++)
-                for (idx r = 0; r < R; r++) madd(acc, K[k * NR + t * R + r], row + (k * R + r) * D, nv);
-            store(yb + t * H * D + d0, acc, nv);
+    /* row pass, per query row i: y[(i, w)] = Σ_{k, r} λ_r(i, w) · u_r(i, w)[k] · mid[(i, k), r], rows w */
+    const idx mr = gw * R;
+    for (idx i = 0; i < gh; i++) gather_offsets(mub, H, R, i * gw, 1, gw, 1, sc->xs + i * mr);
+    gather(cb, H, R, 0, 1, N, 2, 1, sc->cs);
+    gather_weights(log_lam + first, H, R, 0, 1, N, sc->ls);
+    kernels(NR, gw, sc->xs, sc->cs, sc->ls, K, NULL, sc->work);
+    for (idx i = 0; i < gh; i++) {
+        for (idx w = 0; w < gw; w++) ao[w] = w * R, oo[w] = (i * gw + w) * H * D;
+        for (idx d0 = 0; d0 < D; d0 += BLOCK * VW) {
+            const idx nv = (D - d0 < BLOCK * VW ? D - d0 : BLOCK * VW) / VW;
+            tiles(gw, nv, K + i * mr, ao, gw, NR, R, 1, mid + i * gw * R * D + d0, R * D, D, yb + d0, oo);
         }
     }
 }
 
-/* One pair's backward pass: ∂L/∂v into its own head's rows of dv, and dmu, dc, dlog of its queries. */
+/* One pair's backward pass, in the forward pass's orders: ∂L/∂v into its own head's rows of dv, and dmu, dc, dlog of
+ * its queries. */
 INLINE void backward_pair(const real *v, const real *mu, const real *c, const real *log_lam, const real *mid,
                           const real *dy, real *dv, real *dmu, real *dc, real *dlog, Scratch *sc, idx b, idx h, idx gh,
                           idx gw, idx H, idx R, const idx D) {
     const idx N = gh * gw, NR = N * R, first = (b * N * H + h) * R;
-    const real *vb = v + (b * N * H + h) * D, *dyb = dy + (b * N * H + h) * D;
+    const real *vb = v + (b * N * H + h) * D, *dyb = dy + (b * N * H + h) * D, *mub = mu + 2 * first;
+    const real *cb = c + 2 * first;
     real *dvb = dv + (b * N * H + h) * D, *dmid = sc->mid, *K = sc->K, *A = sc->A, *S = sc->S;
-    memset(dmid, 0, sizeof(real) * NR * D);
-    for (idx t = 0; t < N; t++) memset(dvb + t * H * D, 0, sizeof(real) * D);
-    /* row pass: ∂L/∂mid, ∂L/∂λ and the row kernels' gradients; S and gx accumulate over channel blocks */
-    gather_offsets(mu + 2 * first, H, gh, gw, R, 1, sc->xs);
-    gather(c + 2 * first, H, N, R, 2, 1, sc->cs);
-    gather_weights(log_lam + first, H, N, R, sc->ls);
+    idx *ao = sc->ao, *oo = sc->oo;
+    /* row pass, per query row i: ∂L/∂mid[(i, k), r] = Σ_w u_r(i, w)[k] · ∂L/∂y[(i, w)] (rows (k, r)) and the dot
+     * products ∂L/∂u_r(i, w)[k] = ∂L/∂y[(i, w)] · mid[(i, k), r] (against mid's row transposed); then ∂L/∂λ and
+     * the row kernels' gradients */
+    const idx mr = gw * R;
+    for (idx i = 0; i < gh; i++) gather_offsets(mub, H, R, i * gw, 1, gw, 1, sc->xs + i * mr);
+    gather(cb, H, R, 0, 1, N, 2, 1, sc->cs);
+    gather_weights(log_lam + first, H, R, 0, 1, N, sc->ls);
     kernels(NR, gw, sc->xs, sc->cs, sc->ls, K, A, sc->work);
-    memset(S, 0, sizeof(real) * gw * NR);
-    for (idx d0 = 0; d0 < D; d0 += BLOCK * VW) {
-        const idx nv = (D - d0 < BLOCK * VW ? D - d0 : BLOCK * VW) / VW;
-        for (idx t = 0; t < N; t++) {
-            const idx i = t / gw;
-            vec g[BLOCK];
-            for (idx u = 0; u < nv; u++) g[u] = *(const vec *)(dyb + t * H * D + d0 + u * VW);
-            for (idx k = 0; k < gw; k++)
-                for (idx r = 0; r < R; r++) {
-                    const idx p = k * NR + t * R + r, at = ((i * gw + k) * R + r) * D + d0;
-                    S[p] += dotv(g, mid + at, nv); /* ∂L/∂K, times K below */
-                    madd((vec *)(dmid + at), K[p], (const real *)g, nv);
+    for (idx i = 0; i < gh; i++) {
+        for (idx k = 0, p = 0; k < gw; k++)
+            for (idx r = 0; r < R; r++, p++) ao[p] = k * NR + r, oo[p] = (i * gw * R + p) * D;
+        for (idx d0 = 0; d0 < D; d0 += BLOCK * VW) {
+            const idx nv = (D - d0 < BLOCK * VW ? D - d0 : BLOCK * VW) / VW;
+            tiles(mr, nv, K + i * mr, ao, gw, R, 1, 0, dyb + i * gw * H * D + d0, H * D, 0, dmid + d0, oo);
+        }
+        for (idx w = 0; w < gw; w++) {
+            const real *g = dyb + (i * gw + w) * H * D, *row = mid + i * gw * R * D; /* mid[(i, k), r]: row + (k·R + r)·D */
+            for (idx k = 0; k < gw; k++) {
+                real *s_k = S + k * NR + (i * gw + w) * R;
+                idx r = 0;
+                for (; r + 4 <= R; r += 4) {
+                    const real *m0 = row + (k * R + r) * D;
+                    dot4(g, m0, g, m0 + D, g, m0 + 2 * D, g, m0 + 3 * D, D, s_k + r);
                 }
+                for (; r < R; r++) {
+                    const real *m0 = row + (k * R + r) * D;
+                    real out[4];
+                    dot4(g, m0, g, m0, g, m0, g, m0, D, out);
+                    s_k[r] = out[0];
+                }
+            }
         }
     }
     for (idx p = 0; p < NR; p++) sc->gx[p] = 0;
@@ -324,35 +390,49 @@ INLINE void backward_pair(const real *v, const real *mu, const real *c, const re
             S[k * NR + p] *= K[k * NR + p];
         }
     weights_grad(sc->ls, N, R, sc->gx);
-    scatter(sc->gx, H, N, R, 1, 0, dlog + first);
+    scatter(sc->gx, H, R, 0, 1, N, 1, 0, dlog + first);
     kernel_grads(NR, gw, sc->xs, sc->cs, S, A, sc->gx, sc->gc, sc->work);
     for (idx p = 0; p < NR; p++) sc->gx[p] = -sc->gx[p]; /* ∂L/∂μ = −∂L/∂x */
-    scatter(sc->gx, H, N, R, 2, 1, dmu + 2 * first);
-    scatter(sc->gc, H, N, R, 2, 1, dc + 2 * first);
-    /* column pass: ∂L/∂v and the column kernels' gradients (scale 1, so A = K) */
-    gather_offsets(mu + 2 * first, H, gh, gw, R, 0, sc->xs);
-    gather(c + 2 * first, H, N, R, 2, 0, sc->cs);
+    scatter(sc->gx, H, R, 0, 1, N, 2, 1, dmu + 2 * first);
+    scatter(sc->gc, H, R, 0, 1, N, 2, 1, dc + 2 * first);
+    /* column pass, per key column k: ∂L/∂v[(j, k)] = Σ_{i, r} a_r(i, k)[j] · ∂L/∂mid[(i, k), r] (rows j) and the dot
+     * products ∂L/∂a_r(i, k)[j] = ∂L/∂mid[(i, k), r] · v[(j, k)] (against the column transposed); then the column
+     * kernels' gradients (scale 1, so A = K) */
+    const idx mc = gh * R;
+    for (idx k = 0; k < gw; k++) {
+        gather_offsets(mub, H, R, k, gw, gh, 0, sc->xs + k * mc);
+        gather(cb, H, R, k, gw, gh, 2, 0, sc->cs + k * mc);
+    }
     kernels(NR, gh, sc->xs, sc->cs, NULL, K, NULL, sc->work);
-    memset(S, 0, sizeof(real) * gh * NR);
-    for (idx d0 = 0; d0 < D; d0 += BLOCK * VW) {
-        const idx nv = (D - d0 < BLOCK * VW ? D - d0 : BLOCK * VW) / VW;
-        for (idx t = 0; t < N; t++)
-            for (idx r = 0; r < R; r++) {
-                const idx column = (t % gw) * H * D + d0; /* v[(j, k)] = vb[column + j·gw·H·D] */
-                vec g[BLOCK];
-                for (idx u = 0; u < nv; u++) g[u] = *(const vec *)(dmid + (t * R + r) * D + d0 + u * VW);
-                for (idx j = 0; j < gh; j++) {
-                    const idx p = j * NR + t * R + r, at = column + j * gw * H * D;
-                    S[p] += dotv(g, vb + at, nv);
-                    madd((vec *)(dvb + at), K[p], (const real *)g, nv);
+    for (idx k = 0; k < gw; k++) {
+        for (idx j = 0; j < gh; j++) ao[j] = j * NR, oo[j] = (j * gw + k) * H * D;
+        for (idx d0 = 0; d0 < D; d0 += BLOCK * VW) {
+            const idx nv = (D - d0 < BLOCK * VW ? D - d0 : BLOCK * VW) / VW;
+            tiles(gh, nv, K + k * mc, ao, gh, R, R, 1, dmid + k * R * D + d0, gw * R * D, D, dvb + d0, oo);
+        }
+        for (idx i = 0; i < gh; i++) /* ∂L/∂mid[(i, k), r] (rows g) against v[(j, k)], j < gh, four atoms at a time */
+            for (idx j = 0; j < gh; j++) {
+                const real *g = dmid + (i * gw + k) * R * D, *vj = vb + (j * gw + k) * H * D;
+                const idx at = j * NR + k * mc + i * R; /* S[at + r] */
+                idx r = 0;
+                for (; r + 4 <= R; r += 4) {
+                    const real *g0 = g + r * D;
+                    dot4(g0, vj, g0 + D, vj, g0 + 2 * D, vj, g0 + 3 * D, vj, D, S + at + r);
+                }
+                for (; r < R; r++) {
+                    real out[4];
+                    dot4(g + r * D, vj, g + r * D, vj, g + r * D, vj, g + r * D, vj, D, out);
+                    S[at + r] = out[0];
                 }
             }
     }
     for (idx p = 0; p < gh * NR; p++) S[p] *= K[p];
     kernel_grads(NR, gh, sc->xs, sc->cs, S, K, sc->gx, sc->gc, sc->work);
     for (idx p = 0; p < NR; p++) sc->gx[p] = -sc->gx[p];
-    scatter(sc->gx, H, N, R, 2, 0, dmu + 2 * first);
-    scatter(sc->gc, H, N, R, 2, 0, dc + 2 * first);
+    for (idx k = 0; k < gw; k++) {
+        scatter(sc->gx + k * mc, H, R, k, gw, gh, 2, 0, dmu + 2 * first);
+        scatter(sc->gc + k * mc, H, R, k, gw, gh, 2, 0, dc + 2 * first);
+    }
 }
 
 /* One call's arguments; the forward pass leaves the gradient fields NULL. */
@@ -402,4 +482,100 @@ int ssog_backward(const real *v, const real *mu, const real *c, const real *log_
                   real *dv, real *dmu, real *dc, real *dlog, idx B, idx gh, idx gw, idx H, idx R, idx D, int threads) {
     const Call call = {v, mu, c, log_lam, dy, NULL, (real *)y1, dv, dmu, dc, dlog, B, gh, gw, H, R, D};
     return over_pairs(&call, 1, threads);
+}
+
+/* The steering (ssog_core.field.bound and steer, then c = log2(e)/(2σ²τ)) as two passes over the tokens: the per-token
+ * kernel terms from the probes' raw outputs, and back. raw (T, P): token t's probe outputs, each enabled tap's block
+ * at its offset (o_mu, o_sigma: H·R·2 values, o_lambda: H·R; −1 for a tap that is off); mu0, c0 (H, R, 2) and ll0
+ * (H, R): the fixed field's μ, c and log λ; gates: a = s_μ·M, s_σ, s_λ. Per token, with b = tanh(raw):
+ *   μ = μ0 + a·b_μ,   c = c0·e^(−2 s_σ b_σ)   (σ = σ0·e^(s_σ b_σ)),   log λ = log λ0 + s_λ·b_λ.
+ * tanh is (1 − e^(−2|x|))/(1 + e^(−2|x|)) with the sign of x (absolute error under 1e-7 in float), e^a as
+ * 2^(a·log2 e) by exp2_nonpositive's polynomial, valid for exponents in [−126, 127] (clamped). */
+static inline real bounded(real x) {
+    const real t = exp2_nonpositive(-2 * LOG2E * (x < 0 ? -x : x)), y = (1 - t) / (1 + t);
+    return x < 0 ? -y : y;
+}
+
+static inline real exp_clamped(real a) {
+    a *= LOG2E;
+    return exp2_nonpositive(a > 127 ? 127 : a);
+}
+
+/* One tap's block of a token's terms: out[q] = base[q] + scale·b_q (`exponential`: base[q]·e^(scale·b_q)). */
+static void steer_block(const real *restrict p, const real *restrict base, real scale, int exponential, idx n,
+                        real *restrict out) {
+    if (exponential)
+        for (idx q = 0; q < n; q++) out[q] = base[q] * exp_clamped(scale * bounded(p[q]));
+    else
+        for (idx q = 0; q < n; q++) out[q] = base[q] + scale * bounded(p[q]);
+}
+
+int ssog_terms_forward(const real *raw, const real *mu0, const real *c0, const real *ll0, const real *gates, real *mu,
+                       real *c, real *ll, idx T, idx P, idx o_mu, idx o_sigma, idx o_lambda, idx H, idx R, int threads) {
+    const idx HR = H * R;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (idx t = 0; t < T; t++) {
+        const real *p = raw + t * P;
+        real *mu_t = mu + t * HR * 2, *c_t = c + t * HR * 2, *ll_t = ll + t * HR;
+        if (o_mu < 0) memcpy(mu_t, mu0, sizeof(real) * HR * 2);
+        else steer_block(p + o_mu, mu0, gates[0], 0, HR * 2, mu_t);
+        if (o_sigma < 0) memcpy(c_t, c0, sizeof(real) * HR * 2);
+        else steer_block(p + o_sigma, c0, -2 * gates[1], 1, HR * 2, c_t);
+        if (o_lambda < 0) memcpy(ll_t, ll0, sizeof(real) * HR);
+        else steer_block(p + o_lambda, ll0, gates[2], 0, HR, ll_t);
+    }
+    return 0;
+}
+
+/* The gradient of one tap's block from a token's ∂L/∂out (times `weight` when given: c for the exponential block,
+ * whose ∂c/∂(scale·b) = c): ∂L/∂raw into g, the gate's per-element sums Σ dout·b into gate_sum, the base's Σ dout
+ * into base_sum (the exponential block's is divided by the base at the end: ∂c/∂c0 = c/c0). */
+INLINE void steer_block_grad(const real *restrict p, const real *restrict dout, const real *restrict weight, real scale,
+                             idx n, real *restrict g, real *restrict gate_sum, real *restrict base_sum) {
+    for (idx q = 0; q < n; q++) {
+        const real b = bounded(p[q]), d = weight ? dout[q] * weight[q] : dout[q];
+        base_sum[q] += d;
+        gate_sum[q] += d * b;
+        g[q] = scale * d * (1 - b * b);
+    }
+}
+
+static void add_to(const real *restrict src, const real *restrict weight, idx n, real *restrict sum) {
+    for (idx q = 0; q < n; q++) sum[q] += weight ? src[q] * weight[q] : src[q];
+}
+
+/* The gradients of ssog_terms_forward from ∂L/∂μ, ∂L/∂c, ∂L/∂log λ per token (T = B·N tokens, N per image): ∂L/∂raw
+ * (T, P; zero outside the taps' blocks) and, per image, the sums over its tokens (so that no two threads write the
+ * same element): partial (B, 5·H·R + 3) = [∂L/∂μ0 (H·R·2), ∂L/∂c0 (H·R·2), ∂L/∂log λ0 (H·R), ∂L/∂a, ∂L/∂s_σ,
+ * ∂L/∂s_λ]; `work` (B, 5·H·R) holds the gates' per-element sums. */
+int ssog_terms_backward(const real *raw, const real *c0, const real *gates, const real *c, const real *dmu,
+                        const real *dc, const real *dll, real *draw, real *partial, real *work, idx B, idx N, idx P,
+                        idx o_mu, idx o_sigma, idx o_lambda, idx H, idx R, int threads) {
+    const idx HR = H * R, width = 5 * HR + 3;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (idx img = 0; img < B; img++) {
+        real *sum = partial + img * width, *gate_mu = work + img * 5 * HR, *gate_sigma = gate_mu + 2 * HR;
+        real *gate_ll = gate_mu + 4 * HR;
+        memset(sum, 0, sizeof(real) * width);
+        memset(gate_mu, 0, sizeof(real) * 5 * HR);
+        for (idx t = img * N; t < (img + 1) * N; t++) {
+            const real *p = raw + t * P, *c_t = c + t * HR * 2, *dmu_t = dmu + t * HR * 2, *dc_t = dc + t * HR * 2;
+            const real *dll_t = dll + t * HR;
+            real *g = draw + t * P;
+            memset(g, 0, sizeof(real) * P);
+            if (o_mu >= 0) steer_block_grad(p + o_mu, dmu_t, NULL, gates[0], HR * 2, g + o_mu, gate_mu, sum);
+            else add_to(dmu_t, NULL, HR * 2, sum);
+            if (o_sigma >= 0)
+                steer_block_grad(p + o_sigma, dc_t, c_t, -2 * gates[1], HR * 2, g + o_sigma, gate_sigma, sum + 2 * HR);
+            else add_to(dc_t, c_t, HR * 2, sum + 2 * HR);
+            if (o_lambda >= 0) steer_block_grad(p + o_lambda, dll_t, NULL, gates[2], HR, g + o_lambda, gate_ll, sum + 4 * HR);
+            else add_to(dll_t, NULL, HR, sum + 4 * HR);
+        }
+        double d_a = 0, d_sigma = 0, d_lambda = 0; /* each gate's sum over every element: in double */
+        for (idx q = 0; q < HR * 2; q++) d_a += gate_mu[q], d_sigma += gate_sigma[q];
+        for (idx q = 0; q < HR; q++) d_lambda += gate_ll[q];
+        for (idx q = 0; q < HR * 2; q++) sum[2 * HR + q] /= c0[q];
+        sum[5 * HR] = (real)d_a, sum[5 * HR + 1] = (real)(-2 * d_sigma), sum[5 * HR + 2] = (real)d_lambda;
+    }
+    return 0;
 }

@@ -4,10 +4,13 @@ The PyTorch path (:mod:`ssog_core.ops.ssog_torch`) spends most of a small model'
 that each stream a full-size intermediate through memory: per-query kernels, the per-atom column-pass output and
 its transpose. ``ssog_cpu.c`` does both filter passes for one (image, head) pair at a time instead, building
 the pair's 1D kernels in per-thread scratch that stays in cache and using them at once; only the column pass's
-output is kept (per pair, or for the whole batch when training needs it for the backward pass). The per-token
-kernel terms (μ, ``c``, log λ) are taken from :mod:`ssog_core.field` with PyTorch ops, so autograd carries their
-gradients back through σ, τ and the steering; the C code returns ``∂L/∂v``, ``∂L/∂μ``, ``∂L/∂c`` and
-``∂L/∂log λ`` (docs/KERNELS.md §6).
+output is kept (per pair, or for the whole batch when training needs it for the backward pass). The C code takes
+the per-token kernel terms (μ, ``c``, log λ) and returns ``∂L/∂v``, ``∂L/∂μ``, ``∂L/∂c`` and ``∂L/∂log λ``
+(docs/KERNELS.md §6). :func:`apply_cpu` takes them from a per-token :class:`~ssog_core.field.Field` (PyTorch ops,
+so autograd carries their gradients back through σ, τ and the steering); :func:`apply_cpu_steering`, what
+:class:`~ssog_core.nn.attention.SSOGAttention` calls on this backend, computes them in C from the probes' raw
+outputs and the fixed field (bound, steer and ``c`` in one pass over the tokens, and one pass back), which in a
+small model's training step cost more than the kernels' own forward pass as some twenty PyTorch operations.
 
 The C source is compiled on first use with the system C compiler (``$CC``, else ``cc``/``gcc``/``clang``),
 ``-O3 -march=native``, into ``$SSOG_CACHE_DIR`` (default ``~/.cache/ssog_lab``), once per source, flags, compiler
@@ -108,7 +111,10 @@ def _bind(path: Path) -> ctypes.CDLL:
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.ssog_forward.argtypes = [ptr] * 6 + [i64] * 6 + [ctypes.c_int]
     lib.ssog_backward.argtypes = [ptr] * 10 + [i64] * 6 + [ctypes.c_int]
-    lib.ssog_forward.restype = lib.ssog_backward.restype = ctypes.c_int
+    lib.ssog_terms_forward.argtypes = [ptr] * 8 + [i64] * 7 + [ctypes.c_int]
+    lib.ssog_terms_backward.argtypes = [ptr] * 10 + [i64] * 8 + [ctypes.c_int]
+    for fn in (lib.ssog_forward, lib.ssog_backward, lib.ssog_terms_forward, lib.ssog_terms_backward):
+        fn.restype = ctypes.c_int
     return lib
 
 
@@ -199,8 +205,11 @@ def kernel_terms(field: Field, b: int, grid: tuple[int, int], dtype: torch.dtype
 def apply_cpu(v: Tensor, field: Field, grid: tuple[int, int]) -> Tensor:
     """``apply_field`` semantics for a steered factorized field on CPU tensors: ``(B, N, H, D)`` → ``(B, N, H, D)``
     (float32 or float64; the dispatcher checks the input, :func:`unavailable_reason` the build)."""
-    b, d = v.shape[0], v.shape[-1]
-    mu, c, log_lam = kernel_terms(field, b, grid, v.dtype)
+    return _apply_terms(v, *kernel_terms(field, v.shape[0], grid, v.dtype), grid)
+
+
+def _apply_terms(v: Tensor, mu: Tensor, c: Tensor, log_lam: Tensor, grid: tuple[int, int]) -> Tensor:
+    d = v.shape[-1]
     lanes = VECTOR_BYTES // v.element_size()
     pad = -d % lanes
     v = F.pad(v, (0, pad)) if pad else v.contiguous()
@@ -209,3 +218,68 @@ def apply_cpu(v: Tensor, field: Field, grid: tuple[int, int]) -> Tensor:
     else:
         y = _forward(v, mu, c, log_lam, grid, save=False)[0]
     return y[..., :d] if pad else y
+
+
+class _SteeringTerms(torch.autograd.Function):
+    """The probes' raw outputs → the C kernels' per-token terms ``(μ, c, log λ)``, in C both ways
+    (``ssog_terms_forward`` / ``_backward``): :func:`~ssog_core.field.bound`, :func:`~ssog_core.field.steer` and
+    ``c = log2(e)/(2σ²τ)`` as one pass over the tokens instead of some twenty PyTorch operations and their autograd
+    buffers. Inputs: raw ``(B, N, P)``, the fixed field's μ0, c0 ``(H, R, 2)`` and log λ0 ``(H, R)``, the gates
+    ``(a = s_μ·M, s_σ, s_λ)``, and the taps' offsets in ``P`` (−1: off)."""
+
+    @staticmethod
+    def forward(ctx, raw: Tensor, mu0: Tensor, c0: Tensor, ll0: Tensor, gates: Tensor, offsets: tuple[int, int, int]):
+        b, n, p = raw.shape
+        h, r = ll0.shape
+        mu, c = raw.new_empty(b, n, h, r, 2), raw.new_empty(b, n, h, r, 2)
+        log_lam = raw.new_empty(b, n, h, r)
+        tensors = [raw, mu0, c0, ll0, gates, mu, c, log_lam]
+        _run(_libraries()[raw.dtype].ssog_terms_forward, tensors, (b * n, p, *offsets, h, r))
+        ctx.offsets = offsets
+        ctx.save_for_backward(raw, c0, gates, c)
+        return mu, c, log_lam
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dmu: Tensor | None, dc: Tensor | None, dll: Tensor | None):
+        raw, c0, gates, c = ctx.saved_tensors
+        b, n, p = raw.shape
+        h, r = c0.shape[:2]
+        dmu, dc = [torch.zeros_like(c) if g is None else g.contiguous() for g in (dmu, dc)]
+        dll = c.new_zeros(c.shape[:-1]) if dll is None else dll.contiguous()
+        draw, partial, work = torch.empty_like(raw), raw.new_empty(b, 5 * h * r + 3), raw.new_empty(b, 5 * h * r)
+        tensors = [raw, c0, gates, c, dmu, dc, dll, draw, partial, work]
+        _run(_libraries()[raw.dtype].ssog_terms_backward, tensors, (b, n, p, *ctx.offsets, h, r))
+        total = partial.sum(0)
+        hr = h * r
+        dmu0, dc0 = total[: 2 * hr].view(h, r, 2), total[2 * hr : 4 * hr].view(h, r, 2)
+        return draw, dmu0, dc0, total[4 * hr : 5 * hr].view(h, r), total[5 * hr :], None
+
+
+def apply_cpu_steering(
+    v: Tensor,
+    fixed: Field,
+    raw: Tensor,
+    widths: dict[str, int],
+    scales: dict[str, Tensor],
+    max_offset: float,
+    grid: tuple[int, int],
+) -> Tensor:
+    """``apply_cpu(v, steer(fixed, bound(raw)))`` without the per-token field in between: ``raw`` ``(B, N, P)`` holds
+    the enabled taps' raw probe outputs one after another in the order of ``widths`` (tap → its width in ``P``), as
+    :class:`~ssog_core.nn.attention.SSOGAttention` computes them in one GEMM."""
+    dtype = v.dtype
+    starts, at = {}, 0
+    for tap, width in widths.items():
+        starts[tap], at = at, at + width
+    offsets = tuple(starts.get(tap, -1) for tap in ("mu", "sigma", "lambda"))
+    zero = raw.new_zeros(())
+    gates = torch.stack([
+        scales["mu"] * max_offset if "mu" in scales else zero,
+        scales.get("sigma", zero),
+        scales.get("lambda", zero),
+    ]).to(dtype)  # fmt: skip
+    c0 = exp2_rate(fixed.sigma, fixed.tau)
+    mu0, c0, ll0 = (t.to(dtype).contiguous() for t in (fixed.mu, c0, fixed.log_lam))
+    mu, c, log_lam = _SteeringTerms.apply(raw.to(dtype).contiguous(), mu0, c0, ll0, gates, offsets)
+    return _apply_terms(v, mu, c, log_lam, grid)
