@@ -149,3 +149,29 @@ def test_nnsight_reads_a_layer_and_sets_a_heads_output():
 def test_a_point_is_the_identity_without_hooks():
     x = torch.randn(3, 4)
     assert HookPoint()(x) is x
+
+
+def test_plain_forward_hooks_reach_the_field_and_probes_where_the_c_kernels_steer():
+    """On the CPU a steered float32 forward steers inside the C kernels and skips the per-token field, but only
+    while the points are plain: a forward hook on a field or probe point sees (and may change) every call."""
+    torch.manual_seed(0)
+    model = ViT(num_classes=3, img_size=(28, 20), patch_size=4, dim=16, depth=2, num_heads=2, attn="ssog",
+                cold_init=False).eval()  # fmt: skip  # a 7×5 grid, open gates
+    x = torch.rand(2, 3, 28, 20)
+    attn = model.blocks[1].attn
+    with torch.no_grad():
+        plain = model(x)
+        seen = []
+        handles = [attn.field.register_forward_hook(lambda m, i, o: seen.append("field")),
+                   attn.probes["mu"].register_forward_hook(lambda m, i, o: seen.append("mu"))]  # fmt: skip
+        hooked = model(x)
+        for h in handles:
+            h.remove()
+        assert seen == ["field", "mu"]
+        torch.testing.assert_close(hooked, plain, rtol=1e-5, atol=1e-6)  # the same model, by the unfused path
+        handle = attn.probes["mu"].register_forward_hook(lambda m, i, o: torch.ones_like(o))  # the far bound
+        moved = model(x)
+        handle.remove()
+        _, cache = run_with_cache(model, x, names=["blocks.1.attn.probes.mu"])
+    assert not torch.allclose(moved, plain, atol=1e-4)  # the hook's replacement was used
+    assert cache["blocks.1.attn.probes.mu"].shape[:3] == (2, 7, 5)
