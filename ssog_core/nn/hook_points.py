@@ -77,6 +77,8 @@ def uninstall(token: object) -> None:
 def is_plain(points: list[nn.Module]) -> bool:
     """Whether ``points`` are the identity in this call: no function installed in this context, no forward hook
     (global or on a point) and no replaced ``forward`` (as a tracer may do). Only then may a fused path skip them."""
+    if torch.compiler.is_compiling():  # a compiled model takes the unfused path (and no ContextVar in its graph)
+        return False
     if _ACTIVE.get() is not None or module_hooks._global_forward_hooks or module_hooks._global_forward_pre_hooks:
         return False
     return not any(p._forward_hooks or p._forward_pre_hooks or "forward" in p.__dict__ for p in points)
