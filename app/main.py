@@ -208,6 +208,7 @@ def launch(
         # probe is all ``_frontend`` controls.
         _frontend=False,
     )
+    page_answers(demo.local_url)  # the probe skipped above, with patience
     started.set()
     if mcp:
         from app.mcp_server import serve_mcp
@@ -216,6 +217,26 @@ def launch(
     print(f"SSOG Lab is serving on {demo.local_url}", flush=True)
     if not prevent_thread_lock:
         demo.block_thread()
+
+
+def page_answers(url: str, seconds: float = 120.0) -> None:
+    """Ask for the page as Gradio's own probe does (HEAD), retrying until it answers: the first page request also
+    sets up part of Gradio's queue (without it, a page's waiting job left the queue while the page was still
+    connected: tests/test_app_queues.py)."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if httpx.head(url, timeout=10).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not answer within {seconds:.0f} s of start")
+        time.sleep(0.5)
 
 
 def limit_malloc_arenas(arenas: int = 2) -> bool:

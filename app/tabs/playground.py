@@ -411,7 +411,7 @@ def prediction_change(ctx: AppContext, ckpt: str, sha: str | None, edits: list[E
     names, top, new = loaded.class_names, change.top, change.winner
     return (
         f"{what}: prediction **{names[top]}** {float(change.unedited[top]):.4f} → **{names[new]}** "
-        f"{float(change.edited[new]):.4f} (Δ log p({names[top]}) = {change.dlogp:+.4f})."
+        f"{float(change.edited[new]):.4f} (Δ log p({names[top]}) = {round(change.dlogp, 4) + 0.0:+.4f})."
     )
 
 

@@ -79,7 +79,10 @@ def is_plain(points: list[nn.Module]) -> bool:
     (global or on a point) and no replaced ``forward`` (as a tracer may do). Only then may a fused path skip them."""
     if torch.compiler.is_compiling():  # a compiled model takes the unfused path (and no ContextVar in its graph)
         return False
-    if _ACTIVE.get() is not None or module_hooks._global_forward_hooks or module_hooks._global_forward_pre_hooks:
+    active = _ACTIVE.get()
+    if (active is not None and (active.points or active.removed)) or module_hooks._global_forward_hooks:
+        return False
+    if module_hooks._global_forward_pre_hooks:
         return False
     return not any(p._forward_hooks or p._forward_pre_hooks or "forward" in p.__dict__ for p in points)
 
