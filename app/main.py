@@ -208,7 +208,8 @@ def launch(
         # probe is all ``_frontend`` controls.
         _frontend=False,
     )
-    page_answers(demo.local_url)  # the probe skipped above, with patience
+    if demo.local_url:  # the probe skipped above, with patience
+        page_answers(demo.local_url)
     started.set()
     if mcp:
         from app.mcp_server import serve_mcp

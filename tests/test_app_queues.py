@@ -59,10 +59,13 @@ def join_and_leave(demo, api_name: str, data: list) -> tuple[int, int]:
     fn_index = next(i for i, fn in demo.fns.items() if fn.api_name == api_name)
     session = uuid.uuid4().hex
     body = {"data": data, "fn_index": fn_index, "session_hash": session, "event_data": None, "trigger_id": None}
+    before = heavy_state(demo)
     httpx.post(demo.local_url + "gradio_api/queue/join", json=body).raise_for_status()
+    until(lambda: heavy_state(demo) != before)  # the job has joined (read now: the stream below may end it soon)
+    joined = heavy_state(demo)
     with httpx.stream("GET", demo.local_url + f"gradio_api/queue/data?session_hash={session}", timeout=30) as r:
         next(line for line in r.iter_lines() if line.startswith("data:"))
-        return heavy_state(demo)
+    return joined
 
 
 def test_light_work_passes_heavy_work_which_is_capped_per_queue_and_per_user(demo):
