@@ -53,19 +53,16 @@ def until(condition, seconds: float = 30.0) -> None:
         time.sleep(0.05)
 
 
-def join_and_leave(demo, api_name: str, data: list) -> tuple[int, int]:
-    """Join the queue as a browser does (one event stream per session), read one message, then disconnect;
-    the heavy queue's state while it waited."""
+def join_and_leave(demo, api_name: str, data: list, expect: tuple[int, int]) -> None:
+    """Join the queue as a browser does (one event stream per session), see the heavy queue reach ``expect``
+    (running, waiting) while the job is in it, read one message, then disconnect."""
     fn_index = next(i for i, fn in demo.fns.items() if fn.api_name == api_name)
     session = uuid.uuid4().hex
     body = {"data": data, "fn_index": fn_index, "session_hash": session, "event_data": None, "trigger_id": None}
-    before = heavy_state(demo)
     httpx.post(demo.local_url + "gradio_api/queue/join", json=body).raise_for_status()
-    until(lambda: heavy_state(demo) != before)  # the job has joined (read now: the stream below may end it soon)
-    joined = heavy_state(demo)
+    until(lambda: heavy_state(demo) == expect)
     with httpx.stream("GET", demo.local_url + f"gradio_api/queue/data?session_hash={session}", timeout=30) as r:
         next(line for line in r.iter_lines() if line.startswith("data:"))
-    return joined
 
 
 def test_light_work_passes_heavy_work_which_is_capped_per_queue_and_per_user(demo):
@@ -86,7 +83,7 @@ def test_light_work_passes_heavy_work_which_is_capped_per_queue_and_per_user(dem
         with pytest.raises(Exception, match="already have a validation or head-importance job running"):
             ada.submit(CKPT, "scene.png", EDITS, 8, api_name="/intervene").result(timeout=20)  # ada's sweep runs
 
-        assert join_and_leave(demo, "head_importance", [CKPT, 20, "zero"]) == (queues.HEAVY_LIMIT, 2)
+        join_and_leave(demo, "head_importance", [CKPT, 20, "zero"], (queues.HEAVY_LIMIT, 2))  # waits behind eve
         until(lambda: heavy_state(demo) == (queues.HEAVY_LIMIT, 1))  # the page that left gave its place back
         grace_sweep = sweeps[1]
         grace_sweep.cancel()  # a running sweep stops and frees its worker: eve's waiting sweep starts
@@ -101,7 +98,7 @@ def test_light_work_passes_heavy_work_which_is_capped_per_queue_and_per_user(dem
         for _ in range(queues.HEAVY_LIMIT):
             queues.heavy_gate.acquire()
         released = False
-        assert join_and_leave(demo, "head_importance", [CKPT, 16, "zero"]) == (1, 0)  # runs (N 16: not cached)
+        join_and_leave(demo, "head_importance", [CKPT, 16, "zero"], (1, 0))  # runs (N 16: not cached)
         until(lambda: heavy_state(demo) == (0, 0))  # Gradio closed the sweep's generator: its worker is free
     finally:
         if not released:
