@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -179,7 +180,9 @@ def test_sigkill_at_random_moments_then_the_obvious_command_ends_with_the_uninte
             break  # finished (a kill that came too late ends the chain early)
         assert_same_weights(reference / "last.safetensors", out / "last.safetensors")
         assert_same_weights(reference / "model.safetensors", out / "model.safetensors")
-        assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
+        # nothing of ours half-written; a library's own ".tmp??????" file from a kill at the very end may remain
+        # (seen once in three runs; the next run's start removes it)
+        assert [p.name for p in out.iterdir() if p.name.startswith(".") and not fnmatch(p.name, ".tmp??????")] == []
     assert afresh >= 1
 
 
@@ -220,3 +223,13 @@ def test_disk_full_during_any_save_stops_clearly_and_the_obvious_command_finishe
         assert code == 0, text[-2000:]
         assert_same_weights(reference / "last.safetensors", out / "last.safetensors")
         assert_same_weights(reference / "model.safetensors", out / "model.safetensors")
+
+
+def test_the_next_run_removes_a_librarys_temporary_file_and_nothing_else(tmp_path):
+    from ssog_core.train.output import remove_unfinished
+
+    for name in (".tmpAbC123", ".tmpLonger12", "notes.tmp", ".last.safetensors.x1.tmp", "last.safetensors"):
+        (tmp_path / name).write_bytes(b"x")
+    removed = sorted(p.name for p in remove_unfinished(tmp_path))
+    assert removed == [".last.safetensors.x1.tmp", ".tmpAbC123"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tmpLonger12", "last.safetensors", "notes.tmp"]

@@ -37,6 +37,8 @@ def remove_unfinished(out: Path) -> list[Path]:
     )
     stale = [p for name in names for p in out.glob(f".{name}.*.tmp") if p.is_file()]
     stale += [p for p in out.glob(".write-test.*") if p.is_file()]  # check_writable's probe, killed mid-check
+    # a library's own temporary file (".tmp" and six characters), left by a kill mid-write
+    stale += [p for p in out.glob(".tmp??????") if p.is_file()]
     for p in stale:
         p.unlink(missing_ok=True)
     return stale
