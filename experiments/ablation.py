@@ -47,6 +47,7 @@ from ssog_core.data import pointer, relation
 from ssog_core.interventions.effects import bootstrap_ci, compare, outcomes
 from ssog_core.interventions.validation import load_eval_set
 from ssog_core.train.accuracy import evaluate_model_sizes
+from ssog_core.train.trainer import gate_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results" / "ablation.jsonl"
@@ -180,11 +181,6 @@ def evaluate(run: Run) -> dict:
     data = load_eval_set(meta, model.config.img_size, IMAGES["val"])
     correct = outcomes(model, data).correct(data.labels).numpy()
     metrics = [json.loads(line) for line in (run.out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    gates = {}
-    for block in model.blocks:
-        scales = getattr(block.attn, "gate_scales", None)
-        for tap, s in (scales() if scales else {}).items():
-            gates.setdefault(tap, []).append(round(float(s.detach()), 6))
     return {
         "task": run.task,
         "grid": run.grid,
@@ -195,7 +191,7 @@ def evaluate(run: Run) -> dict:
         "cpu_s": round(sum(m["epoch_cpu_s"] for m in metrics), 1),
         "val_acc": float(correct.mean()),
         "val_images": len(correct),
-        "gate_scales": gates,
+        "gate_scales": gate_summary(model),
         "max_offset": model.config.max_offset if run.variant != "dot" else None,
         "command": "python " + shlex.join(run.command()[1:]),
         "correct_hex": np.packbits(correct.astype(np.uint8)).tobytes().hex(),

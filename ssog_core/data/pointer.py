@@ -28,8 +28,20 @@ from pathlib import Path
 
 import numpy as np
 
-from ssog_core.data.scene import PALETTE, Point, Polygon, SceneSpec, background, coverage, disc, distance, paint, place
-from ssog_core.data.shapes import BACKGROUNDS, SPLITS, ShapesDataset
+from ssog_core.data.scene import (
+    PALETTE,
+    Point,
+    Polygon,
+    SceneDataset,
+    SceneSpec,
+    background,
+    coverage,
+    disc,
+    distance,
+    paint,
+    place,
+)
+from ssog_core.data.shapes import BACKGROUNDS, SPLITS
 
 CLASS_NAMES: tuple[str, ...] = tuple(PALETTE)
 TARGETS = 3
@@ -119,11 +131,8 @@ class PointerSpec(SceneSpec):
     CLASS_NAMES = CLASS_NAMES
 
 
-class PointerDataset(ShapesDataset):
+class PointerDataset(SceneDataset):
     """One split of ``pointer`` at a given resolution; ``ds[i]`` is ``(H×W×3 uint8 array, label)``."""
 
     CLASS_NAMES = CLASS_NAMES
     render_with_mask = staticmethod(render_with_mask)
-
-    def render_options(self) -> dict[str, int]:
-        return {"grid": self.spec.grid}

@@ -25,10 +25,22 @@ from pathlib import Path
 
 import numpy as np
 
-from ssog_core.data.scene import PALETTE, Point, Polygon, SceneSpec, background, coverage, disc, distance, paint, place
+from ssog_core.data.scene import (
+    PALETTE,
+    Point,
+    Polygon,
+    SceneDataset,
+    SceneSpec,
+    background,
+    coverage,
+    disc,
+    distance,
+    paint,
+    place,
+)
 from ssog_core.data.scene import plus as plus_sign
 from ssog_core.data.scene import ring as ring_shape
-from ssog_core.data.shapes import BACKGROUNDS, SPLITS, ShapesDataset
+from ssog_core.data.shapes import BACKGROUNDS, SPLITS
 
 AXES = ("row", "column", "diagonal")
 CLASS_NAMES: tuple[str, ...] = tuple(f"{axis} {kind}" for axis in AXES for kind in ("same", "different"))
@@ -103,11 +115,8 @@ class RelationSpec(SceneSpec):
     CLASS_NAMES = CLASS_NAMES
 
 
-class RelationDataset(ShapesDataset):
+class RelationDataset(SceneDataset):
     """One split of ``relation`` at a given resolution; ``ds[i]`` is ``(H×W×3 uint8 array, label)``."""
 
     CLASS_NAMES = CLASS_NAMES
     render_with_mask = staticmethod(render_with_mask)
-
-    def render_options(self) -> dict[str, int]:
-        return {"grid": self.spec.grid}

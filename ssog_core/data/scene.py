@@ -15,7 +15,7 @@ from typing import ClassVar
 import numpy as np
 from PIL import Image, ImageDraw
 
-from ssog_core.data.shapes import SUPERSAMPLE, _background, _photos, parse_options
+from ssog_core.data.shapes import SUPERSAMPLE, ShapesDataset, _background, _photos, parse_options
 
 Point = tuple[float, float]  # (x, y) in cells, y down
 Polygon = list[Point]
@@ -62,6 +62,13 @@ class SceneSpec:
         if spec.train < 1 or spec.val < 1 or spec.seed < 0:
             raise ValueError(f"{cls.KIND} needs train >= 1, val >= 1 and seed >= 0")
         return spec
+
+
+class SceneDataset(ShapesDataset):
+    """One split of a scene task at a given resolution; a task sets ``CLASS_NAMES`` and ``render_with_mask``."""
+
+    def render_options(self) -> dict[str, int]:
+        return {"grid": self.spec.grid}
 
 
 def background(rng: np.random.Generator, size: tuple[int, int], photos_dir: str) -> np.ndarray:
