@@ -39,9 +39,7 @@ import numpy as np
 import torch
 
 from ssog_core import load_checkpoint
-from ssog_core.analysis.measures import head_fields
-from ssog_core.analysis.presets import STRIP_RATIO
-from ssog_core.analysis.report import initial_gate_scale
+from ssog_core.analysis.report import layer_geometry
 from ssog_core.checkpoint.files import atomic_write
 from ssog_core.data import pointer, relation
 from ssog_core.interventions.effects import bootstrap_ci, compare, outcomes
@@ -223,21 +221,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------- reading
-
-
-def layer_geometry(model: torch.nn.Module) -> list[dict]:
-    """Per SSOG layer: mean reach (cells), the most elongated head, strips (long/short spread ≥ STRIP_RATIO) and
-    each tap's gate opening from its cold start (×)."""
-    cold = initial_gate_scale(model.config)
-    return [
-        {
-            "reach": round(float(lf.reach.mean()), 3),
-            "max_elongation": round(float(lf.elongation.max()), 3),
-            "strips": int((lf.elongation >= STRIP_RATIO).sum()),
-            "gate_opening": {tap: round(float(s) / cold, 1) for tap, s in lf.gates.items()},
-        }
-        for lf in head_fields(model)
-    ]
 
 
 def gate_closing(model: torch.nn.Module, data, taps: tuple[str, ...]) -> dict:

@@ -17,12 +17,10 @@ import shlex
 from pathlib import Path
 
 import numpy as np
-import torch
 from matplotlib.figure import Figure
 
-from ssog_core.analysis.measures import head_fields
 from ssog_core.analysis.presets import STRIP_RATIO
-from ssog_core.analysis.report import initial_gate_scale
+from ssog_core.analysis.report import initial_gate_scale, layer_geometry
 from ssog_core.analysis.trajectory import geometry_trajectory
 from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.format import load_checkpoint, read_history
@@ -75,19 +73,6 @@ def accuracy_figure(histories: dict[str, object], path: Path) -> None:
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
 
 
-def geometry_rows(model: torch.nn.Module) -> list[dict[str, float]]:
-    """Per layer of an SSOG model: mean reach, the most elongated head, strips (long/short spread ≥ STRIP_RATIO)."""
-    return [
-        {
-            "reach": float(lf.reach.mean()),
-            "max_elongation": float(lf.elongation.max()),
-            "strips": int((lf.elongation >= STRIP_RATIO).sum()),
-            "gates": dict(lf.gates),
-        }
-        for lf in head_fields(model)
-    ]
-
-
 def noise_points(p: float, q: float, n: int) -> float:
     """Two binomial standard errors of the difference of two accuracies on ``n`` images, in points."""
     return 200 * float(np.sqrt((p * (1 - p) + q * (1 - q)) / n))
@@ -101,7 +86,7 @@ def compare(a: str, b: str, acc: dict[str, float], n: int) -> str:
     return f"{a} ends {abs(gap):.1f} points {'ahead of' if gap > 0 else 'behind'} {b} (noise: {noise:.1f})"
 
 
-def what_it_says(metas: dict, histories: dict, steered: list[dict], cold: float) -> str:
+def what_it_says(metas: dict, histories: dict, steered: list[dict]) -> str:
     """The reading, from the numbers above: who leaves chance first, who ends ahead of whom (against the binomial
     noise of the validation set), how far the gates opened, whether the runs were still improving, the geometry."""
     (s_name, f_name, d_name) = TRIO
@@ -112,7 +97,7 @@ def what_it_says(metas: dict, histories: dict, steered: list[dict], cold: float)
     last_gain = {n: 100 * (histories[n].val[-1][1] - histories[n].val[-2][1]) for n in TRIO}
     learning = [n for n in TRIO if last_gain[n] > 1.0]
     strips = sum(r["strips"] for r in steered)
-    opening = min(min(r["gates"].values()) for r in steered) / cold
+    opening = min(min(r["gate_opening"].values()) for r in steered)
     plateau = "; ".join(f"{n} at step {left[n]:,}" if left[n] is not None else f"{n} never" for n in order)
     return (
         f"What this says, at this budget ({metas[s_name]['step']:,} steps, one run each, so the only spread is the "
@@ -187,9 +172,9 @@ def section(ckpts: Path, docs: Path) -> str:
         "| fixed: mean reach | most elongated | strips |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    steered, fixed = (geometry_rows(models[n]) for n in list(TRIO)[:2])
+    steered, fixed = (layer_geometry(models[n]) for n in list(TRIO)[:2])
     for layer, (s, f) in enumerate(zip(steered, fixed, strict=True)):
-        gates = " | ".join(f"×{s['gates'][t] / cold:,.0f}" for t in ("mu", "sigma", "lambda"))
+        gates = " | ".join(f"×{s['gate_opening'][t]:,.0f}" for t in ("mu", "sigma", "lambda"))
         lines.append(
             f"| {layer} | {s['reach']:.2f} | {s['max_elongation']:.1f}× | {s['strips']} | {gates} | "
             f"{f['reach']:.2f} | {f['max_elongation']:.1f}× | {f['strips']} |"
@@ -197,14 +182,14 @@ def section(ckpts: Path, docs: Path) -> str:
     h = histories[list(TRIO)[0]]
     traj = geometry_trajectory(h, models[list(TRIO)[0]].config.grid)
     reach0, reach_end = traj.reach[0].mean(-1), traj.reach[-1].mean(-1)
-    smallest = min(s["gates"][t] for s in steered for t in s["gates"]) / cold
+    smallest = min(v for s in steered for v in s["gate_opening"].values())
     lines += [
         "",
         f"Steered model: mean reach per layer moved from {', '.join(f'{v:.2f}' for v in reach0)} (step 0) to "
         f"{', '.join(f'{v:.2f}' for v in reach_end)} (step {h.steps[-1]}); deepest layer / layer 0: "
         f"**{steered[-1]['reach'] / steered[0]['reach']:.2f}×**; smallest gate opening: **×{smallest:,.0f}**.",
         "",
-        what_it_says(metas, histories, steered, cold),
+        what_it_says(metas, histories, steered),
         MARKS[1],
     ]
     return "\n".join(lines)

@@ -16,8 +16,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ssog_core.analysis.measures import ExportMaps, LayerField, SteeringOffsets
+from ssog_core.analysis.measures import ExportMaps, LayerField, SteeringOffsets, head_fields
 from ssog_core.analysis.predictions import probabilities
+from ssog_core.analysis.presets import STRIP_RATIO
 from ssog_core.field import positive
 from ssog_core.nn.attention import COLD_GATE, WARM_GATE
 from ssog_core.nn.config import ViTConfig
@@ -42,6 +43,21 @@ ATOM_COLUMNS = [
 def initial_gate_scale(config: ViTConfig) -> float:
     """The value every gate scale starts from (cold or warm start)."""
     return float(positive(torch.tensor(COLD_GATE if config.cold_init else WARM_GATE)))
+
+
+def layer_geometry(model: nn.Module) -> list[dict[str, Any]]:
+    """Per SSOG layer: mean reach (cells), the most elongated head, strips (long/short spread ≥ STRIP_RATIO) and
+    each tap's gate opening (scale ÷ its cold or warm start): the numbers a results table reads off a model."""
+    start = initial_gate_scale(model.config)
+    return [
+        {
+            "reach": float(lf.reach.mean()),
+            "max_elongation": float(lf.elongation.max()),
+            "strips": int((lf.elongation >= STRIP_RATIO).sum()),
+            "gate_opening": {tap: float(s) / start for tap, s in lf.gates.items()},
+        }
+        for lf in head_fields(model)
+    ]
 
 
 def atom_rows(fields: Sequence[LayerField]) -> list[list[float | int]]:
