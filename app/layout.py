@@ -49,7 +49,11 @@ HEADER = (
 )
 THUMB_HEIGHT = 96  # px of the picked image's thumbnail in the top row
 
-DEMO_CHECKPOINTS = ("matched_ssog_layouts.safetensors", "ssog_layouts.safetensors")  # the first one present opens
+DEMO_CHECKPOINTS = (  # the first one present opens
+    "matched_ssog_pointer20.safetensors",
+    "matched_ssog_layouts.safetensors",
+    "ssog_layouts.safetensors",
+)
 
 
 def theme() -> gr.themes.Base:
@@ -347,7 +351,7 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
     with ``login`` (the server asks for one) a log-out button, which goes to Gradio's ``/logout``."""
     names = ctx.checkpoint_names()
     ckpt0 = default_checkpoint(ctx, names)
-    img0 = default_image(ctx)
+    img0 = default_image(ctx, ckpt0)
     with gr.Blocks(title="SSOG Lab", delete_cache=(3600, 3600)) as demo:  # uploads older than an hour go
         with gr.Row(equal_height=True):
             gr.Markdown(HEADER.format(device=ctx.device), elem_id="header")

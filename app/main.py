@@ -255,7 +255,7 @@ def warm_up(ctx: AppContext) -> float:
     """Pay the process's one-time costs before the server says it is up, so that a user's first click costs what
     the second does: the first checkpoint load and the first forward pass of a process take seconds (imports, the
     kernels' first use), whichever checkpoint. Loads the checkpoint the page opens with (it stays cached) and runs
-    it on the first bundled picture. Returns the seconds spent; a checkpoint that fails to load is left for the
+    it on the picture the page opens with. Returns the seconds spent; a checkpoint that fails to load is left for the
     page to report."""
     from time import perf_counter
 
@@ -270,7 +270,7 @@ def warm_up(ctx: AppContext) -> float:
         loaded = ctx.model(name) if name else None
     except AppError:
         return perf_counter() - t0
-    image = default_image(ctx)
+    image = default_image(ctx, name)
     if loaded is not None and image is not None:
         with torch.no_grad():
             loaded.model(loaded.input(image.image))

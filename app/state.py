@@ -308,9 +308,16 @@ def resize_note(stored: StoredImage, loaded: LoadedModel) -> str:
     return f"The picture is resized {w}×{h} → {mw}×{mh} px for {loaded.name}{squash}. "
 
 
-def default_image(ctx: AppContext) -> StoredImage | None:
-    """The first bundled image, so image tabs have something to show before the user picks one."""
-    for name in ctx.bundled_images():
+def default_image(ctx: AppContext, ckpt: str | None = None) -> StoredImage | None:
+    """A bundled image for image tabs to show before the user picks one: the first of the data set ``ckpt`` was
+    trained on (bundled images are named after it: ``pointer_val0000_red.png``), else the first one."""
+    names = ctx.bundled_images()
+    try:
+        kind = str(ctx.model(ckpt).meta.get("data", "")).split(":", 1)[0] if ckpt else ""
+    except Exception:  # an unreadable checkpoint is reported where it is opened, not here
+        kind = ""
+    own = [n for n in names if kind and n.startswith(kind + "_")]
+    for name in own + [n for n in names if n not in own]:
         try:
             return ctx.open_bundled(name)
         except AppError:

@@ -6,6 +6,12 @@ per board; every run a plain ``python -m ssog_core.train`` command that differs 
     python experiments/ablation.py train  [--task pointer] [--jobs 2] [--only small|large]
     python experiments/ablation.py read   [--task pointer] [--seeds 0]
     python experiments/ablation.py report [--task pointer]
+    python experiments/ablation.py bundle [--task pointer] [--board large] [--seed 0]
+
+``bundle`` copies one seed's steered / fixed / dot runs into ``checkpoints/`` as the app's matched trio of the task
+(``matched_ssog_pointer20.safetensors``, ``matched_ssog_fixed_pointer20…``, ``matched_dot_pointer20…``), each with
+its training history and the standard zero-shot transfer curve (0.5×-2× the board, first 500 validation images)
+stored in its header for the app's Scaling tab.
 
 ``train`` skips finished runs (a row in the results file), resumes interrupted ones (``--resume``) and starts the
 rest, ``--jobs`` at a time, one thread each; a run killed at any moment goes on from its last checkpoint the next
@@ -26,6 +32,7 @@ import ctypes
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,10 +48,11 @@ import torch
 from ssog_core import load_checkpoint
 from ssog_core.analysis.report import layer_geometry
 from ssog_core.checkpoint.files import atomic_write
+from ssog_core.checkpoint.format import TRANSFER_KEY, update_metadata
 from ssog_core.data import pointer, relation
 from ssog_core.interventions.effects import bootstrap_ci, compare, outcomes
 from ssog_core.interventions.validation import load_eval_set
-from ssog_core.train.accuracy import evaluate_model_sizes
+from ssog_core.train.accuracy import evaluate_model_sizes, transfer_curve, transfer_sizes
 from ssog_core.train.trainer import gate_summary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,6 +60,7 @@ RESULTS = ROOT / "experiments" / "results" / "ablation.jsonl"
 READINGS = ROOT / "experiments" / "results" / "ablation_readings.jsonl"
 RUNS = ROOT / "runs" / "ablation"
 DOC = ROOT / "docs" / "RESULTS.md"
+BUNDLE = {"steered": "matched_ssog", "fixed": "matched_ssog_fixed", "dot": "matched_dot"}  # variant → file stem
 GRIDS = {"small": 14, "large": 20}  # cells a side: the SSOG post's 14×14 grid, and a board where targets lie
 # beyond the ±4-cell offset bound from a resting field (20, not 24: the dot twin's step costs 2.4× more at 24)
 SEEDS = (0, 1, 2)
@@ -408,6 +417,31 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def bundle_name(variant: str, task: str, grid: int) -> str:
+    return f"{BUNDLE[variant]}_{task}{grid}.safetensors"
+
+
+def cmd_bundle(args: argparse.Namespace) -> int:
+    """Copy the finished steered / fixed / dot runs of one seed and board into ``--out`` with their transfer curve."""
+    torch.set_num_threads(args.threads)
+    done = {row_key(r) for r in read_results()}
+    runs = [Run(args.task, args.board, v, args.seed, tuple(VARIANTS[v])) for v in BUNDLE]
+    missing = [r.out.name for r in runs if r.key() not in done]
+    if missing:
+        print(f"error: not finished yet: {', '.join(missing)} (run `train` first)", file=sys.stderr)
+        return 2
+    for run in runs:
+        dest = args.out / bundle_name(run.variant, run.task, run.grid)
+        atomic_write(dest, lambda tmp, src=run.out / "model.safetensors": shutil.copyfile(src, tmp))
+        model, meta = load_checkpoint(dest)
+        sizes = transfer_sizes(tuple(model.config.img_size), model.config.patch_size)
+        rows = evaluate_model_sizes(model, meta["data"], sizes, meta.get("class_names"), max_images=READ_IMAGES)
+        update_metadata(dest, {TRANSFER_KEY: json.dumps(transfer_curve(rows))})
+        print(f"{dest}: {dest.stat().st_size / 2**20:.2f} MB, accuracy {meta['accuracy']:.4f}, transfer "
+              + ", ".join(f"{r['grid'][0]}: {r['accuracy']:.3f}" for r in rows))  # fmt: skip
+    return 0
+
+
 def main(argv: Iterator[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -422,8 +456,15 @@ def main(argv: Iterator[str] | None = None) -> int:
     d.add_argument("--task", default="pointer", choices=("pointer", "relation"))
     d.add_argument("--seeds", type=lambda t: {int(x) for x in t.split(",")}, default={0}, help="e.g. 0,1,2 (default 0)")
     d.add_argument("--threads", type=int, default=1)
+    b = sub.add_parser("bundle", help="copy one seed's steered / fixed / dot runs into checkpoints/ for the app")
+    b.add_argument("--task", default="pointer", choices=("pointer", "relation"))
+    b.add_argument("--board", default="large", choices=tuple(GRIDS))
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--out", type=Path, default=ROOT / "checkpoints")
+    b.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
-    return {"train": cmd_train, "report": cmd_report, "read": cmd_read}[args.command](args)
+    commands = {"train": cmd_train, "report": cmd_report, "read": cmd_read, "bundle": cmd_bundle}
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":

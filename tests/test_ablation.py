@@ -144,3 +144,45 @@ def test_reading_a_run(ablation, monkeypatch):
     table = ablation.render("pointer", [])
     line = next(x for x in table.splitlines() if x.startswith("| steered g12 s0 |"))
     assert f"{reading['layers'][-1]['reach']:.2f}" in line and line.count("[") == 2
+
+
+def test_bundle_copies_the_trio_with_its_transfer_curve(ablation, monkeypatch, tmp_path, capsys):
+    """``bundle`` refuses an unfinished trio; a finished one is copied tensor for tensor, with the standard transfer
+    curve in its header (the Scaling tab reads it), evaluated on the same images a direct evaluation uses."""
+    from safetensors.torch import load_file
+
+    from ssog_core import ViT, save_checkpoint
+    from ssog_core.checkpoint.transfer import read_transfer
+    from ssog_core.data.pointer import CLASS_NAMES
+    from ssog_core.train.accuracy import evaluate_model_sizes
+
+    monkeypatch.setitem(ablation.GRIDS, "large", 12)
+    monkeypatch.setattr(ablation, "READ_IMAGES", 30)
+    config = dict(num_classes=6, img_size=48, patch_size=4, dim=16, depth=2, num_heads=2, mlp_ratio=2.0, dropout=0.0)
+    meta = {"data": "pointer:grid=12,train=20,val=60", "class_names": list(CLASS_NAMES), "accuracy": 0.5}
+    out = tmp_path / "ckpts"
+    args = ablation.argparse.Namespace(task="pointer", board="large", seed=0, out=out, threads=1)
+    runs = {r.variant: r for r in ablation.plan("pointer", ("large",)) if r.seed == 0}
+    for i, variant in enumerate(("steered", "fixed", "dot")):
+        flags = dict(zip(runs[variant].flags[::2], runs[variant].flags[1::2], strict=True))
+        steer = tuple(t for t in flags.get("--steer", "").split(",") if t)
+        torch.manual_seed(i)
+        model = ViT(**config, attn=flags["--attn"], steer=steer)
+        runs[variant].out.mkdir(parents=True)
+        save_checkpoint(runs[variant].out / "model.safetensors", model, meta)
+        if variant != "dot":
+            ablation.append_result(_row(runs[variant]))
+    assert ablation.cmd_bundle(args) == 2 and "pointer-g12-dot-s0" in capsys.readouterr().err
+    ablation.append_result(_row(runs["dot"]))
+    assert ablation.cmd_bundle(args) == 0
+    for variant, run in runs.items():
+        if variant not in ablation.BUNDLE:
+            continue
+        dest = out / ablation.bundle_name(variant, "pointer", 12)
+        source, copied = load_file(run.out / "model.safetensors"), load_file(dest)
+        assert source.keys() == copied.keys() and all(torch.equal(source[k], copied[k]) for k in source)
+        model, saved = ablation.load_checkpoint(dest)
+        curve = read_transfer(dest, saved).rows
+        assert [r["img_size"] for r in curve] == [[24, 24], [36, 36], [48, 48], [72, 72], [96, 96]]
+        direct = evaluate_model_sizes(model, meta["data"], [(72, 72)], list(CLASS_NAMES), max_images=30)
+        assert curve[3]["accuracy"] == pytest.approx(direct[0]["accuracy"])
