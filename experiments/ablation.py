@@ -15,10 +15,11 @@ stored in its header for the app's Scaling tab.
 
 ``train`` skips finished runs (a row in the results file), resumes interrupted ones (``--resume``) and starts the
 rest, ``--jobs`` at a time, one thread each; a run killed at any moment goes on from its last checkpoint the next
-time. A finished run is evaluated on every validation image and appended to
-``experiments/results/ablation.jsonl``: one flat object per run (``task``, ``grid``, ``variant``, ``seed``,
-``steps``, ``params``, ``cpu_s``, ``val_acc``, ``gate_scales``, ...) with its per-image correctness packed as hex,
-so the report can pair runs image by image. ``report`` renders the table (mean ± std over seeds; paired 95%
+time. A finished run's model is kept in ``experiments/results/models/`` (``runs/`` is scratch space), evaluated on
+every validation image and appended to ``experiments/results/ablation.jsonl``: one flat object per run (``task``,
+``grid``, ``variant``, ``seed``, ``steps``, ``params``, ``cpu_s``, ``val_acc``, ``gate_scales``, ...) with its
+per-image correctness packed as hex, so the report can pair runs image by image; then the instrument reads it
+(``read`` does the same for kept models not read yet). ``report`` renders the table (mean ± std over seeds; paired 95%
 bootstrap intervals over the same validation images for steered − fixed, +μδ − fixed and SSOG − dot) into
 ``experiments/results/ablation_TASK.md`` and the marked section of ``docs/RESULTS.md``.
 
@@ -59,6 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results" / "ablation.jsonl"
 READINGS = ROOT / "experiments" / "results" / "ablation_readings.jsonl"
 RUNS = ROOT / "runs" / "ablation"
+MODELS = ROOT / "experiments" / "results" / "models"  # every finished run's model, kept with the results
 DOC = ROOT / "docs" / "RESULTS.md"
 BUNDLE = {"steered": "matched_ssog", "fixed": "matched_ssog_fixed", "dot": "matched_dot"}  # variant → file stem
 GRIDS = {"small": 14, "large": 20}  # cells a side: the SSOG post's 14×14 grid, and a board where targets lie
@@ -100,6 +102,11 @@ class Run:
     def out(self) -> Path:
         name = self.variant.replace("±", "offset").replace("+", "plus-").replace(" ", "-")
         return RUNS / f"{self.task}-g{self.grid}-{name}-s{self.seed}"
+
+    @property
+    def model(self) -> Path:
+        """The finished model, kept beside the results (``runs/`` is scratch space a new machine does not have)."""
+        return MODELS / f"{self.out.name}.safetensors"
 
     def command(self) -> list[str]:
         data = f"{self.task}:grid={self.grid},train={IMAGES['train']},val={IMAGES['val']}"
@@ -184,7 +191,7 @@ def train(run: Run, threads: int) -> None:
 
 def evaluate(run: Run) -> dict:
     """The finished run's row: accuracy on every validation image, per-image correctness, gates, CPU time."""
-    model, meta = load_checkpoint(run.out / "model.safetensors")
+    model, meta = load_checkpoint(run.model)
     data = load_eval_set(meta, model.config.img_size, IMAGES["val"])
     correct = outcomes(model, data).correct(data.labels).numpy()
     metrics = [json.loads(line) for line in (run.out / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -217,7 +224,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         try:
             print(f"start  {run.out.name}", flush=True)
             train(run, args.threads)
+            run.model.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(run.model, lambda tmp: shutil.copyfile(run.out / "model.safetensors", tmp))
             append_result(evaluate(run))
+            append_row(READINGS, read(run))
             print(f"done   {run.out.name}", flush=True)
         except Exception as e:  # one failed run must not stop the others; it is named at the end
             failed.append(f"{run.out.name}: {e}")
@@ -273,7 +283,7 @@ def transfer_until_it_falls(model: torch.nn.Module, meta: dict, task: str, grid:
 
 def read(run: Run) -> dict:
     """The project's instrument on one finished run: geometry per layer, gates closed, resolution transfer."""
-    model, meta = load_checkpoint(run.out / "model.safetensors")
+    model, meta = load_checkpoint(run.model)
     data = load_eval_set(meta, model.config.img_size, READ_IMAGES)
     ssog = model.config.attn == "ssog"
     steered = tuple(model.config.steer) if ssog else ()
@@ -296,6 +306,9 @@ def cmd_read(args: argparse.Namespace) -> int:
     have = {row_key(r) for r in read_rows(READINGS)}
     for run in plan(args.task, tuple(GRIDS)):
         if run.key() in done and run.key() not in have and run.seed in args.seeds:
+            if not run.model.exists():
+                print(f"skip   {run.out.name}: its model was not kept", flush=True)
+                continue
             print(f"read   {run.out.name}", flush=True)
             append_row(READINGS, read(run))
     return 0
@@ -432,7 +445,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
         return 2
     for run in runs:
         dest = args.out / bundle_name(run.variant, run.task, run.grid)
-        atomic_write(dest, lambda tmp, src=run.out / "model.safetensors": shutil.copyfile(src, tmp))
+        atomic_write(dest, lambda tmp, src=run.model: shutil.copyfile(src, tmp))
         model, meta = load_checkpoint(dest)
         sizes = transfer_sizes(tuple(model.config.img_size), model.config.patch_size)
         rows = evaluate_model_sizes(model, meta["data"], sizes, meta.get("class_names"), max_images=READ_IMAGES)

@@ -23,6 +23,7 @@ def ablation(tmp_path, monkeypatch):
     spec.loader.exec_module(module)
     monkeypatch.setattr(module, "RESULTS", tmp_path / "results" / "ablation.jsonl")
     monkeypatch.setattr(module, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(module, "MODELS", tmp_path / "results" / "models")
     monkeypatch.setattr(module, "READINGS", tmp_path / "results" / "readings.jsonl")
     monkeypatch.setattr(module, "DOC", tmp_path / "RESULTS.md")
     return module
@@ -68,8 +69,15 @@ def test_finished_runs_are_skipped_and_interrupted_ones_resumed(ablation, monkey
     interrupted.out.mkdir(parents=True)
     (interrupted.out / "last.safetensors").write_bytes(b"")
     called = []
-    monkeypatch.setattr(ablation.subprocess, "call", lambda cmd, **kw: called.append(cmd) or 0)
+
+    def train(cmd: list[str], **kw) -> int:  # a finished run leaves its model in its folder
+        called.append(cmd)
+        (ablation.ROOT / cmd[cmd.index("--out") + 1] / "model.safetensors").write_bytes(cmd[-1].encode())
+        return 0
+
+    monkeypatch.setattr(ablation.subprocess, "call", train)
     monkeypatch.setattr(ablation, "evaluate", _row)
+    monkeypatch.setattr(ablation, "read", _row)
     args = ablation.argparse.Namespace(task="pointer", jobs=1, threads=1, only="small")
     assert ablation.cmd_train(args) == 0
     outs = [c[c.index("--out") + 1] for c in called]
@@ -77,6 +85,12 @@ def test_finished_runs_are_skipped_and_interrupted_ones_resumed(ablation, monkey
     resumed = [c for c in called if "--resume" in c]
     assert len(resumed) == 1 and resumed[0][resumed[0].index("--out") + 1].endswith(interrupted.out.name)
     assert len(ablation.read_results()) == len(runs)  # one row per run, none twice
+    assert len(ablation.read_rows(ablation.READINGS)) == len(runs) - 1  # each run trained here was read
+    kept = sorted(p.name for p in ablation.MODELS.iterdir())
+    assert kept == sorted(f"{r.out.name}.safetensors" for r in runs[1:])  # its model kept beside the results
+    assert (ablation.MODELS / f"{interrupted.out.name}.safetensors").read_bytes() == (
+        interrupted.out / "model.safetensors"
+    ).read_bytes()
 
 
 def test_report_numbers_equal_a_direct_computation(ablation):
@@ -118,9 +132,9 @@ def test_reading_a_run(ablation, monkeypatch):
     model = steered_vit({**config, "attn": "ssog"}, seed=1).float()
     run = ablation.plan("pointer", ("small",))[2]  # steered, seed 0
     monkeypatch.setitem(ablation.GRIDS, "small", 12)
-    run.out.mkdir(parents=True)
     meta = {"data": "pointer:grid=12,train=20,val=60", "class_names": list(CLASS_NAMES)}
-    save_checkpoint(run.out / "model.safetensors", model, meta)
+    run.model.parent.mkdir(parents=True)
+    save_checkpoint(run.model, model, meta)
     monkeypatch.setattr(ablation, "READ_IMAGES", 60)
     reading = ablation.read(run)
 
@@ -168,8 +182,8 @@ def test_bundle_copies_the_trio_with_its_transfer_curve(ablation, monkeypatch, t
         steer = tuple(t for t in flags.get("--steer", "").split(",") if t)
         torch.manual_seed(i)
         model = ViT(**config, attn=flags["--attn"], steer=steer)
-        runs[variant].out.mkdir(parents=True)
-        save_checkpoint(runs[variant].out / "model.safetensors", model, meta)
+        runs[variant].model.parent.mkdir(parents=True, exist_ok=True)
+        save_checkpoint(runs[variant].model, model, meta)
         if variant != "dot":
             ablation.append_result(_row(runs[variant]))
     assert ablation.cmd_bundle(args) == 2 and "pointer-g12-dot-s0" in capsys.readouterr().err
@@ -179,7 +193,7 @@ def test_bundle_copies_the_trio_with_its_transfer_curve(ablation, monkeypatch, t
         if variant not in ablation.BUNDLE:
             continue
         dest = out / ablation.bundle_name(variant, "pointer", 12)
-        source, copied = load_file(run.out / "model.safetensors"), load_file(dest)
+        source, copied = load_file(run.model), load_file(dest)
         assert source.keys() == copied.keys() and all(torch.equal(source[k], copied[k]) for k in source)
         model, saved = ablation.load_checkpoint(dest)
         curve = read_transfer(dest, saved).rows
