@@ -1,0 +1,141 @@
+"""The app as a user first meets it: the bundled checkpoints, the pointer trio open first, every instrument on it in
+a real browser (Playwright driving Debian's Chromium, offline), validation work at 50 images."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+from ssog_core.testing.app_process import AppProcess
+from tests.test_browser import ARGS, CHROMIUM, STARTUP, img_src, open_tab, shot, wait_src_change
+
+playwright = pytest.importorskip("playwright.sync_api")
+
+ROOT = Path(__file__).resolve().parents[1]
+FIRST = "matched_ssog_pointer20.safetensors"
+TRIO = [ROOT / "checkpoints" / f"matched_{k}_pointer20.safetensors" for k in ("ssog", "ssog_fixed", "dot")]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.timeout(1500),
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed"),
+    pytest.mark.skipif(not all(p.is_file() for p in TRIO), reason="the pointer trio is not in checkpoints/"),
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bundled")
+    env = {"GRADIO_TEMP_DIR": str(root / "gradio")}
+    log = root / "app.log"
+    with AppProcess(ROOT / "checkpoints", ROOT / "assets", log, env=env, startup_timeout=STARTUP) as app:
+        yield {"url": app.url, "log": log}
+
+
+def test_the_pointer_trio_in_the_browser(server):
+    requests: list[str] = []
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.on("request", lambda r: requests.append(r.url))
+        page.set_default_timeout(120_000)
+        try:
+            page.goto(server["url"])
+            page.wait_for_selector("#pg-canvas .atom")
+            opens_on_the_pointer_trio(page)
+            a_trained_head_as_preset(page)
+            training_history(page)
+            geometry_with_gates(page)
+            steering_at_a_patch(page)
+            export_maps_with_the_blank_control(page)
+            an_edit_on_the_picture_and_on_50_validation_images(page)
+        except Exception:
+            shot(page, "bundled_failure")
+            print(server["log"].read_text()[-4000:])
+            raise
+        finally:
+            browser.close()
+    foreign = [u for u in requests if urlparse(u).hostname not in (None, "127.0.0.1", "localhost")]
+    assert not foreign, f"the page reached outside this machine: {foreign[:5]}"
+
+
+def opens_on_the_pointer_trio(page) -> None:
+    """The first model is the steered pointer model, shown on a picture of its own data set."""
+    assert page.input_value("#ckpt input") == FIRST
+    assert page.input_value("#img-pick input").startswith("pointer_val")
+    shot(page, "bundled_01_open")
+
+
+def a_trained_head_as_preset(page) -> None:
+    """Presets are the 20×20 model's own heads; picking one redraws the field with its atoms."""
+    page.click("#pg-preset input")
+    options = page.locator("[role=option]")
+    assert options.count() >= 1
+    before = img_src(page, "#pg-canvas img.fld")
+    options.first.click()
+    wait_src_change(page, "#pg-canvas img.fld", before)
+    note = page.inner_text("#pg-preset-note")
+    assert "layer" in note and "head" in note
+    assert page.locator("#pg-canvas .atom").count() == 4  # the trained head's four atoms
+
+
+def training_history(page) -> None:
+    """The history the checkpoint carries: gate scales from their cold start, accuracy per epoch, snapshots."""
+    open_tab(page, "training")
+    page.wait_for_selector("#train-gates .js-plotly-plot", state="attached")
+    page.wait_for_selector("#train-acc .js-plotly-plot", state="attached")
+    page.wait_for_selector("#train-grid img[src]", state="attached")
+    assert "snapshot" in page.inner_text("#train-note").lower()
+    shot(page, "bundled_02_training")
+
+
+def geometry_with_gates(page) -> None:
+    open_tab(page, "geometry")
+    page.wait_for_selector("#geo-figure img[src]", state="attached")
+    page.wait_for_selector("#geo-gates .js-plotly-plot", state="attached")
+    assert "4 layers × 4 heads × 4 atoms" in page.inner_text("#geo-note")
+    shot(page, "bundled_03_geometry")
+
+
+def steering_at_a_patch(page) -> None:
+    """A click on the 80×80 picture picks a patch of the 20×20 grid."""
+    open_tab(page, "steering")
+    page.wait_for_selector("#st-click img[src]", state="attached")
+    box = page.locator("#st-click img").bounding_box()
+    page.mouse.click(box["x"] + box["width"] * 0.525, box["y"] + box["height"] * 0.275)  # patch (5, 10) of 20×20
+    page.wait_for_selector("#st-qfig img[src]", state="attached")
+    page.wait_for_function("() => document.querySelector('#st-query').innerText.includes('query patch (5, 10)')")
+    assert "%" in page.inner_text("#st-pred")
+    shot(page, "bundled_04_steering")
+
+
+def export_maps_with_the_blank_control(page) -> None:
+    """Export maps beside the dot twin, then the blank control with its noise floor."""
+    open_tab(page, "export")
+    page.wait_for_selector("#ex-figure img[src]", state="attached")
+    assert "matched_dot_pointer20" in page.inner_text("#ex-summary")
+    page.click("#ex-control input")
+    page.locator("[role=option]", has_text="blank").first.click()
+    page.wait_for_selector("#ex-control-figure img[src]", state="attached")
+    page.wait_for_function("() => /noise/.test(document.querySelector('#ex-summary').innerText)")
+    shot(page, "bundled_05_export_control")
+
+
+def an_edit_on_the_picture_and_on_50_validation_images(page) -> None:
+    """Close layer 0's μ gate: the picture's prediction edited, then the accuracy change on 50 validation images
+    with its interval."""
+    open_tab(page, "intervene")
+    page.click("#iv-op input")
+    page.locator("[role=option]", has_text="close_gate").first.click()
+    page.click("#iv-add")
+    page.wait_for_function("() => document.querySelector('#iv-list').innerText.includes('gates closed')")
+    page.click("#iv-apply")
+    page.wait_for_function("() => document.querySelector('#iv-pred').innerText.includes('Edited prediction')")
+    page.fill("#iv-n input[type=number]", "50")
+    page.press("#iv-n input[type=number]", "Enter")
+    page.click("#iv-eval")
+    page.wait_for_function("() => /95% interval/.test(document.querySelector('#iv-val').innerText)")
+    assert "first 50 validation images" in page.inner_text("#iv-val").replace("*", "")
+    shot(page, "bundled_06_intervene")
