@@ -6,12 +6,13 @@
     client.predict("ssog_layouts.safetensors", "layouts_val0008_plus.png", 0.5, "blank", api_name="/export_summary")
 
 Endpoints: ``/checkpoints``, ``/head_field``, ``/geometry_summary``, ``/export_summary``, ``/history``,
-``/upload_image``, ``/upload_checkpoint``, ``/intervene``, ``/head_importance`` (docs/APP.md lists what each returns).
+``/upload_image``, ``/upload_checkpoint``, ``/intervene``, ``/head_importance``, ``/save_session``, ``/restore_session``
+(docs/APP.md lists what each returns).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import wraps
 from pathlib import Path
 from typing import Any
@@ -21,18 +22,21 @@ from gradio.data_classes import FileData
 from gradio.utils import get_upload_folder
 
 from app import interventions, queues
+from app import session_protocol as session
 from app.common import EXPECTED_ERRORS, error_text, stoppable
 from app.export_maps import control_for, maps_for
 from app.state import AppContext, AppError
 from app.tabs import playground, training
 from ssog_core.analysis import report
 from ssog_core.analysis.controls import check_control
+from ssog_core.analysis.session import dumps, loads
 from ssog_core.interventions.edit import ops_help
 
 
-def register_api(ctx: AppContext) -> None:
+def register_api(ctx: AppContext, parts: Sequence[session.SessionPart]) -> None:
     """Typed endpoints for scripts (gradio_client): the same computations the tabs draw. Expected failures
-    (a bad name, a path outside the folder, an unusable head) come back as a readable error message."""
+    (a bad name, a path outside the folder, an unusable head) come back as a readable error message. ``parts``
+    are the page's session sections (:meth:`app.layout.Page.session_parts`), which ``/restore_session`` runs."""
 
     def api(fn: Callable[..., Any]) -> Callable[..., Any]:
         @wraps(fn)
@@ -120,19 +124,24 @@ def register_api(ctx: AppContext) -> None:
         layer, head, atom), ``train`` ([step, loss, accuracy] between snapshots) and ``stages`` (first step of each)."""
         return training.history_of(ctx, checkpoint).to_json()
 
-    @api
     def intervene(
         checkpoint: str, image: str, edits: list[dict], eval_images: int = 0, request: gr.Request | None = None
-    ) -> dict:
+    ) -> Iterator[dict | None]:
         """Apply edits (JSON objects with an "op", in order; the ops are listed below) to a checkpoint for this call
         only: class probabilities (the checkpoint's class order) and accumulated export maps unedited and edited on
         an image (bundled name or SHA-256); with ``eval_images`` > 0 also accuracy and log p(true) on the first
         that many validation images, each change with its paired bootstrap 95% interval, McNemar's p and per-class
-        effects."""
-        if int(eval_images) <= 0:
-            return interventions.intervene(ctx, checkpoint, image, edits, 0)
-        with queues.one_per_user(request):  # validation work: one job per user at a time
-            return interventions.intervene(ctx, checkpoint, image, edits, int(eval_images))
+        effects. Cancelling the job stops the validation work."""
+        try:
+            if int(eval_images) <= 0:
+                yield interventions.intervene(ctx, checkpoint, image, edits, 0)
+                return
+            work = lambda stop: interventions.intervene(ctx, checkpoint, image, edits, int(eval_images), stop)  # noqa: E731
+            yield None  # see head_importance
+            with queues.one_per_user(request):  # validation work: one job per user at a time
+                yield from stoppable(work)
+        except EXPECTED_ERRORS as e:
+            raise gr.Error(error_text(e)) from None
 
     intervene.__doc__ += "\n\nOps and their fields:\n" + ops_help()  # from the registry: a new op is listed
 
@@ -145,13 +154,45 @@ def register_api(ctx: AppContext) -> None:
         try:
             loaded = ctx.model(checkpoint)
             work = lambda stop: interventions.importance(ctx, loaded, int(eval_images), mode, stop)  # noqa: E731
+            # Gradio can close (cancel) a generator only once its first value came back: that value comes before
+            # the user's slot is taken, so a job cancelled at any time gives the slot back
+            yield None
             with queues.one_per_user(request):
                 for result in stoppable(work):
                     yield None if result is None else result.to_dict()
         except EXPECTED_ERRORS as e:
             raise gr.Error(error_text(e)) from None
 
-    for fn in (checkpoints, head_field, geometry_summary, export_summary, history, upload_image, upload_checkpoint):
+    @api
+    def save_session(checkpoint: str, image: str, sections: dict) -> str:
+        """A session file's text, as the Session tab saves it: a checkpoint (a picker name, or "" for none), an
+        image (bundled name or SHA-256, or "" for none) and the tabs' sections as a session file writes them
+        (``{"playground": {"head": {…}}, "export": {"alpha": 0.3}, …}``; ``playground.head`` is required)."""
+        if checkpoint and checkpoint not in ctx.checkpoint_names():
+            raise AppError(f"no checkpoint {checkpoint!r}: /checkpoints lists them")
+        if not isinstance(sections, dict) or {"format", "checkpoint", "image"} & set(sections):
+            raise AppError("sections: a JSON object of the tabs' sections (checkpoint and image are arguments)")
+        sha = ctx.find_image(image).sha256 if image else None
+        return dumps(session.session_of(ctx, checkpoint or None, sha, sections))
+
+    @api
+    def restore_session(text: str) -> dict:
+        """What the Session tab restores from a session file's text: the checked ``session`` (defaults filled in),
+        the ``checkpoint`` and ``image`` the page then shows, the ``notes`` of what could not be restored and the
+        tab's ``status`` line."""
+        s = loads(text if isinstance(text, str) else "", "the session")
+        restoring, stored = session.restoring_of(ctx, s, None, None)
+        session.restore_parts(parts, s, restoring)  # the page's updates are not needed here, only the notes
+        return {
+            "session": s.to_dict(),
+            "checkpoint": restoring.checkpoint,
+            "image": {"sha256": stored.sha256, "name": stored.name} if stored else None,
+            "notes": restoring.notes,
+            "status": session.restored_text(restoring.notes),
+        }
+
+    for fn in (checkpoints, head_field, geometry_summary, export_summary, history, upload_image, upload_checkpoint,
+               save_session, restore_session):  # fmt: skip
         gr.api(fn, api_name=fn.__name__)
     gr.api(intervene, api_name="intervene", **queues.light())  # one image: quick, never behind a sweep
     gr.api(head_importance, api_name="head_importance", **queues.heavy())

@@ -36,19 +36,30 @@ def head_means(ctx: AppContext, loaded: LoadedModel) -> list[Tensor]:
     return ctx.cache.effects.get(("means", loaded.key), lambda: dataset_means(loaded.model, loaded.meta))
 
 
-def eval_set(ctx: AppContext, loaded: LoadedModel, n: int) -> tuple[EvalSet, Outcomes]:
-    """The validation images and the unedited model's outcomes on them (once per checkpoint and N)."""
+def eval_set(
+    ctx: AppContext, loaded: LoadedModel, n: int, stop: Callable[[], bool] | None = None
+) -> tuple[EvalSet, Outcomes]:
+    """The validation images and the unedited model's outcomes on them (once per checkpoint and N; ``stop``
+    cancels the first computation between batches)."""
 
     def make() -> tuple[EvalSet, Outcomes]:
         data = load_eval_set(loaded.meta, loaded.config.img_size, n)
-        return data, outcomes(loaded.model, data)
+        return data, outcomes(loaded.model, data, stop=stop)
 
     return ctx.cache.effects.get(("eval", loaded.key, int(n)), make)
 
 
-def run(ctx: AppContext, loaded: LoadedModel, sha: str | None, edits: Sequence[Edit], n: int = 0) -> InterventionResult:
+def run(
+    ctx: AppContext,
+    loaded: LoadedModel,
+    sha: str | None,
+    edits: Sequence[Edit],
+    n: int = 0,
+    stop: Callable[[], bool] | None = None,
+) -> InterventionResult:
     """The run entry with the app's caches: on image ``sha`` (if given) and on ``n`` validation images (if > 0);
-    a result with validation images is kept per (checkpoint, image, edits, N)."""
+    a result with validation images is kept per (checkpoint, image, edits, N). ``stop`` cancels the validation
+    work between batches, also while it waits for a heavy slot."""
 
     def make() -> InterventionResult:
         x = maps = data = unedited = None
@@ -56,11 +67,11 @@ def run(ctx: AppContext, loaded: LoadedModel, sha: str | None, edits: Sequence[E
             x = loaded.input(ctx.find_image(sha).image)
             maps = ctx.cache.effects.get(("maps", loaded.key, sha), lambda: attention_maps(loaded.model, x))
         if n:
-            data, unedited = eval_set(ctx, loaded, n)
+            data, unedited = eval_set(ctx, loaded, n, stop)
         means = head_means(ctx, loaded) if any(e.needs_means() for e in edits) else None
         src = sources(ctx, loaded, edits)
         return run_intervention(loaded.model, loaded.meta, edits, x, int(n), sources=src, head_means=means,
-                                unedited_maps=maps, eval_set=data, unedited_outcomes=unedited)  # fmt: skip
+                                unedited_maps=maps, eval_set=data, unedited_outcomes=unedited, stop=stop)  # fmt: skip
 
     if not n:
         return make()
@@ -72,11 +83,18 @@ def run(ctx: AppContext, loaded: LoadedModel, sha: str | None, edits: Sequence[E
     return ctx.cache.effects.get(("result", loaded.key, sha, edits_key(edits), int(n)), gated)
 
 
-def intervene(ctx: AppContext, checkpoint: str, image: str, edits: Any, eval_images: int = 0) -> dict[str, Any]:
+def intervene(
+    ctx: AppContext,
+    checkpoint: str,
+    image: str,
+    edits: Any,
+    eval_images: int = 0,
+    stop: Callable[[], bool] | None = None,
+) -> dict[str, Any]:
     """The ``/intervene`` result (:meth:`~ssog_core.interventions.result.InterventionResult.to_dict`)."""
     loaded = ctx.model(checkpoint)
     parsed = parse_edits(edits)
-    return run(ctx, loaded, ctx.find_image(image).sha256, parsed, int(eval_images)).to_dict()
+    return run(ctx, loaded, ctx.find_image(image).sha256, parsed, int(eval_images), stop).to_dict()
 
 
 def importance(

@@ -321,25 +321,17 @@ def restore_session(ctx: AppContext, page: Page, path: Any, ckpt: str | None = N
         s = session.read_session(str(path))
     except Exception as e:
         return {ui.status: warn(error_text(e))}
-    restoring = session.Restoring(ckpt, sha)
+    restoring, stored = session.restoring_of(ctx, s, ckpt, sha)
     out: Updates = {}
-    if s.checkpoint and s.checkpoint not in ctx.checkpoint_names():
-        restoring.notes.append(f"checkpoint {s.checkpoint!r} is not in the checkpoint folder")
-    else:
+    if restoring.checkpoint == s.checkpoint:
         out[page.checkpoint] = gr.update(value=s.checkpoint)
-        restoring.checkpoint = s.checkpoint
-    if s.image_sha256:
-        try:
-            stored = ctx.image(s.image_sha256)
-            restoring.image_sha = stored.sha256
-            out.update(image_view(page, stored, "restored from the session"))
-            bundled = stored.name in ctx.bundled_images() and ctx.open_bundled(stored.name).sha256 == stored.sha256
-            out[page.image_pick] = gr.update(value=stored.name if bundled else None)  # an upload: named in the status
-        except AppError as e:
-            restoring.notes.append(f"image {s.image_name or s.image_sha256[:12]}: {e}")
+    if stored is not None:
+        out.update(image_view(page, stored, "restored from the session"))
+        bundled = stored.name in ctx.bundled_images() and ctx.open_bundled(stored.name).sha256 == stored.sha256
+        out[page.image_pick] = gr.update(value=stored.name if bundled else None)  # an upload: named in the status
     out.update(session.restore_parts(page.session_parts(ctx), s, restoring))
     notes = restoring.notes
-    text = "Session restored." + (" Not restored: " + "; ".join(notes) + "." if notes else "")
+    text = session.restored_text(notes)
     return {**out, ui.status: warn(text) if notes else text}
 
 
@@ -501,7 +493,7 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
         ses_outputs = list(dict.fromkeys([*top, *session.outputs(parts), ses.status]))
         ses.upload.upload(partial(restore_session, ctx, page), [ses.upload, ckpt, image_sha], ses_outputs, **hidden)
 
-        register_api(ctx)
+        register_api(ctx, parts)
     return demo, page
 
 

@@ -25,6 +25,7 @@ LIGHT, LIGHT_LIMIT = "light", 2  # two cores: two quick requests at once
 HEAVY, HEAVY_LIMIT = "heavy", 2  # at most two validation or head-importance computations at once
 heavy_gate = threading.BoundedSemaphore(HEAVY_LIMIT)  # held while a heavy computation runs (app.interventions)
 
+BUSY = "you already have a validation or head-importance job running; wait for it or stop it"  # Busy's message
 _running: Counter[str] = Counter()  # heavy jobs running per user
 _lock = threading.Lock()
 
@@ -54,7 +55,7 @@ def one_per_user(request: Any) -> Iterator[None]:
     user = user_of(request)
     with _lock:
         if _running[user]:
-            raise Busy("you already have a validation or head-importance job running; wait for it or stop it")
+            raise Busy(BUSY)
         _running[user] += 1
     try:
         yield

@@ -20,7 +20,7 @@ from typing import Any
 from gradio.blocks import Block
 
 from app.common import Updates
-from app.state import AppContext, AppError
+from app.state import AppContext, AppError, StoredImage
 from ssog_core.analysis import session
 from ssog_core.analysis.session import Session
 
@@ -69,15 +69,9 @@ def by_section(parts: Sequence[SessionPart], values: Sequence[Any]) -> dict[str,
     return {part.section: {key: next(it) for key in part.fields} for part in parts}
 
 
-def make_session(
-    ctx: AppContext,
-    parts: Sequence[SessionPart],
-    ckpt: str | None,
-    sha: str | None,
-    values: Mapping[str, Mapping[str, Any]],
-) -> Session:
-    """The page's current values (by section and field key) as a checked session; the image by its SHA-256,
-    never its pixels."""
+def session_of(ctx: AppContext, ckpt: str | None, sha: str | None, sections: Mapping[str, Any]) -> Session:
+    """A checked session of a checkpoint, an image (by its SHA-256, never its pixels; its name when this server
+    still holds it) and tabs' sections as they are written in a session file."""
     name = None
     if sha:
         with contextlib.suppress(AppError):  # an image no longer in memory is saved by its hash alone
@@ -86,12 +80,45 @@ def make_session(
         "format": session.FORMAT,
         "checkpoint": ckpt or None,
         "image": {"sha256": sha, "name": name} if sha else None,
+        **sections,
     }
+    return Session.from_dict(data)
+
+
+def make_session(
+    ctx: AppContext,
+    parts: Sequence[SessionPart],
+    ckpt: str | None,
+    sha: str | None,
+    values: Mapping[str, Mapping[str, Any]],
+) -> Session:
+    """The page's current values (by section and field key) as a checked session."""
+    sections: dict[str, Any] = {}
     for part in parts:
         saved = part.save(values.get(part.section, {}))
         if saved or part.section in session.SECTIONS:  # a new tab's section is written only when it holds something
-            data[part.section] = saved
-    return Session.from_dict(data)
+            sections[part.section] = saved
+    return session_of(ctx, ckpt, sha, sections)
+
+
+def restoring_of(
+    ctx: AppContext, s: Session, ckpt: str | None, sha: str | None
+) -> tuple[Restoring, StoredImage | None]:
+    """What the page shows once ``s`` is restored: the session's checkpoint and image where this server has them,
+    else the page's current ``ckpt`` and ``sha`` (with a note each); the session's image when it is held."""
+    restoring = Restoring(ckpt, sha)
+    if s.checkpoint and s.checkpoint not in ctx.checkpoint_names():
+        restoring.notes.append(f"checkpoint {s.checkpoint!r} is not in the checkpoint folder")
+    else:
+        restoring.checkpoint = s.checkpoint
+    stored = None
+    if s.image_sha256:
+        try:
+            stored = ctx.image(s.image_sha256)
+            restoring.image_sha = stored.sha256
+        except AppError as e:
+            restoring.notes.append(f"image {s.image_name or s.image_sha256[:12]}: {e}")
+    return restoring, stored
 
 
 def restore_parts(parts: Sequence[SessionPart], s: Session, restoring: Restoring) -> Updates:
@@ -101,6 +128,11 @@ def restore_parts(parts: Sequence[SessionPart], s: Session, restoring: Restoring
     for part in parts:
         out.update(part.restore(data.get(part.section) or {}, restoring))
     return out
+
+
+def restored_text(notes: Sequence[str]) -> str:
+    """The status line of a restore: done, and what could not be restored."""
+    return "Session restored." + (" Not restored: " + "; ".join(notes) + "." if notes else "")
 
 
 def read_session(path: str | Path) -> Session:

@@ -1,22 +1,32 @@
-"""Load test of the app: many concurrent API clients on loopback; errors, latency and the server's memory.
+"""Load test of the app: many concurrent API clients on loopback, each its own logged-in user, sending the mix of
+requests people send; errors, latency, the queue wait of heavy work and the server's memory and threads.
 
-    nice -n 10 python benchmarks/load_app.py [--clients 16] [--exports 5] [--playground 20] [--uploads 2]
-        [--rounds 3] [--checkpoint-dir checkpoints] [--assets-dir assets] [--out benchmarks/results/load_app]
+    nice -n 10 python benchmarks/load_app.py [--clients 32] [--duration 300] [--no-logins]
+        [--eval-images 50 200] [--importance-images 100] [--checkpoint-dir checkpoints] [--assets-dir assets]
+        [--out benchmarks/results/load_app]
 
-Starts ``python -m app`` in a subprocess on a free loopback port. Warm-up: ``--clients`` ``gradio_client``
-clients connect (one Gradio session each) and upload, between them, every picture of a varied pool (1×1 to
-1600×1200; PNG, JPEG, CMYK JPEG, 16-bit, grayscale, RGBA, palette GIF, BMP, WebP, plus the bundled pictures),
-and each sends one export-map and two playground requests, which loads every model and fills the caches. Then
-the server's resident memory (``VmRSS`` of ``/proc/PID/status``) is recorded and the same clients, all at once,
-run ``--rounds`` rounds: in each, every client sends ``--uploads`` picture uploads, ``--exports`` export-map
-requests (``/export_summary`` on the SSOG and dot checkpoints, varied α and pictures) and ``--playground``
-playground updates (``/head_field``: 1-8 atoms, 5-48 grid, both field modes, the picture drawn under the head),
-shuffled. Every request must succeed, and the memory after the last round may exceed the warmed-up figure by
-at most ``--max-growth`` (10 %); the memory after each round shows whether it levels off.
+Starts ``python -m app`` in a subprocess on a free loopback port, with ``--auth-file`` holding one login per client
+(``--no-logins``: none), so the per-user cap on heavy work applies per client. Warm-up: the clients log in
+(one Gradio session each) and upload, between them, every picture of a varied pool (1×1 to 1600×1200; PNG, JPEG,
+CMYK JPEG, 16-bit, grayscale, RGBA, palette GIF, BMP, WebP, plus the bundled pictures); each sends one request of
+every light kind of the mix, and a few one validation edit and one head-importance sweep per checkpoint, which
+loads every model and fills the caches. One client then sends ``--alone`` export-map and playground requests while
+the others wait (the latency without a queue). Then the server's resident memory (``VmRSS``) and thread count
+(``Threads``, both of ``/proc/PID/status``) are recorded and all clients send requests one after another for
+``--duration`` seconds, each drawn from :data:`MIX`: playground updates (``/head_field``), export maps with each
+control (``/export_summary``, the controls in turn), ``/intervene`` on one image and on ``--eval-images``
+validation images, ``/head_importance`` on about ``--importance-images`` images (varied, so most sweeps are
+computed, not cached), picture uploads and a session saved and restored (``/save_session``, ``/restore_session``).
+A client waits for each answer before it sends the next request, so it never has two heavy jobs of its own: a
+``Busy`` refusal is counted apart from the errors. When the duration is over no request is sent and those in flight
+are collected; then a burst: ``--burst`` requests submitted at once by every client.
 
-Bounded: a fixed number of requests, each with a timeout, and a deadline after which nothing more is sent;
-nothing leaves 127.0.0.1. Writes ``OUT.json`` and ``OUT.md``; exits 1 when a request failed or memory grew
-too much.
+For heavy work the client also records the queue wait: from submit until the server reports the job started (the
+``process_starts`` message, ``Status.PROCESSING`` of ``gradio_client``'s ``Job.status()``, polled every 50 ms).
+
+Bounded: every request has a timeout and nothing is sent after the run's deadline; nothing leaves 127.0.0.1.
+Writes ``OUT.json`` and ``OUT.md`` (paste-ready for docs/RELIABILITY.md); exits 1 when a request failed, the
+server died, or memory after the load exceeds the warmed-up figure by more than ``--max-growth`` (10 %).
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import math
 import os
 import platform
 import random
+import secrets
 import shutil
 import statistics
 import sys
@@ -35,6 +46,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +54,22 @@ os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"  # gradio_client would otherwis
 
 import numpy as np  # noqa: E402
 from gradio_client import Client, handle_file  # noqa: E402
+from gradio_client.utils import Status  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from app import main as app_main  # the queue settings, reported with the figures
+from app import queues
+from ssog_core.analysis.controls import CONTROLS
 from ssog_core.testing.app_process import AppProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 
 REQUEST_TIMEOUT = 300.0  # seconds one request may wait in the queue and run
+POLL = 0.05  # seconds between two looks at a heavy job's status
+STARTED = {Status.PROCESSING, Status.PROGRESS, Status.ITERATING}  # the server has started the job
+# one client's next request: relative weights (a session is saved, then restored: two requests)
+MIX = {"playground": 40, "export": 18, "intervene": 14, "upload": 8, "session": 6, "validation": 4, "importance": 2}
+HEAVY = {"validation", "importance"}  # work on validation images: one job per user, the heavy slots
 
 
 # ------------------------------------------------------------------------------------------ the workload
@@ -112,44 +132,81 @@ def random_head(rng: random.Random) -> dict[str, Any]:
     return {"grid": [g, g], "query": [q, q], "tau": rng.uniform(0.5, 5), "mode": mode, "atoms": atoms}
 
 
+@dataclass(frozen=True)
+class Model:
+    """A checkpoint the clients ask about, with what its edits need."""
+
+    name: str
+    attention: str  # "ssog" or "dot"
+    depth: int
+    heads: int
+    taps: tuple[str, ...]  # the steering taps whose gates an edit may close or scale (none on fixed fields)
+
+
+def random_edits(rng: random.Random, model: Model) -> list[dict[str, Any]]:
+    """One or two edits the model accepts: heads ablated and, where content steers, gates scaled."""
+    edits = []
+    for _ in range(rng.randint(1, 2)):
+        layer = rng.randrange(model.depth)
+        if not model.taps or rng.random() < 0.5:
+            edits.append({"op": "ablate_head", "layer": layer, "head": rng.randrange(model.heads), "mode": "zero"})
+        else:
+            tap = rng.choice(model.taps)
+            edits.append({"op": "scale_gate", "layer": layer, "tap": tap, "factor": round(rng.uniform(0, 2), 2)})
+    return edits
+
+
 @dataclass
 class Record:
     endpoint: str
     seconds: float
     error: str | None = None
+    refused: bool = False  # a Busy answer: the designed refusal of a second heavy job, not an error
+    wait: float | None = None  # heavy work: seconds from submit until the server started it
 
 
 @dataclass
 class Load:
-    """Clients of one server (each its own Gradio session), their pictures, and every request's outcome."""
+    """Clients of one server (each its own Gradio session and login), their pictures, and every outcome."""
 
     url: str
-    checkpoints: list[str]
+    models: list[Model]
     pool: list[Path]
     deadline: float  # time.monotonic() after which no new request is sent
+    eval_images: tuple[int, int]  # validation images of an /intervene, from … to
+    importance_images: int
+    logins: list[tuple[str, str]] | None = None
     clients: list[Client] = field(default_factory=list)
     images: list[list[str]] = field(default_factory=list)  # SHA-256 of each client's uploaded pictures
     records: list[Record] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def call(self, client: Client, endpoint: str, *args: Any, label: str = "") -> Any:
+    def call(self, client: Client, endpoint: str, *args: Any, label: str = "", heavy: bool = False) -> Any:
         if time.monotonic() > self.deadline:
             with self.lock:
                 self.records.append(Record(endpoint + label, 0.0, "not sent: the run's deadline passed"))
             return None
-        t = time.perf_counter()
+        t, submitted, wait = time.perf_counter(), datetime.now(), None
         try:
-            out = client.submit(*args, api_name=endpoint).result(timeout=REQUEST_TIMEOUT)
-            rec = Record(endpoint + label, time.perf_counter() - t)
+            job = client.submit(*args, api_name=endpoint)
+            wait = started_after(job, submitted) if heavy else None
+            out = job.result(timeout=REQUEST_TIMEOUT)
+            rec = Record(endpoint + label, time.perf_counter() - t, wait=wait)
         except Exception as e:  # noqa: BLE001 (every failure is a result to report)
-            out, rec = None, Record(endpoint + label, time.perf_counter() - t, f"{type(e).__name__}: {e}"[:300])
+            refused = queues.BUSY in str(e)
+            text = None if refused else f"{type(e).__name__}: {e}"[:300]
+            out, rec = None, Record(endpoint + label, time.perf_counter() - t, text, refused, wait)
         with self.lock:
             self.records.append(rec)
         return out
 
     def connect(self, n: int, uploads: int) -> None:
-        """Open ``n`` clients; each uploads ``uploads`` pictures of the pool (in turn, so all of them get used)."""
-        self.clients = [Client(self.url, verbose=False, download_files=False) for _ in range(n)]
+        """Open ``n`` clients, each logged in as its own user; each uploads ``uploads`` pictures of the pool (in
+        turn, so all of them get used)."""
+        self.clients = [
+            Client(self.url, auth=self.logins[i] if self.logins else None, verbose=False, download_files=False)
+            for i in range(n)
+        ]
         self.images = [[] for _ in range(n)]
         self.run(lambda i: self.upload(i, uploads))
 
@@ -160,31 +217,66 @@ class Load:
             if out and out["sha256"] not in self.images[index]:
                 self.images[index].append(out["sha256"])
 
-    def work(self, index: int, uploads: int, exports: int, playground: int, seed: int = 0) -> None:
-        """One user's requests: re-uploads, export maps and playground updates in a shuffled order."""
+    def send(self, index: int, kind: str, rng: random.Random, turn: int = 0) -> None:
+        """One request (two for a session) of ``kind`` (a key of :data:`MIX`) from client ``index``; ``turn``
+        picks the export-map control, so every control is asked in turn."""
+        client, image, model = self.clients[index], rng.choice(self.images[index] or [""]), rng.choice(self.models)
+        if kind == "playground":
+            self.call(client, "/head_field", random_head(rng), image)
+        elif kind == "export":
+            control = CONTROLS[turn % len(CONTROLS)]
+            alpha = round(rng.uniform(0.05, 1.0), 2)
+            self.call(client, "/export_summary", model.name, image, alpha, control, label=f" ({control})")
+        elif kind == "intervene":
+            self.call(client, "/intervene", model.name, image, random_edits(rng, model), 0, label=" (one image)")
+        elif kind == "validation":
+            n = rng.randint(*self.eval_images)
+            edits = random_edits(rng, model)
+            self.call(client, "/intervene", model.name, image, edits, n, label=" (validation)", heavy=True)
+        elif kind == "importance":
+            n = rng.randint(math.ceil(self.importance_images / 2), self.importance_images)  # most not yet cached
+            mode = rng.choice(["zero", "dataset_mean"])
+            self.call(client, "/head_importance", model.name, n, mode, heavy=True)
+        elif kind == "upload":
+            self.call(client, "/upload_image", handle_file(str(rng.choice(self.pool))))
+        elif kind == "session":
+            sections = {"playground": {"head": random_head(rng)}, "export": {"alpha": round(rng.uniform(0, 1), 2)},
+                        "intervene": {"edits": random_edits(rng, model)}}  # fmt: skip
+            text = self.call(client, "/save_session", model.name, image, sections)
+            if text is not None:
+                self.call(client, "/restore_session", text)
+        else:
+            raise ValueError(f"unknown kind of request {kind!r}")
+
+    def warm(self, index: int) -> None:
+        """Every light kind of request once (each export-map control in turn across clients); the first clients
+        also one validation edit and one sweep on a checkpoint each (models loaded, validation images cached)."""
+        rng = random.Random(index)
+        for kind in ("playground", "playground", "export", "intervene", "session"):
+            self.send(index, kind, rng, turn=index)
+        if index < len(self.models):
+            model, client, image = self.models[index], self.clients[index], rng.choice(self.images[index] or [""])
+            edits, n = random_edits(rng, model), self.eval_images[0]
+            self.call(client, "/intervene", model.name, image, edits, n, label=" (validation)", heavy=True)
+            self.call(client, "/head_importance", model.name, self.importance_images, "zero", heavy=True)
+
+    def mixed(self, index: int, end: float, seed: int = 1) -> None:
+        """Requests drawn from :data:`MIX`, one after another, until ``end`` (``time.monotonic()``)."""
         rng = random.Random(1000 * seed + index)
-        client, images = self.clients[index], self.images[index] or [""]
-        plan = ["/upload_image"] * uploads + ["/export_summary"] * exports + ["/head_field"] * playground
-        rng.shuffle(plan)
-        for endpoint in plan:
-            image = rng.choice(images)
-            if endpoint == "/upload_image":
-                self.call(client, endpoint, handle_file(str(rng.choice(self.pool))))
-            elif endpoint == "/export_summary":
-                ckpt = rng.choice(self.checkpoints)
-                self.call(client, endpoint, ckpt, image, round(rng.uniform(0.05, 1.0), 2))
-            else:
-                self.call(client, endpoint, random_head(rng), image)
+        kinds, weights = list(MIX), list(MIX.values())
+        turn = index
+        while time.monotonic() < min(end, self.deadline):
+            kind = rng.choices(kinds, weights)[0]
+            self.send(index, kind, rng, turn)
+            turn += kind == "export"
 
     def alone(self, n: int) -> None:
         """``n`` export-map and ``n`` playground requests from one client while the others wait: the time a
         request takes without a queue, to read the loaded latencies against."""
         rng, client, images = random.Random(7), self.clients[0], self.images[0] or [""]
         for _ in range(n):
-            image = rng.choice(images)
-            self.call(
-                client, "/export_summary", rng.choice(self.checkpoints), image, rng.uniform(0.05, 1), label=" (alone)"
-            )
+            image, name = rng.choice(images), rng.choice(self.models).name
+            self.call(client, "/export_summary", name, image, rng.uniform(0.05, 1), label=" (alone)")
             self.call(client, "/head_field", random_head(rng), image, label=" (alone)")
 
     def burst(self, index: int, n: int, seed: int = 0) -> None:
@@ -196,7 +288,7 @@ class Load:
         for k in range(n):
             image = rng.choice(images)
             if k % 4 == 0:
-                endpoint, args = "/export_summary", (rng.choice(self.checkpoints), image, rng.uniform(0.05, 1.0))
+                endpoint, args = "/export_summary", (rng.choice(self.models).name, image, rng.uniform(0.05, 1.0))
             else:
                 endpoint, args = "/head_field", (random_head(rng), image)
             t, done = time.perf_counter(), []
@@ -225,31 +317,50 @@ class Load:
             c.close()
 
 
+def started_after(job: Any, submitted: datetime) -> float | None:
+    """Seconds from ``submitted`` until the server reported that it started ``job`` (the status update's own
+    arrival time, not the moment it was looked at); None when the job ended before a look saw it running."""
+    stop = time.monotonic() + REQUEST_TIMEOUT
+    while time.monotonic() < stop and not job.done():
+        status = job.status()
+        if status.code in STARTED:
+            return max(0.0, (status.time - submitted).total_seconds())
+        time.sleep(POLL)
+    return None
+
+
 # ------------------------------------------------------------------------------------------ the server
 
 
-def rss_mb(pid: int) -> float:
-    """Resident memory of a process (``VmRSS``), in MB."""
+def proc_status(pid: int) -> dict[str, float]:
+    """Resident memory (``VmRSS``, MB) and thread count (``Threads``) of a process, from ``/proc/PID/status``."""
+    out = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
+            out["rss_mb"] = int(line.split()[1]) / 1024
+        elif line.startswith("Threads:"):
+            out["threads"] = int(line.split()[1])
+    if len(out) != 2:
+        raise RuntimeError(f"no VmRSS or Threads for process {pid}")
+    return out
 
 
-class RssSampler(threading.Thread):
-    """The server's resident memory every ``period`` seconds while the load runs."""
+class Sampler(threading.Thread):
+    """The server's memory and threads every ``period`` seconds while the load runs: (seconds, MB, threads)."""
 
-    def __init__(self, pid: int, period: float = 0.25):
+    def __init__(self, pid: int, period: float = 1.0):
         super().__init__(daemon=True)
         self.pid, self.period, self.samples = pid, period, []
         self._done = threading.Event()
 
     def run(self) -> None:
+        t0 = time.monotonic()
         while not self._done.is_set():
-            self.samples.append(rss_mb(self.pid))
+            now = proc_status(self.pid)
+            self.samples.append((time.monotonic() - t0, now["rss_mb"], now["threads"]))
             self._done.wait(self.period)
 
-    def stop(self) -> list[float]:
+    def stop(self) -> list[tuple[float, float, int]]:
         self._done.set()
         self.join()
         return self.samples
@@ -258,19 +369,25 @@ class RssSampler(threading.Thread):
 # ------------------------------------------------------------------------------------------ report
 
 
+def quantiles(values: list[float], prefix: str = "") -> dict[str, float]:
+    """p50, p95 and max of ``values`` (milliseconds), keys named with ``prefix``; empty for no values."""
+    if not values:
+        return {}
+    ms = [v * 1e3 for v in values]
+    return {f"{prefix}p50_ms": statistics.median(ms), f"{prefix}p95_ms": float(np.percentile(ms, 95)),
+            f"{prefix}max_ms": max(ms)}  # fmt: skip
+
+
 def latency_table(records: list[Record]) -> dict[str, dict[str, float]]:
+    """Per endpoint: requests, errors, refusals, latency of the answered ones and, for heavy work, queue wait."""
     out = {}
     for endpoint in sorted({r.endpoint for r in records}):
-        ok = [r.seconds * 1e3 for r in records if r.endpoint == endpoint and r.error is None]
-        failed = sum(1 for r in records if r.endpoint == endpoint and r.error is not None)
-        row: dict[str, float] = {"requests": len(ok) + failed, "errors": failed}
-        if ok:
-            row |= {
-                "p50_ms": statistics.median(ok),
-                "p95_ms": float(np.percentile(ok, 95)),
-                "max_ms": max(ok),
-            }
-        out[endpoint] = row
+        rows = [r for r in records if r.endpoint == endpoint]
+        ok = [r.seconds for r in rows if r.error is None and not r.refused]
+        waits = [r.wait for r in rows if r.wait is not None]
+        row: dict[str, float] = {"requests": len(rows), "errors": sum(r.error is not None for r in rows),
+                                 "refused": sum(r.refused for r in rows)}  # fmt: skip
+        out[endpoint] = row | quantiles(ok) | quantiles(waits, "wait_")
     return out
 
 
@@ -278,95 +395,116 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     """Start the app, warm it up, load it; the figures as a dict (the server is always stopped)."""
     tmp = Path(tempfile.mkdtemp(prefix="ssog-load-"))
     pool = picture_pool(tmp / "pictures", args.assets_dir)
-    server = AppProcess(args.checkpoint_dir, args.assets_dir, tmp / "server.log", startup_timeout=180.0).start()
+    logins = [(f"user{i:02d}", secrets.token_urlsafe(12)) for i in range(args.clients)] if args.logins else None
+    extra = []
+    if logins:
+        auth_file = tmp / "logins.txt"
+        auth_file.write_text("".join(f"{u}:{p}\n" for u, p in logins), encoding="utf-8")
+        extra = ["--auth-file", str(auth_file)]
+    server = AppProcess(args.checkpoint_dir, args.assets_dir, tmp / "server.log", startup_timeout=180.0, args=extra)
+    server.start()
     try:
-        rss_start = rss_mb(server.pid)
-        probe = Client(server.url, verbose=False, download_files=False)
-        checkpoints = probe.predict(api_name="/checkpoints")[: args.max_checkpoints]
+        start = proc_status(server.pid)
+        probe = Client(server.url, auth=logins[0] if logins else None, verbose=False, download_files=False)
+        found = []
+        for name in probe.predict(api_name="/checkpoints"):
+            card = probe.predict(name, api_name="/geometry_summary")["card"]
+            _, depth, heads = (int(v) for v in card["dim / depth / heads"].split("/"))
+            taps = tuple(t.strip() for t in (card.get("steering taps") or "").split(",") if t.strip())
+            found.append(Model(name, card["attention"], depth, heads, taps))
         probe.close()
-        if not checkpoints:
-            raise RuntimeError(f"no checkpoint in {args.checkpoint_dir}: the export-map requests need one")
-        load = Load(server.url, checkpoints, pool, time.monotonic() + args.deadline)
-        # warm-up: every client connects (one Gradio session each) and uploads pictures, the pool between them;
-        # one export and two playground requests each load every model and fill the caches
+        if not found:
+            raise RuntimeError(f"no checkpoint in {args.checkpoint_dir}: the requests need one")
+        kinds = [(m.attention, bool(m.taps)) for m in found]  # one of each kind first: every kind of edit is sent
+        firsts = [m for i, m in enumerate(found) if kinds[i] not in kinds[:i]]
+        models = (firsts + [m for m in found if m not in firsts])[: args.max_checkpoints]
+        eval_images = (args.eval_images[0], args.eval_images[1])
+        load = Load(server.url, models, pool, time.monotonic() + args.deadline, eval_images, args.importance_images,
+                    logins)  # fmt: skip
+        # warm-up: every client logs in (one Gradio session each) and uploads pictures, the pool between them,
+        # then sends every light kind of request; a few also a validation edit and a sweep (models, caches)
         t = time.perf_counter()
-        load.connect(args.clients, max(args.uploads, math.ceil(len(pool) / args.clients)))
-        load.run(lambda i: load.work(i, 0, 1, 2))
+        load.connect(args.clients, max(2, math.ceil(len(pool) / args.clients)))
+        load.run(load.warm)
         warm_s, warm_records, load.records = time.perf_counter() - t, load.records, []
         load.alone(args.alone)
         time.sleep(1.0)
-        rss_before = rss_mb(server.pid)
-        rounds = []
-        for r in range(args.rounds):
-            sampler = RssSampler(server.pid)
-            sampler.start()
-            n0 = len(load.records)
-            seconds = load.run(lambda i, r=r: load.work(i, args.uploads, args.exports, args.playground, seed=r + 1))
-            samples = sampler.stop()
-            time.sleep(1.0)
-            new = load.records[n0:]
-            rounds.append(
-                {
-                    "requests": len(new),
-                    "errors": sum(rec.error is not None for rec in new),
-                    "seconds": round(seconds, 1),
-                    "rss_peak_mb": round(max(samples, default=0.0), 1),
-                    "rss_after_mb": round(rss_mb(server.pid), 1),
-                }
-            )
+        warm = proc_status(server.pid)
+        sampler = Sampler(server.pid)
+        sampler.start()
+        end = time.monotonic() + args.duration
+        load_s = load.run(lambda i: load.mixed(i, end))
+        samples = sampler.stop()
+        time.sleep(1.0)
+        after = proc_status(server.pid)
+        mixed_records = len(load.records)
         burst = {}
         if args.burst:
             n0 = len(load.records)
             seconds = load.run(lambda i: load.burst(i, args.burst, seed=99))
             new = load.records[n0:]
+            rss = round(proc_status(server.pid)["rss_mb"], 1)
             burst = {"requests": len(new), "errors": sum(rec.error is not None for rec in new),
-                     "seconds": round(seconds, 1), "rss_after_mb": round(rss_mb(server.pid), 1)}  # fmt: skip
+                     "seconds": round(seconds, 1), "rss_after_mb": rss}  # fmt: skip
         load.close()
         alive = server.proc.poll() is None
         log_tail = server.log_tail(3000)
     finally:
         server.stop()
-    shutil.rmtree(tmp, ignore_errors=True)  # pictures and server log (its tail is in the result); kept on a crash
+    shutil.rmtree(tmp, ignore_errors=True)  # pictures, logins and server log (its tail is in the result)
     records = load.records
     errors = [rec for rec in records if rec.error is not None]
     warm_errors = [rec for rec in warm_records if rec.error is not None]
-    rss_after = rounds[-1]["rss_after_mb"]
-    growth = (rss_after - rss_before) / rss_before
-    load_s = sum(r["seconds"] for r in rounds)
+    growth = (after["rss_mb"] - warm["rss_mb"]) / warm["rss_mb"]
+    quarters = [max((s for s in samples if s[0] <= f * load_s), default=samples[0], key=lambda s: s[0])
+                for f in (0.25, 0.5, 0.75)]  # fmt: skip
     result = {
         "when": time.strftime("%Y-%m-%d %H:%M"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "load_average_after": [round(v, 2) for v in os.getloadavg()],
         "command": " ".join(["python benchmarks/load_app.py", *sys.argv[1:]]),
         "clients": args.clients,
-        "rounds": args.rounds,
-        "per_client_per_round": {
-            "upload_image": args.uploads,
-            "export_summary": args.exports,
-            "head_field": args.playground,
-        },
-        "checkpoints": checkpoints,
+        "logins": bool(logins),
+        "duration_s": args.duration,
+        "mix": MIX,
+        "eval_images": list(eval_images),
+        "importance_images": [math.ceil(args.importance_images / 2), args.importance_images],
+        "checkpoints": [m.name for m in models],
         "pictures": [p.name for p in pool],
         "server_startup_s": round(server.startup_s, 1),
         "warmup_s": round(warm_s, 1),
         "warmup_requests": len(warm_records),
         "warmup_errors": len(warm_errors),
+        "warmup_endpoints": sorted({rec.endpoint for rec in warm_records}),
         "load_s": round(load_s, 1),
         "requests": len(records),
+        "mixed_requests": mixed_records,
         "errors": len(errors),
+        "refused": sum(rec.refused for rec in records + warm_records),
         "error_examples": sorted({rec.error for rec in errors + warm_errors})[:5],
-        "throughput_rps": round(sum(r["requests"] for r in rounds) / max(load_s, 1e-9), 2),
+        "throughput_rps": round(mixed_records / max(load_s, 1e-9), 2),
         "latency": latency_table(records),
         "rss_mb": {
-            "at_start": round(rss_start, 1),
-            "after_warmup": round(rss_before, 1),
-            "peak_during_load": max(r["rss_peak_mb"] for r in rounds),
-            "after_load": rss_after,
+            "at_start": round(start["rss_mb"], 1),
+            "after_warmup": round(warm["rss_mb"], 1),
+            "at_quarters": [round(s[1], 1) for s in quarters],
+            "max_during_load": round(max(s[1] for s in samples), 1),
+            "at_end": round(after["rss_mb"], 1),
             "growth": round(growth, 4),
         },
-        "per_round": rounds,
+        "threads": {
+            "at_start": start["threads"],
+            "after_warmup": warm["threads"],
+            "max_during_load": max(s[2] for s in samples),
+            "at_end": after["threads"],
+        },
         "burst": burst,
-        "queue": {"computed_at_once": app_main.CONCURRENCY, "max_waiting": app_main.QUEUE_SIZE},
+        "queue": {
+            "computed_at_once": app_main.CONCURRENCY,
+            "max_waiting": app_main.QUEUE_SIZE,
+            "light_at_once": queues.LIGHT_LIMIT,
+            "heavy_at_once": queues.HEAVY_LIMIT,
+        },
         "max_growth": args.max_growth,
         "server_alive_after": alive,
         "passed": not errors and not warm_errors and growth <= args.max_growth and alive,
@@ -376,61 +514,59 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def ms(row: dict[str, float], prefix: str = "") -> str:
+    """The p50 | p95 | max cells of a table row."""
+    if f"{prefix}p50_ms" not in row:
+        return "– | – | –"
+    return " | ".join(f"{row[prefix + k]:.0f} ms" for k in ("p50_ms", "p95_ms", "max_ms"))
+
+
 def markdown(r: dict[str, Any]) -> str:
-    rss, per = r["rss_mb"], r["per_client_per_round"]
+    """The figures as Markdown to paste under ``<!-- load-figures -->`` in docs/RELIABILITY.md."""
+    rss, threads, q = r["rss_mb"], r["threads"], r["queue"]
+    mix = ", ".join(f"{k} {v}" for k, v in r["mix"].items())
     lines = [
-        "# App under load",
+        f"Measured {r['when']} on {r['machine']}; load average after the run {r['load_average_after']}. "
+        f"Command: `{r['command']}`.",
         "",
-        f"Measured {r['when']} on {r['machine']}; load average after the run {r['load_average_after']} "
-        "(a shared 2-core box: other jobs ran too). Command: `" + r["command"] + "`.",
+        f"{r['clients']} concurrent `gradio_client` clients on 127.0.0.1, "
+        + ("each logged in as its own user" if r["logins"] else "without logins")
+        + f", for {r['duration_s']} s of mixed requests (weights: {mix}; validation edits on "
+        f"{r['eval_images'][0]}-{r['eval_images'][1]} images, sweeps on {r['importance_images'][0]}-"
+        f"{r['importance_images'][1]}), on {', '.join(r['checkpoints'])} and {len(r['pictures'])} pictures of "
+        f"varied size and mode. The server computes {q['computed_at_once']} requests of an endpoint at once "
+        f"({q['light_at_once']} one-image edits, {q['heavy_at_once']} heavy jobs); up to {q['max_waiting']} more wait.",
         "",
-        f"{r['clients']} concurrent `gradio_client` clients on 127.0.0.1 (one Gradio session each), {r['rounds']} "
-        f"round(s); in each round every client sends {per['upload_image']} picture uploads, "
-        f"{per['export_summary']} export-map requests and {per['head_field']} playground updates (the picture drawn "
-        f"under the head), shuffled, on {', '.join(r['checkpoints'])} and {len(r['pictures'])} pictures of varied "
-        "size and mode (1×1 to 1600×1200; PNG, JPEG, CMYK JPEG, 16-bit, grayscale, RGBA, GIF, BMP, WebP). "
-        f"The server computes {r['queue']['computed_at_once']} requests at once; up to "
-        f"{r['queue']['max_waiting']} more wait in its queue.",
+        f"**{r['mixed_requests']} requests in {r['load_s']} s ({r['throughput_rps']} requests/s), {r['errors']} "
+        f"errors, {r['refused']} refused as busy**; warm-up {r['warmup_requests']} requests ({r['warmup_s']} s, "
+        f"{r['warmup_errors']} errors). **{'PASSED' if r['passed'] else 'FAILED'}** (bars: 0 errors, memory "
+        f"growth after warm-up ≤ {r['max_growth']:.0%}).",
         "",
-        f"**{r['requests']} requests, {r['errors']} errors** (rounds: {r['load_s']} s, {r['throughput_rps']} "
-        f"requests/s; plus the requests sent alone and the burst), after a warm-up of {r['warmup_requests']} "
-        f"requests ({r['warmup_s']} s, {r['warmup_errors']} errors). "
-        f"**{'PASSED' if r['passed'] else 'FAILED'}** (bars: 0 errors, memory growth after warm-up ≤ "
-        f"{r['max_growth']:.0%}).",
-        "",
-        "| endpoint | requests | errors | p50 | p95 | max |",
-        "|---|---|---|---|---|---|",
+        "| endpoint | requests | errors | refused | p50 | p95 | max | queue wait p50 | p95 | max |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for endpoint, row in r["latency"].items():
-        if "p50_ms" in row:
-            timing = f"{row['p50_ms']:.0f} ms | {row['p95_ms']:.0f} ms | {row['max_ms']:.0f} ms"
-        else:
-            timing = "– | – | –"
-        lines.append(f"| `{endpoint}` | {row['requests']} | {row['errors']} | {timing} |")
+        counts = f"{row['requests']} | {row['errors']} | {row['refused']}"
+        lines.append(f"| `{endpoint}` | {counts} | {ms(row)} | {ms(row, 'wait_')} |")
     lines += [
         "",
-        "| server memory (VmRSS of the app's process) | MB |",
-        "|---|---|",
-        f"| at start | {rss['at_start']} |",
-        f"| after warm-up | {rss['after_warmup']} |",
+        f"Server memory (VmRSS): {rss['at_start']} MB at start, **{rss['after_warmup']} MB after warm-up**, "
+        f"{' / '.join(map(str, rss['at_quarters']))} MB at a quarter / half / three quarters of the load, max "
+        f"{rss['max_during_load']} MB, **{rss['at_end']} MB at the end: {rss['growth']:+.1%}**.",
+        "",
+        f"Server threads: {threads['at_start']} at start, **{threads['after_warmup']} after warm-up**, max "
+        f"{threads['max_during_load']}, **{threads['at_end']} at the end**.",
     ]
-    for i, rnd in enumerate(r["per_round"]):
-        lines.append(
-            f"| after round {i + 1} ({rnd['requests']} requests, {rnd['errors']} errors, {rnd['seconds']} s; "
-            f"peak {rnd['rss_peak_mb']}) | {rnd['rss_after_mb']} |"
-        )
     if r["burst"]:
         b = r["burst"]
-        lines.append(
-            f"| after a burst ({r['clients']} clients × {b['requests'] // r['clients']} requests submitted at once: "
-            f"{b['requests']} requests, {b['errors']} errors, {b['seconds']} s) | {b['rss_after_mb']} |"
-        )
+        lines += ["", f"Then a burst ({r['clients']} clients × {b['requests'] // r['clients']} requests submitted at "
+                  f"once): {b['requests']} requests, {b['errors']} errors, {b['seconds']} s; memory after it "
+                  f"{b['rss_after_mb']} MB."]  # fmt: skip
     lines += [
-        f"| **growth after warm-up** (to the end of the rounds) | **{rss['growth']:+.1%}** |",
         "",
-        "Latency is measured by each client from submit to result: it includes the wait in the queue, which is "
-        "where a burst goes. The rows marked *alone* are one client's requests while the others wait, before the "
-        "rounds: the time a request takes without a queue.",
+        "Latency: each client's, from submit to answer (queue included); *refused* answers (a second heavy job of "
+        "the same user) are left out of it. Queue wait (heavy work): from submit until the server reported the job "
+        "started (`Status.PROCESSING`). The rows marked *alone* are one client's requests while the others wait.",
     ]
     if r.get("error_examples"):
         lines += ["", "Errors:", *[f"- `{e}`" for e in r["error_examples"]]]
@@ -439,28 +575,38 @@ def markdown(r: dict[str, Any]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--uploads", type=int, default=2, help="pictures each client uploads per round")
-    ap.add_argument("--exports", type=int, default=5, help="export-map requests per client")
-    ap.add_argument("--playground", type=int, default=20, help="playground updates per client")
-    ap.add_argument("--rounds", type=int, default=3, help="load rounds by the same clients (memory must stay flat)")
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--duration", type=float, default=300.0, help="seconds of mixed requests after the warm-up")
+    ap.add_argument("--logins", action=argparse.BooleanOptionalAction, default=True, help="one login per client")
+    ap.add_argument("--eval-images", type=int, nargs=2, default=[50, 200], metavar=("FROM", "TO"),
+                    help="validation images of an /intervene on the validation set")  # fmt: skip
+    ap.add_argument("--importance-images", type=int, default=100, help="images of a sweep: from half this to this")
     ap.add_argument("--alone", type=int, default=10, help="requests of each kind sent by one client alone first")
     ap.add_argument("--burst", type=int, default=8, help="then requests each client submits at once (0: none)")
     ap.add_argument("--checkpoint-dir", type=Path, default=ROOT / "checkpoints")
     ap.add_argument("--assets-dir", type=Path, default=ROOT / "assets")
-    ap.add_argument("--max-checkpoints", type=int, default=2)
+    ap.add_argument("--max-checkpoints", type=int, default=3, help="checkpoints asked about, one of each kind first")
     ap.add_argument("--max-growth", type=float, default=0.10)
-    ap.add_argument("--deadline", type=float, default=900.0, help="seconds after which no request is sent")
+    ap.add_argument("--deadline", type=float, default=1800.0, help="seconds after which no request is sent")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "load_app", help="OUT.json, OUT.md")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.clients < 1 or args.duration <= 0 or not 0 < args.eval_images[0] <= args.eval_images[1]:
+        ap.error("--clients ≥ 1, --duration > 0 and 0 < FROM ≤ TO for --eval-images")
+    return args
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     result = run_benchmark(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(result))
+    write_atomic(args.out.with_suffix(".json"), json.dumps(result, indent=2) + "\n")
+    write_atomic(args.out.with_suffix(".md"), markdown(result))
     print(markdown(result))
     return 0 if result["passed"] else 1
 

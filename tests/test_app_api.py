@@ -88,3 +88,27 @@ def test_api_bad_head_is_a_message_and_bursts_wait_in_the_queue(client):
     jobs = [client.submit("ssog_test.safetensors", "scene.png", a / 20, api_name="/export_summary") for a in range(12)]
     results = [j.result(timeout=120) for j in jobs]
     assert len(results) == 12 and len({r["alpha"] for r in results}) == 12
+
+
+def test_api_saves_and_restores_a_session_as_the_session_tab_does(client):
+    head = DEFAULT_SPEC.to_dict()
+    sections = {"playground": {"head": head}, "export": {"twin": "gone.safetensors", "alpha": 0.3, "layer": 1},
+                "intervene": {"edits": [{"op": "close_gate", "layer": 0, "tap": "mu"}]}}  # fmt: skip
+    text = client.predict("ssog_test.safetensors", "scene.png", sections, api_name="/save_session")
+    back = client.predict(text, api_name="/restore_session")
+    assert back["checkpoint"] == "ssog_test.safetensors" and back["image"]["name"] == "scene.png"
+    assert back["session"]["export"]["alpha"] == 0.3 and back["session"]["playground"]["head"] == head
+    assert back["session"]["intervene"]["edits"] == sections["intervene"]["edits"]
+    assert back["notes"] == ["export twin 'gone.safetensors' is not in the checkpoint folder"]  # the tab's own note
+    assert back["status"] == "Session restored. Not restored: " + back["notes"][0] + "."
+    gone = text.replace("ssog_test.safetensors", "other.safetensors").replace(back["image"]["sha256"], "0" * 64)
+    elsewhere = client.predict(gone, api_name="/restore_session")
+    assert elsewhere["checkpoint"] is None and elsewhere["image"] is None
+    assert [n.split(" ")[0] for n in elsewhere["notes"]] == ["checkpoint", "image", "export"]
+    for bad, args in [("not a JSON session file", ("{",)), ("playground", ('{"format": "ssog-lab-session/1"}',))]:
+        with pytest.raises(Exception, match=bad):
+            client.predict(*args, api_name="/restore_session")
+    with pytest.raises(Exception, match="no checkpoint 'nope'"):
+        client.predict("nope", "scene.png", sections, api_name="/save_session")
+    with pytest.raises(Exception, match="checkpoint and image are arguments"):
+        client.predict("", "", {**sections, "image": None}, api_name="/save_session")

@@ -117,3 +117,32 @@ def test_one_heavy_job_per_user_is_released_whatever_happens():
         raise RuntimeError("the job failed")
     with queues.one_per_user(request):  # a failed job gave its turn back
         pass
+
+
+def test_a_cancelled_heavy_job_frees_its_worker_and_its_users_slot(demo):
+    """A client that cancels (or drops) a running validation edit or sweep gives back its worker and its user's
+    heavy slot at once, and its computation stops: the user's next heavy job is not refused."""
+    light = lambda: queues.waiting(SimpleNamespace(request=SimpleNamespace(app=demo.app)), queues.LIGHT)  # noqa: E731
+    for _ in range(queues.HEAVY_LIMIT):  # the jobs then wait for a heavy slot, with their user's slot taken
+        queues.heavy_gate.acquire()
+    released = False
+    try:
+        ada = Client(demo.local_url, verbose=False)
+        jobs = [("/intervene", (CKPT, "scene.png", EDITS, 24), light),  # in the light queue, holds a heavy slot
+                ("/head_importance", (CKPT, 14, "zero"), lambda: heavy_state(demo))]  # fmt: skip
+        for api_name, args, state in jobs:
+            job = ada.submit(*args, api_name=api_name)
+            until(lambda state=state: state() == (1, 0) and len(queues._running) == 1)
+            job.cancel()
+            until(lambda state=state: state() == (0, 0) and not queues._running)
+        for _ in range(queues.HEAVY_LIMIT):
+            queues.heavy_gate.release()
+        released = True
+        until(lambda: queues.heavy_gate._value == queues.HEAVY_LIMIT)  # the cancelled computations stopped
+        edit = ada.submit(CKPT, "scene.png", EDITS, 24, api_name="/intervene").result(timeout=60)
+        assert edit["validation"]["n"] == 24
+        assert ada.submit(CKPT, 14, "zero", api_name="/head_importance").result(timeout=60)["n"] == 14
+    finally:
+        if not released:
+            for _ in range(queues.HEAVY_LIMIT):
+                queues.heavy_gate.release()

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.app_fixtures import write_checkpoints, write_images
+from ssog_core import save_checkpoint
+from tests.app_fixtures import designed_ssog, dot_twin, meta, write_images
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,22 +35,44 @@ def test_picture_pool_is_varied(load_app, tmp_path):
     assert {"RGB", "L", "CMYK", "P", "RGBA", "I;16"} <= modes and (1, 1) in sizes and (1600, 1200) in sizes
 
 
+SHAPES = ["circle", "square", "triangle", "star", "cross"]  # the classes of the shapes data, in its order
+
+
 @pytest.mark.slow
 def test_load_smoke(load_app, tmp_path):
-    write_checkpoints(tmp_path / "ckpt", depth=2)
+    (tmp_path / "ckpt").mkdir()  # the app's two test checkpoints, labelled so validation work runs on them
+    for name, model in (("ssog_test", designed_ssog(depth=2)), ("dot_test", dot_twin(depth=2))):
+        labels = {**meta(name.removesuffix("_test"), 0.5), "class_names": SHAPES}
+        save_checkpoint(tmp_path / "ckpt" / f"{name}.safetensors", model, labels)
     write_images(tmp_path / "assets")
     out = tmp_path / "result"
-    argv = ["--clients", "4", "--uploads", "1", "--exports", "2", "--playground", "2", "--rounds", "1",
+    argv = ["--clients", "4", "--duration", "5", "--eval-images", "8", "16", "--importance-images", "12",
             "--burst", "4", "--alone", "2", "--checkpoint-dir", str(tmp_path / "ckpt"),
             "--assets-dir", str(tmp_path / "assets"), "--out", str(out), "--max-growth", "100",
             "--deadline", "240"]  # fmt: skip
     code = load_app.main(argv)
     result = json.loads(out.with_suffix(".json").read_text())
     assert result["errors"] == 0 and result["warmup_errors"] == 0, result.get("error_examples")
-    assert code == 0 and result["passed"] and result["server_alive_after"]
-    assert result["requests"] == 4 * (1 + 2 + 2) + 4 * 4 + 2 * 2 and result["burst"]["errors"] == 0
-    assert {"/export_summary", "/head_field", "/upload_image", "/head_field (burst)"} <= set(result["latency"])
+    assert code == 0 and result["passed"] and result["server_alive_after"] and result["logins"]
+    assert result["refused"] == 0  # each client waits for its answer: never two heavy jobs of one user
     assert result["checkpoints"] == ["dot_test.safetensors", "ssog_test.safetensors"]
-    rss = result["rss_mb"]
-    assert min(rss["at_start"], rss["after_warmup"], rss["peak_during_load"], rss["after_load"]) > 0
-    assert "| `/head_field` | 8 | 0 |" in out.with_suffix(".md").read_text()
+    latency = result["latency"]
+    every = {"/head_field", "/export_summary (none)", "/export_summary (blank)", "/export_summary (validation)",
+             "/intervene (one image)", "/intervene (validation)", "/head_importance", "/save_session",
+             "/restore_session", "/upload_image"}  # fmt: skip
+    assert set(result["warmup_endpoints"]) == every  # the warm-up sends every kind; the timed mix draws from them
+    assert (
+        {"/head_field (burst)", "/head_field (alone)"}
+        <= set(latency)
+        <= every | {"/head_field (burst)", "/export_summary (burst)", "/head_field (alone)", "/export_summary (alone)"}
+    )
+    assert sum(row["requests"] for row in latency.values()) == result["requests"] > result["mixed_requests"] > 0
+    assert latency["/head_field (burst)"]["requests"] + latency["/export_summary (burst)"]["requests"] == 16
+    heavy = [row for name, row in latency.items() if name.startswith(("/head_importance", "/intervene (validation)"))]
+    assert all(row["wait_max_ms"] >= row["wait_p50_ms"] >= 0 for row in heavy if "wait_p50_ms" in row)
+    rss, threads = result["rss_mb"], result["threads"]
+    assert min(rss["at_start"], rss["after_warmup"], rss["max_during_load"], rss["at_end"]) > 0
+    assert min(threads.values()) > 1 and len(rss["at_quarters"]) == 3
+    text = out.with_suffix(".md").read_text()
+    assert "Command: `python benchmarks/load_app.py" in text and "| endpoint | requests | errors | refused |" in text
+    assert "Server threads:" in text and "each logged in as its own user" in text

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,6 +159,10 @@ def concat(parts: list[Outcomes]) -> Outcomes:
     return Outcomes(torch.cat([p.pred for p in parts]), torch.cat([p.logp_true for p in parts]))
 
 
+class Cancelled(RuntimeError):
+    """A pass over validation images was stopped by its caller (``stop()`` returned true)."""
+
+
 def device_dtype(model: nn.Module) -> tuple[torch.device, torch.dtype]:
     p = next(model.parameters())
     return p.device, p.dtype
@@ -172,8 +176,10 @@ def outcomes(
     head_means: Sequence[Tensor] | None = None,
     batch_size: int = BATCH,
     progress: bool = False,
+    stop: Callable[[], bool] | None = None,
 ) -> Outcomes:
-    """The model's outcomes on ``data``, with ``edits`` applied."""
+    """The model's outcomes on ``data``, with ``edits`` applied; ``stop`` is asked before every batch (true: raise
+    :class:`Cancelled`)."""
     parts, (dev, dtype) = [], device_dtype(model)
     was_training = model.training
     model.eval()
@@ -181,8 +187,10 @@ def outcomes(
         with torch.inference_mode(), edited(model, edits, sources, head_means):
             starts = range(0, len(data), batch_size)
             for s in tqdm(starts, desc="images", unit="batch", disable=not progress, leave=False):
-                stop = min(s + batch_size, len(data))
-                parts.append(outcomes_of(model(data.batch(s, stop, dev, dtype)), data.labels[s:stop]))
+                if stop is not None and stop():
+                    raise Cancelled("the pass over validation images was stopped")
+                end = min(s + batch_size, len(data))
+                parts.append(outcomes_of(model(data.batch(s, end, dev, dtype)), data.labels[s:end]))
     finally:
         model.train(was_training)
     return concat(parts)
@@ -275,10 +283,12 @@ def validation_effect(
     head_means: Sequence[Tensor] | None = None,
     unedited: Outcomes | None = None,
     progress: bool = False,
+    stop: Callable[[], bool] | None = None,
 ) -> ValidationEffect:
-    """:func:`compare` of the unedited model (or the cached ``unedited`` outcomes) with the edited one on ``data``."""
-    o0 = unedited if unedited is not None else outcomes(model, data, progress=progress)
-    o1 = outcomes(model, data, edits, sources, head_means, progress=progress)
+    """:func:`compare` of the unedited model (or the cached ``unedited`` outcomes) with the edited one on ``data``;
+    ``stop`` cancels between batches (:func:`outcomes`)."""
+    o0 = unedited if unedited is not None else outcomes(model, data, progress=progress, stop=stop)
+    o1 = outcomes(model, data, edits, sources, head_means, progress=progress, stop=stop)
     effect = compare(o0, o1, data.labels, data.class_names)
     effect.images = data.describe()
     return effect

@@ -17,15 +17,19 @@ from tqdm import tqdm
 
 from ssog_core.field import TAPS
 from ssog_core.interventions.edit import Edit
-from ssog_core.interventions.effects import Outcomes, bootstrap_ci, concat, device_dtype, outcomes_of, within_noise
+from ssog_core.interventions.effects import (
+    Cancelled,
+    Outcomes,
+    bootstrap_ci,
+    concat,
+    device_dtype,
+    outcomes_of,
+    within_noise,
+)
 from ssog_core.interventions.ops import AblateHead, CloseGate
 from ssog_core.interventions.run import edited
 from ssog_core.interventions.validation import BATCH, EvalSet
 from ssog_core.nn.attention import SSOGAttention
-
-
-class Cancelled(RuntimeError):
-    """A sweep was stopped by its caller (``stop()`` returned true)."""
 
 
 @dataclass

@@ -4,7 +4,7 @@ and edits → one :class:`InterventionResult` (probabilities, Δ log p, maps, va
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,13 +94,15 @@ def run_intervention(
     eval_set: EvalSet | None = None,
     unedited_outcomes: Outcomes | None = None,
     progress: bool = False,
+    stop: Callable[[], bool] | None = None,
 ) -> InterventionResult:
     """Apply ``edits`` to ``model`` for this call: on ``image`` (a model input ``(1, C, H, W)``) and/or on the first
     ``eval_images`` validation images of the checkpoint's data (:mod:`ssog_core.interventions.validation`).
 
     ``sources`` maps each patch source an edit names to its model input. The other keywords pass what a caller
     keeps between calls: the head means (computed here when an edit needs them and none are given), the image's
-    unedited attention maps, the validation images and the unedited model's outcomes on them.
+    unedited attention maps, the validation images and the unedited model's outcomes on them. ``stop`` is asked
+    between batches of validation images (true: :class:`~ssog_core.interventions.effects.Cancelled`).
     """
     parsed = parse_edits(list(edits))
     if head_means is None and any(e.needs_means() for e in parsed):
@@ -112,6 +114,6 @@ def run_intervention(
         if eval_images:
             data = eval_set if eval_set is not None else load_eval_set(dict(meta), model.config.img_size, eval_images)
             val = validation_effect(
-                model, data, parsed, dict(sources or {}), head_means, unedited_outcomes, progress=progress
+                model, data, parsed, dict(sources or {}), head_means, unedited_outcomes, progress=progress, stop=stop
             )
     return InterventionResult(parsed, class_names(model, meta), img, val)

@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -51,8 +51,8 @@ def wait_until_answering(url: str, timeout: float = 120.0, ready: Callable[[], b
 
 class AppProcess:
     """``with AppProcess(ckpts, assets, log) as app: ... app.url ...`` (or ``start()`` … ``stop()``): started on a
-    free port, its output in ``log`` (a file, not a pipe: a full pipe would block the server), stopped with
-    SIGTERM on exit."""
+    free port, with ``args`` added to its command line (``["--auth-file", FILE]``), its output in ``log`` (a file,
+    not a pipe: a full pipe would block the server), stopped with SIGTERM on exit."""
 
     def __init__(
         self,
@@ -62,12 +62,13 @@ class AppProcess:
         *,
         env: dict[str, str] | None = None,
         startup_timeout: float = 120.0,
+        args: Sequence[str] = (),
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.log_path = Path(log_path)
         self.cmd = [sys.executable, "-m", "app", "--port", str(self.port), "--checkpoint-dir", str(checkpoint_dir),
-                    "--assets-dir", str(assets_dir)]  # fmt: skip
+                    "--assets-dir", str(assets_dir), *args]  # fmt: skip
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})}
         self.startup_timeout = startup_timeout
         self.startup_s = float("nan")
