@@ -3,7 +3,7 @@ gates) and the dot twin, three seeds each, on a small and a large board, plus on
 per board; every run a plain ``python -m ssog_core.train`` command that differs from its neighbours only in
 ``--attn`` / ``--steer`` / ``--seed`` (and ``--max-offset`` for the offset row).
 
-    python experiments/ablation.py train  [--task pointer] [--jobs 2] [--only small|large]
+    python experiments/ablation.py train  [--task pointer] [--jobs 2] [--only small|large] [--variant dot]
     python experiments/ablation.py read   [--task pointer] [--seeds 0]
     python experiments/ablation.py report [--task pointer]
     python experiments/ablation.py bundle [--task pointer] [--board large] [--seed 0]
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import fcntl
 import json
 import os
 import shlex
@@ -40,6 +41,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,6 +150,23 @@ def read_results() -> list[dict]:
 _write_lock = threading.Lock()
 
 
+@contextmanager
+def file_lock(path: Path, wait: bool = True) -> Iterator[bool]:
+    """An exclusive lock on ``path`` shared with other processes (two sweeps at once, e.g. one per board); yields
+    whether it was taken (``wait=False`` does not block)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def row_key(row: dict) -> tuple[str, int, str, int]:
     """The same key as :meth:`Run.key`, of a results row."""
     return row["task"], row["grid"], row["variant"], row["seed"]
@@ -156,7 +175,7 @@ def row_key(row: dict) -> tuple[str, int, str, int]:
 def append_row(path: Path, row: dict) -> None:
     """Add one run's row (replacing an older one of the same run), rewriting the file atomically (a kill leaves
     the old file or the new one)."""
-    with _write_lock:
+    with _write_lock, file_lock(path.with_name(path.name + ".lock")):
         rows = [r for r in read_rows(path) if row_key(r) != row_key(row)]
         text = "".join(json.dumps(r) + "\n" for r in [*rows, row])
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -216,18 +235,23 @@ def cmd_train(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     boards = tuple(GRIDS) if args.only is None else (args.only,)
     done = {row_key(r) for r in read_results()}
-    todo = [r for r in plan(args.task, boards) if r.key() not in done]
+    variants = set(args.variant or [*VARIANTS, OFFSET_ROW[0]])
+    todo = [r for r in plan(args.task, boards) if r.key() not in done and r.variant in variants]
     print(f"{len(done)} runs finished, {len(todo)} to go", flush=True)
     failed = []
 
     def one(run: Run) -> None:
         try:
-            print(f"start  {run.out.name}", flush=True)
-            train(run, args.threads)
-            run.model.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(run.model, lambda tmp: shutil.copyfile(run.out / "model.safetensors", tmp))
-            append_result(evaluate(run))
-            append_row(READINGS, read(run))
+            with file_lock(run.out.with_name(run.out.name + ".lock"), wait=False) as mine:
+                if not mine:
+                    print(f"skip   {run.out.name}: another sweep is training it", flush=True)
+                    return
+                print(f"start  {run.out.name}", flush=True)
+                train(run, args.threads)
+                run.model.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(run.model, lambda tmp: shutil.copyfile(run.out / "model.safetensors", tmp))
+                append_result(evaluate(run))
+                append_row(READINGS, read(run))
             print(f"done   {run.out.name}", flush=True)
         except Exception as e:  # one failed run must not stop the others; it is named at the end
             failed.append(f"{run.out.name}: {e}")
@@ -463,6 +487,7 @@ def main(argv: Iterator[str] | None = None) -> int:
     t.add_argument("--jobs", type=int, default=2, help="runs at once (default 2)")
     t.add_argument("--threads", type=int, default=1, help="threads per run (default 1)")
     t.add_argument("--only", choices=tuple(GRIDS), help="one board only")
+    t.add_argument("--variant", action="append", choices=[*VARIANTS, OFFSET_ROW[0]], help="only these (repeatable)")
     r = sub.add_parser("report", help="render the table from the results file")
     r.add_argument("--task", default="pointer", choices=("pointer", "relation"))
     d = sub.add_parser("read", help="read finished runs with the project's instrument (geometry, gates, transfer)")

@@ -78,7 +78,7 @@ def test_finished_runs_are_skipped_and_interrupted_ones_resumed(ablation, monkey
     monkeypatch.setattr(ablation.subprocess, "call", train)
     monkeypatch.setattr(ablation, "evaluate", _row)
     monkeypatch.setattr(ablation, "read", _row)
-    args = ablation.argparse.Namespace(task="pointer", jobs=1, threads=1, only="small")
+    args = ablation.argparse.Namespace(task="pointer", jobs=1, threads=1, only="small", variant=None)
     assert ablation.cmd_train(args) == 0
     outs = [c[c.index("--out") + 1] for c in called]
     assert len(called) == len(runs) - 1 and not any(o.endswith(finished.out.name) for o in outs)
@@ -91,6 +91,18 @@ def test_finished_runs_are_skipped_and_interrupted_ones_resumed(ablation, monkey
     assert (ablation.MODELS / f"{interrupted.out.name}.safetensors").read_bytes() == (
         interrupted.out / "model.safetensors"
     ).read_bytes()
+
+
+def test_a_run_another_sweep_trains_is_left_to_it_and_variants_filter(ablation, monkeypatch):
+    """Two sweeps at once (say, one per board) never train the same folder; ``--variant`` picks rows."""
+    called = []
+    monkeypatch.setattr(ablation, "train", lambda run, threads: called.append(run.variant) or 1 / 0)
+    busy = next(r for r in ablation.plan("pointer", ("large",)) if r.variant == "dot")
+    args = ablation.argparse.Namespace(task="pointer", jobs=1, threads=1, only="large", variant=["dot"])
+    with ablation.file_lock(busy.out.with_name(busy.out.name + ".lock")) as held:
+        assert held
+        assert ablation.cmd_train(args) == 1  # seeds 1 and 2 ran (and failed here); seed 0 was left alone
+    assert called == ["dot", "dot"]
 
 
 def test_report_numbers_equal_a_direct_computation(ablation):
