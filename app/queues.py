@@ -21,7 +21,10 @@ from typing import Any
 
 import gradio as gr
 
-LIGHT, LIGHT_LIMIT = "light", 2  # two cores: two quick requests at once
+# Workers, not cores: a one-image edit takes tens of milliseconds, but a validation edit sent to ``/intervene``
+# (one endpoint, so one queue) holds a light worker while it waits for a heavy slot and computes; with two light
+# workers, two such edits made every one-image edit wait (benchmarks/load_app.py: p50 30 s). Eight leave room.
+LIGHT, LIGHT_LIMIT = "light", 8
 HEAVY, HEAVY_LIMIT = "heavy", 2  # at most two validation or head-importance computations at once
 heavy_gate = threading.BoundedSemaphore(HEAVY_LIMIT)  # held while a heavy computation runs (app.interventions)
 

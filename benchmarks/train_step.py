@@ -1,6 +1,6 @@
 """The ablation sweep's training step: steered SSOG, the fixed field and the dot twin side by side in one run.
 
-    python benchmarks/train_step.py                          # 1 thread, CPU clock, 14×14 and 24×24 grids
+    python benchmarks/train_step.py                          # 1 thread, CPU clock: grids 14, 20 (the sweep's), 24
     python benchmarks/train_step.py --grid 24 --rounds 15    # one grid, more rounds
 
 The sweep's model (dim 64, 4 layers, 4 heads, 4 atoms, mlp 2, patch 4, dropout 0, cold gates; batch 64) at each
@@ -102,7 +102,7 @@ def table(rows: list[dict], args: argparse.Namespace, command: str, stamp: str) 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--grid", type=int, nargs="+", default=[14, 24], help="token grid sides (image side = 4×)")
+    ap.add_argument("--grid", type=int, nargs="+", default=[14, 20, 24], help="token grid sides (image side = 4×)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=9, help="interleaved rounds per grid (≥ 2)")
     add_run_flags(ap)

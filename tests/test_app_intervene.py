@@ -71,7 +71,8 @@ def test_apply_shows_probabilities_maps_and_the_edited_layer(ctx, ui):
 @pytest.mark.slow
 def test_validation_and_head_importance_with_the_fixed_field_model_beside_the_gates(ctx, ui):
     edits = add(ctx, ui, [], "close_gate", layer=0, head=-1, tap="all")[ui.edits]
-    out = intervene.on_evaluate(ctx, ui, "ssog_shapes.safetensors", edits, 30)
+    first, *_, out = intervene.on_evaluate(ctx, ui, "ssog_shapes.safetensors", edits, 30)
+    assert "30 validation images…" in first[ui.validation]  # said before the work starts
     assert "first **30** validation images" in out[ui.validation] and len(out[ui.per_class]) == 5
     *_, last = intervene.on_sweep(ctx, ui, "ssog_shapes.safetensors", 20, "zero")
     assert len(last[ui.heads_table]) == 2 and len(last[ui.gates_table][0]) == 4
@@ -175,3 +176,35 @@ def test_the_head_importance_tables_are_titled_by_layer_head_and_gate(ui):
     rows = [["layer 0", "+0.1", "+0.2", "+0.3", "+0.4"], ["layer 1", "+0.1", "+0.2", "+0.3", "+0.4"]]
     assert ui.heads_table.postprocess(rows).headers == ["layer", "head 0", "head 1", "head 2", "head 3"]
     assert ui.gates_table.postprocess([["layer 0", "a", "b", "c"]]).headers == ["layer", "μ gate", "σ gate", "λ gate"]
+
+
+def test_a_closed_page_stops_the_evaluation_and_frees_the_users_slot(ctx, ui, monkeypatch):
+    """The tab's Evaluate is a generator that yields while it computes: closed then (a closed page, a cancel), it
+    stops the work and gives the user's heavy slot back, so their next evaluation runs."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from app import queues
+
+    stopped = threading.Event()
+
+    def endless(ctx, loaded, sha, edits, n, stop):  # validation work that ends only when told to stop
+        while not stop():
+            time.sleep(0.01)
+        stopped.set()
+        raise RuntimeError("stopped")
+
+    real = intervene.interventions.run
+    monkeypatch.setattr(intervene.interventions, "run", endless)
+    who = SimpleNamespace(username="ada")
+    edits = add(ctx, ui, [], "close_gate", layer=0, head=-1, tap="all")[ui.edits]
+    job = intervene.on_evaluate(ctx, ui, "ssog_shapes.safetensors", edits, 30, who)
+    assert "30 validation images…" in next(job)[ui.validation]
+    assert "ada" not in queues._running  # the note comes before the slot is taken
+    assert next(job) == {} and queues._running["ada"] == 1  # computing, the slot held
+    job.close()
+    assert stopped.wait(5) and "ada" not in queues._running
+    monkeypatch.setattr(intervene.interventions, "run", real)
+    *_, again = intervene.on_evaluate(ctx, ui, "ssog_shapes.safetensors", edits, 20, who)
+    assert "first **20** validation images" in again[ui.validation]

@@ -249,15 +249,23 @@ def class_rows(v: ValidationEffect) -> list[list[Any]]:
 
 def on_evaluate(
     ctx: AppContext, ui: InterveneUI, ckpt: str | None, edits: list[dict], n: float, request: gr.Request | None = None
-) -> Updates:
+) -> Iterator[Updates]:
+    """The edits on the validation set, as a generator so a closed page stops the work between batches and frees
+    the user's heavy slot (the first value is yielded before the slot is taken: a cancel there holds nothing)."""
     try:
         if not ckpt:
             raise AppError("pick a checkpoint first")
+        loaded, parsed = ctx.model(ckpt), parse_edits(edits or [])
+        yield {ui.validation: f"Evaluating the edits on {int(n)} validation images…"}
         with queues.one_per_user(request):
-            v = interventions.run(ctx, ctx.model(ckpt), None, parse_edits(edits or []), int(n)).validation
-        return {ui.validation: validation_text(v), ui.per_class: class_rows(v), ui.status: ""}
+            for result in stoppable(lambda stop: interventions.run(ctx, loaded, None, parsed, int(n), stop)):
+                if result is None:
+                    yield {}  # nothing new: a value now and then is when Gradio can stop the job
+                    continue
+                v = result.validation
+                yield {ui.validation: validation_text(v), ui.per_class: class_rows(v), ui.status: ""}
     except Exception as e:
-        return {ui.validation: warn(error_text(e))}
+        yield {ui.validation: warn(error_text(e))}
 
 
 def _cell(c: Any) -> str:
@@ -305,11 +313,10 @@ def on_sweep(
         if not ckpt:
             raise AppError("pick a checkpoint first")
         loaded = ctx.model(ckpt)
-        with queues.one_per_user(request):
-            yield {ui.sweep_note: f"Sweeping every head and gate of **{ckpt}** on {int(n)} images…"}
+        yield {ui.sweep_note: f"Sweeping every head and gate of **{ckpt}** on {int(n)} images…"}
+        with queues.one_per_user(request):  # taken after the first value: a job cancelled before holds nothing
             for imp in stoppable(lambda stop: interventions.importance(ctx, loaded, int(n), mode, stop)):
-                if imp is not None:
-                    yield importance_updates(ctx, ui, loaded, imp)
+                yield {} if imp is None else importance_updates(ctx, ui, loaded, imp)  # {}: a moment to stop
     except Exception as e:
         yield {ui.sweep_note: warn(error_text(e))}
 
@@ -396,8 +403,8 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> InterveneUI:
     heavy = queues.heavy(**hidden)
     waiting = dict(queue=False, show_progress="hidden", **hidden)  # at once, before the job joins the queue
 
-    def evaluated(c: str | None, e: list[dict], k: float, request: gr.Request) -> Updates:
-        return on_evaluate(ctx, ui, c, e, k, request)  # plain functions: Gradio finds their Request
+    def evaluated(c: str | None, e: list[dict], k: float, request: gr.Request) -> Iterator[Updates]:
+        yield from on_evaluate(ctx, ui, c, e, k, request)  # plain functions: Gradio finds their Request
 
     def swept(c: str | None, k: float, m: str, request: gr.Request) -> Iterator[Updates]:
         yield from on_sweep(ctx, ui, c, k, m, request)
