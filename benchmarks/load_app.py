@@ -1,25 +1,26 @@
 """Load test of the app: many concurrent API clients on loopback, each its own logged-in user, sending the mix of
 requests people send; errors, latency, the queue wait of heavy work and the server's memory and threads.
 
-    nice -n 10 python benchmarks/load_app.py [--clients 32] [--duration 300] [--no-logins]
+    nice -n 10 python benchmarks/load_app.py [--clients 32] [--duration 300] [--warmup-mix 60] [--no-logins]
         [--eval-images 50 200] [--importance-images 100] [--checkpoint-dir checkpoints] [--assets-dir assets]
         [--out benchmarks/results/load_app]
 
 Starts ``python -m app`` in a subprocess on a free loopback port, with ``--auth-file`` holding one login per client
-(``--no-logins``: none), so the per-user cap on heavy work applies per client. Warm-up: the clients log in
-(one Gradio session each) and upload, between them, every picture of a varied pool (1×1 to 1600×1200; PNG, JPEG,
-CMYK JPEG, 16-bit, grayscale, RGBA, palette GIF, BMP, WebP, plus the bundled pictures); each sends one request of
-every light kind of the mix, and a few one validation edit and one head-importance sweep per checkpoint, which
-loads every model and fills the caches. One client then sends ``--alone`` export-map and playground requests while
-the others wait (the latency without a queue). Then the server's resident memory (``VmRSS``) and thread count
-(``Threads``, both of ``/proc/PID/status``) are recorded and all clients send requests one after another for
-``--duration`` seconds, each drawn from :data:`MIX`: playground updates (``/head_field``), export maps with each
-control (``/export_summary``, the controls in turn), ``/intervene`` on one image and on ``--eval-images``
-validation images, ``/head_importance`` on about ``--importance-images`` images (varied, so most sweeps are
-computed, not cached), picture uploads and a session saved and restored (``/save_session``, ``/restore_session``).
-A client waits for each answer before it sends the next request, so it never has two heavy jobs of its own: a
-``Busy`` refusal is counted apart from the errors. When the duration is over no request is sent and those in flight
-are collected; then a burst: ``--burst`` requests submitted at once by every client.
+(``--no-logins``: none), so the per-user cap on heavy work applies per client. Warm-up: the clients log in (one
+Gradio session each) and upload, between them, every picture of a varied pool (1×1 to 1600×1200; PNG, JPEG, CMYK
+JPEG, 16-bit, grayscale, RGBA, palette GIF, BMP, WebP, plus the bundled pictures); each sends one request of every
+light kind of the mix, and a few one validation edit and one head-importance sweep per checkpoint, which loads every
+model; then ``--warmup-mix`` seconds of the mix below fill the caches to their working size (the memory figure is
+about growth under load, not about the caches filling once). One client then sends ``--alone`` export-map and
+playground requests while the others wait (the latency without a queue). Then the server's resident memory
+(``VmRSS``) and thread count (``Threads``, both of ``/proc/PID/status``) are recorded and all clients send requests
+one after another for ``--duration`` seconds, each drawn from :data:`MIX`: playground updates (``/head_field``),
+export maps with each control (``/export_summary``, the controls in turn), ``/intervene`` on one image and on
+``--eval-images`` validation images, ``/head_importance`` on about ``--importance-images`` images (varied, so most
+sweeps are computed, not cached), picture uploads and a session saved and restored (``/save_session``,
+``/restore_session``). A client waits for each answer before it sends the next request, so it never has two heavy
+jobs of its own: a ``Busy`` refusal is counted apart from the errors. When the duration is over no request is sent
+and those in flight are collected; then a burst: ``--burst`` requests submitted at once by every client.
 
 For heavy work the client also records the queue wait: from submit until the server reports the job started (the
 ``process_starts`` message, ``Status.PROCESSING`` of ``gradio_client``'s ``Job.status()``, polled every 50 ms).
@@ -426,6 +427,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         t = time.perf_counter()
         load.connect(args.clients, max(2, math.ceil(len(pool) / args.clients)))
         load.run(load.warm)
+        settle = time.monotonic() + args.warmup_mix  # the mix itself fills the caches to their working size
+        load.run(lambda i: load.mixed(i, settle, seed=2))
         warm_s, warm_records, load.records = time.perf_counter() - t, load.records, []
         load.alone(args.alone)
         time.sleep(1.0)
@@ -577,6 +580,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--duration", type=float, default=300.0, help="seconds of mixed requests after the warm-up")
+    ap.add_argument(
+        "--warmup-mix",
+        type=float,
+        default=60.0,
+        help="seconds of the same mix ending the warm-up (caches filled before memory is measured)",
+    )
     ap.add_argument("--logins", action=argparse.BooleanOptionalAction, default=True, help="one login per client")
     ap.add_argument("--eval-images", type=int, nargs=2, default=[50, 200], metavar=("FROM", "TO"),
                     help="validation images of an /intervene on the validation set")  # fmt: skip

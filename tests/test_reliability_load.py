@@ -47,7 +47,7 @@ def test_load_smoke(load_app, tmp_path):
     write_images(tmp_path / "assets")
     out = tmp_path / "result"
     argv = ["--clients", "4", "--duration", "5", "--eval-images", "8", "16", "--importance-images", "12",
-            "--burst", "4", "--alone", "2", "--checkpoint-dir", str(tmp_path / "ckpt"),
+            "--burst", "4", "--alone", "2", "--warmup-mix", "3", "--checkpoint-dir", str(tmp_path / "ckpt"),
             "--assets-dir", str(tmp_path / "assets"), "--out", str(out), "--max-growth", "100",
             "--deadline", "240"]  # fmt: skip
     code = load_app.main(argv)

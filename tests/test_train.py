@@ -125,6 +125,31 @@ def test_init_from_starts_a_second_stage_from_the_weights(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_init_from_another_image_size_resizes_only_the_position_embedding(tmp_path):
+    """Progressive resizing: a run at another image size starts from the weights, its position embedding resized
+    to the new grid as resolution transfer resizes it (float64 reference: bilinear by hand on the corners)."""
+    from ssog_core.nn.vit import resize_pos_embed
+
+    assert run(tmp_path / "a", "--epochs", "1", "--transfer-sizes", "none") == 0
+    first = tmp_path / "a" / "last.safetensors"
+    args = ("--epochs", "1", "--transfer-sizes", "none", "--img-size", "24", "--lr", "1e-9")
+    assert run(tmp_path / "b", *args, "--init-from", str(first)) == 0
+    a, b = weights(first), weights(tmp_path / "b" / "last.safetensors")
+    config_a, config_b = (read_checkpoint(p)[0] for p in (first, tmp_path / "b" / "last.safetensors"))
+    assert config_b.img_size == (24, 24) and config_a.img_size != config_b.img_size
+    for k in a:
+        if k.startswith("history.") or k == "pos_embed":
+            continue
+        assert float((a[k].float() - b[k].float()).abs().max()) < 1e-5, k
+    resized = resize_pos_embed(a["pos_embed"].float(), config_a.grid, config_b.grid)
+    assert torch.allclose(b["pos_embed"].float(), resized, atol=1e-5)
+    gh, gw = config_a.grid
+    pe = a["pos_embed"].double().reshape(gh, gw, -1)
+    # align_corners=False keeps the corners of an upsampled grid at the corner cells' values
+    assert torch.allclose(resized.double().reshape(*config_b.grid, -1)[0, 0], pe[0, 0], atol=1e-6)
+
+
+@pytest.mark.slow
 def test_resume_at_epoch_boundary_keeps_the_epoch_eval(tmp_path):
     assert run(tmp_path / "b", "--stop-after", "6") == 0
     assert train.main(["--out", str(tmp_path / "b"), "--resume", "--no-progress"]) == 0

@@ -199,7 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
     g = ap.add_argument_group("run")
     g.add_argument("--out", help="run folder (default: runs/ATTN-DATAKIND)")
     g.add_argument("--resume", action="store_true", help="continue the run in --out from its train_state.pt")
-    g.add_argument("--init-from", metavar="CHECKPOINT", help="start from these weights (same model), fresh schedule")
+    g.add_argument(
+        "--init-from",
+        metavar="CHECKPOINT",
+        help="start from these weights (same model; the image size may differ), fresh schedule",
+    )
     g.add_argument(
         "--ckpt-every", type=_nonneg_int, default=c.ckpt_every, help="also save every N steps (default: each epoch)"
     )

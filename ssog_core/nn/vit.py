@@ -52,6 +52,17 @@ class Block(nn.Module):
         return self.resid_post(x + self.drop2(self.mlp(self.norm2(x))))
 
 
+def resize_pos_embed(pe: Tensor, grid: tuple[int, int], to: tuple[int, int]) -> Tensor:
+    """A ``(1, gh·gw, dim)`` position embedding learned on ``grid``, resized bilinearly to the grid ``to``: the one
+    rule for resolution transfer and for a run started from weights trained at another size."""
+    (gh0, gw0), to = tuple(grid), tuple(to)
+    if to == (gh0, gw0):
+        return pe
+    pe = pe.reshape(1, gh0, gw0, -1).permute(0, 3, 1, 2)
+    pe = F.interpolate(pe, size=to, mode="bilinear", align_corners=False)
+    return pe.permute(0, 2, 3, 1).reshape(1, to[0] * to[1], -1)
+
+
 class ViT(nn.Module):
     """Image classifier; ``ViT(config)`` or ``ViT(num_classes=..., img_size=..., attn="ssog", ...)``.
 
@@ -90,12 +101,7 @@ class ViT(nn.Module):
 
     def pos_embed_for(self, grid: tuple[int, int]) -> Tensor:
         """The position embedding on ``grid``: learned as is, else resized bilinearly (resolution transfer)."""
-        gh0, gw0 = self.config.grid
-        if tuple(grid) == (gh0, gw0):
-            return self.pos_embed
-        pe = self.pos_embed.reshape(1, gh0, gw0, -1).permute(0, 3, 1, 2)
-        pe = F.interpolate(pe, size=grid, mode="bilinear", align_corners=False)
-        return pe.permute(0, 2, 3, 1).reshape(1, grid[0] * grid[1], -1)
+        return resize_pos_embed(self.pos_embed, self.config.grid, grid)
 
     def patchify(self, img: Tensor) -> Tensor:
         """``(B, C, H, W)`` → ``(B, N, p·p·C)``, patches in raster order, each flattened (row, col, channel)."""

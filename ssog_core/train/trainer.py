@@ -44,7 +44,7 @@ from ssog_core.data.sources import (
 from ssog_core.field import positive
 from ssog_core.nn.attention import COLD_GATE, WARM_GATE
 from ssog_core.nn.config import ViTConfig
-from ssog_core.nn.vit import ViT
+from ssog_core.nn.vit import ViT, resize_pos_embed
 from ssog_core.train.accuracy import (
     autocast,
     eval_loader,
@@ -130,15 +130,20 @@ class Trainer:
     """One training run: data, model, optimizer, schedule, checkpoints, metrics."""
 
     def _init_from(self, path: str) -> None:
-        """Start from a checkpoint's weights (a second stage with a fresh schedule); the architectures must match."""
+        """Start from a checkpoint's weights (a second stage with a fresh schedule); the architectures must match,
+        the image size may differ (progressive resizing: the position embedding is resized to this run's grid as
+        resolution transfer resizes it; nothing else depends on the grid)."""
         try:
             config, state, _, history = read_checkpoint_with_history(path)
         except CheckpointError as e:
             raise TrainError(f"--init-from: {e}") from None
-        if config.to_dict() != self.config.to_dict():
-            diff = sorted(k for k, v in config.to_dict().items() if self.config.to_dict().get(k) != v)
+        theirs, mine = config.to_dict(), self.config.to_dict()
+        diff = sorted(k for k in theirs.keys() | mine.keys() if theirs.get(k) != mine.get(k))
+        if set(diff) - {"img_size"}:
             raise TrainError(f"--init-from {path}: its model differs from this run's in {', '.join(diff)}")
-        self.model.load_state_dict({k: v.float() for k, v in state.items()})
+        state = {k: v.float() for k, v in state.items()}
+        state["pos_embed"] = resize_pos_embed(state["pos_embed"], config.grid, self.config.grid)
+        self.model.load_state_dict(state)
         if history is not None:  # this stage's snapshots continue the earlier stage's
             history.new_stage()
             self.history = history
