@@ -66,6 +66,9 @@ from ssog_core.testing.app_process import AppProcess
 ROOT = Path(__file__).resolve().parents[1]
 
 REQUEST_TIMEOUT = 300.0  # seconds one request may wait in the queue and run
+# One HTTP exchange (a queue join, an upload): a browser waits for the server's answer; gradio_client's default of
+# 5 s gave up once in a burst of 256 requests on a 2-core machine shared by the server and all clients.
+HTTP_TIMEOUT = 60.0
 POLL = 0.05  # seconds between two looks at a heavy job's status
 STARTED = {Status.PROCESSING, Status.PROGRESS, Status.ITERATING}  # the server has started the job
 # one client's next request: relative weights (a session is saved, then restored: two requests)
@@ -205,7 +208,13 @@ class Load:
         """Open ``n`` clients, each logged in as its own user; each uploads ``uploads`` pictures of the pool (in
         turn, so all of them get used)."""
         self.clients = [
-            Client(self.url, auth=self.logins[i] if self.logins else None, verbose=False, download_files=False)
+            Client(
+                self.url,
+                auth=self.logins[i] if self.logins else None,
+                verbose=False,
+                download_files=False,
+                httpx_kwargs={"timeout": HTTP_TIMEOUT},
+            )
             for i in range(n)
         ]
         self.images = [[] for _ in range(n)]
