@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import base64
-import ctypes
 import hmac
 import ipaddress
 import os
@@ -36,7 +35,6 @@ if TYPE_CHECKING:
 MAX_UPLOAD_BYTES = 64 * 1024**2  # any file sent to the server; checkpoints of the size this project trains fit
 QUEUE_SIZE = 512  # requests waiting beyond this are told the server is busy (a class firing bursts at once fits)
 CONCURRENCY = 2  # analysis requests computed at once (2 CPU cores); the rest wait in the queue
-M_ARENA_MAX = -8  # glibc's mallopt() parameter number
 SESSIONS = 128  # browser tabs / API clients whose state Gradio keeps (~0.3-2 MB each); the least recent go first
 AUTH_ENV = "SSOG_LAB_AUTH"  # user:password lines, as in an --auth-file (never a password on the command line)
 
@@ -240,17 +238,6 @@ def page_answers(url: str, seconds: float = 120.0) -> None:
         time.sleep(0.5)
 
 
-def limit_malloc_arenas(arenas: int = 2) -> bool:
-    """Cap glibc's malloc arenas. By default every thread that allocates may get its own (up to 8 per core), and
-    memory freed by a request stays in the arena of the worker thread that ran it, so the server's resident memory
-    creeps up under concurrent requests; two arenas keep it flat (benchmarks/load_app.py). False if not glibc."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    return bool(libc.mallopt(M_ARENA_MAX, arenas))
-
-
 def warm_up(ctx: AppContext) -> float:
     """Pay the process's one-time costs before the server says it is up, so that a user's first click costs what
     the second does: the first checkpoint load and the first forward pass of a process take seconds (imports, the
@@ -285,6 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     import torch
 
+    from app import memory
     from app.layout import build_app
     from app.state import AppContext
 
@@ -296,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     warning = access_warning(args.host, auth)
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    limit_malloc_arenas()
+    memory.limit_malloc_arenas()
     torch.set_num_threads(max(1, args.threads))
     ctx = AppContext(args.checkpoint_dir, args.assets_dir, device=device)
     atexit.register(shutil.rmtree, ctx.upload_dir, True)  # uploaded checkpoints do not outlive the server

@@ -21,6 +21,8 @@ from typing import Any
 
 import gradio as gr
 
+from app import memory
+
 # Workers, not cores: a one-image edit takes tens of milliseconds, but a validation edit sent to ``/intervene``
 # (one endpoint, so one queue) holds a light worker while it waits for a heavy slot and computes; with two light
 # workers, two such edits made every one-image edit wait (benchmarks/load_app.py: p50 30 s). Eight leave room.
@@ -67,6 +69,7 @@ def one_per_user(request: Any) -> Iterator[None]:
             _running[user] -= 1
             if not _running[user]:
                 del _running[user]
+        memory.return_free_memory()  # the job's activations, freed, leave the resident set
 
 
 def waiting(request: Any, concurrency_id: str = HEAVY) -> tuple[int, int]:

@@ -1,7 +1,8 @@
 """The SSOG post's ablation table on a scene task, as one resumable command: fixed field, +μδ, +μδ +σδ +λ (cold
 gates) and the dot twin, three seeds each, on a small and a large board, plus one offset-bound row (±2 against ±4)
 per board; every run a plain ``python -m ssog_core.train`` command that differs from its neighbours only in
-``--attn`` / ``--steer`` / ``--seed`` (and ``--max-offset`` for the offset row).
+``--attn`` / ``--steer`` / ``--seed`` (and ``--max-offset`` for the offset row). A large-board run starts from the
+small-board model of its variant and seed (``--init-from``, 6 epochs; why: :data:`EPOCHS`).
 
     python experiments/ablation.py train  [--task pointer] [--jobs 2] [--only small|large] [--variant dot]
     python experiments/ablation.py read   [--task pointer] [--seeds 0]
@@ -70,10 +71,14 @@ GRIDS = {"small": 14, "large": 20}  # cells a side: the SSOG post's 14×14 grid,
 SEEDS = (0, 1, 2)
 IMAGES = {"train": 16000, "val": 2000}
 RECIPE = [  # the matched trio's recipe (checkpoints/MODEL_CARD.md) at depth 4, sized by the pilot in docs/RESULTS.md
-    *("--dim", "64", "--depth", "4", "--heads", "4", "--batch-size", "64", "--epochs", "12"),
+    *("--dim", "64", "--depth", "4", "--heads", "4", "--batch-size", "64"),
     *("--warmup-epochs", "0.5", "--lr", "6e-4", "--dropout", "0", "--gate-lr-mult", "10", "--field-lr-mult", "3"),
     *("--transfer-sizes", "none", "--no-progress", "--ckpt-every", "50"),
 ]
+# The large board starts from the small board's model of the same variant and seed (progressive resizing, the
+# position embedding resized): from scratch, the fixed field and +μδ sat at chance for their first 1,000 / 750 of
+# 3,000 steps on the 20×20 board, and the large half alone would have cost ~18 CPU-hours (docs/RESULTS.md).
+EPOCHS = {"small": 12, "large": 6}
 VARIANTS = {  # the SSOG post's rows, in its order
     "fixed": ["--attn", "ssog", "--steer", ""],
     "+mu": ["--attn", "ssog", "--steer", "mu"],
@@ -110,21 +115,19 @@ class Run:
         """The finished model, kept beside the results (``runs/`` is scratch space a new machine does not have)."""
         return MODELS / f"{self.out.name}.safetensors"
 
+    @property
+    def source(self) -> Run | None:
+        """The small-board run a large-board run starts from (same variant, seed and flags); ``None`` for small."""
+        return None if self.board == "small" else Run(self.task, "small", self.variant, self.seed, self.flags)
+
     def command(self) -> list[str]:
         data = f"{self.task}:grid={self.grid},train={IMAGES['train']},val={IMAGES['val']}"
-        out = os.path.relpath(self.out, ROOT)
+        start = ["--init-from", os.path.relpath(self.source.model, ROOT)] if self.source else []
         return [
-            sys.executable,
-            "-m",
-            "ssog_core.train",
-            "--data",
-            data,
-            *RECIPE,
+            *(sys.executable, "-m", "ssog_core.train", "--data", data, *RECIPE, "--epochs", str(EPOCHS[self.board])),
+            *start,
             *self.flags,
-            "--seed",
-            str(self.seed),
-            "--out",
-            out,
+            *("--seed", str(self.seed), "--out", os.path.relpath(self.out, ROOT)),
         ]
 
     def key(self) -> tuple[str, int, str, int]:
@@ -234,14 +237,27 @@ def evaluate(run: Run) -> dict:
 def cmd_train(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     boards = tuple(GRIDS) if args.only is None else (args.only,)
-    done = {row_key(r) for r in read_results()}
     variants = set(args.variant or [*VARIANTS, OFFSET_ROW[0]])
-    todo = [r for r in plan(args.task, boards) if r.key() not in done and r.variant in variants]
-    print(f"{len(done)} runs finished, {len(todo)} to go", flush=True)
-    failed = []
+    failed: list[str] = []
+
+    selected = [r for r in plan(args.task, boards) if r.variant in variants]
+
+    def pending() -> list[Run]:
+        """Runs without a row or without their kept model (finished before models were kept: trained again, the
+        same command), small-board runs first (the large ones start from them); a run failed here not again."""
+        done = {row_key(r) for r in read_results()}
+        runs = [
+            r
+            for r in selected
+            if not (r.key() in done and r.model.exists()) and not any(f.startswith(r.out.name + ":") for f in failed)
+        ]
+        return sorted(runs, key=lambda r: r.board != "small")
 
     def one(run: Run) -> None:
         try:
+            if run.source and not run.source.model.exists():
+                print(f"wait   {run.out.name}: starts from {run.source.out.name}, not finished yet", flush=True)
+                return
             with file_lock(run.out.with_name(run.out.name + ".lock"), wait=False) as mine:
                 if not mine:
                     print(f"skip   {run.out.name}: another sweep is training it", flush=True)
@@ -256,8 +272,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         except Exception as e:  # one failed run must not stop the others; it is named at the end
             failed.append(f"{run.out.name}: {e}")
 
-    with ThreadPoolExecutor(args.jobs) as pool:
-        list(pool.map(one, todo))
+    todo = pending()
+    print(f"{len(selected) - len(todo)} runs finished, {len(todo)} to go", flush=True)
+    while todo:  # a pass may leave large-board runs waiting for a small-board run another pass has finished
+        with ThreadPoolExecutor(args.jobs) as pool:
+            list(pool.map(one, todo))
+        left = pending()
+        if len(left) == len(todo):
+            break
+        todo = left
     for f in failed:
         print("FAILED", f, file=sys.stderr)
     return 1 if failed else 0

@@ -51,7 +51,7 @@ def test_the_plan_is_the_table(ablation):
         (v, s, g) for v in ablation.VARIANTS for s in (0, 1, 2) for g in ablation.GRIDS.values()
     }
     assert len({r.out for r in runs}) == len(runs)  # one folder per run
-    may_differ = {"--attn", "--steer", "--seed", "--out", "--max-offset"}
+    may_differ = {"--attn", "--steer", "--seed", "--out", "--max-offset", "--init-from"}
     for grid in ablation.GRIDS.values():
         same_board = [_flags(r.command()) for r in runs if r.grid == grid]
         base = same_board[0]
@@ -60,12 +60,45 @@ def test_the_plan_is_the_table(ablation):
             assert differ <= may_differ, differ
     offset = [r for r in runs if r.variant.startswith("steered ±")]
     assert [_flags(r.command())["--max-offset"] for r in offset] == ["2", "2"]
+    for r in runs:  # the large board starts from the small board's model of the same variant and seed
+        flags = _flags(r.command())
+        if r.board == "small":
+            assert "--init-from" not in flags and flags["--epochs"] == "12"
+        else:
+            twin = next(s for s in runs if s.board == "small" and (s.variant, s.seed) == (r.variant, r.seed))
+            assert (ablation.ROOT / flags["--init-from"]).resolve() == twin.model.resolve()
+            assert flags["--epochs"] == "6" and r.source == twin
+
+
+def test_a_large_board_run_waits_for_the_small_run_it_starts_from(ablation, monkeypatch):
+    called = []
+
+    def train(cmd: list[str], **kw) -> int:
+        out = ablation.ROOT / cmd[cmd.index("--out") + 1]
+        if "--init-from" in cmd:
+            assert (ablation.ROOT / cmd[cmd.index("--init-from") + 1]).exists()
+        called.append(out.name)
+        (out / "model.safetensors").write_bytes(b"m")
+        return 0
+
+    monkeypatch.setattr(ablation.subprocess, "call", train)
+    monkeypatch.setattr(ablation, "evaluate", _row)
+    monkeypatch.setattr(ablation, "read", _row)
+    args = ablation.argparse.Namespace(task="pointer", jobs=2, threads=1, only=None, variant=["dot"])
+    lost = next(r for r in ablation.plan("pointer", ("small",)) if (r.variant, r.seed) == ("dot", 1))
+    ablation.append_result(_row(lost))  # finished before models were kept: trained again for its large twin
+    assert ablation.cmd_train(args) == 0
+    assert sorted(called) == sorted(f"pointer-g{g}-dot-s{s}" for g in (14, 20) for s in (0, 1, 2))
+    for seed in (0, 1, 2):
+        assert called.index(f"pointer-g14-dot-s{seed}") < called.index(f"pointer-g20-dot-s{seed}")
 
 
 def test_finished_runs_are_skipped_and_interrupted_ones_resumed(ablation, monkeypatch):
     runs = ablation.plan("pointer", ("small",))
     finished, interrupted = runs[0], runs[1]
     ablation.append_result({**_row(finished), "x": 1})
+    finished.model.parent.mkdir(parents=True)
+    finished.model.write_bytes(b"kept")
     interrupted.out.mkdir(parents=True)
     (interrupted.out / "last.safetensors").write_bytes(b"")
     called = []
@@ -87,7 +120,7 @@ def test_finished_runs_are_skipped_and_interrupted_ones_resumed(ablation, monkey
     assert len(ablation.read_results()) == len(runs)  # one row per run, none twice
     assert len(ablation.read_rows(ablation.READINGS)) == len(runs) - 1  # each run trained here was read
     kept = sorted(p.name for p in ablation.MODELS.iterdir())
-    assert kept == sorted(f"{r.out.name}.safetensors" for r in runs[1:])  # its model kept beside the results
+    assert kept == sorted(f"{r.out.name}.safetensors" for r in runs)  # each model kept beside the results
     assert (ablation.MODELS / f"{interrupted.out.name}.safetensors").read_bytes() == (
         interrupted.out / "model.safetensors"
     ).read_bytes()
@@ -97,7 +130,11 @@ def test_a_run_another_sweep_trains_is_left_to_it_and_variants_filter(ablation, 
     """Two sweeps at once (say, one per board) never train the same folder; ``--variant`` picks rows."""
     called = []
     monkeypatch.setattr(ablation, "train", lambda run, threads: called.append(run.variant) or 1 / 0)
-    busy = next(r for r in ablation.plan("pointer", ("large",)) if r.variant == "dot")
+    large = ablation.plan("pointer", ("large",))
+    for run in large:  # the small-board models they start from
+        run.source.model.parent.mkdir(parents=True, exist_ok=True)
+        run.source.model.write_bytes(b"m")
+    busy = next(r for r in large if r.variant == "dot")
     args = ablation.argparse.Namespace(task="pointer", jobs=1, threads=1, only="large", variant=["dot"])
     with ablation.file_lock(busy.out.with_name(busy.out.name + ".lock")) as held:
         assert held
