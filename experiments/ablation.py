@@ -235,52 +235,71 @@ def evaluate(run: Run) -> dict:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    """Train every unfinished run, ``--jobs`` at a time, each worker taking the first run in plan order (seed by
+    seed) that can start: a large-board run once the small-board model it starts from is kept. So a partial sweep
+    holds whole seeds, and seed 0's large-board trio (the app's models) comes early."""
     torch.set_num_threads(1)
     boards = tuple(GRIDS) if args.only is None else (args.only,)
     variants = set(args.variant or [*VARIANTS, OFFSET_ROW[0]])
-    failed: list[str] = []
-
     selected = [r for r in plan(args.task, boards) if r.variant in variants]
+    taken: set[Path] = set()  # started by this sweep (running, done, failed or left to another sweep)
+    running: set[Path] = set()
+    failed: list[str] = []
+    changed = threading.Condition()
 
-    def pending() -> list[Run]:
+    def unfinished() -> list[Run]:
         """Runs without a row or without their kept model (finished before models were kept: trained again, the
-        same command), small-board runs first (the large ones start from them); a run failed here not again."""
+        same command)."""
         done = {row_key(r) for r in read_results()}
-        runs = [
-            r
-            for r in selected
-            if not (r.key() in done and r.model.exists()) and not any(f.startswith(r.out.name + ":") for f in failed)
-        ]
-        return sorted(runs, key=lambda r: r.board != "small")
+        return [r for r in selected if not (r.key() in done and r.model.exists())]
+
+    def next_run() -> Run | None:
+        """The next run to start, waiting while one this sweep is training holds the model it starts from;
+        ``None`` when nothing left can start."""
+        with changed:
+            while True:
+                left = [r for r in unfinished() if r.out not in taken]
+                ready = [r for r in left if r.source is None or r.source.model.exists()]
+                if ready:
+                    taken.add(ready[0].out)
+                    running.add(ready[0].out)
+                    return ready[0]
+                if not any(r.source.out in running for r in left):
+                    return None
+                changed.wait()
 
     def one(run: Run) -> None:
-        try:
-            if run.source and not run.source.model.exists():
-                print(f"wait   {run.out.name}: starts from {run.source.out.name}, not finished yet", flush=True)
+        with file_lock(run.out.with_name(run.out.name + ".lock"), wait=False) as mine:
+            if not mine:
+                print(f"skip   {run.out.name}: another sweep is training it", flush=True)
                 return
-            with file_lock(run.out.with_name(run.out.name + ".lock"), wait=False) as mine:
-                if not mine:
-                    print(f"skip   {run.out.name}: another sweep is training it", flush=True)
-                    return
-                print(f"start  {run.out.name}", flush=True)
-                train(run, args.threads)
-                run.model.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write(run.model, lambda tmp: shutil.copyfile(run.out / "model.safetensors", tmp))
-                append_result(evaluate(run))
-                append_row(READINGS, read(run))
-            print(f"done   {run.out.name}", flush=True)
-        except Exception as e:  # one failed run must not stop the others; it is named at the end
-            failed.append(f"{run.out.name}: {e}")
+            print(f"start  {run.out.name}", flush=True)
+            train(run, args.threads)
+            run.model.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(run.model, lambda tmp: shutil.copyfile(run.out / "model.safetensors", tmp))
+            append_result(evaluate(run))
+            append_row(READINGS, read(run))
+        print(f"done   {run.out.name}", flush=True)
 
-    todo = pending()
+    def worker() -> None:
+        while (run := next_run()) is not None:
+            try:
+                one(run)
+            except Exception as e:  # one failed run must not stop the others; it is named at the end
+                failed.append(f"{run.out.name}: {e}")
+            finally:
+                with changed:
+                    running.discard(run.out)
+                    changed.notify_all()
+
+    todo = unfinished()
     print(f"{len(selected) - len(todo)} runs finished, {len(todo)} to go", flush=True)
-    while todo:  # a pass may leave large-board runs waiting for a small-board run another pass has finished
-        with ThreadPoolExecutor(args.jobs) as pool:
-            list(pool.map(one, todo))
-        left = pending()
-        if len(left) == len(todo):
-            break
-        todo = left
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for f in [pool.submit(worker) for _ in range(args.jobs)]:
+            f.result()
+    for run in unfinished():
+        if run.out not in taken:
+            print(f"wait   {run.out.name}: starts from {run.source.out.name}, not finished", flush=True)
     for f in failed:
         print("FAILED", f, file=sys.stderr)
     return 1 if failed else 0
@@ -369,15 +388,17 @@ def correct_of(row: dict) -> np.ndarray:
     return bits[: row["val_images"]].astype(np.float64)
 
 
-def contrast(rows: list[dict], a: str, b: str) -> tuple[float, tuple[float, float], int] | None:
+def contrast(rows: list[dict], a: str, b: str) -> tuple[float, tuple[float, float], list[float]] | None:
     """Mean over paired seeds of accuracy(a) − accuracy(b), with a 95% bootstrap interval over the validation
-    images (the same draws for every seed); ``None`` without a seed both variants finished."""
+    images (the same draws for every seed), and each seed's difference (the interval does not cover the spread
+    between training runs; the seeds show it); ``None`` without a seed both variants finished."""
     by = {(r["variant"], r["seed"]): r for r in rows}
     seeds = sorted(s for (v, s) in by if v == a and (b, s) in by)
     if not seeds:
         return None
-    diff = np.mean([correct_of(by[a, s]) - correct_of(by[b, s]) for s in seeds], axis=0)
-    return float(diff.mean()), bootstrap_ci(diff), len(seeds)
+    per_seed = [correct_of(by[a, s]) - correct_of(by[b, s]) for s in seeds]
+    diff = np.mean(per_seed, axis=0)
+    return float(diff.mean()), bootstrap_ci(diff), [float(d.mean()) for d in per_seed]
 
 
 def _pct(x: float) -> str:
@@ -403,7 +424,8 @@ def render(task: str, rows: list[dict]) -> str:
         out.append(f"| {variant} | " + " | ".join(cells) + " |")
     out += [
         "",
-        "Paired differences (points), mean over the seeds both finished, 95% bootstrap interval over images:",
+        "Paired differences (points), mean over the seeds both finished, 95% bootstrap interval over images "
+        "(it does not cover the spread between training runs: each seed's difference follows):",
         "",
         "| contrast | " + " | ".join(f"{g}×{g}" for g in grids) + " |",
         "|---|" + "---:|" * len(grids),
@@ -415,7 +437,11 @@ def render(task: str, rows: list[dict]) -> str:
             if a == OFFSET_ROW[0]:
                 grid_rows = [r for r in grid_rows if r["seed"] == 0]
             c = contrast(grid_rows, a, b)
-            cells.append("—" if c is None else f"{_pct(c[0])} [{_pct(c[1][0])}, {_pct(c[1][1])}] (seeds={c[2]})")
+            cells.append(
+                "—"
+                if c is None
+                else f"{_pct(c[0])} [{_pct(c[1][0])}, {_pct(c[1][1])}] (seeds: {' '.join(_pct(d) for d in c[2])})"
+            )
         out.append(f"| {a} − {b} | " + " | ".join(cells) + " |")
     out += readings_table(task)
     cpu = sum(r["cpu_s"] for r in rows) / 3600

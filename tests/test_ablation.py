@@ -91,6 +91,12 @@ def test_a_large_board_run_waits_for_the_small_run_it_starts_from(ablation, monk
     assert sorted(called) == sorted(f"pointer-g{g}-dot-s{s}" for g in (14, 20) for s in (0, 1, 2))
     for seed in (0, 1, 2):
         assert called.index(f"pointer-g14-dot-s{seed}") < called.index(f"pointer-g20-dot-s{seed}")
+    called.clear()
+    for path in ablation.MODELS.iterdir():
+        path.unlink()
+    ablation.RESULTS.unlink()
+    assert ablation.cmd_train(ablation.argparse.Namespace(**{**vars(args), "jobs": 1})) == 0
+    assert called == [f"pointer-g{g}-dot-s{s}" for s in (0, 1, 2) for g in (14, 20)]  # whole seeds, in order
 
 
 def test_finished_runs_are_skipped_and_interrupted_ones_resumed(ablation, monkeypatch):
@@ -155,9 +161,9 @@ def test_report_numbers_equal_a_direct_computation(ablation):
                  "val_images": n, "cpu_s": 10.0, "correct_hex": np.packbits(c.astype(np.uint8)).tobytes().hex()}
             )  # fmt: skip
     rows = ablation.read_results()
-    mean, ci, seeds = ablation.contrast(rows, "steered", "fixed")
-    direct = np.mean([correct["steered", s].mean() - correct["fixed", s].mean() for s in (0, 1, 2)])
-    assert seeds == 3 and mean == pytest.approx(direct, abs=1e-12)
+    mean, ci, per_seed = ablation.contrast(rows, "steered", "fixed")
+    direct = [correct["steered", s].mean() - correct["fixed", s].mean() for s in (0, 1, 2)]
+    assert per_seed == pytest.approx(direct, abs=1e-12) and mean == pytest.approx(np.mean(direct), abs=1e-12)
     assert ci[0] < mean < ci[1] and 0.05 < ci[1] - ci[0] < 0.13  # ±2 SE: SE = (0.41 / 3 / 300) ** 0.5 = 0.021
     ablation.DOC.write_text(f"# Results\n\n{ablation.BEGIN}\nold\n{ablation.END}\n\nafter\n")
     ablation.cmd_report(ablation.argparse.Namespace(task="pointer"))
@@ -165,7 +171,8 @@ def test_report_numbers_equal_a_direct_computation(ablation):
     assert "old" not in doc and doc.endswith(f"{ablation.END}\n\nafter\n")
     steered = [100 * correct["steered", s].mean() for s in (0, 1, 2)]
     assert f"{np.mean(steered):.1f} ± {np.std(steered, ddof=1):.1f} (n=3)" in doc
-    assert f"{100 * direct:+.1f} [" in doc
+    assert f"{100 * np.mean(direct):+.1f} [" in doc
+    assert "(seeds: " + " ".join(f"{100 * d:+.1f}" for d in direct) + ")" in doc
     saved = json.loads(ablation.RESULTS.read_text().splitlines()[0])
     np.testing.assert_array_equal(ablation.correct_of(saved), correct["fixed", 0])
 
