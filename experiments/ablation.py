@@ -460,7 +460,8 @@ def readings_table(task: str) -> list[str]:
         return []
     out = ["", f"The instrument on the runs read so far (`python experiments/ablation.py read`, first {READ_IMAGES} "
            "validation images; closing a gate in every layer, accuracy change with its paired 95% interval and the "
-           "edited model's most predicted class; transfer: accuracy on larger boards until it falls, * where the "
+           "edited model's most predicted class; transfer: accuracy on larger boards until it falls, on a fixed random "
+           f"{READ_IMAGES} of the validation images, from the training board up, * where the "
            "nearest evidence lies beyond the deepest reach plus the offset bound):", "",
            "| run | deepest reach | most elongated (strips) | close μ | close all | transfer (board: accuracy) |",
            "|---|---:|---:|---|---|---|"]  # fmt: skip
