@@ -68,6 +68,20 @@ def wait_src_change(page, selector: str, old: str, timeout: float = 60_000) -> N
     )  # fmt: skip
 
 
+def click_image_until(page, image: str, fx: float, fy: float, appears: str, tries: int = 3) -> None:
+    """Click at (``fx``, ``fy``) of ``image``'s box until ``appears`` is in the page: on a busy machine a click
+    that lands while the picture is being replaced is lost, and a person would click again."""
+    for attempt in range(tries):
+        box = page.locator(image).bounding_box()
+        page.mouse.click(box["x"] + box["width"] * fx, box["y"] + box["height"] * fy)
+        try:
+            page.wait_for_selector(appears, state="attached", timeout=30_000)
+            return
+        except playwright.TimeoutError:
+            if attempt == tries - 1:
+                raise
+
+
 def open_tab(page, tab: str) -> None:
     page.click(f"#tab-{tab}-button")
 
@@ -173,9 +187,7 @@ def steering_tab_click(page) -> None:
     page.wait_for_selector("#st-click img[src]", state="attached")
     page.wait_for_selector("#st-steer img[src]", state="attached")
     assert not page.query_selector("#st-qfig img[src]")
-    box = page.locator("#st-click img").bounding_box()
-    page.mouse.click(box["x"] + box["width"] * 0.8, box["y"] + box["height"] * 0.3)  # patch (2, 6) of 8×8
-    page.wait_for_selector("#st-qfig img[src]", state="attached")
+    click_image_until(page, "#st-click img", 0.8, 0.3, "#st-qfig img[src]")  # patch (2, 6) of 8×8
     page.wait_for_function("() => document.querySelector('#st-query').innerText.includes('query patch (2, 6)')")
     assert "%" in page.inner_text("#st-pred")
     shot(page, "05_steering_click")

@@ -9,7 +9,7 @@ from urllib.parse import urlparse
 import pytest
 
 from ssog_core.testing.app_process import AppProcess
-from tests.test_browser import ARGS, CHROMIUM, STARTUP, img_src, open_tab, shot, wait_src_change
+from tests.test_browser import ARGS, CHROMIUM, STARTUP, click_image_until, img_src, open_tab, shot, wait_src_change
 
 playwright = pytest.importorskip("playwright.sync_api")
 
@@ -103,9 +103,7 @@ def steering_at_a_patch(page) -> None:
     """A click on the 80×80 picture picks a patch of the 20×20 grid."""
     open_tab(page, "steering")
     page.wait_for_selector("#st-click img[src]", state="attached")
-    box = page.locator("#st-click img").bounding_box()
-    page.mouse.click(box["x"] + box["width"] * 0.525, box["y"] + box["height"] * 0.275)  # patch (5, 10) of 20×20
-    page.wait_for_selector("#st-qfig img[src]", state="attached")
+    click_image_until(page, "#st-click img", 0.525, 0.275, "#st-qfig img[src]")  # patch (5, 10) of 20×20
     page.wait_for_function("() => document.querySelector('#st-query').innerText.includes('query patch (5, 10)')")
     assert "%" in page.inner_text("#st-pred")
     shot(page, "bundled_04_steering")

@@ -41,3 +41,42 @@ def test_the_steered_model_meets_the_standard_and_its_history_shows_the_gates_op
     assert np.allclose(start, COLD, rtol=0.05) and (end >= 10 * COLD).all()
     mu = history.fields["mu"]
     assert np.abs(mu[-1] - mu[0]).max() > 0.5  # some atom moved by more than half a cell
+
+
+POINTER = [CKPTS / f"{stem}_pointer20.safetensors" for stem in ("matched_ssog", "matched_ssog_fixed", "matched_dot")]
+pointer_trio = pytest.mark.skipif(
+    not all(p.is_file() for p in POINTER), reason="the pointer trio is not in checkpoints/"
+)
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pointer_trio
+def test_the_pointer_trio_is_the_sweeps_seed_0_on_the_large_board():
+    """Same command but --attn / --steer (and the small-board model each started from), same steps, small files,
+    and the accuracy each file records is the one the sweep's results file holds for that run."""
+    ablation = _module("ablation")
+    metas = [load_checkpoint(p)[1] for p in POINTER]
+    differ = _module("matched_trio").differing_flags([m["command"] for m in metas])
+    assert {f.split(" ")[0] for f in differ} <= {"--attn", "--steer", "--init-from"}, differ
+    assert len({m["step"] for m in metas}) == 1 and sum(p.stat().st_size for p in POINTER) <= 15 * 2**20
+    rows = {ablation.row_key(r): r for r in ablation.read_results()}
+    for variant, meta in zip(("steered", "fixed", "dot"), metas, strict=True):
+        assert "pointer:grid=20," in meta["data"] and "--seed 0" in meta["command"]
+        assert rows["pointer", 20, variant, 0]["val_acc"] == pytest.approx(meta["accuracy"], abs=1e-4)
+
+
+@pointer_trio
+@pytest.mark.slow
+def test_the_pointer_trio_evaluates_to_its_recorded_accuracy():
+    from ssog_core.train.accuracy import evaluate_model_sizes
+
+    for path in POINTER:
+        model, meta = load_checkpoint(path)
+        (row,) = evaluate_model_sizes(model, meta["data"], [tuple(model.config.img_size)], meta["class_names"])
+        assert row["n"] == 2000 and row["accuracy"] == pytest.approx(meta["accuracy"], abs=1.5e-3), path.name
