@@ -9,6 +9,8 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -82,47 +84,55 @@ def click_image_until(page, image: str, fx: float, fy: float, appears: str, trie
                 raise
 
 
-def open_tab(page, tab: str) -> None:
-    page.click(f"#tab-{tab}-button")
-
-
-def test_browser_tour(server):
+@contextmanager
+def browser_page(log: Path, failure: str, timeout: float) -> Iterator:
+    """A page in Debian's Chromium. On failure: a screenshot named ``failure`` and the app's log. At the end: no
+    request left this machine."""
     requests: list[str] = []
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.on("request", lambda r: requests.append(r.url))
-        page.set_default_timeout(60_000)
+        page.set_default_timeout(timeout)
         try:
-            page.goto(server["url"])
-            page.wait_for_selector("#pg-canvas .atom")
-            page.wait_for_function("() => document.querySelector('#pg-canvas img.fld').src.startsWith('data:')")
-            drag_an_atom(page)
-            tau_keeps_the_query(page)
-            atoms_move_from_the_keyboard(page)
-            lambda_labels_do_not_pile_up(page)
-            switch_a_preset(page)
-            geometry_tab(page)
-            layer_controls_redraw(page)
-            figure_downloads_are_named(page)
-            geometry_click_opens_the_head(page, server["ckpt"])
-            a_trained_head_opens_zoomed_to_its_atoms(page)
-            export_tab_upload(page, server["images"]["rgba"])
-            steering_tab_click(page)
-            bad_upload_keeps_serving(page, server["bad"]["text"])
-            bad_checkpoint_upload(page, server["bad_ckpt"])
-            session_save_and_restore(page, server["log"].parent)
-            session_with_an_uploaded_checkpoint(page, server["upstream"], server["log"].parent)
-            phone_width(page)
+            yield page
         except Exception:
-            shot(page, "failure")
-            print(server["log"].read_text()[-4000:])
+            shot(page, failure)
+            print(log.read_text()[-4000:])
             raise
         finally:
             browser.close()
     foreign = [u for u in requests if urlparse(u).scheme in ("http", "https", "ws", "wss")
                and urlparse(u).hostname not in ("127.0.0.1", "localhost")]  # fmt: skip
     assert not foreign, f"the page reached outside this machine: {foreign[:5]}"
+
+
+def open_tab(page, tab: str) -> None:
+    page.click(f"#tab-{tab}-button")
+
+
+def test_browser_tour(server):
+    with browser_page(server["log"], "failure", 60_000) as page:
+        page.goto(server["url"])
+        page.wait_for_selector("#pg-canvas .atom")
+        page.wait_for_function("() => document.querySelector('#pg-canvas img.fld').src.startsWith('data:')")
+        drag_an_atom(page)
+        tau_keeps_the_query(page)
+        atoms_move_from_the_keyboard(page)
+        lambda_labels_do_not_pile_up(page)
+        switch_a_preset(page)
+        geometry_tab(page)
+        layer_controls_redraw(page)
+        figure_downloads_are_named(page)
+        geometry_click_opens_the_head(page, server["ckpt"])
+        a_trained_head_opens_zoomed_to_its_atoms(page)
+        export_tab_upload(page, server["images"]["rgba"])
+        steering_tab_click(page)
+        bad_upload_keeps_serving(page, server["bad"]["text"])
+        bad_checkpoint_upload(page, server["bad_ckpt"])
+        session_save_and_restore(page, server["log"].parent)
+        session_with_an_uploaded_checkpoint(page, server["upstream"], server["log"].parent)
+        phone_width(page)
 
 
 def drag_an_atom(page) -> None:
@@ -518,66 +528,56 @@ def deep_server(tmp_path_factory):
 def test_a_session_restored_on_a_fresh_page(deep_server):
     """Upload a picture; Export maps at α 0.8, layer 3; save the session; reload the page; restore it; open Export:
     no "greater than maximum" refusal, the panels render, and the atom sliders show the restored atom."""
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(90_000)
-        try:
-            page.goto(deep_server["url"])
-            page.wait_for_selector("#pg-canvas .atom")
-            page.click("#pg-preset input")
-            page.locator("[role=option]").first.click()  # a trained head: its atoms are not the defaults
-            page.wait_for_function("() => document.querySelector('#pg-preset-note').innerText.includes('head')")
-            label = page.get_attribute("#pg-canvas .atom", "aria-label")
-            assert "row" in label and not re.search(r"\.\d{3}", label), label  # rounded for a screen reader
-            big = deep_server["root"] / ("a_photo_with_a_long_descriptive_name_" * 3 + "12000x12000.png")
-            big.write_bytes(bomb_png(12000, 12000))
-            with page.expect_file_chooser() as chooser:
-                page.click("#img-upload")
-            chooser.value.set_files(str(big))  # refused by its size with the app's own message, wrapped in view
-            page.wait_for_function("() => document.querySelector('#status').innerText.includes('over the 25 MP')")
-            assert "12000×12000 = 144 MP" in page.inner_text("#status")
-            assert page.evaluate("() => { const s = document.querySelector('#status'); "
-                                 "return s.scrollWidth <= s.clientWidth + 1; }")  # fmt: skip
-            with page.expect_file_chooser() as chooser:
-                page.click("#img-upload")
-            chooser.value.set_files(str(deep_server["images"]["rgba"]))
-            page.wait_for_function("() => document.querySelector('#status').innerText.includes('rgba.png')")
-            open_tab(page, "export")
-            page.wait_for_selector("#ex-figure img[src]", state="attached")
-            for slider, value, drawn in (("#ex-alpha", "0.8", "alpha0.80"), ("#ex-layer", "3", "_L3_")):
-                page.fill(f"{slider} input[type=number]", value)
-                page.press(f"{slider} input[type=number]", "Enter")
-                page.wait_for_function("s => document.querySelector('#ex-figure img').src.includes(s)", arg=drawn)
-            open_tab(page, "session")
-            page.click("#ses-save")
-            link = page.wait_for_selector("#ses-file a[href]", state="attached")
-            with page.expect_download() as download:
-                link.click()
-            path = deep_server["root"] / download.value.suggested_filename
-            download.value.save_as(path)
-            saved = json.loads(path.read_text())
-            assert saved["export"]["layer"] == 3 and saved["export"]["alpha"] == 0.8
-            atom = saved["playground"]["head"]["atoms"][saved["playground"]["selected_atom"]]
+    with browser_page(deep_server["log"], "failure_fresh_page", 90_000) as page:
+        page.goto(deep_server["url"])
+        page.wait_for_selector("#pg-canvas .atom")
+        page.click("#pg-preset input")
+        page.locator("[role=option]").first.click()  # a trained head: its atoms are not the defaults
+        page.wait_for_function("() => document.querySelector('#pg-preset-note').innerText.includes('head')")
+        label = page.get_attribute("#pg-canvas .atom", "aria-label")
+        assert "row" in label and not re.search(r"\.\d{3}", label), label  # rounded for a screen reader
+        big = deep_server["root"] / ("a_photo_with_a_long_descriptive_name_" * 3 + "12000x12000.png")
+        big.write_bytes(bomb_png(12000, 12000))
+        with page.expect_file_chooser() as chooser:
+            page.click("#img-upload")
+        chooser.value.set_files(str(big))  # refused by its size with the app's own message, wrapped in view
+        page.wait_for_function("() => document.querySelector('#status').innerText.includes('over the 25 MP')")
+        assert "12000×12000 = 144 MP" in page.inner_text("#status")
+        assert page.evaluate("() => { const s = document.querySelector('#status'); "
+                             "return s.scrollWidth <= s.clientWidth + 1; }")  # fmt: skip
+        with page.expect_file_chooser() as chooser:
+            page.click("#img-upload")
+        chooser.value.set_files(str(deep_server["images"]["rgba"]))
+        page.wait_for_function("() => document.querySelector('#status').innerText.includes('rgba.png')")
+        open_tab(page, "export")
+        page.wait_for_selector("#ex-figure img[src]", state="attached")
+        for slider, value, drawn in (("#ex-alpha", "0.8", "alpha0.80"), ("#ex-layer", "3", "_L3_")):
+            page.fill(f"{slider} input[type=number]", value)
+            page.press(f"{slider} input[type=number]", "Enter")
+            page.wait_for_function("s => document.querySelector('#ex-figure img').src.includes(s)", arg=drawn)
+        open_tab(page, "session")
+        page.click("#ses-save")
+        link = page.wait_for_selector("#ses-file a[href]", state="attached")
+        with page.expect_download() as download:
+            link.click()
+        path = deep_server["root"] / download.value.suggested_filename
+        download.value.save_as(path)
+        saved = json.loads(path.read_text())
+        assert saved["export"]["layer"] == 3 and saved["export"]["alpha"] == 0.8
+        atom = saved["playground"]["head"]["atoms"][saved["playground"]["selected_atom"]]
 
-            page.reload()
-            page.wait_for_selector("#pg-canvas .atom")
-            open_tab(page, "session")
-            page.set_input_files("#ses-upload input[type=file]", str(path))
-            page.wait_for_function("() => document.querySelector('#ses-status').innerText.includes('restored')")
-            assert "rgba.png" in page.inner_text("#status")  # the status line names the restored picture
-            open_tab(page, "export")
-            page.wait_for_function("() => (document.querySelector('#ex-figure img') || {}).src?.includes('_L3_')")
-            assert page.input_value("#ex-layer input[type=number]") == "3"
-            assert page.get_by_text("greater than maximum").count() == 0
-            assert "⚠" not in page.inner_text("#ex-summary")
-            open_tab(page, "playground")
-            for slider, key in (("#pg-sy", "sy"), ("#pg-sx", "sx"), ("#pg-w", "w")):
-                assert float(page.input_value(f"{slider} input[type=number]")) == round(atom[key], 3), slider
-            shot(page, "14_session_restored_fresh_page")
-        except Exception:
-            shot(page, "failure_fresh_page")
-            print(deep_server["log"].read_text()[-4000:])
-            raise
-        finally:
-            browser.close()
+        page.reload()
+        page.wait_for_selector("#pg-canvas .atom")
+        open_tab(page, "session")
+        page.set_input_files("#ses-upload input[type=file]", str(path))
+        page.wait_for_function("() => document.querySelector('#ses-status').innerText.includes('restored')")
+        assert "rgba.png" in page.inner_text("#status")  # the status line names the restored picture
+        open_tab(page, "export")
+        page.wait_for_function("() => (document.querySelector('#ex-figure img') || {}).src?.includes('_L3_')")
+        assert page.input_value("#ex-layer input[type=number]") == "3"
+        assert page.get_by_text("greater than maximum").count() == 0
+        assert "⚠" not in page.inner_text("#ex-summary")
+        open_tab(page, "playground")
+        for slider, key in (("#pg-sy", "sy"), ("#pg-sx", "sx"), ("#pg-w", "w")):
+            assert float(page.input_value(f"{slider} input[type=number]")) == round(atom[key], 3), slider
+        shot(page, "14_session_restored_fresh_page")

@@ -4,12 +4,20 @@ a real browser (Playwright driving Debian's Chromium, offline), validation work 
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
 
 from ssog_core.testing.app_process import AppProcess
-from tests.test_browser import ARGS, CHROMIUM, STARTUP, click_image_until, img_src, open_tab, shot, wait_src_change
+from tests.test_browser import (
+    CHROMIUM,
+    STARTUP,
+    browser_page,
+    click_image_until,
+    img_src,
+    open_tab,
+    shot,
+    wait_src_change,
+)
 
 playwright = pytest.importorskip("playwright.sync_api")
 
@@ -35,30 +43,16 @@ def server(tmp_path_factory):
 
 
 def test_the_pointer_trio_in_the_browser(server):
-    requests: list[str] = []
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.on("request", lambda r: requests.append(r.url))
-        page.set_default_timeout(120_000)
-        try:
-            page.goto(server["url"])
-            page.wait_for_selector("#pg-canvas .atom")
-            opens_on_the_pointer_trio(page)
-            a_trained_head_as_preset(page)
-            training_history(page)
-            geometry_with_gates(page)
-            steering_at_a_patch(page)
-            export_maps_with_the_blank_control(page)
-            an_edit_on_the_picture_and_on_50_validation_images(page)
-        except Exception:
-            shot(page, "bundled_failure")
-            print(server["log"].read_text()[-4000:])
-            raise
-        finally:
-            browser.close()
-    foreign = [u for u in requests if urlparse(u).hostname not in (None, "127.0.0.1", "localhost")]
-    assert not foreign, f"the page reached outside this machine: {foreign[:5]}"
+    with browser_page(server["log"], "bundled_failure", 120_000) as page:
+        page.goto(server["url"])
+        page.wait_for_selector("#pg-canvas .atom")
+        opens_on_the_pointer_trio(page)
+        a_trained_head_as_preset(page)
+        training_history(page)
+        geometry_with_gates(page)
+        steering_at_a_patch(page)
+        export_maps_with_the_blank_control(page)
+        an_edit_on_the_picture_and_on_50_validation_images(page)
 
 
 def opens_on_the_pointer_trio(page) -> None:
