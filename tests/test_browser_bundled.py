@@ -53,6 +53,7 @@ def test_the_pointer_trio_in_the_browser(server):
         steering_at_a_patch(page)
         export_maps_with_the_blank_control(page)
         an_edit_on_the_picture_and_on_50_validation_images(page)
+        the_transfer_curve_the_bundle_stored(page)
 
 
 def opens_on_the_pointer_trio(page) -> None:
@@ -131,3 +132,14 @@ def an_edit_on_the_picture_and_on_50_validation_images(page) -> None:
     page.wait_for_function("() => /95% interval/.test(document.querySelector('#iv-val').innerText)")
     assert "first 50 validation images" in page.inner_text("#iv-val").replace("*", "")
     shot(page, "bundled_06_intervene")
+
+
+def the_transfer_curve_the_bundle_stored(page) -> None:
+    """The scaling tab draws the zero-shot transfer curve ``ablation.py bundle`` wrote into the file."""
+    open_tab(page, "scaling")
+    page.wait_for_function(
+        "() => document.querySelector('#sc-transfer-note').innerText.includes('Zero-shot resolution transfer')"
+    )
+    page.wait_for_selector("#sc-transfer .js-plotly-plot", state="attached")
+    assert FIRST in page.inner_text("#sc-transfer-note")
+    shot(page, "bundled_07_transfer")
