@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import gradio as gr
 import pytest
 
 from app.layout import build_page
@@ -81,6 +82,7 @@ def test_validation_and_head_importance_with_the_fixed_field_model_beside_the_ga
     assert cell[ui.listing] == "1. layer 1, head 2: ablated (zero)"
     gate = intervene.on_cell(ctx, ui, "ssog_shapes.safetensors", [], "zero", True, (0, 2))
     assert gate[ui.listing] == "1. layer 0: σ gate closed"
+    assert intervene.on_cell(ctx, ui, "ssog_shapes.safetensors", [], "zero", True, (0, 0)) == {ui.status: gr.skip()}
 
 
 def test_a_dot_model_offers_what_it_can(ctx, ui):
@@ -202,7 +204,8 @@ def test_a_closed_page_stops_the_evaluation_and_frees_the_users_slot(ctx, ui, mo
     job = intervene.on_evaluate(ctx, ui, "ssog_shapes.safetensors", edits, 30, who)
     assert "30 validation images…" in next(job)[ui.validation]
     assert "ada" not in queues._running  # the note comes before the slot is taken
-    assert next(job) == {} and queues._running["ada"] == 1  # computing, the slot held
+    assert next(job) == {ui.status: gr.skip()} and queues._running["ada"] == 1  # computing, the slot held
+    # (an update that changes nothing, never {}: Gradio takes an empty dict as the value of the first output)
     job.close()
     assert stopped.wait(5) and "ada" not in queues._running
     monkeypatch.setattr(intervene.interventions, "run", real)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -49,20 +50,22 @@ pointer_trio = pytest.mark.skipif(
 )
 
 
-def _module(name: str):
+def _module(name: str, monkeypatch: pytest.MonkeyPatch):
+    """An experiment script as a module (registered, as its dataclasses need)."""
     spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
     spec.loader.exec_module(module)
     return module
 
 
 @pointer_trio
-def test_the_pointer_trio_is_the_sweeps_seed_0_on_the_large_board():
+def test_the_pointer_trio_is_the_sweeps_seed_0_on_the_large_board(monkeypatch):
     """Same command but --attn / --steer (and the small-board model each started from), same steps, small files,
     and the accuracy each file records is the one the sweep's results file holds for that run."""
-    ablation = _module("ablation")
+    ablation = _module("ablation", monkeypatch)
     metas = [load_checkpoint(p)[1] for p in POINTER]
-    differ = _module("matched_trio").differing_flags([m["command"] for m in metas])
+    differ = _module("matched_trio", monkeypatch).differing_flags([m["command"] for m in metas])
     assert {f.split(" ")[0] for f in differ} <= {"--attn", "--steer", "--init-from"}, differ
     assert len({m["step"] for m in metas}) == 1 and sum(p.stat().st_size for p in POINTER) <= 15 * 2**20
     rows = {ablation.row_key(r): r for r in ablation.read_results()}

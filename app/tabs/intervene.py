@@ -260,7 +260,7 @@ def on_evaluate(
         with queues.one_per_user(request):
             for result in stoppable(lambda stop: interventions.run(ctx, loaded, None, parsed, int(n), stop)):
                 if result is None:
-                    yield {}  # nothing new: a value now and then is when Gradio can stop the job
+                    yield {ui.status: gr.skip()}  # nothing new: a value now and then is when Gradio can stop it
                     continue
                 v = result.validation
                 yield {ui.validation: validation_text(v), ui.per_class: class_rows(v), ui.status: ""}
@@ -316,7 +316,7 @@ def on_sweep(
         yield {ui.sweep_note: f"Sweeping every head and gate of **{ckpt}** on {int(n)} images…"}
         with queues.one_per_user(request):  # taken after the first value: a job cancelled before holds nothing
             for imp in stoppable(lambda stop: interventions.importance(ctx, loaded, int(n), mode, stop)):
-                yield {} if imp is None else importance_updates(ctx, ui, loaded, imp)  # {}: a moment to stop
+                yield {ui.sweep_note: gr.skip()} if imp is None else importance_updates(ctx, ui, loaded, imp)
     except Exception as e:
         yield {ui.sweep_note: warn(error_text(e))}
 
@@ -326,8 +326,8 @@ def on_cell(
 ) -> Updates:
     """A click on a head-importance cell adds that edit (ablate that head, or close that layer's gate)."""
     row, col = (int(v) for v in index)
-    if col == 0:
-        return {}
+    if col == 0:  # the layer's name: nothing to add (an empty dict would be taken as a value by Gradio)
+        return {ui.status: gr.skip()}
     edit = CloseGate(row, TAPS[col - 1]) if gates else AblateHead(row, col - 1, mode)
     return _with(ctx, ui, ckpt, [*(edits or []), edit.to_dict()])
 
