@@ -86,7 +86,9 @@ VARIANTS = {  # the SSOG post's rows, in its order
     "dot": ["--attn", "dot"],
 }
 OFFSET_ROW = ("steered ±2", ["--attn", "ssog", "--steer", "mu,sigma,lambda", "--max-offset", "2"])
-CONTRASTS = (("steered", "fixed"), ("+mu", "fixed"), ("steered", "dot"))
+# The three, then +μδ − dot: added after the small board had shown +μδ the best SSOG row, to ask whether
+# any SSOG variant reaches the twin (docs/RESULTS.md says so beside it).
+CONTRASTS = (("steered", "fixed"), ("+mu", "fixed"), ("steered", "dot"), ("+mu", "dot"))
 BEGIN, END = "<!-- ablation:begin -->", "<!-- ablation:end -->"
 READ_IMAGES = 500  # validation images per edit of the reading (the first 500: balanced, as every effect uses)
 TRANSFER_STEP = 4  # cells added to the board per step of the transfer sweep
