@@ -456,11 +456,16 @@ def render(task: str, rows: list[dict]) -> str:
 
 
 def readings_table(task: str) -> list[str]:
-    """The instrument's readings (``read``) of the runs read so far, one line each."""
-    rows = [r for r in read_rows(READINGS) if r["task"] == task]
+    """The instrument's readings (``read``) of every run read, one line each, in the table's order (board, variant,
+    seed), not in the order the runs finished."""
+    order = [*VARIANTS, OFFSET_ROW[0]]
+    rows = sorted(
+        (r for r in read_rows(READINGS) if r["task"] == task),
+        key=lambda r: (r["grid"], order.index(r["variant"]) if r["variant"] in order else len(order), r["seed"]),
+    )
     if not rows:
         return []
-    out = ["", f"The instrument on the runs read so far (`python experiments/ablation.py read`, first {READ_IMAGES} "
+    out = ["", f"The instrument on each run read (`python experiments/ablation.py read`, first {READ_IMAGES} "
            "validation images; closing a gate in every layer, accuracy change with its paired 95% interval and the "
            "edited model's most predicted class; transfer: accuracy on larger boards until it falls, on a fixed random "
            f"{READ_IMAGES} of the validation images, from the training board up, * where the "
