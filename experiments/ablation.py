@@ -34,12 +34,14 @@ import ctypes
 import fcntl
 import json
 import os
+import platform
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -52,7 +54,7 @@ import torch
 from ssog_core import load_checkpoint
 from ssog_core.analysis.report import layer_geometry
 from ssog_core.checkpoint.files import atomic_write
-from ssog_core.checkpoint.format import TRANSFER_KEY, update_metadata
+from ssog_core.checkpoint.format import TRANSFER_KEY, read_history, update_metadata
 from ssog_core.data import pointer, relation
 from ssog_core.interventions.effects import bootstrap_ci, compare, outcomes
 from ssog_core.interventions.validation import load_eval_set
@@ -69,6 +71,9 @@ BUNDLE = {"steered": "matched_ssog", "fixed": "matched_ssog_fixed", "dot": "matc
 GRIDS = {"small": 14, "large": 20}  # cells a side: the SSOG post's 14×14 grid, and a board where targets lie
 # beyond the ±4-cell offset bound from a resting field (20, not 24: the dot twin's step costs 2.4× more at 24)
 SEEDS = (0, 1, 2)
+# The plateau diagnostic: the same recipe on a schedule 10/3 as long (10,000 steps on the small board), from
+# scratch, to ask whether the 3,000-step table compares methods or early plateaus (docs/RESULTS.md).
+PLATEAU = {"board": "small", "variants": ("dot", "+mu"), "seeds": (0,), "epochs": 40}
 IMAGES = {"train": 16000, "val": 2000}
 RECIPE = [  # the matched trio's recipe (checkpoints/MODEL_CARD.md) at depth 4, sized by the pilot in docs/RESULTS.md
     *("--dim", "64", "--depth", "4", "--heads", "4", "--batch-size", "64"),
@@ -102,15 +107,21 @@ class Run:
     variant: str
     seed: int
     flags: tuple[str, ...]
+    epochs: int | None = None  # None: the board's schedule (EPOCHS); else a longer one (the plateau diagnostic)
 
     @property
     def grid(self) -> int:
         return GRIDS[self.board]
 
     @property
+    def schedule(self) -> int:
+        return self.epochs or EPOCHS[self.board]
+
+    @property
     def out(self) -> Path:
         name = self.variant.replace("±", "offset").replace("+", "plus-").replace(" ", "-")
-        return RUNS / f"{self.task}-g{self.grid}-{name}-s{self.seed}"
+        long = f"-e{self.epochs}" if self.epochs else ""
+        return RUNS / f"{self.task}-g{self.grid}-{name}-s{self.seed}{long}"
 
     @property
     def model(self) -> Path:
@@ -126,20 +137,25 @@ class Run:
         data = f"{self.task}:grid={self.grid},train={IMAGES['train']},val={IMAGES['val']}"
         start = ["--init-from", os.path.relpath(self.source.model, ROOT)] if self.source else []
         return [
-            *(sys.executable, "-m", "ssog_core.train", "--data", data, *RECIPE, "--epochs", str(EPOCHS[self.board])),
+            *(sys.executable, "-m", "ssog_core.train", "--data", data, *RECIPE, "--epochs", str(self.schedule)),
             *start,
             *self.flags,
             *("--seed", str(self.seed), "--out", os.path.relpath(self.out, ROOT)),
         ]
 
-    def key(self) -> tuple[str, int, str, int]:
-        return self.task, self.grid, self.variant, self.seed
+    def key(self) -> tuple[str, int, str, int, int]:
+        return self.task, self.grid, self.variant, self.seed, self.schedule
 
 
 def plan(task: str, boards: tuple[str, ...]) -> list[Run]:
-    """Every run of the table: seed by seed (a partial sweep is balanced), then the offset rows."""
+    """Every run of the table: seed by seed (a partial sweep is balanced), then the offset rows seed by seed, then
+    the plateau diagnostic's long runs."""
     runs = [Run(task, b, v, s, tuple(f)) for s in SEEDS for b in boards for v, f in VARIANTS.items()]
-    return runs + [Run(task, b, OFFSET_ROW[0], 0, tuple(OFFSET_ROW[1])) for b in boards]
+    runs += [Run(task, b, OFFSET_ROW[0], s, tuple(OFFSET_ROW[1])) for s in SEEDS for b in boards]
+    if PLATEAU["board"] in boards:
+        runs += [Run(task, PLATEAU["board"], v, s, tuple(VARIANTS[v]), PLATEAU["epochs"])
+                 for v in PLATEAU["variants"] for s in PLATEAU["seeds"]]  # fmt: skip
+    return runs
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -172,9 +188,19 @@ def file_lock(path: Path, wait: bool = True) -> Iterator[bool]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def row_key(row: dict) -> tuple[str, int, str, int]:
+def row_epochs(row: dict) -> int:
+    """A row's schedule in epochs (rows written before the plateau diagnostic ran the board's schedule)."""
+    return row.get("epochs") or EPOCHS[next(b for b, g in GRIDS.items() if g == row["grid"])]
+
+
+def row_key(row: dict) -> tuple[str, int, str, int, int]:
     """The same key as :meth:`Run.key`, of a results row."""
-    return row["task"], row["grid"], row["variant"], row["seed"]
+    return row["task"], row["grid"], row["variant"], row["seed"], row_epochs(row)
+
+
+def is_table_row(row: dict) -> bool:
+    """A row of the table's schedule (not one of the plateau diagnostic's long runs)."""
+    return row_epochs(row) == EPOCHS[next(b for b, g in GRIDS.items() if g == row["grid"])]
 
 
 def append_row(path: Path, row: dict) -> None:
@@ -196,13 +222,45 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def cpu_model() -> str:
+    """The CPU's model name as the kernel reports it (``platform.processor()`` where there is no /proc)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.machine())
+
+
+def provenance(threads: int) -> dict:
+    """What trained a run, recorded at each start or resume: the commit and whether the tree was clean (so a
+    retrain gap can be traced to code), and the machine (CPU, threads, torch)."""
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+
+    return {
+        "commit": git("rev-parse", "HEAD") or None,
+        "clean": git("status", "--porcelain", "--untracked-files=no") == "" if git("rev-parse", "HEAD") else None,
+        "cpu": cpu_model(),
+        "threads": threads,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
 def train(run: Run, threads: int) -> None:
-    """Run (or resume) the training command; raises when it fails."""
+    """Run (or resume) the training command, recording what runs it; raises when it fails."""
     cmd = run.command()
     if (run.out / "train_state.pt").exists() or (run.out / "last.safetensors").exists():
         cmd.append("--resume")
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     run.out.mkdir(parents=True, exist_ok=True)
+    with open(run.out / "provenance.jsonl", "a") as f:
+        f.write(json.dumps(provenance(threads)) + "\n")
     with open(run.out / "sweep.log", "a") as log:
         log.write("$ python " + shlex.join(cmd[1:]) + "\n")
         log.flush()
@@ -218,12 +276,13 @@ def evaluate(run: Run) -> dict:
     model, meta = load_checkpoint(run.model)
     data = load_eval_set(meta, model.config.img_size, IMAGES["val"])
     correct = outcomes(model, data).correct(data.labels).numpy()
-    metrics = [json.loads(line) for line in (run.out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    metrics = read_rows(run.out / "metrics.jsonl")
     return {
         "task": run.task,
         "grid": run.grid,
         "variant": run.variant,
         "seed": run.seed,
+        "epochs": run.schedule,
         "steps": metrics[-1]["step"],
         "params": sum(p.numel() for p in model.parameters()),
         "cpu_s": round(sum(m["epoch_cpu_s"] for m in metrics), 1),
@@ -232,6 +291,7 @@ def evaluate(run: Run) -> dict:
         "gate_scales": gate_summary(model),
         "max_offset": model.config.max_offset if run.variant != "dot" else None,
         "command": "python " + shlex.join(run.command()[1:]),
+        "trained_by": read_rows(run.out / "provenance.jsonl"),  # one entry per start or resume
         "correct_hex": np.packbits(correct.astype(np.uint8)).tobytes().hex(),
     }
 
@@ -243,7 +303,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     boards = tuple(GRIDS) if args.only is None else (args.only,)
     variants = set(args.variant or [*VARIANTS, OFFSET_ROW[0]])
-    selected = [r for r in plan(args.task, boards) if r.variant in variants]
+    selected = [r for r in plan(args.task, boards) if r.variant in variants and r.seed in args.seeds]
     taken: set[Path] = set()  # started by this sweep (running, done, failed or left to another sweep)
     running: set[Path] = set()
     failed: list[str] = []
@@ -361,6 +421,7 @@ def read(run: Run) -> dict:
         "grid": run.grid,
         "variant": run.variant,
         "seed": run.seed,
+        "epochs": run.schedule,
         "layers": layer_geometry(model) if ssog else None,
         "gates_closed": [gate_closing(model, data, taps) for taps in closings],
         "transfer": transfer_until_it_falls(model, meta, run.task, run.grid),
@@ -408,7 +469,8 @@ def _pct(x: float) -> str:
 
 
 def render(task: str, rows: list[dict]) -> str:
-    rows = [r for r in rows if r["task"] == task]
+    plateau = [r for r in rows if r["task"] == task and not is_table_row(r)]
+    rows = [r for r in rows if r["task"] == task and is_table_row(r)]
     grids = sorted({r["grid"] for r in rows})
     out = [
         f"Validation accuracy (%) on `{task}`, mean ± std over seeds (n = seeds finished), "
@@ -436,8 +498,6 @@ def render(task: str, rows: list[dict]) -> str:
         cells = []
         for g in grids:
             grid_rows = [r for r in rows if r["grid"] == g]
-            if a == OFFSET_ROW[0]:
-                grid_rows = [r for r in grid_rows if r["seed"] == 0]
             c = contrast(grid_rows, a, b)
             cells.append(
                 "—"
@@ -446,13 +506,59 @@ def render(task: str, rows: list[dict]) -> str:
             )
         out.append(f"| {a} − {b} | " + " | ".join(cells) + " |")
     out += readings_table(task)
-    cpu = sum(r["cpu_s"] for r in rows) / 3600
+    out += plateau_table(plateau, rows)
+    cpu = sum(r["cpu_s"] for r in [*rows, *plateau]) / 3600
     out += [
         "",
-        f"{len(rows)} runs, {cpu:.1f} CPU-hours of training (one thread each). "
+        f"{len(rows) + len(plateau)} runs, {cpu:.1f} CPU-hours of training (one thread each). "
         "Command: `python experiments/ablation.py train && python experiments/ablation.py report`.",
     ]
     return "\n".join(out) + "\n"
+
+
+def model_of(row: dict) -> Path:
+    """The kept model of a results row."""
+    board = next(b for b, g in GRIDS.items() if g == row["grid"])
+    run = Run(row["task"], board, row["variant"], row["seed"], (), None if is_table_row(row) else row_epochs(row))
+    return run.model
+
+
+def val_curve(row: dict) -> list[tuple[int, float]]:
+    """(step, validation accuracy) at every evaluation of the row's run, from the history its kept model stores
+    (steps counted from the run's own start); empty when the model was not kept."""
+    path = model_of(row)
+    history = read_history(path) if path.exists() else None
+    if history is None:
+        return []
+    start = history.stages[-1] if history.stages else 0
+    return [(int(step) - start, float(acc)) for step, acc, _ in history.val if step > start]
+
+
+def accuracy_at(curve: list[tuple[int, float]], step: float) -> str:
+    """The last evaluation at or before ``step``, in %."""
+    seen = [acc for s, acc in curve if s <= step + 1e-9]
+    return f"{100 * seen[-1]:.1f}" if seen else "—"
+
+
+def plateau_table(long: list[dict], table: list[dict]) -> list[str]:
+    """The plateau diagnostic: each long run beside its table run (same variant, board and seed), validation
+    accuracy at the same steps and at the same fractions of their schedules."""
+    if not long:
+        return []
+    out = ["", "Plateau diagnostic: validation accuracy (%, the per-epoch evaluation) of the table's run and of the "
+           "same recipe on a longer schedule (from scratch, the same seed), at fixed steps and at fractions of each "
+           "schedule:", "",
+           "| run | steps | at 1,000 | at 2,000 | at 3,000 | 25% | 50% | 75% | 100% | final, all validation images |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for r in sorted(long, key=lambda r: (r["grid"], r["variant"], r["seed"])):
+        twin = [t for t in table if (t["grid"], t["variant"], t["seed"]) == (r["grid"], r["variant"], r["seed"])]
+        for row in [*twin, r]:
+            curve, steps = val_curve(row), row["steps"]
+            points = [*(1000, 2000, 3000), *(f * steps for f in (0.25, 0.5, 0.75, 1.0))]
+            cells = [accuracy_at(curve, p) if p <= steps else "—" for p in points]
+            out.append(f"| {row['variant']} g{row['grid']} s{row['seed']}, {row_epochs(row)} epochs | "
+                       f"{row['steps']} | " + " | ".join(cells) + f" | {100 * row['val_acc']:.1f} |")  # fmt: skip
+    return out
 
 
 def readings_table(task: str) -> list[str]:
@@ -460,7 +566,7 @@ def readings_table(task: str) -> list[str]:
     seed), not in the order the runs finished."""
     order = [*VARIANTS, OFFSET_ROW[0]]
     rows = sorted(
-        (r for r in read_rows(READINGS) if r["task"] == task),
+        (r for r in read_rows(READINGS) if r["task"] == task and is_table_row(r)),
         key=lambda r: (r["grid"], order.index(r["variant"]) if r["variant"] in order else len(order), r["seed"]),
     )
     if not rows:
@@ -536,6 +642,10 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     return 0
 
 
+def seed_set(text: str) -> set[int]:
+    return {int(x) for x in text.split(",")}
+
+
 def main(argv: Iterator[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -545,11 +655,12 @@ def main(argv: Iterator[str] | None = None) -> int:
     t.add_argument("--threads", type=int, default=1, help="threads per run (default 1)")
     t.add_argument("--only", choices=tuple(GRIDS), help="one board only")
     t.add_argument("--variant", action="append", choices=[*VARIANTS, OFFSET_ROW[0]], help="only these (repeatable)")
+    t.add_argument("--seeds", type=seed_set, default=set(SEEDS), help="only these seeds, e.g. 1,2 (default 0,1,2)")
     r = sub.add_parser("report", help="render the table from the results file")
     r.add_argument("--task", default="pointer", choices=("pointer", "relation"))
     d = sub.add_parser("read", help="read finished runs with the project's instrument (geometry, gates, transfer)")
     d.add_argument("--task", default="pointer", choices=("pointer", "relation"))
-    d.add_argument("--seeds", type=lambda t: {int(x) for x in t.split(",")}, default={0}, help="e.g. 0,1,2 (default 0)")
+    d.add_argument("--seeds", type=seed_set, default={0}, help="e.g. 0,1,2 (default 0)")
     d.add_argument("--threads", type=int, default=1)
     b = sub.add_parser("bundle", help="copy one seed's steered / fixed / dot runs into checkpoints/ for the app")
     b.add_argument("--task", default="pointer", choices=("pointer", "relation"))

@@ -41,16 +41,25 @@ def _flags(cmd: list[str]) -> dict[str, str]:
 
 
 def _row(run) -> dict:
-    return dict(zip(("task", "grid", "variant", "seed"), run.key(), strict=True))
+    return dict(zip(("task", "grid", "variant", "seed", "epochs"), run.key(), strict=True))
 
 
 def test_the_plan_is_the_table(ablation):
-    runs = ablation.plan("pointer", tuple(ablation.GRIDS))
-    assert len(runs) == 4 * 3 * 2 + 2
+    every = ablation.plan("pointer", tuple(ablation.GRIDS))
+    runs = [r for r in every if r.epochs is None]
+    long = [r for r in every if r.epochs is not None]
+    assert len(runs) == 4 * 3 * 2 + 2 * 3  # the table, then the offset row with three seeds on both boards
     assert {(r.variant, r.seed, r.grid) for r in runs[:24]} == {
         (v, s, g) for v in ablation.VARIANTS for s in (0, 1, 2) for g in ablation.GRIDS.values()
     }
-    assert len({r.out for r in runs}) == len(runs)  # one folder per run
+    # the plateau diagnostic: dot and +mu, small board, seed 0, the same recipe on a 40-epoch schedule
+    assert {(r.variant, r.grid, r.seed) for r in long} == {("dot", 14, 0), ("+mu", 14, 0)}
+    for r in long:
+        twin = next(t for t in runs if (t.variant, t.grid, t.seed) == (r.variant, r.grid, r.seed))
+        a, b = _flags(r.command()), _flags(twin.command())
+        assert a["--epochs"] == "40" and {k for k in a if a[k] != b.get(k)} == {"--epochs", "--out"}
+        assert r.key() != twin.key() and r.out != twin.out and r.model != twin.model
+    assert len({r.out for r in every}) == len(every)  # one folder per run
     may_differ = {"--attn", "--steer", "--seed", "--out", "--max-offset", "--init-from"}
     for grid in ablation.GRIDS.values():
         same_board = [_flags(r.command()) for r in runs if r.grid == grid]
@@ -59,7 +68,8 @@ def test_the_plan_is_the_table(ablation):
             differ = {k for k in base.keys() | flags.keys() if base.get(k) != flags.get(k)}
             assert differ <= may_differ, differ
     offset = [r for r in runs if r.variant.startswith("steered ±")]
-    assert [_flags(r.command())["--max-offset"] for r in offset] == ["2", "2"]
+    assert [_flags(r.command())["--max-offset"] for r in offset] == ["2"] * 6
+    assert sorted((r.seed, r.grid) for r in offset) == [(s, g) for s in (0, 1, 2) for g in (14, 20)]
     for r in runs:  # the large board starts from the small board's model of the same variant and seed
         flags = _flags(r.command())
         if r.board == "small":
@@ -84,11 +94,13 @@ def test_a_large_board_run_waits_for_the_small_run_it_starts_from(ablation, monk
     monkeypatch.setattr(ablation.subprocess, "call", train)
     monkeypatch.setattr(ablation, "evaluate", _row)
     monkeypatch.setattr(ablation, "read", _row)
-    args = ablation.argparse.Namespace(task="pointer", jobs=2, threads=1, only=None, variant=["dot"])
+    args = ablation.argparse.Namespace(task="pointer", jobs=2, threads=1, only=None, variant=["dot"], seeds={0, 1, 2})
     lost = next(r for r in ablation.plan("pointer", ("small",)) if (r.variant, r.seed) == ("dot", 1))
     ablation.append_result(_row(lost))  # finished before models were kept: trained again for its large twin
     assert ablation.cmd_train(args) == 0
-    assert sorted(called) == sorted(f"pointer-g{g}-dot-s{s}" for g in (14, 20) for s in (0, 1, 2))
+    assert sorted(called) == sorted(
+        [*(f"pointer-g{g}-dot-s{s}" for g in (14, 20) for s in (0, 1, 2)), "pointer-g14-dot-s0-e40"]
+    )
     for seed in (0, 1, 2):
         assert called.index(f"pointer-g14-dot-s{seed}") < called.index(f"pointer-g20-dot-s{seed}")
     called.clear()
@@ -96,7 +108,8 @@ def test_a_large_board_run_waits_for_the_small_run_it_starts_from(ablation, monk
         path.unlink()
     ablation.RESULTS.unlink()
     assert ablation.cmd_train(ablation.argparse.Namespace(**{**vars(args), "jobs": 1})) == 0
-    assert called == [f"pointer-g{g}-dot-s{s}" for s in (0, 1, 2) for g in (14, 20)]  # whole seeds, in order
+    assert called[:6] == [f"pointer-g{g}-dot-s{s}" for s in (0, 1, 2) for g in (14, 20)]  # whole seeds, in order
+    assert called[6:] == ["pointer-g14-dot-s0-e40"]  # then the plateau diagnostic's long run
 
 
 def test_finished_runs_are_skipped_and_interrupted_ones_resumed(ablation, monkeypatch):
@@ -117,7 +130,7 @@ def test_finished_runs_are_skipped_and_interrupted_ones_resumed(ablation, monkey
     monkeypatch.setattr(ablation.subprocess, "call", train)
     monkeypatch.setattr(ablation, "evaluate", _row)
     monkeypatch.setattr(ablation, "read", _row)
-    args = ablation.argparse.Namespace(task="pointer", jobs=1, threads=1, only="small", variant=None)
+    args = ablation.argparse.Namespace(task="pointer", jobs=1, threads=1, only="small", variant=None, seeds={0, 1, 2})
     assert ablation.cmd_train(args) == 0
     outs = [c[c.index("--out") + 1] for c in called]
     assert len(called) == len(runs) - 1 and not any(o.endswith(finished.out.name) for o in outs)
@@ -141,7 +154,9 @@ def test_a_run_another_sweep_trains_is_left_to_it_and_variants_filter(ablation, 
         run.source.model.parent.mkdir(parents=True, exist_ok=True)
         run.source.model.write_bytes(b"m")
     busy = next(r for r in large if r.variant == "dot")
-    args = ablation.argparse.Namespace(task="pointer", jobs=1, threads=1, only="large", variant=["dot"])
+    args = ablation.argparse.Namespace(
+        task="pointer", jobs=1, threads=1, only="large", variant=["dot"], seeds={0, 1, 2}
+    )
     with ablation.file_lock(busy.out.with_name(busy.out.name + ".lock")) as held:
         assert held
         assert ablation.cmd_train(args) == 1  # seeds 1 and 2 ran (and failed here); seed 0 was left alone
@@ -256,3 +271,47 @@ def test_bundle_copies_the_trio_with_its_transfer_curve(ablation, monkeypatch, t
         assert [r["img_size"] for r in curve] == [[24, 24], [36, 36], [48, 48], [72, 72], [96, 96]]
         direct = evaluate_model_sizes(model, meta["data"], [(72, 72)], list(CLASS_NAMES), max_images=30)
         assert curve[3]["accuracy"] == pytest.approx(direct[0]["accuracy"])
+
+
+def test_seeds_pick_runs_of_any_row_and_each_launch_is_recorded(ablation, monkeypatch):
+    """``--seeds 1,2`` trains only those seeds of the chosen rows (the offset row included); every start or resume
+    appends what trained it (commit, clean tree, CPU, threads, torch) to the run's folder, and the run's row carries
+    the whole list."""
+    called = []
+
+    def train(cmd: list[str], **kw) -> int:
+        out = ablation.ROOT / cmd[cmd.index("--out") + 1]
+        called.append(out.name)
+        (out / "model.safetensors").write_bytes(b"m")
+        return 0
+
+    monkeypatch.setattr(ablation.subprocess, "call", train)
+    monkeypatch.setattr(
+        ablation, "evaluate", lambda run: {**_row(run), "trained_by": ablation.read_rows(run.out / "provenance.jsonl")}
+    )
+    monkeypatch.setattr(ablation, "read", _row)
+    args = ablation.argparse.Namespace(
+        task="pointer", jobs=1, threads=1, only=None, variant=["steered ±2"], seeds=ablation.seed_set("1,2")
+    )
+    assert ablation.cmd_train(args) == 0
+    assert called == [f"pointer-g{g}-steered-offset2-s{s}" for s in (1, 2) for g in (14, 20)]
+    row = ablation.read_results()[0]
+    (launch,) = row["trained_by"]
+    head = ablation.subprocess.run(["git", "rev-parse", "HEAD"], cwd=ablation.ROOT, capture_output=True, text=True)
+    assert launch["commit"] == head.stdout.strip() and isinstance(launch["clean"], bool)
+    assert launch["threads"] == 1 and launch["torch"] == torch.__version__ and launch["cpu"]
+
+
+def test_old_rows_keep_their_key_and_long_runs_stay_out_of_the_table(ablation):
+    """Rows written before the plateau diagnostic (no ``epochs``) are the board's schedule; a long run's row neither
+    replaces its table twin nor enters the table's means, and the report puts both curves side by side."""
+    c = np.ones(10, dtype=bool)
+    base = {"task": "pointer", "grid": 14, "variant": "dot", "seed": 0, "val_images": 10, "cpu_s": 1.0, "steps": 3000,
+            "correct_hex": np.packbits(c.astype(np.uint8)).tobytes().hex()}  # fmt: skip
+    ablation.append_result({**base, "val_acc": 0.5})
+    ablation.append_result({**base, "val_acc": 0.9, "epochs": 40, "steps": 10000})
+    rows = ablation.read_results()
+    assert len(rows) == 2 and ablation.row_key(rows[0])[-1] == 12
+    text = ablation.render("pointer", rows)
+    assert "| dot | 50.0 (n=1) |" in text
+    assert "dot g14 s0, 12 epochs | 3000 |" in text and "dot g14 s0, 40 epochs | 10000 |" in text
