@@ -49,11 +49,19 @@ HEADER = (
 )
 THUMB_HEIGHT = 96  # px of the picked image's thumbnail in the top row
 
-DEMO_CHECKPOINTS = (  # the first one present opens
-    "matched_ssog_pointer20.safetensors",
+DEMO_CHECKPOINTS = (  # the first one present opens: a model that learned its task (the pointer one is partly trained)
     "matched_ssog_layouts.safetensors",
     "ssog_layouts.safetensors",
+    "matched_ssog_pointer20.safetensors",
 )
+# What the checkpoint picker says beside a bundled file's name (checkpoints/MODEL_CARD.md has the numbers): whoever
+# picks the pointer trio knows it is partly trained before its hesitant answers read as a broken tool.
+TRIO_MEMBERS = {"ssog": "steered SSOG", "ssog_fixed": "fixed field", "dot": "dot twin"}
+CHECKPOINT_NOTES = {
+    **{f"matched_{k}_layouts.safetensors": f"layouts trio, {v}: fully trained" for k, v in TRIO_MEMBERS.items()},
+    **{f"matched_{k}_pointer20.safetensors": f"pointer trio, {v}: partly trained, on a task where content must "
+       "decide where to look" for k, v in TRIO_MEMBERS.items()},
+}  # fmt: skip
 
 
 def theme() -> gr.themes.Base:
@@ -110,6 +118,11 @@ def default_checkpoint(ctx: AppContext, names: Sequence[str]) -> str | None:
     return names[0] if names else None
 
 
+def checkpoint_choices(names: Sequence[str]) -> list[tuple[str, str]]:
+    """The checkpoint picker's ``(label, name)`` choices: the file name, with its note when it has one."""
+    return [(f"{n} ({CHECKPOINT_NOTES[n]})" if n in CHECKPOINT_NOTES else n, n) for n in names]
+
+
 def folder_status(ctx: AppContext, names: Sequence[str]) -> str:
     if not names:
         return (
@@ -141,7 +154,7 @@ def checkpoint_updates(ctx: AppContext, page: Page, value: str | None) -> Update
     names = ctx.checkpoint_names()
     twin = default_twin(ctx, value)
     return {
-        page.checkpoint: gr.update(choices=names, value=value),
+        page.checkpoint: gr.update(choices=checkpoint_choices(names), value=value),
         page.export.twin: gr.update(choices=[NO_TWIN, *names], value=twin),
         page.compare.a: gr.update(choices=names, value=value),
         page.compare.b: gr.update(choices=names, value=twin if twin != NO_TWIN else value),
@@ -351,7 +364,7 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
                 gr.Button("Log out", link="logout", size="sm", scale=0, min_width=90, elem_id="logout")
         status = gr.Markdown(folder_status(ctx, names), elem_id="status")
         with gr.Row(equal_height=True):
-            ckpt = gr.Dropdown(names, value=ckpt0, label="Checkpoint", elem_id="ckpt", scale=3)
+            ckpt = gr.Dropdown(checkpoint_choices(names), value=ckpt0, label="Checkpoint", elem_id="ckpt", scale=3)
             ckpt_up = gr.UploadButton(
                 "Upload checkpoint (.safetensors, or .pt + .json)",
                 file_count="multiple",

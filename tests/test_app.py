@@ -761,7 +761,9 @@ def test_lazy_rendering_and_checkpoint_defaults(ctx, page, tmp_path):
     assert layout.default_checkpoint(ctx, ctx.checkpoint_names()) == "ssog_test.safetensors"
     bundled = tmp_path / "bundled"
     bundled.mkdir()
-    for name in ("dot_layouts.safetensors", "ssog_layouts.safetensors", "matched_ssog_layouts.safetensors"):
+    names = ("dot_layouts.safetensors", "ssog_layouts.safetensors", "matched_ssog_layouts.safetensors",
+             "matched_ssog_pointer20.safetensors")  # fmt: skip
+    for name in names:
         shutil.copy(ctx.checkpoint_dir / "ssog_test.safetensors", bundled / name)
     demo = AppContext(bundled, ctx.assets_dir, upload_dir=tmp_path / "up")
     assert layout.default_checkpoint(demo, demo.checkpoint_names()) == "matched_ssog_layouts.safetensors"
@@ -780,6 +782,30 @@ def test_lazy_rendering_and_checkpoint_defaults(ctx, page, tmp_path):
     empty = AppContext(tmp_path / "none", tmp_path / "none", upload_dir=tmp_path / "up")
     (tmp_path / "up").mkdir()
     assert "No checkpoint found" in layout.folder_status(empty, [])
+
+
+BUNDLED = Path(__file__).resolve().parents[1] / "checkpoints"
+
+
+@pytest.mark.skipif(not (BUNDLED / "matched_ssog_layouts.safetensors").is_file(), reason="no bundled checkpoints")
+def test_the_first_screen_opens_the_layouts_trio_and_labels_the_pointer_trio(tmp_path):
+    """The bundled folder opens on the steered layouts model, on a picture of its data set (the pointer model,
+    partly trained, answered its first picture about evenly over three colours); the picker names the pointer trio
+    as partly trained."""
+    ctx = AppContext(BUNDLED, BUNDLED.parent / "assets", upload_dir=tmp_path)
+    names = ctx.checkpoint_names()
+    first = layout.default_checkpoint(ctx, names)
+    assert first == "matched_ssog_layouts.safetensors"
+    assert default_image(ctx, first).name.startswith("layouts_")
+    labels = {name: label for label, name in layout.checkpoint_choices(names)}
+    assert set(labels) == set(names)
+    for kind in ("ssog", "ssog_fixed", "dot"):
+        pointer = labels[f"matched_{kind}_pointer20.safetensors"]
+        assert pointer.startswith(f"matched_{kind}_pointer20.safetensors (pointer trio, ")
+        assert "partly trained" in pointer
+        assert "fully trained" in labels[f"matched_{kind}_layouts.safetensors"]
+    assert "content must decide where to look" in labels["matched_ssog_pointer20.safetensors"]
+    assert labels["ssog_layouts.safetensors"] == "ssog_layouts.safetensors"  # a file without a note: its name
 
 
 def test_build_app_without_checkpoints_serves_the_playground(tmp_path):
