@@ -243,6 +243,12 @@ def check_grid(n_tokens: int, grid: tuple[int, int]) -> None:
         )
 
 
+def centre_query(grid: tuple[int, int]) -> tuple[int, int]:
+    """The query cell every view calls "the centre" of a ``Gh × Gw`` grid: the middle cell of an odd side, the
+    upper (left) one of the two middle cells of an even side, so each tab, figure and head marks the same patch."""
+    return ((grid[0] - 1) // 2, (grid[1] - 1) // 2)
+
+
 def apply_field(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode = "factorized") -> Tensor:
     """Reference SSOG operator: two 1D filter passes per atom, then the λ mix.
 

@@ -19,6 +19,7 @@ from app.state import AppContext, LoadedModel
 from app.widgets import layer_update, model_depth
 from ssog_core.analysis import report
 from ssog_core.analysis.measures import attention_maps, has_keys, key_norms
+from ssog_core.field import centre_query
 from ssog_core.viz import figures as viz
 from ssog_core.viz import files as figures
 from ssog_core.viz import raster
@@ -178,7 +179,7 @@ def dot_view(ctx: AppContext, loaded: LoadedModel, sha: str | None):
         norms = plots.key_norm_plot(kn, f"{loaded.name}: key norms on {stored.name}")
     maps = attention_maps(loaded.model, x)
     gh, gw = maps.grid
-    q = ((gh - 1) // 2, (gw - 1) // 2)
+    q = centre_query((gh, gw))
     n = q[0] * gw + q[1]
     rows = np.stack([a[0, :, n].reshape(-1, gh, gw).cpu().numpy() for a in maps.attn])
     display = raster.model_view(stored.image, loaded.config.img_size, figures.DISPLAY_WIDTH)

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ssog_core.analysis.measures import LayerField, query_stats
-from ssog_core.field import FIELD_MODES, MAX_ATOMS, TAU_MIN, Field, axis_kernels, query_field
+from ssog_core.field import FIELD_MODES, MAX_ATOMS, TAU_MIN, Field, axis_kernels, centre_query, query_field
 
 GRID_RANGE = (3, 96)  # smallest grid with a neighbourhood; largest a browser canvas still draws cell by cell
 SIGMA_RANGE = (0.05, 64.0)  # grid cells
@@ -237,8 +237,7 @@ def spec_from_head(
         grid = (2 * lf.extent[0] + 1, 2 * lf.extent[1] + 1)
     lo, hi = GRID_RANGE
     grid = (min(max(grid[0], lo), hi), min(max(grid[1], lo), hi))
-    query = ((grid[0] - 1) // 2, (grid[1] - 1) // 2)
-    return _head_spec(grid, query, lf.mu[head], lf.sigma[head], lf.lam[head], lf.tau, mode)
+    return _head_spec(grid, centre_query(grid), lf.mu[head], lf.sigma[head], lf.lam[head], lf.tau, mode)
 
 
 def steered_spec(

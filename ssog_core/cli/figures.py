@@ -31,6 +31,7 @@ from ssog_core.analysis.measures import (
 from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.format import CheckpointError, load_checkpoint
 from ssog_core.data.images import ImageError, list_images, load_image, model_input
+from ssog_core.field import centre_query
 from ssog_core.viz import raster
 from ssog_core.viz.files import (
     DISPLAY_WIDTH,
@@ -92,7 +93,7 @@ def run(
         layer = min(layer, len(steered.attn) - 1)
         display = raster.model_view(pil, model.config.img_size, DISPLAY_WIDTH)
         gh, gw = steered.grid
-        q = query or ((gh - 1) // 2, (gw - 1) // 2)
+        q = query or centre_query((gh, gw))
         if not (0 <= q[0] < gh and 0 <= q[1] < gw):
             raise ValueError(f"query {q} lies outside the {gh}×{gw} patch grid")
         srow = query_rows(steered.attn, steered.grid, layer, q)

@@ -11,6 +11,7 @@ Defining the subclass registers it: a new op is one class and its test.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -83,6 +84,23 @@ class Param:
     def to_json(self, v: Any) -> Any:
         return v.to_dict() if isinstance(v, HeadSpec) else v
 
+    def meaning(self) -> tuple[Any, ...]:
+        """What a value of the field is (kind, choices, range, whether a form holds it): one field name means one
+        thing across the ops, so one form field and one schema serve them all. Its help and whether an op needs
+        it may differ per op."""
+        return self.kind, self.choices, self.low, self.high, self.form
+
+    def json_schema(self) -> dict[str, Any]:
+        """The field as JSON Schema (for the API and MCP clients), from the same declaration the parser reads."""
+        if self.kind == "choice":
+            out: dict[str, Any] = {"enum": list(self.choices)}
+        elif self.kind == "head":
+            out = {"type": "object", "additionalProperties": {}}
+        else:
+            out = {"type": {"int": "integer", "float": "number", "bool": "boolean"}.get(self.kind, "string")}
+        out |= {k: v for k, v in (("minimum", self.low), ("maximum", self.high)) if v is not None}
+        return ({"oneOf": [{"type": "null"}, out]} if self.optional else out) | {"description": self.help}
+
     def describe(self) -> str:
         """One line of help: kind, range or choices, and meaning."""
         if self.kind == "choice":
@@ -124,6 +142,20 @@ class CheckContext:
     has_means: bool
 
 
+def _declared(cls: type) -> dict[str, Param]:
+    """The fields of an op class while it is being defined (``@dataclass`` has not run yet): its dataclass bases'
+    fields, then its own :func:`param` declarations."""
+    out: dict[str, Param] = {}
+    for base in reversed(cls.__mro__[1:]):
+        if dataclasses.is_dataclass(base):
+            out |= {f.name: f.metadata["param"] for f in fields(base) if "param" in f.metadata}
+    for name in cls.__dict__.get("__annotations__", {}):
+        value = cls.__dict__.get(name)
+        if isinstance(value, dataclasses.Field) and "param" in value.metadata:
+            out[name] = value.metadata["param"]
+    return out
+
+
 EDITS: dict[str, type[Edit]] = {}  # op name → class, in definition order (filled by Edit.__init_subclass__)
 
 
@@ -132,13 +164,30 @@ class Edit:
     """One intervention on layer ``layer`` (0-based); a subclass names its ``op`` and declares its other fields."""
 
     op: ClassVar[str]
-    dot_product: ClassVar[str] = ""  # what of this op a dot-product layer takes, in words ("" if nothing)
-    layer: int = field(metadata={"param": Param("int", "the layer, from 0", low=0)})
+    # a dot-product layer (no field, only head outputs) takes this op: None never, {} always, {"what": "output"}
+    # only with those field values (the one declaration; its words and works_on_dot_product come from it)
+    dot_product: ClassVar[Mapping[str, Any] | None] = None
+    layer: int = field(metadata={"param": Param("int", "the layer, from 0", low=0, required=True)})
 
     def __init_subclass__(cls, **kw: Any) -> None:
+        """Register an op (a subclass naming its ``op``), refusing a taken name or a field name that means
+        something else in an op already there (then nothing is registered)."""
         super().__init_subclass__(**kw)
-        if "op" in cls.__dict__:
-            EDITS[cls.op] = cls
+        if "op" not in cls.__dict__:
+            return
+        if cls.op in EDITS:
+            taken = EDITS[cls.op]
+            raise TypeError(f"op {cls.op!r} is taken by {taken.__module__}.{taken.__qualname__}: give {cls.__name__} "
+                            "another name")  # fmt: skip
+        for name, p in _declared(cls).items():
+            for op, other in EDITS.items():
+                q = other.params().get(name)
+                if q is not None and q.meaning() != p.meaning():
+                    raise TypeError(
+                        f"field {name!r} of op {cls.op!r} ({p.describe()}) means something else in op {op!r} "
+                        f"({q.describe()}): one field name is one kind of value, so rename one of them"
+                    )
+        EDITS[cls.op] = cls
 
     # ---- the declaration
 
@@ -160,7 +209,7 @@ class Edit:
         for name, p in params.items():
             if name in d:
                 kw[name] = p.parse(name, d[name])
-            elif p.required or name == "layer":
+            elif p.required:
                 raise EditError(
                     f"{cls.op} needs a {name}" if name != "layer" else "layer must be a whole number, got None"
                 )
@@ -179,7 +228,16 @@ class Edit:
 
     def works_on_dot_product(self) -> bool:
         """Whether a dot-product layer can take this edit (it has no field: only head outputs)."""
-        return False
+        only = self.dot_product
+        return only is not None and all(getattr(self, k) == v for k, v in only.items())
+
+    @classmethod
+    def dot_product_words(cls) -> str:
+        """What of this op a dot-product layer takes, in words ("" if nothing)."""
+        if cls.dot_product is None:
+            return ""
+        only = " and ".join(f"{k}={v!r}" for k, v in cls.dot_product.items())
+        return cls.op + (f" with {only}" if only else "")
 
     def problems(self, attn: nn.Module, model: nn.Module, ctx: CheckContext) -> list[str]:
         """What stops this edit on ``model`` beyond a missing layer or head (the attention of its layer given)."""
@@ -254,15 +312,45 @@ def edits_key(edits: Sequence[Edit]) -> str:
 
 def dot_product_ops() -> list[str]:
     """The ops a dot-product model takes (it has no field: only head outputs)."""
-    return [op for op, cls in EDITS.items() if cls.dot_product]
+    return [op for op, cls in EDITS.items() if cls.dot_product is not None]
+
+
+def edits_schema() -> dict[str, Any]:
+    """An edit list as JSON Schema, from the registry: per op (``oneOf``) its ``op``, fields, kinds, choices,
+    ranges, defaults and help, and which fields it needs; for API and MCP clients."""
+    return {
+        "type": "array",
+        "maxItems": MAX_EDITS,
+        "description": "edits applied in order: JSON objects, each with an op and that op's fields",
+        "items": {"oneOf": [_op_schema(op, cls) for op, cls in EDITS.items()]},
+    }
+
+
+def _op_schema(op: str, cls: type[Edit]) -> dict[str, Any]:
+    params, defaults = cls.params(), {f.name: f.default for f in fields(cls)}
+    props: dict[str, Any] = {"op": {"const": op}}
+    for name, p in params.items():
+        given = not p.required and defaults[name] not in (dataclasses.MISSING, None)
+        props[name] = p.json_schema() | ({"default": p.to_json(defaults[name])} if given else {})
+    return {
+        "type": "object",
+        "title": op,
+        "description": _summary(cls),
+        "properties": props,
+        "required": ["op", *(name for name, p in params.items() if p.required)],
+    }
+
+
+def _summary(cls: type[Edit]) -> str:
+    """The first paragraph of an op's docstring, on one line."""
+    return " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
 
 
 def ops_help() -> str:
     """Every op and its fields, from the registry: the CLI's help and the API's description."""
     lines = []
     for op, cls in EDITS.items():
-        doc = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
-        lines.append(f"{op}: {doc}")
+        lines.append(f"{op}: {_summary(cls)}")
         lines += [f"    {name}: {p.describe()}" for name, p in cls.params().items()]
     return "\n".join(lines)
 
@@ -276,7 +364,7 @@ def _common_problems(edit: Edit, model: nn.Module) -> list[str]:
     if head is not None and not 0 <= head < attn.num_heads:
         return [f"head {head} does not exist (layer {edit.layer} has heads 0–{attn.num_heads - 1})"]
     if not isinstance(attn, SSOGAttention) and not edit.works_on_dot_product():
-        what = " and ".join(cls.dot_product for cls in EDITS.values() if cls.dot_product)
+        what = " and ".join(w for cls in EDITS.values() if (w := cls.dot_product_words()))
         return [
             f"{edit.op} edits the Gaussian field, which layer {edit.layer} does not have (it is dot-product "
             f"attention): only {what} work on it"

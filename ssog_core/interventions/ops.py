@@ -110,16 +110,13 @@ class AblateHead(Edit):
     images."""
 
     op = "ablate_head"
-    dot_product = "ablate_head"
+    dot_product = {}
     head: int = param(0, **_HEAD)
     mode: str = param("zero", kind="choice", choices=("zero", "dataset_mean"), noun="ablation mode",
                       help="zero, or each position's mean over the validation images")  # fmt: skip
 
     def describe(self) -> str:
         return f"{self._where(self.head)}: ablated ({'zero' if self.mode == 'zero' else 'dataset mean'})"
-
-    def works_on_dot_product(self) -> bool:
-        return True
 
     def problems(self, attn: nn.Module, model: nn.Module, ctx: CheckContext) -> list[str]:
         if self.mode == "dataset_mean" and not ctx.has_means:
@@ -148,7 +145,7 @@ class PatchHead(Edit):
     """From a source image (run on the unedited model): the head's whole output, or only its steering."""
 
     op = "patch_head"
-    dot_product = "patch_head with what='output'"
+    dot_product = {"what": "output"}
     head: int = param(0, **_HEAD)
     source: str = param("", kind="image", help="the source image: a bundled image's name or a SHA-256")
     what: str = param("output", kind="choice", choices=("output", "steering"), noun="patch",
@@ -157,9 +154,6 @@ class PatchHead(Edit):
     def describe(self) -> str:
         name = self.source[:12] + "…" if _SHA.match(self.source) else self.source
         return f"{self._where(self.head)}: {self.what} patched from {name}"
-
-    def works_on_dot_product(self) -> bool:
-        return self.what == "output"
 
     def problems(self, attn: nn.Module, model: nn.Module, ctx: CheckContext) -> list[str]:
         if self.source not in ctx.sources:
