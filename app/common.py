@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 from app.state import AppError
 from ssog_core.checkpoint.format import CheckpointError
 from ssog_core.data.images import ImageError
+from ssog_core.nn.hook_points import in_context
 from ssog_core.viz import figures as viz
 
 Updates = dict[Block, Any]  # what a handler returns: {component: new value or gr.update(...)} for those it changes
@@ -67,8 +68,10 @@ def stoppable(work: Callable[[Callable[[], bool]], T], poll: float = 0.5) -> Ite
     """Run ``work(stop)`` in a thread and yield ``None`` every ``poll`` seconds while it runs, then its result.
 
     For long handlers as generators: Gradio can cancel a generator only between two values, and cancelling a plain
-    function leaves its thread running. When the generator is closed early (a cancelled job, a Stop button),
-    ``stop()`` turns true and ``work`` is expected to return soon after (it raises, and nothing is yielded).
+    function leaves its thread running. The thread carries the caller's context (an edit or eval block around the
+    call acts in ``work`` too: :func:`~ssog_core.nn.hook_points.in_context`). When the generator is closed early (a
+    cancelled job, a Stop button), ``stop()`` turns true and ``work`` is expected to return soon after (it raises,
+    and nothing is yielded).
     """
     flag = threading.Event()
     box: dict[str, Any] = {}
@@ -79,7 +82,7 @@ def stoppable(work: Callable[[Callable[[], bool]], T], poll: float = 0.5) -> Ite
         except BaseException as e:  # handed to the generator's thread
             box["error"] = e
 
-    thread = threading.Thread(target=target, daemon=True)
+    thread = threading.Thread(target=in_context(target), daemon=True)
     thread.start()
     try:
         while thread.is_alive():

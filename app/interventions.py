@@ -1,7 +1,8 @@
-"""The app's side of interventions: names → images and models, and caches around the one run entry
-(:func:`ssog_core.interventions.result.run_intervention`). What is expensive and shared (validation images and the
-unedited model's outcomes on them, head means, unedited attention maps, sweeps) lives in ``ctx.cache.effects``,
-keyed by what each depends on (the model's file, the image, the edit list, N, the mode).
+"""The app's side of interventions: names → images and models, handed whole to the one run entry
+(:func:`ssog_core.interventions.result.run_intervention`) with the app's cache. What is expensive and shared
+(validation images and the unedited model's outcomes on them, head means, unedited attention maps and logits, sweeps)
+lives in ``ctx.cache.effects``, keyed by what each depends on (the model's file, the image, the edit list, N, the
+mode); the core makes and keys it (:class:`~ssog_core.interventions.result.Memo`).
 
 Work on the validation set (validation effects, head importance) runs under :data:`app.queues.heavy_gate`, so at
 most ``HEAVY_LIMIT`` such computations run at once, whichever queue asked for them (:mod:`app.queues`).
@@ -16,24 +17,18 @@ from torch import Tensor
 
 from app.queues import heavy_gate
 from app.state import AppContext, LoadedModel
-from ssog_core.analysis.measures import attention_maps
+from ssog_core.interventions import result
 from ssog_core.interventions.edit import Edit, edits_key, parse_edits
-from ssog_core.interventions.effects import Outcomes, dataset_means, outcomes
+from ssog_core.interventions.effects import Outcomes
 from ssog_core.interventions.importance import HeadImportance, head_importance
 from ssog_core.interventions.ops import AblateHead
-from ssog_core.interventions.result import InterventionResult, run_intervention
-from ssog_core.interventions.validation import EvalSet, load_eval_set
+from ssog_core.interventions.result import InterventionResult, Memo, run_intervention
+from ssog_core.interventions.validation import EvalSet
 
 
-def sources(ctx: AppContext, loaded: LoadedModel, edits: Sequence[Edit]) -> dict[str, Tensor]:
-    """Model inputs of the patch source images the edits name (bundled name or SHA-256, as everywhere in the app)."""
-    names = sorted({name for e in edits for name in e.sources()})
-    return {n: loaded.input(ctx.find_image(n).image) for n in names}
-
-
-def head_means(ctx: AppContext, loaded: LoadedModel) -> list[Tensor]:
-    """The per-position head means ``dataset_mean`` ablation needs (once per checkpoint)."""
-    return ctx.cache.effects.get(("means", loaded.key), lambda: dataset_means(loaded.model, loaded.meta))
+def memo(ctx: AppContext, loaded: LoadedModel) -> Memo:
+    """Where the core keeps this model's validation images, outcomes, head means and unedited maps."""
+    return Memo(ctx.cache.effects, loaded.key)
 
 
 def eval_set(
@@ -41,12 +36,7 @@ def eval_set(
 ) -> tuple[EvalSet, Outcomes]:
     """The validation images and the unedited model's outcomes on them (once per checkpoint and N; ``stop``
     cancels the first computation between batches)."""
-
-    def make() -> tuple[EvalSet, Outcomes]:
-        data = load_eval_set(loaded.meta, loaded.config.img_size, n)
-        return data, outcomes(loaded.model, data, stop=stop)
-
-    return ctx.cache.effects.get(("eval", loaded.key, int(n)), make)
+    return result.eval_outcomes(loaded.model, loaded.meta, n, memo(ctx, loaded), stop=stop)
 
 
 def run(
@@ -56,22 +46,20 @@ def run(
     edits: Sequence[Edit],
     n: int = 0,
     stop: Callable[[], bool] | None = None,
+    maps: bool = True,
 ) -> InterventionResult:
-    """The run entry with the app's caches: on image ``sha`` (if given) and on ``n`` validation images (if > 0);
-    a result with validation images is kept per (checkpoint, image, edits, N). ``stop`` cancels the validation
-    work between batches, also while it waits for a heavy slot."""
+    """The run entry with the app's caches and images: on image ``sha`` (if given) and on ``n`` validation images
+    (if > 0); a result with validation images is kept per (checkpoint, image, edits, N). ``stop`` cancels the
+    validation work between batches, also while it waits for a heavy slot; ``maps=False`` asks for the prediction
+    only."""
+
+    def source(name: str) -> Tensor:  # a patch source: bundled name or SHA-256, as everywhere in the app
+        return loaded.input(ctx.find_image(name).image)
 
     def make() -> InterventionResult:
-        x = maps = data = unedited = None
-        if sha:
-            x = loaded.input(ctx.find_image(sha).image)
-            maps = ctx.cache.effects.get(("maps", loaded.key, sha), lambda: attention_maps(loaded.model, x))
-        if n:
-            data, unedited = eval_set(ctx, loaded, n, stop)
-        means = head_means(ctx, loaded) if any(e.needs_means() for e in edits) else None
-        src = sources(ctx, loaded, edits)
-        return run_intervention(loaded.model, loaded.meta, edits, x, int(n), sources=src, head_means=means,
-                                unedited_maps=maps, eval_set=data, unedited_outcomes=unedited, stop=stop)  # fmt: skip
+        x = source(sha) if sha else None
+        return run_intervention(loaded.model, loaded.meta, edits, x, int(n), sources=source,
+                                memo=memo(ctx, loaded), image_key=sha, maps=maps, stop=stop)  # fmt: skip
 
     if not n:
         return make()
@@ -80,7 +68,7 @@ def run(
         with heavy_gate:  # validation work: at most HEAVY_LIMIT at once, whichever queue asked for it
             return make()
 
-    return ctx.cache.effects.get(("result", loaded.key, sha, edits_key(edits), int(n)), gated)
+    return ctx.cache.effects.get(("result", loaded.key, sha, edits_key(edits), int(n), maps), gated)
 
 
 def intervene(
@@ -105,7 +93,11 @@ def importance(
     def make() -> HeadImportance:
         with heavy_gate:
             data, _ = eval_set(ctx, loaded, n)
-            means = head_means(ctx, loaded) if AblateHead(0, 0, mode).needs_means() else None
+            means = (
+                result.head_means(loaded.model, loaded.meta, memo(ctx, loaded))
+                if AblateHead(0, 0, mode).needs_means()
+                else None
+            )
             return head_importance(loaded.model, data, mode, means, progress=True, stop=stop)
 
     return ctx.cache.effects.get(("importance", loaded.key, int(n), mode), make)

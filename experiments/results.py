@@ -1,4 +1,6 @@
-"""Measure the two-stage pair and write docs/RESULTS.md (+ docs/figures/): SSOG vs its dot twin on a procedural set.
+"""Measure the two-stage pair and write its section of docs/RESULTS.md (+ docs/figures/): SSOG vs its dot twin on a
+procedural set. The section is the first of the document; other scripts own the others, and the prose between them
+is written by hand.
 
     python experiments/results.py [--ssog checkpoints/ssog_layouts.safetensors] \
         [--dot checkpoints/dot_layouts.safetensors]
@@ -15,32 +17,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ssog_core.analysis.measures import export_maps, head_fields
+from ssog_core.analysis.presets import ELONGATED_RATIO
 from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.format import load_checkpoint
 from ssog_core.data import layouts, shapes
-from ssog_core.field import positive
-from ssog_core.nn.attention import COLD_GATE, WARM_GATE
+from ssog_core.doc_sections import replace_section, section_markers
+from ssog_core.nn.attention import gate_start
 from ssog_core.nn.cost import count_flops, count_params
 from ssog_core.train.accuracy import evaluate_sizes, plot_transfer
 
 ROOT = Path(__file__).resolve().parent.parent
 
-KEPT_SECTIONS = (  # sections other scripts own
-    ("<!-- small-data:begin -->", "<!-- small-data:end -->"),  # experiments/small_data.py
-    ("<!-- export-control:begin -->", "<!-- export-control:end -->"),  # experiments/export_control.py
-    ("<!-- interventions:begin -->", "<!-- interventions:end -->"),  # experiments/interventions_report.py
-    ("<!-- matched-trio:begin -->", "<!-- matched-trio:end -->"),  # experiments/matched_trio.py
-)
-COLD = float(positive(torch.tensor(COLD_GATE)))  # softplus(-8) + 1e-4 = 4.35e-4: a cold gate's starting scale
-WARM = float(positive(torch.tensor(WARM_GATE)))  # softplus(-2) + 1e-4
-ELONGATED = 2.0  # a head whose field's spread along one axis is ≥ 2× the other reads as a strip
+MARKS = section_markers("layouts-pair")  # this script's section of docs/RESULTS.md; the others' stay
+COLD, WARM = gate_start(True), gate_start(False)  # a cold and a warm gate's starting scale
 COVERED = 0.25  # a patch belongs to the object when at least a quarter of it is covered (bars are thin)
 PROCEDURAL = {
     "shapes": (shapes.ShapesSpec, shapes.render_with_mask),
@@ -93,7 +88,7 @@ def geometry(model: torch.nn.Module) -> list[dict[str, float]]:
                 "reach": float(lf.reach.mean()),
                 "reach_range": (float(lf.reach.min()), float(lf.reach.max())),
                 "entropy": float(lf.entropy.mean()),
-                "elongated": int((lf.elongation >= ELONGATED).sum()),
+                "elongated": int((lf.elongation >= ELONGATED_RATIO).sum()),
                 "max_elongation": float(lf.elongation.max()),
                 "gates": dict(lf.gates),
             }
@@ -206,7 +201,8 @@ def main() -> None:
         "",
         "From `ssog_core.analysis.measures.head_fields`, on each head's fixed (unsteered) field as a density over key",
         "displacement on the model's grid: *reach* = RMS key distance from the query (grid cells), *elongated* =",
-        f"the field's standard deviations along y and x differ by ≥ {ELONGATED:g}× (either way round); entropy in",
+        f"the field's standard deviations along y and x differ by ≥ {ELONGATED_RATIO:g}× (either way round); "
+        "entropy in",
         "nats.",
         f"Gate scale s = softplus(raw) + 1e-4; a cold gate starts at {COLD:.3g}, a warm one at {WARM:.3f} "
         f"(this model: {'cold' if cfg['cold_init'] else 'warm'} start); ×cold = s / {COLD:.3g}.",
@@ -274,13 +270,8 @@ def main() -> None:
         for e in range(epochs):
             lines.append(f"| {e + 1} | " + " | ".join(f"{100 * v[e]['val_acc']:.1f}%" for v in logs.values()) + " |")
         lines.append("")
-    previous = (out / "RESULTS.md").read_text() if (out / "RESULTS.md").is_file() else ""
-    for begin, end in KEPT_SECTIONS:
-        kept = re.search(re.escape(begin) + ".*?" + re.escape(end), previous, re.S)
-        if kept:  # another script owns that section; keep it
-            lines += ["", kept.group(0), ""]
-    atomic_write(out / "RESULTS.md", lambda tmp: Path(tmp).write_text("\n".join(lines)))
-    print(f"wrote {out / 'RESULTS.md'}")
+    replace_section(out / "RESULTS.md", MARKS, "\n".join([MARKS[0], *lines]).rstrip("\n") + "\n" + MARKS[1])
+    print(f"wrote the section of {out / 'RESULTS.md'}")
 
 
 if __name__ == "__main__":

@@ -10,16 +10,14 @@ from typing import Any
 
 import gradio as gr
 import numpy as np
-import torch
 from gradio.blocks import Block
 from PIL import Image
 
-from app import plots, queues
+from app import interventions, plots, queues
 from app.canvas import CSS_TEMPLATE, HTML_TEMPLATE, JS_ON_LOAD, canvas_props
 from app.common import Updates, error_text, warn, write_downloads
 from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError
-from ssog_core.analysis import predictions
 from ssog_core.analysis.head_spec import (
     DEFAULT_SPEC,
     MAX_ATOMS,
@@ -33,7 +31,6 @@ from ssog_core.analysis.head_spec import (
 from ssog_core.analysis.presets import KINDS, RULES
 from ssog_core.interventions.edit import Edit
 from ssog_core.interventions.ops import head_edits
-from ssog_core.interventions.run import edited
 from ssog_core.viz import figures as viz
 from ssog_core.viz import files as figures
 from ssog_core.viz import raster
@@ -398,16 +395,12 @@ def load_head(
 
 
 def prediction_change(ctx: AppContext, ckpt: str, sha: str | None, edits: list[Edit], what: str) -> str:
-    """One line: the model's prediction on the picture, unedited → under ``edits`` (this request only)."""
+    """One line: the model's prediction on the picture, unedited → under ``edits`` (this request only), from the one
+    run entry (the prediction only: no maps)."""
     if not sha:
         raise AppError("pick an image (top of the page) to see the model's prediction change")
     loaded = ctx.model(ckpt)
-    x = loaded.input(ctx.image(sha).image)
-    with torch.inference_mode():
-        before = ctx.cache.effects.get(("logits", loaded.key, sha), lambda: loaded.model(x))
-        with edited(loaded.model, edits):
-            after = loaded.model(x)
-    change = predictions.prediction_change(before, after)
+    change = interventions.run(ctx, loaded, sha, edits, maps=False).image.change
     names, top, new = loaded.class_names, change.top, change.winner
     return (
         f"{what}: prediction **{names[top]}** {float(change.unedited[top]):.4f} → **{names[new]}** "

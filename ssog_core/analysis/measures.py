@@ -1,7 +1,8 @@
 """Interpretability quantities behind every picture (docs/DESIGN.md §3). The app only draws these.
 
-All functions take a model (eval mode is set for the duration) and tensors, run under
-``torch.inference_mode``, and return plain tensors or small dataclasses:
+All functions take a model and tensors, run under ``torch.inference_mode`` with eval semantics for the call (no
+dropout, :func:`~ssog_core.nn.hook_points.evaluating`: the model's ``training`` is never written, another thread may
+be training it), read what the attention saw at the hook points, and return plain tensors or small dataclasses:
 
 * :func:`head_fields` — per layer: each head's field over relative position, atoms, gate scales, stats;
 * :func:`steering_offsets` — per layer: how content moved every token's atoms;
@@ -30,20 +31,15 @@ from torch import Tensor, nn
 
 from ssog_core.field import Field, attention_matrix, displacement_density
 from ssog_core.nn.attention import RBFAttention, SSOGAttention
-from ssog_core.nn.hook_points import removed_heads
+from ssog_core.nn.hook_points import evaluating, reading, removed_heads
 
 DEFAULT_ALPHA = 0.5  # residual mixing Â = α·Ā + (1 − α)·I: half of a block's output is its own residual
 
 
 @contextlib.contextmanager
-def _eval(model: nn.Module) -> Iterator[None]:
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            yield
-    finally:
-        model.train(was_training)
+def _eval() -> Iterator[None]:
+    with torch.inference_mode(), evaluating():
+        yield
 
 
 def _grid_positions(grid: tuple[int, int], device: torch.device, dtype: torch.dtype) -> Tensor:
@@ -122,7 +118,8 @@ class LayerField:
 
     @property
     def elongation(self) -> Tensor:
-        """``(H,)`` ratio of the larger to the smaller of a head's two spreads: ≥ 2 reads as a strip."""
+        """``(H,)`` ratio of the larger to the smaller of a head's two spreads: a head is elongated from
+        ``presets.ELONGATED_RATIO`` (2) and a strip only from ``presets.STRIP_RATIO`` (3)."""
         return self.spread.max(-1).values / self.spread.min(-1).values.clamp_min(1e-6)
 
 
@@ -172,16 +169,18 @@ def layer_field(attn: SSOGAttention, grid: tuple[int, int], extent: tuple[int, i
 
 def head_fields(model: nn.Module, extent: tuple[int, int] | None = None) -> list[LayerField]:
     """Geometry of every SSOG layer of ``model`` on its training grid (empty list for other models)."""
-    with _eval(model):
+    with _eval():
         return [layer_field(a, model.config.grid, extent) for a in ssog_layers(model)]
 
 
-def _layer_inputs(model: nn.Module, img: Tensor) -> tuple[list[Tensor], tuple[int, int], Tensor]:
-    """LayerNormed input of every block's attention, the patch grid and the logits."""
-    inputs: list[Tensor] = []
-    feats = model.forward_features(img, attn_inputs=inputs)
-    logits = model.head(feats.mean(dim=1))
-    return inputs, model.grid_for(img.shape[-2], img.shape[-1]), logits
+def _layer_inputs(model: nn.Module, inputs: Tensor) -> tuple[list[Tensor], tuple[int, int], Tensor]:
+    """The model's own forward on ``inputs`` (images, or a language model's token ids): what every block's attention
+    saw (hook point ``attn.hook_in``, under any active edit), the token grid (``(1, T)`` for a sequence) and the
+    logits."""
+    with reading({i: b.attn.hook_in for i, b in enumerate(model.blocks)}) as seen:
+        logits = model(inputs)
+    grid = (1, inputs.shape[1]) if inputs.dim() == 2 else model.grid_for(inputs.shape[-2], inputs.shape[-1])
+    return [seen[i] for i in range(len(model.blocks))], grid, logits
 
 
 @dataclass
@@ -206,7 +205,7 @@ class SteeringOffsets:
 
 def steering_offsets(model: nn.Module, img: Tensor) -> SteeringOffsets:
     """Per token, head and atom: the μ, σ and λ changes content made (zero for untapped parts)."""
-    with _eval(model):
+    with _eval():
         inputs, grid, logits = _layer_inputs(model, img)
         out = SteeringOffsets([], [], [], [], logits.float().cpu())
         for block, x in zip(model.blocks, inputs, strict=True):
@@ -271,7 +270,7 @@ def attention_maps(model: nn.Module, img: Tensor, steered: bool = True) -> Atten
     ``steered=False`` gives what the fixed field alone would do on the same input (SSOG layers only).
     """
     prefix = model.num_prefix_tokens
-    with _eval(model):
+    with _eval():
         inputs, grid, logits = _layer_inputs(model, img)
         maps, shares, removed = [], [], []
         for block, x in zip(model.blocks, inputs, strict=True):
@@ -378,18 +377,6 @@ def has_keys(model: nn.Module) -> bool:
     return all(hasattr(b.attn, "queries_keys_values") for b in model.blocks)
 
 
-def _attention_inputs(model: nn.Module, inputs: Tensor) -> tuple[list[Tensor], tuple[int, int]]:
-    """The LayerNormed input of every block's attention, and the token grid (``(1, T)`` for a sequence)."""
-    from ssog_core.nn.lm import CausalLM
-
-    captured: list[Tensor] = []
-    if isinstance(model, CausalLM):
-        model(inputs, attn_inputs=captured)
-        return captured, (1, inputs.shape[1])
-    model.forward_features(inputs, attn_inputs=captured)
-    return captured, model.grid_for(inputs.shape[-2], inputs.shape[-1])
-
-
 @dataclass
 class KeyNorms:
     """Key magnitudes per layer and how much attention the largest keys receive (tensors on CPU, float32).
@@ -481,8 +468,8 @@ def key_norms(model: nn.Module, inputs: Tensor, top_k: int = DEFAULT_TOP_K) -> K
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     prefix = model.num_prefix_tokens
-    with _eval(model):
-        xs, grid = _attention_inputs(model, inputs)
+    with _eval():
+        xs, grid, _ = _layer_inputs(model, inputs)
         norms, topk, uniform, pshare, corr, kinds = [], [], [], [], [], []
         for block, x in zip(model.blocks, xs, strict=True):
             attn = block.attn

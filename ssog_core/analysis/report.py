@@ -13,14 +13,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 from torch import Tensor, nn
 
 from ssog_core.analysis.measures import ExportMaps, LayerField, SteeringOffsets, head_fields
 from ssog_core.analysis.predictions import probabilities
 from ssog_core.analysis.presets import STRIP_RATIO
-from ssog_core.field import positive
-from ssog_core.nn.attention import COLD_GATE, WARM_GATE
+from ssog_core.nn.attention import gate_start
 from ssog_core.nn.config import ViTConfig
 from ssog_core.nn.cost import count_flops, count_params
 
@@ -42,7 +40,7 @@ ATOM_COLUMNS = [
 
 def initial_gate_scale(config: ViTConfig) -> float:
     """The value every gate scale starts from (cold or warm start)."""
-    return float(positive(torch.tensor(COLD_GATE if config.cold_init else WARM_GATE)))
+    return gate_start(config.cold_init)
 
 
 def layer_geometry(model: nn.Module) -> list[dict[str, Any]]:

@@ -1,7 +1,8 @@
 """What an intervention changes, with a noise floor: one image and the validation images.
 
 * :func:`image_effect` — one image: class probabilities unedited and edited, the change in log p of the unedited
-  prediction, accumulated export maps unedited / edited / difference, and the first edited layer's attention.
+  prediction (:func:`~ssog_core.analysis.predictions.prediction_change`), accumulated export maps unedited / edited /
+  difference, and the first edited layer's attention.
 * :func:`validation_effect` — the validation images (:mod:`ssog_core.interventions.validation`): accuracy and
   mean log p(true class), unedited and edited, each change with a paired bootstrap 95% interval (the same images
   are resampled for both sides), McNemar's exact and mid-p tests for the accuracy change, and the same per class.
@@ -22,9 +23,11 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from ssog_core.analysis.measures import AttentionMaps, attention_maps, export_maps_of
+from ssog_core.analysis.predictions import PredictionChange, prediction_change
 from ssog_core.interventions.edit import Edit, parse_edits
 from ssog_core.interventions.run import edited, mean_head_outputs
 from ssog_core.interventions.validation import BATCH, EvalSet, load_eval_set
+from ssog_core.nn.hook_points import evaluating
 
 BOOTSTRAP = 2000  # resamples: the 2.5% and 97.5% quantiles move by < 0.1 of an interval's width between seeds
 TOP_K = 5
@@ -71,22 +74,34 @@ class ImageEffect:
     """One image, unedited and edited (CPU tensors).
 
     Attributes:
-        probs_unedited, probs_edited: ``(classes,)`` in the checkpoint's class order.
-        dlogp: edited − unedited log p of the class the unedited model predicts.
-        accumulated_unedited, accumulated_edited: ``(Gh, Gw)`` accumulated export maps (difference: property).
+        change: the class log-probabilities unedited and edited (:mod:`ssog_core.analysis.predictions`), which
+            give ``probs_unedited``, ``probs_edited`` ``(classes,)`` and ``dlogp``.
+        accumulated_unedited, accumulated_edited: ``(Gh, Gw)`` accumulated export maps (difference: property);
+            ``None`` when only the prediction was asked for.
         layer: the first edited layer (``None`` without edits); ``attention_unedited`` / ``attention_edited``
             its ``(H, N, N)`` matrices and ``removed`` the heads the edit took out of its head mean.
     """
 
-    probs_unedited: Tensor
-    probs_edited: Tensor
-    dlogp: float
-    accumulated_unedited: Tensor
-    accumulated_edited: Tensor
+    change: PredictionChange
+    accumulated_unedited: Tensor | None
+    accumulated_edited: Tensor | None
     layer: int | None
     attention_unedited: Tensor | None
     attention_edited: Tensor | None
     removed: frozenset[int]
+
+    @property
+    def probs_unedited(self) -> Tensor:
+        return self.change.unedited
+
+    @property
+    def probs_edited(self) -> Tensor:
+        return self.change.edited
+
+    @property
+    def dlogp(self) -> float:
+        """Edited − unedited log p of the class the unedited model predicts."""
+        return self.change.dlogp
 
     @property
     def difference(self) -> Tensor:
@@ -98,30 +113,39 @@ class ImageEffect:
         return [(class_names[i], float(v)) for v, i in zip(values, idx, strict=True)]
 
 
+def logits_of(model: nn.Module, x: Tensor) -> Tensor:
+    """``model(x)`` with eval semantics, recording nothing for autograd (under any active edit)."""
+    with torch.inference_mode(), evaluating():
+        return model(x)
+
+
 def image_effect(
     model: nn.Module,
     img: Tensor,
     edits: Sequence[Edit | dict],
     sources: dict[str, Tensor] | None = None,
     head_means: Sequence[Tensor] | None = None,
-    unedited: AttentionMaps | None = None,
+    unedited: AttentionMaps | Tensor | None = None,
+    maps: bool = True,
 ) -> ImageEffect:
     """The effect of ``edits`` on one image ``(1, C, H, W)``. ``unedited`` may pass the image's unedited
-    :class:`~ssog_core.analysis.AttentionMaps` (a caller that caches them saves half the work)."""
+    :class:`~ssog_core.analysis.AttentionMaps` (a caller that caches them saves half the work). ``maps=False``: the
+    prediction only (one forward pass each side, for a caller that asks often); ``unedited`` is then the unedited
+    logits, if known."""
     parsed = parse_edits(list(edits))
+    layer = min((e.layer for e in parsed), default=None)
+    if not maps:
+        logits0 = unedited if unedited is not None else logits_of(model, img)
+        with edited(model, parsed, sources, head_means):
+            logits1 = logits_of(model, img)
+        return ImageEffect(prediction_change(logits0, logits1), None, None, layer, None, None, frozenset())
     maps0 = unedited if unedited is not None else attention_maps(model, img)
     with edited(model, parsed, sources, head_means):
         maps1 = attention_maps(model, img)
-    acc0, acc1 = export_maps_of(maps0).accumulated[0], export_maps_of(maps1).accumulated[0]
-    p0, p1 = (torch.softmax(m.logits[0].double(), -1).cpu() for m in (maps0, maps1))
-    top = int(p0.argmax())
-    layer = min((e.layer for e in parsed), default=None)
     return ImageEffect(
-        probs_unedited=p0,
-        probs_edited=p1,
-        dlogp=float(torch.log(p1[top].clamp_min(1e-300)) - torch.log(p0[top].clamp_min(1e-300))),
-        accumulated_unedited=acc0,
-        accumulated_edited=acc1,
+        change=prediction_change(maps0.logits, maps1.logits),
+        accumulated_unedited=export_maps_of(maps0).accumulated[0],
+        accumulated_edited=export_maps_of(maps1).accumulated[0],
         layer=layer,
         attention_unedited=None if layer is None else maps0.attn[layer][0].cpu(),
         attention_edited=None if layer is None else maps1.attn[layer][0].cpu(),
@@ -181,18 +205,13 @@ def outcomes(
     """The model's outcomes on ``data``, with ``edits`` applied; ``stop`` is asked before every batch (true: raise
     :class:`Cancelled`)."""
     parts, (dev, dtype) = [], device_dtype(model)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode(), edited(model, edits, sources, head_means):
-            starts = range(0, len(data), batch_size)
-            for s in tqdm(starts, desc="images", unit="batch", disable=not progress, leave=False):
-                if stop is not None and stop():
-                    raise Cancelled("the pass over validation images was stopped")
-                end = min(s + batch_size, len(data))
-                parts.append(outcomes_of(model(data.batch(s, end, dev, dtype)), data.labels[s:end]))
-    finally:
-        model.train(was_training)
+    with torch.inference_mode(), evaluating(), edited(model, edits, sources, head_means):
+        starts = range(0, len(data), batch_size)
+        for s in tqdm(starts, desc="images", unit="batch", disable=not progress, leave=False):
+            if stop is not None and stop():
+                raise Cancelled("the pass over validation images was stopped")
+            end = min(s + batch_size, len(data))
+            parts.append(outcomes_of(model(data.batch(s, end, dev, dtype)), data.labels[s:end]))
     return concat(parts)
 
 

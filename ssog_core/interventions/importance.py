@@ -30,6 +30,7 @@ from ssog_core.interventions.ops import AblateHead, CloseGate
 from ssog_core.interventions.run import edited
 from ssog_core.interventions.validation import BATCH, EvalSet
 from ssog_core.nn.attention import SSOGAttention
+from ssog_core.nn.hook_points import evaluating
 
 
 @dataclass
@@ -85,7 +86,7 @@ def _tail(model: nn.Module, x: Tensor, grid: tuple[int, int], start: int) -> Ten
     """Logits from the residual stream ``x`` entering block ``start`` (what ``ViT.forward`` does from there)."""
     for block in model.blocks[start:]:
         x = block(x, grid)
-    return model.head(model.norm(x[:, model.num_prefix_tokens :]).mean(dim=1))
+    return model.readout(x)
 
 
 def head_importance(
@@ -107,11 +108,9 @@ def head_importance(
     dev, dtype = device_dtype(model)
     base: list[Outcomes] = []
     per_edit: list[list[Outcomes]] = [[] for _ in sweep]
-    was_training = model.training
-    model.eval()
     bar = tqdm(total=len(data) * (len(sweep) + 1), desc="head importance", unit="img", disable=not progress)
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), evaluating():
             for s in range(0, len(data), batch_size):
                 if stop is not None and stop():
                     raise Cancelled("head importance stopped")
@@ -121,7 +120,7 @@ def head_importance(
                 for block in model.blocks:
                     streams.append(x)
                     x = block(x, grid)
-                base.append(outcomes_of(model.head(model.norm(x[:, model.num_prefix_tokens :]).mean(dim=1)), labels))
+                base.append(outcomes_of(model.readout(x), labels))
                 bar.update(len(labels))
                 for i, e in enumerate(sweep):
                     with edited(model, [e], head_means=head_means):
@@ -129,7 +128,6 @@ def head_importance(
                     bar.update(len(labels))
     finally:
         bar.close()
-        model.train(was_training)
     unedited = concat(base)
     c0 = unedited.correct(data.labels).numpy().astype(np.float64)
     edited_runs = [concat(p) for p in per_edit]

@@ -1,27 +1,89 @@
 """One run entry for the app, the CLI, the notebook and MCP: a model, an image and/or a number of validation images,
 and edits → one :class:`InterventionResult` (probabilities, Δ log p, maps, validation effect), whose JSON form
-(:meth:`InterventionResult.to_dict`) is the app's ``/intervene`` answer and the CLI's ``--json``."""
+(:meth:`InterventionResult.to_dict`) is the app's ``/intervene`` answer and the CLI's ``--json``.
+
+The entry takes the request whole and gathers what it needs itself: the patch sources (from a mapping or a
+callback), the head means, the validation images and the unedited model's outcomes on them, and the image's
+unedited maps. A caller that keeps these between calls (the app) hands over a :class:`Memo`; every such value is
+made by the functions here, so the app's sweeps and views share them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import Tensor, nn
 
-from ssog_core.analysis.measures import AttentionMaps
-from ssog_core.interventions.edit import Edit, describe, parse_edits
+from ssog_core.analysis.measures import attention_maps
+from ssog_core.interventions.edit import Edit, check_edits, describe, parse_edits
 from ssog_core.interventions.effects import (
     ImageEffect,
     Outcomes,
     ValidationEffect,
     dataset_means,
     image_effect,
+    logits_of,
     validation_effect,
 )
+from ssog_core.interventions.effects import outcomes as outcomes_on
 from ssog_core.interventions.validation import EvalSet, load_eval_set
+
+T = TypeVar("T")
+Sources = Mapping[str, Tensor] | Callable[[str], Tensor]  # patch source name → its model input (1, C, H, W)
+
+
+class Cache(Protocol):
+    """What a caller keeps values in: ``get(key, make)`` returns the kept value or makes and keeps it."""
+
+    def get(self, key: Hashable, make: Callable[[], T]) -> T: ...
+
+
+@dataclass(frozen=True)
+class Memo:
+    """Where a caller keeps a model's expensive values between calls: its ``cache`` and the model's identity in the
+    keys (``(what, model_key, ...)``: ``("eval", key, n)``, ``("means", key)``, ``("maps", key, image_key)``,
+    ``("logits", key, image_key)``). ``Memo()`` keeps nothing: everything is made for this call."""
+
+    cache: Cache | None = None
+    model_key: Hashable = None
+
+    def get(self, what: str, *part: Hashable, make: Callable[[], T]) -> T:
+        return make() if self.cache is None else self.cache.get((what, self.model_key, *part), make)
+
+
+def eval_outcomes(
+    model: nn.Module,
+    meta: Mapping[str, Any],
+    n: int,
+    memo: Memo = Memo(),
+    progress: bool = False,
+    stop: Callable[[], bool] | None = None,
+) -> tuple[EvalSet, Outcomes]:
+    """The first ``n`` validation images and the unedited model's outcomes on them (kept per model and ``n``;
+    ``stop`` cancels the first computation between batches)."""
+
+    def make() -> tuple[EvalSet, Outcomes]:
+        data = load_eval_set(dict(meta), model.config.img_size, n)
+        return data, outcomes_on(model, data, progress=progress, stop=stop)
+
+    return memo.get("eval", int(n), make=make)
+
+
+def head_means(model: nn.Module, meta: Mapping[str, Any], memo: Memo = Memo()) -> list[Tensor]:
+    """The per-position head means ``dataset_mean`` ablation needs (kept per model)."""
+    return memo.get("means", make=lambda: dataset_means(model, dict(meta)))
+
+
+def patch_sources(edits: Sequence[Edit], sources: Sources | None) -> dict[str, Tensor]:
+    """The model inputs of the patch sources the edits name (a name a mapping lacks is left to the edits' checks,
+    which refuse it in words; a callback raises its own error)."""
+    names = sorted({name for e in edits for name in e.sources()})
+    if sources is None or isinstance(sources, Mapping):
+        given = sources or {}
+        return {n: given[n] for n in names if n in given}
+    return {n: sources(n) for n in names}
 
 
 def class_names(model: nn.Module, meta: Mapping[str, Any]) -> list[str]:
@@ -84,36 +146,41 @@ class InterventionResult:
 def run_intervention(
     model: nn.Module,
     meta: Mapping[str, Any],
-    edits: Sequence[Edit],
+    edits: Sequence[Edit | dict],
     image: Tensor | None = None,
     eval_images: int = 0,
     *,
-    sources: Mapping[str, Tensor] | None = None,
-    head_means: Sequence[Tensor] | None = None,
-    unedited_maps: AttentionMaps | None = None,
-    eval_set: EvalSet | None = None,
-    unedited_outcomes: Outcomes | None = None,
+    sources: Sources | None = None,
+    memo: Memo = Memo(),
+    image_key: Hashable = None,
+    maps: bool = True,
     progress: bool = False,
     stop: Callable[[], bool] | None = None,
 ) -> InterventionResult:
     """Apply ``edits`` to ``model`` for this call: on ``image`` (a model input ``(1, C, H, W)``) and/or on the first
     ``eval_images`` validation images of the checkpoint's data (:mod:`ssog_core.interventions.validation`).
 
-    ``sources`` maps each patch source an edit names to its model input. The other keywords pass what a caller
-    keeps between calls: the head means (computed here when an edit needs them and none are given), the image's
-    unedited attention maps, the validation images and the unedited model's outcomes on them. ``stop`` is asked
-    between batches of validation images (true: :class:`~ssog_core.interventions.effects.Cancelled`).
+    ``sources`` gives each patch source an edit names its model input (a mapping, or a callback from the name).
+    ``memo`` keeps the validation images and their unedited outcomes, the head means and (with ``image_key`` naming
+    the image) the image's unedited maps or logits between calls. ``maps=False`` asks for the image's prediction
+    only (no maps: one forward pass each side). ``stop`` is asked between batches of validation images (true:
+    :class:`~ssog_core.interventions.effects.Cancelled`).
     """
     parsed = parse_edits(list(edits))
-    if head_means is None and any(e.needs_means() for e in parsed):
-        head_means = dataset_means(model, dict(meta))
+    src = patch_sources(parsed, sources)
+    check_edits(model, parsed, src, has_means=True)  # refused in words before any work (the means are made below)
+    means = head_means(model, meta, memo) if any(e.needs_means() for e in parsed) else None
     img = val = None
-    with torch.inference_mode():
-        if image is not None:
-            img = image_effect(model, image, parsed, dict(sources or {}), head_means, unedited_maps)
-        if eval_images:
-            data = eval_set if eval_set is not None else load_eval_set(dict(meta), model.config.img_size, eval_images)
-            val = validation_effect(
-                model, data, parsed, dict(sources or {}), head_means, unedited_outcomes, progress=progress, stop=stop
-            )
+    if image is not None:
+        what, unedited = ("maps", attention_maps) if maps else ("logits", logits_of)
+        base = (
+            unedited(model, image)
+            if image_key is None
+            else memo.get(what, image_key, make=lambda: unedited(model, image))
+        )
+        img = image_effect(model, image, parsed, src, means, base, maps=maps)
+    if eval_images:
+        data, unedited_outcomes = eval_outcomes(model, meta, eval_images, memo, progress, stop)
+        with torch.inference_mode():
+            val = validation_effect(model, data, parsed, src, means, unedited_outcomes, progress=progress, stop=stop)
     return InterventionResult(parsed, class_names(model, meta), img, val)

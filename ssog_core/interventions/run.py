@@ -3,54 +3,40 @@
 
 The edits act at the hook points (:mod:`ssog_core.interventions.hooks`), so the logits,
 :func:`~ssog_core.analysis.measures.attention_maps`, :func:`~ssog_core.analysis.measures.export_maps`, rollout and
-the steering offsets all see the same edited model. Nothing is written into the model and nothing outlives the
-block, even with many threads sharing the model. Patch sources are run on the *unedited* model (as activation
-patching takes its cache from a clean run). Dot-product and RBF models take ``ablate_head`` and ``patch_head``
-with ``what="output"`` only.
+the steering offsets all see the same edited model, a compiled one too. Nothing is written into the model and
+nothing outlives the block, even with many threads sharing the model; work handed to another thread or a pool
+inside the block sees the edits when wrapped with :func:`~ssog_core.nn.hook_points.in_context`. Patch sources are
+run on the *unedited* model (as activation patching takes its cache from a clean run). Dot-product and RBF models
+take ``ablate_head`` and ``patch_head`` with ``what="output"`` only.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from ssog_core.field import Field
 from ssog_core.interventions.edit import Edit, EditError, LayerInputs, Recorded, check_edits, parse_edits
-from ssog_core.interventions.hooks import hooked
-from ssog_core.nn.hook_points import PointFn
+from ssog_core.nn.hook_points import HookPoint, PointFn, evaluating, hooked, reading
 
 
 def record(model: nn.Module, img: Tensor) -> list[Recorded]:
     """What every layer of the *unedited* model computes on ``img``: bounded probes and per-head outputs."""
-    seen: list[dict[str, Any]] = [{"probes": {}, "output": None} for _ in model.blocks]
-    points: dict[int, PointFn] = {}
-
-    def keep(layer: int, tap: str | None) -> PointFn:
-        def fn(a: Tensor) -> Tensor:
-            if tap is None:
-                seen[layer]["output"] = a
-            else:
-                seen[layer]["probes"][tap] = a
-            return a
-
-        return fn
-
+    points: dict[tuple[int, str | None], HookPoint] = {}
     for i, block in enumerate(model.blocks):
-        points[id(block.attn.head_out)] = keep(i, None)
+        points[(i, None)] = block.attn.head_out
         for tap, point in getattr(block.attn, "probes", {}).items():
-            points[id(point)] = keep(i, tap)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode(), hooked(points, replace=True):  # replace: the unedited model
-            model(img)
-    finally:
-        model.train(was_training)
-    return [Recorded(s["probes"], s["output"]) for s in seen]
+            points[(i, tap)] = point
+    with torch.inference_mode(), evaluating(), reading(points, replace=True) as seen:  # replace: the unedited model
+        model(img)
+    probes: list[dict[str, Tensor]] = [{} for _ in model.blocks]
+    for (layer, tap), a in seen.items():
+        if tap is not None:
+            probes[layer][tap] = a
+    return [Recorded(probes[i], seen.get((i, None))) for i in range(len(model.blocks))]
 
 
 def mean_head_outputs(model: nn.Module, batches: Iterable[Tensor]) -> list[Tensor]:

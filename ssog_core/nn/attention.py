@@ -33,6 +33,11 @@ _TAP_PARAMS = {
 COLD_GATE, WARM_GATE = -8.0, -2.0  # softplus(-8) ≈ 3e-4 (geometry starts frozen), softplus(-2) ≈ 0.13
 
 
+def gate_start(cold_init: bool) -> float:
+    """The scale ``s`` every gate starts from: cold (4.35e-4, content barely steers) or warm (0.13)."""
+    return float(positive(torch.tensor(COLD_GATE if cold_init else WARM_GATE)))
+
+
 def _identity_values(x: Tensor, num_heads: int) -> Tensor:
     """Values ``(B, N, H, N)`` whose channel c is the indicator of token c: the operator's output is A."""
     b, n, _ = x.shape
@@ -91,6 +96,7 @@ class SSOGAttention(nn.Module):
             self.add_module(probe, layer)
             self.register_parameter(gate, nn.Parameter(torch.tensor(gate0)))
         # hook points (identity unless a call installs a function: docs/DESIGN.md §0, ssog_core.interventions)
+        self.hook_in = HookPoint()  # the input x (B, N, dim) the attention sees: the block's LayerNormed stream
         self.field = HookPoint()  # the content-free field (H, R) that content steers
         self.probes = nn.ModuleDict({tap: HookPoint() for tap in self.taps})  # bounded probes per tap
         self.head_out = HookPoint()  # per-head output (B, N, H, head_dim) before the output projection
@@ -136,6 +142,7 @@ class SSOGAttention(nn.Module):
 
     def forward(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
         check_grid(x.shape[1], grid)
+        x = self.hook_in(x)
         b, n, _ = x.shape
         v = self.v(x).view(b, n, self.num_heads, self.head_dim)
         fixed = self.fixed_field()
@@ -189,6 +196,7 @@ class _QKAttention(nn.Module, ABC):
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.out = nn.Linear(dim, dim, bias=False)
         self.susie = SuSiE(num_heads, self.head_dim, susie_dim, susie) if susie else None
+        self.hook_in = HookPoint()  # the input x (B, P + N, dim) the attention sees: the block's LayerNormed stream
         self.head_out = HookPoint()  # per-head output (B, N, H, head_dim) before the output projection
 
     def queries_keys_values(self, x: Tensor, grid: tuple[int, int] | None = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -208,6 +216,7 @@ class _QKAttention(nn.Module, ABC):
         """Attention of ``(B, H, N, D)`` queries and keys over values ``(B, H, N, Dv)``."""
 
     def forward(self, x: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
+        x = self.hook_in(x)
         b, n, _ = x.shape
         y = self.head_out(self._attend(*self.queries_keys_values(x, grid)).transpose(1, 2))
         return self.out(y.reshape(b, n, self.dim))

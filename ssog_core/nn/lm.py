@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ssog_core.nn.attention import DotAttention, RBFAttention
+from ssog_core.nn.hook_points import Dropout
 from ssog_core.nn.vit import Block, init_registers
 
 POSITIONS = ("susie", "learned", "none")
@@ -147,7 +148,7 @@ class CausalLM(nn.Module):
             self.pos_embed = nn.Parameter(torch.randn(1, cfg.context, cfg.dim) * 0.02)
         if cfg.num_registers:
             self.registers = init_registers(cfg.num_registers, cfg.dim, cfg.attn)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(
             Block(cfg.dim, _attention(cfg), cfg.mlp_ratio, cfg.dropout) for _ in range(cfg.depth)
         )
@@ -159,8 +160,8 @@ class CausalLM(nn.Module):
     def num_prefix_tokens(self) -> int:
         return self.config.num_registers
 
-    def forward(self, idx: Tensor, attn_inputs: list[Tensor] | None = None) -> Tensor:
-        """Logits ``(B, T, vocab)``; if ``attn_inputs`` is a list, each block appends its attention's input."""
+    def forward(self, idx: Tensor) -> Tensor:
+        """Logits ``(B, T, vocab)``."""
         b, t = idx.shape
         if self.config.position == "learned" and t > self.config.context:
             raise ValueError(f"{t} tokens exceed the learned position embedding's {self.config.context}")
@@ -171,7 +172,7 @@ class CausalLM(nn.Module):
         if self.config.num_registers:
             x = torch.cat([self.registers.expand(b, -1, -1).to(x.dtype), x], dim=1)
         for block in self.blocks:
-            x = block(x, (1, t), attn_inputs)
+            x = block(x, (1, t))
         return self.head(self.norm(x[:, self.num_prefix_tokens :]))
 
     def loss(self, idx: Tensor, targets: Tensor) -> Tensor:

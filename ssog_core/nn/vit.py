@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ssog_core.nn.attention import build_attention
 from ssog_core.nn.config import ViTConfig
-from ssog_core.nn.hook_points import HookPoint
+from ssog_core.nn.hook_points import Dropout, HookPoint
 
 
 def init_registers(count: int, dim: int, attn: str) -> nn.Parameter:
@@ -30,25 +30,23 @@ class Block(nn.Module):
     """Pre-norm block: ``x + drop(attn(LN(x)))``, then ``x + drop(MLP(LN(x)))``.
 
     Shared by the ViT and the causal language model: the attention module (any kind, causal or not) is
-    built by the caller, so the block is the same code for images and text.
+    built by the caller, so the block is the same code for images and text. Dropout is
+    :class:`~ssog_core.nn.hook_points.Dropout`, which a call may switch off for itself.
     """
 
     def __init__(self, dim: int, attn: nn.Module, mlp_ratio: float, dropout: float):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
         self.attn = attn
-        self.drop1 = nn.Dropout(dropout)
+        self.drop1 = Dropout(dropout)
         self.norm2 = nn.LayerNorm(dim)
         hidden = int(dim * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
-        self.drop2 = nn.Dropout(dropout)
-        self.resid_post = HookPoint()  # the block's output (B, N, dim): a hook point (ssog_core.nn.hook_points)
+        self.drop2 = Dropout(dropout)
+        self.resid_post = HookPoint()  # the block's output (B, P + N, dim): a hook point (ssog_core.nn.hook_points)
 
-    def forward(self, x: Tensor, grid: tuple[int, int], attn_inputs: list[Tensor] | None = None) -> Tensor:
-        h = self.norm1(x)
-        if attn_inputs is not None:
-            attn_inputs.append(h)
-        x = x + self.drop1(self.attn(h, grid))
+    def forward(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
+        x = x + self.drop1(self.attn(self.norm1(x), grid))
         return self.resid_post(x + self.drop2(self.mlp(self.norm2(x))))
 
 
@@ -81,7 +79,7 @@ class ViT(nn.Module):
         self.pos_embed = nn.Parameter(torch.randn(1, gh * gw, cfg.dim) * 0.02)
         if cfg.num_registers:
             self.registers = init_registers(cfg.num_registers, cfg.dim, cfg.attn)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(
             Block(cfg.dim, build_attention(cfg), cfg.mlp_ratio, cfg.dropout) for _ in range(cfg.depth)
         )
@@ -121,15 +119,23 @@ class ViT(nn.Module):
             x = torch.cat([self.registers.expand(x.shape[0], -1, -1), x], dim=1)
         return x, grid
 
-    def forward_features(self, img: Tensor, attn_inputs: list[Tensor] | None = None) -> Tensor:
-        """Normalised patch tokens ``(B, N, dim)`` after the last block (registers stripped).
+    def forward_features(self, img: Tensor) -> Tensor:
+        """Normalised patch tokens ``(B, N, dim)`` after the last block (registers stripped)."""
+        return self._patch_tokens(self._stream(img))
 
-        If ``attn_inputs`` is a list, each block appends the LayerNormed input its attention saw.
-        """
-        x, grid = self.embed(img)
-        for block in self.blocks:
-            x = block(x, grid, attn_inputs)
-        return self.norm(x[:, self.num_prefix_tokens :])
+    def readout(self, x: Tensor) -> Tensor:
+        """Logits ``(B, classes)`` from the residual stream ``(B, P + N, dim)`` after the last block: registers
+        stripped, LayerNorm, mean pool, head (what a caller that runs the blocks itself ends with)."""
+        return self.head(self._patch_tokens(x).mean(dim=1))
 
     def forward(self, img: Tensor) -> Tensor:
-        return self.head(self.forward_features(img).mean(dim=1))
+        return self.readout(self._stream(img))
+
+    def _stream(self, img: Tensor) -> Tensor:
+        x, grid = self.embed(img)
+        for block in self.blocks:
+            x = block(x, grid)
+        return x
+
+    def _patch_tokens(self, x: Tensor) -> Tensor:
+        return self.norm(x[:, self.num_prefix_tokens :])

@@ -41,8 +41,7 @@ from ssog_core.data.sources import (
     resolve_augment,
     to_float,
 )
-from ssog_core.field import positive
-from ssog_core.nn.attention import COLD_GATE, WARM_GATE
+from ssog_core.nn.attention import gate_start
 from ssog_core.nn.config import ViTConfig
 from ssog_core.nn.vit import ViT, resize_pos_embed
 from ssog_core.train.accuracy import (
@@ -197,7 +196,7 @@ class Trainer:
         self.step, self.metrics, self.resumed_from = 0, [], None
         self.running: dict[str, float] = {}  # this epoch's sums so far: images, loss·n, correct
         self.snapshot_steps = set(snapshot_steps(self.total_steps))
-        self.cold_gate_scale = float(positive(torch.tensor(COLD_GATE if self.config.cold_init else WARM_GATE)))
+        self.cold_gate_scale = gate_start(self.config.cold_init)
         if state is not None:
             self._restore(state)
         torch.manual_seed(cfg.seed + 1_000_003 * d.rank + self.step)  # dropout: different in every process
