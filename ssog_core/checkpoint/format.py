@@ -241,7 +241,13 @@ def read_checkpoint_with_history(
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, dict[str, Any]]:
-    """Load a checkpoint as an eval-mode float32 ``ViT`` plus its metadata (``meta["config"]`` added)."""
+    """Load a checkpoint as an eval-mode float32 ``ViT`` plus its metadata (``meta["config"]`` added); a folder or
+    ``hf-hub:ORG/NAME`` (timm or transformers) as a :class:`~ssog_core.nn.standard_vit.StandardViT`
+    (:mod:`ssog_core.checkpoint.standard`)."""
+    if str(path).startswith("hf-hub:") or Path(path).is_dir():
+        from ssog_core.checkpoint.standard import load_standard  # it builds on this module
+
+        return load_standard(path, device)
     config, state, meta = read_checkpoint(path)
     model = build_model(config, state, source=Path(path).name).to(device)
     return model, {**meta, "config": config.to_dict()}
