@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import gradio as gr
+from gradio.context import get_blocks_context
 from gradio.data_classes import FileData
-from gradio.utils import get_upload_folder
+from gradio.events import Dependency
+from gradio.utils import get_function_params, get_upload_folder
 
 from app import interventions, queues
 from app import session_protocol as session
@@ -30,7 +32,7 @@ from app.tabs import playground, training
 from ssog_core.analysis import report
 from ssog_core.analysis.controls import check_control
 from ssog_core.analysis.session import dumps, loads
-from ssog_core.interventions.edit import ops_help
+from ssog_core.interventions.edit import edits_schema, ops_help
 
 
 def register_api(ctx: AppContext, parts: Sequence[session.SessionPart]) -> None:
@@ -194,8 +196,18 @@ def register_api(ctx: AppContext, parts: Sequence[session.SessionPart]) -> None:
     for fn in (checkpoints, head_field, geometry_summary, export_summary, history, upload_image, upload_checkpoint,
                save_session, restore_session):  # fmt: skip
         gr.api(fn, api_name=fn.__name__)
-    gr.api(intervene, api_name="intervene", **queues.light())  # one image: quick, never behind a sweep
+    edit = gr.api(intervene, api_name="intervene", **queues.light())  # one image: quick, never behind a sweep
+    typed_parameter(edit, intervene, "edits", edits_schema())  # each op's fields, from the registry
     gr.api(head_importance, api_name="head_importance", **queues.heavy())
+
+
+def typed_parameter(endpoint: Dependency, fn: Callable[..., Any], name: str, schema: dict[str, Any]) -> None:
+    """Give parameter ``name`` of ``endpoint`` (``fn``'s, made by ``gr.api``) the JSON Schema ``schema``, which the
+    API page, ``gradio_client`` and MCP clients then show. Gradio derives a parameter's schema from its type hint, and
+    no hint says which fields each op takes."""
+    position = [p[0] for p in get_function_params(fn)].index(name)  # gr.api's inputs, gr.Request left out
+    component = get_blocks_context().blocks[endpoint["inputs"][position]]
+    component._api_info = schema  # what gr.Api serves as its schema (gradio/components/api_component.py)
 
 
 def uploaded_path(file: Any) -> str:

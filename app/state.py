@@ -73,6 +73,12 @@ class LoadedModel:
         return self.config.attn == "ssog"
 
     @property
+    def variant(self) -> str:
+        """``ssog`` (steered), ``ssog_fixed`` (no content taps: the fixed field), ``dot`` or ``rbf``: the word a
+        checkpoint's file name carries for its kind of model (``ssog_layouts``, ``ssog_fixed_layouts``)."""
+        return "ssog_fixed" if self.is_ssog and not self.config.steer else self.config.attn
+
+    @property
     def kind(self) -> str:
         """The attention in words, for messages."""
         return {"ssog": "SSOG", "dot": "dot-product", "rbf": "RBF (distance)"}.get(self.config.attn, self.config.attn)
@@ -325,9 +331,12 @@ def default_image(ctx: AppContext, ckpt: str | None = None) -> StoredImage | Non
     return None
 
 
-def default_twin(ctx: AppContext, ckpt: str | None) -> str:
-    """The other kind of model to show beside ``ckpt``: its metadata's ``twin``, else a name match, else the
-    first checkpoint of the other attention kind."""
+def default_twin(ctx: AppContext, ckpt: str | None, variant: str | None = None) -> str:
+    """The model of ``variant`` to show beside ``ckpt`` (by default the other attention kind: ``dot`` beside an
+    SSOG model, ``ssog`` beside the others; ``ssog_fixed``: the fixed-field model matched to a steered one): its
+    metadata's ``twin``, else its own name with its variant's word swapped (``ssog_layouts`` → ``dot_layouts``,
+    ``ssog_fixed_layouts``), else the first checkpoint of that variant trained on the same data. Each candidate
+    must be of that variant; ``NO_TWIN`` when none is."""
     if not ckpt:
         return NO_TWIN
     names = ctx.checkpoint_names()
@@ -335,18 +344,16 @@ def default_twin(ctx: AppContext, ckpt: str | None) -> str:
         loaded = ctx.model(ckpt)
     except Exception:
         return NO_TWIN
-    hinted = loaded.meta.get("twin")
-    if isinstance(hinted, str) and hinted in names:
-        return hinted
-    swapped = ckpt.replace("ssog", "dot") if loaded.is_ssog else ckpt.replace("dot", "ssog")
-    if swapped != ckpt and swapped in names:
-        return swapped
-    for name in names:
-        if name == ckpt:
-            continue
+    want = variant or ("dot" if loaded.is_ssog else "ssog")
+
+    def of(name: str, same_data: bool = False) -> bool:
         try:
-            if ctx.model(name).config.attn != loaded.config.attn:
-                return name
-        except Exception:
-            continue
-    return NO_TWIN
+            other = ctx.model(name)
+        except Exception:  # an unreadable checkpoint is reported where it is opened, not here
+            return False
+        return other.variant == want and (not same_data or other.meta.get("data") == loaded.meta.get("data"))
+
+    hinted = loaded.meta.get("twin")
+    swapped = ckpt.replace(loaded.variant, want, 1)
+    named = [n for n in (hinted, swapped) if isinstance(n, str) and n != ckpt and n in names]
+    return next((n for n in named if of(n)), None) or next((n for n in names if n != ckpt and of(n, True)), NO_TWIN)

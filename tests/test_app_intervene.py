@@ -3,7 +3,7 @@ validation set, head importance (a click on a cell adds that edit) and what a do
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import gradio as gr
 import pytest
@@ -13,6 +13,7 @@ from app.state import AppContext
 from app.tabs import intervene
 from ssog_core import save_checkpoint
 from ssog_core.interventions.edit import Edit, ops_help, param
+from ssog_core.nn.vit import ViT
 from tests.app_fixtures import designed_ssog, dot_twin, write_images
 from tests.test_app_intervene_api import SHAPES
 
@@ -22,7 +23,7 @@ def ctx(tmp_path_factory):
     root = tmp_path_factory.mktemp("iv")
     (root / "ckpt").mkdir()
     save_checkpoint(root / "ckpt" / "ssog_shapes.safetensors", designed_ssog(depth=2), SHAPES)
-    fixed = designed_ssog(depth=2)
+    fixed = ViT(replace(designed_ssog(depth=2).config, steer=()))  # the fixed field: no content taps
     save_checkpoint(root / "ckpt" / "ssog_fixed_shapes.safetensors", fixed, SHAPES)
     save_checkpoint(root / "ckpt" / "dot_shapes.safetensors", dot_twin(depth=2), SHAPES)
     write_images(root / "assets")
@@ -151,7 +152,8 @@ def test_the_form_is_built_from_the_registry(ctx, ui):
             head: int = param(0, kind="int", low=0, required=True, help="the head")
             amount: float = param(0.0, kind="float", help="how far")
 
-        assert intervene.form_fields()["amount"][1] == ["test_nudge"]
+        assert "amount" in intervene.form_fields()
+        assert list(intervene.op_fields("test_nudge")) == ["layer", "head", "amount"]
         assert "test_nudge: A test op." in ops_help() and "amount: float: how far" in ops_help()
     finally:
         EDITS.pop("test_nudge", None)

@@ -3,14 +3,14 @@ noise floor), and find the heads that matter (head importance; a click on a cell
 
 Every number comes from :mod:`ssog_core.interventions` through :mod:`app.interventions`; the edits apply to this
 request only (the shared model is never changed). The edit form is built from the registry of ops
-(:data:`~ssog_core.interventions.edit.EDITS`): one field per declared field name, so a new op shows up here by
-being defined.
+(:data:`~ssog_core.interventions.edit.EDITS`): one field per declared field name (the registry keeps one meaning
+per name), of which the chosen op's are shown, with that op's help; a new op shows up here by being defined.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import MISSING, dataclass
+from dataclasses import MISSING, dataclass, fields
 from functools import partial
 from typing import Any
 
@@ -21,8 +21,9 @@ from gradio.blocks import Block
 from app import interventions, plots, queues
 from app.common import Updates, error_text, stoppable, warn
 from app.session_protocol import Restoring, SessionPart
-from app.state import AppContext, AppError, LoadedModel
-from ssog_core.field import TAPS
+from app.state import AppContext, AppError, LoadedModel, default_twin
+from ssog_core.analysis.session import NO_TWIN
+from ssog_core.field import TAPS, centre_query
 from ssog_core.interventions.edit import EDITS, Param, check_edits, describe, dot_product_ops, parse_edits
 from ssog_core.interventions.effects import ValidationEffect
 from ssog_core.interventions.importance import HeadImportance
@@ -31,32 +32,50 @@ from ssog_core.interventions.validation import DEFAULT_EVAL_IMAGES, MAX_EVAL_IMA
 
 DOT_OPS = tuple(dot_product_ops())  # what a dot-product model can take
 CURRENT = "(the current picture)"
-FIXED_SUFFIX = "_fixed"  # ssog_layouts → ssog_fixed_layouts: the matched fixed-field model of the trio
 MODES = AblateHead.params()["mode"].choices  # the head-importance sweep's ablation modes
-MAX_HEADS_SHOWN = 64
-FORM_ROW = (
-    4  # form fields per row  # the head-importance table's column titles (Gradio keeps as many as a table has columns)
-)
+MAX_HEADS_SHOWN = 64  # the head-importance table's column titles (Gradio keeps as many as a table has columns)
+FORM_ROW = 4  # form fields per row
+LEFT_OUT = -1  # an optional whole-number field at −1 is left out of the edit
 
 
-def form_fields() -> dict[str, tuple[Param, list[str]]]:
-    """Every field a form can hold, across the ops (first declaration), with the ops that take it."""
-    out: dict[str, tuple[Param, list[str]]] = {}
-    for op, cls in EDITS.items():
-        for name, p in cls.params().items():
-            if p.form:
-                out.setdefault(name, (p, []))[1].append(op)
+def form_fields() -> dict[str, Param]:
+    """Every field name a form can hold, across the ops: one component each (a name means one kind of value in
+    every op that declares it, so any op's declaration builds it)."""
+    return {name: p for cls in EDITS.values() for name, p in cls.params().items() if p.form}
+
+
+def op_fields(op: str) -> dict[str, Param]:
+    """The form fields of ``op``, as it declares them (none for an unknown op)."""
+    return {name: p for name, p in EDITS[op].params().items() if p.form} if op in EDITS else {}
+
+
+def _start(op: str, name: str) -> Any:
+    """The form's starting value of field ``name`` for ``op``: its declared start, else its default (−1 for an
+    optional whole number: left out)."""
+    p, default = EDITS[op].params()[name], {f.name: f.default for f in fields(EDITS[op])}[name]
+    if p.start is not None:
+        return p.start
+    if default is None and p.kind == "int" and p.optional:
+        return LEFT_OUT
+    return None if default is MISSING else default
+
+
+def _settings(p: Param) -> dict[str, Any]:
+    """A field's settings as an op declares it: its help, and a number's lowest value (−1 when it may be left
+    out)."""
+    out: dict[str, Any] = {"info": p.help + (" (−1 leaves it out)" if p.kind == "int" and p.optional else "")}
+    if p.kind in ("int", "float"):
+        out["minimum"] = LEFT_OUT if p.optional else p.low
     return out
 
 
-def _component(name: str, p: Param, ops: list[str]) -> Block:
-    """One form field, from its declaration (label: the ops that take it; −1 leaves an optional field out)."""
-    optional = [op for op in ops if EDITS[op].params()[name].optional]
-    label = name if len(ops) == len(EDITS) else f"{name} ({', '.join(ops)})"
-    info = p.help + (f" (−1 leaves it out: {', '.join(optional)})" if optional else "")
-    default = EDITS[ops[0]].__dataclass_fields__[name].default
-    start = p.start if p.start is not None else (None if default is MISSING else default)
-    common = dict(label=label, elem_id=f"iv-{name}", info=info)
+def _component(op: str, name: str) -> Block:
+    """Field ``name`` of the form, shown as ``op`` (the op chosen at the start) declares it; hidden, with the
+    first declaring op's settings, when ``op`` does not take it."""
+    owner = op if name in op_fields(op) else next(o for o in EDITS if name in op_fields(o))
+    p, start = EDITS[owner].params()[name], _start(owner, name)
+    common = dict(label=name, elem_id=f"iv-{name}", visible=owner == op, **_settings(p))
+    low = common.pop("minimum", None)
     if p.kind == "choice":
         return gr.Dropdown(list(p.choices), value=start, **common)
     if p.kind == "image":
@@ -65,8 +84,23 @@ def _component(name: str, p: Param, ops: list[str]) -> Block:
         return gr.Checkbox(bool(start), **common)
     if p.kind == "text":
         return gr.Textbox(start or "", **common)
-    low = -1 if optional else p.low
     return gr.Number(start or 0, precision=0 if p.kind == "int" else None, minimum=low, maximum=p.high, **common)
+
+
+def on_op(ui: InterveneUI, op: str, *values: Any) -> Updates:
+    """Show the chosen op's fields only, each with that op's help and lowest value; a value below it (a head left
+    out, for an op that needs one) goes back to the op's start. ``values`` follow ``ui.fields``."""
+    mine = op_fields(op)
+    out: Updates = {}
+    for (name, c), v in zip(ui.fields.items(), values, strict=True):
+        if name not in mine:
+            out[c] = gr.update(visible=False)
+            continue
+        settings = _settings(mine[name])
+        low = settings.get("minimum")
+        fits = low is None or (isinstance(v, int | float) and v >= low)
+        out[c] = gr.update(visible=True, **settings, **({} if fits else {"value": _start(op, name)}))
+    return out
 
 
 @dataclass(frozen=True)
@@ -101,13 +135,7 @@ class InterveneUI:
 
     @property
     def image_fields(self) -> list[Block]:
-        return [c for name, c in self.fields.items() if form_fields()[name][0].kind == "image"]
-
-
-def fixed_twin(ctx: AppContext, ckpt: str) -> str | None:
-    """The fixed-field model matched to ``ckpt`` (``ssog_X`` → ``ssog_fixed_X``) when it is in the folder."""
-    name = ckpt.replace("ssog_", "ssog" + FIXED_SUFFIX + "_", 1)
-    return name if name != ckpt and name in ctx.checkpoint_names() else None
+        return [c for name, c in self.fields.items() if form_fields()[name].kind == "image"]
 
 
 def render(ctx: AppContext, ui: InterveneUI, ckpt: str | None) -> Updates:
@@ -219,7 +247,8 @@ def on_apply(ctx: AppContext, ui: InterveneUI, ckpt: str | None, sha: str | None
         }
         if eff.layer is not None:
             gh, gw = eff.accumulated_unedited.shape
-            q = (gh // 2) * gw + gw // 2
+            qy, qx = centre_query((gh, gw))
+            q = qy * gw + qx
             rows = [a[:, q].reshape(-1, gh, gw).numpy() for a in (eff.attention_unedited, eff.attention_edited)]
             out[ui.attention] = plots.edited_attention_plot(*rows, sorted(eff.removed), eff.layer)
         return out
@@ -293,8 +322,8 @@ def importance_updates(ctx: AppContext, ui: InterveneUI, loaded: LoadedModel, im
             g, gn, "each layer's gate closed", [f"{TAP_NAMES[t]} gate" for t in taps]
         )
         out[ui.gates_table] = [[f"layer {i}", *(_cell(c) for c in row)] for i, row in enumerate(cells)]
-        twin = fixed_twin(ctx, loaded.name)
-        if twin:
+        twin = default_twin(ctx, loaded.name, "ssog_fixed")
+        if twin != NO_TWIN:
             data, _ = interventions.eval_set(ctx, loaded, imp.n)
             fixed = interventions.eval_set(ctx, ctx.model(twin), imp.n)[1].correct(data.labels).double().mean()
             note += (
@@ -340,10 +369,10 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> InterveneUI:
         with gr.Column(scale=2, min_width=340):
             listing_md = gr.Markdown(listing([]), elem_id="iv-list")
             op = gr.Dropdown(list(EDITS), value=next(iter(EDITS)), label="op", elem_id="iv-op")
-            declared, fields = list(form_fields().items()), {}
-            for start in range(0, len(declared), FORM_ROW):
+            names, fields = list(form_fields()), {}
+            for start in range(0, len(names), FORM_ROW):
                 with gr.Row(equal_height=True):
-                    fields |= {name: _component(name, p, ops) for name, (p, ops) in declared[start : start + FORM_ROW]}
+                    fields |= {name: _component(op.value, name) for name in names[start : start + FORM_ROW]}
             add = gr.Button("Add edit", variant="primary", size="sm", elem_id="iv-add")
             with gr.Row():
                 index = gr.Number(1, precision=0, minimum=1, label="edit #", elem_id="iv-index", scale=1)
@@ -395,6 +424,9 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> InterveneUI:
     list_out = [edits, listing_md, status]
     builder = [ckpt, sha, edits, op, *fields.values()]
     add.click(partial(on_add, ctx, ui), builder, list_out, **hidden)
+    op.change(
+        partial(on_op, ui), [op, *fields.values()], list(fields.values()), queue=False, show_progress="hidden", **hidden
+    )
     for button, by in ((remove, 0), (up, -1), (down, 1)):
         button.click(partial(on_move, ctx, ui, by=by), [ckpt, edits, index], list_out, **hidden)
     clear.click(lambda: {edits: [], listing_md: listing([]), status: ""}, None, list_out, **hidden)
