@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from ssog_core.checkpoint.files import atomic_write
+from ssog_core.doc_sections import replace_section
 from ssog_core.nn.attention import SSOGAttention
 from ssog_core.nn.config import SEED_CONFIGS
 from ssog_core.nn.vit import ViT
@@ -570,12 +571,9 @@ def step_results(run: Run, command: str, results: Path, dry: bool) -> None:
         *_model_table(run),
         END,
     ]
-    text = results.read_text() if results.exists() else f"# Benchmark results\n\n{BEGIN}\n{END}\n"
-    if BEGIN not in text:
-        text += f"\n{BEGIN}\n{END}\n"
-    start, stop = text.index(BEGIN), text.index(END) + len(END)
-    text = text[:start] + "\n".join(section) + text[stop:]
-    atomic_write(results, lambda tmp: Path(tmp).write_text(text))
+    if not results.exists():
+        atomic_write(results, lambda tmp: Path(tmp).write_text("# Benchmark results\n"))
+    replace_section(results, (BEGIN, END), "\n".join(section))
     _log(f"wrote the GPU section of {results}")
 
 

@@ -16,7 +16,8 @@ stored in its header for the app's Scaling tab.
 
 ``train`` skips finished runs (a row in the results file), resumes interrupted ones (``--resume``) and starts the
 rest, ``--jobs`` at a time, one thread each; a run killed at any moment goes on from its last checkpoint the next
-time. A finished run's model is kept in ``experiments/results/models/`` (``runs/`` is scratch space), evaluated on
+time. The runs end with the sweep: Ctrl-C or SIGTERM lets each save and stop, and a sweep killed outright takes them
+with it (``ssog_core.child_runs``), so a rerun never trains a folder twice at once. A finished run's model is kept in ``experiments/results/models/`` (``runs/`` is scratch space), evaluated on
 every validation image and appended to ``experiments/results/ablation.jsonl``: one flat object per run (``task``,
 ``grid``, ``variant``, ``seed``, ``steps``, ``params``, ``cpu_s``, ``val_acc``, ``gate_scales``, ...) with its
 per-image correctness packed as hex, so the report can pair runs image by image; then the instrument reads it
@@ -30,14 +31,12 @@ Why each task should need steering, and the recipe's pilot, are in docs/DATA.md 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import fcntl
 import json
 import os
 import platform
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -55,7 +54,9 @@ from ssog_core import load_checkpoint
 from ssog_core.analysis.report import layer_geometry
 from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.format import TRANSFER_KEY, read_history, update_metadata
+from ssog_core.child_runs import refuse_if_stopping, run_child, stop_children_on_signal
 from ssog_core.data import pointer, relation
+from ssog_core.doc_sections import replace_section, section_markers
 from ssog_core.interventions.effects import bootstrap_ci, compare, outcomes
 from ssog_core.interventions.validation import load_eval_set
 from ssog_core.train.accuracy import evaluate_model_sizes, transfer_curve, transfer_sizes
@@ -94,7 +95,7 @@ OFFSET_ROW = ("steered ±2", ["--attn", "ssog", "--steer", "mu,sigma,lambda", "-
 # The issue's three, then +μδ − dot: added after the small board had shown +μδ the best SSOG row, to ask whether
 # any SSOG variant reaches the twin (docs/RESULTS.md says so beside it).
 CONTRASTS = (("steered", "fixed"), ("+mu", "fixed"), ("steered", "dot"), ("+mu", "dot"))
-BEGIN, END = "<!-- ablation:begin -->", "<!-- ablation:end -->"
+MARKS = section_markers("ablation")
 READ_IMAGES = 500  # validation images per edit of the reading (the first 500: balanced, as every effect uses)
 TRANSFER_STEP = 4  # cells added to the board per step of the transfer sweep
 MIN_DISTANCE = {"pointer": pointer.min_reach, "relation": relation.min_gap}  # cells, on the training board
@@ -217,11 +218,6 @@ def append_result(row: dict) -> None:
     append_row(RESULTS, row)
 
 
-def _die_with_parent() -> None:
-    """A training process ends when the sweep is killed (else a rerun would train the same folder twice)."""
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def cpu_model() -> str:
     """The CPU's model name as the kernel reports it (``platform.processor()`` where there is no /proc)."""
     try:
@@ -254,6 +250,7 @@ def provenance(threads: int) -> dict:
 
 def train(run: Run, threads: int) -> None:
     """Run (or resume) the training command, recording what runs it; raises when it fails."""
+    refuse_if_stopping()  # a stopping sweep records no start
     cmd = run.command()
     if (run.out / "train_state.pt").exists() or (run.out / "last.safetensors").exists():
         cmd.append("--resume")
@@ -264,9 +261,7 @@ def train(run: Run, threads: int) -> None:
     with open(run.out / "sweep.log", "a") as log:
         log.write("$ python " + shlex.join(cmd[1:]) + "\n")
         log.flush()
-        code = subprocess.call(
-            cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
-        )
+        code, _ = run_child(cmd, log, cwd=ROOT, env=env)  # it ends with the sweep (else a rerun trains it twice)
     if code != 0:
         raise RuntimeError(f"{run.out.name}: training exited with {code}; see {run.out / 'sweep.log'}")
 
@@ -356,7 +351,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     todo = unfinished()
     print(f"{len(selected) - len(todo)} runs finished, {len(todo)} to go", flush=True)
-    with ThreadPoolExecutor(args.jobs) as pool:
+    with stop_children_on_signal(), ThreadPoolExecutor(args.jobs) as pool:
         for f in [pool.submit(worker) for _ in range(args.jobs)]:
             f.result()
     for run in unfinished():
@@ -608,11 +603,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     text = render(args.task, read_results())
     path = RESULTS.parent / f"ablation_{args.task}.md"
     atomic_write(path, lambda tmp: Path(tmp).write_text(text))
-    doc = DOC.read_text()
-    if BEGIN in doc and END in doc:
-        head, rest = doc.split(BEGIN, 1)
-        new = head + BEGIN + "\n" + text + rest[rest.index(END) :]
-        atomic_write(DOC, lambda tmp: Path(tmp).write_text(new))
+    replace_section(DOC, MARKS, f"{MARKS[0]}\n{text}{MARKS[1]}")
     print(text)
     return 0
 

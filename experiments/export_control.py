@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -35,10 +34,10 @@ from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.format import load_checkpoint
 from ssog_core.data import layouts
 from ssog_core.data.images import to_tensor
+from ssog_core.doc_sections import replace_section, section_markers
 
 ROOT = Path(__file__).resolve().parent.parent
-MARKERS = ("<!-- export-control:begin -->", "<!-- export-control:end -->")
-SMALL_DATA = "<!-- small-data:begin -->"
+MARKERS = section_markers("export-control")
 COVERED = 0.25  # a patch belongs to the object when at least a quarter of it is covered (as experiments/results.py)
 ALPHA = 0.5
 BATCH = 25
@@ -218,15 +217,8 @@ def section(results: dict[str, dict], n: int) -> str:
 
 
 def write_section(path: Path, text: str) -> None:
-    previous = path.read_text() if path.is_file() else ""
-    pattern = re.escape(MARKERS[0]) + ".*?" + re.escape(MARKERS[1])
-    if re.search(pattern, previous, re.S):
-        new = re.sub(pattern, lambda _: text, previous, flags=re.S)
-    elif SMALL_DATA in previous:
-        new = previous.replace(SMALL_DATA, text + "\n\n" + SMALL_DATA, 1)
-    else:
-        new = previous.rstrip("\n") + "\n\n" + text + "\n"
-    atomic_write(path, lambda tmp: Path(tmp).write_text(new))
+    """The section in its place in ``path``: where it has none yet, before the small-data section that follows it."""
+    replace_section(path, MARKERS, text, before=section_markers("small-data")[0])
 
 
 def main() -> None:

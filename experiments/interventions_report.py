@@ -7,21 +7,22 @@ interval contains 0): which heads matter when zero-ablated; which classes the to
 every layer's μ, σ or λ gates hurts, beside the matched fixed-field model (``ssog_fixed_*``) and the dot twin when
 they are bundled; and a prediction tested beside a round head — mirroring (``swap_axes``) the strongest elongated head
 should turn vertical-vs-horizontal decisions specifically, mirroring a round head should change nothing, and
-zero-ablating the elongated head shows what losing it costs. The section sits between markers in RESULTS.md, so
-experiments/results.py keeps it.
+zero-ablating the elongated head shows what losing it costs. The section sits between markers in RESULTS.md; the
+rest of the document stays as it is.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ssog_core.analysis.measures import head_fields
+from ssog_core.analysis.presets import ELONGATED_RATIO
 from ssog_core.checkpoint.format import load_checkpoint
+from ssog_core.doc_sections import replace_section, section_markers
 from ssog_core.field import TAPS
 from ssog_core.interventions.edit import Edit, describe
 from ssog_core.interventions.effects import Outcomes, bootstrap_ci, compare, outcomes
@@ -30,8 +31,7 @@ from ssog_core.interventions.ops import TAP_NAMES, AblateHead, CloseGate, SwapAx
 from ssog_core.interventions.validation import EvalSet, load_eval_set
 
 ROOT = Path(__file__).resolve().parent.parent
-MARKS = ("<!-- interventions:begin -->", "<!-- interventions:end -->")
-STRIP = 2.0  # a head whose field's spreads differ by this factor is elongated (as experiments/results.py counts them)
+MARKS = section_markers("interventions")
 
 
 def ci_text(value: float, ci: tuple[float, float] | list[float], digits: int = 4) -> str:
@@ -167,13 +167,14 @@ def section(ssog: Path, n: int) -> str:
     )  # fmt: skip
     lines += ["", "### A prediction: mirroring the elongated head, beside the roundest", ""]
     elong = {(i, h): float(fields[i].elongation[h]) for i, h in heads}
-    strips = [ih for ih in heads if elong[ih] >= STRIP]
-    strong = max(strips or heads, key=lambda ih: imp.ablate[ih[0]][ih[1]].logp_drop if strips else elong[ih])
+    elongated = [ih for ih in heads if elong[ih] >= ELONGATED_RATIO]
+    strong = max(elongated or heads, key=lambda ih: imp.ablate[ih[0]][ih[1]].logp_drop if elongated else elong[ih])
     rounds = [ih for ih in heads if ih != strong]
     round_head = min(rounds, key=lambda ih: elong[ih])
+    none = "" if elongated else f", the most elongated: no head reaches {ELONGATED_RATIO:g}×"
     lines += [
         f"Prediction: the strongest elongated head (layer {strong[0]}, head {strong[1]}, elongation "
-        f"{elong[strong]:.1f}×{'' if strips else ', the most elongated: no head reaches ' + f'{STRIP:g}×'}) reads "
+        f"{elong[strong]:.1f}×{none}) reads "
         "along one axis, so mirroring it (`swap_axes`) should turn vertical-vs-horizontal decisions specifically "
         f"(images moved into their mirror class), while mirroring the roundest head (layer {round_head[0]}, head "
         f"{round_head[1]}, {elong[round_head]:.1f}×) should change nothing; zero-ablating the elongated head shows "
@@ -191,14 +192,6 @@ def section(ssog: Path, n: int) -> str:
     return "\n".join(lines)
 
 
-def write(results: Path, text: str) -> None:
-    """Replace the section between the markers (appended when they are missing); the rest is left as it is."""
-    old = results.read_text() if results.is_file() else ""
-    pattern = re.compile(re.escape(MARKS[0]) + ".*?" + re.escape(MARKS[1]), re.S)
-    new = pattern.sub(lambda _: text, old) if pattern.search(old) else old.rstrip("\n") + "\n\n" + text
-    results.write_text(new.rstrip("\n") + "\n")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ssog", type=Path, default=ROOT / "checkpoints" / "ssog_layouts.safetensors")
@@ -209,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     with torch.inference_mode():
         text = section(args.ssog.resolve(), args.images)
-    write(args.results, text)
+    replace_section(args.results, MARKS, text)
     print(text)
     print(f"wrote the section in {args.results}")
     return 0

@@ -24,6 +24,7 @@ from ssog_core.analysis.report import initial_gate_scale, layer_geometry
 from ssog_core.analysis.trajectory import geometry_trajectory
 from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.format import load_checkpoint, read_history
+from ssog_core.doc_sections import replace_section, section_markers
 
 ROOT = Path(__file__).resolve().parent.parent
 TRIO = {
@@ -31,7 +32,7 @@ TRIO = {
     "SSOG (fixed field)": "matched_ssog_fixed_layouts.safetensors",
     "dot twin": "matched_dot_layouts.safetensors",
 }
-MARKS = ("<!-- matched-trio:begin -->", "<!-- matched-trio:end -->")
+MARKS = section_markers("matched-trio")
 LEFT_CHANCE = 0.2  # validation accuracy that counts as having left the chance plateau (10 classes: 10%)
 
 
@@ -201,11 +202,7 @@ def main() -> None:
     ap.add_argument("--docs", type=Path, default=ROOT / "docs")
     args = ap.parse_args()
     text = section(args.checkpoints, args.docs)
-    results = args.docs / "RESULTS.md"
-    old = results.read_text() if results.is_file() else ""
-    pattern = re.compile(re.escape(MARKS[0]) + ".*?" + re.escape(MARKS[1]), re.S)
-    new = pattern.sub(lambda _: text, old) if pattern.search(old) else old.rstrip("\n") + "\n\n" + text + "\n"
-    atomic_write(results, lambda tmp: Path(tmp).write_text(new))
+    replace_section(args.docs / "RESULTS.md", MARKS, text)
     print(text)
 
 

@@ -37,10 +37,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +47,9 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
+
+from ssog_core.child_runs import run_child, stop_children_on_signal
+from ssog_core.doc_sections import replace_section, section_markers
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -65,7 +66,7 @@ RECIPE = [
 ]  # fmt: skip
 RESAMPLE = {"bilinear": Image.Resampling.BILINEAR, "nearest": Image.Resampling.NEAREST}
 NICE = 10  # added niceness of every run (--nice): below the machine's other work unless asked otherwise
-MARK_BEGIN, MARK_END = "<!-- small-data:begin -->", "<!-- small-data:end -->"
+MARK_BEGIN, MARK_END = section_markers("small-data")
 
 
 def split_indices(target: np.ndarray) -> dict[str, dict[int, np.ndarray]]:
@@ -117,13 +118,11 @@ def run_dir(root: Path, crop: str, model: str, seed: int) -> Path:
 
 
 def _cpu_run(cmd: list[str], log: Path) -> tuple[int, float]:
-    """Run ``cmd`` with its output appended to ``log``; exit code and CPU seconds (user + system) it used."""
+    """Run ``cmd`` (niced, one thread) with its output appended to ``log``, ending with the study however it ends;
+    exit code and CPU seconds (user + system) it used."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     with log.open("a") as f:
-        p = subprocess.Popen(["nice", "-n", str(NICE), *cmd], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
-        _, status, usage = os.wait4(p.pid, 0)
-        p.returncode = os.waitstatus_to_exitcode(status)
-    return p.returncode, usage.ru_utime + usage.ru_stime
+        return run_child(["nice", "-n", str(NICE), *cmd], f, cwd=ROOT, env=env)
 
 
 def train_and_evaluate(root: Path, data: Path, crop: str, model: str, seed: int, epochs: int) -> str:
@@ -935,17 +934,6 @@ def markdown_all(cells: list[dict[str, Any]], present: dict[str, Any], counts: d
     )
 
 
-def _place_section(results: Path, section: str) -> None:
-    """Replace the section between the markers in ``results`` (append it where there is none; the rest stays)."""
-    text = results.read_text() if results.is_file() else ""
-    pattern = re.compile(re.escape(MARK_BEGIN) + ".*?" + re.escape(MARK_END), re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section, text)
-    else:
-        text = (text.rstrip("\n") + "\n\n" if text.strip() else "") + section
-    results.write_text(text + ("" if text.endswith("\n") else "\n"))
-
-
 def present_table(
     root: Path, seeds: list[int], epochs: int, results: Path
 ) -> tuple[dict[str, Any], dict, int, list[int]]:
@@ -979,13 +967,13 @@ def write_reports(root: Path, seeds: list[int], epochs: int, docs: Path, archs: 
     (results / "small_data_sizes.json").write_text(json.dumps(sweep, indent=1))
     (docs / "SMALL_DATA.md").write_text(markdown_all(cells, present, counts, present_epochs, seeds, present_seeds))
     plot_gap(cells, present, docs / "figures" / "small_data_gap.png")
-    _place_section(docs / "RESULTS.md", results_section(cells, present, seeds))
+    replace_section(docs / "RESULTS.md", (MARK_BEGIN, MARK_END), results_section(cells, present, seeds))
 
 
 def _run_all(jobs: list[tuple[Any, ...]], n_jobs: int) -> None:
     """Run ``(function, *args)`` jobs ``n_jobs`` at a time, in order, printing each outcome as it is collected."""
     t0 = time.time()
-    with ThreadPoolExecutor(n_jobs) as pool:
+    with stop_children_on_signal(), ThreadPoolExecutor(n_jobs) as pool:
         futures = [pool.submit(fn, *args) for fn, *args in jobs]
         for f in futures:
             print(f"[{time.time() - t0:7.0f} s] {f.result()}", flush=True)

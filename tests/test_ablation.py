@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -83,15 +84,15 @@ def test_the_plan_is_the_table(ablation):
 def test_a_large_board_run_waits_for_the_small_run_it_starts_from(ablation, monkeypatch):
     called = []
 
-    def train(cmd: list[str], **kw) -> int:
+    def train(cmd: list[str], log, **kw) -> tuple[int, float]:
         out = ablation.ROOT / cmd[cmd.index("--out") + 1]
         if "--init-from" in cmd:
             assert (ablation.ROOT / cmd[cmd.index("--init-from") + 1]).exists()
         called.append(out.name)
         (out / "model.safetensors").write_bytes(b"m")
-        return 0
+        return 0, 0.0
 
-    monkeypatch.setattr(ablation.subprocess, "call", train)
+    monkeypatch.setattr(ablation, "run_child", train)
     monkeypatch.setattr(ablation, "evaluate", _row)
     monkeypatch.setattr(ablation, "read", _row)
     args = ablation.argparse.Namespace(task="pointer", jobs=2, threads=1, only=None, variant=["dot"], seeds={0, 1, 2})
@@ -122,12 +123,12 @@ def test_finished_runs_are_skipped_and_interrupted_ones_resumed(ablation, monkey
     (interrupted.out / "last.safetensors").write_bytes(b"")
     called = []
 
-    def train(cmd: list[str], **kw) -> int:  # a finished run leaves its model in its folder
+    def train(cmd: list[str], log, **kw) -> tuple[int, float]:  # a finished run leaves its model in its folder
         called.append(cmd)
         (ablation.ROOT / cmd[cmd.index("--out") + 1] / "model.safetensors").write_bytes(cmd[-1].encode())
-        return 0
+        return 0, 0.0
 
-    monkeypatch.setattr(ablation.subprocess, "call", train)
+    monkeypatch.setattr(ablation, "run_child", train)
     monkeypatch.setattr(ablation, "evaluate", _row)
     monkeypatch.setattr(ablation, "read", _row)
     args = ablation.argparse.Namespace(task="pointer", jobs=1, threads=1, only="small", variant=None, seeds={0, 1, 2})
@@ -180,10 +181,10 @@ def test_report_numbers_equal_a_direct_computation(ablation):
     direct = [correct["steered", s].mean() - correct["fixed", s].mean() for s in (0, 1, 2)]
     assert per_seed == pytest.approx(direct, abs=1e-12) and mean == pytest.approx(np.mean(direct), abs=1e-12)
     assert ci[0] < mean < ci[1] and 0.05 < ci[1] - ci[0] < 0.13  # ±2 SE: SE = (0.41 / 3 / 300) ** 0.5 = 0.021
-    ablation.DOC.write_text(f"# Results\n\n{ablation.BEGIN}\nold\n{ablation.END}\n\nafter\n")
+    ablation.DOC.write_text(f"# Results\n\n{ablation.MARKS[0]}\nold\n{ablation.MARKS[1]}\n\nafter\n")
     ablation.cmd_report(ablation.argparse.Namespace(task="pointer"))
     doc = ablation.DOC.read_text()
-    assert "old" not in doc and doc.endswith(f"{ablation.END}\n\nafter\n")
+    assert "old" not in doc and doc.endswith(f"{ablation.MARKS[1]}\n\nafter\n")
     steered = [100 * correct["steered", s].mean() for s in (0, 1, 2)]
     assert f"{np.mean(steered):.1f} ± {np.std(steered, ddof=1):.1f} (n=3)" in doc
     assert f"{100 * np.mean(direct):+.1f} [" in doc
@@ -279,13 +280,13 @@ def test_seeds_pick_runs_of_any_row_and_each_launch_is_recorded(ablation, monkey
     the whole list."""
     called = []
 
-    def train(cmd: list[str], **kw) -> int:
+    def train(cmd: list[str], log, **kw) -> tuple[int, float]:
         out = ablation.ROOT / cmd[cmd.index("--out") + 1]
         called.append(out.name)
         (out / "model.safetensors").write_bytes(b"m")
-        return 0
+        return 0, 0.0
 
-    monkeypatch.setattr(ablation.subprocess, "call", train)
+    monkeypatch.setattr(ablation, "run_child", train)
     monkeypatch.setattr(
         ablation, "evaluate", lambda run: {**_row(run), "trained_by": ablation.read_rows(run.out / "provenance.jsonl")}
     )
@@ -315,3 +316,22 @@ def test_old_rows_keep_their_key_and_long_runs_stay_out_of_the_table(ablation):
     text = ablation.render("pointer", rows)
     assert "| dot | 50.0 (n=1) |" in text
     assert "dot g14 s0, 12 epochs | 3000 |" in text and "dot g14 s0, 40 epochs | 10000 |" in text
+
+
+def test_train_runs_the_command_under_the_launcher_logging_and_recording_each_start(ablation, monkeypatch):
+    """``train`` runs the real command as a child run (its own session, ended with the sweep), its output appended
+    to the run's sweep.log after the command line, one provenance entry per start; a failure names the log."""
+    run = ablation.plan("pointer", ("small",))[0]
+    script = "import os, sys; print('pid', os.getpid(), 'session', os.getsid(0)); sys.exit(int(sys.argv[1]))"
+    for code in ("0", "3"):
+        monkeypatch.setattr(ablation.Run, "command", lambda self, code=code: [sys.executable, "-c", script, code])
+        if code == "0":
+            ablation.train(run, threads=1)
+        else:
+            with pytest.raises(RuntimeError, match=f"training exited with 3; see {run.out / 'sweep.log'}"):
+                ablation.train(run, threads=1)
+    log = (run.out / "sweep.log").read_text().splitlines()
+    assert [line.split()[0] for line in log] == ["$", "pid", "$", "pid"] and log[0].startswith("$ python -c ")
+    pid, session = (int(x) for x in log[1].split()[1::2])
+    assert session != os.getsid(0) and session != pid  # a session of its own, led by the watchdog around it
+    assert len(ablation.read_rows(run.out / "provenance.jsonl")) == 2
