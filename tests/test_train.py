@@ -167,6 +167,33 @@ def test_resume_refuses_a_changed_recipe_and_a_missing_run(tmp_path, capsys):
     assert "already holds a training run" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("branch", ["complete state", "first save interrupted"])
+def test_resume_compares_paths_as_the_folders_they_name(tmp_path, monkeypatch, capsys, branch):
+    """A run started on ``imagefolder:/abs/images`` records the folder relative in its checkpoint (portable) and as
+    typed in its state: resuming with the folder spelled either way (or with ``..`` and a final slash) keeps the
+    recipe, whether the state is complete or the run was stopped during its first save; another folder is refused."""
+    monkeypatch.chdir(tmp_path)
+    folder = write_imagefolder(tmp_path / "images", classes=3, per_class=8, val_per_class=2)
+    shutil.copytree(folder, tmp_path / "copy")
+    recipe = ["--img-size", "16", "--patch-size", "4", *TINY, "--epochs", "2"]
+    stopped = tmp_path / "stopped"
+    assert train.main(["--data", f"imagefolder:{folder}", *recipe, "--out", str(stopped), "--stop-after", "2"]) == 0
+    assert read_checkpoint(stopped / "last.safetensors")[2]["train_args"]["data"] == "imagefolder:images"
+    if branch == "first save interrupted":  # killed between the two writes of its first save
+        (stopped / "train_state.pt").unlink()
+    capsys.readouterr()
+    for n, spelling in enumerate(["images", str(folder), f"{tmp_path}/copy/../images/"]):
+        out = shutil.copytree(stopped, tmp_path / f"resumed{n}")
+        argv = ["--data", f"imagefolder:{spelling}", *recipe, "--out", str(out), "--resume", "--stop-after", "3"]
+        assert train.main(argv) == 0, capsys.readouterr().err
+        assert read_checkpoint(out / "last.safetensors")[2]["step"] == 3
+        assert ("starting it afresh" in capsys.readouterr().err) == (branch == "first save interrupted")
+    out = shutil.copytree(stopped, tmp_path / "other")
+    assert train.main(["--data", f"imagefolder:{tmp_path / 'copy'}", *recipe, "--out", str(out), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "must keep its recipe; these differ from the saved run: --data 'imagefolder:" in err and "copy" in err
+
+
 @pytest.mark.slow
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"

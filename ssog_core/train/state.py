@@ -3,6 +3,7 @@ resumed run continues and its config."""
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 from collections.abc import Mapping
@@ -13,6 +14,8 @@ import numpy as np
 import torch
 
 from ssog_core.checkpoint.format import CheckpointError, read_checkpoint
+from ssog_core.checkpoint.portable import PATH_ARGS
+from ssog_core.data.sources import PROCEDURAL
 from ssog_core.train.config import RUNTIME_OPTIONS, TrainConfig, TrainError
 
 STATE_VERSION = 1
@@ -89,6 +92,23 @@ def load_train_state(path: Path) -> dict[str, Any]:
     return state
 
 
+def same_setting(name: str, now: Any, then: Any) -> bool:
+    """Whether a setting given now is the saved run's. A setting naming a file or folder (``--data KIND:PATH``
+    included) compares as the path it names, symbolic links followed, relative to the working directory: the
+    relative form a checkpoint records (its metadata is made portable) and the absolute form a person types for
+    the same folder are one recipe."""
+    if now == then:
+        return True
+    if name not in PATH_ARGS or not (isinstance(now, str) and isinstance(then, str)):
+        return False
+    if name == "data":
+        kind, _, now = now.partition(":")
+        then_kind, _, then = then.partition(":")
+        if kind != then_kind or kind in PROCEDURAL:  # a procedural kind's text is its options, not a path
+            return False
+    return os.path.realpath(now) == os.path.realpath(then)
+
+
 def resume_config(now: TrainConfig, explicit: set[str], saved: Mapping[str, Any]) -> TrainConfig:
     """The saved run's config (``saved``: its stored ``args``, of any earlier version), with the runtime options of
     ``now``; ``explicit``: the options given on this command line. Refuses changes to the recipe."""
@@ -96,7 +116,7 @@ def resume_config(now: TrainConfig, explicit: set[str], saved: Mapping[str, Any]
     changed = []
     for name in sorted(explicit - RUNTIME_OPTIONS):
         then = saved.get(name)
-        if current[name] != (list(then) if isinstance(then, tuple) else then):
+        if not same_setting(name, current[name], list(then) if isinstance(then, tuple) else then):
             changed.append(f"--{name.replace('_', '-')} {then!r} -> {getattr(now, name)!r}")
     if changed:
         raise TrainError("a resumed run must keep its recipe; these differ from the saved run: " + "; ".join(changed))
