@@ -27,9 +27,9 @@ from ssog_core.analysis.measures import LayerField
 
 KINDS = ("tight local blob", "vertical strip", "horizontal strip", "vertically elongated field",
          "horizontally elongated field", "broad field")  # fmt: skip
-STRIP_RATIO = 3.0
+STRIP_RATIO = 3.0  # long/short spread of a strip: the one threshold every count, table and label of strips uses
 STRIP_LENGTH = 0.25  # of the grid side along the strip
-ELONGATED_RATIO = 2.0
+ELONGATED_RATIO = 2.0  # long/short spread of an elongated field (below STRIP_RATIO it is never called a strip)
 BLOB_SPREAD = 0.125  # of the grid side
 BLOB_CENTRE = 1.0  # grid cells from the query
 BROAD_SPREAD = 0.2  # of the grid side, along each axis
