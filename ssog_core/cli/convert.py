@@ -1,11 +1,17 @@
-"""Convert a state dict saved by the upstream implementation's PyTorch ViT into an SSOG Lab checkpoint.
+"""Convert between SSOG Lab checkpoints and other formats.
 
     python -m ssog_core convert REF.pt --config '{"num_classes": 100, "img_size": 32, "patch_size": 2}' OUT.safetensors
+    python -m ssog_core convert --to timm CHECKPOINT.safetensors OUT_FOLDER
 
-``--config`` takes the keyword arguments the upstream ``ViT`` was built with; omitted ones take the
-upstream's own defaults. The file is read with ``torch.load(weights_only=True)``: a pickle that tries
-to run code is refused, never executed. Parameter names already match, so conversion is validation:
-every missing, unexpected or mis-shaped tensor is reported in one message.
+The first reads a state dict saved by the upstream implementation's PyTorch ViT. ``--config`` takes the keyword
+arguments the upstream ``ViT`` was built with; omitted ones take the upstream's own defaults. The file is read with
+``torch.load(weights_only=True)``: a pickle that tries to run code is refused, never executed. Parameter names
+already match, so conversion is validation: every missing, unexpected or mis-shaped tensor is reported in one message.
+
+``--to timm`` writes the lab's dot-attention ViT as a folder in timm's Hugging Face layout (``config.json`` with
+``model_args``, ``model.safetensors``): no class token, average pooling, mean 0 / std 1 (the model takes [0, 1]
+pixels), and the residual stream scaled so that timm's LayerNorm epsilon gives the lab's logits
+(:func:`ssog_core.checkpoint.standard.lab_as_standard`). ``load_checkpoint`` opens the folder again.
 """
 
 from __future__ import annotations
@@ -16,26 +22,46 @@ import shlex
 import sys
 from pathlib import Path
 
-from ssog_core.checkpoint.format import CheckpointError, save_checkpoint
+from ssog_core.checkpoint.format import CheckpointError, load_checkpoint, save_checkpoint
 from ssog_core.checkpoint.upstream import convert
+
+
+def to_timm(source: str, out: str) -> int:
+    """The lab checkpoint ``source`` as a timm folder ``out``."""
+    from ssog_core.checkpoint.standard import lab_as_standard, save_timm_folder
+    from ssog_core.nn.vit import ViT
+
+    if Path(source).is_dir() or source.startswith("hf-hub:"):
+        raise CheckpointError(f"{source} is a model folder; --to timm converts an SSOG Lab checkpoint file")
+    model, meta = load_checkpoint(source)
+    if not isinstance(model, ViT):
+        raise CheckpointError(f"{source} is not an SSOG Lab ViT checkpoint")
+    folder = save_timm_folder(lab_as_standard(model), out, meta.get("class_names"))
+    print(f"wrote {folder} (timm folder: config.json, model.safetensors)")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("upstream", help="state dict saved by the upstream implementation (torch.save)")
-    ap.add_argument("--config", default="{}", help="the upstream ViT's keyword arguments, as JSON")
-    ap.add_argument("out", help="output .safetensors path")
+    ap.add_argument("source", help="upstream state dict (torch.save); with --to timm, an SSOG Lab checkpoint")
+    ap.add_argument("--config", default=None, help="the upstream ViT's keyword arguments, as JSON")
+    ap.add_argument("--to", choices=("timm",), help="write an SSOG Lab dot-attention checkpoint in this format")
+    ap.add_argument("out", help="output .safetensors path; with --to timm, the output folder")
     args = ap.parse_args(argv)
     try:
-        kwargs = json.loads(args.config)
+        if args.to == "timm":
+            if args.config is not None:
+                raise CheckpointError("--config describes an upstream state dict; --to timm reads the checkpoint's own")
+            return to_timm(args.source, args.out)
+        kwargs = json.loads(args.config or "{}")
         if not isinstance(kwargs, dict):
             raise CheckpointError("--config must be a JSON object of ViT keyword arguments")
-        model = convert(args.upstream, kwargs)
+        model = convert(args.source, kwargs)
     except (json.JSONDecodeError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     meta = {
-        "converted_from": Path(args.upstream).name,
+        "converted_from": Path(args.source).name,
         "reference_config": kwargs,
         "command": "python -m ssog_core convert " + shlex.join(sys.argv[1:] if argv is None else argv),
     }
