@@ -20,8 +20,9 @@ images per class: ~70% vs 53%). This script measures the same comparison offline
 
 Within a row only ``--attn`` differs, and the same seed gives both models the same data order and crops. No flip
 (digits are not mirror-symmetric). Runs go two at a time under ``nice -n 10`` with one thread each (so the study
-can share a machine with more important work); a stopped run resumes (``--resume``), a finished one is skipped,
-a missing evaluation is redone. Data and runs live under ``--root`` (never committed). The report:
+can share a machine with more important work) and end with the study (Ctrl-C or SIGTERM lets them save; a study
+killed outright takes them with it: ``ssog_core.child_runs``); a stopped run resumes (``--resume``), a finished one
+is skipped, a missing evaluation is redone. Data and runs live under ``--root`` (never committed). The report:
 ``docs/SMALL_DATA.md``, ``docs/figures/small_data_gap.png`` and a short section between the markers in
 ``docs/RESULTS.md`` (``--docs``); the numbers in ``experiments/results/small_data.json`` (present configuration) and
 ``experiments/results/small_data_sizes.json`` (sweep) (``--results``).
