@@ -401,11 +401,15 @@ def parameter_count(config: StandardViTConfig) -> int:
     return sum(p.numel() for p in one.parameters()) + (config.depth - 1) * per_block
 
 
-def build_standard(config: StandardViTConfig, state: Mapping[str, Tensor], source: str) -> StandardViT:
-    """A float32 eval-mode model holding ``state``, after checking its size and that every tensor fits."""
+def check_size(config: StandardViTConfig, source: str) -> None:
+    """Refuse a config naming more parameters than the lab opens, before reading or allocating anything."""
     n = parameter_count(config)
     if n > MAX_PARAMETERS:
         raise CheckpointError(f"{source} describes {n:,} parameters, over the {MAX_PARAMETERS:,} SSOG Lab opens")
+
+
+def build_standard(config: StandardViTConfig, state: Mapping[str, Tensor], source: str) -> StandardViT:
+    """A float32 eval-mode model holding ``state``, after checking that every tensor fits."""
     layers = {k.split(".")[1] for k in state if k.startswith("blocks.") and k.count(".") > 1}
     if len(layers) != config.depth:  # before building: a claimed depth the weights do not have
         raise CheckpointError(f"{source}: the config says {config.depth} layers, the weights hold {len(layers)}")
@@ -450,6 +454,7 @@ def load_standard(source: str | Path, device: str | torch.device = "cpu") -> tup
         convert, kind = (lambda s: _from_hf(s, config.family, heads)), "transformers"
     else:
         raise CheckpointError(f"{name} names neither a timm architecture nor a transformers model_type: {SUPPORTED}")
+    check_size(config, name)
     model = build_standard(config, convert(read_weights(folder)), folder.name).to(device)
     meta = {
         "class_names": class_names(labels, config.num_classes),
