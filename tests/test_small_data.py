@@ -10,7 +10,9 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import shutil
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -842,3 +844,17 @@ def test_sweep_run_trains_with_the_recipe_evaluates_twice_skips_and_resumes(sd, 
     assert calls[0][3:] == ["--out", str(out), "--resume", "--device", "cpu", "--workers", "0", "--no-progress"]
     assert [c[-1] for c in calls[1:]] == [str(out / "eval.json")]
     assert json.loads((out / "cpu_s.json").read_text()) == {"train": 5.0}  # CPU time adds up over the parts
+
+
+def test_a_run_goes_niced_one_thread_in_a_session_of_its_own_and_its_cpu_time_counts(sd, tmp_path):
+    """Each run is a child run (``ssog_core.child_runs``): its own session, so the study's stop reaches it through
+    the launcher and a killed study takes it along; niced; one thread; CPU seconds measured."""
+    probe = (
+        "import os, time\nt = time.process_time()\nwhile time.process_time() - t < 0.2: pass\n"
+        "print(os.getsid(0) != os.getpid(), os.getsid(0), os.nice(0), os.environ['OMP_NUM_THREADS'])"
+    )
+    code, cpu = sd._cpu_run([sys.executable, "-c", probe], tmp_path / "log.txt")
+    in_own_session, session, nice, threads = (tmp_path / "log.txt").read_text().split()
+    assert code == 0 and 0.2 <= cpu < 5
+    assert in_own_session == "True" and int(session) != os.getsid(0)  # led by the watchdog around the run
+    assert int(nice) == min(os.nice(0) + sd.NICE, 19) and threads == "1"
