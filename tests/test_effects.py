@@ -1,5 +1,6 @@
 """Effects of interventions: the intervals on synthetic effects of known size, McNemar's test, the validation and
-head-importance sweeps against plain edited forward passes, and the one-image effect."""
+head-importance sweeps against plain edited forward passes, the one-image effect (Δ log p exact where a probability
+underflows), and the one run entry (the request whole, what a memo keeps, the playground through it)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,21 @@ import pytest
 import torch
 
 from ssog_core.data.sources import DataError
+from ssog_core.interventions.edit import EditError, parse_edits
 from ssog_core.interventions.effects import (
     Outcomes,
     bootstrap_ci,
     compare,
+    dataset_means,
     image_effect,
     mcnemar,
     outcomes,
     validation_effect,
 )
 from ssog_core.interventions.importance import Cancelled, head_importance, importance_edits
+from ssog_core.interventions.ops import AblateHead
+from ssog_core.interventions.result import InterventionResult, Memo, run_intervention
+from ssog_core.interventions.run import edited
 from ssog_core.interventions.validation import EvalSet, load_eval_set
 from tests.test_interventions import images, model_for
 
@@ -125,3 +131,93 @@ def test_the_validation_images_are_the_first_of_the_recorded_split():
         load_eval_set(meta, (28, 20), 31)
     with pytest.raises(DataError, match="does not record its data"):
         load_eval_set({}, (28, 20), 5)
+
+
+def test_dlogp_is_a_difference_of_log_softmaxes_even_where_the_probability_underflows():
+    """Δ log p comes from one function (``predictions.prediction_change``): exact against a float64 log-sum-exp
+    where the edited probability of the unedited winner is exp(−4000), 0 as a float64 softmax."""
+    model, img = model_for(), images(1)
+    with torch.no_grad():
+        model.head.weight.mul_(3e4)
+        model.head.bias.zero_()
+    edit = [{"op": "ablate_head", "layer": 0, "head": 2}]
+    eff = image_effect(model, img, edit)
+    with torch.no_grad():
+        z0 = model(img)[0].numpy()
+        with edited(model, edit):
+            z1 = model(img)[0].numpy()
+    top = int(z0.argmax())
+    want = (z1[top] - np.logaddexp.reduce(z1)) - (z0[top] - np.logaddexp.reduce(z0))
+    assert want < -1000 and float(eff.probs_edited[top]) == 0.0
+    assert eff.dlogp == pytest.approx(want, rel=1e-9)
+    quick = image_effect(model, img, edit, maps=False)  # the prediction only: the same answer, no maps
+    assert quick.dlogp == pytest.approx(want, rel=1e-9) and quick.accumulated_edited is None
+
+
+class Kept(dict):
+    """A cache as the app's LRU is one (``get(key, make)``) that records what it had to make."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made: list[tuple] = []
+
+    def get(self, key, make):
+        if key not in self:
+            self.made.append(key)
+            self[key] = make()
+        return self[key]
+
+
+def test_the_run_entry_takes_the_request_whole_and_keeps_what_a_memo_holds():
+    model, img, other = model_for(), images(1, seed=1), images(1, seed=2)
+    meta = {"data": "shapes:train=4,val=30,classes=5", "class_names": None}
+    edits = [{"op": "ablate_head", "layer": 1, "head": 0, "mode": "dataset_mean"},
+             {"op": "patch_head", "layer": 2, "head": 1, "source": "b", "what": "output"}]  # fmt: skip
+    asked, cache = [], Kept()
+
+    def source(name: str) -> torch.Tensor:
+        asked.append(name)
+        return other
+
+    def request() -> dict:
+        memo = Memo(cache, "m")
+        return run_intervention(model, meta, edits, img, 12, sources=source, memo=memo, image_key="a").to_dict()
+
+    first = request()
+    assert sorted(cache.made) == [("eval", "m", 12), ("maps", "m", "a"), ("means", "m")] and asked == ["b"]
+    assert request() == first and len(cache.made) == 3  # the second request makes nothing again
+    means, data = dataset_means(model, meta), load_eval_set(meta, (28, 20), 12)
+    by_hand = InterventionResult(
+        parse_edits(edits),
+        [f"class {i}" for i in range(5)],
+        image_effect(model, img, edits, {"b": other}, means),
+        validation_effect(model, data, edits, {"b": other}, means),
+    )
+    by_hand.validation.images = data.describe()
+    assert first == by_hand.to_dict()
+    assert run_intervention(model, meta, edits, img, 12, sources={"b": other}).to_dict() == first  # no memo
+    with pytest.raises(EditError, match="patch source image 'b' is not there"):
+        run_intervention(model, meta, edits, img, 0, sources={})
+
+
+def test_the_playgrounds_prediction_change_goes_through_the_run_entry(tmp_path, monkeypatch):
+    from app import interventions as app_interventions
+    from app.state import AppContext
+    from app.tabs import playground
+    from ssog_core import save_checkpoint
+    from tests.app_fixtures import designed_ssog, write_images
+    from tests.test_app_intervene_api import SHAPES
+
+    (tmp_path / "ckpt").mkdir()
+    save_checkpoint(tmp_path / "ckpt" / "ssog.safetensors", designed_ssog(depth=2), SHAPES)
+    write_images(tmp_path / "assets")
+    ctx = AppContext(tmp_path / "ckpt", tmp_path / "assets", upload_dir=tmp_path / "uploads")
+    calls, real = [], app_interventions.run
+    monkeypatch.setattr(app_interventions, "run", lambda *a, **k: calls.append(k) or real(*a, **k))
+    sha, edits = ctx.find_image("scene.png").sha256, [AblateHead(1, 0, "zero")]
+    text = playground.prediction_change(ctx, "ssog.safetensors", sha, edits, "Layer 1, head 0")
+    assert calls == [{"maps": False}]
+    loaded = ctx.model("ssog.safetensors")
+    assert ("logits", loaded.key, sha) in ctx.cache.effects  # kept by the entry's memo, under the app's key
+    eff = run_intervention(loaded.model, loaded.meta, edits, loaded.input(ctx.find_image(sha).image)).image
+    assert f"Δ log p({SHAPES['class_names'][eff.change.top]}) = {round(eff.dlogp, 4) + 0.0:+.4f}" in text

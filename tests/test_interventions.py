@@ -3,17 +3,25 @@ edit never leaks out of its call, even with many threads sharing one model."""
 
 from __future__ import annotations
 
+import math
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
 from ssog_core import ViT
+from ssog_core.analysis import report
 from ssog_core.analysis.head_spec import spec_from_head
 from ssog_core.analysis.measures import attention_maps, export_maps, layer_field, residual_mix, steering_offsets
 from ssog_core.interventions.edit import MAX_EDITS, EditError, describe, edit_from_dict, parse_edits
+from ssog_core.interventions.effects import image_effect, validation_effect
+from ssog_core.interventions.importance import head_importance
 from ssog_core.interventions.ops import SetHead
 from ssog_core.interventions.run import edited, mean_head_outputs, record
+from ssog_core.interventions.validation import EvalSet
+from ssog_core.nn.attention import SSOGAttention, gate_start
+from ssog_core.nn.config import ViTConfig
 from tests.dense_oracle import vit_forward
 from tests.helpers import steered_vit
 
@@ -356,6 +364,70 @@ def test_edits_never_leak_even_from_eight_concurrent_threads():
     assert not failures
     assert all(torch.equal(a, b) for a, b in zip(_everything(model, img), before, strict=True))
     assert all(not p.requires_grad or p.grad is None for p in model.parameters())
+
+
+def test_a_call_runs_with_eval_semantics_without_switching_a_model_another_thread_trains():
+    """Beside a thread that trains the model (dropout on), the analysis and the interventions in another thread see
+    ``training`` stay True, never write it, and give the eval-mode results."""
+    model, img, src = model_for(dropout=0.5), images(2, seed=2), images(1, seed=9)
+    g = torch.Generator().manual_seed(4)
+    data = EvalSet(torch.randint(0, 256, (12, 28, 20, 3), generator=g, dtype=torch.uint8), torch.arange(12) % 5,
+                   [f"c{i}" for i in range(5)], "test")  # fmt: skip
+    edits = [{"op": "ablate_head", "layer": 1, "head": 0, "mode": "dataset_mean"},
+             {"op": "patch_head", "layer": 2, "head": 1, "source": "s", "what": "steering"}]  # fmt: skip
+
+    def calls() -> list[torch.Tensor]:
+        means = mean_head_outputs(model, [data.batch(0, 12, dtype=torch.float64)])
+        eff = image_effect(model, img, edits, {"s": src}, means)
+        val = validation_effect(model, data, edits, {"s": src}, means)
+        imp = head_importance(model, data, batch_size=5)
+        offsets = steering_offsets(model, img)
+        cells = torch.tensor([c.logp_drop for row in imp.ablate for c in row])
+        return [*means, eff.probs_edited, eff.accumulated_edited, torch.tensor(val.logp_true.change), cells,
+                *offsets.dmu, offsets.logits]  # fmt: skip
+
+    want = calls()  # the model is in eval mode here
+    with torch.no_grad():
+        eval_logits = model(img)
+    model.train()
+    stop, modes, dropped, in_call = threading.Event(), [], [], []
+    tid = {}
+    handle = model.blocks[0].register_forward_pre_hook(
+        lambda m, a: in_call.append((threading.get_ident(), model.training))
+    )
+
+    def train() -> None:
+        while not stop.is_set():
+            modes.append(model.training)
+            out = model(img)
+            dropped.append(not torch.allclose(out, eval_logits))
+            out.square().sum().backward()
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            tid["calls"] = pool.submit(threading.get_ident).result()
+            got = pool.submit(calls).result()
+    finally:
+        stop.set()
+        trainer.join()
+        handle.remove()
+    assert modes and all(modes) and all(dropped)  # the trainer's model trained with dropout throughout
+    assert all(training for t, training in in_call if t == tid["calls"])  # never switched, not even in the call
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("cold", [True, False])
+def test_every_gate_starts_at_the_one_gate_start(cold):
+    """The starting gate scale is computed in one place (``nn.attention.gate_start``): the module's gates, the
+    report's reading and the trainer's stalled-gate warning use it."""
+    want = math.log1p(math.exp(-8.0 if cold else -2.0)) + 1e-4
+    assert gate_start(cold) == pytest.approx(want, rel=1e-6)
+    attn = SSOGAttention(8, 2, 2, cold_init=cold)
+    assert all(float(s) == gate_start(cold) for s in attn.gate_scales().values())
+    assert report.initial_gate_scale(ViTConfig(cold_init=cold)) == gate_start(cold)
 
 
 def test_edits_round_trip_through_json_and_read_as_sentences():
