@@ -21,6 +21,7 @@ from app.main import launch, parse_args
 from app.mcp_server import basic_login
 from app.state import AppContext
 from ssog_core import save_checkpoint
+from ssog_core.interventions.edit import EDITS as OPS
 from ssog_core.testing.app_process import free_port
 from tests.app_fixtures import designed_ssog, write_checkpoints, write_images
 
@@ -81,6 +82,32 @@ def session_run(url: str, kind: str, headers: dict | None, calls: list[tuple[str
     return asyncio.run(go())
 
 
+def input_schemas(url: str, kind: str, headers: dict | None) -> dict[str, dict]:
+    """Each tool's input schema, as an MCP client lists them."""
+
+    async def go() -> dict[str, dict]:
+        async with transport(url, kind, headers) as streams, mcp.ClientSession(streams[0], streams[1]) as session:
+            await session.initialize()
+            return {t.name: t.inputSchema for t in (await session.list_tools()).tools}
+
+    return asyncio.run(go())
+
+
+def check_edits_schema(edits: dict[str, Any]) -> None:
+    """``edits`` as the registry declares it: every op, each field with its kind and choices, and per op the
+    fields it takes and needs."""
+    items = edits["items"]
+    assert edits["type"] == "array" and items["properties"]["op"]["enum"] == list(OPS)
+    assert items["properties"]["tap"]["enum"] == ["mu", "sigma", "lambda", "all"]
+    assert items["properties"]["mode"]["enum"] == ["zero", "dataset_mean"]
+    assert items["properties"]["dy"]["type"] == "number"
+    by_op = {s["if"]["properties"]["op"]["const"]: s["then"] for s in items["allOf"]}
+    assert list(by_op) == list(OPS)
+    for op, cls in OPS.items():
+        assert set(by_op[op]["properties"]) == set(cls.params()), op
+    assert by_op["drop_atom"]["required"] == ["layer", "head", "atom"]
+
+
 @pytest.fixture(scope="module")
 def with_login(tmp_path_factory):
     demo = serve(tmp_path_factory, [LOGIN, OTHER])
@@ -107,15 +134,17 @@ def test_a_logged_in_client_calls_light_and_heavy_tools_as_the_gradio_client_doe
     url = with_login.local_url
     intervene = {"checkpoint": "ssog_shapes.safetensors", "image": "scene.png", "edits": EDITS, "eval_images": 12}
     sweep = {"checkpoint": "ssog_shapes.safetensors", "eval_images": 12, "mode": "zero"}
+    deep = [{"op": "close_gate", "layer": 9}]  # fits the schema; the model has no layer 9
     calls = [("checkpoints", {}), ("intervene", intervene), ("intervene", {**intervene, "edits": [{"op": "x"}]}),
-             ("head_importance", sweep)]  # fmt: skip
-    names, (listed, edited, refused, importance) = session_run(url, kind, basic(*LOGIN), calls)
+             ("intervene", {**intervene, "edits": deep}), ("head_importance", sweep)]  # fmt: skip
+    names, (listed, edited, refused, checked, importance) = session_run(url, kind, basic(*LOGIN), calls)
     assert {"checkpoints", "intervene", "head_importance", "upload_image"} <= set(names)
     gradio = Client(url, auth=OTHER, verbose=False)
     assert listed == gradio.predict(api_name="/checkpoints") and "ssog_shapes.safetensors" in listed
     assert edited == gradio.predict(*intervene.values(), api_name="/intervene")
     assert edited["validation"]["n"] == 12 and edited["edited"]["probs"] != edited["unedited"]["probs"]
-    assert refused[0] == "error" and "unknown" in refused[1].lower()  # a readable refusal, the server serves on
+    assert refused[0] == "error" and "'x' is not one of ['close_gate'" in refused[1]  # by the schema, in words
+    assert checked[0] == "error" and "layer 9 does not exist" in checked[1]  # by the server, which serves on
     assert importance == gradio.predict(*sweep.values(), api_name="/head_importance") and importance["n"] == 12
     _, (again,) = session_run(url, kind, basic(*OTHER), [("checkpoints", {})])
     assert again == listed
@@ -140,6 +169,15 @@ def test_the_schema_route_describes_the_tools_to_a_logged_in_client(with_login):
     r = httpx.get(with_login.local_url + "gradio_api/mcp/schema", headers=basic(*LOGIN))
     tools: dict[str, Any] = {t["name"]: t for t in r.raise_for_status().json()}
     assert set(tools["intervene"]["inputSchema"]["properties"]) == {"checkpoint", "image", "edits", "eval_images"}
+    check_edits_schema(tools["intervene"]["inputSchema"]["properties"]["edits"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["http", "sse"])
+def test_an_mcp_client_sees_each_op_and_its_fields_in_the_edits_schema(with_login, kind):
+    """The schema of ``edits`` comes from the registry of ops, not a bare list of objects."""
+    schema = input_schemas(with_login.local_url, kind, basic(*LOGIN))["intervene"]
+    check_edits_schema(schema["properties"]["edits"])
 
 
 def test_basic_login_accepts_only_a_listed_login():

@@ -96,22 +96,42 @@ def test_dot_product_support_is_declared_once_and_read_both_ways():
     check_edits(dot, [ops.PatchHead(0, 1, "img", "output"), ops.AblateHead(0, 0)], {"img": None})
 
 
+def by_op(schema: dict) -> dict[str, dict]:
+    """Each op's part of the edits schema (``if`` op ``then`` part)."""
+    return {s["if"]["properties"]["op"]["const"]: s["then"] for s in schema["items"]["allOf"]}
+
+
 def test_the_edits_schema_names_every_op_with_its_fields_choices_and_needs():
     schema = edits_schema()
     jsonschema.Draft202012Validator.check_schema(schema)
-    by_op = {s["properties"]["op"]["const"]: s for s in schema["items"]["oneOf"]}
-    assert list(by_op) == list(EDITS)
+    items, ops_ = schema["items"]["properties"], by_op(schema)
+    assert items["op"]["enum"] == list(ops_) == list(EDITS)
     for op, cls in EDITS.items():
-        assert set(by_op[op]["properties"]) == {"op", *cls.params()}
-        assert by_op[op]["required"] == ["op", *(n for n, p in cls.params().items() if p.required)]
-    gate = by_op["close_gate"]["properties"]
+        assert set(ops_[op]["properties"]) == set(cls.params()) <= set(items), op
+        assert ops_[op]["required"] == [n for n, p in cls.params().items() if p.required]
+    gate = ops_["close_gate"]["properties"]
     assert gate["tap"] == {"enum": ["mu", "sigma", "lambda", "all"], "default": "all",
                            "description": "the steering tap whose gate it acts on"}  # fmt: skip
     assert gate["head"]["oneOf"] == [{"type": "null"}, {"type": "integer", "minimum": 0}]
-    factor = by_op["scale_gate"]["properties"]["factor"]
+    needed = {"type": "integer", "minimum": 0, "description": "the head, from 0"}
+    assert ops_["ablate_head"]["properties"]["head"] == needed
+    assert items["head"]["oneOf"][0] == {"type": "null"}  # any op: one of them may leave it out
+    assert items["head"]["description"].startswith("close_gate, scale_gate: one head; left out: every head | ")
+    factor = ops_["scale_gate"]["properties"]["factor"]
     assert (factor["type"], factor["minimum"], factor["maximum"], factor["default"]) == ("number", 0, 10, 1)
-    assert by_op["patch_head"]["properties"]["what"]["enum"] == ["output", "steering"]
-    assert by_op["move_atom"]["required"] == ["op", "layer", "head", "atom"]
+    assert items["what"]["enum"] == ["output", "steering"]
+    assert ops_["move_atom"]["required"] == ["layer", "head", "atom"]
+
+
+def test_a_validator_says_which_field_is_wrong():
+    validator = jsonschema.Draft202012Validator(edits_schema())
+    for edit, said in [
+        ({"op": "rotate", "layer": 0}, "'rotate' is not one of ['close_gate'"),
+        ({"op": "close_gate", "layer": 0, "tap": "beta"}, "'beta' is not one of ['mu', 'sigma', 'lambda', 'all']"),
+        ({"op": "drop_atom", "layer": 0, "head": 1}, "'atom' is a required property"),
+        ({"op": "ablate_head", "layer": 0, "head": None}, "None is not of type 'integer'"),
+    ]:
+        assert jsonschema.exceptions.best_match(validator.iter_errors([edit])).message.startswith(said), edit
 
 
 def _random_edit(rng: random.Random) -> dict:

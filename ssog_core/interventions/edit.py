@@ -315,29 +315,60 @@ def dot_product_ops() -> list[str]:
     return [op for op, cls in EDITS.items() if cls.dot_product is not None]
 
 
+OP_SAID = "the op; allOf says which fields each op takes (if op is …, then …) and which it needs"
+
+
 def edits_schema() -> dict[str, Any]:
-    """An edit list as JSON Schema, from the registry: per op (``oneOf``) its ``op``, fields, kinds, choices,
-    ranges, defaults and help, and which fields it needs; for API and MCP clients."""
+    """An edit list as JSON Schema, from the registry, for API and MCP clients: every field name with its kind,
+    choices and range (a name means one thing in every op), and per op (``if`` that op ``then``) its fields as it
+    declares them, their defaults and the ones it needs. ``if``/``then`` rather than ``oneOf``: a validator then
+    says which field is wrong ("'beta' is not one of …"), not only that an edit fits no op."""
+    takers: dict[str, list[str]] = {}
+    for op, cls in EDITS.items():
+        for name in cls.params():
+            takers.setdefault(name, []).append(op)
+    props = {"op": {"enum": list(EDITS), "description": OP_SAID}}
+    props |= {name: _any_op(name, ops) for name, ops in takers.items()}
     return {
         "type": "array",
         "maxItems": MAX_EDITS,
         "description": "edits applied in order: JSON objects, each with an op and that op's fields",
-        "items": {"oneOf": [_op_schema(op, cls) for op, cls in EDITS.items()]},
+        "items": {
+            "type": "object",
+            "properties": props,
+            "required": ["op"],
+            "allOf": [
+                {"if": {"properties": {"op": {"const": op}}, "required": ["op"]}, "then": _op_schema(op, cls)}
+                for op, cls in EDITS.items()
+            ],
+        },
     }
 
 
+def _any_op(name: str, ops: list[str]) -> dict[str, Any]:
+    """Field ``name`` as any of ``ops`` may hold it (null too when one of them may leave it out), with each op's
+    help."""
+    params = [EDITS[op].params()[name] for op in ops]
+    helps: dict[str, list[str]] = {}
+    for op, p in zip(ops, params, strict=True):
+        helps.setdefault(p.help, []).append(op)
+    said = params[0].help if len(helps) == 1 else " | ".join(f"{', '.join(o)}: {h}" for h, o in helps.items())
+    optional = any(p.optional for p in params)
+    return dataclasses.replace(params[0], optional=optional, help=said).json_schema()
+
+
 def _op_schema(op: str, cls: type[Edit]) -> dict[str, Any]:
+    """What ``op`` takes: its fields as it declares them, their defaults, and the ones it needs."""
     params, defaults = cls.params(), {f.name: f.default for f in fields(cls)}
-    props: dict[str, Any] = {"op": {"const": op}}
+    props: dict[str, Any] = {}
     for name, p in params.items():
         given = not p.required and defaults[name] not in (dataclasses.MISSING, None)
         props[name] = p.json_schema() | ({"default": p.to_json(defaults[name])} if given else {})
     return {
-        "type": "object",
         "title": op,
         "description": _summary(cls),
         "properties": props,
-        "required": ["op", *(name for name, p in params.items() if p.required)],
+        "required": [name for name, p in params.items() if p.required],
     }
 
 
