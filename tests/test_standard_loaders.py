@@ -136,6 +136,12 @@ def test_timm_arguments_that_change_the_architecture_are_refused(tmp_path, chang
     _refused(folder, "is not a standard ViT this lab runs", phrase)
 
 
+def test_a_config_that_contradicts_itself_is_refused_in_words(tmp_path):
+    folder = _timm(tmp_path)
+    _rewrite_config(folder, model_args={"class_token": False})  # global_pool stays 'token'
+    _refused(folder, "pool='token' reads the class token, which this model does not have")
+
+
 def test_non_vit_timm_architectures_are_refused_with_what_is_supported(tmp_path):
     folder = _timm(tmp_path)
     _rewrite_config(folder, architecture="swin_base_patch4_window7_224")

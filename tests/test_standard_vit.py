@@ -477,4 +477,7 @@ def test_convert_to_timm_refuses_what_timm_cannot_hold(tmp_path, capsys):
     assert "QK-norm" in capsys.readouterr().err
     assert convert_main(["--to", "timm", str(qk), "--config", "{}", str(tmp_path / "o")]) == 2
     assert "--config describes an upstream state dict" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    assert convert_main(["--to", "timm", str(qk), str(tmp_path / "file")]) == 2
+    assert "is a file; --to timm writes a folder" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()

@@ -33,6 +33,8 @@ def to_timm(source: str, out: str) -> int:
 
     if Path(source).is_dir() or source.startswith("hf-hub:"):
         raise CheckpointError(f"{source} is a model folder; --to timm converts an SSOG Lab checkpoint file")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise CheckpointError(f"{out} is a file; --to timm writes a folder (config.json, model.safetensors)")
     model, meta = load_checkpoint(source)
     if not isinstance(model, ViT):
         raise CheckpointError(f"{source} is not an SSOG Lab ViT checkpoint")

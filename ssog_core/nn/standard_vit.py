@@ -127,14 +127,6 @@ class StandardViTConfig:
         d.pop("attn")
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> StandardViTConfig:
-        names = {f.name for f in dataclasses.fields(cls) if f.init}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown standard ViT config field(s): {', '.join(unknown)}")
-        return cls(**d)
-
 
 class Attention(nn.Module):
     """Multi-head self-attention with an explicit softmax: what the ``pattern`` point passes on is what mixes v."""
