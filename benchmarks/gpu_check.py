@@ -42,8 +42,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ssog_core.checkpoint.files import atomic_write
-from ssog_core.doc_sections import replace_section
+from ssog_core.checkpoint.files import atomic_write, replace_section
 from ssog_core.nn.attention import SSOGAttention
 from ssog_core.nn.config import SEED_CONFIGS
 from ssog_core.nn.vit import ViT

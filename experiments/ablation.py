@@ -14,16 +14,17 @@ small-board model of its variant and seed (``--init-from``, 6 epochs; why: :data
 its training history and the standard zero-shot transfer curve (0.5×-2× the board, first 500 validation images)
 stored in its header for the app's Scaling tab.
 
-``train`` skips finished runs (a row in the results file), resumes interrupted ones (``--resume``) and starts the
-rest, ``--jobs`` at a time, one thread each; a run killed at any moment goes on from its last checkpoint the next
-time. The runs end with the sweep: Ctrl-C or SIGTERM lets each save and stop, and a sweep killed outright takes them
-with it (``ssog_core.child_runs``), so a rerun never trains a folder twice at once. A finished run's model is kept in ``experiments/results/models/`` (``runs/`` is scratch space), evaluated on
-every validation image and appended to ``experiments/results/ablation.jsonl``: one flat object per run (``task``,
-``grid``, ``variant``, ``seed``, ``steps``, ``params``, ``cpu_s``, ``val_acc``, ``gate_scales``, ...) with its
-per-image correctness packed as hex, so the report can pair runs image by image; then the instrument reads it
-(``read`` does the same for kept models not read yet). ``report`` renders the table (mean ± std over seeds; paired 95%
-bootstrap intervals over the same validation images for steered − fixed, +μδ − fixed and SSOG − dot) into
-``experiments/results/ablation_TASK.md`` and the marked section of ``docs/RESULTS.md``.
+``train`` skips finished runs (a row in the results file), resumes interrupted ones (``--resume``) and starts the rest,
+``--jobs`` at a time, one thread each; a run killed at any moment goes on from its last checkpoint the next time. The
+runs end with the sweep: Ctrl-C or SIGTERM lets each save and stop, and a sweep killed outright takes them with it
+(``ssog_core.train.child_runs``), so a rerun never trains a folder twice at once. A finished run's model is kept in
+``experiments/results/models/`` (``runs/`` is scratch space), evaluated on every validation image and appended to
+``experiments/results/ablation.jsonl``: one flat object per run (``task``, ``grid``, ``variant``, ``seed``, ``steps``,
+``params``, ``cpu_s``, ``val_acc``, ``gate_scales``, ...) with its per-image correctness packed as hex, so the report
+can pair runs image by image; then the instrument reads it (``read`` does the same for kept models not read yet).
+``report`` renders the table (mean ± std over seeds; paired 95% bootstrap intervals over the same validation images for
+steered − fixed, +μδ − fixed and SSOG − dot) into ``experiments/results/ablation_TASK.md`` and the marked section of
+``docs/RESULTS.md``.
 
 Why each task should need steering, and the recipe's pilot, are in docs/DATA.md and docs/RESULTS.md.
 """
@@ -52,14 +53,13 @@ import torch
 
 from ssog_core import load_checkpoint
 from ssog_core.analysis.report import layer_geometry
-from ssog_core.checkpoint.files import atomic_write
+from ssog_core.checkpoint.files import atomic_write, replace_section, section_markers
 from ssog_core.checkpoint.format import TRANSFER_KEY, read_history, update_metadata
-from ssog_core.child_runs import refuse_if_stopping, run_child, stop_children_on_signal
 from ssog_core.data import pointer, relation
-from ssog_core.doc_sections import replace_section, section_markers
 from ssog_core.interventions.effects import bootstrap_ci, compare, outcomes
 from ssog_core.interventions.validation import load_eval_set
 from ssog_core.train.accuracy import evaluate_model_sizes, transfer_curve, transfer_sizes
+from ssog_core.train.child_runs import refuse_if_stopping, run_child, stop_children_on_signal
 from ssog_core.train.trainer import gate_summary
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -30,11 +30,10 @@ from PIL import Image
 
 from ssog_core.analysis.controls import blank_control, validation_maps
 from ssog_core.analysis.measures import export_maps
-from ssog_core.checkpoint.files import atomic_write
+from ssog_core.checkpoint.files import atomic_write, replace_section, section_markers
 from ssog_core.checkpoint.format import load_checkpoint
 from ssog_core.data import layouts
 from ssog_core.data.images import to_tensor
-from ssog_core.doc_sections import replace_section, section_markers
 
 ROOT = Path(__file__).resolve().parent.parent
 MARKERS = section_markers("export-control")

@@ -21,8 +21,8 @@ import torch
 
 from ssog_core.analysis.measures import head_fields
 from ssog_core.analysis.presets import ELONGATED_RATIO
+from ssog_core.checkpoint.files import replace_section, section_markers
 from ssog_core.checkpoint.format import load_checkpoint
-from ssog_core.doc_sections import replace_section, section_markers
 from ssog_core.field import TAPS
 from ssog_core.interventions.edit import Edit, describe
 from ssog_core.interventions.effects import Outcomes, bootstrap_ci, compare, outcomes

@@ -22,9 +22,8 @@ from matplotlib.figure import Figure
 from ssog_core.analysis.presets import STRIP_RATIO
 from ssog_core.analysis.report import initial_gate_scale, layer_geometry
 from ssog_core.analysis.trajectory import geometry_trajectory
-from ssog_core.checkpoint.files import atomic_write
+from ssog_core.checkpoint.files import atomic_write, replace_section, section_markers
 from ssog_core.checkpoint.format import load_checkpoint, read_history
-from ssog_core.doc_sections import replace_section, section_markers
 
 ROOT = Path(__file__).resolve().parent.parent
 TRIO = {

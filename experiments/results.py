@@ -24,10 +24,9 @@ import torch
 
 from ssog_core.analysis.measures import export_maps, head_fields
 from ssog_core.analysis.presets import ELONGATED_RATIO
-from ssog_core.checkpoint.files import atomic_write
+from ssog_core.checkpoint.files import atomic_write, replace_section, section_markers
 from ssog_core.checkpoint.format import load_checkpoint
 from ssog_core.data import layouts, shapes
-from ssog_core.doc_sections import replace_section, section_markers
 from ssog_core.nn.attention import gate_start
 from ssog_core.nn.cost import count_flops, count_params
 from ssog_core.train.accuracy import evaluate_sizes, plot_transfer

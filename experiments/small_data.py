@@ -18,13 +18,13 @@ images per class: ~70% vs 53%). This script measures the same comparison offline
   layers) on stratified, nested subsets of 250 / 500 / 1,438 training images, scored on the same val images, with
   the final model's clean train accuracy (its own training images, no augmentation) beside val.
 
-Within a row only ``--attn`` differs, and the same seed gives both models the same data order and crops. No flip
-(digits are not mirror-symmetric). Runs go two at a time under ``nice -n 10`` with one thread each (so the study
-can share a machine with more important work) and end with the study (Ctrl-C or SIGTERM lets them save; a study
-killed outright takes them with it: ``ssog_core.child_runs``); a stopped run resumes (``--resume``), a finished one
-is skipped, a missing evaluation is redone. Data and runs live under ``--root`` (never committed). The report:
-``docs/SMALL_DATA.md``, ``docs/figures/small_data_gap.png`` and a short section between the markers in
-``docs/RESULTS.md`` (``--docs``); the numbers in ``experiments/results/small_data.json`` (present configuration) and
+Within a row only ``--attn`` differs, and the same seed gives both models the same data order and crops. No flip (digits
+are not mirror-symmetric). Runs go two at a time under ``nice -n 10`` with one thread each (so the study can share a
+machine with more important work) and end with the study (Ctrl-C or SIGTERM lets them save; a study killed outright
+takes them with it: ``ssog_core.train.child_runs``); a stopped run resumes (``--resume``), a finished one is skipped, a
+missing evaluation is redone. Data and runs live under ``--root`` (never committed). The report: ``docs/SMALL_DATA.md``,
+``docs/figures/small_data_gap.png`` and a short section between the markers in ``docs/RESULTS.md`` (``--docs``); the
+numbers in ``experiments/results/small_data.json`` (present configuration) and
 ``experiments/results/small_data_sizes.json`` (sweep) (``--results``).
 
 Both runs of a pair make the same optimizer steps (drop_last), so their final gap is at matched steps; the gap is
@@ -49,8 +49,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from ssog_core.child_runs import run_child, stop_children_on_signal
-from ssog_core.doc_sections import replace_section, section_markers
+from ssog_core.checkpoint.files import replace_section, section_markers
+from ssog_core.train.child_runs import run_child, stop_children_on_signal
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

@@ -1,6 +1,7 @@
-"""Child runs never outlive their driver (``ssog_core.child_runs``): a driver running two real child processes (each
-with a grandchild, as a training run has data-loader workers) is stopped by SIGTERM, SIGINT or SIGKILL, and no
-process of the runs is left; a polite stop reaches the run first (a training run saves), SIGKILL does not wait."""
+"""Child runs never outlive their driver (``ssog_core.train.child_runs``): a driver running two real child
+processes (each with a grandchild, as a training run has data-loader workers) is stopped by SIGTERM, SIGINT or
+SIGKILL, and no process of the runs is left; a polite stop reaches the run first (a training run saves), SIGKILL
+does not wait."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ssog_core import child_runs
+from ssog_core.train import child_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 # The driver loads child_runs by its path (as the watchdog does): no torch import, so it starts in a blink.
@@ -166,7 +167,7 @@ def test_a_training_run_under_a_stopped_driver_saves_and_resumes(tmp_path):
     argv += ["--transfer-sizes", "none", "--out", str(out)]
     driver = textwrap.dedent(f"""
         import sys
-        from ssog_core import child_runs
+        from ssog_core.train import child_runs
         with child_runs.stop_children_on_signal(), open({str(tmp_path / "log")!r}, "a") as log:
             print(child_runs.run_child([sys.executable, *{argv!r}], log, cwd={str(ROOT)!r}), flush=True)
     """)

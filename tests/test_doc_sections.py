@@ -1,4 +1,4 @@
-"""Marked sections of a document (``ssog_core.doc_sections``): a script replaces its own section and nothing else,
+"""Marked sections of a document (``ssog_core.checkpoint.files``): a script replaces its own section and nothing else,
 atomically; broken markers are refused; every script's section sits once in docs/RESULTS.md."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ssog_core.doc_sections import replace_section, section_markers
+from ssog_core.checkpoint.files import replace_section, section_markers
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKS = section_markers("demo")

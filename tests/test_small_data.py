@@ -847,7 +847,7 @@ def test_sweep_run_trains_with_the_recipe_evaluates_twice_skips_and_resumes(sd, 
 
 
 def test_a_run_goes_niced_one_thread_in_a_session_of_its_own_and_its_cpu_time_counts(sd, tmp_path):
-    """Each run is a child run (``ssog_core.child_runs``): its own session, so the study's stop reaches it through
+    """Each run is a child run (``ssog_core.train.child_runs``): its own session, so the study's stop reaches it through
     the launcher and a killed study takes it along; niced; one thread; CPU seconds measured."""
     probe = (
         "import os, time\nt = time.process_time()\nwhile time.process_time() - t < 0.2: pass\n"
