@@ -395,6 +395,25 @@ def test_hook_in_is_the_layernormed_input_and_head_out_what_the_projection_reads
         model(torch.rand(1, 3, 30, 21))
 
 
+def test_the_labs_attention_maps_read_a_standard_vit(tmp_path):
+    """The analysis reads ``hook_in``, ``attention_matrix``, ``num_prefix_tokens`` and ``grid_for``: the same
+    attributes as on the lab's ViT give the standard ViT's patch-to-patch attention and prefix share."""
+    from ssog_core.analysis.measures import attention_maps
+
+    args = dict(SMALL, reg_tokens=2)
+    state = timm_state(args)
+    model, _ = load_checkpoint(write_timm_folder(tmp_path / "m", "vit_base_patch16_224", state, args))
+    img = torch.rand(2, 3, 49, 35, dtype=torch.float64)
+    maps = attention_maps(model.double(), img)
+    logits, attns = timm_forward(state, args, _normalised(img))
+    assert maps.grid == (7, 5)
+    torch.testing.assert_close(maps.logits, logits, **F64)
+    for layer, a in enumerate(attns):
+        rows = a[:, :, 3:]  # patch queries (class token and two registers first)
+        torch.testing.assert_close(maps.prefix_share[layer], rows[..., :3].sum(-1), **F64)
+        torch.testing.assert_close(maps.attn[layer], rows[..., 3:] / rows[..., 3:].sum(-1, keepdim=True), **F64)
+
+
 # --- the lab's dot twin as a timm folder ---
 
 
