@@ -73,27 +73,35 @@ def driver(tmp_path):
         stdout=subprocess.PIPE,
         text=True,
     )
-    stems = [tmp_path / f"run{i}" for i in range(2)]
+    stems, pids = [tmp_path / f"run{i}" for i in range(2)], []
     try:
         assert wait_until(lambda: all(s.with_suffix(".pids").exists() for s in stems), 60), (
             tmp_path / "log"
         ).read_text()
         pids = [int(p) for s in stems for p in s.with_suffix(".pids").read_text().split()]
-        watchdogs = [int(line.split()[0]) for line in _children_of(proc.pid)]
+        watchdogs = children_of(proc.pid)
         assert len(watchdogs) == 2 and all(os.getpgid(w) == w for w in watchdogs)  # each its own group and session
         assert all(os.getpgid(p) in watchdogs for p in pids) and all(os.getsid(w) == w for w in watchdogs)
         yield proc, pids, watchdogs, tmp_path
     finally:
         proc.kill()
         proc.wait()
-        for pid in pids if "pids" in locals() else []:
+        for pid in pids:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
-def _children_of(pid: int) -> list[str]:
-    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(pid)], capture_output=True, text=True).stdout
-    return [line.strip() for line in out.splitlines() if "child_runs.py" in line]
+def children_of(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] not in ("Z", "X"):
+            found.append(int(stat.parent.name))
+    return found
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
