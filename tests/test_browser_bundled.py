@@ -116,12 +116,22 @@ def export_maps_with_the_blank_control(page) -> None:
     shot(page, "bundled_05_export_control")
 
 
-def an_edit_on_the_picture_and_on_50_validation_images(page) -> None:
-    """Close layer 0's μ gate: the picture's prediction edited, then the accuracy change on 50 validation images
-    with its interval."""
-    open_tab(page, "intervene")
+def pick_op(page, op: str, shown: tuple[str, ...], hidden: tuple[str, ...]) -> None:
+    """Choose ``op``; the form then shows its fields only."""
     page.click("#iv-op input")
-    page.locator("[role=option]", has_text="close_gate").first.click()
+    page.locator("[role=option]", has_text=op).first.click()
+    for name in shown:
+        page.wait_for_selector(f"#iv-{name}", state="visible")
+    for name in hidden:
+        page.wait_for_selector(f"#iv-{name}", state="hidden")
+
+
+def an_edit_on_the_picture_and_on_50_validation_images(page) -> None:
+    """The form follows the op (ablate_head: layer, head, mode; close_gate: layer, tap, head). Close layer 0's
+    gates: the picture's prediction edited, then the accuracy change on 50 validation images with its interval."""
+    open_tab(page, "intervene")
+    pick_op(page, "ablate_head", ("layer", "head", "mode"), ("tap", "factor", "source", "what", "atom", "dy", "dx"))
+    pick_op(page, "close_gate", ("layer", "tap", "head"), ("mode", "factor", "source", "what", "atom", "dy", "dx"))
     page.click("#iv-add")
     page.wait_for_function("() => document.querySelector('#iv-list').innerText.includes('gates closed')")
     page.click("#iv-apply")
