@@ -169,6 +169,7 @@ def test_a_vit_name_outside_the_table_opens_when_model_args_give_its_sizes(tmp_p
         ({"model_type": "swin"}, "model_type 'swin' is not supported: SSOG Lab opens timm's VisionTransformer"),
         ({"architectures": ["ViTForMaskedImageModeling"]}, "architecture 'ViTForMaskedImageModeling' is not one"),
         ({"hidden_act": "gelu_new"}, "hidden_act='gelu_new' (supported: 'gelu')"),
+        ({"hidden_size": "24"}, "hidden_size='24' must be whole numbers"),
     ],
 )
 def test_transformers_configs_outside_the_standard_vit_are_refused(tmp_path, change, phrase):
@@ -241,6 +242,20 @@ def test_a_config_naming_a_billion_parameters_is_refused_before_anything_is_allo
     message = _refused(folder, "parameters, over the", f"{MAX_PARAMETERS:,} SSOG Lab opens")
     assert time.perf_counter() - start < 5
     assert int(message.split(" describes ")[1].split(" ")[0].replace(",", "")) > 1e9
+
+
+@pytest.mark.parametrize(
+    "change, phrase",
+    [
+        ({"mlp_ratio": 1e30}, "describes a model too large to build"),
+        ({"img_size": 7 * 10**9}, "describes a model too large to build"),
+        ({"reg_tokens": "4", "depth": 2.0}, "depth=2.0, reg_tokens='4' must be whole numbers"),
+    ],
+)
+def test_sizes_past_reason_are_refused_in_words(tmp_path, change, phrase):
+    folder = _timm(tmp_path)
+    _rewrite_config(folder, model_args=change)
+    _refused(folder, phrase)
 
 
 def test_pytorch_model_bin_is_read_as_tensors_only(tmp_path):

@@ -147,10 +147,14 @@ def _timm_config(cfg: Mapping[str, Any], name: str) -> tuple[StandardViTConfig, 
         limited.append(f"global_pool={args['global_pool']!r} (supported: 'token', 'avg')")
     if limited:
         raise CheckpointError(f"{name}: {arch} is not a standard ViT this lab runs: " + "; ".join(limited))
+    whole = ("patch_size", "embed_dim", "depth", "num_heads", "num_classes", "in_chans", "reg_tokens")
+    bad = [k for k in whole if not isinstance(args[k], int) or isinstance(args[k], bool)]
+    if bad:
+        raise CheckpointError(f"{name}: {', '.join(f'{k}={args[k]!r}' for k in bad)} must be whole numbers")
     mean, std = pretrained.get("mean"), pretrained.get("std")
     if mean is None or std is None:
         raise CheckpointError(f"{name}: pretrained_cfg gives no mean and std, so the model's input is not known")
-    dim, prefix = args["embed_dim"], int(args["class_token"]) + int(distilled) + args["reg_tokens"]
+    dim, prefix = args["embed_dim"], int(bool(args["class_token"])) + int(distilled) + args["reg_tokens"]
     try:
         config = StandardViTConfig(
             family="timm",
@@ -245,6 +249,11 @@ def _hf_config(cfg: Mapping[str, Any], folder: Path, name: str) -> tuple[Standar
     if arch not in _HF_HEADS:
         raise CheckpointError(f"{name}: architecture {arch!r} is not one SSOG Lab opens ({', '.join(_HF_HEADS)})")
     pool, distilled, heads = _HF_HEADS[arch]
+    whole = ("hidden_size", "num_hidden_layers", "num_attention_heads", "patch_size", "num_channels")
+    whole += ("intermediate_size", "num_register_tokens")
+    bad = [k for k in whole if k in cfg and (not isinstance(cfg[k], int) or isinstance(cfg[k], bool))]
+    if bad:
+        raise CheckpointError(f"{name}: {', '.join(f'{k}={cfg[k]!r}' for k in bad)} must be whole numbers")
     problems = []
     if cfg.get("hidden_act", "gelu") != "gelu":
         problems.append(f"hidden_act={cfg['hidden_act']!r} (supported: 'gelu')")
@@ -260,7 +269,7 @@ def _hf_config(cfg: Mapping[str, Any], folder: Path, name: str) -> tuple[Standar
         raise CheckpointError(f"{folder.name} has no preprocessor_config.json, so the image mean and std are not known")
     pre = _read_json(pre_path)
     rescale = pre.get("rescale_factor", 1 / 255) if pre.get("do_rescale", True) else None
-    if rescale is None or not math.isclose(rescale, 1 / 255):
+    if not isinstance(rescale, (int, float)) or not math.isclose(rescale, 1 / 255):
         raise CheckpointError(f"{pre_path.name}: the model expects pixels rescaled by 1/255; this one does not say so")
     channels = cfg.get("num_channels", 3)
     mean, std = (pre.get("image_mean"), pre.get("image_std")) if pre.get("do_normalize", True) else (None, None)
@@ -403,7 +412,10 @@ def parameter_count(config: StandardViTConfig) -> int:
 
 def check_size(config: StandardViTConfig, source: str) -> None:
     """Refuse a config naming more parameters than the lab opens, before reading or allocating anything."""
-    n = parameter_count(config)
+    try:
+        n = parameter_count(config)
+    except (RuntimeError, TypeError, OverflowError) as e:  # sizes past what torch can even describe
+        raise CheckpointError(f"{source} describes a model too large to build: {str(e).splitlines()[0]}") from None
     if n > MAX_PARAMETERS:
         raise CheckpointError(f"{source} describes {n:,} parameters, over the {MAX_PARAMETERS:,} SSOG Lab opens")
 
