@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from gradio_client import Client
+from PIL import Image
 
 from app.layout import build_app
 from app.main import launch
 from app.state import AppContext, AppError
 from app.tabs import training
+from ssog_core.analysis.trajectory import snapshot_layer_fields
 from ssog_core.checkpoint.format import read_history
 from ssog_core.cli import train
 from ssog_core.testing.app_process import free_port
+from ssog_core.viz import figures as viz
 from tests.app_fixtures import write_checkpoints, write_images
 
 RUN = [
@@ -67,13 +71,40 @@ def test_render_draws_the_history_with_the_slider_range_and_value_in_one_update(
 def test_the_step_slider_shows_the_fields_at_that_snapshot(ctx):
     ui = FakeUI()
     first, last = (training.on_step(ctx, ui, "trained.safetensors", i) for i in (1, 1e9))
-    a, b = np.asarray(first["grid"]), np.asarray(last["grid"])
+    a, b = (np.asarray(Image.open(out["grid"]).convert("RGB")) for out in (first, last))
     assert a.shape == b.shape and a.shape[2] == 3 and not np.array_equal(a, b)  # the fields moved
     assert "step 0" in first["step_text"] and "step 18" in last["step_text"]
     assert first["step_text"].startswith("Snapshot 1 of ")  # slider position 1 is snapshot 1
     assert training.on_step(ctx, ui, "trained.safetensors", 3)["step_text"].startswith("Snapshot 3 of ")
     n = len(read_history(ctx.resolve("trained.safetensors")).steps)
     assert training.on_tick(ctx, "trained.safetensors", 1) == 2 and training.on_tick(ctx, "trained.safetensors", n) == 1
+
+
+def test_the_fields_at_a_step_are_the_geometry_figure_in_one_window_for_every_step(ctx):
+    """The tab draws a step's fields with the geometry tab's renderer. Its last snapshot is the trained model and
+    measures as the geometry tab measures the model (densities, atoms, stats, gates); the panels show one window,
+    that of every snapshot's fields together, which holds the geometry figure's own window of the model."""
+    loaded = ctx.model("trained.safetensors")
+    view = training.training_view(ctx, loaded)
+    grid, mode, n = loaded.config.grid, loaded.config.field, len(view.history.steps)
+    steps = [snapshot_layer_fields(view.history, i, grid, mode) for i in range(n)]
+    for got, want in zip(steps[-1], loaded.fields, strict=True):  # float64 from the history, float32 in the model
+        for key in ("density", "mu", "sigma", "lam", "entropy", "radius", "spread", "reach"):
+            torch.testing.assert_close(getattr(got, key), getattr(want, key), rtol=1e-4, atol=1e-6, msg=key)
+        assert got.gates == pytest.approx(want.gates, rel=1e-5) and set(got.gates) == {"mu", "sigma", "lambda"}
+    assert view.window == viz.visible_extent([lf for fields in steps for lf in fields])
+    model_window = viz.visible_extent(loaded.fields)
+    assert view.window[0] >= model_window[0] and view.window[1] >= model_window[1]
+    assert not torch.equal(steps[0][0].density, steps[-1][0].density)  # the fields moved during training
+    fig = training.fields_figure(loaded, view, n - 1)
+    panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    assert len(panels) == len(loaded.fields) * loaded.config.num_heads
+    wy, wx = view.window
+    assert all(ax.get_xlim() == (-wx, wx) and ax.get_ylim() == (wy, -wy) for ax in panels)
+    drawn = np.asarray(Image.open(training.on_step(ctx, FakeUI(), "trained.safetensors", n)["grid"]).convert("RGB"))
+    shared = viz.figure_rgb(viz.geometry_figure(loaded.fields, f"trained.safetensors at step {view.history.steps[-1]}",
+                                                view=view.window))  # fmt: skip
+    assert drawn.shape == shared.shape and np.mean(drawn != shared) < 1e-3  # the model's own figure, at most a digit
 
 
 def test_a_checkpoint_without_history_says_so_in_one_line(ctx):

@@ -1,8 +1,9 @@
 """Training tab: how a checkpoint's gates, accuracy and fields moved during training, from the history it stores.
 
 Everything drawn here is read from the checkpoint's history (``ssog_core.history``) and measured by
-``ssog_core.trajectory``; the step slider redraws the layers × heads field grid from densities computed once per
-checkpoint, so moving it only composes a picture.
+``ssog_core.trajectory``; the step slider draws the fields of that step with the geometry tab's figure
+(:func:`ssog_core.viz.figures.geometry_figure`), in one window for every step (so a field that grows is seen to
+grow), each step's picture drawn once and kept.
 """
 
 from __future__ import annotations
@@ -15,35 +16,45 @@ import gradio as gr
 import numpy as np
 import plotly.graph_objects as go
 from gradio.blocks import Block
-from PIL import Image, ImageDraw
+from matplotlib.figure import Figure
 from plotly.subplots import make_subplots
 
-from app.common import Updates, error_text, warn
+from app.cache import LRU
+from app.common import Updates, error_text, warn, write_downloads
 from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError, LoadedModel
 from ssog_core.analysis import report
-from ssog_core.analysis.trajectory import GeometryTrajectory, geometry_trajectory, snapshot_densities
+from ssog_core.analysis.trajectory import (
+    GeometryTrajectory,
+    geometry_trajectory,
+    snapshot_densities,
+    snapshot_layer_fields,
+)
 from ssog_core.checkpoint.format import has_history, read_history
 from ssog_core.checkpoint.history import History
-from ssog_core.viz import raster
+from ssog_core.viz import figures as viz
+from ssog_core.viz import files, raster
 from ssog_core.viz.figures import TAP_LABELS
 
-TILE = 72  # px per head panel of the field grid
-LABEL = 18  # px of the label margins
 TAP_COLOURS = {"mu": "#1f77b4", "sigma": "#d62728", "lambda": "#2ca02c"}
-GRID_CAPTION = "Fields: layers across, heads down (each panel scaled to its own peak; dot = the query)"
-PLAY_SECONDS = 0.4  # one snapshot per tick while playing
+GRID_CAPTION = (
+    "Fields at this step, drawn as the geometry tab draws the trained model's: layers across, heads down, each "
+    "panel scaled to its own peak, one window for every step"
+)
+PLAY_SECONDS = 0.4  # one snapshot per tick while playing (a step not drawn yet takes longer: the slider runs ahead)
+FRAMES = 32  # pictures of steps kept per checkpoint (PNG, ~0.2 MB each)
 
 
 @dataclass(frozen=True)
 class TrainingView:
-    """What the tab draws for one checkpoint, computed once: its history, the geometry at every snapshot and the
-    field densities (``(S, L, H, ny, nx)``, each head's panel at every snapshot, cropped to what any snapshot
-    shows)."""
+    """What the tab draws for one checkpoint, computed once: its history, the geometry at every snapshot, the
+    fields' window (half-width (y, x) in cells showing every snapshot's fields, None without fields) and the
+    pictures of the steps drawn so far (PNG bytes by snapshot)."""
 
     history: History
     geometry: GeometryTrajectory | None
-    densities: np.ndarray | None
+    window: tuple[float, float] | None
+    frames: LRU[bytes]
 
 
 @dataclass(frozen=True)
@@ -79,47 +90,31 @@ def training_view(ctx: AppContext, loaded: LoadedModel) -> TrainingView | None:
         if history is None:
             return None
         if not (loaded.is_ssog and history.fields["mu"]):
-            return TrainingView(history, None, None)
+            return TrainingView(history, None, None, LRU(FRAMES))
         grid, mode = loaded.config.grid, loaded.config.field
         dens = np.stack([snapshot_densities(history, i, grid, mode).float().numpy() for i in range(len(history.steps))])
-        return TrainingView(history, geometry_trajectory(history, grid, mode), crop_to_support(dens))
+        window = viz.support_extent(dens, np.stack(history.fields["mu"]))
+        return TrainingView(history, geometry_trajectory(history, grid, mode), window, LRU(FRAMES))
 
     return ctx.cache.figures.get(("training", loaded.key), make)
 
 
-def crop_to_support(dens: np.ndarray, floor: float = 0.02, pad: int = 1) -> np.ndarray:
-    """Crop ``(..., ny, nx)`` densities (centre = the query) to the square half-width that holds every panel's
-    values ≥ ``floor`` of its own peak, so a local head is not a speck in a mostly empty square."""
-    ny, nx = dens.shape[-2:]
-    cy, cx = ny // 2, nx // 2
-    peak = dens.max(axis=(-2, -1), keepdims=True)
-    seen = (dens >= floor * peak).reshape(-1, ny, nx).any(axis=0)
-    ys, xs = np.nonzero(seen)
-    half = int(max(np.abs(ys - cy).max(), np.abs(xs - cx).max(), 2)) + pad
-    hy, hx = min(half, cy), min(half, cx)
-    return dens[..., cy - hy : cy + hy + 1, cx - hx : cx + hx + 1]
+def fields_figure(loaded: LoadedModel, view: TrainingView, index: int) -> Figure:
+    """The geometry tab's figure of the fields at snapshot ``index``, in the window of every snapshot."""
+    fields = snapshot_layer_fields(view.history, index, loaded.config.grid, loaded.config.field)
+    return viz.geometry_figure(fields, f"{loaded.name} at step {view.history.steps[index]}", view=view.window)
 
 
-def field_grid(dens: np.ndarray) -> Image.Image:
-    """``(L, H, ny, nx)`` densities as one picture: layers across, heads down, each panel scaled to its own peak
-    (viridis), the query marked by a white dot, labels in the margins."""
-    layers, heads, ny, nx = dens.shape
-    tile_w, tile_h = TILE, max(8, round(TILE * ny / nx))
-    canvas = Image.new("RGB", (LABEL + layers * (tile_w + 2), LABEL + heads * (tile_h + 2)), "white")
-    draw = ImageDraw.Draw(canvas)
-    for layer in range(layers):
-        draw.text((LABEL + layer * (tile_w + 2) + tile_w // 2 - 8, 3), f"L{layer}", fill="black")
-        for head in range(heads):
-            d = dens[layer, head]
-            rgb = raster.colorize(d / max(float(d.max()), 1e-30), raster.FIELD_CMAP, 0.0, 1.0)
-            tile = Image.fromarray(rgb).resize((tile_w, tile_h), Image.Resampling.NEAREST)
-            x0, y0 = LABEL + layer * (tile_w + 2), LABEL + head * (tile_h + 2)
-            canvas.paste(tile, (x0, y0))
-            cx, cy = x0 + (nx // 2 + 0.5) * tile_w / nx, y0 + (ny // 2 + 0.5) * tile_h / ny
-            draw.ellipse((cx - 2, cy - 2, cx + 2, cy + 2), fill="white")
-    for head in range(heads):
-        draw.text((3, LABEL + head * (tile_h + 2) + tile_h // 2 - 5), f"h{head}", fill="black")
-    return canvas
+def fields_image(loaded: LoadedModel, view: TrainingView, index: int) -> str:
+    """The fields at snapshot ``index`` as a named PNG (drawn once per step and checkpoint; the download keeps the
+    name)."""
+
+    def draw() -> bytes:
+        settings = {"figure": "training fields", "checkpoint": loaded.name, "step": view.history.steps[index]}
+        return viz.figure_bytes(fields_figure(loaded, view, index), "png", settings)
+
+    name = f"fields_{files.stem_of(loaded.name)}_step{view.history.steps[index]}.png"
+    return write_downloads({viz.safe_token(name): view.frames.get(index, draw)})[0]
 
 
 def gates_plot(history: History, cold: float) -> go.Figure:
@@ -259,7 +254,7 @@ def render(ctx: AppContext, ui: TrainingUI, ckpt: str | None, pending: Any = Non
             shown_at = snapshot_index(h, pending)
             out[ui.geometry] = gr.update(value=geometry_plot(view.geometry), visible=True)
             out[ui.step] = gr.update(minimum=1, maximum=max(len(h.steps), 2), value=shown_at + 1, visible=True)
-            out[ui.grid] = gr.update(value=field_grid(view.densities[shown_at]), visible=True)
+            out[ui.grid] = gr.update(value=fields_image(loaded, view, shown_at), visible=True)
             out[ui.step_text] = step_label(h, shown_at)
         return out
     except Exception as e:
@@ -269,11 +264,12 @@ def render(ctx: AppContext, ui: TrainingUI, ckpt: str | None, pending: Any = Non
 def on_step(ctx: AppContext, ui: TrainingUI, ckpt: str | None, position: float) -> Updates:
     """The slider moved (to snapshot ``position``, counted from 1): the field grid at that snapshot."""
     try:
-        view = training_view(ctx, ctx.model(ckpt)) if ckpt else None
-        if view is None or view.densities is None:
+        loaded = ctx.model(ckpt) if ckpt else None
+        view = training_view(ctx, loaded) if loaded else None
+        if view is None or view.window is None:
             return gr.skip()
         i = slider_index(position, len(view.history.steps))
-        return {ui.grid: field_grid(view.densities[i]), ui.step_text: step_label(view.history, i), ui.status: ""}
+        return {ui.grid: fields_image(loaded, view, i), ui.step_text: step_label(view.history, i), ui.status: ""}
     except Exception as e:
         return {ui.status: warn(error_text(e))}
 
@@ -286,7 +282,7 @@ def on_play(playing: bool) -> tuple[gr.Timer, str, bool]:
 def on_tick(ctx: AppContext, ckpt: str | None, position: float) -> Any:
     """One snapshot further; at the last one, start again from the first (slider positions count from 1)."""
     view = training_view(ctx, ctx.model(ckpt)) if ckpt else None
-    if view is None or view.densities is None:
+    if view is None or view.window is None:
         return gr.skip()
     count = len(view.history.steps)
     return 1 if round(position or 1) >= count else round(position or 1) + 1

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ssog_core.field import Field, attention_matrix, displacement_density
+from ssog_core.field import Field, FieldMode, attention_matrix, displacement_density
 from ssog_core.nn.attention import RBFAttention, SSOGAttention
 from ssog_core.nn.hook_points import evaluating, reading, removed_heads
 
@@ -145,12 +145,20 @@ def density_moments(density: Tensor) -> tuple[Tensor, Tensor]:
 
 def layer_field(attn: SSOGAttention, grid: tuple[int, int], extent: tuple[int, int] | None = None) -> LayerField:
     """Geometry of one SSOG layer; ``extent`` defaults to the farthest offset on ``grid``."""
+    gates = {k: float(v) for k, v in attn.gate_scales().items()}
+    return field_geometry(attn.fixed_field(), grid, attn.mode, gates, extent)
+
+
+def field_geometry(
+    field: Field, grid: tuple[int, int], mode: FieldMode, gates: dict[str, float], extent: tuple[int, int] | None = None
+) -> LayerField:
+    """Geometry of a fixed ``field`` with its layer's gate scales: a layer's own (:func:`layer_field`) or one a
+    training history recorded (:func:`ssog_core.analysis.trajectory.snapshot_layer_fields`), measured alike."""
     gh, gw = grid
     extent = extent or (gh - 1, gw - 1)
-    field = attn.fixed_field()
-    stats = head_stats(attention_matrix(field, grid, attn.mode)[0], grid)
-    density = displacement_density(field, extent, attn.mode).float().cpu()
-    on_grid = density if extent == (gh - 1, gw - 1) else displacement_density(field, (gh - 1, gw - 1), attn.mode)
+    stats = head_stats(attention_matrix(field, grid, mode)[0], grid)
+    density = displacement_density(field, extent, mode).float().cpu()
+    on_grid = density if extent == (gh - 1, gw - 1) else displacement_density(field, (gh - 1, gw - 1), mode)
     spread, reach = density_moments(on_grid.double())
     return LayerField(
         density=density,
@@ -159,7 +167,7 @@ def layer_field(attn: SSOGAttention, grid: tuple[int, int], extent: tuple[int, i
         sigma=field.sigma.float().cpu(),
         lam=field.lam().float().cpu(),
         tau=float(field.tau),
-        gates={k: float(v) for k, v in attn.gate_scales().items()},
+        gates=dict(gates),
         entropy=stats["entropy"].float().cpu(),
         radius=stats["radius"].float().cpu(),
         spread=spread.float().cpu(),

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ssog_core.analysis.measures import density_moments
+from ssog_core.analysis.measures import LayerField, density_moments, field_geometry
 from ssog_core.checkpoint.history import History
 from ssog_core.field import Field, FieldMode, displacement_density
 
@@ -27,6 +27,20 @@ def snapshot_fields(history: History, index: int) -> list[Field]:
     return [
         Field(f["mu"][layer], f["sigma"][layer], torch.log(f["lambda"][layer]), f["tau"][layer])
         for layer in range(f["mu"].shape[0])
+    ]
+
+
+def snapshot_layer_fields(
+    history: History, index: int, grid: tuple[int, int], mode: FieldMode = "factorized"
+) -> list[LayerField]:
+    """Every layer's geometry at snapshot ``index``, with the gate scales of that step, measured as
+    :func:`~ssog_core.analysis.measures.head_fields` measures a model's layers (in float32, the history's and the
+    layers' own precision): the figures of a model's geometry draw a step of its training alike (the last snapshot
+    is the trained model)."""
+    gates = {tap: rows[index] for tap, rows in history.gates.items()}
+    return [
+        field_geometry(f.to(torch.float32), grid, mode, {tap: float(g[layer]) for tap, g in gates.items()})
+        for layer, f in enumerate(snapshot_fields(history, index))
     ]
 
 

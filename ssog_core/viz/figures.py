@@ -164,28 +164,39 @@ def gate_text(lf: LayerField) -> str:
 def visible_extent(fields: Sequence[LayerField], floor: float = 0.02, pad: float = 1.5) -> tuple[float, float]:
     """Half-width (y, x) in cells that shows every head's field (values ≥ ``floor`` of its peak) and atom
     centre: the geometry panels zoom to it, so local heads are not specks in a mostly empty square."""
-    vy = vx = 3.0
-    for lf in fields:
-        ey, ex = lf.extent
-        dy, dx = np.mgrid[-ey : ey + 1, -ex : ex + 1]
-        for d, mu in zip(lf.density.numpy(), lf.mu.numpy(), strict=True):
-            seen = d >= floor * d.max()
-            vy = max(vy, float(np.abs(dy[seen]).max()) + pad, float(np.abs(mu[:, 0]).max()) + pad)
-            vx = max(vx, float(np.abs(dx[seen]).max()) + pad, float(np.abs(mu[:, 1]).max()) + pad)
+    density = np.stack([lf.density.numpy() for lf in fields])
+    return support_extent(density, np.stack([lf.mu.numpy() for lf in fields]), floor, pad)
+
+
+def support_extent(density: np.ndarray, mu: np.ndarray, floor: float = 0.02, pad: float = 1.5) -> tuple[float, float]:
+    """:func:`visible_extent` of fields given as arrays: ``density`` ``(..., 2E_y+1, 2E_x+1)`` over key offset and
+    their atom centres ``mu`` ``(..., 2)``. One window for many fields (every snapshot of a training run) keeps
+    their panels comparable."""
+    ey, ex = (n // 2 for n in density.shape[-2:])
+    panels = density.reshape(-1, 2 * ey + 1, 2 * ex + 1)
+    ys, xs = np.nonzero((panels >= floor * panels.max(axis=(-2, -1), keepdims=True)).any(axis=0))
+    vy = max(3.0, float(np.abs(ys - ey).max()) + pad, float(np.abs(mu[..., 0]).max()) + pad)
+    vx = max(3.0, float(np.abs(xs - ex).max()) + pad, float(np.abs(mu[..., 1]).max()) + pad)
     v = max(vy, vx)  # the same zoom on both axes keeps a round field round
-    return min(v, fields[0].extent[0] + 0.5), min(v, fields[0].extent[1] + 0.5)
+    return min(v, ey + 0.5), min(v, ex + 0.5)
 
 
-def geometry_figure(fields: Sequence[LayerField], title: str = "", layers: Sequence[int] | None = None) -> Figure:
+def geometry_figure(
+    fields: Sequence[LayerField],
+    title: str = "",
+    layers: Sequence[int] | None = None,
+    view: tuple[float, float] | None = None,
+) -> Figure:
     """Layers × heads grid of each head's field over relative position (like the SSOG post's figure).
 
     Per panel: the λ-weighted density over key offsets (per-panel normalised), ``+`` atom centres at
     ``−μ`` with brightness λ, ★ the query, and the head's attention entropy H (nats) and effective
-    radius r (cells). Column titles carry the layer's gate scales, one per line.
+    radius r (cells). Column titles carry the layer's gate scales, one per line. ``view``: the panels'
+    half-width (y, x) in cells (default: :func:`visible_extent` of the layers drawn).
     """
     layers = list(range(len(fields))) if layers is None else list(layers)
     heads = fields[layers[0]].density.shape[0]
-    vy, vx = visible_extent([fields[l] for l in layers])
+    vy, vx = view or visible_extent([fields[l] for l in layers])
     fig = new_figure(1.9 * len(layers) + 0.8, 1.9 * heads + 1.6)
     axes = fig.subplots(heads, len(layers), squeeze=False)
     for c, layer in enumerate(layers):
