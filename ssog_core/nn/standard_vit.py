@@ -156,7 +156,7 @@ class Attention(nn.Module):
     def _pattern(self, q: Tensor, k: Tensor) -> Tensor:
         return self.pattern(torch.softmax((q * self.scale) @ k.transpose(-2, -1), dim=-1))
 
-    def forward(self, x: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         x = self.hook_in(x)
         b, t, _ = x.shape
         q, k, v = self.queries_keys_values(x)
@@ -164,7 +164,8 @@ class Attention(nn.Module):
         return self.proj(y.reshape(b, t, self.dim))
 
     def attention_matrix(self, x: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
-        """The ``(B, H, T, T)`` weights for the LayerNormed input ``x``, through the ``pattern`` point."""
+        """The ``(B, H, T, T)`` weights for the LayerNormed input ``x``, through the ``pattern`` point (``grid``: the
+        lab's attention interface; unused)."""
         q, k, _ = self.queries_keys_values(x)
         return self._pattern(q, k)
 
