@@ -152,6 +152,7 @@ def test_dlogp_is_a_difference_of_log_softmaxes_even_where_the_probability_under
     assert eff.dlogp == pytest.approx(want, rel=1e-9)
     quick = image_effect(model, img, edit, maps=False)  # the prediction only: the same answer, no maps
     assert quick.dlogp == pytest.approx(want, rel=1e-9) and quick.accumulated_edited is None
+    assert set(InterventionResult(parse_edits(edit), NAMES, quick, None).to_dict()) == {"unedited", "edited"}
 
 
 class Kept(dict):

@@ -107,10 +107,11 @@ class InterventionResult:
         if self.image is not None:
             for side, p in (("unedited", self.image.probs_unedited), ("edited", self.image.probs_edited)):
                 out[side] = {"probs": p.tolist(), "label": self.class_names[int(p.argmax())]}
-            out["accumulated_export"] = {
-                "unedited": self.image.accumulated_unedited.tolist(),
-                "edited": self.image.accumulated_edited.tolist(),
-            }
+            if self.image.accumulated_unedited is not None:  # absent when only the prediction was asked for
+                out["accumulated_export"] = {
+                    "unedited": self.image.accumulated_unedited.tolist(),
+                    "edited": self.image.accumulated_edited.tolist(),
+                }
         if self.validation is not None:
             out["validation"] = self.validation.to_dict()
         return out
