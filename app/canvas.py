@@ -9,7 +9,8 @@ dragged to the ``moving`` prop (markers follow at once; unlike ``value`` it is n
 move) and asks the ``preview`` server function for a new field image, with at most two requests in flight and
 always the latest positions; on release ``value`` takes the new head. On release it fires the custom
 ``release`` event; Python's answer carries ``ack`` (the release time), so the page can show the round trip.
-``pick`` selects an atom, ``addatom`` adds one where the user double-clicks; arrow keys move a focused atom.
+``pick`` selects an atom, ``addatom`` adds one where the user double-clicks; arrow keys move a focused atom, which
+keeps the focus through the redraws that follow (a marker the redraw replaced gets it back).
 """
 
 from __future__ import annotations
@@ -258,6 +259,25 @@ element.addEventListener('keydown', e => {
   props.value = v;
   trigger('release', { t: performance.now() });
 });
+// Keyboard focus survives a redraw. Gradio patches the template's nodes in place, but one whose place in the
+// template changed is replaced, and a full re-render replaces them all: the marker that had the focus (an atom by
+// its number, or the ★) gets it back, so a keyboard user's next arrow press still moves it. Focus that left on
+// purpose (to another element, or a click elsewhere) is not taken back.
+let keep = null;  // the selector of the marker that has the keyboard focus
+element.addEventListener('focusin', e => {
+  const a = e.target.closest('.atom'), s = e.target.closest('.star');
+  keep = a ? `.atom[data-i="${a.dataset.i}"]` : s ? '.star' : null;
+});
+element.addEventListener('focusout', e => {
+  const left = e.target;  // still in the page once events settle: it was left, not replaced by a redraw
+  setTimeout(() => { if (left.isConnected && !element.contains(document.activeElement)) keep = null; });
+});
+new MutationObserver(() => {
+  const now = document.activeElement;
+  if (!keep || (now && now !== document.body && now.isConnected)) return;
+  const again = element.querySelector(keep);
+  if (again) again.focus({ preventScroll: true });
+}).observe(element, { childList: true, subtree: true });
 element.addEventListener('dblclick', e => {
   if (e.target.closest('.atom, .star') || !e.target.closest('.pg')) return;
   const [y, x] = pos(e);
