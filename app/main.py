@@ -3,6 +3,7 @@
 
     python -m app [--host 127.0.0.1] [--port 7860] [--checkpoint-dir checkpoints/] [--assets-dir assets/]
                   [--threads 1] [--device cpu|cuda|cuda:N] [--auth-file users.txt] [--mcp]
+                  [--cluster tcp://HOST:PORT]
 
 The app is a thin layer: every number it shows comes from :mod:`ssog_core` (field, analysis, checkpoints,
 images), drawn by :mod:`ssog_core.viz.figures` or :mod:`app.plots`.
@@ -67,6 +68,13 @@ def parser() -> argparse.ArgumentParser:
         "--mcp",
         action="store_true",
         help="also serve the typed endpoints as MCP tools at /gradio_api/mcp/ (with a login: HTTP Basic required)",
+    )
+    ap.add_argument(
+        "--cluster",
+        metavar="tcp://HOST:PORT",
+        default=None,
+        help="run heavy jobs (validation, head importance) on this Dask scheduler's workers "
+        "(default: a local pool of worker processes)",
     )
     return ap
 
@@ -272,15 +280,22 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     import torch
 
-    from app import memory
+    from app import memory, queues
     from app.layout import build_app
     from app.state import AppContext
+    from ssog_core.jobs import JobError
 
     try:
         device = choose_device(args.device)
         auth = read_auth(args.auth_file, os.environ)
     except ValueError as e:
         sys.exit(f"error: {e}")
+    try:
+        engine = queues.start_engine(args.cluster, max(1, args.threads))
+    except JobError as e:
+        sys.exit(f"error: --cluster: {e}")
+    atexit.register(engine.close)
+    print(f"heavy jobs run on {engine.where}", flush=True)
     warning = access_warning(args.host, auth)
     if warning:
         print(warning, file=sys.stderr, flush=True)

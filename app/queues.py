@@ -9,6 +9,9 @@ and the page shows their place in it. Work on the validation set also runs under
 queue it came from (``/intervene`` with ``eval_images`` > 0 is one call in the light queue), so at most
 :data:`HEAVY_LIMIT` heavy computations run at once. One user runs one heavy job at a time (:func:`one_per_user`);
 another is refused at once with the reason instead of taking a second slot from everyone else.
+
+Heavy work leaves the serving process through :func:`engine` (:class:`ssog_core.jobs.Engine`): a local pool of
+``HEAVY_LIMIT`` worker processes, or the Dask scheduler given to ``python -m app --cluster``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 import gradio as gr
 
 from app import memory
+from ssog_core.jobs import THREADS, Engine
 
 # Workers, not cores: a one-image edit takes tens of milliseconds, but a validation edit sent to ``/intervene``
 # (one endpoint, so one queue) holds a light worker while it waits for a heavy slot and computes; with two light
@@ -33,6 +37,7 @@ heavy_gate = threading.BoundedSemaphore(HEAVY_LIMIT)  # held while a heavy compu
 BUSY = "you already have a validation or head-importance job running; wait for it or stop it"  # Busy's message
 _running: Counter[str] = Counter()  # heavy jobs running per user
 _lock = threading.Lock()
+_engine: Engine | None = None  # where heavy jobs run (start_engine, else a local pool on first use)
 
 
 def light(**events: Any) -> dict[str, Any]:
@@ -43,6 +48,29 @@ def light(**events: Any) -> dict[str, Any]:
 def heavy(**events: Any) -> dict[str, Any]:
     """Event arguments for the heavy queue."""
     return {"concurrency_id": HEAVY, "concurrency_limit": HEAVY_LIMIT, **events}
+
+
+def start_engine(cluster: str | None = None, threads: int = THREADS) -> Engine:
+    """Set where heavy jobs run: the Dask scheduler at ``cluster`` (``tcp://HOST:PORT``; a
+    :class:`~ssog_core.jobs.JobError` naming it when it cannot be reached within seconds), else a local pool of
+    ``HEAVY_LIMIT`` worker processes with ``threads`` torch threads each (spawned on the first job)."""
+    global _engine
+    new = Engine.cluster(cluster, threads) if cluster else Engine.local(HEAVY_LIMIT, threads)
+    with _lock:
+        old, _engine = _engine, new
+    if old is not None:
+        old.close()
+    return new
+
+
+def engine() -> Engine:
+    """Where heavy jobs run: the engine :func:`start_engine` set, else a local pool (its workers spawn on the first
+    job)."""
+    global _engine
+    with _lock:
+        if _engine is None:
+            _engine = Engine.local(HEAVY_LIMIT)
+        return _engine
 
 
 def user_of(request: Any) -> str:

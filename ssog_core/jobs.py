@@ -40,7 +40,7 @@ from ssog_core.interventions.effects import Cancelled
 
 WORKERS = 2  # local worker processes: heavy jobs at once on the serving machine
 THREADS = 1  # torch threads per job, on every worker: a job's numbers depend on it, so it travels with the job
-NICE = 10  # local workers' niceness: the serving process keeps a core's worth of priority over them
+NICE = 5  # local workers' niceness: the serving process weighs three times a worker when both want a core
 CONNECT_TIMEOUT = 5.0  # seconds to reach a Dask scheduler, at start and when reconnecting
 POLL = 0.2  # seconds between looks at a running job (stop asked? scheduler still there?)
 WORKER_MODELS = 4  # models a worker keeps in memory, by content hash
@@ -296,7 +296,7 @@ class LocalPool(Backend):
         with self._lock:
             if self._pool is broken:  # the first job to notice replaces it; the others find the new one
                 self._pool = self._new_pool()
-        broken.shutdown(wait=False, cancel_futures=True)
+        broken.shutdown(wait=False)  # its jobs have all failed with it, each submitted again once
 
     def close(self) -> None:
         with self._lock:
@@ -337,7 +337,11 @@ class DaskCluster(Backend):
             return self._executor
 
     def channel(self) -> Channel:
-        return DaskChannel(self._client)
+        try:
+            return DaskChannel(self._client)
+        except OSError as e:  # lost between connecting and now
+            raise JobError(f"cannot reach the Dask scheduler at {self.address} ({type(e).__name__}: {e}); "
+                           "the job was not started") from None  # fmt: skip
 
     def worker_lost(self, error: BaseException) -> bool:
         from distributed.scheduler import KilledWorker
@@ -364,6 +368,7 @@ class Job(Generic[T]):
     def __init__(self, engine: Engine, fn: Callable[..., T], args: tuple, kwargs: dict[str, Any]) -> None:
         self._backend, self._threads = engine.backend, engine.threads
         self._call = (fn, args, kwargs)
+        self._backend.executor()  # connected (or refused in words) before the channel is made on it
         self._channel = self._backend.channel()
         self._stop_asked = False
         self._attempts = 0
@@ -382,7 +387,6 @@ class Job(Generic[T]):
                 raise
             self._backend.recover(self._executor)
             return self._submit()
-        self._future = future
         future.add_done_callback(self._attempt_ended)
 
     def _attempt_ended(self, future: cf.Future[T]) -> None:
@@ -409,10 +413,10 @@ class Job(Generic[T]):
         return f"computing {done} of {total} {unit}" if total else "waiting for a worker"
 
     def stop(self) -> None:
-        """Ask the job to stop: a waiting one never starts, a running one ends at its next ``stopped()`` check."""
+        """Ask the job to stop: a waiting one ends as it starts, a running one at its next ``stopped()`` check.
+        Its future is not cancelled: a cancelled task would keep its worker busy, unseen, until it ended."""
         self._stop_asked = True
         self._channel.stop()
-        self._future.cancel()
 
     def done(self) -> bool:
         return self._ended.is_set()
