@@ -1,5 +1,6 @@
-"""The app as a user first meets it: the bundled checkpoints, the pointer trio open first, every instrument on it in
-a real browser (Playwright driving Debian's Chromium, offline), validation work at 50 images."""
+"""The app as a user first meets it: the bundled checkpoints, the layouts trio open first, then the pointer trio picked
+from the checkpoint picker and every instrument on it in a real browser (Playwright driving Debian's Chromium,
+offline), validation work at 50 images."""
 
 from __future__ import annotations
 
@@ -22,14 +23,17 @@ from tests.test_browser import (
 playwright = pytest.importorskip("playwright.sync_api")
 
 ROOT = Path(__file__).resolve().parents[1]
-FIRST = "matched_ssog_pointer20.safetensors"
+FIRST = "matched_ssog_layouts.safetensors"  # the first screen: a model that learned its task
+POINTER = "matched_ssog_pointer20.safetensors"  # one click away, partly trained
 TRIO = [ROOT / "checkpoints" / f"matched_{k}_pointer20.safetensors" for k in ("ssog", "ssog_fixed", "dot")]
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
     pytest.mark.timeout(1500),
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed"),
-    pytest.mark.skipif(not all(p.is_file() for p in TRIO), reason="the pointer trio is not in checkpoints/"),
+    pytest.mark.skipif(
+        not all(p.is_file() for p in [*TRIO, ROOT / "checkpoints" / FIRST]), reason="the bundled trios are not here"
+    ),
 ]
 
 
@@ -46,7 +50,8 @@ def test_the_pointer_trio_in_the_browser(server):
     with browser_page(server["log"], "bundled_failure", 120_000) as page:
         page.goto(server["url"])
         page.wait_for_selector("#pg-canvas .atom")
-        opens_on_the_pointer_trio(page)
+        opens_on_the_layouts_trio(page)
+        pick_the_pointer_trio(page)
         a_trained_head_as_preset(page)
         training_history(page)
         geometry_with_gates(page)
@@ -56,11 +61,26 @@ def test_the_pointer_trio_in_the_browser(server):
         the_transfer_curve_the_bundle_stored(page)
 
 
-def opens_on_the_pointer_trio(page) -> None:
-    """The first model is the steered pointer model, shown on a picture of its own data set."""
-    assert page.input_value("#ckpt input") == FIRST
-    assert page.input_value("#img-pick input").startswith("pointer_val")
+def opens_on_the_layouts_trio(page) -> None:
+    """The first model is the steered layouts model, fully trained, shown on a picture of its own data set."""
+    shown = page.input_value("#ckpt input")  # the picker shows the file's name with its note
+    assert shown.startswith(f"{FIRST} (") and "fully trained" in shown, shown
+    assert page.input_value("#img-pick input").startswith("layouts_val")
     shot(page, "bundled_01_open")
+
+
+def pick_the_pointer_trio(page) -> None:
+    """The pointer trio is one click away, its label saying it is partly trained; picked, with a picture of its own
+    data set."""
+    page.click("#ckpt input")
+    option = page.locator("[role=option]", has_text=POINTER)
+    assert "partly trained" in option.inner_text() and "content must decide where to look" in option.inner_text()
+    option.click()
+    page.wait_for_function(f"() => document.querySelector('#pg-preset-note').innerText.includes('{POINTER}')")
+    page.click("#img-pick input")
+    page.locator("[role=option]", has_text="pointer_val0000").click()
+    page.wait_for_function("() => document.querySelector('#status').innerText.includes('pointer_val0000')")
+    assert page.input_value("#ckpt input").startswith(POINTER)
 
 
 def a_trained_head_as_preset(page) -> None:
@@ -151,5 +171,5 @@ def the_transfer_curve_the_bundle_stored(page) -> None:
         "() => document.querySelector('#sc-transfer-note').innerText.includes('Zero-shot resolution transfer')"
     )
     page.wait_for_selector("#sc-transfer .js-plotly-plot", state="attached")
-    assert FIRST in page.inner_text("#sc-transfer-note")
+    assert POINTER in page.inner_text("#sc-transfer-note")
     shot(page, "bundled_07_transfer")
