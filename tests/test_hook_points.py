@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from app.common import stoppable  # before nnsight's test: importing gradio after nnsight fails in anyio
 from ssog_core import ViT
 from ssog_core.analysis.measures import attention_maps
 from ssog_core.interventions import hooks as hooks_module
@@ -251,8 +252,6 @@ def test_the_cache_holds_detached_tensors_unless_asked_to_keep_the_graphs():
 
 
 def test_work_handed_to_a_pool_or_a_stoppable_thread_inside_an_edit_sees_it():
-    from app.common import stoppable
-
     model, img = model_for(), images(2, seed=6)
     plain = model(img)
     with edited(model, [{"op": "ablate_head", "layer": 2, "head": 1}]):

@@ -68,16 +68,12 @@ def _dropout(m: nn.Dropout, x: Tensor) -> Tensor:
     return F.dropout(x, m.p, m.training and not _EVAL.get(), m.inplace)
 
 
-_apply_eagerly = torch.compiler.disable(_apply)  # a graph break: compiled code cannot read the context variable
-_dropout_eagerly = torch.compiler.disable(_dropout)
-
-
 class HookPoint(nn.Module):
     """The identity, unless this call and thread installed a function here (compiled code: see the module doc)."""
 
     def forward(self, x: Any) -> Any:
-        if torch.compiler.is_compiling():
-            return _apply_eagerly(self, x) if _live else x
+        if torch.compiler.is_compiling():  # a graph break while live: compiled code cannot read the context variable
+            return torch.compiler.disable(_apply)(self, x) if _live else x
         return _apply(self, x)
 
 
@@ -87,7 +83,9 @@ class Dropout(nn.Dropout):
 
     def forward(self, x: Tensor) -> Tensor:
         if torch.compiler.is_compiling():
-            return _dropout_eagerly(self, x) if _live else F.dropout(x, self.p, self.training, self.inplace)
+            if _live:
+                return torch.compiler.disable(_dropout)(self, x)
+            return F.dropout(x, self.p, self.training, self.inplace)
         return _dropout(self, x)
 
 
