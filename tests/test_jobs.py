@@ -123,8 +123,6 @@ def engine(request):
     import dask
     from distributed import LocalCluster
 
-    root = str(Path(__file__).resolve().parents[1])
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
         cluster = LocalCluster(
             n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0", silence_logs=40
