@@ -1,0 +1,199 @@
+"""Every attention head of a model as a field over displacement (query − key): how far it looks, how much of it a
+content-blind field explains, and the K Gaussian atoms that come closest to it
+(:mod:`ssog_core.analysis.head_as_field`).
+
+    python -m ssog_core fields --checkpoint C.safetensors --images 64 --atoms 4 --json fields.json
+    python -m ssog_core fields --checkpoint hf-hub:timm/vit_small_patch16_224.augreg_in21k_ft_in1k \\
+        --images photos/ --atoms 4 --json fields.json --out-dir figures/
+
+``--images N`` takes the first N validation images of the checkpoint's recorded data, ``--images FOLDER`` the
+pictures in a folder. The JSON holds ``heads``: per head its 0-based ``layer`` and ``head``, ``mean_distance_px``,
+``share_fit``, ``share_field``, ``prefix_share`` and ``atoms`` (``mu_y``, ``mu_x``, ``sigma_y``, ``sigma_x``,
+``weight``; grid cells, μ as query − key). Two charts (PNG + SVG) go to ``--out-dir`` (default: beside the JSON): mean
+attention distance per head against layer, as in the ViT paper, and the shares per head against layer. The model
+needs the hook point ``blocks.{l}.attn.pattern`` in every layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from matplotlib.figure import Figure
+from torch import Tensor, nn
+
+from ssog_core.analysis.head_as_field import HeadFieldStats, measure_head_fields
+from ssog_core.checkpoint.files import atomic_write
+from ssog_core.checkpoint.format import CheckpointError, load_checkpoint
+from ssog_core.data.images import ImageError, list_images, model_input, parse_size
+from ssog_core.data.sources import DataError
+from ssog_core.field import MAX_ATOMS
+from ssog_core.interventions.validation import load_eval_set
+from ssog_core.viz.figures import figure_bytes, new_figure, safe_token
+
+FIT_NOTE = (
+    "atoms: the factorized SSOG field (tau = 1) of K Gaussians closest to the head's renormalised patch-to-patch "
+    "attention in mean KL over patch queries and images (L-BFGS from three deterministic starts); shares: 1 - mean "
+    "total-variation distance to the fitted atoms (share_fit) and to the positional field (share_field)"
+)
+
+
+def heads_json(stats: HeadFieldStats) -> list[dict[str, Any]]:
+    """One object per head, layer by layer."""
+    out = []
+    for layer, fit in enumerate(stats.fits):
+        for head in range(fit.mu.shape[0]):
+            atoms = [
+                {"mu_y": float(m[0]), "mu_x": float(m[1]), "sigma_y": float(s[0]), "sigma_x": float(s[1]),
+                 "weight": float(w)}
+                for m, s, w in zip(fit.mu[head], fit.sigma[head], fit.lam[head], strict=True)
+            ]  # fmt: skip
+            out.append(
+                {
+                    "layer": layer,
+                    "head": head,
+                    "mean_distance_px": float(stats.mean_distance_px[layer, head]),
+                    "share_fit": float(stats.share_fit[layer, head]),
+                    "share_field": float(stats.share_field[layer, head]),
+                    "prefix_share": float(stats.prefix_share[layer, head]),
+                    "atoms": atoms,
+                }
+            )
+    return out
+
+
+def _per_layer(ax, values: Tensor, offset: float, **style: Any) -> None:
+    """A dot per head at its layer (nudged by ``offset``), heads spread a little so equal values stay visible."""
+    layers, heads = values.shape
+    spread = torch.linspace(-0.12, 0.12, heads) if heads > 1 else torch.zeros(1)
+    x = torch.arange(layers)[:, None] + offset + spread[None]
+    ax.scatter(x.flatten().numpy(), values.flatten().numpy(), s=14, **style)
+
+
+def distance_figure(stats: HeadFieldStats, title: str) -> Figure:
+    """Mean attention distance (pixels) of every head against its layer: the ViT paper's figure."""
+    fig = new_figure(6.4, 4.0)
+    ax = fig.add_subplot()
+    _per_layer(ax, stats.mean_distance_px, 0.0, color="tab:blue", alpha=0.8)
+    ax.set_xlabel("layer (0-based)")
+    ax.set_ylabel("mean attention distance (pixels)")
+    ax.set_xticks(range(stats.mean_distance_px.shape[0]))
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def share_figure(stats: HeadFieldStats, title: str) -> Figure:
+    """Share of every head the fitted atoms and the positional field explain, against its layer."""
+    fig = new_figure(6.4, 4.0)
+    ax = fig.add_subplot()
+    k = stats.fits[0].mu.shape[1]
+    _per_layer(ax, stats.share_field, -0.18, color="tab:gray", marker="s", label="positional field")
+    _per_layer(ax, stats.share_fit, 0.18, color="tab:orange", marker="o", label=f"{k} fitted atom{'s' * (k > 1)}")
+    ax.set_xlabel("layer (0-based)")
+    ax.set_ylabel("share explained (1 − mean TV)")
+    ax.set_xticks(range(stats.share_fit.shape[0]))
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower left", fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def _image_batches(
+    model: nn.Module, meta: dict, images: str, size: tuple[int, int], batch_size: int
+) -> tuple[Callable[[], Iterable[Tensor]], dict[str, Any]]:
+    """The images to measure on, as a batch iterator to call once per pass, and what the JSON says about them."""
+    if re.fullmatch(r"\d+", images):
+        evalset = load_eval_set(meta, size, int(images))
+        return (lambda: evalset.batches(model, batch_size)), evalset.describe()
+    folder = Path(images)
+    if not folder.is_dir():
+        raise ImageError(f"--images takes a number of validation images or a folder of pictures; {images} is neither")
+    paths = list_images(folder)
+    if not paths:
+        raise ImageError(f"{folder} holds no images")
+    p = next(model.parameters())
+    chunks = [model_input(paths[s : s + batch_size], size, meta)[0] for s in range(0, len(paths), batch_size)]
+    chunks = [c.to(p.device, p.dtype) for c in chunks]
+    return (lambda: iter(chunks)), {"folder": str(folder), "count": len(paths)}
+
+
+def run(
+    checkpoint: str,
+    images: str,
+    atoms: int,
+    json_out: str | Path,
+    out_dir: str | Path | None = None,
+    img_size: tuple[int, int] | None = None,
+    batch_size: int = 16,
+) -> dict[str, Any]:
+    """Measure every head, write the JSON and the two charts; returns what the JSON holds."""
+    if not 1 <= atoms <= MAX_ATOMS:
+        raise ValueError(f"--atoms takes 1 to {MAX_ATOMS} atoms per head, got {atoms}")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
+    model, meta = load_checkpoint(checkpoint)
+    size = img_size or tuple(model.config.img_size)
+    grid = model.grid_for(*size)
+    patch = (size[0] / grid[0], size[1] / grid[1])
+    batches, source = _image_batches(model, meta, images, size, batch_size)
+    stats = measure_head_fields(model, batches, grid, model.num_prefix_tokens, patch, atoms)
+    result = {
+        "checkpoint": str(checkpoint),
+        "images": {**source, "measured": stats.images, "size": list(size)},
+        "grid": list(grid),
+        "patch_px": list(patch),
+        "num_prefix_tokens": stats.num_prefix,
+        "atoms_per_head": atoms,
+        "method": FIT_NOTE,
+        "heads": heads_json(stats),
+    }
+    text = json.dumps(result, indent=1)
+    atomic_write(json_out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    out_dir = Path(out_dir) if out_dir is not None else Path(json_out).parent
+    name = Path(str(checkpoint).rstrip("/")).name.removesuffix(".safetensors")
+    settings = {"checkpoint": str(checkpoint), "images": result["images"], "atoms": atoms}
+    title = f"{name}: {stats.images} images, {grid[0]}×{grid[1]} patches"
+    for kind, fig in (("distance", distance_figure(stats, title)), ("share", share_figure(stats, title))):
+        for fmt in ("png", "svg"):
+            data = figure_bytes(fig, fmt, {**settings, "figure": kind})
+            path = out_dir / f"{safe_token(f'fields_{kind}_{name}')}.{fmt}"
+            atomic_write(path, lambda tmp, d=data: Path(tmp).write_bytes(d))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--checkpoint", required=True, help="an SSOG Lab checkpoint, a timm or transformers folder, or hf-hub:ORG/NAME"
+    )
+    ap.add_argument("--images", required=True, help="N (the first N validation images) or a folder of pictures")
+    ap.add_argument("--atoms", type=int, default=4, help=f"Gaussian atoms fitted per head (1 to {MAX_ATOMS})")
+    ap.add_argument("--json", required=True, help="output JSON path")
+    ap.add_argument("--out-dir", help="folder for the two charts (PNG + SVG; default: the JSON's folder)")
+    ap.add_argument("--img-size", type=parse_size, help="resize images to N or HxW (default: the model's size)")
+    ap.add_argument("--batch-size", type=int, default=16)
+    args = ap.parse_args(argv)
+    try:
+        result = run(args.checkpoint, args.images, args.atoms, args.json, args.out_dir, args.img_size, args.batch_size)
+    except (CheckpointError, ImageError, DataError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    heads = result["heads"]
+    mean = {k: sum(h[k] for h in heads) / len(heads) for k in ("mean_distance_px", "share_fit", "share_field")}
+    print(f"wrote {args.json}: {len(heads)} heads on {result['images']['measured']} images; mean distance "
+          f"{mean['mean_distance_px']:.1f} px, share explained by {args.atoms} atoms {mean['share_fit']:.3f}, "
+          f"by the positional field {mean['share_field']:.3f}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
