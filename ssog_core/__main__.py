@@ -20,6 +20,7 @@ COMMANDS = {  # command → (its module in ssog_core.cli, what it does)
     "info": ("info", "parameters and FLOPs per forward of a configuration"),
     "intervene": ("intervene", "edit a model for one run: the prediction and validation accuracy, unedited / edited"),
     "lm-train": ("lm_train", "a byte/char-level causal LM with dot or RBF attention"),
+    "fields": ("fields", "every head as a field: mean attention distance, share a field explains, fitted atoms"),
 }
 
 
