@@ -103,7 +103,7 @@ def test_the_fields_at_a_step_are_the_geometry_figure_in_one_window_for_every_st
     assert all(ax.get_xlim() == (-wx, wx) and ax.get_ylim() == (wy, -wy) for ax in panels)
     drawn = np.asarray(Image.open(training.on_step(ctx, FakeUI(), "trained.safetensors", n)["grid"]).convert("RGB"))
     shared = viz.figure_rgb(viz.geometry_figure(loaded.fields, f"trained.safetensors at step {view.history.steps[-1]}",
-                                                view=view.window))  # fmt: skip
+                                                window=view.window))  # fmt: skip
     assert drawn.shape == shared.shape and np.mean(drawn != shared) < 1e-3  # the model's own figure, at most a digit
 
 

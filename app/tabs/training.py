@@ -1,7 +1,7 @@
 """Training tab: how a checkpoint's gates, accuracy and fields moved during training, from the history it stores.
 
 Everything drawn here is read from the checkpoint's history (``ssog_core.history``) and measured by
-``ssog_core.trajectory``; the step slider draws the fields of that step with the geometry tab's figure
+``ssog_core.trajectory``; the step slider draws the fields of that step with Checkpoint geometry's figure
 (:func:`ssog_core.viz.figures.geometry_figure`), in one window for every step (so a field that grows is seen to
 grow), each step's picture drawn once and kept.
 """
@@ -38,7 +38,7 @@ from ssog_core.viz.figures import TAP_LABELS
 
 TAP_COLOURS = {"mu": "#1f77b4", "sigma": "#d62728", "lambda": "#2ca02c"}
 GRID_CAPTION = (
-    "Fields at this step, drawn as the geometry tab draws the trained model's: layers across, heads down, each "
+    "Fields at this step, drawn as Checkpoint geometry draws the trained model: layers across, heads down, each "
     "panel scaled to its own peak, one window for every step"
 )
 PLAY_SECONDS = 0.4  # one snapshot per tick while playing (a step not drawn yet takes longer: the slider runs ahead)
@@ -100,9 +100,9 @@ def training_view(ctx: AppContext, loaded: LoadedModel) -> TrainingView | None:
 
 
 def fields_figure(loaded: LoadedModel, view: TrainingView, index: int) -> Figure:
-    """The geometry tab's figure of the fields at snapshot ``index``, in the window of every snapshot."""
+    """Checkpoint geometry's figure of the fields at snapshot ``index``, in the window of every snapshot."""
     fields = snapshot_layer_fields(view.history, index, loaded.config.grid, loaded.config.field)
-    return viz.geometry_figure(fields, f"{loaded.name} at step {view.history.steps[index]}", view=view.window)
+    return viz.geometry_figure(fields, f"{loaded.name} at step {view.history.steps[index]}", window=view.window)
 
 
 def fields_image(loaded: LoadedModel, view: TrainingView, index: int) -> str:

@@ -185,18 +185,18 @@ def geometry_figure(
     fields: Sequence[LayerField],
     title: str = "",
     layers: Sequence[int] | None = None,
-    view: tuple[float, float] | None = None,
+    window: tuple[float, float] | None = None,
 ) -> Figure:
     """Layers × heads grid of each head's field over relative position (like the SSOG post's figure).
 
     Per panel: the λ-weighted density over key offsets (per-panel normalised), ``+`` atom centres at
     ``−μ`` with brightness λ, ★ the query, and the head's attention entropy H (nats) and effective
-    radius r (cells). Column titles carry the layer's gate scales, one per line. ``view``: the panels'
+    radius r (cells). Column titles carry the layer's gate scales, one per line. ``window``: the panels'
     half-width (y, x) in cells (default: :func:`visible_extent` of the layers drawn).
     """
     layers = list(range(len(fields))) if layers is None else list(layers)
     heads = fields[layers[0]].density.shape[0]
-    vy, vx = view or visible_extent([fields[l] for l in layers])
+    vy, vx = window or visible_extent([fields[l] for l in layers])
     fig = new_figure(1.9 * len(layers) + 0.8, 1.9 * heads + 1.6)
     axes = fig.subplots(heads, len(layers), squeeze=False)
     for c, layer in enumerate(layers):
