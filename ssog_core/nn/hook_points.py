@@ -13,7 +13,8 @@ Under ``torch.compile`` the context variable cannot be traced, so compiled code 
 (``_live``: whether any thread has a function or eval semantics installed), which the compiler guards as a
 constant. While nothing is installed anywhere a point and a :class:`Dropout` trace as the plain identity and dropout:
 one graph, as training needs. While something is installed, compiled code is recompiled once with a graph break at
-each point and dropout, which then run eagerly and read this thread's context (correct, slower).
+each point and dropout, which then run eagerly and read this thread's context (correct, slower; a model compiled with
+``fullgraph=True`` cannot break its graph and raises torch's error instead).
 
 This module imports nothing from the rest of the package, so the modules and the analysis can both use it.
 """
