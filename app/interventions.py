@@ -4,39 +4,76 @@
 lives in ``ctx.cache.effects``, keyed by what each depends on (the model's file, the image, the edit list, N, the
 mode); the core makes and keys it (:class:`~ssog_core.interventions.result.Memo`).
 
-Work on the validation set (validation effects, head importance) runs under :data:`app.queues.heavy_gate`, so at
-most ``HEAVY_LIMIT`` such computations run at once, whichever queue asked for them (:mod:`app.queues`).
+Work on the validation set (validation effects, head importance, a twin's accuracy) leaves the serving process: it
+is a job of :mod:`ssog_core.interventions.heavy` on :func:`app.queues.engine` (worker processes, or a Dask
+cluster), submitted under :data:`app.queues.heavy_gate`, so at most ``HEAVY_LIMIT`` run at once whichever queue
+asked for them. A :class:`Watch` hands the running job to the handler that waits, for its progress line; only a
+complete result is cached (a stopped or failed job raises).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, TypeVar
 
 from torch import Tensor
 
-from app.queues import heavy_gate
+from app import queues
 from app.state import AppContext, LoadedModel
-from ssog_core.interventions import result
+from ssog_core.interventions import heavy
 from ssog_core.interventions.edit import Edit, edits_key, parse_edits
-from ssog_core.interventions.effects import Outcomes
-from ssog_core.interventions.importance import HeadImportance, head_importance
-from ssog_core.interventions.ops import AblateHead
-from ssog_core.interventions.result import InterventionResult, Memo, run_intervention
-from ssog_core.interventions.validation import EvalSet
+from ssog_core.interventions.effects import Cancelled
+from ssog_core.interventions.importance import HeadImportance
+from ssog_core.interventions.result import InterventionResult, Memo, patch_sources, run_intervention
+from ssog_core.jobs import Job
+
+T = TypeVar("T")
+Stop = Callable[[], bool] | None
+
+
+class Watch:
+    """The heavy job a handler waits on, once it is submitted: its progress in words for the page."""
+
+    def __init__(self) -> None:
+        self.job: Job[Any] | None = None
+
+    def note(self, unit: str = "images") -> str:
+        """ "computing 120 of 500 images", or where the job waits."""
+        return "waiting for a heavy slot" if self.job is None else self.job.note(unit)
 
 
 def memo(ctx: AppContext, loaded: LoadedModel) -> Memo:
-    """Where the core keeps this model's validation images, outcomes, head means and unedited maps."""
+    """Where the core keeps this model's head means and unedited maps (one-image work, in this process)."""
     return Memo(ctx.cache.effects, loaded.key)
 
 
-def eval_set(
-    ctx: AppContext, loaded: LoadedModel, n: int, stop: Callable[[], bool] | None = None
-) -> tuple[EvalSet, Outcomes]:
-    """The validation images and the unedited model's outcomes on them (once per checkpoint and N; ``stop``
-    cancels the first computation between batches)."""
-    return result.eval_outcomes(loaded.model, loaded.meta, n, memo(ctx, loaded), stop=stop)
+def submitted(
+    ctx: AppContext,
+    key: Hashable,
+    fn: Callable[..., T],
+    loaded: LoadedModel,
+    *args: Any,
+    stop: Stop,
+    watch: Watch | None,
+) -> T:
+    """``fn(loaded, *args)`` run as a heavy job (under the heavy gate), its value cached under ``key`` once complete;
+    ``stop`` stops it (also while it waits for a slot), ``watch`` receives the job."""
+
+    def make() -> T:
+        with queues.heavy_gate:
+            if stop is not None and stop():
+                raise Cancelled("the job was stopped before it started")
+            engine = queues.engine()
+            job = engine.submit(fn, engine.model(loaded.key[0]), *args)
+            if watch is not None:
+                watch.job = job
+            try:
+                return job.result(stop=stop)
+            finally:
+                if not job.done():  # the wait ended in an error of its own: the worker is freed all the same
+                    job.stop()
+
+    return ctx.cache.effects.get(key, make)
 
 
 def run(
@@ -45,59 +82,48 @@ def run(
     sha: str | None,
     edits: Sequence[Edit],
     n: int = 0,
-    stop: Callable[[], bool] | None = None,
+    stop: Stop = None,
     maps: bool = True,
+    watch: Watch | None = None,
 ) -> InterventionResult:
-    """The run entry with the app's caches and images: on image ``sha`` (if given) and on ``n`` validation images
-    (if > 0); a result with validation images is kept per (checkpoint, image, edits, N). ``stop`` cancels the
-    validation work between batches, also while it waits for a heavy slot; ``maps=False`` asks for the prediction
-    only."""
+    """The run entry with the app's caches and images: on image ``sha`` (if given, in this process: light work)
+    and on ``n`` validation images (if > 0, a heavy job, its result kept per (checkpoint, image, edits, N)).
+    ``stop`` cancels the validation work, also while it waits for a heavy slot; ``maps=False`` asks for the
+    prediction only."""
 
     def source(name: str) -> Tensor:  # a patch source: bundled name or SHA-256, as everywhere in the app
         return loaded.input(ctx.find_image(name).image)
 
-    def make() -> InterventionResult:
-        x = source(sha) if sha else None
-        return run_intervention(loaded.model, loaded.meta, edits, x, int(n), sources=source,
-                                memo=memo(ctx, loaded), image_key=sha, maps=maps, stop=stop)  # fmt: skip
-
-    if not n:
-        return make()
-
-    def gated() -> InterventionResult:
-        with heavy_gate:  # validation work: at most HEAVY_LIMIT at once, whichever queue asked for it
-            return make()
-
-    return ctx.cache.effects.get(("result", loaded.key, sha, edits_key(edits), int(n), maps), gated)
+    x = source(sha) if sha else None
+    if not n or x is not None:  # the picture's part (or nothing): here
+        here = run_intervention(loaded.model, loaded.meta, edits, x, sources=source, memo=memo(ctx, loaded),
+                                image_key=sha, maps=maps)  # fmt: skip
+        if not n:
+            return here
+    sources = {k: v.cpu() for k, v in patch_sources(edits, source).items()}  # workers compute on the CPU
+    key = ("validation", loaded.key, edits_key(edits), int(n))
+    val = submitted(ctx, key, heavy.validation, loaded, list(edits), int(n), sources, stop=stop, watch=watch)
+    return val if x is None else InterventionResult(here.edits, here.class_names, here.image, val.validation)
 
 
 def intervene(
-    ctx: AppContext,
-    checkpoint: str,
-    image: str,
-    edits: Any,
-    eval_images: int = 0,
-    stop: Callable[[], bool] | None = None,
-) -> dict[str, Any]:
+    ctx: AppContext, checkpoint: str, image: str, edits: Any, eval_images: int = 0, stop: Stop = None,
+    watch: Watch | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """The ``/intervene`` result (:meth:`~ssog_core.interventions.result.InterventionResult.to_dict`)."""
     loaded = ctx.model(checkpoint)
     parsed = parse_edits(edits)
-    return run(ctx, loaded, ctx.find_image(image).sha256, parsed, int(eval_images), stop).to_dict()
+    return run(ctx, loaded, ctx.find_image(image).sha256, parsed, int(eval_images), stop, watch=watch).to_dict()
 
 
 def importance(
-    ctx: AppContext, loaded: LoadedModel, n: int, mode: str, stop: Callable[[], bool] | None = None
+    ctx: AppContext, loaded: LoadedModel, n: int, mode: str, stop: Stop = None, watch: Watch | None = None
 ) -> HeadImportance:
-    """The head-importance sweep, cached per (checkpoint, N, mode); ``stop`` cancels it between batches."""
+    """The head-importance sweep as a heavy job, cached per (checkpoint, N, mode); ``stop`` stops it."""
+    key = ("importance", loaded.key, int(n), mode)
+    return submitted(ctx, key, heavy.importance, loaded, int(n), mode, stop=stop, watch=watch)
 
-    def make() -> HeadImportance:
-        with heavy_gate:
-            data, _ = eval_set(ctx, loaded, n)
-            means = (
-                result.head_means(loaded.model, loaded.meta, memo(ctx, loaded))
-                if AblateHead(0, 0, mode).needs_means()
-                else None
-            )
-            return head_importance(loaded.model, data, mode, means, progress=True, stop=stop)
 
-    return ctx.cache.effects.get(("importance", loaded.key, int(n), mode), make)
+def accuracy(ctx: AppContext, loaded: LoadedModel, n: int, stop: Stop = None, watch: Watch | None = None) -> float:
+    """The unedited model's accuracy on the first ``n`` validation images, as a heavy job (cached per N)."""
+    return submitted(ctx, ("accuracy", loaded.key, int(n)), heavy.accuracy, loaded, int(n), stop=stop, watch=watch)

@@ -2,7 +2,7 @@
 
 - :data:`LIGHT`: one-image edits and previews (the Intervene tab's *Apply*, ``/intervene``), tens of milliseconds.
 - :data:`HEAVY`: validation effects and head importance (the tab's *Evaluate* and *Run head importance*,
-  ``/head_importance``), seconds to minutes.
+  ``/head_importance``), seconds to minutes, and batch export (the Export tab's validation batch).
 
 Both are Gradio concurrency groups (``concurrency_id``, ``concurrency_limit``), so requests wait in Gradio's queue
 and the page shows their place in it. Work on the validation set also runs under :data:`heavy_gate`, whichever
@@ -11,7 +11,9 @@ queue it came from (``/intervene`` with ``eval_images`` > 0 is one call in the l
 another is refused at once with the reason instead of taking a second slot from everyone else.
 
 Heavy work leaves the serving process through :func:`engine` (:class:`ssog_core.jobs.Engine`): a local pool of
-``HEAVY_LIMIT`` worker processes, or the Dask scheduler given to ``python -m app --cluster``.
+``HEAVY_LIMIT`` worker processes, started in the background when the app starts (:func:`start_engine`), or the
+Dask scheduler given to ``python -m app --cluster``. The serving process then only waits for heavy jobs, so the
+light queue's workers stay free for one-image work.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 import gradio as gr
 
 from app import memory
+from ssog_core.interventions import heavy as heavy_jobs
 from ssog_core.jobs import THREADS, Engine
 
 # Workers, not cores: a one-image edit takes tens of milliseconds, but a validation edit sent to ``/intervene``
@@ -53,14 +56,31 @@ def heavy(**events: Any) -> dict[str, Any]:
 def start_engine(cluster: str | None = None, threads: int = THREADS) -> Engine:
     """Set where heavy jobs run: the Dask scheduler at ``cluster`` (``tcp://HOST:PORT``; a
     :class:`~ssog_core.jobs.JobError` naming it when it cannot be reached within seconds), else a local pool of
-    ``HEAVY_LIMIT`` worker processes with ``threads`` torch threads each (spawned on the first job)."""
+    ``HEAVY_LIMIT`` worker processes with ``threads`` torch threads each, started now in the background (a
+    worker's start imports torch: seconds that the first heavy job would otherwise wait)."""
     global _engine
     new = Engine.cluster(cluster, threads) if cluster else Engine.local(HEAVY_LIMIT, threads)
     with _lock:
         old, _engine = _engine, new
     if old is not None:
         old.close()
+    if not cluster:
+        threading.Thread(target=_start_workers, args=(new,), name="start-workers", daemon=True).start()
     return new
+
+
+def start_workers(engine: Engine, workers: int = HEAVY_LIMIT) -> list[int]:
+    """Start ``engine``'s worker processes (``workers`` no-op jobs at once) and wait for them; returns the
+    process ids that ran them."""
+    jobs = [engine.submit(heavy_jobs.warm) for _ in range(workers)]
+    return [job.result() for job in jobs]
+
+
+def _start_workers(engine: Engine) -> None:
+    try:
+        start_workers(engine)
+    except Exception as e:  # the first heavy job meets the same fault and says it on the page
+        print(f"heavy-job workers did not start: {type(e).__name__}: {e}", flush=True)
 
 
 def engine() -> Engine:

@@ -286,10 +286,13 @@ def on_evaluate(
             raise AppError("pick a checkpoint first")
         loaded, parsed = ctx.model(ckpt), parse_edits(edits or [])
         yield {ui.validation: f"Evaluating the edits on {int(n)} validation images…"}
+        watch = interventions.Watch()
         with queues.one_per_user(request):
-            for result in stoppable(lambda stop: interventions.run(ctx, loaded, None, parsed, int(n), stop)):
-                if result is None:
-                    yield {ui.status: gr.skip()}  # nothing new: a value now and then is when Gradio can stop it
+            for result in stoppable(
+                lambda stop: interventions.run(ctx, loaded, None, parsed, int(n), stop, watch=watch)
+            ):
+                if result is None:  # a value now and then is also when Gradio can stop it
+                    yield {ui.validation: f"Evaluating the edits: {watch.note()}…"}
                     continue
                 v = result.validation
                 yield {ui.validation: validation_text(v), ui.per_class: class_rows(v), ui.status: ""}
@@ -324,8 +327,7 @@ def importance_updates(ctx: AppContext, ui: InterveneUI, loaded: LoadedModel, im
         out[ui.gates_table] = [[f"layer {i}", *(_cell(c) for c in row)] for i, row in enumerate(cells)]
         twin = default_twin(ctx, loaded.name, "ssog_fixed")
         if twin != NO_TWIN:
-            data, _ = interventions.eval_set(ctx, loaded, imp.n)
-            fixed = interventions.eval_set(ctx, ctx.model(twin), imp.n)[1].correct(data.labels).double().mean()
+            fixed = interventions.accuracy(ctx, ctx.model(twin), imp.n)
             note += (
                 f"  \nClosing gates after training measures reliance on steering, not what a model trained without it "
                 f"does: the matched fixed-field model **{twin}** reaches **{float(fixed):.4f}** on the same images."
@@ -343,9 +345,13 @@ def on_sweep(
             raise AppError("pick a checkpoint first")
         loaded = ctx.model(ckpt)
         yield {ui.sweep_note: f"Sweeping every head and gate of **{ckpt}** on {int(n)} images…"}
+        watch = interventions.Watch()
         with queues.one_per_user(request):  # taken after the first value: a job cancelled before holds nothing
-            for imp in stoppable(lambda stop: interventions.importance(ctx, loaded, int(n), mode, stop)):
-                yield {ui.sweep_note: gr.skip()} if imp is None else importance_updates(ctx, ui, loaded, imp)
+            for imp in stoppable(lambda stop: interventions.importance(ctx, loaded, int(n), mode, stop, watch)):
+                if imp is None:
+                    yield {ui.sweep_note: f"Sweeping every head and gate of **{ckpt}**: {watch.note()}…"}
+                else:
+                    yield importance_updates(ctx, ui, loaded, imp)
     except Exception as e:
         yield {ui.sweep_note: warn(error_text(e))}
 
@@ -441,14 +447,14 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> InterveneUI:
     def swept(c: str | None, k: float, m: str, request: gr.Request) -> Iterator[Updates]:
         yield from on_sweep(ctx, ui, c, k, m, request)
 
-    evaluate.click(queues.busy_note, None, [validation], **waiting).then(
+    evaluating = evaluate.click(queues.busy_note, None, [validation], **waiting).then(
         evaluated, [ckpt, edits, n], [validation, per_class, status], **heavy
     )
     sweep_outputs = [heads_plot, gates_plot, heads_table, gates_table, tables, sweep_note]
     running = sweep.click(queues.busy_note, None, [sweep_note], **waiting).then(
         swept, [ckpt, n, sweep_mode], sweep_outputs, **heavy
     )
-    stop.click(lambda: {sweep_note: "Stopped."}, None, [sweep_note], cancels=[running], **hidden)
+    stop.click(lambda: {sweep_note: "Stopped."}, None, [sweep_note], cancels=[running, evaluating], **hidden)
 
     def head_cell(c: str | None, e: list[dict], m: str, evt: gr.SelectData) -> Updates:
         return on_cell(ctx, ui, c, e, m, False, evt.index)  # a plain function: Gradio finds its SelectData

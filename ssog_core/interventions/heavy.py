@@ -1,0 +1,134 @@
+"""The interventions' heavy work as jobs for :class:`ssog_core.jobs.Engine`: validation edits, head importance and
+a model's validation accuracy, each ``fn(loaded, ..., progress, stopped)`` at module level, so a worker process
+(local or on a Dask cluster) imports it by name and receives the model as ``(model, meta)``.
+
+A worker keeps the values every such job of a model shares (the validation images' unedited outcomes, the head
+means) between jobs, keyed by the model object it keeps per content hash. Progress is counted in validation images:
+the passes over them ask ``stop`` once before each batch of :data:`~ssog_core.interventions.validation.BATCH`
+images, and :class:`Batches` turns those asks into "120 of 500 images"."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, TypeVar
+
+from torch import Tensor, nn
+
+from ssog_core.interventions import result
+from ssog_core.interventions.edit import Edit, parse_edits
+from ssog_core.interventions.importance import HeadImportance, head_importance
+from ssog_core.interventions.ops import AblateHead
+from ssog_core.interventions.result import InterventionResult, Memo
+from ssog_core.interventions.validation import BATCH, load_eval_set
+
+T = TypeVar("T")
+KEPT = 16  # values a worker keeps between jobs (outcomes per model and N, head means per model)
+Loaded = tuple[nn.Module, dict[str, Any]]
+Progress = Callable[[int, int], None]
+Stopped = Callable[[], bool]
+
+
+class Batches:
+    """A ``stop`` callable for passes over ``images`` validation images that also reports progress: the k-th ask
+    (one before each batch) means the batches before it are done; ``passes`` passes in a row count as one total."""
+
+    def __init__(self, images: int, passes: int, progress: Progress, stopped: Stopped, batch: int = BATCH) -> None:
+        self._sizes = [min(batch, images - s) for s in range(0, images, batch)] * passes
+        self.total = images * passes
+        self._asked = 0
+        self._progress, self._stopped = progress, stopped
+
+    def __call__(self) -> bool:
+        self._progress(sum(self._sizes[: self._asked]), self.total)
+        self._asked += 1
+        return self._stopped()
+
+    def finished(self) -> None:
+        self._progress(self.total, self.total)
+
+
+class _Kept:
+    """This worker's shared values between jobs (:class:`~ssog_core.interventions.result.Cache`), the oldest
+    dropped past :data:`KEPT`."""
+
+    def __init__(self) -> None:
+        self._data: OrderedDict[Hashable, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __contains__(self, key: Hashable) -> bool:
+        with self._lock:
+            return key in self._data
+
+    def get(self, key: Hashable, make: Callable[[], T]) -> T:
+        with self._lock:
+            if key in self._data:
+                self._data.move_to_end(key)
+                return self._data[key]
+        value = make()
+        with self._lock:
+            self._data[key] = value
+            while len(self._data) > KEPT:
+                self._data.popitem(last=False)
+        return value
+
+
+_kept = _Kept()
+
+
+def _memo(model: nn.Module) -> Memo:
+    """This worker's memo for ``model``: keyed by the object itself (held by the key, so its id is never reused
+    for another model while the values live)."""
+    return Memo(_kept, model)
+
+
+def warm(progress: Progress, stopped: Stopped) -> int:
+    """Nothing but this worker's process id: a worker that ran it has started and imported what the heavy jobs
+    need."""
+    return os.getpid()
+
+
+def validation(
+    loaded: Loaded,
+    edits: Sequence[Edit | dict],
+    n: int,
+    sources: dict[str, Tensor] | None,
+    progress: Progress,
+    stopped: Stopped,
+) -> InterventionResult:
+    """``edits`` on the first ``n`` validation images (:func:`~ssog_core.interventions.result.run_intervention`);
+    ``sources``: the patch sources' model inputs."""
+    model, meta = loaded
+    memo = _memo(model)
+    images = len(load_eval_set(dict(meta), model.config.img_size, n))
+    passes = 1 if ("eval", model, int(n)) in _kept else 2  # the unedited pass is kept per model and N
+    batches = Batches(images, passes, progress, stopped)
+    out = result.run_intervention(model, meta, parse_edits(list(edits)), None, n, sources=sources, memo=memo,
+                                  stop=batches)  # fmt: skip
+    batches.finished()
+    return out
+
+
+def importance(loaded: Loaded, n: int, mode: str, progress: Progress, stopped: Stopped) -> HeadImportance:
+    """Head importance on the first ``n`` validation images (:func:`~ssog_core.interventions.importance.
+    head_importance`)."""
+    model, meta = loaded
+    data = load_eval_set(dict(meta), model.config.img_size, n)
+    means = result.head_means(model, meta, _memo(model)) if AblateHead(0, 0, mode).needs_means() else None
+    batches = Batches(len(data), 1, progress, stopped)
+    out = head_importance(model, data, mode, means, stop=batches)
+    batches.finished()
+    return out
+
+
+def accuracy(loaded: Loaded, n: int, progress: Progress, stopped: Stopped) -> float:
+    """The unedited model's accuracy on the first ``n`` validation images."""
+    model, meta = loaded
+    memo = _memo(model)
+    images = len(load_eval_set(dict(meta), model.config.img_size, n))
+    batches = Batches(images, 0 if ("eval", model, int(n)) in _kept else 1, progress, stopped)
+    data, outcomes = result.eval_outcomes(model, meta, n, memo, stop=batches)
+    batches.finished()
+    return float(outcomes.correct(data.labels).double().mean())
