@@ -2,10 +2,10 @@
 
     python experiments/screenshots.py [--checkpoint-dir checkpoints] [--assets-dir assets] [--image NAME] [--out DIR]
 
-Starts ``python -m app`` on a free port, drives Debian's Chromium with Playwright (offline) through the tabs —
-a trained preset drawn over the picture, the learned geometry, a clicked patch in the steering tab, the export
-maps beside the dot twin, the comparison — and writes one PNG per tab (default: docs/figures/screenshots/, where
-the README shows them).
+Starts ``python -m app`` on a free port, drives Debian's Chromium with Playwright (offline) through the tabs of the
+model the app opens first — a trained preset drawn over the picture, the learned geometry, a clicked patch in the
+steering tab, the export maps beside the dot twin, the comparison, the fields at the last step of its training —
+and writes one PNG per tab (default: docs/figures/screenshots/, where the README shows them).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from PIL import Image
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import sync_playwright
 
 from ssog_core.testing.app_process import AppProcess
@@ -36,9 +37,9 @@ def wait_image(page, selector: str, old: str = "") -> None:
     )
 
 
-def snap(page, out: Path, name: str) -> None:
-    """Screenshot from the tab bar down, stored as a 256-colour PNG (a third of the size, same look)."""
-    page.evaluate("() => document.querySelector('#tabs').scrollIntoView()")
+def snap(page, out: Path, name: str, top: str = "#tabs") -> None:
+    """Screenshot from ``top`` (the tab bar) down, stored as a 256-colour PNG (a third of the size, same look)."""
+    page.evaluate("sel => document.querySelector(sel).scrollIntoView()", top)
     time.sleep(0.5)
     path = out / f"{name}.png"
     Image.open(io.BytesIO(page.screenshot())).convert("RGB").quantize(
@@ -77,9 +78,15 @@ def tour(url: str, out: Path, image: str | None) -> None:
         snap(page, out, "2_geometry")
         page.click("#tab-steering-button")
         wait_image(page, "#st-click img")
-        box = page.locator("#st-click img").bounding_box()
-        page.mouse.click(box["x"] + box["width"] * 0.55, box["y"] + box["height"] * 0.45)
-        wait_image(page, "#st-qfig img")
+        for attempt in range(3):  # on a busy machine a click that lands while the picture is replaced is lost
+            box = page.locator("#st-click img").bounding_box()
+            page.mouse.click(box["x"] + box["width"] * 0.55, box["y"] + box["height"] * 0.45)
+            try:
+                page.wait_for_selector("#st-qfig img[src]", state="attached", timeout=SLOW // 3)
+                break
+            except PlaywrightTimeout:
+                if attempt == 2:
+                    raise
         snap(page, out, "3_steering")
         page.click("#tab-export-button")
         wait_image(page, "#ex-figure img")
@@ -87,6 +94,12 @@ def tour(url: str, out: Path, image: str | None) -> None:
         page.click("#tab-compare-button")
         wait_image(page, "#cmp-figure img")
         snap(page, out, "5_compare")
+        page.click("#tab-training-button")
+        wait_image(page, "#train-grid img")
+        for plot in ("#train-gates", "#train-acc", "#train-geometry"):  # drawn above and below the fields
+            page.wait_for_selector(f"{plot} .js-plotly-plot", state="attached")
+        time.sleep(1.0)
+        snap(page, out, "6_training", top="#train-step")  # the fields, under the gate and accuracy curves
         browser.close()
 
 
