@@ -67,7 +67,7 @@ def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
         Path(filename).write_bytes(b"partial")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("ssog_core.checkpoint.format.save_file", dies_halfway)
+    monkeypatch.setattr("ssog_core.checkpoint.weights.save_file", dies_halfway)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(path, ViT(**TINY))
     assert path.read_bytes() == before and len(list(tmp_path.iterdir())) == 1

@@ -26,8 +26,9 @@ LAYERS = {
     "analysis": 4,
     "interventions": 5,
     "viz": 5,
-    "cli": 6,
-    "entry": 7,  # `python -m ssog_core <command>` and `python -m ssog_core.train`: they only call ssog_core.cli
+    "jobs": 6,  # heavy jobs in worker processes or on a Dask cluster: the CLI and the app submit them
+    "cli": 7,
+    "entry": 8,  # `python -m ssog_core <command>` and `python -m ssog_core.train`: they only call ssog_core.cli
 }
 ENTRY_MODULES = {"ssog_core.__main__", "ssog_core.train.__main__"}
 
@@ -156,7 +157,7 @@ def test_the_entry_modules_only_reach_the_cli():
     cli = {p.stem for p in (PACKAGE / "cli").glob("*.py") if p.stem != "__init__"}
     assert sorted(module for module, _ in COMMANDS.values()) == sorted(cli)
     assert all(name == module.replace("_", "-") for name, (module, _) in COMMANDS.items())
-    assert not [p.name for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__", "field", "version")]
+    assert not [p.name for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__", "field", "version", "jobs")]
 
 
 # ------------------------------------------------------------------------------------------------------------ app/

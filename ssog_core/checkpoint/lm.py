@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from ssog_core.checkpoint.format import (
+from ssog_core.checkpoint.portable import portable_meta
+from ssog_core.checkpoint.weights import (
     CheckpointError,
     cpu_state_dict,
     load_weights,
@@ -16,7 +17,6 @@ from ssog_core.checkpoint.format import (
     software_versions,
     write_safetensors,
 )
-from ssog_core.checkpoint.portable import portable_meta
 from ssog_core.nn.lm import CausalLM, LMConfig, Tokenizer
 
 LM_FORMAT = "ssog-lab-lm/1"

@@ -25,14 +25,14 @@ import torch
 from torch import Tensor
 
 from ssog_core.checkpoint.files import atomic_write
-from ssog_core.checkpoint.format import (
+from ssog_core.checkpoint.weights import (
     MAX_CHECKPOINT_BYTES,
     CheckpointError,
     load_weights,
     read_safetensors,
+    read_weights_only,
     write_safetensors,
 )
-from ssog_core.checkpoint.upstream import load_upstream
 from ssog_core.nn.standard_vit import StandardViT, StandardViTConfig
 
 HUB_PREFIX = "hf-hub:"
@@ -394,7 +394,7 @@ def read_weights(folder: Path) -> dict[str, Tensor]:
     if (folder / "model.safetensors").is_file():
         return read_safetensors(folder / "model.safetensors")[1]
     if (folder / "pytorch_model.bin").is_file():
-        return load_upstream(folder / "pytorch_model.bin")
+        return read_weights_only(folder / "pytorch_model.bin")
     sharded = any(folder.glob("*.index.json"))
     raise CheckpointError(
         f"{folder.name} holds {'sharded weights' if sharded else 'no weights'}: SSOG Lab reads model.safetensors "

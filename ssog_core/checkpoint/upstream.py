@@ -8,16 +8,12 @@ tensor is reported in one message. The command line is :mod:`ssog_core.cli.conve
 
 from __future__ import annotations
 
-import pickle
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import Tensor
-
-from ssog_core.checkpoint.format import CheckpointError, build_model
+from ssog_core.checkpoint.format import build_model
+from ssog_core.checkpoint.weights import CheckpointError, read_weights_only
 from ssog_core.field import TAPS
 from ssog_core.nn.config import ViTConfig
 
@@ -34,7 +30,6 @@ UPSTREAM_DEFAULTS: dict[str, Any] = dict(
     attn="ssog",
     num_atoms=4,
 )
-_WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile and DistributedDataParallel
 
 
 def upstream_config(kwargs: Mapping[str, Any]) -> ViTConfig:
@@ -49,55 +44,10 @@ def upstream_config(kwargs: Mapping[str, Any]) -> ViTConfig:
     return ViTConfig.from_dict(merged)
 
 
-def clean_state_dict(obj: Any) -> dict[str, Tensor]:
-    """The tensors of a loaded ``.pt`` object, unwrapped from training dicts and wrapper prefixes."""
-    if isinstance(obj, Mapping):
-        for key in ("model", "state_dict", "model_state_dict"):
-            if isinstance(obj.get(key), Mapping):
-                obj = obj[key]
-                break
-    if not isinstance(obj, Mapping) or not all(isinstance(v, Tensor) for v in obj.values()):
-        raise CheckpointError("the file does not hold a state dict (a mapping of names to tensors)")
-    state = {}
-    for name, t in obj.items():
-        for prefix in _WRAPPER_PREFIXES:
-            if name.startswith(prefix):
-                name = name[len(prefix) :]
-        state[name] = t
-    return state
-
-
-def _unpickler_detail(message: str) -> str:
-    """What torch's weights-only unpickler stumbled on (e.g. the function a pickle would call), without its
-    advice to retry with ``weights_only=False``, which is exactly what must never be done with such a file."""
-    found = re.search(r"Unsupported global: GLOBAL (\S+)", message)
-    if found:
-        return f" (it would call {found.group(1)})"
-    found = re.search(r"WeightsUnpickler error:\s*(.+)", message)
-    return f" ({found.group(1).strip()[:120]})" if found else ""
-
-
-def load_upstream(path: str | Path) -> dict[str, Tensor]:
-    """Read a upstream ``.pt`` safely (``weights_only=True``: tensors and plain containers only)."""
-    path = Path(path)
-    if not path.is_file() or path.stat().st_size == 0:
-        raise CheckpointError(f"{path.name}: missing or empty file")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise CheckpointError(
-            f"{path.name} was refused: it contains objects other than tensors and plain containers, "
-            f"so loading it could run code{_unpickler_detail(str(e))}"
-        ) from None
-    except (RuntimeError, EOFError, OSError, ValueError) as e:
-        raise CheckpointError(f"{path.name} is not a readable PyTorch file (truncated or corrupt?): {e}") from None
-    return clean_state_dict(obj)
-
-
 def convert(path: str | Path, kwargs: Mapping[str, Any]):
     """Reference ``.pt`` + its ViT arguments → a validated float32 ``ViT`` of ours."""
     try:
         config = upstream_config(kwargs)
     except ValueError as e:
         raise CheckpointError(str(e)) from None
-    return build_model(config, load_upstream(path), source=Path(path).name)
+    return build_model(config, read_weights_only(path), source=Path(path).name)
