@@ -80,7 +80,7 @@ def run(
     ctx: AppContext,
     loaded: LoadedModel,
     sha: str | None,
-    edits: Sequence[Edit],
+    edits: Sequence[Edit | dict],
     n: int = 0,
     stop: Stop = None,
     maps: bool = True,
@@ -94,6 +94,7 @@ def run(
     def source(name: str) -> Tensor:  # a patch source: bundled name or SHA-256, as everywhere in the app
         return loaded.input(ctx.find_image(name).image)
 
+    edits = parse_edits(list(edits))
     x = source(sha) if sha else None
     if not n or x is not None:  # the picture's part (or nothing): here
         here = run_intervention(loaded.model, loaded.meta, edits, x, sources=source, memo=memo(ctx, loaded),
@@ -102,7 +103,7 @@ def run(
             return here
     sources = {k: v.cpu() for k, v in patch_sources(edits, source).items()}  # workers compute on the CPU
     key = ("validation", loaded.key, edits_key(edits), int(n))
-    val = submitted(ctx, key, heavy.validation, loaded, list(edits), int(n), sources, stop=stop, watch=watch)
+    val = submitted(ctx, key, heavy.validation, loaded, edits, int(n), sources, stop=stop, watch=watch)
     return val if x is None else InterventionResult(here.edits, here.class_names, here.image, val.validation)
 
 

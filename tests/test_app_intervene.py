@@ -193,7 +193,7 @@ def test_a_closed_page_stops_the_evaluation_and_frees_the_users_slot(ctx, ui, mo
 
     stopped = threading.Event()
 
-    def endless(ctx, loaded, sha, edits, n, stop):  # validation work that ends only when told to stop
+    def endless(ctx, loaded, sha, edits, n, stop, watch):  # validation work that ends only when told to stop
         while not stop():
             time.sleep(0.01)
         stopped.set()
@@ -206,8 +206,8 @@ def test_a_closed_page_stops_the_evaluation_and_frees_the_users_slot(ctx, ui, mo
     job = intervene.on_evaluate(ctx, ui, "ssog_shapes.safetensors", edits, 30, who)
     assert "30 validation images…" in next(job)[ui.validation]
     assert "ada" not in queues._running  # the note comes before the slot is taken
-    assert next(job) == {ui.status: gr.skip()} and queues._running["ada"] == 1  # computing, the slot held
-    # (an update that changes nothing, never {}: Gradio takes an empty dict as the value of the first output)
+    note = next(job)[ui.validation]  # computing, the slot held, the job's state on the page
+    assert note == "Evaluating the edits: waiting for a heavy slot…" and queues._running["ada"] == 1
     job.close()
     assert stopped.wait(5) and "ada" not in queues._running
     monkeypatch.setattr(intervene.interventions, "run", real)

@@ -1,0 +1,129 @@
+"""Heavy work leaves the serving process (app/interventions.py, ssog_core/interventions/heavy.py): validation
+edits, head importance and a twin's accuracy run as engine jobs, report their progress in images, give the numbers
+the same computation gives in process, and are cached only when complete."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import pytest
+
+from ssog_core import load_checkpoint, save_checkpoint
+from ssog_core.interventions import heavy
+from ssog_core.interventions.effects import Cancelled
+from ssog_core.interventions.importance import head_importance
+from ssog_core.interventions.result import run_intervention
+from ssog_core.interventions.validation import load_eval_set
+from tests.app_fixtures import designed_ssog
+
+BIG = {"data": "shapes:train=4,val=250,classes=5", "class_names": ["circle", "square", "triangle", "star", "cross"]}
+EDITS = [
+    {"op": "swap_axes", "layer": 1, "head": 1},
+    {"op": "ablate_head", "layer": 0, "head": 2, "mode": "dataset_mean"},
+]
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    path = save_checkpoint(tmp_path_factory.mktemp("heavy") / "ssog_shapes.safetensors", designed_ssog(depth=2), BIG)
+    model, meta = load_checkpoint(path)
+    return model.requires_grad_(False), meta
+
+
+def recorder():
+    seen: list[tuple[int, int]] = []
+    return seen, lambda done, total: seen.append((done, total))
+
+
+def test_progress_counts_validation_images_pass_by_pass(loaded):
+    """250 images in batches of 100: the unedited and the edited pass the first time, the edited one after (the
+    worker keeps the unedited outcomes); the numbers are the run entry's own."""
+    heavy._kept._data.clear()
+    seen, progress = recorder()
+    out = heavy.validation(loaded, EDITS, 250, None, progress, lambda: False)
+    assert seen == [(0, 500), (100, 500), (200, 500), (250, 500), (350, 500), (450, 500), (500, 500)]
+    seen.clear()
+    again = heavy.validation(loaded, EDITS, 250, None, progress, lambda: False)
+    assert seen == [(0, 250), (100, 250), (200, 250), (250, 250)]
+    model, meta = loaded
+    ref = run_intervention(model, meta, EDITS, None, 250).validation.to_dict()
+    assert out.validation.to_dict() == again.validation.to_dict() == ref
+    assert ref["logp_true"]["change"] != 0  # the edits change something
+
+    seen.clear()
+    imp = heavy.importance(loaded, 250, "zero", progress, lambda: False)
+    assert seen == [(0, 250), (100, 250), (200, 250), (250, 250)]
+    data = load_eval_set(meta, model.config.img_size, 250)
+    assert imp.to_dict() == head_importance(model, data, "zero").to_dict()
+
+
+def test_a_stop_between_batches_ends_the_job(loaded):
+    asks = iter([False, False, True])
+    seen, progress = recorder()
+    with pytest.raises(Cancelled):
+        heavy.importance(loaded, 250, "zero", progress, lambda: next(asks))
+    assert seen == [(0, 250), (100, 250), (200, 250)]
+
+
+# ------------------------------------------------------------------------------------------ the app, on workers
+
+
+@pytest.fixture(scope="module")
+def ctx(tmp_path_factory):
+    from app.state import AppContext
+    from tests.app_fixtures import write_images
+    from tests.test_app_intervene_api import SHAPES
+
+    root = tmp_path_factory.mktemp("heavy-app")
+    (root / "ckpt").mkdir()
+    save_checkpoint(root / "ckpt" / "ssog_shapes.safetensors", designed_ssog(depth=2), SHAPES)
+    save_checkpoint(root / "ckpt" / "ssog_big.safetensors", designed_ssog(depth=2), BIG)
+    write_images(root / "assets")
+    return AppContext(root / "ckpt", root / "assets", upload_dir=tmp_path_factory.mktemp("uploads"))
+
+
+@pytest.fixture(scope="module")
+def ui(ctx):
+    from app.layout import build_page
+
+    return build_page(ctx)[1].intervene
+
+
+NOTE = re.compile(r"Evaluating the edits: (waiting for a (heavy slot|worker)|computing \d+ of \d+ images)…")
+
+
+def test_the_tabs_heavy_work_runs_on_a_worker_with_its_progress_on_the_page(ctx, ui):
+    from app import interventions, queues
+    from app.tabs import intervene
+
+    heavy._kept._data.clear()
+    pids = queues.start_workers(queues.engine())
+    assert len(pids) == queues.HEAVY_LIMIT and os.getpid() not in pids
+    pages = list(intervene.on_evaluate(ctx, ui, "ssog_shapes.safetensors", EDITS, 37))
+    notes = [p[ui.validation] for p in pages[1:-1]]
+    assert notes and all(NOTE.fullmatch(n) for n in notes), notes
+    assert "first **37** validation images" in pages[-1][ui.validation]
+    *_, swept = intervene.on_sweep(ctx, ui, "ssog_shapes.safetensors", 23, "zero")
+    assert "23 images" in swept[ui.sweep_note]
+    assert not heavy._kept._data  # nothing was computed in this process: the worker memo here stayed empty
+    loaded = ctx.model("ssog_shapes.safetensors")
+    mine = run_intervention(loaded.model, loaded.meta, EDITS, None, 37).validation.to_dict()
+    assert interventions.run(ctx, loaded, None, EDITS, 37).validation.to_dict() == mine  # same numbers (cached)
+
+
+def test_a_stopped_job_is_not_cached_and_frees_its_worker(ctx):
+    """A stop asked once the job was submitted (at the first look at it, 0.2 s in, long before 250 images are
+    swept): the job ends Cancelled, nothing is cached, and the next job runs."""
+    from app import interventions
+
+    loaded = ctx.model("ssog_big.safetensors")
+    watch = interventions.Watch()
+    key = ("importance", loaded.key, 250, "zero")
+    with pytest.raises(Cancelled):
+        interventions.importance(ctx, loaded, 250, "zero", stop=lambda: watch.job is not None, watch=watch)
+    assert watch.job is not None and watch.job.done() and key not in ctx.cache.effects
+    t0 = time.monotonic()
+    assert interventions.importance(ctx, loaded, 250, "zero").n == 250 and key in ctx.cache.effects
+    assert time.monotonic() - t0 > 0.2  # the sweep takes longer than the stop took to arrive
