@@ -5,6 +5,7 @@ per board; every run a plain ``python -m ssog_core.train`` command that differs 
 small-board model of its variant and seed (``--init-from``, 6 epochs; why: :data:`EPOCHS`).
 
     python experiments/ablation.py train  [--task pointer] [--jobs 2] [--only small|large] [--variant dot]
+                                          [--cluster tcp://HOST:PORT]
     python experiments/ablation.py read   [--task pointer] [--seeds 0]
     python experiments/ablation.py report [--task pointer]
     python experiments/ablation.py bundle [--task pointer] [--board large] [--seed 0]
@@ -22,6 +23,10 @@ runs end with the sweep: Ctrl-C or SIGTERM lets each save and stop, and a sweep 
 ``experiments/results/ablation.jsonl``: one flat object per run (``task``, ``grid``, ``variant``, ``seed``, ``steps``,
 ``params``, ``cpu_s``, ``val_acc``, ``gate_scales``, ...) with its per-image correctness packed as hex, so the report
 can pair runs image by image; then the instrument reads it (``read`` does the same for kept models not read yet).
+``train --cluster ADDRESS`` hands each run, whole (lock, training under the same launcher, kept model, rows), to a
+worker of the Dask scheduler at ADDRESS (``ssog_core.jobs``), ``--jobs`` at a time; the workers must share this
+repository's folders. The run's lock is taken on the worker, so a sweep stopped or killed meanwhile leaves its runs
+training there to their end, and a rerun skips them (``skip``) rather than training one twice.
 ``report`` renders the table (mean ± std over seeds; paired 95% bootstrap intervals over the same validation images for
 steered − fixed, +μδ − fixed and SSOG − dot) into ``experiments/results/ablation_TASK.md`` and the marked section of
 ``docs/RESULTS.md``.
@@ -56,10 +61,11 @@ from ssog_core.analysis.report import layer_geometry
 from ssog_core.checkpoint.files import atomic_write, replace_section, section_markers
 from ssog_core.checkpoint.format import TRANSFER_KEY, read_history, update_metadata
 from ssog_core.data import pointer, relation
-from ssog_core.interventions.effects import bootstrap_ci, compare, outcomes
+from ssog_core.interventions.effects import Cancelled, bootstrap_ci, compare, outcomes
 from ssog_core.interventions.validation import load_eval_set
+from ssog_core.jobs import Engine
 from ssog_core.train.accuracy import evaluate_model_sizes, transfer_curve, transfer_sizes
-from ssog_core.train.child_runs import refuse_if_stopping, run_child, stop_children_on_signal
+from ssog_core.train.child_runs import Stopped, refuse_if_stopping, run_child, stop_children_on_signal
 from ssog_core.train.trainer import gate_summary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -291,6 +297,34 @@ def evaluate(run: Run) -> dict:
     }
 
 
+def train_run(run: Run, threads: int) -> bool:
+    """Train (or resume) ``run`` under its lock, keep its model and append its rows; False when another sweep holds
+    the lock (it trains the run)."""
+    with file_lock(run.out.with_name(run.out.name + ".lock"), wait=False) as mine:
+        if not mine:
+            return False
+        train(run, threads)
+        run.model.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(run.model, lambda tmp: shutil.copyfile(run.out / "model.safetensors", tmp))
+        append_result(evaluate(run))
+        append_row(READINGS, read(run))
+    return True
+
+
+def train_job(run: Run, threads: int, progress, stopped) -> bool:
+    """:func:`train_run` as a job of :class:`ssog_core.jobs.Engine` (what a cluster's worker runs)."""
+    return train_run(run, threads)
+
+
+def stopping() -> bool:
+    """Whether the sweep is stopping (a signal within ``stop_children_on_signal``)."""
+    try:
+        refuse_if_stopping()
+    except Stopped:
+        return True
+    return False
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """Train every unfinished run, ``--jobs`` at a time, each worker taking the first run in plan order (seed by
     seed) that can start: a large-board run once the small-board model it starts from is kept. So a partial sweep
@@ -325,17 +359,21 @@ def cmd_train(args: argparse.Namespace) -> int:
                     return None
                 changed.wait()
 
+    engine = Engine.cluster(args.cluster, args.threads, shared_files=True) if args.cluster else None
+
     def one(run: Run) -> None:
-        with file_lock(run.out.with_name(run.out.name + ".lock"), wait=False) as mine:
-            if not mine:
-                print(f"skip   {run.out.name}: another sweep is training it", flush=True)
-                return
-            print(f"start  {run.out.name}", flush=True)
-            train(run, args.threads)
-            run.model.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(run.model, lambda tmp: shutil.copyfile(run.out / "model.safetensors", tmp))
-            append_result(evaluate(run))
-            append_row(READINGS, read(run))
+        print(f"start  {run.out.name}" + (f" on {engine.where}" if engine else ""), flush=True)
+        if engine is None:
+            trained = train_run(run, args.threads)
+        else:
+            refuse_if_stopping()  # a stopping sweep submits nothing
+            try:
+                trained = engine.submit(train_job, run, args.threads).result(stop=stopping)
+            except Cancelled:  # stopped before a worker took it
+                raise Stopped("stopping: no new run starts") from None
+        if not trained:
+            print(f"skip   {run.out.name}: another sweep is training it", flush=True)
+            return
         print(f"done   {run.out.name}", flush=True)
 
     def worker() -> None:
@@ -351,9 +389,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     todo = unfinished()
     print(f"{len(selected) - len(todo)} runs finished, {len(todo)} to go", flush=True)
-    with stop_children_on_signal(), ThreadPoolExecutor(args.jobs) as pool:
-        for f in [pool.submit(worker) for _ in range(args.jobs)]:
-            f.result()
+    try:
+        with stop_children_on_signal(), ThreadPoolExecutor(args.jobs) as pool:
+            for f in [pool.submit(worker) for _ in range(args.jobs)]:
+                f.result()
+    finally:
+        if engine is not None:
+            engine.close()
     for run in unfinished():
         if run.out not in taken:
             print(f"wait   {run.out.name}: starts from {run.source.out.name}, not finished", flush=True)
@@ -647,6 +689,9 @@ def main(argv: Iterator[str] | None = None) -> int:
     t.add_argument("--only", choices=tuple(GRIDS), help="one board only")
     t.add_argument("--variant", action="append", choices=[*VARIANTS, OFFSET_ROW[0]], help="only these (repeatable)")
     t.add_argument("--seeds", type=seed_set, default=set(SEEDS), help="only these seeds, e.g. 1,2 (default 0,1,2)")
+    t.add_argument(
+        "--cluster", metavar="ADDRESS", help="run each run on a worker of this Dask scheduler (tcp://HOST:PORT)"
+    )
     r = sub.add_parser("report", help="render the table from the results file")
     r.add_argument("--task", default="pointer", choices=("pointer", "relation"))
     d = sub.add_parser("read", help="read finished runs with the project's instrument (geometry, gates, transfer)")

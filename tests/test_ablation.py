@@ -95,7 +95,9 @@ def test_a_large_board_run_waits_for_the_small_run_it_starts_from(ablation, monk
     monkeypatch.setattr(ablation, "run_child", train)
     monkeypatch.setattr(ablation, "evaluate", _row)
     monkeypatch.setattr(ablation, "read", _row)
-    args = ablation.argparse.Namespace(task="pointer", jobs=2, threads=1, only=None, variant=["dot"], seeds={0, 1, 2})
+    args = ablation.argparse.Namespace(
+        task="pointer", jobs=2, threads=1, cluster=None, only=None, variant=["dot"], seeds={0, 1, 2}
+    )
     lost = next(r for r in ablation.plan("pointer", ("small",)) if (r.variant, r.seed) == ("dot", 1))
     ablation.append_result(_row(lost))  # finished before models were kept: trained again for its large twin
     assert ablation.cmd_train(args) == 0
@@ -131,7 +133,9 @@ def test_finished_runs_are_skipped_and_interrupted_ones_resumed(ablation, monkey
     monkeypatch.setattr(ablation, "run_child", train)
     monkeypatch.setattr(ablation, "evaluate", _row)
     monkeypatch.setattr(ablation, "read", _row)
-    args = ablation.argparse.Namespace(task="pointer", jobs=1, threads=1, only="small", variant=None, seeds={0, 1, 2})
+    args = ablation.argparse.Namespace(
+        task="pointer", jobs=1, threads=1, cluster=None, only="small", variant=None, seeds={0, 1, 2}
+    )
     assert ablation.cmd_train(args) == 0
     outs = [c[c.index("--out") + 1] for c in called]
     assert len(called) == len(runs) - 1 and not any(o.endswith(finished.out.name) for o in outs)
@@ -156,7 +160,7 @@ def test_a_run_another_sweep_trains_is_left_to_it_and_variants_filter(ablation, 
         run.source.model.write_bytes(b"m")
     busy = next(r for r in large if r.variant == "dot")
     args = ablation.argparse.Namespace(
-        task="pointer", jobs=1, threads=1, only="large", variant=["dot"], seeds={0, 1, 2}
+        task="pointer", jobs=1, threads=1, cluster=None, only="large", variant=["dot"], seeds={0, 1, 2}
     )
     with ablation.file_lock(busy.out.with_name(busy.out.name + ".lock")) as held:
         assert held
@@ -292,7 +296,13 @@ def test_seeds_pick_runs_of_any_row_and_each_launch_is_recorded(ablation, monkey
     )
     monkeypatch.setattr(ablation, "read", _row)
     args = ablation.argparse.Namespace(
-        task="pointer", jobs=1, threads=1, only=None, variant=["steered ±2"], seeds=ablation.seed_set("1,2")
+        task="pointer",
+        jobs=1,
+        threads=1,
+        cluster=None,
+        only=None,
+        variant=["steered ±2"],
+        seeds=ablation.seed_set("1,2"),
     )
     assert ablation.cmd_train(args) == 0
     assert called == [f"pointer-g{g}-steered-offset2-s{s}" for s in (1, 2) for g in (14, 20)]
@@ -335,3 +345,61 @@ def test_train_runs_the_command_under_the_launcher_logging_and_recording_each_st
     pid, session = (int(x) for x in log[1].split()[1::2])
     assert session != os.getsid(0) and session != pid  # a session of its own, led by the watchdog around it
     assert len(ablation.read_rows(run.out / "provenance.jsonl")) == 2
+
+
+@pytest.fixture
+def cluster():
+    """A Dask scheduler with two worker threads in this process (so the tests' monkeypatched training is what the
+    workers run); torch's thread count, which a job sets, is restored after."""
+    from distributed import LocalCluster
+
+    threads = torch.get_num_threads()
+    with LocalCluster(n_workers=2, processes=False, threads_per_worker=1, dashboard_address=":0", silence_logs=50) as c:
+        yield c.scheduler_address
+    torch.set_num_threads(threads)
+
+
+def test_train_on_a_cluster_keeps_the_sweeps_guarantees(ablation, monkeypatch, cluster, capsys):
+    """``train --cluster``: each run is trained on a worker of the scheduler, under the same launcher; a finished
+    run is skipped, an interrupted one resumed, a run another sweep holds is left to it, and each finished run has
+    one row; a second sweep trains nothing."""
+    import threading
+
+    runs = [r for r in ablation.plan("pointer", ("small",)) if r.variant == "dot"]  # seeds 0, 1, 2 and the long run
+    finished, interrupted, busy = runs[0], runs[1], runs[2]
+    ablation.append_result({**_row(finished), "x": 1})
+    finished.model.parent.mkdir(parents=True)
+    finished.model.write_bytes(b"kept")
+    interrupted.out.mkdir(parents=True)
+    (interrupted.out / "last.safetensors").write_bytes(b"")
+    called, driver = [], threading.current_thread().name
+
+    def train(cmd: list[str], log, **kw) -> tuple[int, float]:
+        called.append((cmd, threading.current_thread().name))
+        (ablation.ROOT / cmd[cmd.index("--out") + 1] / "model.safetensors").write_bytes(cmd[-1].encode())
+        return 0, 0.0
+
+    monkeypatch.setattr(ablation, "run_child", train)
+    monkeypatch.setattr(ablation, "evaluate", _row)
+    monkeypatch.setattr(ablation, "read", _row)
+    args = ablation.argparse.Namespace(task="pointer", jobs=2, threads=1, cluster=cluster, only="small",
+                                       variant=["dot"], seeds={0, 1, 2})  # fmt: skip
+    with ablation.file_lock(busy.out.with_name(busy.out.name + ".lock")) as held:
+        assert held
+        assert ablation.cmd_train(args) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"skip   {busy.out.name}: another sweep is training it" in out and f"on the Dask scheduler at {cluster}" in out
+    )
+    trained = [c[c.index("--out") + 1].rsplit("/", 1)[-1] for c, _ in called]
+    assert sorted(trained) == sorted([interrupted.out.name, runs[3].out.name])  # not the finished one, not the busy one
+    assert [("--resume" in c) for c, _ in called] == [n == interrupted.out.name for n in trained]
+    assert not [name for _, name in called if name == driver or name.startswith("ThreadPoolExecutor")], called
+    assert sorted(ablation.row_key(r) for r in ablation.read_results()) == sorted(
+        r.key() for r in (finished, interrupted, runs[3])
+    )  # one row per finished run
+    called.clear()
+    assert ablation.cmd_train(args) == 0  # the busy run's lock is free now: it alone is trained
+    assert [c[c.index("--out") + 1].rsplit("/", 1)[-1] for c, _ in called] == [busy.out.name]
+    assert ablation.cmd_train(args) == 0 and len(called) == 1  # nothing left to train
+    assert len(ablation.read_results()) == len(runs)
