@@ -116,6 +116,17 @@ def test_fitted_rows_are_the_ssog_operators_attention():
     torch.testing.assert_close(fit.rows((7, 5)), attention_matrix(fit.field(), (7, 5))[0], **F64)
 
 
+def test_the_fits_objective_has_the_gradient_of_its_definition():
+    """The objective's hand-written backward pass against autograd's on the plain formula."""
+    gen = torch.Generator().manual_seed(4)
+    a = torch.rand(3, 12, 2, generator=gen, dtype=torch.float64, requires_grad=True)
+    b = torch.rand(3, 2, 15, generator=gen, dtype=torch.float64, requires_grad=True)
+    weights = torch.rand(3, 12, 15, generator=gen, dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda a, b: hf._CrossEntropy.apply(a, b, weights), (a, b))
+    plain = -(weights * torch.bmm(a, b).log()).sum(dim=(1, 2))
+    torch.testing.assert_close(hf._CrossEntropy.apply(a, b, weights), plain, **F64)
+
+
 # Known heads: (grid, atoms as (μy, μx, σy, σx, λ)); τ = 0.8 is absorbed into the widths (σ·√τ).
 KNOWN = {
     1: ((7, 5), [(1.0, -1.0, 1.2, 0.8, 1.0)]),

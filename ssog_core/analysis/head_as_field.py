@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from ssog_core.analysis.head_spec import GRID_RANGE, SIGMA_RANGE, HeadSpec, _head_spec
 from ssog_core.analysis.measures import _eval, _grid_positions, _patch_block
@@ -152,22 +153,41 @@ class AtomFit:
 
 
 def _atom_rows(mu: Tensor, log_sigma: Tensor, log_lam: Tensor, grid: tuple[int, int]) -> Tensor:
-    """``(H, N, N)`` attention of a fixed factorized field, query by query: :func:`_pair_rows` reordered."""
+    """``(H, N, N)`` attention of a fixed factorized field, query by query: ``Σ_r λ_r·ay_r[i, j]·ax_r[w, k]`` for query
+    ``(i, w)`` and key ``(j, k)``, the rows ``field.attention_matrix`` computes through the operator. One matrix
+    product of :func:`_pair_factors` gives them in ``[(i, j), (w, k)]`` order (the fit reorders its target instead)."""
     gh, gw = grid
-    rows = _pair_rows(mu, log_sigma, log_lam, grid).view(-1, gh, gh, gw, gw)
+    rows = torch.bmm(*_pair_factors(mu, log_sigma, log_lam, grid)).view(-1, gh, gh, gw, gw)
     return rows.transpose(2, 3).reshape(mu.shape[0], gh * gw, gh * gw)
 
 
-def _pair_rows(mu: Tensor, log_sigma: Tensor, log_lam: Tensor, grid: tuple[int, int]) -> Tensor:
-    """``(H, Gh·Gh, Gw·Gw)``: ``[h, (i, j), (w, k)] = Σ_r λ_r·ay_r[i, j]·ax_r[w, k]``, the weight of key ``(j, k)`` for
-    query ``(i, w)`` of a fixed factorized field, from :func:`ssog_core.field.axis_kernels` (each atom's row and column
-    kernels normalised over the in-grid keys, mixed by λ): the rows ``field.attention_matrix`` computes through the
-    operator, in the order one matrix product gives them (the fit reorders its target once instead)."""
+def _pair_factors(mu: Tensor, log_sigma: Tensor, log_lam: Tensor, grid: tuple[int, int]) -> tuple[Tensor, Tensor]:
+    """``λ_r·ay_r[i, j]`` as ``(H, Gh·Gh, K)`` and ``ax_r[w, k]`` as ``(H, K, Gw·Gw)``, from
+    :func:`ssog_core.field.axis_kernels` (each atom's row and column kernels normalised over the in-grid keys)."""
     gh, gw = grid
     k = axis_kernels(Field(mu, log_sigma.exp(), log_lam, torch.ones((), dtype=mu.dtype)), grid)
     ay = (k.ay[0, :, 0] * k.lam[0, 0, 0, ..., None]).permute(1, 0, 3, 2).reshape(-1, gh * gh, mu.shape[1])
-    ax = k.ax[0, 0].permute(1, 2, 0, 3).reshape(-1, mu.shape[1], gw * gw)
-    return torch.bmm(ay, ax)
+    return ay, k.ax[0, 0].permute(1, 2, 0, 3).reshape(-1, mu.shape[1], gw * gw)
+
+
+class _CrossEntropy(torch.autograd.Function):
+    """``−Σ weights·log(a @ b)`` per head over the ``(M, Gh·Gh, Gw·Gw)`` table of pairs, the backward pass in one
+    division and two products: autograd's chain of log, product and sum passes over that table (what the fit's time
+    goes on) three more times."""
+
+    @staticmethod
+    def forward(ctx, a: Tensor, b: Tensor, weights: Tensor) -> Tensor:
+        rows = torch.bmm(a, b)
+        m = rows.shape[0]
+        ctx.save_for_backward(a, b, weights, rows)
+        return -torch.bmm(weights.view(m, 1, -1), rows.log().view(m, -1, 1)).view(m)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+        a, b, weights, rows = ctx.saved_tensors
+        g = weights.div(rows).mul_(-grad[:, None, None])
+        return torch.bmm(g, b.transpose(1, 2)), torch.bmm(a.transpose(1, 2), g), None
 
 
 def _starts(field: Tensor, weight: Tensor, atoms: int) -> list[tuple[Tensor, Tensor, Tensor]]:
@@ -228,13 +248,15 @@ def _lbfgs(
         mu, log_sigma, log_lam = parts
         return mu.clamp(-reach, reach), log_sigma.clamp(*_LOG_SIGMA), log_lam
 
-    def value_and_grad(flat: Tensor) -> tuple[Tensor, Tensor]:
+    def value_and_grad(flat: Tensor, heads: Tensor) -> tuple[Tensor, Tensor]:
+        """Losses and gradients of the rows ``heads`` of ``flat``."""
         flat = flat.detach().requires_grad_(True)
-        loss = _cross_entropy(weights, _pair_rows(*unpack(flat), grid))
+        w = weights if len(heads) == len(weights) else weights[heads]
+        loss = _cross_entropy(w, _pair_factors(*unpack(flat), grid))
         (grad,) = torch.autograd.grad(loss.sum(), flat)
         return loss.detach(), grad
 
-    f, g = value_and_grad(x)
+    f, g = value_and_grad(x, torch.arange(len(x)))
     pairs_s, pairs_y = [], []
     for _ in range(steps):
         d = _two_loop(g, pairs_s, pairs_y)
@@ -242,26 +264,26 @@ def _lbfgs(
         uphill = slope >= 0
         d = torch.where(uphill[:, None], -g, d)
         slope = torch.where(uphill, -(g * g).sum(-1), slope)
-        done = -slope <= LBFGS_TOLERANCE * f.abs().clamp_min(1.0)  # no descent left above rounding
-        if bool(done.all()):
+        trying = -slope > LBFGS_TOLERANCE * f.abs().clamp_min(1.0)  # the rest has no descent left above rounding
+        if not bool(trying.any()):
             break
         t = torch.ones_like(f) if pairs_s else (1.0 / g.abs().sum(-1).clamp_min(1.0))
-        t = torch.where(done, torch.zeros_like(t), t)
-        for _ in range(LBFGS_BACKTRACKS):
-            f_new, g_new = value_and_grad(x + t[:, None] * d)
-            ok = f_new <= f + 1e-4 * t * slope
-            if bool(ok.all()):
+        f_new, g_new = f.clone(), g.clone()
+        for _ in range(LBFGS_BACKTRACKS):  # only the heads still without a better point are evaluated again
+            heads = trying.nonzero()[:, 0]
+            if len(heads) == 0:
                 break
-            t = torch.where(ok, t, t / 4)
-        t = torch.where(ok, t, torch.zeros_like(t))  # a head with no better point stays where it is
+            f_new[heads], g_new[heads] = value_and_grad(x[heads] + t[heads, None] * d[heads], heads)
+            worse = f_new[heads] > f[heads] + 1e-4 * t[heads] * slope[heads]
+            trying[heads] = worse
+            t[heads[worse]] /= 4
+        stay = trying | (f_new == f)  # no better point found: the head stays where it is
+        t[stay], f_new[stay], g_new[stay] = 0.0, f[stay], g[stay]
         step = t[:, None] * d
-        x_new = x + step
-        if not bool(ok.all()):
-            f_new, g_new = value_and_grad(x_new)
         pairs_s.append(step)
         pairs_y.append(g_new - g)
         del pairs_s[:-LBFGS_HISTORY], pairs_y[:-LBFGS_HISTORY]
-        x, f, g = x_new, f_new, g_new
+        x, f, g = x + step, f_new, g_new
     return unpack(x), f
 
 
@@ -287,9 +309,11 @@ def _two_loop(g: Tensor, pairs_s: list[Tensor], pairs_y: list[Tensor]) -> Tensor
     return -q
 
 
-def _cross_entropy(weights: Tensor, rows: Tensor) -> Tensor:
-    """``(H,)`` ``−Σ weights·log rows`` over every (query, key) pair, in any order the two share."""
-    return -(weights * (rows + 1e-300).log()).sum(dim=(-2, -1))
+def _cross_entropy(weights: Tensor, factors: tuple[Tensor, Tensor]) -> Tensor:
+    """``(M,)`` ``−Σ weights·log rows`` over every (query, key) pair of the field whose :func:`_pair_factors` are
+    given; each factor is raised by 1e-150, so no row underflows to a zero the logarithm cannot take."""
+    a, b = factors
+    return _CrossEntropy.apply(a + 1e-150, b + 1e-150, weights)
 
 
 def fit_atoms(mean_attn: Tensor, grid: tuple[int, int], atoms: int) -> AtomFit:
@@ -426,7 +450,9 @@ def measure_head_fields(
     layers = range(len(sums))
     mean_attn = [sums[layer][0].cpu() / images for layer in layers]
     fields = [field_of(a, grid) for a in mean_attn]
-    fits = [fit_atoms(a, grid, atoms) for a in mean_attn]
+    every = fit_atoms(torch.cat(mean_attn), grid, atoms)  # all layers' heads at once: one batch for the optimiser
+    per_layer = (t.split(mean_attn[0].shape[0]) for t in (every.mu, every.sigma, every.lam, every.loss))
+    fits = [AtomFit(*parts) for parts in zip(*per_layer, strict=True)]
     rows = [(fit.rows(grid), field_rows(f, grid)) for fit, f in zip(fits, fields, strict=True)]
     shares: dict[int, Tensor] = {}
 
