@@ -9,13 +9,15 @@ the grid's ``Gh·Gw`` tokens (a language model's ``T`` tokens, on a ``1 × T`` g
 | ``blocks.{l}.attn.hook_in`` | the input the attention sees, the block's LayerNormed stream ``(B, P + N, dim)`` |
 | ``blocks.{l}.attn.field`` | SSOG: the content-free field that content steers (a ``Field`` of ``(H, R)`` tensors) |
 | ``blocks.{l}.attn.probes.{tap}`` | SSOG: bounded steering probes ``(B, Gh, Gw, H, R[, 2])`` of tap mu/sigma/lambda |
+| ``blocks.{l}.attn.pattern`` | post-softmax attention, what mixes the values ``(B, H, P + N, P + N)`` |
 | ``blocks.{l}.attn.head_out`` | per-head output before the output projection ``(B, P + N, H, head_dim)`` |
 | ``blocks.{l}.resid_post`` | the block's output, the residual stream ``(B, P + N, dim)`` |
 
-Like edits, both act for this call and this thread only, and inside ``with edited(...)`` they see the edited
-model (their functions run after the edits'). Being modules, the points are reached by plain forward hooks and
-by nnsight too. A ``torch.compile`` wrapper is looked through (names have no ``_orig_mod.``) and its compiled
-forward runs the functions (:mod:`ssog_core.nn.hook_points`).
+The pattern is formed only while something is installed at its point (the fused paths never form it); a function
+that returns another pattern changes the output. Like edits, both act for this call and this thread only, and
+inside ``with edited(...)`` they see the edited model (their functions run after the edits'). Being modules, the
+points are reached by plain forward hooks and by nnsight too. A ``torch.compile`` wrapper is looked through (names
+have no ``_orig_mod.``) and its compiled forward runs the functions (:mod:`ssog_core.nn.hook_points`).
 """
 
 from __future__ import annotations

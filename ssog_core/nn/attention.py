@@ -1,8 +1,13 @@
 """Attention modules: SSOG (Gaussian field, content steers), its dot-product twin, and RBF (distance) attention.
 
 Every module has the same interface, so one :class:`~ssog_core.nn.vit.Block` serves them all:
-``forward(x, grid)`` maps ``(B, N, dim)`` to ``(B, N, dim)``, and ``attention_matrix(x, grid)`` returns the
-exact ``(B, H, N, N)`` weights by running the module's own operator on an identity basis of values.
+``forward(x, grid)`` maps ``(B, P + N, dim)`` to ``(B, P + N, dim)``, and ``attention_matrix(x, grid)`` returns the
+exact ``(B, H, P + N, P + N)`` post-softmax weights (prefix tokens first; SSOG has none).
+
+Each module's hook point ``pattern`` holds those weights. The fast paths (fused SDPA, the RBF kernels, SSOG's field
+operator) never form them, so a module forms them only while something is installed at the point
+(:func:`~ssog_core.nn.hook_points.is_hooked`: a reader, a replacement, an edit) and then mixes the values with
+what the point passes on: a replaced pattern is the attention the output is made from.
 
 Parameter names and layouts match the upstream implementation's PyTorch ViT, so its state dicts load
 without renaming (docs/DESIGN.md §4).
@@ -18,10 +23,11 @@ from torch import Tensor, nn
 
 from ssog_core.field import TAPS, Field, apply_field, base_field, bound, check_grid, positive, steer
 from ssog_core.nn.config import ViTConfig
-from ssog_core.nn.hook_points import HookPoint, is_plain
+from ssog_core.nn.hook_points import HookPoint, is_hooked, is_plain
 from ssog_core.nn.susie import SuSiE
 from ssog_core.ops import rbf_attention, ssog_apply
 from ssog_core.ops.dispatch import steers_in_c
+from ssog_core.ops.rbf_torch import rbf_gamma
 from ssog_core.ops.ssog_cpu import apply_cpu_steering
 
 # tap → (probe layer name, gate parameter name, probe outputs per atom)
@@ -99,6 +105,7 @@ class SSOGAttention(nn.Module):
         self.hook_in = HookPoint()  # the input x (B, N, dim) the attention sees: the block's LayerNormed stream
         self.field = HookPoint()  # the content-free field (H, R) that content steers
         self.probes = nn.ModuleDict({tap: HookPoint() for tap in self.taps})  # bounded probes per tap
+        self.pattern = HookPoint()  # post-softmax attention (B, H, N, N), formed only while something is installed
         self.head_out = HookPoint()  # per-head output (B, N, H, head_dim) before the output projection
 
     def fixed_field(self) -> Field:
@@ -146,7 +153,9 @@ class SSOGAttention(nn.Module):
         b, n, _ = x.shape
         v = self.v(x).view(b, n, self.num_heads, self.head_dim)
         fixed = self.fixed_field()
-        if (
+        if is_hooked(self.pattern):  # read or replaced: the weights formed, the values mixed by what the point gives
+            y = (self.pattern(self._weights(x, self.field_of(x, grid), grid)) @ v.transpose(1, 2)).transpose(1, 2)
+        elif (
             self.taps
             and is_plain([self.field, *self.probes.values()])
             and steers_in_c(v, fixed, grid, self.mode, self.backend)
@@ -160,14 +169,19 @@ class SSOGAttention(nn.Module):
         return self.out(y.reshape(b, n, self.dim))
 
     def attention_matrix(self, x: Tensor, grid: tuple[int, int], steered: bool = True) -> Tensor:
-        """Exact ``(B, H, N, N)`` weights for input ``x``; ``steered=False`` gives the fixed field's.
+        """Exact ``(B, H, N, N)`` weights for input ``x``, through the ``pattern`` point (what the output is made
+        from, under any edit); ``steered=False`` gives the fixed field's, which no point sees.
 
         Always the explicit definition operator (:func:`~ssog_core.field.apply_field` on an identity basis),
         whatever backend :func:`~ssog_core.ops.ssog_apply` picks for ``forward``; a test proves ``A·V``
         equals the dispatched output.
         """
         check_grid(x.shape[1], grid)
-        field = self.field_of(x, grid, steered)
+        weights = self._weights(x, self.field_of(x, grid, steered), grid)
+        return self.pattern(weights) if steered else weights
+
+    def _weights(self, x: Tensor, field: Field, grid: tuple[int, int]) -> Tensor:
+        """``(B, H, N, N)``: the definition operator applied to an identity basis of values."""
         return apply_field(_identity_values(x, self.num_heads), field, grid, self.mode).permute(0, 2, 1, 3)
 
 
@@ -197,7 +211,8 @@ class _QKAttention(nn.Module, ABC):
         self.out = nn.Linear(dim, dim, bias=False)
         self.susie = SuSiE(num_heads, self.head_dim, susie_dim, susie) if susie else None
         self.hook_in = HookPoint()  # the input x (B, P + N, dim) the attention sees: the block's LayerNormed stream
-        self.head_out = HookPoint()  # per-head output (B, N, H, head_dim) before the output projection
+        self.pattern = HookPoint()  # post-softmax attention (B, H, P + N, P + N), formed only while installed
+        self.head_out = HookPoint()  # per-head output (B, P + N, H, head_dim) before the output projection
 
     def queries_keys_values(self, x: Tensor, grid: tuple[int, int] | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """The q, k, v ``(B, H, N, head_dim)`` the logits see (after QK-norm and the position code)."""
@@ -213,18 +228,37 @@ class _QKAttention(nn.Module, ABC):
 
     @abstractmethod
     def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Attention of ``(B, H, N, D)`` queries and keys over values ``(B, H, N, Dv)``."""
+        """Attention of ``(B, H, N, D)`` queries and keys over values ``(B, H, N, Dv)`` (the fast path)."""
+
+    @abstractmethod
+    def _logits(self, q: Tensor, k: Tensor) -> Tensor:
+        """The ``(B, H, N, N)`` pre-softmax scores whose softmax :meth:`_attend` mixes the values with."""
+
+    def _weights(self, q: Tensor, k: Tensor) -> Tensor:
+        """``(B, H, N, N)`` post-softmax weights formed explicitly (scores in at least float32, the causal mask
+        applied), in the dtype of ``q``."""
+        wide = torch.promote_types(q.dtype, torch.float32)
+        logits = self._logits(q.to(wide), k.to(wide))
+        if self.causal:
+            n = q.shape[-2]
+            later = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
+            logits = logits.masked_fill(later, float("-inf"))
+        return torch.softmax(logits, dim=-1).to(q.dtype)
 
     def forward(self, x: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
         x = self.hook_in(x)
         b, n, _ = x.shape
-        y = self.head_out(self._attend(*self.queries_keys_values(x, grid)).transpose(1, 2))
+        q, k, v = self.queries_keys_values(x, grid)
+        # read or replaced: the weights formed, the values mixed by what the point gives
+        y = self.pattern(self._weights(q, k)) @ v if is_hooked(self.pattern) else self._attend(q, k, v)
+        y = self.head_out(y.transpose(1, 2))
         return self.out(y.reshape(b, n, self.dim))
 
     def attention_matrix(self, x: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
-        """Exact ``(B, H, N, N)`` weights: the module's own attention applied to identity values."""
+        """Exact ``(B, H, N, N)`` weights, formed explicitly, through the ``pattern`` point (what the output is made
+        from, under any edit)."""
         q, k, _ = self.queries_keys_values(x, grid)
-        return self._attend(q, k, _identity_values(x, self.num_heads).transpose(1, 2))
+        return self.pattern(self._weights(q, k))
 
 
 class DotAttention(_QKAttention):
@@ -240,6 +274,9 @@ class DotAttention(_QKAttention):
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+
+    def _logits(self, q: Tensor, k: Tensor) -> Tensor:
+        return (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # SDPA's default scale
 
 
 class RBFAttention(_QKAttention):
@@ -265,10 +302,10 @@ class RBFAttention(_QKAttention):
     def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return rbf_attention(q, k, v, causal=self.causal, backend=self.backend)
 
-    def attention_matrix(self, x: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
-        """Exact ``(B, H, N, N)`` weights: the definition operator applied to identity values."""
-        q, k, _ = self.queries_keys_values(x, grid)
-        return rbf_attention(q, k, _identity_values(x, self.num_heads).transpose(1, 2), self.causal, "torch")
+    def _logits(self, q: Tensor, k: Tensor) -> Tensor:
+        """``−γ‖q − k‖²`` but each query's own ``−γ‖q‖²``, which the softmax drops (:mod:`ssog_core.ops.rbf_torch`)."""
+        gamma = rbf_gamma(q.shape[-1])
+        return 2.0 * gamma * (q @ k.transpose(-2, -1)) - gamma * k.square().sum(-1)[..., None, :]
 
 
 def build_attention(cfg: ViTConfig) -> nn.Module:

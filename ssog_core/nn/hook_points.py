@@ -1,10 +1,11 @@
 """Named places in the forward pass where a call may read or replace an activation (hook points), and the per-call
 switch that runs a model with eval semantics (:func:`evaluating`).
 
-A :class:`HookPoint` is a parameter-free identity submodule (``blocks.{l}.attn.hook_in``, ``…attn.head_out``,
-``…attn.field``, ``…attn.probes.{tap}``, ``blocks.{l}.resid_post``), so it has a module path that plain forward hooks
-and nnsight reach too. What a point does in one call comes from a :class:`~contextvars.ContextVar` (not a module
-attribute, not a registered hook): the app shares one model between users whose requests run in worker threads, so
+A :class:`HookPoint` is a parameter-free identity submodule (``blocks.{l}.attn.hook_in``, ``…attn.pattern``,
+``…attn.head_out``, ``…attn.field``, ``…attn.probes.{tap}``, ``blocks.{l}.resid_post``), so it has a module path that
+plain forward hooks and nnsight reach too. What a point does in one call comes from a
+:class:`~contextvars.ContextVar` (not a module attribute, not a registered hook): the app shares one model between
+users whose requests run in worker threads, so
 each thread sees only its own functions, none outlives its ``with`` block, and the model is never written. Work
 handed to another thread or a pool carries the context only when wrapped with :func:`in_context`.
 :mod:`ssog_core.interventions` installs the functions (``edited``, ``run_with_cache``, ``run_with_hooks``).
@@ -180,6 +181,20 @@ def is_plain(points: list[nn.Module]) -> bool:
     if module_hooks._global_forward_pre_hooks:
         return False
     return not any(p._forward_hooks or p._forward_pre_hooks or "forward" in p.__dict__ for p in points)
+
+
+def is_hooked(point: nn.Module) -> bool:
+    """Whether ``point`` may be more than the identity in this call: a function installed at it in this context, a
+    forward hook of its own or a replaced ``forward``; compiled code cannot read the context, so there it is whether
+    anything is installed anywhere. An activation a fused path never forms (an attention pattern) is formed only
+    then. Global forward hooks do not count: they are tracers of every module (a FLOP counter's), which measure the
+    fused path."""
+    if torch.compiler.is_compiling():
+        return _live
+    active = _ACTIVE.get()
+    if active is not None and id(point) in active.points:
+        return True
+    return bool(point._forward_hooks or point._forward_pre_hooks or "forward" in point.__dict__)
 
 
 def removed_heads(attention: nn.Module) -> frozenset[int]:
