@@ -17,11 +17,12 @@ from matplotlib.figure import Figure
 from app.state import AppError
 from ssog_core.checkpoint.format import CheckpointError
 from ssog_core.data.images import ImageError
+from ssog_core.jobs import JobError
 from ssog_core.nn.hook_points import in_context
 from ssog_core.viz import figures as viz
 
 Updates = dict[Block, Any]  # what a handler returns: {component: new value or gr.update(...)} for those it changes
-EXPECTED_ERRORS = (AppError, CheckpointError, ImageError, ValueError)
+EXPECTED_ERRORS = (AppError, CheckpointError, ImageError, JobError, ValueError)  # their sentences show as they are
 DOWNLOAD_ROOT = Path(tempfile.gettempdir()) / "ssog-lab-downloads"
 KEEP_DOWNLOADS = 64  # download folders kept; older ones are removed as new ones are made
 

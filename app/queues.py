@@ -18,6 +18,7 @@ light queue's workers stay free for one-image work.
 
 from __future__ import annotations
 
+import atexit
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -90,6 +91,7 @@ def engine() -> Engine:
     with _lock:
         if _engine is None:
             _engine = Engine.local(HEAVY_LIMIT)
+            atexit.register(_engine.close)  # before the interpreter tears down what its pool needs to end
         return _engine
 
 

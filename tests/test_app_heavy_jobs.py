@@ -4,9 +4,13 @@ the same computation gives in process, and are cached only when complete."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
+import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -127,3 +131,55 @@ def test_a_stopped_job_is_not_cached_and_frees_its_worker(ctx):
     t0 = time.monotonic()
     assert interventions.importance(ctx, loaded, 250, "zero").n == 250 and key in ctx.cache.effects
     assert time.monotonic() - t0 > 0.2  # the sweep takes longer than the stop took to arrive
+
+
+def kill_workers(engine) -> list[int]:
+    """SIGKILL every process of the local pool now (the pool's own list: a fresh pool has fresh pids)."""
+    pool = engine.backend._pool
+    pids = list(pool._processes) if pool is not None and pool._processes else []
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
+
+
+@pytest.mark.slow  # several worker starts: over a minute on a loaded machine
+def test_a_worker_killed_mid_job_runs_it_again_or_says_why_and_frees_the_slot(ctx, ui):
+    from app import interventions, queues
+    from app.tabs import intervene
+
+    engine = queues.engine()
+    queues.start_workers(engine)
+    loaded = ctx.model("ssog_big.safetensors")
+    who = SimpleNamespace(username="kim")
+    watch = interventions.Watch()
+    killer = threading.Thread(target=lambda: until(lambda: watch.job is not None) or kill_workers(engine))
+    killer.start()
+    with queues.one_per_user(who):
+        once = interventions.importance(ctx, loaded, 200, "zero", watch=watch)
+    killer.join()
+    model, meta = loaded.model, loaded.meta
+    assert once.to_dict() == head_importance(model, load_eval_set(meta, model.config.img_size, 200), "zero").to_dict()
+
+    done = threading.Event()
+
+    def keep_killing() -> None:
+        while not done.is_set():
+            kill_workers(engine)
+            time.sleep(0.05)
+
+    threading.Thread(target=keep_killing, daemon=True).start()
+    try:
+        *_, page = intervene.on_sweep(ctx, ui, "ssog_big.safetensors", 190, "zero", who)
+    finally:
+        done.set()
+    assert page[ui.sweep_note].startswith("⚠️ the worker running this job died each time it ran")  # said as is
+    assert "kim" not in queues._running
+    assert interventions.importance(ctx, loaded, 190, "zero").n == 190  # a fresh pool serves the next job
+
+
+def until(condition, seconds: float = 300.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
