@@ -6,8 +6,8 @@
     client.predict("ssog_layouts.safetensors", "layouts_val0008_plus.png", 0.5, "blank", api_name="/export_summary")
 
 Endpoints: ``/checkpoints``, ``/head_field``, ``/geometry_summary``, ``/export_summary``, ``/history``,
-``/upload_image``, ``/upload_checkpoint``, ``/intervene``, ``/head_importance``, ``/save_session``, ``/restore_session``
-(docs/APP.md lists what each returns).
+``/upload_image``, ``/upload_checkpoint``, ``/intervene``, ``/head_importance``, ``/head_fields``, ``/save_session``,
+``/restore_session`` (docs/APP.md lists what each returns).
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ from app import session_protocol as session
 from app.common import EXPECTED_ERRORS, error_text, stoppable
 from app.export_maps import control_for, maps_for
 from app.state import AppContext, AppError
-from app.tabs import playground, training
+from app.tabs import geometry, playground, training
 from ssog_core.analysis import report
 from ssog_core.analysis.controls import check_control
 from ssog_core.analysis.session import dumps, loads
+from ssog_core.cli.fields import heads_json
 from ssog_core.interventions.edit import edits_schema, ops_help
 
 
@@ -165,6 +166,29 @@ def register_api(ctx: AppContext, parts: Sequence[session.SessionPart]) -> None:
         except EXPECTED_ERRORS as e:
             raise gr.Error(error_text(e)) from None
 
+    def head_fields(
+        checkpoint: str, images: int = 64, atoms: int = 4, request: gr.Request | None = None
+    ) -> Iterator[dict | None]:
+        """Every head of any checkpoint (SSOG, dot, RBF, a standard ViT folder) as a field over displacement: per
+        head its 0-based ``layer`` and ``head``, ``mean_distance_px``, ``share_fit`` and ``share_field`` (1 − mean
+        TV to its fitted atoms and to its positional field), ``prefix_share`` and the ``atoms`` (``mu_y``, ``mu_x``,
+        ``sigma_y``, ``sigma_x``, ``weight``; grid cells, μ as query − key); measured on the first ``images``
+        validation images, or the bundled pictures for a model that records none (``measured_on`` says which).
+        A heavy job; cancelling it stops it."""
+        try:
+            loaded = ctx.model(checkpoint)
+            work = lambda stop: geometry.head_fields_of(ctx, loaded, images, atoms, stop)  # noqa: E731
+            yield None  # see head_importance
+            with queues.one_per_user(request):
+                for done in stoppable(work):
+                    if done is not None:
+                        stats, about = done
+                        yield {"checkpoint": checkpoint, "measured_on": about, "images": stats.images,
+                               "grid": list(stats.grid), "num_prefix_tokens": stats.num_prefix,
+                               "atoms_per_head": int(atoms), "heads": heads_json(stats)}  # fmt: skip
+        except EXPECTED_ERRORS as e:
+            raise gr.Error(error_text(e)) from None
+
     @api
     def save_session(checkpoint: str, image: str, sections: dict) -> str:
         """A session file's text, as the Session tab saves it: a checkpoint (a picker name, or "" for none), an
@@ -199,6 +223,7 @@ def register_api(ctx: AppContext, parts: Sequence[session.SessionPart]) -> None:
     edit = gr.api(intervene, api_name="intervene", **queues.light())  # one image: quick, never behind a sweep
     typed_parameter(edit, intervene, "edits", edits_schema())  # each op's fields, from the registry
     gr.api(head_importance, api_name="head_importance", **queues.heavy())
+    gr.api(head_fields, api_name="head_fields", **queues.heavy())
 
 
 def typed_parameter(endpoint: Dependency, fn: Callable[..., Any], name: str, schema: dict[str, Any]) -> None:

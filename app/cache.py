@@ -47,6 +47,11 @@ class LRU(Generic[V]):
             while len(self._data) > self.size:
                 self._data.popitem(last=False)
 
+    def items(self) -> list[tuple[Hashable, V]]:
+        """Every key and value, least recently used first; uses nothing (no value becomes more recent)."""
+        with self._lock:
+            return list(self._data.items())
+
     def __len__(self) -> int:
         return len(self._data)
 

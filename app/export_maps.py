@@ -55,8 +55,13 @@ def control_for(
 
 def summary(name: str, m: ExportMaps, control: ControlMaps | None = None) -> str:
     s = m.summary()
-    prefix = float(m.prefix_share.mean())
-    extra = f" · register tokens took {prefix:.1%} of patch attention (removed, rows renormalised)" if prefix else ""
+    prefix = m.prefix_share.mean(0)  # (L,) per layer
+    extra = (
+        f" · prefix tokens (class, distillation, register) took {float(prefix.mean()):.1%} of patch attention "
+        f"(per layer {', '.join(f'{float(p):.0%}' for p in prefix)}; left out of the maps, rows renormalised)"
+        if float(prefix.max()) > 0
+        else ""
+    )
     if control is not None:
         d = m.accumulated[0] - control.accumulated[0]
         extra += f" · raw − control in [{float(d.min()):.3f}, {float(d.max()):.3f}]"

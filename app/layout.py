@@ -118,9 +118,11 @@ def default_checkpoint(ctx: AppContext, names: Sequence[str]) -> str | None:
     return names[0] if names else None
 
 
-def checkpoint_choices(names: Sequence[str]) -> list[tuple[str, str]]:
-    """The checkpoint picker's ``(label, name)`` choices: the file name, with its note when it has one."""
-    return [(f"{n} ({CHECKPOINT_NOTES[n]})" if n in CHECKPOINT_NOTES else n, n) for n in names]
+def checkpoint_choices(names: Sequence[str], ctx: AppContext | None = None) -> list[tuple[str, str]]:
+    """The checkpoint picker's ``(label, name)`` choices: the name, with its note when it has one (a model folder:
+    its layout, architecture and size, :meth:`AppContext.checkpoint_label`)."""
+    notes = {n: CHECKPOINT_NOTES.get(n) or (ctx.checkpoint_label(n) if ctx else "") for n in names}
+    return [(f"{n} ({notes[n]})" if notes[n] else n, n) for n in names]
 
 
 def folder_status(ctx: AppContext, names: Sequence[str]) -> str:
@@ -154,7 +156,7 @@ def checkpoint_updates(ctx: AppContext, page: Page, value: str | None) -> Update
     names = ctx.checkpoint_names()
     twin = default_twin(ctx, value)
     return {
-        page.checkpoint: gr.update(choices=checkpoint_choices(names), value=value),
+        page.checkpoint: gr.update(choices=checkpoint_choices(names, ctx), value=value),
         page.export.twin: gr.update(choices=[NO_TWIN, *names], value=twin),
         page.compare.a: gr.update(choices=names, value=value),
         page.compare.b: gr.update(choices=names, value=twin if twin != NO_TWIN else value),
@@ -235,6 +237,23 @@ def on_geometry_click(
             return {status: "Click inside a head's panel to open it in the playground."}
         out = playground.open_head(ctx, page.playground, ckpt, *at, bg, sha, "Opened from the geometry grid: ")
         return {**out, **show_playground(page), status: ""}
+    except Exception as e:
+        return {status: warn(error_text(e))}
+
+
+def on_field_click(
+    ctx: AppContext, page: Page, kind: str, shown: dict | None, bg: bool, sha: str | None, evt: gr.SelectData
+) -> Updates:
+    """Open the clicked head's K-atom fit (any model's, from "every head as a field") in the playground, as the
+    geometry grid opens an SSOG head."""
+    status = page.geometry.field_note
+    try:
+        found = geometry.fitted_head_at(ctx, shown, kind, evt.index)
+        if found is None:
+            return {status: "Click inside a head's panel to open its fit in the playground."}
+        spec, note = found
+        out = playground.load_head(ctx, page.playground, playground.head_value(spec), bg, sha, note)
+        return {**out, **show_playground(page)}
     except Exception as e:
         return {status: warn(error_text(e))}
 
@@ -364,7 +383,7 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
                 gr.Button("Log out", link="logout", size="sm", scale=0, min_width=90, elem_id="logout")
         status = gr.Markdown(folder_status(ctx, names), elem_id="status")
         with gr.Row(equal_height=True):
-            ckpt = gr.Dropdown(checkpoint_choices(names), value=ckpt0, label="Checkpoint", elem_id="ckpt", scale=3)
+            ckpt = gr.Dropdown(checkpoint_choices(names, ctx), value=ckpt0, label="Checkpoint", elem_id="ckpt", scale=3)
             ckpt_up = gr.UploadButton(
                 "Upload checkpoint (.safetensors, or .pt + .json)",
                 file_count="multiple",
@@ -468,6 +487,16 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
         geo.figure.select(
             geometry_click, [ckpt, pg.underlay, image_sha], [*pg.head_out, *to_playground, geo.status], **hidden
         )
+
+        def field_click(kind: str) -> Callable[..., Updates]:
+            def click(shown: dict | None, bg: bool, sha: str | None, evt: gr.SelectData) -> Updates:
+                return on_field_click(ctx, page, kind, shown, bg, sha, evt)
+
+            return click
+
+        for kind, image in (("field", geo.field_figure), ("fit", geo.fit_figure)):  # any model's fitted heads too
+            image.select(field_click(kind), [geo.field_shown, pg.underlay, image_sha],
+                         [*pg.head_out, *to_playground, geo.field_note], **hidden)  # fmt: skip
         # ... and a query clicked in Steering opens its head there, steered by the image's content
         st.open.click(
             partial(on_open_steered, ctx, page),

@@ -12,6 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ssog_core.analysis.head_as_field import HeadFieldStats
 from ssog_core.analysis.head_spec import HeadSpec, HeadView
 from ssog_core.analysis.measures import KeyNorms, LayerField
 
@@ -374,3 +375,42 @@ def importance_plot(drops: np.ndarray, noise: np.ndarray, title: str, columns: S
     fig.update_layout(**_LAYOUT, height=90 + 40 * drops.shape[0], margin=dict(l=60, r=10, t=50, b=30),
                       title=dict(text=title, font=dict(size=14)))  # fmt: skip
     return fig
+
+
+def _per_head(stats: HeadFieldStats, values: np.ndarray, offset: float) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """x (layer, heads spread a little around it and nudged by ``offset``), y and hover text of every head."""
+    layers, heads = values.shape
+    spread = np.linspace(-0.12, 0.12, heads) if heads > 1 else np.zeros(1)
+    x = (np.arange(layers)[:, None] + offset + spread[None]).ravel()
+    text = [f"layer {layer}, head {h}" for layer in range(layers) for h in range(heads)]
+    return x, values.ravel(), text
+
+
+def head_field_charts(models: Sequence[tuple[str, HeadFieldStats]]) -> tuple[go.Figure, go.Figure]:
+    """Every head of every model against its layer: mean attention distance (pixels; the ViT paper's figure) and
+    the share of the head its K fitted atoms explain (filled) and its positional field explains (hollow)."""
+    distance, share = go.Figure(), go.Figure()
+    for i, (name, stats) in enumerate(models):
+        colour = ATOM_COLOURS[i % len(ATOM_COLOURS)]
+        nudge = 0.3 * (i - (len(models) - 1) / 2) / max(len(models), 1)
+        x, y, text = _per_head(stats, stats.mean_distance_px.numpy(), nudge)
+        distance.add_trace(go.Scatter(x=x, y=y, mode="markers", name=name, text=text, marker=dict(color=colour),
+                                      hovertemplate="%{text}<br>%{y:.1f} px<extra>" + name + "</extra>"))  # fmt: skip
+        k = stats.fits[0].mu.shape[1]
+        for values, label, symbol in ((stats.share_fit, f"{k} atoms", "circle"),
+                                      (stats.share_field, "positional field", "circle-open")):  # fmt: skip
+            x, y, text = _per_head(stats, values.numpy(), nudge)
+            share.add_trace(go.Scatter(x=x, y=y, mode="markers", name=f"{name}: {label}", text=text,
+                                       marker=dict(color=colour, symbol=symbol),
+                                       hovertemplate="%{text}<br>%{y:.3f}<extra>" + name + "</extra>"))  # fmt: skip
+    depth = max((s.mean_distance_px.shape[0] for _, s in models), default=1)
+    for fig, title, axis in (
+        (distance, "Mean attention distance per head (patch queries, patch keys)", "mean distance (pixels)"),
+        (share, "Share of each head a content-blind field explains (1 − mean TV)", "share explained"),
+    ):
+        fig.update_layout(**_LAYOUT, title=dict(text=title, font=dict(size=13)), height=380,
+                          margin=dict(l=60, r=20, t=50, b=50), legend=dict(font=dict(size=10)))  # fmt: skip
+        fig.update_xaxes(title_text="layer", tickvals=list(range(depth)))
+        fig.update_yaxes(title_text=axis, rangemode="tozero")
+    share.update_yaxes(range=[0, 1.02])
+    return distance, share

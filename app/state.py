@@ -25,6 +25,7 @@ from ssog_core.analysis.measures import LayerField, head_fields
 from ssog_core.analysis.presets import Preset, find_presets
 from ssog_core.analysis.session import NO_TWIN
 from ssog_core.checkpoint.format import CheckpointError, load_checkpoint, save_checkpoint
+from ssog_core.checkpoint.standard import folder_config
 from ssog_core.checkpoint.upstream import convert
 from ssog_core.data.images import MAX_BYTES, ImageError, list_images, load_image, model_input
 
@@ -40,6 +41,7 @@ STEERING_CACHE = 3  # full attention matrices are the largest thing the app keep
 MAPS_CACHE = 8  # export maps, shared by the export and compare tabs and the API
 VALIDATION_CACHE = 4  # validation images' maps for the control and the per-class view: the costliest to make
 EFFECTS_CACHE = 16  # interventions: validation images, head means, effects and head-importance sweeps
+HEAD_FIELDS_CACHE = 8  # models measured as fields: their charts share axes (a few small tensors each)
 
 
 class AppError(ValueError):
@@ -120,6 +122,7 @@ class Caches:
     export_maps: LRU[Any] = field(default_factory=lambda: LRU(MAPS_CACHE))  # (model key, sha256, α[, control])
     validation: LRU[Any] = field(default_factory=lambda: LRU(VALIDATION_CACHE))  # (model key, N, α, blank)
     effects: LRU[Any] = field(default_factory=lambda: LRU(EFFECTS_CACHE))  # (what, model key, edits, N, ...)
+    head_fields: LRU[Any] = field(default_factory=lambda: LRU(HEAD_FIELDS_CACHE))  # (model key, N, atoms)
 
 
 @dataclass
@@ -142,12 +145,29 @@ class AppContext:
     # ------------------------------------------------------------------ checkpoints
 
     def checkpoint_names(self) -> list[str]:
-        """Checkpoints the picker offers: ``*.safetensors`` in the folder, then this server's uploads."""
+        """Checkpoints the picker offers: ``*.safetensors`` in the folder, then its sub-folders holding a
+        ``config.json`` (standard ViTs in timm's or transformers' layout), then this server's uploads."""
         found = []
         if self.checkpoint_dir.is_dir():
             found += sorted(p.name for p in self.checkpoint_dir.glob("*.safetensors") if p.is_file())
+            found += sorted(p.parent.name for p in self.checkpoint_dir.glob("*/config.json") if p.is_file())
         found += [UPLOADED + p.name for p in sorted(self.upload_dir.glob("*.safetensors"))]
         return found
+
+    def checkpoint_label(self, name: str) -> str:
+        """What the picker says beside a model folder's name: its layout and architecture from its JSON files
+        (no weights read), or that it cannot be opened; empty for a checkpoint file."""
+        try:
+            path = self.resolve(name)
+            if not path.is_dir():
+                return ""
+            config, about = folder_config(path)
+        except (AppError, CheckpointError):
+            return "cannot be opened: pick it to see why"
+        return (
+            f"{about['layout']} folder: {about['architecture']}, {config.depth} layers × {config.num_heads} heads, "
+            f"{config.num_prefix_tokens} prefix token{'s' * (config.num_prefix_tokens != 1)}"
+        )
 
     def resolve(self, name: str) -> Path:
         """The file behind a picker name; anything that would leave the checkpoint folder is refused."""
@@ -164,15 +184,25 @@ class AppContext:
         path = (root / rel).resolve()
         if not path.is_relative_to(root.resolve()):
             raise AppError(f"refused checkpoint path {name!r}: it points outside the checkpoint folder")
-        if not path.is_file():
+        folder = root == self.checkpoint_dir and path.is_dir()  # a model folder (uploads are files only)
+        if not (path.is_file() or folder):
             raise AppError(f"checkpoint {name!r} not found in {root}")
+        if folder and any(not f.resolve().is_relative_to(path) for f in path.iterdir()):
+            raise AppError(f"refused model folder {name!r}: a file in it points outside the folder")
         return path
+
+    def _key(self, path: Path) -> tuple[str, int, int]:
+        """(path, modification time, size) of a checkpoint file; of a model folder its newest file's time and the
+        files' total size: a changed file is a different cache entry."""
+        if not path.is_dir():
+            st = path.stat()
+            return str(path), st.st_mtime_ns, st.st_size
+        stats = [f.stat() for f in path.iterdir() if f.is_file()]
+        return str(path), max((st.st_mtime_ns for st in stats), default=0), sum(st.st_size for st in stats)
 
     def model(self, name: str) -> LoadedModel:
         """The checkpoint ``name`` loaded (cached by path + modification time + size)."""
-        path = self.resolve(name)
-        st = path.stat()
-        key = (str(path), st.st_mtime_ns, st.st_size)
+        key = self._key(self.resolve(name))
 
         def load() -> LoadedModel:
             model, meta = load_checkpoint(key[0], self.device)

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import hashlib
+import io
 import multiprocessing
 import os
 import tempfile
 import threading
 import uuid
+import zipfile
 from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import suppress
@@ -58,13 +60,35 @@ class JobError(RuntimeError):
 
 @lru_cache(maxsize=64)
 def _hash_file(path: str, mtime_ns: int, size: int) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return hashlib.sha256(pack(path)).hexdigest()
 
 
 def file_sha256(path: str | Path) -> str:
-    """SHA-256 of a file's contents, hashed once per (path, modification time, size)."""
-    st = Path(path).stat()
-    return _hash_file(str(path), st.st_mtime_ns, st.st_size)
+    """SHA-256 of a file's contents (a model folder's: of :func:`pack`), hashed once per (path, modification time,
+    size; a folder's newest file and total size)."""
+    path = Path(path)
+    stats = [f.stat() for f in _folder_files(path)] if path.is_dir() else [path.stat()]
+    return _hash_file(str(path), max(st.st_mtime_ns for st in stats), sum(st.st_size for st in stats))
+
+
+def _folder_files(folder: Path) -> list[Path]:
+    files = sorted(f for f in folder.iterdir() if f.is_file())
+    if not files:
+        raise JobError(f"{folder.name} is an empty folder, not a model")
+    return files
+
+
+def pack(path: str | Path) -> bytes:
+    """A checkpoint's bytes: a file's own, a model folder's files (a standard ViT's config and weights) as one
+    uncompressed zip with fixed dates, so equal folders pack, and hash, alike."""
+    path = Path(path)
+    if not path.is_dir():
+        return path.read_bytes()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        for f in _folder_files(path):
+            z.writestr(zipfile.ZipInfo(f.name, date_time=(1980, 1, 1, 0, 0, 0)), f.read_bytes())
+    return buf.getvalue()
 
 
 @dataclass(frozen=True)
@@ -75,14 +99,15 @@ class ModelRef:
     path: str
     sha256: str
     data: bytes | None = field(default=None, repr=False)
+    folder: bool = False  # a model folder (timm / transformers): its bytes are :func:`pack`'s
 
     @classmethod
     def of(cls, path: str | Path, with_bytes: bool = False) -> ModelRef:
         path = Path(path).resolve()
         if not with_bytes:
-            return cls(str(path), file_sha256(path))
-        data = path.read_bytes()
-        return cls(str(path), hashlib.sha256(data).hexdigest(), data)
+            return cls(str(path), file_sha256(path), folder=path.is_dir())
+        data = pack(path)
+        return cls(str(path), hashlib.sha256(data).hexdigest(), data, path.is_dir())
 
     @property
     def name(self) -> str:
@@ -105,7 +130,7 @@ def load_ref(ref: ModelRef) -> Loaded:
         data = ref.data
     else:
         try:
-            data = Path(ref.path).read_bytes()
+            data = pack(ref.path)
         except OSError as e:
             raise JobError(f"{ref.name}: {where} cannot read {ref.path} ({e.strerror or e}); send the checkpoint "
                            "as bytes (workers that do not share the server's files)") from None  # fmt: skip
@@ -116,7 +141,15 @@ def load_ref(ref: ModelRef) -> Loaded:
                        f"{ref.sha256[:12]}…): refused rather than computed on another model")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="ssog-job-") as tmp:  # the file as verified, under its own name
         verified = Path(tmp) / ref.name
-        verified.write_bytes(data)
+        if ref.folder:  # names are the packer's own (files of one folder), checked all the same
+            verified.mkdir()
+            with zipfile.ZipFile(io.BytesIO(data)) as z:
+                for name in z.namelist():
+                    if Path(name).name != name or name in ("", ".", ".."):
+                        raise JobError(f"{ref.name}: refused packed file name {name!r}")
+                    (verified / name).write_bytes(z.read(name))
+        else:
+            verified.write_bytes(data)
         model, meta = load_checkpoint(verified)
     model.requires_grad_(False)
     with _models_lock:

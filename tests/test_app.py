@@ -560,7 +560,7 @@ def test_rbf_checkpoint_with_registers(ctx, sha, page, tmp_path):
     assert "**RBF (distance)** attention model" in note and "no field" in note and fig["value"] is not None
     assert "register tokens take" in note and {t.name for t in stats["value"].data} >= {"layer 0 (rbf)", "head 3"}
     text, fig, _, _, _ = values(export.render(ctx, page.export, name, NO_TWIN, sha, 0.5, 0), page.export.outputs)
-    assert "register tokens took" in text and fig is not None
+    assert "prefix tokens (class, distillation, register) took" in text and fig is not None
 
 
 def test_scaling_resolution_transfer(ctx, folders, page, tmp_path):

@@ -1,8 +1,11 @@
-"""Tab 2, checkpoint geometry: every head's learned field, the gates, the atom table and the model card."""
+"""Tab 2, checkpoint geometry: every head's learned field, the gates, the atom table and the model card; and, for any
+model (SSOG, dot, RBF or a standard ViT alike), every head measured as a field over displacement with its K-atom fit
+(:mod:`ssog_core.analysis.head_as_field`, run as a heavy job)."""
 
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -12,18 +15,30 @@ import numpy as np
 from gradio.blocks import Block
 from PIL import Image
 
-from app import plots, widgets
-from app.common import Updates, error_text, shown_figure, warn, write_downloads
+from app import interventions, plots, queues, widgets
+from app.common import Updates, error_text, shown_figure, stoppable, warn, write_downloads
 from app.session_protocol import Restoring, SessionPart
-from app.state import AppContext, LoadedModel
+from app.state import AppContext, AppError, LoadedModel
 from app.widgets import layer_update, model_depth
 from ssog_core.analysis import report
+from ssog_core.analysis.head_as_field import HeadFieldStats, fit_spec
+from ssog_core.analysis.head_spec import HeadSpec
 from ssog_core.analysis.measures import attention_maps, has_keys, key_norms
-from ssog_core.field import centre_query
+from ssog_core.data.images import list_images, model_input
+from ssog_core.field import MAX_ATOMS, centre_query
+from ssog_core.interventions import heavy
+from ssog_core.interventions.validation import MAX_EVAL_IMAGES
 from ssog_core.viz import figures as viz
 from ssog_core.viz import files as figures
 from ssog_core.viz import raster
 
+FIELD_IMAGES = 64  # images every head is measured on by default (the bundled pictures, when a model has no data)
+FIELD_ATOMS = 4  # atoms fitted per head by default
+FIELD_HEADERS = ["layer", "head", "mean distance (px)", "share: atoms", "share: positional field", "prefix share"]
+FIELD_LEGEND = (
+    "d = mean attention distance (pixels), fit = share of the head its atoms explain (1 − mean TV), over patch "
+    "queries and patch keys."
+)
 ATOM_HEADERS = [
     "layer",
     "head",
@@ -55,6 +70,21 @@ class GeometryUI:
     files: gr.File
     files_status: gr.Markdown
     status: gr.Markdown
+    field_images: gr.Slider
+    field_atoms: gr.Slider
+    field_note: gr.Markdown
+    field_figure: gr.Image  # measured positional fields, fitted atoms marked: a click opens that fit
+    fit_figure: gr.Image  # the fitted atoms' own fields: a click opens that fit
+    distance: gr.Plot
+    share: gr.Plot
+    field_table: gr.Dataframe
+    field_shown: gr.State  # {"checkpoint", "images", "atoms"} of the head fields on show (what a click opens)
+
+    @property
+    def field_outputs(self) -> list[Block]:
+        """What :func:`on_measure` changes."""
+        return [self.field_note, self.field_figure, self.fit_figure, self.distance, self.share, self.field_table,
+                self.field_shown]  # fmt: skip
 
     @property
     def outputs(self) -> list[Block]:
@@ -75,6 +105,10 @@ def card_markdown(ctx: AppContext, loaded: LoadedModel) -> str:
         elif k == "training command":
             v = f"`{v}`"
         lines.append(f"| {k} | {str(v).replace('|', '/')} |")
+    source = loaded.meta.get("source")
+    if isinstance(source, dict) and "layout" in source:  # a model folder (timm, transformers): what it is
+        lines.append(f"| folder | {source.get('layout')}: {source.get('architecture')} |")
+        lines.append(f"| prefix tokens | {loaded.model.num_prefix_tokens} |")
     return "\n".join(lines)
 
 
@@ -98,10 +132,15 @@ def geometry_image(ctx: AppContext, loaded: LoadedModel) -> str:
 
 def head_at(ctx: AppContext, loaded: LoadedModel, xy: Any) -> tuple[int, int] | None:
     """The ``(layer, head)`` whose panel is under pixel ``(x, y)`` of the geometry figure, or None."""
-    png, boxes = geometry_png(ctx, loaded)
+    return panel_at(*geometry_png(ctx, loaded), len(loaded.fields), xy)
+
+
+def panel_at(
+    png: bytes, boxes: list[tuple[float, float, float, float]], layers: int, xy: Any
+) -> tuple[int, int] | None:
+    """The ``(layer, head)`` whose panel is under pixel ``(x, y)`` of a layers × heads figure, or None."""
     width, height = Image.open(io.BytesIO(png)).size
     x, y = float(xy[0]) / width, float(xy[1]) / height
-    layers = len(loaded.fields)
     for k, (x0, y0, x1, y1) in enumerate(boxes):  # the figure's axes, row-major: head rows × layer columns
         if x0 <= x <= x1 and y0 <= y <= y1:
             return k % layers, k // layers
@@ -160,8 +199,9 @@ def dot_view(ctx: AppContext, loaded: LoadedModel, sha: str | None):
     selected image."""
     text = (
         f"**{loaded.name}** is a **{loaded.kind}** attention model: its attention is scored from content, so it has "
-        "no field, atoms or gates to draw. Shown instead: its attention maps — each layer × head's attention "
-        "of the centre patch on the selected image (exact rows of the attention matrix) — and its key norms."
+        "no field, atoms or gates of its own to draw. Shown instead: its attention maps — each layer × head's "
+        "attention of the centre patch on the selected image (exact rows of the attention matrix, prefix tokens left "
+        "out) — and its key norms. **Every head as a field** (below) measures and fits a field to each head."
     )
     if not sha:
         return text + "\n\nPick or upload an image at the top to see them.", None, None
@@ -215,6 +255,161 @@ def downloads(ctx: AppContext, ui: GeometryUI, ckpt: str | None) -> Updates:
         return {ui.files: None, ui.files_status: warn(error_text(e))}
 
 
+# ------------------------------------------------------------------------------ every head as a field
+
+
+def field_images(ctx: AppContext, loaded: LoadedModel, n: int) -> tuple[Any, str]:
+    """What the heads are measured on: the model's first ``n`` validation images (``None``: the job loads them),
+    else, for a model that records no data (a standard ViT), the first ``n`` bundled pictures as model inputs;
+    and those images in words."""
+    if loaded.meta.get("data"):
+        return None, f"the first {n} validation images of `{loaded.meta['data']}`"
+    paths = list_images(ctx.assets_dir)[:n] if ctx.assets_dir.is_dir() else []
+    if not paths:
+        raise AppError(f"{loaded.name} records no validation set, and the app has no bundled pictures to measure on")
+    x = model_input(paths, loaded.config.img_size, loaded.meta)[0]
+    return x, f"{len(paths)} bundled picture(s) (the model records no validation set)"
+
+
+def head_fields_of(
+    ctx: AppContext, loaded: LoadedModel, n: int, atoms: int, stop: Any = None, watch: Any = None
+) -> tuple[HeadFieldStats, str]:
+    """Every head of ``loaded`` as a field with ``atoms`` fitted atoms, measured on ``n`` images
+    (:func:`field_images`) as a heavy job (cached per model, N and K), and those images in words."""
+    n, atoms = int(n), int(atoms)
+    if not 1 <= n <= MAX_EVAL_IMAGES:
+        raise AppError(f"measure on 1 to {MAX_EVAL_IMAGES} images, not {n}")
+    if not 1 <= atoms <= MAX_ATOMS:
+        raise AppError(f"fit 1 to {MAX_ATOMS} atoms per head, not {atoms}")
+    kept = ctx.cache.head_fields.peek((loaded.key, n, atoms))
+    if kept is not None:
+        return kept[1], kept[2]
+    images, about = field_images(ctx, loaded, n)
+    key = ("head_fields", loaded.key, n, atoms)
+    stats = interventions.submitted(ctx, key, heavy.head_fields, loaded, n, images, atoms, stop=stop, watch=watch)
+    ctx.cache.head_fields.put((loaded.key, n, atoms), (loaded.name, stats, about))
+    return stats, about
+
+
+def measured_alike(ctx: AppContext, n: int, atoms: int) -> list[tuple[str, HeadFieldStats]]:
+    """Every model this server has measured with the same N and K, by name: the charts draw them together."""
+    return [(name, stats) for (_, kn, ka), (name, stats, _) in ctx.cache.head_fields.items() if (kn, ka) == (n, atoms)]
+
+
+def field_pngs(
+    ctx: AppContext, loaded: LoadedModel, stats: HeadFieldStats, n: int, atoms: int
+) -> dict[str, tuple[bytes, list[tuple[float, float, float, float]]]]:
+    """The measured fields (``field``) and the fits' own fields (``fit``) as layers × heads figures drawn like an
+    SSOG model's geometry, PNG bytes with their panel boxes (cached per model, N and K)."""
+
+    def draw() -> dict[str, tuple[bytes, list[tuple[float, float, float, float]]]]:
+        measured, fitted = report.head_field_layers(stats)
+        d, fit, field = (t.tolist() for t in (stats.mean_distance_px, stats.share_fit, stats.share_field))
+        text = [
+            [f"d={d[layer][h]:.0f} fit={fit[layer][h]:.2f}" for h in range(len(d[layer]))] for layer in range(len(d))
+        ]
+        shared = f"{loaded.name}, {stats.images} images, K = {atoms}"
+        out = {}
+        for kind, layers, title in (
+            ("field", measured, f"Positional fields (+ fitted atoms): {shared}"),
+            ("fit", fitted, f"Fitted atoms' fields (τ = 1): {shared}"),
+        ):
+            fig = viz.geometry_figure(layers, title, panel_text=text, legend=FIELD_LEGEND)
+            settings = {"figure": f"head fields ({kind})", "checkpoint": loaded.name, "images": stats.images,
+                        "atoms": atoms, "colormap": viz.FIELD_CMAP}  # fmt: skip
+            png = viz.figure_bytes(fig, "png", settings)
+            out[kind] = png, viz.panel_boxes(fig)
+        return out
+
+    return ctx.cache.figures.get(("head fields", loaded.key, n, atoms), draw)
+
+
+def field_rows_table(stats: HeadFieldStats) -> list[list[float | int]]:
+    """One row per head: :data:`FIELD_HEADERS`."""
+    per = (stats.mean_distance_px, stats.share_fit, stats.share_field, stats.prefix_share)
+    return [[layer, h, *(round(float(t[layer, h]), 4) for t in per)]
+            for layer in range(per[0].shape[0]) for h in range(per[0].shape[1])]  # fmt: skip
+
+
+def field_view(ctx: AppContext, ui: GeometryUI, loaded: LoadedModel, n: int, atoms: int) -> Updates:
+    """The measured head fields of ``loaded`` drawn: both figures, both charts (with every model measured alike)
+    and the table."""
+    stats, about = head_fields_of(ctx, loaded, n, atoms)
+    pngs = field_pngs(ctx, loaded, stats, n, atoms)
+    stem = figures.stem_of(loaded.name)
+    files = write_downloads({f"{viz.safe_token(f'head_{kind}_{stem}_K{atoms}_N{n}')}.png": pngs[kind][0]
+                             for kind in ("field", "fit")})  # fmt: skip
+    distance, share = plots.head_field_charts(measured_alike(ctx, n, atoms))
+    prefix = float(stats.prefix_share.mean())
+    note = (
+        f"**{loaded.name}**: every head measured on {about}, {stats.grid[0]}×{stats.grid[1]} patches, {atoms} atoms "
+        f"fitted per head (L-BFGS). Mean share its atoms explain **{float(stats.share_fit.mean()):.2f}**, its "
+        f"positional field **{float(stats.share_field.mean()):.2f}**"
+        + (
+            f"; patch queries put **{prefix:.1%}** of their attention on the {stats.num_prefix} prefix token(s), "
+            "left out of the fields"
+            if stats.num_prefix
+            else ""
+        )  # fmt: skip
+        + ". **Click a panel** to open that head's fit in the playground. The charts hold every model measured "
+        f"here with {n} images and {atoms} atoms."
+    )
+    return {
+        ui.field_note: note,
+        ui.field_figure: gr.update(value=files[0], visible=True),
+        ui.fit_figure: gr.update(value=files[1], visible=True),
+        ui.distance: gr.update(value=distance, visible=True),
+        ui.share: gr.update(value=share, visible=True),
+        ui.field_table: gr.update(value=field_rows_table(stats), visible=True),
+        ui.field_shown: {"checkpoint": loaded.name, "images": int(n), "atoms": int(atoms)},
+    }
+
+
+def on_measure(
+    ctx: AppContext, ui: GeometryUI, ckpt: str | None, n: float, atoms: float, request: Any = None
+) -> Iterator[Updates]:
+    """Measure every head of the checkpoint as a field (a heavy job, its progress on the note), then draw it."""
+    try:
+        if not ckpt:
+            raise AppError("pick a checkpoint first")
+        loaded = ctx.model(ckpt)
+        yield {ui.field_note: f"Measuring every head of **{ckpt}** as a field…"}
+        watch = interventions.Watch()
+        with queues.one_per_user(request):
+            for done in stoppable(lambda stop: head_fields_of(ctx, loaded, int(n), int(atoms), stop, watch)):
+                if done is None:
+                    yield {ui.field_note: f"Measuring every head of **{ckpt}** as a field: {watch.note()}…"}
+        yield field_view(ctx, ui, loaded, int(n), int(atoms))
+    except Exception as e:
+        yield {ui.field_note: warn(error_text(e))}
+
+
+def fitted_head_at(ctx: AppContext, shown: dict | None, kind: str, xy: Any) -> tuple[HeadSpec, str] | None:
+    """The fitted head under pixel ``xy`` of the ``kind`` figure on show, as a playground head, with a note; None
+    outside every panel."""
+    if not shown:
+        raise AppError("measure the heads first")
+    loaded = ctx.model(shown["checkpoint"])
+    n, atoms = shown["images"], shown["atoms"]
+    kept = ctx.cache.head_fields.peek((loaded.key, n, atoms))
+    if kept is None:
+        raise AppError("these head fields are no longer in memory: measure them again")
+    stats = kept[1]
+    at = panel_at(*field_pngs(ctx, loaded, stats, n, atoms)[kind], len(stats.fits), xy)
+    if at is None:
+        return None
+    layer, head = at
+    spec = fit_spec(stats.fits[layer], head, stats.grid)
+    note = (
+        f"Layer {layer}, head {head} of {loaded.name} as {atoms} fitted atoms (τ = 1) on the "
+        f"{spec.grid[0]}×{spec.grid[1]} displacement grid, ★ at its centre: its atoms explain "
+        f"{float(stats.share_fit[layer, head]):.0%} of the head, its positional field "
+        f"{float(stats.share_field[layer, head]):.0%}; mean attention distance "
+        f"{float(stats.mean_distance_px[layer, head]):.1f} px."
+    )
+    return spec, note
+
+
 def session_part(ctx: AppContext, ui: GeometryUI) -> SessionPart:
     """The geometry tab's section: the interactive view's layer, within the restored checkpoint's depth."""
 
@@ -254,8 +449,51 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> GeometryUI:
         elem_id="geo-atoms",
         max_height=420,
     )
+    with gr.Accordion("Every head as a field: its positional field, a K-atom fit, distance and share charts",
+                      open=True, elem_id="geo-fields"):  # fmt: skip
+        gr.Markdown(
+            "Any model's heads (SSOG, dot, RBF, a standard ViT) measured alike over patch queries and patch keys: "
+            "each head's attention averaged by displacement (query − key) is its **positional field**; K Gaussian "
+            "atoms, an SSOG head's own kind of field, are fitted to it. The **share** a field explains is "
+            "1 − the mean total-variation distance between the head's rows and the field's. Models with a "
+            "validation set are measured on its first N images, the others on the bundled pictures.",
+            elem_classes="hint",
+        )
+        with gr.Row():
+            field_images_ = gr.Slider(1, MAX_EVAL_IMAGES, value=FIELD_IMAGES, step=1, label="images (N)",
+                                      elem_id="geo-field-images", scale=2)  # fmt: skip
+            field_atoms = gr.Slider(1, MAX_ATOMS, value=FIELD_ATOMS, step=1, label="atoms per head (K)",
+                                    elem_id="geo-field-atoms", scale=2)  # fmt: skip
+            measure = gr.Button("Measure every head as a field", elem_id="geo-field-measure", scale=1)
+            stop = gr.Button("Stop", size="sm", elem_id="geo-field-stop", scale=0, min_width=70)
+        field_note = gr.Markdown(elem_id="geo-field-note")
+        field_figure = gr.Image(label="Positional field of every head, fitted atoms marked", type="filepath",
+                                format="png", interactive=False, elem_id="geo-field-figure", show_label=False,
+                                visible=False, buttons=["download", "fullscreen"])  # fmt: skip
+        fit_figure = gr.Image(label="The fitted atoms' own fields", type="filepath", format="png", interactive=False,
+                              elem_id="geo-fit-figure", show_label=False, visible=False,
+                              buttons=["download", "fullscreen"])  # fmt: skip
+        with gr.Row(equal_height=False):
+            distance = gr.Plot(show_label=False, label="Mean attention distance per head vs layer",
+                               elem_id="geo-field-distance", visible=False)  # fmt: skip
+            share = gr.Plot(show_label=False, label="Share per head vs layer", elem_id="geo-field-share", visible=False)
+        field_table = gr.Dataframe(headers=FIELD_HEADERS, label="Every head as a field", interactive=False,
+                                   elem_id="geo-field-table", max_height=360, visible=False)  # fmt: skip
     ui = GeometryUI(note=note, card=card, figure=figure, gates=gates, layer=layer, layer_plot=layer_plot,
-                    stats=stats, table=table, files=files, files_status=files_status, status=status)  # fmt: skip
+                    stats=stats, table=table, files=files, files_status=files_status, status=status,
+                    field_images=field_images_, field_atoms=field_atoms, field_note=field_note,
+                    field_figure=field_figure, fit_figure=fit_figure, distance=distance, share=share,
+                    field_table=field_table, field_shown=gr.State(None))  # fmt: skip
+
+    def measured(c: str | None, n: float, k: float, request: gr.Request) -> Iterator[Updates]:
+        yield from on_measure(ctx, ui, c, n, k, request)  # a plain function: Gradio finds its Request
+
+    running = measure.click(queues.busy_note, None, [field_note], queue=False, show_progress="hidden",
+                            api_visibility="private").then(
+        measured, [shared["checkpoint"], field_images_, field_atoms], ui.field_outputs,
+        **queues.heavy(api_visibility="private"),
+    )  # fmt: skip
+    stop.click(lambda: "Stopped.", None, [field_note], cancels=[running], api_visibility="private")
     layer.change(  # release, typed value and keyboard alike (a release alone missed the last two)
         partial(on_layer, ctx),
         [shared["checkpoint"], layer],

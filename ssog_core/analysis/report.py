@@ -15,7 +15,16 @@ from typing import Any
 import numpy as np
 from torch import Tensor, nn
 
-from ssog_core.analysis.measures import ExportMaps, LayerField, SteeringOffsets, head_fields
+from ssog_core.analysis.head_as_field import HeadFieldStats, field_rows
+from ssog_core.analysis.measures import (
+    ExportMaps,
+    LayerField,
+    SteeringOffsets,
+    density_moments,
+    field_geometry,
+    head_fields,
+    head_stats,
+)
 from ssog_core.analysis.predictions import probabilities
 from ssog_core.analysis.presets import STRIP_RATIO
 from ssog_core.nn.attention import gate_start
@@ -56,6 +65,23 @@ def layer_geometry(model: nn.Module) -> list[dict[str, Any]]:
         }
         for lf in head_fields(model)
     ]
+
+
+def head_field_layers(stats: HeadFieldStats) -> tuple[list[LayerField], list[LayerField]]:
+    """Any model's heads as fields, per layer as an SSOG layer's geometry is kept (so they are drawn and tabled
+    alike): the measured positional fields, each with its fitted atoms, and the fitted atoms' own fields (τ = 1).
+    The positional field is kept over query − key; a layer's density is over key − query, so it is flipped. H and
+    r are those of the field applied to every query (:func:`~ssog_core.analysis.head_as_field.field_rows`)."""
+    gh, gw = stats.grid
+    measured, fitted = [], []
+    for field, fit in zip(stats.field, stats.fits, strict=True):
+        density = field.flip(-2, -1)
+        spread, reach = density_moments(density)
+        s = head_stats(field_rows(field, stats.grid), stats.grid)
+        f32 = [t.float().cpu() for t in (density, fit.mu, fit.sigma, fit.lam, s["entropy"], s["radius"], spread, reach)]
+        measured.append(LayerField(f32[0], (gh - 1, gw - 1), *f32[1:4], 1.0, {}, *f32[4:]))
+        fitted.append(field_geometry(fit.field(), stats.grid, "factorized", {}))
+    return measured, fitted
 
 
 def atom_rows(fields: Sequence[LayerField]) -> list[list[float | int]]:

@@ -446,10 +446,16 @@ def class_names(labels: list[str] | None, num_classes: int) -> list[str]:
     return list(names) if num_classes == 1000 else [str(i) for i in range(num_classes)]
 
 
-def load_standard(source: str | Path, device: str | torch.device = "cpu") -> tuple[StandardViT, dict[str, Any]]:
-    """A timm or transformers folder (or ``hf-hub:ORG/NAME``) as an eval-mode float32 model and its metadata
-    (``class_names``; ``normalization`` None: the model applies its own mean and std)."""
+def folder_config(source: str | Path) -> tuple[StandardViTConfig, dict[str, Any]]:
+    """The model a folder (or ``hf-hub:ORG/NAME``) describes, from its JSON files alone (no weights read), and
+    ``layout`` (timm or transformers), ``architecture``, ``labels``: enough to name it in a picker."""
     folder = resolve(source)
+    config, labels, _, kind, arch = _folder_config(folder)
+    return config, {"layout": kind, "architecture": arch, "labels": labels}
+
+
+def _folder_config(folder: Path) -> tuple[StandardViTConfig, list[str] | None, Callable, str, str]:
+    """Config, label names, weight renaming, layout and architecture of a model folder (refused in words)."""
     if not (folder / "config.json").is_file():
         raise CheckpointError(
             f"{folder.name} is not a model folder (no config.json): SSOG Lab opens an SSOG Lab checkpoint file, "
@@ -467,12 +473,20 @@ def load_standard(source: str | Path, device: str | torch.device = "cpu") -> tup
     else:
         raise CheckpointError(f"{name} names neither a timm architecture nor a transformers model_type: {SUPPORTED}")
     check_size(config, name)
+    return config, labels, convert, kind, str(cfg.get("architecture", config.family))
+
+
+def load_standard(source: str | Path, device: str | torch.device = "cpu") -> tuple[StandardViT, dict[str, Any]]:
+    """A timm or transformers folder (or ``hf-hub:ORG/NAME``) as an eval-mode float32 model and its metadata
+    (``class_names``; ``normalization`` None: the model applies its own mean and std)."""
+    folder = resolve(source)
+    config, labels, convert, kind, arch = _folder_config(folder)
     model = build_standard(config, convert(read_weights(folder)), folder.name).to(device)
     meta = {
         "class_names": class_names(labels, config.num_classes),
         "normalization": None,
         "config": config.to_dict(),
-        "source": {"layout": kind, "path": str(source), "architecture": cfg.get("architecture", config.family)},
+        "source": {"layout": kind, "path": str(source), "architecture": arch},
     }
     return model, meta
 

@@ -1,6 +1,7 @@
-"""The interventions' heavy work as jobs for :class:`ssog_core.jobs.Engine`: validation edits, head importance and
-a model's validation accuracy, each ``fn(loaded, ..., progress, stopped)`` at module level, so a worker process
-(local or on a Dask cluster) imports it by name and receives the model as ``(model, meta)``.
+"""The interventions' heavy work as jobs for :class:`ssog_core.jobs.Engine`: validation edits, head importance,
+a model's validation accuracy and every head as a field (the geometry tab's), each
+``fn(loaded, ..., progress, stopped)`` at module level, so a worker process (local or on a Dask cluster) imports it
+by name and receives the model as ``(model, meta)``.
 
 A worker keeps the values every such job of a model shares (the validation images' unedited outcomes, the head
 means) between jobs, keyed by the model object it keeps per content hash. Progress is counted in validation images:
@@ -12,13 +13,15 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from torch import Tensor, nn
 
+from ssog_core.analysis.head_as_field import HeadFieldStats, measure_head_fields
 from ssog_core.interventions import result
 from ssog_core.interventions.edit import Edit, parse_edits
+from ssog_core.interventions.effects import Cancelled
 from ssog_core.interventions.importance import HeadImportance, head_importance
 from ssog_core.interventions.ops import AblateHead
 from ssog_core.interventions.result import InterventionResult, Memo
@@ -119,6 +122,35 @@ def importance(loaded: Loaded, n: int, mode: str, progress: Progress, stopped: S
     means = result.head_means(model, meta, _memo(model)) if AblateHead(0, 0, mode).needs_means() else None
     batches = Batches(len(data), 1, progress, stopped)
     out = head_importance(model, data, mode, means, stop=batches)
+    batches.finished()
+    return out
+
+
+def head_fields(
+    loaded: Loaded, n: int, images: Tensor | None, atoms: int, progress: Progress, stopped: Stopped
+) -> HeadFieldStats:
+    """Every head as a field (:func:`~ssog_core.analysis.head_as_field.measure_head_fields`, ``atoms`` per head) on
+    the first ``n`` validation images, or on ``images`` (model inputs ``(B, C, H, W)``) when given: what a model
+    without a validation set (a standard ViT) is measured on. Progress counts the images of both passes."""
+    model, meta = loaded
+    size = tuple(model.config.img_size)
+    if images is None:
+        data = load_eval_set(dict(meta), size, n)
+        count, source = len(data), lambda: data.batches(model, BATCH)
+    else:
+        p = next(model.parameters())
+        count, source = len(images), lambda: iter(images.to(p.device, p.dtype).split(BATCH))
+    batches = Batches(count, 2, progress, stopped)
+
+    def each() -> Iterator[Tensor]:
+        for x in source():
+            if batches():
+                raise Cancelled("the head fields were stopped")
+            yield x
+
+    grid = model.grid_for(*size)
+    patch = (size[0] / grid[0], size[1] / grid[1])
+    out = measure_head_fields(model, each, grid, model.num_prefix_tokens, patch, atoms)
     batches.finished()
     return out
 

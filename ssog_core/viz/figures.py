@@ -186,13 +186,17 @@ def geometry_figure(
     title: str = "",
     layers: Sequence[int] | None = None,
     window: tuple[float, float] | None = None,
+    panel_text: Sequence[Sequence[str]] | None = None,
+    legend: str = "",
 ) -> Figure:
     """Layers × heads grid of each head's field over relative position (like the SSOG post's figure).
 
     Per panel: the λ-weighted density over key offsets (per-panel normalised), ``+`` atom centres at
     ``−μ`` with brightness λ, ★ the query, and the head's attention entropy H (nats) and effective
     radius r (cells). Column titles carry the layer's gate scales, one per line. ``window``: the panels'
-    half-width (y, x) in cells (default: :func:`visible_extent` of the layers drawn).
+    half-width (y, x) in cells (default: :func:`visible_extent` of the layers drawn). ``panel_text[layer][head]``
+    and ``legend`` replace the H / r line and the legend's second sentence, and the column titles lose the gates:
+    a head measured as a field has none.
     """
     layers = list(range(len(fields))) if layers is None else list(layers)
     heads = fields[layers[0]].density.shape[0]
@@ -220,7 +224,7 @@ def geometry_figure(
             ax.text(
                 0.03,
                 0.03,
-                f"H={lf.entropy[h]:.2f} r={lf.radius[h]:.1f}",
+                panel_text[layer][h] if panel_text else f"H={lf.entropy[h]:.2f} r={lf.radius[h]:.1f}",
                 transform=ax.transAxes,
                 fontsize=6.5,
                 color="white",
@@ -230,12 +234,16 @@ def geometry_figure(
             if c == 0:
                 ax.set_ylabel(f"head {h}", fontsize=9)
             if h == 0:
-                ax.set_title(f"layer {layer}\n{gate_text(lf)}", fontsize=8, linespacing=1.15)
+                column = f"layer {layer}" if panel_text else f"layer {layer}\n{gate_text(lf)}"
+                ax.set_title(column, fontsize=8, linespacing=1.15)
     _scale_bar(fig, list(axes.ravel()), FIELD_CMAP, 0.0, 1.0, "weight ÷ the panel's peak")
     legend = (
         f"λ-weighted density over key offset, panels ±{vy:g} × ±{vx:g} cells (per panel normalised); "
-        "+ atom centres (brightness = λ); ★ query. H = attention entropy (nats), r = effective radius (cells); "
-        "s(·) = gate scale of each content tap."
+        "+ atom centres (brightness = λ); ★ query. "
+        + (
+            legend
+            or "H = attention entropy (nats), r = effective radius (cells); s(·) = gate scale of each content tap."
+        )
     )
     suptitle(fig, title, legend)
     return fig
