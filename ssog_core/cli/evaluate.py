@@ -11,6 +11,8 @@ end of a run); ``--json`` writes ``[{"img_size": [H, W], "tokens": N, "accuracy"
 puts the same list in the checkpoint's header (``resolution_transfer``). ``--data`` defaults to the data the
 checkpoint was trained on (from its metadata); procedural sets render natively at each size; CIFAR images and
 files of another size are resized (ImageFolder: resize + centre crop), images of the model's size are used as is.
+``--cluster ADDRESS`` evaluates on a worker of that Dask scheduler, on its CPU (the checkpoint is sent to it; data
+read from files must be at the same path there).
 """
 
 from __future__ import annotations
@@ -18,15 +20,46 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.format import TRANSFER_KEY, CheckpointError, read_checkpoint, update_metadata
+from ssog_core.cli import CLUSTER_HELP, on_cluster
 from ssog_core.data.images import ImageError, parse_size
 from ssog_core.data.sources import DataError
-from ssog_core.train.accuracy import evaluate_sizes, format_transfer, plot_transfer, transfer_curve, transfer_sizes
+from ssog_core.jobs import JobError
+from ssog_core.train.accuracy import (
+    evaluate_model_sizes,
+    evaluate_sizes,
+    format_transfer,
+    plot_transfer,
+    transfer_curve,
+    transfer_sizes,
+)
+
+
+def evaluate_job(
+    loaded: tuple[torch.nn.Module, dict[str, Any]],
+    data: str | None,
+    sizes: list[tuple[int, int]] | None,
+    batch_size: int,
+    max_images: int | None,
+    progress: Callable[[int, int], None],
+    stopped: Callable[[], bool],
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """:func:`~ssog_core.train.accuracy.evaluate_sizes` as a job of :class:`ssog_core.jobs.Engine`: the model it
+    received, on the worker's CPU."""
+    model, meta = loaded
+    spec = data or meta.get("data")
+    if not spec:
+        raise DataError("the checkpoint does not say what data it was trained on: pass --data KIND:PATH")
+    sizes = sizes or [tuple(model.config.img_size)]
+    return evaluate_model_sizes(model, spec, sizes, meta.get("class_names"), batch_size, "cpu", 0, False,
+                                max_images=max_images), meta  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--json", help="also write [{img_size, tokens, accuracy}, ...] here (the app reads <stem>.transfer.json)"
     )
+    ap.add_argument("--cluster", metavar="ADDRESS", help=CLUSTER_HELP)
     ap.add_argument(
         "--store", action="store_true", help=f"also store that list in the checkpoint's header ({TRANSFER_KEY})"
     )
@@ -71,10 +105,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.transfer:
             config = read_checkpoint(args.checkpoint)[0]
             requested = transfer_sizes(config.img_size, config.patch_size)
-        rows, meta = evaluate_sizes(
-            args.checkpoint, args.data, requested, args.batch_size, args.device, args.workers, amp, args.max_images
-        )
-    except (CheckpointError, DataError, ImageError, ValueError) as e:
+        if args.cluster:
+            rows, meta = on_cluster(args.cluster, evaluate_job, args.checkpoint, args.data, requested,
+                                    args.batch_size, args.max_images)  # fmt: skip
+        else:
+            rows, meta = evaluate_sizes(
+                args.checkpoint, args.data, requested, args.batch_size, args.device, args.workers, amp, args.max_images
+            )
+    except (CheckpointError, DataError, ImageError, JobError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if len(rows) == 1:

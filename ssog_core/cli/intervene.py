@@ -9,7 +9,8 @@ A ``patch_head`` source names an image file: a path, a file beside the edits fil
 ``--assets`` (by name or SHA-256). ``--image`` gives the top-5 classes unedited and edited, the change in log p
 of the unedited prediction and the accumulated export maps; ``--eval N`` the first N validation images of the
 checkpoint's recorded data: accuracy and log p(true), unedited and edited, with paired bootstrap 95% intervals
-and McNemar's test. ``--json`` writes the same JSON as the app's ``/intervene`` endpoint.
+and McNemar's test. ``--json`` writes the same JSON as the app's ``/intervene`` endpoint. ``--cluster ADDRESS``
+runs the validation part on a worker of that Dask scheduler (the checkpoint and patch sources are sent to it).
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ from torch import Tensor, nn
 
 from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.format import CheckpointError, load_checkpoint
+from ssog_core.cli import CLUSTER_HELP, on_cluster
 from ssog_core.data.images import ImageError, list_images, model_input
 from ssog_core.data.sources import DataError
+from ssog_core.interventions import heavy
 from ssog_core.interventions.edit import Edit, EditError, ops_help, parse_edits
-from ssog_core.interventions.result import run_intervention
+from ssog_core.interventions.result import InterventionResult, run_intervention
 from ssog_core.interventions.validation import MAX_EVAL_IMAGES
+from ssog_core.jobs import JobError
 
 DEFAULT_ASSETS = Path("assets")  # the bundled images, from the repository root (as `python -m app` reads them)
 
@@ -66,14 +70,21 @@ def run(
     assets: Path = DEFAULT_ASSETS,
     edits_dir: Path | None = None,
     progress: bool = True,
+    cluster: str | None = None,
 ) -> tuple[dict[str, Any], str]:
-    """Apply ``edits`` (JSON list) to a checkpoint; returns the ``/intervene`` JSON and the text report."""
+    """Apply ``edits`` (JSON list) to a checkpoint; returns the ``/intervene`` JSON and the text report. With
+    ``cluster`` the validation images are evaluated on a worker of that Dask scheduler."""
     model, meta = load_checkpoint(checkpoint)
     parsed = parse_edits(edits)
     folders = [f for f in (edits_dir, Path.cwd(), assets) if f is not None]
     x = None if image is None else model_input([image], tuple(model.config.img_size), meta)[0]
     sources = sources_for(parsed, model, meta, folders)
-    result = run_intervention(model, meta, parsed, x, eval_images, sources=sources, progress=progress)
+    if cluster and eval_images:
+        val = on_cluster(cluster, heavy.validation, checkpoint, parsed, eval_images, sources)
+        here = None if x is None else run_intervention(model, meta, parsed, x, sources=sources).image
+        result = InterventionResult(val.edits, val.class_names, here, val.validation)
+    else:
+        result = run_intervention(model, meta, parsed, x, eval_images, sources=sources, progress=progress)
     return result.to_dict(), result.report()
 
 
@@ -91,16 +102,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", help="write the result as JSON (the app's /intervene shape)")
     ap.add_argument("--assets", type=Path, default=DEFAULT_ASSETS, help="folder of bundled images (patch sources)")
+    ap.add_argument("--cluster", metavar="ADDRESS", help=CLUSTER_HELP)
     args = ap.parse_args(argv)
     if args.image is None and not args.eval:
         ap.error("give --image IMG, --eval N, or both")
     try:
         edits = json.loads(Path(args.edits).read_text(encoding="utf-8"))
-        result, text = run(args.checkpoint, edits, args.image, args.eval, args.assets, Path(args.edits).parent)
+        result, text = run(args.checkpoint, edits, args.image, args.eval, args.assets, Path(args.edits).parent,
+                           cluster=args.cluster)  # fmt: skip
     except (OSError, json.JSONDecodeError) as e:
         print(f"error: cannot read {args.edits}: {e}", file=sys.stderr)
         return 2
-    except (CheckpointError, ImageError, DataError, ValueError) as e:
+    except (CheckpointError, ImageError, DataError, JobError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(text)
