@@ -9,6 +9,7 @@ small-board model of its variant and seed (``--init-from``, 6 epochs; why: :data
     python experiments/ablation.py read   [--task pointer] [--seeds 0]
     python experiments/ablation.py report [--task pointer]
     python experiments/ablation.py bundle [--task pointer] [--board large] [--seed 0]
+    python experiments/ablation.py park   [--task pointer]   # before a session ends: unfinished runs' state, committed
 
 ``bundle`` copies one seed's steered / fixed / dot runs into ``checkpoints/`` as the app's matched trio of the task
 (``matched_ssog_pointer20.safetensors``, ``matched_ssog_fixed_pointer20…``, ``matched_dot_pointer20…``), each with
@@ -73,6 +74,8 @@ RESULTS = ROOT / "experiments" / "results" / "ablation.jsonl"
 READINGS = ROOT / "experiments" / "results" / "ablation_readings.jsonl"
 RUNS = ROOT / "runs" / "ablation"
 MODELS = ROOT / "experiments" / "results" / "models"  # every finished run's model, kept with the results
+PARKED = ROOT / "experiments" / "results" / "parked"  # unfinished runs' resumable state, committed between sessions
+RESUME_FILES = ("last.safetensors", "train_state.pt", "metrics.jsonl", "provenance.jsonl")
 DOC = ROOT / "docs" / "RESULTS.md"
 BUNDLE = {"steered": "matched_ssog", "fixed": "matched_ssog_fixed", "dot": "matched_dot"}  # variant → file stem
 GRIDS = {"small": 14, "large": 20}  # cells a side: the SSOG post's 14×14 grid, and a board where targets lie
@@ -257,6 +260,7 @@ def provenance(threads: int) -> dict:
 def train(run: Run, threads: int) -> None:
     """Run (or resume) the training command, recording what runs it; raises when it fails."""
     refuse_if_stopping()  # a stopping sweep records no start
+    unpark(run)
     cmd = run.command()
     if (run.out / "train_state.pt").exists() or (run.out / "last.safetensors").exists():
         cmd.append("--resume")
@@ -308,7 +312,42 @@ def train_run(run: Run, threads: int) -> bool:
         atomic_write(run.model, lambda tmp: shutil.copyfile(run.out / "model.safetensors", tmp))
         append_result(evaluate(run))
         append_row(READINGS, read(run))
+        shutil.rmtree(PARKED / run.out.name, ignore_errors=True)
     return True
+
+
+def park(run: Run) -> bool:
+    """Copy an unfinished run's resumable state (a few MB) to :data:`PARKED`, which is committed, so the next
+    session's fresh checkout resumes it (``runs/`` is scratch space a new machine does not have); False when the
+    run has no state."""
+    if not (run.out / "train_state.pt").exists():
+        return False
+    dest = PARKED / run.out.name
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in RESUME_FILES:
+        if (run.out / name).exists():
+            atomic_write(dest / name, lambda tmp, src=run.out / name: shutil.copyfile(src, tmp))
+    return True
+
+
+def unpark(run: Run) -> None:
+    """Put a parked run's state back into its folder when the folder has none (a fresh checkout)."""
+    src = PARKED / run.out.name
+    if not src.is_dir() or (run.out / "train_state.pt").exists():
+        return
+    run.out.mkdir(parents=True, exist_ok=True)
+    for name in RESUME_FILES:
+        if (src / name).exists():
+            atomic_write(run.out / name, lambda tmp, f=src / name: shutil.copyfile(f, tmp))
+
+
+def cmd_park(args: argparse.Namespace) -> int:
+    """Park every unfinished run that has state (run it before a session ends; ``train`` resumes from it)."""
+    done = {row_key(r) for r in read_results()}
+    for run in plan(args.task, tuple(GRIDS)):
+        if run.key() not in done and park(run):
+            print(f"parked {run.out.name}", flush=True)
+    return 0
 
 
 def train_job(run: Run, threads: int, progress, stopped) -> bool:
@@ -692,6 +731,8 @@ def main(argv: Iterator[str] | None = None) -> int:
     t.add_argument(
         "--cluster", metavar="ADDRESS", help="run each run on a worker of this Dask scheduler (tcp://HOST:PORT)"
     )
+    k = sub.add_parser("park", help="copy unfinished runs' resumable state into experiments/results/parked/")
+    k.add_argument("--task", default="pointer", choices=("pointer", "relation"))
     r = sub.add_parser("report", help="render the table from the results file")
     r.add_argument("--task", default="pointer", choices=("pointer", "relation"))
     d = sub.add_parser("read", help="read finished runs with the project's instrument (geometry, gates, transfer)")
@@ -705,7 +746,7 @@ def main(argv: Iterator[str] | None = None) -> int:
     b.add_argument("--out", type=Path, default=ROOT / "checkpoints")
     b.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
-    commands = {"train": cmd_train, "report": cmd_report, "read": cmd_read, "bundle": cmd_bundle}
+    commands = {"park": cmd_park, "train": cmd_train, "report": cmd_report, "read": cmd_read, "bundle": cmd_bundle}
     return commands[args.command](args)
 
 

@@ -403,3 +403,31 @@ def test_train_on_a_cluster_keeps_the_sweeps_guarantees(ablation, monkeypatch, c
     assert [c[c.index("--out") + 1].rsplit("/", 1)[-1] for c, _ in called] == [busy.out.name]
     assert ablation.cmd_train(args) == 0 and len(called) == 1  # nothing left to train
     assert len(ablation.read_results()) == len(runs)
+
+
+def test_a_parked_run_resumes_in_a_fresh_checkout(ablation, monkeypatch, tmp_path):
+    """``park`` copies an unfinished run's state into the committed folder; a fresh checkout (no ``runs/``) gets it
+    back and resumes instead of starting afresh; a finished run's parked state is removed."""
+    monkeypatch.setattr(ablation, "PARKED", tmp_path / "results" / "parked")
+    run = ablation.plan("pointer", ("small",))[0]
+    run.out.mkdir(parents=True)
+    for name in ablation.RESUME_FILES:
+        (run.out / name).write_bytes(name.encode())
+    assert ablation.cmd_park(ablation.argparse.Namespace(task="pointer")) == 0
+    parked = ablation.PARKED / run.out.name
+    assert sorted(p.name for p in parked.iterdir()) == sorted(ablation.RESUME_FILES)
+    ablation.shutil.rmtree(ablation.RUNS)  # the next session's checkout has no runs/
+    called = []
+
+    def train(cmd: list[str], log, **kw) -> tuple[int, float]:
+        called.append(cmd)
+        out = ablation.ROOT / cmd[cmd.index("--out") + 1]
+        assert (out / "train_state.pt").read_bytes() == b"train_state.pt"
+        (out / "model.safetensors").write_bytes(b"m")
+        return 0, 0.0
+
+    monkeypatch.setattr(ablation, "run_child", train)
+    monkeypatch.setattr(ablation, "evaluate", _row)
+    monkeypatch.setattr(ablation, "read", _row)
+    assert ablation.train_run(run, 1)
+    assert "--resume" in called[0] and not parked.exists()
