@@ -3,16 +3,17 @@ their controls, and the one-line summary both tabs print under them."""
 
 from __future__ import annotations
 
+from app import queues
 from app.state import AppContext, LoadedModel, StoredImage
 from ssog_core.analysis.controls import (
     DEFAULT_CONTROL_IMAGES,
     ControlMaps,
     ValidationMaps,
     control_maps,
-    validation_maps,
     within_noise_share,
 )
 from ssog_core.analysis.measures import ExportMaps, export_maps
+from ssog_core.interventions import heavy
 
 ALPHA_PLACES = 4  # α is used to this many decimal places, so the cache key holds exactly what the maps depend on
 
@@ -29,13 +30,12 @@ def maps_for(ctx: AppContext, loaded: LoadedModel, stored: StoredImage, alpha: f
 
 def validation_for(ctx: AppContext, loaded: LoadedModel, alpha: float, blank: bool = False) -> ValidationMaps:
     """The maps of the checkpoint's validation images (``blank``: of their blank images), cached per checkpoint
-    and α: computed once, shared by the validation control of every picture and the per-class view."""
+    and α: computed once, as a heavy job (batch export: :func:`app.queues.submitted`), shared by the validation
+    control of every picture and the per-class view."""
     alpha = round(float(alpha), ALPHA_PLACES)
-
-    def make() -> ValidationMaps:
-        return validation_maps(loaded.model, loaded.meta, alpha, DEFAULT_CONTROL_IMAGES, blank=blank)
-
-    return ctx.cache.validation.get((loaded.key, DEFAULT_CONTROL_IMAGES, alpha, blank), make)
+    key = (loaded.key, DEFAULT_CONTROL_IMAGES, alpha, blank)
+    n = DEFAULT_CONTROL_IMAGES
+    return queues.submitted(ctx.cache.validation, key, heavy.export_maps, loaded.key[0], alpha, n, blank)
 
 
 def control_for(

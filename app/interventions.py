@@ -7,14 +7,14 @@ mode); the core makes and keys it (:class:`~ssog_core.interventions.result.Memo`
 Work on the validation set (validation effects, head importance, a twin's accuracy) leaves the serving process: it
 is a job of :mod:`ssog_core.interventions.heavy` on :func:`app.queues.engine` (worker processes, or a Dask
 cluster), submitted under :data:`app.queues.heavy_gate`, so at most ``HEAVY_LIMIT`` run at once whichever queue
-asked for them. A :class:`Watch` hands the running job to the handler that waits, for its progress line; only a
-complete result is cached (a stopped or failed job raises).
+asked for them (:func:`app.queues.submitted`). A :class:`app.queues.Watch` hands the running job to the handler that
+waits, for its progress line; only a complete result is cached (a stopped or failed job raises).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from torch import Tensor
 
@@ -22,58 +22,15 @@ from app import queues
 from app.state import AppContext, LoadedModel
 from ssog_core.interventions import heavy
 from ssog_core.interventions.edit import Edit, edits_key, parse_edits
-from ssog_core.interventions.effects import Cancelled
 from ssog_core.interventions.importance import HeadImportance
 from ssog_core.interventions.result import InterventionResult, Memo, patch_sources, run_intervention
-from ssog_core.jobs import Job
 
-T = TypeVar("T")
 Stop = Callable[[], bool] | None
-
-
-class Watch:
-    """The heavy job a handler waits on, once it is submitted: its progress in words for the page."""
-
-    def __init__(self) -> None:
-        self.job: Job[Any] | None = None
-
-    def note(self, unit: str = "images") -> str:
-        """ "computing 120 of 500 images", or where the job waits."""
-        return "waiting for a heavy slot" if self.job is None else self.job.note(unit)
 
 
 def memo(ctx: AppContext, loaded: LoadedModel) -> Memo:
     """Where the core keeps this model's head means and unedited maps (one-image work, in this process)."""
     return Memo(ctx.cache.effects, loaded.key)
-
-
-def submitted(
-    ctx: AppContext,
-    key: Hashable,
-    fn: Callable[..., T],
-    loaded: LoadedModel,
-    *args: Any,
-    stop: Stop,
-    watch: Watch | None,
-) -> T:
-    """``fn(loaded, *args)`` run as a heavy job (under the heavy gate), its value cached under ``key`` once complete;
-    ``stop`` stops it (also while it waits for a slot), ``watch`` receives the job."""
-
-    def make() -> T:
-        with queues.heavy_gate:
-            if stop is not None and stop():
-                raise Cancelled("the job was stopped before it started")
-            engine = queues.engine()
-            job = engine.submit(fn, engine.model(loaded.key[0]), *args)
-            if watch is not None:
-                watch.job = job
-            try:
-                return job.result(stop=stop)
-            finally:
-                if not job.done():  # the wait ended in an error of its own: the worker is freed all the same
-                    job.stop()
-
-    return ctx.cache.effects.get(key, make)
 
 
 def run(
@@ -84,7 +41,7 @@ def run(
     n: int = 0,
     stop: Stop = None,
     maps: bool = True,
-    watch: Watch | None = None,
+    watch: queues.Watch | None = None,
 ) -> InterventionResult:
     """The run entry with the app's caches and images: on image ``sha`` (if given, in this process: light work)
     and on ``n`` validation images (if > 0, a heavy job, its result kept per (checkpoint, image, edits, N)).
@@ -103,13 +60,15 @@ def run(
             return here
     sources = {k: v.cpu() for k, v in patch_sources(edits, source).items()}  # workers compute on the CPU
     key = ("validation", loaded.key, edits_key(edits), int(n))
-    val = submitted(ctx, key, heavy.validation, loaded, edits, int(n), sources, stop=stop, watch=watch)
+    val = queues.submitted(
+        ctx.cache.effects, key, heavy.validation, loaded.key[0], edits, int(n), sources, stop=stop, watch=watch
+    )
     return val if x is None else InterventionResult(here.edits, here.class_names, here.image, val.validation)
 
 
 def intervene(
     ctx: AppContext, checkpoint: str, image: str, edits: Any, eval_images: int = 0, stop: Stop = None,
-    watch: Watch | None = None,
+    watch: queues.Watch | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The ``/intervene`` result (:meth:`~ssog_core.interventions.result.InterventionResult.to_dict`)."""
     loaded = ctx.model(checkpoint)
@@ -118,13 +77,18 @@ def intervene(
 
 
 def importance(
-    ctx: AppContext, loaded: LoadedModel, n: int, mode: str, stop: Stop = None, watch: Watch | None = None
+    ctx: AppContext, loaded: LoadedModel, n: int, mode: str, stop: Stop = None, watch: queues.Watch | None = None
 ) -> HeadImportance:
     """The head-importance sweep as a heavy job, cached per (checkpoint, N, mode); ``stop`` stops it."""
     key = ("importance", loaded.key, int(n), mode)
-    return submitted(ctx, key, heavy.importance, loaded, int(n), mode, stop=stop, watch=watch)
+    return queues.submitted(
+        ctx.cache.effects, key, heavy.importance, loaded.key[0], int(n), mode, stop=stop, watch=watch
+    )
 
 
-def accuracy(ctx: AppContext, loaded: LoadedModel, n: int, stop: Stop = None, watch: Watch | None = None) -> float:
+def accuracy(
+    ctx: AppContext, loaded: LoadedModel, n: int, stop: Stop = None, watch: queues.Watch | None = None
+) -> float:
     """The unedited model's accuracy on the first ``n`` validation images, as a heavy job (cached per N)."""
-    return submitted(ctx, ("accuracy", loaded.key, int(n)), heavy.accuracy, loaded, int(n), stop=stop, watch=watch)
+    key = ("accuracy", loaded.key, int(n))
+    return queues.submitted(ctx.cache.effects, key, heavy.accuracy, loaded.key[0], int(n), stop=stop, watch=watch)

@@ -21,15 +21,18 @@ from __future__ import annotations
 import atexit
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import gradio as gr
 
 from app import memory
 from ssog_core.interventions import heavy as heavy_jobs
-from ssog_core.jobs import THREADS, Engine
+from ssog_core.interventions.effects import Cancelled
+from ssog_core.jobs import THREADS, Engine, Job
+
+T = TypeVar("T")
 
 # Workers, not cores: a one-image edit takes tens of milliseconds, but a validation edit sent to ``/intervene``
 # (one endpoint, so one queue) holds a light worker while it waits for a heavy slot and computes; with two light
@@ -93,6 +96,47 @@ def engine() -> Engine:
             _engine = Engine.local(HEAVY_LIMIT)
             atexit.register(_engine.close)  # before the interpreter tears down what its pool needs to end
         return _engine
+
+
+class Watch:
+    """The heavy job a handler waits on, once it is submitted: its progress in words for the page."""
+
+    def __init__(self) -> None:
+        self.job: Job[Any] | None = None
+
+    def note(self, unit: str = "images") -> str:
+        """ "computing 120 of 500 images", or where the job waits."""
+        return "waiting for a heavy slot" if self.job is None else self.job.note(unit)
+
+
+def submitted(
+    cache: Any,
+    key: Any,
+    fn: Callable[..., T],
+    checkpoint: str,
+    *args: Any,
+    stop: Callable[[], bool] | None = None,
+    watch: Watch | None = None,
+) -> T:
+    """``fn((model, meta), *args)`` of the checkpoint at path ``checkpoint`` as a heavy job (under
+    :data:`heavy_gate`), its value kept in ``cache`` under ``key`` once complete (a stopped or failed job raises
+    and keeps nothing); ``stop`` stops it, also while it waits for a slot; ``watch`` receives the job."""
+
+    def make() -> T:
+        with heavy_gate:
+            if stop is not None and stop():
+                raise Cancelled("the job was stopped before it started")
+            eng = engine()
+            job = eng.submit(fn, eng.model(checkpoint), *args)
+            if watch is not None:
+                watch.job = job
+            try:
+                return job.result(stop=stop)
+            finally:
+                if not job.done():  # the wait ended in an error of its own: the worker is freed all the same
+                    job.stop()
+
+    return cache.get(key, make)
 
 
 def user_of(request: Any) -> str:

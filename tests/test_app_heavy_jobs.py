@@ -13,6 +13,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from ssog_core import load_checkpoint, save_checkpoint
 from ssog_core.interventions import heavy
@@ -120,10 +121,10 @@ def test_the_tabs_heavy_work_runs_on_a_worker_with_its_progress_on_the_page(ctx,
 def test_a_stopped_job_is_not_cached_and_frees_its_worker(ctx):
     """A stop asked once the job was submitted (at the first look at it, 0.2 s in, long before 250 images are
     swept): the job ends Cancelled, nothing is cached, and the next job runs."""
-    from app import interventions
+    from app import interventions, queues
 
     loaded = ctx.model("ssog_big.safetensors")
-    watch = interventions.Watch()
+    watch = queues.Watch()
     key = ("importance", loaded.key, 250, "zero")
     with pytest.raises(Cancelled):
         interventions.importance(ctx, loaded, 250, "zero", stop=lambda: watch.job is not None, watch=watch)
@@ -152,7 +153,7 @@ def test_a_worker_killed_mid_job_runs_it_again_or_says_why_and_frees_the_slot(ct
     queues.start_workers(engine)
     loaded = ctx.model("ssog_big.safetensors")
     who = SimpleNamespace(username="kim")
-    watch = interventions.Watch()
+    watch = queues.Watch()
     killer = threading.Thread(target=lambda: until(lambda: watch.job is not None) or kill_workers(engine))
     killer.start()
     with queues.one_per_user(who):
@@ -183,3 +184,24 @@ def until(condition, seconds: float = 300.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
+
+
+def test_batch_export_runs_on_a_worker_with_the_numbers_of_this_process(ctx, monkeypatch):
+    """The validation images' export maps (the validation control, the per-class view) are a heavy job: computing
+    them here would fail (patched), yet they come back, equal to this process's own."""
+    from app.export_maps import validation_for
+    from ssog_core.analysis.controls import DEFAULT_CONTROL_IMAGES, validation_maps
+
+    def here(*args, **kwargs):
+        raise AssertionError("the validation maps were computed in the serving process")
+
+    monkeypatch.setattr(heavy, "validation_maps", here)
+    loaded = ctx.model("ssog_shapes.safetensors")
+    got = validation_for(ctx, loaded, 0.35)
+    assert validation_for(ctx, loaded, 0.35) is got  # kept once complete
+    monkeypatch.undo()
+    ref = validation_maps(loaded.model, loaded.meta, 0.35, DEFAULT_CONTROL_IMAGES)
+    assert got.class_names == ref.class_names and got.alpha == ref.alpha and torch.equal(got.labels, ref.labels)
+    for a, b in ((got.accumulated, ref.accumulated), (got.rollout, ref.rollout)):
+        assert a.dtype == b.dtype == torch.float32 and not torch.equal(a, torch.zeros_like(a))
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)  # one torch thread there, maybe more here

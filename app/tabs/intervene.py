@@ -27,7 +27,7 @@ from ssog_core.field import TAPS, centre_query
 from ssog_core.interventions.edit import EDITS, Param, check_edits, describe, dot_product_ops, parse_edits
 from ssog_core.interventions.effects import ValidationEffect
 from ssog_core.interventions.importance import HeadImportance
-from ssog_core.interventions.ops import TAP_NAMES, AblateHead, CloseGate
+from ssog_core.interventions.ops import FIT_ATOMS, TAP_NAMES, AblateHead, CloseGate, ReplaceWithField
 from ssog_core.interventions.validation import DEFAULT_EVAL_IMAGES, MAX_EVAL_IMAGES
 
 DOT_OPS = tuple(dot_product_ops())  # what a dot-product model can take
@@ -124,8 +124,9 @@ class InterveneUI:
     heads_plot: gr.Plot
     gates_plot: gr.Plot
     heads_table: gr.Dataframe
+    fits_table: gr.Dataframe  # each head's attention replaced by its fit
     gates_table: gr.Dataframe
-    tables: gr.Column  # the two tables, shown once there is a sweep
+    tables: gr.Column  # the tables, shown once there is a sweep
     sweep_note: gr.Markdown
 
     @property
@@ -172,7 +173,7 @@ def _checked(ctx: AppContext, ckpt: str | None, edits: list[dict]) -> list[dict]
         raise AppError("pick a checkpoint first")
     parsed = parse_edits(edits)
     names = {name: None for e in parsed for name in e.sources()}
-    check_edits(ctx.model(ckpt).model, parsed, names, has_means=True)
+    check_edits(ctx.model(ckpt).model, parsed, names, has_means=True, has_attention=True)
     return [e.to_dict() for e in parsed]
 
 
@@ -286,7 +287,7 @@ def on_evaluate(
             raise AppError("pick a checkpoint first")
         loaded, parsed = ctx.model(ckpt), parse_edits(edits or [])
         yield {ui.validation: f"Evaluating the edits on {int(n)} validation images…"}
-        watch = interventions.Watch()
+        watch = queues.Watch()
         with queues.one_per_user(request):
             for result in stoppable(
                 lambda stop: interventions.run(ctx, loaded, None, parsed, int(n), stop, watch=watch)
@@ -312,10 +313,12 @@ def importance_updates(ctx: AppContext, ui: InterveneUI, loaded: LoadedModel, im
         ui.heads_plot: plots.importance_plot(drops, noise, f"each head ablated ({imp.mode})",
                                              [f"head {h}" for h in range(heads)]),
         ui.heads_table: [[f"layer {i}", *(_cell(c) for c in row)] for i, row in enumerate(imp.ablate)],
+        ui.fits_table: [[f"layer {i}", *(_cell(c) for c in row)] for i, row in enumerate(imp.replace)],
         ui.tables: gr.update(visible=True),
     }  # fmt: skip
     note = f"{imp.n} images, unedited accuracy {imp.unedited_accuracy:.4f}. Cells: log p(true) drop [95% interval]"
-    note += "; · = within noise. Click a cell of a table to add that edit."
+    note += f"; · = within noise. Replaced by its fit: the head's attention is its {imp.atoms}-atom fit over"
+    note += " displacement (how much the head needs content to score). Click a cell of a table to add that edit."
     if imp.close_gate:
         taps = list(imp.close_gate)
         cells = [[imp.close_gate[t][i] for t in taps] for i in range(len(imp.ablate))]
@@ -345,7 +348,7 @@ def on_sweep(
             raise AppError("pick a checkpoint first")
         loaded = ctx.model(ckpt)
         yield {ui.sweep_note: f"Sweeping every head and gate of **{ckpt}** on {int(n)} images…"}
-        watch = interventions.Watch()
+        watch = queues.Watch()
         with queues.one_per_user(request):  # taken after the first value: a job cancelled before holds nothing
             for imp in stoppable(lambda stop: interventions.importance(ctx, loaded, int(n), mode, stop, watch)):
                 if imp is None:
@@ -364,6 +367,15 @@ def on_cell(
     if col == 0:  # the layer's name: nothing to add (an empty dict would be taken as a value by Gradio)
         return {ui.status: gr.skip()}
     edit = CloseGate(row, TAPS[col - 1]) if gates else AblateHead(row, col - 1, mode)
+    return _with(ctx, ui, ckpt, [*(edits or []), edit.to_dict()])
+
+
+def on_fit_cell(ctx: AppContext, ui: InterveneUI, ckpt: str | None, edits: list[dict], index: Any) -> Updates:
+    """A click on a cell of the replaced-by-its-fit table adds that edit."""
+    row, col = (int(v) for v in index)
+    if col == 0:
+        return {ui.status: gr.skip()}
+    edit = ReplaceWithField(row, col - 1, "fit", FIT_ATOMS)
     return _with(ctx, ui, ckpt, [*(edits or []), edit.to_dict()])
 
 
@@ -403,7 +415,9 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> InterveneUI:
             headers=["class", "n", "acc unedited", "acc edited", "Δ log p(true)", "95% interval", ""],
             interactive=False, elem_id="iv-classes",
         )  # fmt: skip
-    with gr.Accordion("Head importance: each head ablated, each layer's gates closed", open=True):
+    with gr.Accordion(
+        "Head importance: each head ablated or replaced by its fit, each layer's gates closed", open=True
+    ):
         with gr.Row():
             sweep_mode = gr.Dropdown(list(MODES), value=MODES[0], label="ablation", elem_id="iv-smode")
             sweep = gr.Button("Run head importance", elem_id="iv-sweep")
@@ -417,6 +431,10 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> InterveneUI:
                 headers=["layer", *(f"head {h}" for h in range(MAX_HEADS_SHOWN))],  # cut to the model's heads
                 interactive=False, elem_id="iv-heads-table", label="log p drop per head",
             )  # fmt: skip
+            fits_table = gr.Dataframe(
+                headers=["layer", *(f"head {h}" for h in range(MAX_HEADS_SHOWN))],
+                interactive=False, elem_id="iv-fits-table", label="log p drop per head, replaced by its fit",
+            )  # fmt: skip
             gates_table = gr.Dataframe(
                 headers=["layer", *(f"{TAP_NAMES[t]} gate" for t in TAPS)],
                 interactive=False, elem_id="iv-gates-table", label="log p drop per gate",
@@ -424,7 +442,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> InterveneUI:
     ui = InterveneUI(note=note, edits=edits, listing=listing_md, op=op, fields=fields, index=index, status=status,
                      prediction=prediction, maps=maps, attention=attention, n=n, validation=validation,
                      per_class=per_class, sweep_mode=sweep_mode, heads_plot=heads_plot, gates_plot=gates_plot,
-                     heads_table=heads_table, gates_table=gates_table, tables=tables,
+                     heads_table=heads_table, fits_table=fits_table, gates_table=gates_table, tables=tables,
                      sweep_note=sweep_note)  # fmt: skip
     ckpt, sha = shared["checkpoint"], shared["image_sha"]
     list_out = [edits, listing_md, status]
@@ -450,7 +468,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> InterveneUI:
     evaluating = evaluate.click(queues.busy_note, None, [validation], **waiting).then(
         evaluated, [ckpt, edits, n], [validation, per_class, status], **heavy
     )
-    sweep_outputs = [heads_plot, gates_plot, heads_table, gates_table, tables, sweep_note]
+    sweep_outputs = [heads_plot, gates_plot, heads_table, fits_table, gates_table, tables, sweep_note]
     running = sweep.click(queues.busy_note, None, [sweep_note], **waiting).then(
         swept, [ckpt, n, sweep_mode], sweep_outputs, **heavy
     )
@@ -462,7 +480,11 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> InterveneUI:
     def gate_cell(c: str | None, e: list[dict], m: str, evt: gr.SelectData) -> Updates:
         return on_cell(ctx, ui, c, e, m, True, evt.index)
 
+    def fit_cell(c: str | None, e: list[dict], evt: gr.SelectData) -> Updates:
+        return on_fit_cell(ctx, ui, c, e, evt.index)
+
     heads_table.select(head_cell, [ckpt, edits, sweep_mode], list_out, **hidden)
+    fits_table.select(fit_cell, [ckpt, edits], list_out, **hidden)
     gates_table.select(gate_cell, [ckpt, edits, sweep_mode], list_out, **hidden)
     return ui
 

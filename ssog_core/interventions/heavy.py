@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from torch import Tensor, nn
 
+from ssog_core.analysis.controls import ValidationMaps, validation_maps
 from ssog_core.analysis.head_as_field import HeadFieldStats, measure_head_fields
 from ssog_core.interventions import result
 from ssog_core.interventions.edit import Edit, parse_edits
@@ -164,3 +165,15 @@ def accuracy(loaded: Loaded, n: int, progress: Progress, stopped: Stopped) -> fl
     data, outcomes = result.eval_outcomes(model, meta, n, memo, stop=batches)
     batches.finished()
     return float(outcomes.correct(data.labels).double().mean())
+
+
+def export_maps(
+    loaded: Loaded, alpha: float, n: int, blank: bool, progress: Progress, stopped: Stopped
+) -> ValidationMaps:
+    """The export maps of the first ``n`` validation images (``blank``: of their blank images), for the validation
+    control and the per-class view (:func:`~ssog_core.analysis.controls.validation_maps`)."""
+    model, meta = loaded
+    progress(0, n)
+    out = validation_maps(model, meta, alpha, n, blank=blank)
+    progress(n, n)
+    return out
