@@ -86,7 +86,9 @@ def register_api(ctx: AppContext, parts: Sequence[session.SessionPart]) -> None:
 
     @api
     def export_summary(checkpoint: str, image: str, alpha: float = 0.5, control: str = "none") -> dict:
-        """Export-map summary of a checkpoint on a bundled image (by name) or a seen one (by SHA-256).
+        """Export-map summary of a checkpoint on a bundled image (by name) or a seen one (by SHA-256), over patch
+        tokens; ``prefix_share``: per layer, the attention patch queries put on prefix tokens (class, distillation,
+        register), left out of the maps.
         ``accumulated`` is always the raw map; a ``control`` (``blank``: a blank image of the image's mean colour,
         ``validation``: the mean over validation images of the checkpoint's data) adds ``accumulated_control`` and
         ``accumulated_difference`` (raw − control)."""
@@ -97,6 +99,7 @@ def register_api(ctx: AppContext, parts: Sequence[session.SessionPart]) -> None:
             "alpha": maps.alpha,
             "grid": list(maps.grid),
             "accumulated": maps.accumulated[0].tolist(),
+            "prefix_share": maps.prefix_share[0].tolist(),
             "control": check_control(control),
         }
         c = control_for(ctx, loaded, stored, maps, control)

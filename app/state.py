@@ -122,7 +122,7 @@ class Caches:
     export_maps: LRU[Any] = field(default_factory=lambda: LRU(MAPS_CACHE))  # (model key, sha256, α[, control])
     validation: LRU[Any] = field(default_factory=lambda: LRU(VALIDATION_CACHE))  # (model key, N, α, blank)
     effects: LRU[Any] = field(default_factory=lambda: LRU(EFFECTS_CACHE))  # (what, model key, edits, N, ...)
-    head_fields: LRU[Any] = field(default_factory=lambda: LRU(HEAD_FIELDS_CACHE))  # (model key, N, atoms)
+    head_fields: LRU[Any] = field(default_factory=lambda: LRU(HEAD_FIELDS_CACHE))  # (name, model key, N, atoms)
 
 
 @dataclass

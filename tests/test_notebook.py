@@ -26,4 +26,5 @@ def test_the_interventions_notebook_runs(monkeypatch):
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     text = "".join(o.get("text", "") for o in outputs)
     assert "most elongated head" in text and "log p(true) change" in text
-    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 3  # the figures are inline
+    assert "standard ViT (timm folder, 0 prefix tokens)" in text and "ablate_head 0.0 on the standard ViT" in text
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 4  # the figures are inline

@@ -14,8 +14,9 @@ import gradio as gr
 import numpy as np
 from gradio.blocks import Block
 from PIL import Image
+from torch import Tensor
 
-from app import interventions, plots, queues, widgets
+from app import plots, queues, widgets
 from app.common import Updates, error_text, shown_figure, stoppable, warn, write_downloads
 from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError, LoadedModel
@@ -258,42 +259,47 @@ def downloads(ctx: AppContext, ui: GeometryUI, ckpt: str | None) -> Updates:
 # ------------------------------------------------------------------------------ every head as a field
 
 
-def field_images(ctx: AppContext, loaded: LoadedModel, n: int) -> tuple[Any, str]:
-    """What the heads are measured on: the model's first ``n`` validation images (``None``: the job loads them),
-    else, for a model that records no data (a standard ViT), the first ``n`` bundled pictures as model inputs;
-    and those images in words."""
+def field_images(ctx: AppContext, loaded: LoadedModel, n: int) -> Tensor | None:
+    """What the heads are measured on: ``None`` for the model's first ``n`` validation images (the job loads them),
+    else, for a model that records no data (a standard ViT), the first ``n`` bundled pictures as model inputs."""
     if loaded.meta.get("data"):
-        return None, f"the first {n} validation images of `{loaded.meta['data']}`"
+        return None
     paths = list_images(ctx.assets_dir)[:n] if ctx.assets_dir.is_dir() else []
     if not paths:
         raise AppError(f"{loaded.name} records no validation set, and the app has no bundled pictures to measure on")
-    x = model_input(paths, loaded.config.img_size, loaded.meta)[0]
-    return x, f"{len(paths)} bundled picture(s) (the model records no validation set)"
+    return model_input(paths, loaded.config.img_size, loaded.meta)[0]
+
+
+def measured_on(ctx: AppContext, loaded: LoadedModel, n: int) -> str:
+    """The images :func:`field_images` chooses, in words."""
+    if loaded.meta.get("data"):
+        return f"the first {n} validation images of `{loaded.meta['data']}`"
+    count = len(list_images(ctx.assets_dir)[:n]) if ctx.assets_dir.is_dir() else 0
+    return f"{count} bundled picture(s) (the model records no validation set)"
 
 
 def head_fields_of(
     ctx: AppContext, loaded: LoadedModel, n: int, atoms: int, stop: Any = None, watch: Any = None
 ) -> tuple[HeadFieldStats, str]:
     """Every head of ``loaded`` as a field with ``atoms`` fitted atoms, measured on ``n`` images
-    (:func:`field_images`) as a heavy job (cached per model, N and K), and those images in words."""
+    (:func:`field_images`) as a heavy job (kept per model, N and K), and those images in words."""
     n, atoms = int(n), int(atoms)
     if not 1 <= n <= MAX_EVAL_IMAGES:
         raise AppError(f"measure on 1 to {MAX_EVAL_IMAGES} images, not {n}")
     if not 1 <= atoms <= MAX_ATOMS:
         raise AppError(f"fit 1 to {MAX_ATOMS} atoms per head, not {atoms}")
-    kept = ctx.cache.head_fields.peek((loaded.key, n, atoms))
-    if kept is not None:
-        return kept[1], kept[2]
-    images, about = field_images(ctx, loaded, n)
-    key = ("head_fields", loaded.key, n, atoms)
-    stats = interventions.submitted(ctx, key, heavy.head_fields, loaded, n, images, atoms, stop=stop, watch=watch)
-    ctx.cache.head_fields.put((loaded.key, n, atoms), (loaded.name, stats, about))
-    return stats, about
+    key = (loaded.name, loaded.key, n, atoms)
+    stats = ctx.cache.head_fields.peek(key)
+    if stats is None:
+        images = field_images(ctx, loaded, n)
+        stats = queues.submitted(ctx.cache.head_fields, key, heavy.head_fields, loaded.key[0], n, images, atoms,
+                                 stop=stop, watch=watch)  # fmt: skip
+    return stats, measured_on(ctx, loaded, n)
 
 
 def measured_alike(ctx: AppContext, n: int, atoms: int) -> list[tuple[str, HeadFieldStats]]:
     """Every model this server has measured with the same N and K, by name: the charts draw them together."""
-    return [(name, stats) for (_, kn, ka), (name, stats, _) in ctx.cache.head_fields.items() if (kn, ka) == (n, atoms)]
+    return [(name, stats) for (name, _, kn, ka), stats in ctx.cache.head_fields.items() if (kn, ka) == (n, atoms)]
 
 
 def field_pngs(
@@ -374,7 +380,7 @@ def on_measure(
             raise AppError("pick a checkpoint first")
         loaded = ctx.model(ckpt)
         yield {ui.field_note: f"Measuring every head of **{ckpt}** as a field…"}
-        watch = interventions.Watch()
+        watch = queues.Watch()
         with queues.one_per_user(request):
             for done in stoppable(lambda stop: head_fields_of(ctx, loaded, int(n), int(atoms), stop, watch)):
                 if done is None:
@@ -391,10 +397,9 @@ def fitted_head_at(ctx: AppContext, shown: dict | None, kind: str, xy: Any) -> t
         raise AppError("measure the heads first")
     loaded = ctx.model(shown["checkpoint"])
     n, atoms = shown["images"], shown["atoms"]
-    kept = ctx.cache.head_fields.peek((loaded.key, n, atoms))
-    if kept is None:
+    stats = ctx.cache.head_fields.peek((loaded.name, loaded.key, n, atoms))
+    if stats is None:
         raise AppError("these head fields are no longer in memory: measure them again")
-    stats = kept[1]
     at = panel_at(*field_pngs(ctx, loaded, stats, n, atoms)[kind], len(stats.fits), xy)
     if at is None:
         return None
