@@ -67,3 +67,33 @@ def test_an_unreachable_scheduler_is_an_error_in_words(checkpoint, tmp_path, cap
     address = f"tcp://127.0.0.1:{free_port()}"
     assert evaluate.main(["--checkpoint", str(checkpoint), "--cluster", address]) == 2
     assert f"error: cannot reach the Dask scheduler at {address}" in capsys.readouterr().err
+
+
+def test_export_maps_on_a_cluster_gives_the_same_arrays(cluster, checkpoint, tmp_path):
+    import numpy as np
+
+    from ssog_core.cli import export_maps
+    from tests.app_fixtures import write_images
+
+    write_images(tmp_path / "images")
+    arrays = []
+    for extra in ([], ["--cluster", cluster]):
+        out = tmp_path / f"maps{len(arrays)}.npz"
+        argv = ["--checkpoint", str(checkpoint), "--image", str(tmp_path / "images"), "--out", str(out),
+                "--control", "validation", "--control-images", "20", "--per-class", *extra]  # fmt: skip
+        assert export_maps.main(argv) == 0
+        with np.load(out) as f:
+            arrays.append({k: f[k] for k in f.files})
+    assert arrays[0].keys() == arrays[1].keys() and "class_accumulated_difference" in arrays[0]
+    for k, v in arrays[0].items():
+        np.testing.assert_array_equal(arrays[1][k], v, err_msg=k)
+    assert len(arrays[0]["names"]) > 1 and np.abs(arrays[0]["accumulated"]).max() > 0
+    missing = [
+        "--checkpoint",
+        str(checkpoint),
+        "--image",
+        str(tmp_path / "nowhere.png"),
+        "--out",
+        str(tmp_path / "x.npz"),
+    ]
+    assert export_maps.main([*missing, "--cluster", cluster]) == 2

@@ -17,13 +17,17 @@ like ``accumulated``);
 ``--per-class`` (with or without ``--image``) adds the mean accumulated map per class over those validation
 images: ``class_accumulated`` (classes, Gh, Gw), with a control ``class_accumulated_difference``, and
 ``class_counts``, ``class_names``.
+``--cluster ADDRESS`` computes the maps on a worker of that Dask scheduler (the checkpoint and images are sent).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,7 +45,9 @@ from ssog_core.analysis.controls import (
 from ssog_core.analysis.measures import DEFAULT_ALPHA, ExportMaps, export_maps
 from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.format import CheckpointError, load_checkpoint
+from ssog_core.cli import CLUSTER_HELP, on_cluster
 from ssog_core.data.images import ImageError, list_images, model_input, parse_size
+from ssog_core.jobs import JobError
 
 PREFIX_NOTE = "prefix tokens removed from each attention matrix; patch rows renormalised (see prefix_share)"
 
@@ -67,11 +73,64 @@ def run(
     control: str = "none",
     control_images: int = DEFAULT_CONTROL_IMAGES,
     per_class: bool = False,
+    cluster: str | None = None,
 ) -> dict[str, np.ndarray]:
-    """Compute and write the maps; returns the arrays written."""
+    """Compute and write the maps; returns the arrays written. With ``cluster`` they are computed on a worker of
+    that Dask scheduler, the checkpoint and the images sent to it."""
     if image is None and not per_class:
         raise ValueError("give --image, --per-class, or both")
-    model, meta = load_checkpoint(checkpoint)
+    settings = (img_size, alpha, batch_size, control, control_images, per_class)
+    if cluster:
+        arrays = on_cluster(cluster, maps_job, checkpoint, None if image is None else image_files(Path(image)),
+                            Path(image).is_dir() if image else False, *settings)  # fmt: skip
+    else:
+        arrays = maps_of(load_checkpoint(checkpoint), None if image is None else Path(image), *settings)
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a path
+            np.savez_compressed(f, **arrays)
+
+    atomic_write(out, write)
+    return arrays
+
+
+def image_files(image: Path) -> dict[str, bytes]:
+    """The bytes of an image file, or of a folder's images, by file name (what a cluster's worker receives)."""
+    if not image.exists():
+        raise ImageError(f"{image} is not there")
+    paths = list_images(image) if image.is_dir() else [image]
+    return {p.name: p.read_bytes() for p in paths}
+
+
+def maps_job(
+    loaded: tuple[torch.nn.Module, dict],
+    files: dict[str, bytes] | None,
+    folder: bool,
+    *settings: Any,
+    progress: Callable[[int, int], None],
+    stopped: Callable[[], bool],
+) -> dict[str, np.ndarray]:
+    """:func:`maps_of` as a job of :class:`ssog_core.jobs.Engine`: the images it received, as files again."""
+    if files is None:
+        return maps_of(loaded, None, *settings)
+    with tempfile.TemporaryDirectory(prefix="ssog-maps-") as tmp:
+        for name, data in files.items():
+            (Path(tmp) / name).write_bytes(data)
+        return maps_of(loaded, Path(tmp) if folder else Path(tmp) / next(iter(files)), *settings)
+
+
+def maps_of(
+    loaded: tuple[torch.nn.Module, dict],
+    image: Path | None,
+    img_size: tuple[int, int] | None,
+    alpha: float,
+    batch_size: int,
+    control: str,
+    control_images: int,
+    per_class: bool,
+) -> dict[str, np.ndarray]:
+    """The arrays :func:`run` writes, of a loaded checkpoint."""
+    model, meta = loaded
     size = img_size or tuple(model.config.img_size)
     model.grid_for(*size)  # refuse sizes that do not tile into patches before doing any work
     validation = None
@@ -91,12 +150,6 @@ def run(
         arrays["control"] = np.array(control)
     if validation is not None:
         arrays["control_images"] = np.array(len(validation.labels))
-
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a path
-            np.savez_compressed(f, **arrays)
-
-    atomic_write(out, write)
     return arrays
 
 
@@ -168,11 +221,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="mean accumulated map per class over the validation images (raw and against the control)",
     )
+    ap.add_argument("--cluster", metavar="ADDRESS", help=CLUSTER_HELP)
     args = ap.parse_args(argv)
     try:
         arrays = run(args.checkpoint, args.image, args.out, args.img_size, args.alpha, args.batch_size,
-                     args.control, args.control_images, args.per_class)  # fmt: skip
-    except (CheckpointError, ImageError, ValueError) as e:  # DataError is a ValueError
+                     args.control, args.control_images, args.per_class, args.cluster)  # fmt: skip
+    except (CheckpointError, ImageError, JobError, ValueError) as e:  # DataError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2
     gh, gw = arrays["grid"]
