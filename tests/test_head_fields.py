@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -228,6 +229,7 @@ def test_a_model_without_pattern_points_is_refused_in_words():
         hf.measure_head_fields(torch.nn.Linear(2, 2), lambda: [], (7, 5), 0, (4.0, 4.0), 1)
 
 
+@pytest.mark.slow
 def test_the_fields_command_writes_the_heads_and_both_charts(tmp_path, capsys):
     folder = save_timm_folder(_vit(), tmp_path / "vit")
     pictures = tmp_path / "pictures"
@@ -270,3 +272,25 @@ def test_the_fields_command_refuses_bad_requests_in_words(tmp_path, capsys):
     assert main([*base, "--images", "4", "--atoms", "0"]) == 2
     assert "1 to 8 atoms" in capsys.readouterr().err
     assert not (tmp_path / "f.json").exists()
+
+
+@pytest.mark.slow
+def test_the_fields_command_recovers_a_lab_fixed_field_model_from_its_validation_images(tmp_path):
+    """A trained SSOG model with a fixed field (``steer=()``, four atoms a head) through its pattern points and its
+    recorded validation data: every head is its field, so four fitted atoms explain it and reproduce its attention."""
+    checkpoint = Path(__file__).resolve().parents[1] / "checkpoints" / "matched_ssog_fixed_layouts.safetensors"
+    out = tmp_path / "fields.json"
+    assert main(["fields", "--checkpoint", str(checkpoint), "--images", "4", "--atoms", "4", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["images"]["first"] == 4 and result["grid"] == [14, 14] and result["num_prefix_tokens"] == 0
+    model, _ = load_checkpoint(checkpoint)
+    for layer, block in enumerate(model.blocks):
+        truth = attention_matrix(block.attn.fixed_field().to(torch.float64), (14, 14))[0]
+        heads = [h for h in result["heads"] if h["layer"] == layer]
+        atoms = torch.tensor([[[a[k] for k in ("mu_y", "mu_x", "sigma_y", "sigma_x", "weight")] for a in h["atoms"]]
+                              for h in heads], dtype=torch.float64)  # fmt: skip
+        fit = hf.AtomFit(atoms[..., :2], atoms[..., 2:4], atoms[..., 4], torch.zeros(len(heads)))
+        shares = hf.share_of(truth[None], fit.rows((14, 14)))
+        assert (shares >= 0.99).all() and all(h["share_fit"] >= 0.99 for h in heads)
+        torch.testing.assert_close(shares, torch.tensor([h["share_fit"] for h in heads], dtype=torch.float64),
+                                   rtol=0, atol=1e-5)  # fmt: skip

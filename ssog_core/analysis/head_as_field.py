@@ -36,7 +36,7 @@ from ssog_core.nn.hook_points import HookPoint, hooked
 
 PATTERN_POINT = "blocks.{layer}.attn.pattern"  # the hook point holding a layer's post-softmax attention (B, H, T, T)
 _PATTERN_NAME = re.compile(r"blocks\.(\d+)\.attn\.pattern")
-FIT_STEPS = (20, 80)  # L-BFGS steps with every start, then with each head's best start only
+FIT_STEPS = (20, 200)  # L-BFGS steps with every start, then with each head's best start only
 LBFGS_HISTORY = 8  # curvature pairs kept per head
 LBFGS_BACKTRACKS = 12  # trial steps, each a quarter of the last, before a head stays put
 _LOG_SIGMA = (math.log(SIGMA_RANGE[0]), math.log(SIGMA_RANGE[1]))

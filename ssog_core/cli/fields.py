@@ -84,7 +84,7 @@ def distance_figure(stats: HeadFieldStats, title: str) -> Figure:
     ax.set_xlabel("layer (0-based)")
     ax.set_ylabel("mean attention distance (pixels)")
     ax.set_xticks(range(stats.mean_distance_px.shape[0]))
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, 1.08 * float(stats.mean_distance_px.max()))
     ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=9)
     return fig
