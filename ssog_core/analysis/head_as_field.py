@@ -324,7 +324,8 @@ def fit_atoms(mean_attn: Tensor, grid: tuple[int, int], atoms: int) -> AtomFit:
     ``−Σ_k Ā log Φ`` differs from it by the rows' entropy alone, so the image mean ``Ā`` is a sufficient statistic
     and the fit never touches an image. Parameters are unconstrained (μ, log σ, logits of λ), float64. Each head
     starts from three deterministic starts (:func:`_starts`), all run for :data:`FIT_STEPS` ``[0]`` steps of L-BFGS
-    (per head: its own curvature and step), and the best of them for ``[1]`` more.
+    (per head: its own curvature and step), and the best of them for up to ``[1]`` more; a head stops once it has
+    no descent left. μ is kept within twice the grid and σ within the playground's [0.05, 64] cells.
     """
     if not 1 <= atoms <= MAX_ATOMS:
         raise ValueError(f"fit 1 to {MAX_ATOMS} atoms per head, got {atoms}")
