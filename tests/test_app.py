@@ -839,6 +839,7 @@ def test_caches_stay_bounded(ctx):
         "export_maps": 8,
         "validation": 4,
         "effects": 16,
+        "head_fields": 8,
     }
     assert sizes == want
     assert all(len(c) <= c.size for c in vars(ctx.cache).values())

@@ -24,6 +24,7 @@ from app.state import AppContext, AppError
 from app.tabs import compare, export, geometry
 from ssog_core import ViT
 from ssog_core.analysis.head_spec import DEFAULT_SPEC
+from ssog_core.analysis.session import NO_TWIN
 from ssog_core.checkpoint.standard import lab_as_standard, save_timm_folder
 from ssog_core.data.images import list_images, model_input
 from ssog_core.jobs import JobError, ModelRef, load_ref
@@ -235,6 +236,13 @@ def test_compare_and_export_files_on_two_standard_vits(served):
     assert len(npz) == 2 and any(f.endswith(".svg") for f in files)
     with np.load(next(f for f in npz if "hf_vit" in f)) as maps:
         assert maps["net"].shape[-2:] == (4, 4)
+    blank = export.render(ctx, page.export, "hf_vit", NO_TWIN, sha, 0.5, 1, None, "blank")
+    assert blank[page.export.control_figure]["visible"] and "Control: **a blank image" in blank[page.export.text]
+    for shown in (  # what needs a validation set says why: a folder records none
+        export.render(ctx, page.export, "hf_vit", NO_TWIN, sha, 0.5, 1, None, "validation")[page.export.text],
+        export.per_class(ctx, page.export, "hf_vit", 0.5, "none")[page.export.classes_status],
+    ):
+        assert "does not record its" in shown
 
 
 def test_a_session_names_the_folder_and_restores_it(client):
