@@ -83,15 +83,16 @@ def test_a_field_name_may_differ_in_help_and_in_whether_the_op_needs_it(registry
 
 
 def test_dot_product_support_is_declared_once_and_read_both_ways():
-    assert dot_product_ops() == ["ablate_head", "patch_head"]
+    assert dot_product_ops() == ["ablate_head", "patch_head", "replace_with_field"]
     assert ops.AblateHead(0, 1).works_on_dot_product()
     assert ops.PatchHead(0, 1, "x", "output").works_on_dot_product()
     assert not ops.PatchHead(0, 1, "x", "steering").works_on_dot_product()
     assert not ops.SwapAxes(0, 1).works_on_dot_product() and not ops.CloseGate(0).works_on_dot_product()
     words = [cls.dot_product_words() for cls in EDITS.values()]
-    assert [w for w in words if w] == ["ablate_head", "patch_head with what='output'"]
+    assert [w for w in words if w] == ["ablate_head", "patch_head with what='output'", "replace_with_field"]
     dot = ViT(num_classes=3, img_size=16, patch_size=4, dim=16, depth=1, num_heads=2, attn="dot")
-    with pytest.raises(EditError, match=r"only ablate_head and patch_head with what='output' work on it"):
+    said = r"only ablate_head and patch_head with what='output' and replace_with_field work on it"
+    with pytest.raises(EditError, match=said):
         check_edits(dot, [ops.PatchHead(0, 1, "img", "steering")], {"img": None})
     check_edits(dot, [ops.PatchHead(0, 1, "img", "output"), ops.AblateHead(0, 0)], {"img": None})
 
@@ -116,11 +117,15 @@ def test_the_edits_schema_names_every_op_with_its_fields_choices_and_needs():
     needed = {"type": "integer", "minimum": 0, "description": "the head, from 0"}
     assert ops_["ablate_head"]["properties"]["head"] == needed
     assert items["head"]["oneOf"][0] == {"type": "null"}  # any op: one of them may leave it out
-    assert items["head"]["description"].startswith("close_gate, scale_gate: one head; left out: every head | ")
+    said = "close_gate, scale_gate, replace_with_field: one head; left out: every head | "
+    assert items["head"]["description"].startswith(said)
     factor = ops_["scale_gate"]["properties"]["factor"]
     assert (factor["type"], factor["minimum"], factor["maximum"], factor["default"]) == ("number", 0, 10, 1)
     assert items["what"]["enum"] == ["output", "steering"]
     assert ops_["move_atom"]["required"] == ["layer", "head", "atom"]
+    atoms = ops_["replace_with_field"]["properties"]["atoms"]
+    assert (atoms["type"], atoms["minimum"], atoms["maximum"], atoms["default"]) == ("integer", 1, 4, 4)
+    assert ops_["replace_with_field"]["properties"]["replacement"]["enum"] == ["fit", "field"]
 
 
 def test_a_validator_says_which_field_is_wrong():
@@ -140,11 +145,12 @@ def _random_edit(rng: random.Random) -> dict:
     good = {
         "layer": rng.randint(0, 3), "head": rng.choice([0, 2, None]), "tap": rng.choice(["mu", "all"]),
         "factor": rng.uniform(0, 3), "mode": "zero", "source": "img", "what": "steering", "atom": 1,
-        "dy": rng.uniform(-2, 2), "dx": 0.5, "steered": False,
+        "dy": rng.uniform(-2, 2), "dx": 0.5, "steered": False, "replacement": rng.choice(["fit", "field"]),
+        "atoms": rng.randint(1, 4),
         "head_spec": {"grid": [5, 7], "query": [2, 3], "tau": 1.0, "atoms": [dict(y=1, x=2, sy=1, sx=1, w=1)]},
     }  # fmt: skip
     bad = {"layer": -1, "head": "two", "tap": "beta", "factor": 11.5, "mode": "mean", "what": 3, "atom": 1.5,
-           "dy": "up", "source": 7}  # fmt: skip
+           "dy": "up", "source": 7, "replacement": "mean", "atoms": rng.choice([0, 5])}  # fmt: skip
     names = list(EDITS[op].params()) if op in EDITS else ["layer"]
     edit = {"op": op, **{n: good[n] for n in names if n in good and rng.random() < 0.8}}
     if op == "set_head" or rng.random() < 0.7:

@@ -23,7 +23,7 @@ from ssog_core.interventions.effects import (
 from ssog_core.interventions.importance import Cancelled, head_importance, importance_edits
 from ssog_core.interventions.ops import AblateHead
 from ssog_core.interventions.result import InterventionResult, Memo, run_intervention
-from ssog_core.interventions.run import edited
+from ssog_core.interventions.run import edited, mean_attention
 from ssog_core.interventions.validation import EvalSet, load_eval_set
 from tests.test_interventions import images, model_for
 
@@ -90,10 +90,12 @@ def test_head_importance_reusing_the_lower_layers_equals_full_edited_passes():
     before = outcomes(model, data)
     c0 = before.correct(data.labels).double().mean()
     sweep = importance_edits(model)
-    assert len(sweep) == 3 * 3 + 3 * 3  # every head, and every layer's three gates
+    assert len(sweep) == 2 * 3 * 3 + 3 * 3  # every head ablated and replaced by its fit, every layer's three gates
+    attention = mean_attention(model, data.batches(model, 8))  # the fits the sweep made from the same images
     for e in sweep:
-        after = outcomes(model, data, [e])
-        cell = imp.ablate[e.layer][e.head] if e.op == "ablate_head" else imp.close_gate[e.tap][e.layer]
+        after = outcomes(model, data, [e], attention=attention)
+        by_op = {"ablate_head": imp.ablate, "replace_with_field": imp.replace}
+        cell = by_op[e.op][e.layer][e.head] if e.op in by_op else imp.close_gate[e.tap][e.layer]
         assert cell.accuracy_drop == pytest.approx(float(c0 - after.correct(data.labels).double().mean()), abs=1e-12)
         torch.testing.assert_close(cell.logp_drop, float((before.logp_true - after.logp_true).mean()))
     d = imp.to_dict()

@@ -5,7 +5,8 @@ An op is one frozen dataclass subclass of :class:`Edit` (in :mod:`ssog_core.inte
 declared once with :func:`param` (kind, range, choices, help), and that one declaration drives the JSON parser,
 the refusals in words, the Intervene tab's form, the CLI's help and the API's description. The class also says
 what it checks against a model (:meth:`Edit.problems`) and what it does to a layer (:meth:`Edit.on_field`,
-:meth:`Edit.on_probe`, :meth:`Edit.on_head_out`, applied at the hook points of :mod:`ssog_core.nn.hook_points`).
+:meth:`Edit.on_probe`, :meth:`Edit.on_pattern`, :meth:`Edit.on_head_out`, applied at the hook points of
+:mod:`ssog_core.nn.hook_points`).
 Defining the subclass registers it: a new op is one class and its test.
 """
 
@@ -16,13 +17,16 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import Tensor, nn
 
 from ssog_core.analysis.head_spec import HeadSpec
 from ssog_core.field import Field
 from ssog_core.nn.attention import SSOGAttention
+
+if TYPE_CHECKING:
+    from ssog_core.interventions.run import MeanAttention
 
 MAX_EDITS = 64
 
@@ -55,8 +59,10 @@ class Param:
         if self.kind == "int":
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v != int(v):
                 raise EditError(f"{name} must be a whole number, got {v!r}")
-            if self.low is not None and v < self.low:
-                raise EditError(f"{name} must be a whole number from {self.low:g}, got {v!r}")
+            if (self.low is not None and v < self.low) or (self.high is not None and v > self.high):
+                bounds = (("from", self.low), ("to", self.high))
+                said = "".join(f" {w} {b:g}" for w, b in bounds if b is not None)
+                raise EditError(f"{name} must be a whole number{said}, got {v!r}")
             return int(v)
         if self.kind == "float":
             ok = not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v)
@@ -127,19 +133,23 @@ class Recorded:
 
 @dataclass(frozen=True)
 class LayerInputs:
-    """What an edit's effect may read besides the activation: the layer's recorded patch sources by name and the
-    per-position head means ``(N, H, D)`` for ``dataset_mean`` ablation."""
+    """What an edit's effect may read besides the activation: the layer's recorded patch sources by name, the
+    per-position head means ``(N, H, D)`` for ``dataset_mean`` ablation and the layer's mean patch attention (its
+    heads as fields) for ``replace_with_field``."""
 
     recorded: Mapping[str, Recorded]
     means: Tensor | None
+    attention: MeanAttention | None = None
 
 
 @dataclass(frozen=True)
 class CheckContext:
-    """What the checks know besides the model: the patch sources there are and whether head means are."""
+    """What the checks know besides the model: the patch sources there are, whether head means are and whether the
+    mean attention is."""
 
     sources: Mapping[str, Any]
     has_means: bool
+    has_attention: bool = False
 
 
 def _declared(cls: type) -> dict[str, Param]:
@@ -254,6 +264,10 @@ class Edit:
     def needs_means(self) -> bool:
         return False
 
+    def needs_attention(self) -> bool:
+        """Whether the effect reads the mean patch attention of the validation images (``LayerInputs.attention``)."""
+        return False
+
     # ---- the effect on a layer (each returns new tensors, never changes its input)
 
     def removed_head(self) -> int | None:
@@ -267,6 +281,11 @@ class Edit:
     def on_probe(self, tap: str, probe: Tensor, inputs: LayerInputs) -> Tensor | None:
         """One tap's bounded probes ``(B, Gh, Gw, H, R[, 2])``, edited; ``None`` closes the tap for every head."""
         return probe
+
+    def on_pattern(self, a: Tensor, inputs: LayerInputs) -> Tensor:
+        """The post-softmax attention ``(B, H, P + N, P + N)``, edited. An op that overrides it makes its layer form
+        the pattern (an N × N matrix per head the fast paths never build), so only such ops do."""
+        return a
 
     def on_head_out(self, y: Tensor, inputs: LayerInputs) -> Tensor:
         """The per-head output ``(B, N, H, D)`` before the output projection, edited."""
@@ -404,12 +423,16 @@ def _common_problems(edit: Edit, model: nn.Module) -> list[str]:
 
 
 def check_edits(
-    model: nn.Module, edits: Sequence[Edit], sources: Mapping[str, Any] | None = None, has_means: bool = False
+    model: nn.Module,
+    edits: Sequence[Edit],
+    sources: Mapping[str, Any] | None = None,
+    has_means: bool = False,
+    has_attention: bool = False,
 ) -> None:
     """Raise :class:`EditError` listing every edit that cannot be applied to ``model`` (checked before any work)."""
     if len(edits) > MAX_EDITS:
         raise EditError(f"at most {MAX_EDITS} edits, got {len(edits)}")
-    ctx = CheckContext(sources or {}, has_means)
+    ctx = CheckContext(sources or {}, has_means, has_attention)
     problems = []
     left: dict[tuple[int, int], set[int]] = {}
     for i, e in enumerate(edits):

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from ssog_core.analysis.measures import AttentionMaps, attention_maps, export_maps_of
 from ssog_core.analysis.predictions import PredictionChange, prediction_change
 from ssog_core.interventions.edit import Edit, parse_edits
-from ssog_core.interventions.run import edited, mean_head_outputs
+from ssog_core.interventions.run import MeanAttention, edited, mean_head_outputs
 from ssog_core.interventions.validation import BATCH, EvalSet, load_eval_set
 from ssog_core.nn.hook_points import evaluating
 
@@ -127,20 +127,21 @@ def image_effect(
     head_means: Sequence[Tensor] | None = None,
     unedited: AttentionMaps | Tensor | None = None,
     maps: bool = True,
+    attention: Sequence[MeanAttention] | None = None,
 ) -> ImageEffect:
     """The effect of ``edits`` on one image ``(1, C, H, W)``. ``unedited`` may pass the image's unedited
     :class:`~ssog_core.analysis.AttentionMaps` (a caller that caches them saves half the work). ``maps=False``: the
     prediction only (one forward pass each side, for a caller that asks often); ``unedited`` is then the unedited
-    logits, if known."""
+    logits, if known. ``attention``: the mean patch attention ``replace_with_field`` reads."""
     parsed = parse_edits(list(edits))
     layer = min((e.layer for e in parsed), default=None)
     if not maps:
         logits0 = unedited if unedited is not None else logits_of(model, img)
-        with edited(model, parsed, sources, head_means):
+        with edited(model, parsed, sources, head_means, attention):
             logits1 = logits_of(model, img)
         return ImageEffect(prediction_change(logits0, logits1), None, None, layer, None, None, frozenset())
     maps0 = unedited if unedited is not None else attention_maps(model, img)
-    with edited(model, parsed, sources, head_means):
+    with edited(model, parsed, sources, head_means, attention):
         maps1 = attention_maps(model, img)
     return ImageEffect(
         change=prediction_change(maps0.logits, maps1.logits),
@@ -201,11 +202,12 @@ def outcomes(
     batch_size: int = BATCH,
     progress: bool = False,
     stop: Callable[[], bool] | None = None,
+    attention: Sequence[MeanAttention] | None = None,
 ) -> Outcomes:
     """The model's outcomes on ``data``, with ``edits`` applied; ``stop`` is asked before every batch (true: raise
     :class:`Cancelled`)."""
     parts, (dev, dtype) = [], device_dtype(model)
-    with torch.inference_mode(), evaluating(), edited(model, edits, sources, head_means):
+    with torch.inference_mode(), evaluating(), edited(model, edits, sources, head_means, attention):
         starts = range(0, len(data), batch_size)
         for s in tqdm(starts, desc="images", unit="batch", disable=not progress, leave=False):
             if stop is not None and stop():
@@ -303,11 +305,12 @@ def validation_effect(
     unedited: Outcomes | None = None,
     progress: bool = False,
     stop: Callable[[], bool] | None = None,
+    attention: Sequence[MeanAttention] | None = None,
 ) -> ValidationEffect:
     """:func:`compare` of the unedited model (or the cached ``unedited`` outcomes) with the edited one on ``data``;
     ``stop`` cancels between batches (:func:`outcomes`)."""
     o0 = unedited if unedited is not None else outcomes(model, data, progress=progress, stop=stop)
-    o1 = outcomes(model, data, edits, sources, head_means, progress=progress, stop=stop)
+    o1 = outcomes(model, data, edits, sources, head_means, progress=progress, stop=stop, attention=attention)
     effect = compare(o0, o1, data.labels, data.class_names)
     effect.images = data.describe()
     return effect

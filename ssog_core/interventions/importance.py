@@ -1,4 +1,5 @@
-"""Head importance: every head ablated and every layer's gates closed, one at a time, on the validation images.
+"""Head importance: every head ablated, every head's attention replaced by its fit (how much the head needs content
+to score) and every layer's gates closed, one at a time, on the validation images.
 
 Each edit changes nothing below its layer, so the residual stream entering every block is computed once per batch
 and each edited run starts at its own layer (about half the work of full forward passes on a 6-layer model).
@@ -7,7 +8,7 @@ and each edited run starts at its own layer (about half the work of full forward
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,8 +27,8 @@ from ssog_core.interventions.effects import (
     outcomes_of,
     within_noise,
 )
-from ssog_core.interventions.ops import AblateHead, CloseGate
-from ssog_core.interventions.run import edited
+from ssog_core.interventions.ops import FIT_ATOMS, AblateHead, CloseGate, ReplaceWithField
+from ssog_core.interventions.run import MeanAttention, edited, mean_attention
 from ssog_core.interventions.validation import BATCH, EvalSet
 from ssog_core.nn.attention import SSOGAttention
 from ssog_core.nn.hook_points import evaluating
@@ -56,27 +57,34 @@ class Cell:
 
 @dataclass
 class HeadImportance:
-    """Each head ablated (``ablate[layer][head]``) and each layer's gates closed (``close_gate[tap][layer]``,
-    ``None`` where the layer has no such gate; empty for models without a steered field)."""
+    """Each head ablated (``ablate[layer][head]``), each head's attention replaced by its ``atoms``-atom fit
+    (``replace[layer][head]``) and each layer's gates closed (``close_gate[tap][layer]``, ``None`` where the layer
+    has no such gate; empty for models without a steered field)."""
 
     n: int
     mode: str
     unedited_accuracy: float
     ablate: list[list[Cell]]
     close_gate: dict[str, list[Cell | None]]
+    replace: list[list[Cell]] = field(default_factory=list)
+    atoms: int = FIT_ATOMS
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "n": self.n,
             "unedited_accuracy": self.unedited_accuracy,
             "ablate_head": [[c.to_dict() for c in row] for row in self.ablate],
+            "replace_with_fit": {"atoms": self.atoms, "cells": [[c.to_dict() for c in row] for row in self.replace]},
             "close_gate": {t: [None if c is None else c.to_dict() for c in row] for t, row in self.close_gate.items()},
         }
 
 
 def importance_edits(model: nn.Module, mode: str = "zero") -> list[Edit]:
-    """The sweep's single edits: every head ablated (``mode``), then every layer's μ, σ and λ gates closed."""
-    out: list[Edit] = [AblateHead(i, h, mode) for i, b in enumerate(model.blocks) for h in range(b.attn.num_heads)]
+    """The sweep's single edits: every head ablated (``mode``), every head's attention replaced by its
+    :data:`~ssog_core.interventions.ops.FIT_ATOMS`-atom fit, then every layer's μ, σ and λ gates closed."""
+    heads = [(i, h) for i, b in enumerate(model.blocks) for h in range(b.attn.num_heads)]
+    out: list[Edit] = [AblateHead(i, h, mode) for i, h in heads]
+    out += [ReplaceWithField(i, h, "fit", FIT_ATOMS) for i, h in heads]
     for tap in TAPS:
         out += [CloseGate(i, tap) for i, b in enumerate(model.blocks) if tap in getattr(b.attn, "taps", ())]
     return out
@@ -97,15 +105,23 @@ def head_importance(
     batch_size: int = BATCH,
     progress: bool = False,
     stop: Callable[[], bool] | None = None,
+    attention: Sequence[MeanAttention] | None = None,
 ) -> HeadImportance:
     """Every single edit of :func:`importance_edits` on ``data``, with intervals (drops: unedited − edited).
 
-    The residual stream entering each block is computed once per batch and every edited run starts at its own
-    layer. ``stop`` is asked between batches; when it returns true the sweep raises :class:`Cancelled`.
+    The fits replacing a head come from ``attention`` (:func:`~ssog_core.interventions.run.mean_attention`), or,
+    when it is not given, from one pass over ``data`` first (with the default N these are the images
+    :func:`~ssog_core.interventions.result.validation_attention` uses, so a cell equals that edit's effect). The
+    residual stream entering each block is computed once per batch and every edited run starts at its own layer.
+    ``stop`` is asked between batches of the sweep; when it returns true the sweep raises :class:`Cancelled`.
     """
     mode = AblateHead.params()["mode"].parse("mode", mode)  # refused in words before any work
     sweep = importance_edits(model, mode)
     dev, dtype = device_dtype(model)
+    if attention is None:
+        attention = mean_attention(
+            model, (data.batch(s, s + batch_size, dev, dtype) for s in range(0, len(data), batch_size))
+        )
     base: list[Outcomes] = []
     per_edit: list[list[Outcomes]] = [[] for _ in sweep]
     bar = tqdm(total=len(data) * (len(sweep) + 1), desc="head importance", unit="img", disable=not progress)
@@ -123,7 +139,7 @@ def head_importance(
                 base.append(outcomes_of(model.readout(x), labels))
                 bar.update(len(labels))
                 for i, e in enumerate(sweep):
-                    with edited(model, [e], head_means=head_means):
+                    with edited(model, [e], head_means=head_means, attention=attention):
                         per_edit[i].append(outcomes_of(_tail(model, streams[e.layer], grid, e.layer), labels))
                     bar.update(len(labels))
     finally:
@@ -139,6 +155,10 @@ def head_importance(
     ]
     by_edit = dict(zip(sweep, cells, strict=True))
     ablate = [[by_edit[AblateHead(i, h, mode)] for h in range(b.attn.num_heads)] for i, b in enumerate(model.blocks)]
+    replace = [
+        [by_edit[ReplaceWithField(i, h, "fit", FIT_ATOMS)] for h in range(b.attn.num_heads)]
+        for i, b in enumerate(model.blocks)
+    ]
     ssog = [isinstance(b.attn, SSOGAttention) and b.attn.taps for b in model.blocks]
     gates = {t: [by_edit.get(CloseGate(i, t)) for i in range(len(model.blocks))] for t in TAPS} if any(ssog) else {}
-    return HeadImportance(len(data), mode, float(c0.mean()), ablate, gates)
+    return HeadImportance(len(data), mode, float(c0.mean()), ablate, gates, replace, FIT_ATOMS)

@@ -11,6 +11,7 @@ layer. The classes register themselves in :data:`~ssog_core.interventions.edit.E
 | ``set_head`` | the head's fixed atoms are a playground head's (μ = query − key; the layer's τ is kept) |
 | ``swap_axes`` | the head mirrored across the diagonal: μ, σ and the steering offsets y ↔ x |
 | ``move_atom`` | that atom's stored μ (query − key) shifted by ``(dy, dx)`` cells |
+| ``replace_with_field`` | a head's attention (or every head's of a layer) is its K-atom fit or its positional field |
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from ssog_core.analysis.head_spec import HeadSpec
 from ssog_core.field import TAPS, Field
 from ssog_core.interventions.edit import CheckContext, Edit, EditError, LayerInputs, param
 
+FIT_ATOMS = 4  # atoms a replacing fit has unless an edit says otherwise (the fields command's default too)
+MAX_FIT_ATOMS = 4
 MAX_GATE_FACTOR = 10.0  # beyond this the bounded offsets saturate every atom: a typo, not an experiment
 DROPPED_LOG_LAMBDA = -1.0e4  # a dropped atom's log λ: its weight underflows to exactly 0 in every float type,
 # while every kernel still sees finite numbers (−inf would turn the fast paths' max-free softmax into NaN)
@@ -337,3 +340,47 @@ def head_edits(layer: int, head: int, opened: HeadSpec, edited: HeadSpec) -> lis
         for r, (a, b) in enumerate(zip(opened.atoms, edited.atoms, strict=True))
         if (a.y, a.x) != (b.y, b.x)
     ]
+
+
+@dataclass(frozen=True)
+class ReplaceWithField(Edit):
+    """The head's attention is a content-blind field over displacement (query − key): its K-atom fit or its
+    positional field, both from its mean patch attention over the validation images
+    (:mod:`ssog_core.analysis.head_as_field`). Content stops scoring the patches: each patch query's row over the
+    patch keys is the field's (renormalised over the in-grid keys), scaled to the mass the head itself left to
+    patches; what it puts on prefix tokens, and the prefix queries' rows (no grid position, so no field says where
+    they look), stay the head's own."""
+
+    op = "replace_with_field"
+    dot_product = {}
+    head: int | None = param(None, kind="int", low=0, optional=True, help="one head; left out: every head")
+    replacement: str = param("fit", kind="choice", choices=("fit", "field"), noun="replacement",
+                             help="the head's K-atom fit, or its positional field")  # fmt: skip
+    atoms: int = param(FIT_ATOMS, kind="int", low=1, high=MAX_FIT_ATOMS, help="the fit's Gaussian atoms (fit only)")
+
+    def describe(self) -> str:
+        by = f"{self.atoms}-atom fit" if self.replacement == "fit" else "positional field"
+        whose = "attention" if self.head is not None else "every head's attention"
+        return f"{self._where(self.head)}: {whose} replaced by its {by}"
+
+    def problems(self, attn: nn.Module, model: nn.Module, ctx: CheckContext) -> list[str]:
+        if not isinstance(getattr(attn, "pattern", None), nn.Module):
+            return [f"layer {self.layer} has no attention pattern point (blocks.{self.layer}.attn.pattern)"]
+        if not ctx.has_attention:
+            return ["replace_with_field needs the mean attention of the validation images (pass attention)"]
+        return []
+
+    def needs_attention(self) -> bool:
+        return True
+
+    def on_pattern(self, a: Tensor, inputs: LayerInputs) -> Tensor:
+        ref = inputs.attention
+        p, (gh, gw) = ref.num_prefix, ref.grid
+        if a.shape[-1] != p + gh * gw:
+            raise EditError(f"replace_with_field needs images of the validation images' size ({gh}×{gw} patches)")
+        heads = slice(None) if self.head is None else slice(self.head, self.head + 1)
+        rows = ref.rows(self.replacement, self.atoms)[heads].to(a)  # (h, N, N)
+        a = a.clone()
+        patch_mass = a[:, heads, p:, p:].sum(-1, keepdim=True)  # what the head left to patches, per query
+        a[:, heads, p:, p:] = patch_mass * rows
+        return a

@@ -28,6 +28,7 @@ from ssog_core.interventions.effects import (
     validation_effect,
 )
 from ssog_core.interventions.effects import outcomes as outcomes_on
+from ssog_core.interventions.run import MeanAttention, mean_attention
 from ssog_core.interventions.validation import EvalSet, load_eval_set
 
 T = TypeVar("T")
@@ -43,8 +44,9 @@ class Cache(Protocol):
 @dataclass(frozen=True)
 class Memo:
     """Where a caller keeps a model's expensive values between calls: its ``cache`` and the model's identity in the
-    keys (``(what, model_key, ...)``: ``("eval", key, n)``, ``("means", key)``, ``("maps", key, image_key)``,
-    ``("logits", key, image_key)``). ``Memo()`` keeps nothing: everything is made for this call."""
+    keys (``(what, model_key, ...)``: ``("eval", key, n)``, ``("means", key)``, ``("attention", key)``,
+    ``("maps", key, image_key)``, ``("logits", key, image_key)``). ``Memo()`` keeps nothing: everything is made
+    for this call."""
 
     cache: Cache | None = None
     model_key: Hashable = None
@@ -74,6 +76,18 @@ def eval_outcomes(
 def head_means(model: nn.Module, meta: Mapping[str, Any], memo: Memo = Memo()) -> list[Tensor]:
     """The per-position head means ``dataset_mean`` ablation needs (kept per model)."""
     return memo.get("means", make=lambda: dataset_means(model, dict(meta)))
+
+
+def validation_attention(model: nn.Module, meta: Mapping[str, Any], memo: Memo = Memo()) -> list[MeanAttention]:
+    """The mean patch attention ``replace_with_field`` reads, over the head means' images (the first
+    :data:`~ssog_core.interventions.validation.DEFAULT_EVAL_IMAGES` validation images: a fixed set, so the fields do
+    not depend on N); kept per model, with the fits made from it."""
+
+    def make() -> list[MeanAttention]:
+        data = load_eval_set(dict(meta), model.config.img_size)
+        return mean_attention(model, data.batches(model))
+
+    return memo.get("attention", make=make)
 
 
 def patch_sources(edits: Sequence[Edit], sources: Sources | None) -> dict[str, Tensor]:
@@ -169,8 +183,9 @@ def run_intervention(
     """
     parsed = parse_edits(list(edits))
     src = patch_sources(parsed, sources)
-    check_edits(model, parsed, src, has_means=True)  # refused in words before any work (the means are made below)
+    check_edits(model, parsed, src, has_means=True, has_attention=True)  # refused before any work (both made below)
     means = head_means(model, meta, memo) if any(e.needs_means() for e in parsed) else None
+    attention = validation_attention(model, meta, memo) if any(e.needs_attention() for e in parsed) else None
     img = val = None
     if image is not None:
         what, unedited = ("maps", attention_maps) if maps else ("logits", logits_of)
@@ -179,9 +194,11 @@ def run_intervention(
             if image_key is None
             else memo.get(what, image_key, make=lambda: unedited(model, image))
         )
-        img = image_effect(model, image, parsed, src, means, base, maps=maps)
+        img = image_effect(model, image, parsed, src, means, base, maps=maps, attention=attention)
     if eval_images:
         data, unedited_outcomes = eval_outcomes(model, meta, eval_images, memo, progress, stop)
         with torch.inference_mode():
-            val = validation_effect(model, data, parsed, src, means, unedited_outcomes, progress=progress, stop=stop)
+            val = validation_effect(
+                model, data, parsed, src, means, unedited_outcomes, progress=progress, stop=stop, attention=attention
+            )
     return InterventionResult(parsed, class_names(model, meta), img, val)

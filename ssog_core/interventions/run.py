@@ -1,5 +1,5 @@
 """An edit list applied to a model for one ``with`` block: :func:`edited`, and the unedited recordings it needs
-(patch sources, dataset means).
+(patch sources, dataset means, the mean patch attention).
 
 The edits act at the hook points (:mod:`ssog_core.interventions.hooks`), so the logits,
 :func:`~ssog_core.analysis.measures.attention_maps`, :func:`~ssog_core.analysis.measures.export_maps`, rollout and
@@ -7,17 +7,19 @@ the steering offsets all see the same edited model, a compiled one too. Nothing 
 nothing outlives the block, even with many threads sharing the model; work handed to another thread or a pool
 inside the block sees the edits when wrapped with :func:`~ssog_core.nn.hook_points.in_context`. Patch sources are
 run on the *unedited* model (as activation patching takes its cache from a clean run). Dot-product and RBF models
-take ``ablate_head`` and ``patch_head`` with ``what="output"`` only.
+take ``ablate_head``, ``patch_head`` with ``what="output"`` and ``replace_with_field``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 
+from ssog_core.analysis.head_as_field import _each_batch, field_of, field_rows, fit_atoms, patch_attention
 from ssog_core.field import Field
 from ssog_core.interventions.edit import Edit, EditError, LayerInputs, Recorded, check_edits, parse_edits
 from ssog_core.nn.hook_points import HookPoint, PointFn, evaluating, hooked, reading
@@ -53,6 +55,58 @@ def mean_head_outputs(model: nn.Module, batches: Iterable[Tensor]) -> list[Tenso
     return [s / count for s in sums]
 
 
+class MeanAttention:
+    """One layer's patch attention (rows renormalised over patch keys) averaged over images, ``(H, N, N)`` float64:
+    the sufficient statistic of each head's positional field and of its atom fit
+    (:mod:`ssog_core.analysis.head_as_field`), so :meth:`rows` makes either from it, once, and keeps it."""
+
+    def __init__(self, mean: Tensor, grid: tuple[int, int], num_prefix: int, images: int):
+        self.mean, self.grid, self.num_prefix, self.images = mean, grid, num_prefix, images
+        self._rows: dict[tuple[str, int], Tensor] = {}
+        self._lock = threading.Lock()  # threads sharing the model share its values: one fit each
+
+    def rows(self, replacement: str, atoms: int) -> Tensor:
+        """``(H, N, N)`` float64: every patch query's row of each head's positional field (``"field"``) or of its
+        ``atoms``-atom fit (``"fit"``), over the in-grid patch keys."""
+        key = (replacement, atoms if replacement == "fit" else 0)
+        with self._lock:
+            if key not in self._rows:
+                with torch.inference_mode(False):  # the fit needs gradients, whatever mode its first caller is in
+                    mean = self.mean.clone()
+                    if replacement == "field":
+                        rows = field_rows(field_of(mean, self.grid), self.grid)
+                    else:
+                        rows = fit_atoms(mean, self.grid, atoms).rows(self.grid)
+                self._rows[key] = rows.detach()
+            return self._rows[key]
+
+
+def mean_attention(model: nn.Module, batches: Iterable[Tensor]) -> list[MeanAttention]:
+    """Per layer, the *unedited* model's patch attention averaged over the images (one size): what
+    ``replace_with_field`` puts in a head's place is made from it. Read at the ``blocks.{l}.attn.pattern`` points,
+    each layer's patterns reduced as its block runs."""
+    sums: dict[int, Tensor] = {}
+    grids: list[tuple[int, int]] = []
+
+    def sized() -> Iterator[Tensor]:
+        for x in batches:
+            grid = model.grid_for(x.shape[-2], x.shape[-1])
+            if grids and grid != grids[0]:
+                raise EditError(f"the mean attention needs images of one size, got grids {grids[0]} and {grid}")
+            grids[:] = [grid]
+            yield x
+
+    def add(layer: int, pattern: Tensor) -> None:
+        attn = patch_attention(pattern, grids[0], model.num_prefix_tokens)[0].sum(0)
+        sums[layer] = attn if layer not in sums else sums[layer] + attn
+
+    with hooked({}, replace=True):  # the unedited model, inside any edit block
+        images = _each_batch(model, sized(), add)
+    if images == 0:
+        raise EditError("the mean attention needs at least one image")
+    return [MeanAttention(sums[i].cpu() / images, grids[0], model.num_prefix_tokens, images) for i in range(len(sums))]
+
+
 def _layer_points(attn: nn.Module, edits: list[Edit], inputs: LayerInputs) -> dict[int, PointFn]:
     """The functions the layer's hook points run: each edit's effect, in list order."""
 
@@ -71,12 +125,19 @@ def _layer_points(attn: nn.Module, edits: list[Edit], inputs: LayerInputs) -> di
 
         return fn
 
+    def on_pattern(a: Tensor) -> Tensor:
+        for e in edits:
+            a = e.on_pattern(a, inputs)
+        return a
+
     def on_head_out(y: Tensor) -> Tensor:
         for e in edits:
             y = e.on_head_out(y, inputs)
         return y
 
     points = {id(attn.head_out): on_head_out}
+    if any(type(e).on_pattern is not Edit.on_pattern for e in edits):  # only then is the pattern formed
+        points[id(attn.pattern)] = on_pattern
     if isinstance(getattr(attn, "field", None), nn.Module):
         points[id(attn.field)] = on_field
     for tap, point in getattr(attn, "probes", {}).items():
@@ -90,6 +151,7 @@ def edited(
     edits: Sequence[Edit | dict],
     sources: Mapping[str, Tensor] | None = None,
     head_means: Sequence[Tensor] | None = None,
+    attention: Sequence[MeanAttention] | None = None,
 ) -> Iterator[list[Edit]]:
     """Run ``model`` with ``edits`` applied, for this block and this thread only.
 
@@ -98,11 +160,12 @@ def edited(
         edits: edits (or their JSON dicts, for scripts), applied in order.
         sources: patch sources: the name an edit gives → the model input ``(1, C, H, W)`` of that image.
         head_means: per layer ``(N, H, D)`` from :func:`mean_head_outputs`, for ``dataset_mean`` ablation.
+        attention: per layer from :func:`mean_attention`, for ``replace_with_field``.
     Yields the parsed edits. Raises :class:`~ssog_core.interventions.edit.EditError` (before any work) for edits
     that cannot be applied. An inner ``edited`` block replaces the outer one's edits while it runs.
     """
     parsed = parse_edits(list(edits))
-    check_edits(model, parsed, sources, head_means is not None)
+    check_edits(model, parsed, sources, head_means is not None, attention is not None)
     used = sorted({name for e in parsed for name in e.sources()})
     recorded = {name: record(model, sources[name]) for name in used}
     points: dict[int, PointFn] = {}
@@ -113,6 +176,7 @@ def edited(
             inputs = LayerInputs(
                 {name: rec[layer] for name, rec in recorded.items()},
                 None if head_means is None else head_means[layer],
+                None if attention is None else attention[layer],
             )
             points |= _layer_points(block.attn, mine, inputs)
             removed[id(block.attn)] = frozenset(h for e in mine if (h := e.removed_head()) is not None)

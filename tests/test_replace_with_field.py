@@ -1,0 +1,216 @@
+"""replace_with_field: a head's attention replaced by its positional field or its K-atom fit, made from the mean patch
+attention of the validation images. The mean is each layer's renormalised patch rows averaged over images; the patch
+rows of a replaced head are the field's (a float64 loop reference) or the fit's (the dense SSOG oracle), scaled to the
+mass the head left to patches, while prefix keys and queries stay the head's own; it acts on SSOG, dot, RBF and
+standard ViTs, passes through the one run entry, and head importance gains its column."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ssog_core import ViT
+from ssog_core.analysis import head_as_field as hf
+from ssog_core.interventions.edit import EditError, parse_edits
+from ssog_core.interventions.effects import outcomes, validation_effect
+from ssog_core.interventions.hooks import run_with_cache, run_with_hooks
+from ssog_core.interventions.importance import head_importance
+from ssog_core.interventions.ops import ReplaceWithField
+from ssog_core.interventions.result import InterventionResult, Memo, run_intervention, validation_attention
+from ssog_core.interventions.run import edited, mean_attention
+from ssog_core.interventions.validation import load_eval_set
+from ssog_core.nn.standard_vit import StandardViT, StandardViTConfig
+from tests.dense_oracle import ssog_matrix
+from tests.test_effects import Kept, eval_set
+from tests.test_interventions import CFG, images, model_for
+from tests.test_pattern_point import GRID, lab_model
+
+F64 = dict(rtol=1e-9, atol=1e-12)
+MODELS = ["ssog", "dot", "rbf", "standard"]
+
+
+def standard_vit() -> StandardViT:
+    """A float64 timm-style ViT on a 7×5 grid with a class token and a register (two prefix tokens)."""
+    cfg = StandardViTConfig(family="timm", img_size=(28, 20), patch_size=4, dim=12, depth=3, num_heads=3,
+                            num_classes=5, mlp_hidden=24, num_registers=1, pos_prefix=1)  # fmt: skip
+    model = StandardViT(cfg)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(0.4 * torch.randn(p.shape, generator=gen))
+    return model.double().eval()
+
+
+def model_of(kind: str) -> torch.nn.Module:
+    return standard_vit() if kind == "standard" else lab_model(kind)
+
+
+def patterns(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """Every layer's unedited pattern for the images ``x`` at once."""
+    names = [f"blocks.{i}.attn.pattern" for i in range(len(model.blocks))]
+    with torch.no_grad():
+        _, cache = run_with_cache(model, x, names)
+    return [cache[n] for n in names]
+
+
+def mean_rows(a: torch.Tensor, p: int) -> torch.Tensor:
+    """``(H, N, N)``: patch queries' rows over patch keys, renormalised, averaged over images."""
+    rows = a[:, :, p:, p:]
+    return (rows / rows.sum(-1, keepdim=True)).mean(0)
+
+
+def field_rows_by_loop(mean: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """Each head's positional field (each displacement query − key averaged over its pairs) applied to every query
+    and renormalised over its keys, written as loops."""
+    gh, gw = grid
+    cells = [(i, j) for i in range(gh) for j in range(gw)]
+    out = torch.zeros_like(mean)
+    for h in range(mean.shape[0]):
+        total, count = {}, {}
+        for q, (qi, qj) in enumerate(cells):
+            for k, (ki, kj) in enumerate(cells):
+                d = (qi - ki, qj - kj)
+                total[d] = total.get(d, 0.0) + float(mean[h, q, k])
+                count[d] = count.get(d, 0) + 1
+        for q, (qi, qj) in enumerate(cells):
+            row = [total[(qi - ki, qj - kj)] / count[(qi - ki, qj - kj)] for ki, kj in cells]
+            row = torch.tensor(row, dtype=torch.float64)
+            out[h, q] = row / row.sum()
+    return out
+
+
+def replaced(a: torch.Tensor, p: int, heads: list[int], rows: torch.Tensor) -> torch.Tensor:
+    """The pattern ``a`` with the patch rows of ``heads`` replaced by ``rows`` (``(H, N, N)``), scaled to the mass
+    each query left to patches; prefix keys and prefix queries untouched."""
+    out = a.clone()
+    for h in heads:
+        out[:, h, p:, p:] = a[:, h, p:, p:].sum(-1, keepdim=True) * rows[h]
+    return out
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_the_mean_attention_is_each_layers_patch_rows_averaged_over_the_images(kind):
+    model, x = model_of(kind), images(5, seed=1)
+    p = model.num_prefix_tokens
+    got = mean_attention(model, x.split(2))  # batches of 2, 2, 1
+    with edited(model, [{"op": "ablate_head", "layer": 0, "head": 1}]):
+        inside = mean_attention(model, x.split(2))  # the unedited model, inside an edit block too
+    for layer, a in enumerate(patterns(model, x)):
+        assert (got[layer].images, got[layer].grid, got[layer].num_prefix) == (5, GRID, p)
+        torch.testing.assert_close(got[layer].mean, mean_rows(a.double(), p), **F64)
+        torch.testing.assert_close(inside[layer].mean, got[layer].mean, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_a_head_replaced_by_its_positional_field_is_what_the_loop_reference_says(kind):
+    model, ref, x = model_of(kind), images(4, seed=2), images(2, seed=3)
+    p = model.num_prefix_tokens
+    attention = mean_attention(model, [ref])
+    rows = field_rows_by_loop(mean_rows(patterns(model, ref)[1].double(), p), GRID)
+    want_pattern = replaced(patterns(model, x)[1], p, [2], rows)
+    want = run_with_hooks(model, x, {"blocks.1.attn.pattern": lambda a, n: want_pattern})
+    edit = {"op": "replace_with_field", "layer": 1, "head": 2, "replacement": "field"}
+    with edited(model, [edit], attention=attention):
+        logits, cache = run_with_cache(model, x, ["blocks.1.attn.pattern"])
+    torch.testing.assert_close(cache["blocks.1.attn.pattern"], want_pattern, **F64)
+    torch.testing.assert_close(logits, want, **F64)
+    assert (logits - model(x)).abs().max() > 1e-4  # content stopped scoring: the output moved
+    torch.testing.assert_close(cache["blocks.1.attn.pattern"].sum(-1), torch.ones(2, 3, p + 35, dtype=torch.float64))
+
+
+def test_every_head_of_a_layer_replaced_by_its_fit_has_the_fitted_atoms_rows():
+    model, ref, x = model_of("dot"), images(4, seed=4), images(2, seed=5)
+    p = model.num_prefix_tokens
+    attention = mean_attention(model, [ref])
+    fit = hf.fit_atoms(attention[2].mean, GRID, 2)
+    b = lambda t: t[None, None, None].expand(1, *GRID, *t.shape)  # noqa: E731  (one field for every query)
+    rows = ssog_matrix(b(fit.mu), b(fit.sigma), b(fit.lam.log()), torch.tensor(1.0, dtype=torch.float64), GRID,
+                       "factorized")[0]  # fmt: skip
+    edit = ReplaceWithField(2, None, "fit", 2)
+    assert edit.describe() == "layer 2: every head's attention replaced by its 2-atom fit"
+    with edited(model, [edit], attention=attention):
+        _, cache = run_with_cache(model, x, ["blocks.2.attn.pattern"])
+    torch.testing.assert_close(
+        cache["blocks.2.attn.pattern"], replaced(patterns(model, x)[2], p, [0, 1, 2], rows), **F64
+    )
+
+
+def test_a_content_blind_model_replaced_whole_by_its_fits_does_not_move():
+    """A fixed-field SSOG model's heads are content-blind fields of two atoms, which their 2-atom fits recover: every
+    head of every layer replaced (the whole model) leaves the logits where they were; a steered model moves."""
+    torch.manual_seed(0)
+    fixed = ViT(**{**CFG, "depth": 2, "num_atoms": 2}, steer=(), cold_init=False).double().eval()
+    with torch.no_grad():  # well-separated atoms (σ ≈ 1.3 cells) with unequal weights: one best fit
+        for layer, block in enumerate(fixed.blocks):
+            for h in range(CFG["num_heads"]):
+                block.attn.mu[h] = torch.tensor([[1.0 + 0.5 * h - 0.3 * layer, -1.0], [-1.5, 1.5 - 0.5 * h]])
+            block.attn.raw_sigma.fill_(0.6)
+            block.attn.log_lambda.normal_(0, 0.3)
+    ref, x = images(2, seed=6), images(3, seed=7)
+    edits = [ReplaceWithField(layer, None, "fit", 2) for layer in range(2)]
+    with edited(fixed, edits, attention=mean_attention(fixed, [ref])):
+        moved = fixed(x)
+    torch.testing.assert_close(moved, fixed(x), rtol=0, atol=1e-6)
+    steered = model_for(depth=2)
+    with edited(steered, edits, attention=mean_attention(steered, [ref])):
+        edited_logits = steered(x)
+    assert (edited_logits - steered(x)).abs().max() > 1e-3
+
+
+def test_replace_with_field_is_refused_in_words():
+    model = lab_model("dot")
+    unmade = pytest.raises(EditError, match="needs the mean attention of the validation images")
+    with unmade, edited(model, [{"op": "replace_with_field", "layer": 0, "head": 1}]):
+        pass
+    with pytest.raises(EditError, match="atoms must be a whole number from 1 to 4, got 5"):
+        parse_edits([{"op": "replace_with_field", "layer": 0, "atoms": 5}])
+    with pytest.raises(EditError, match="unknown replacement 'mean'; expected fit or field"):
+        parse_edits([{"op": "replace_with_field", "layer": 0, "replacement": "mean"}])
+    no_head = pytest.raises(EditError, match=r"head 3 does not exist")
+    with no_head, edited(model, [{"op": "replace_with_field", "layer": 0, "head": 3}], attention=[]):
+        pass
+    attention = mean_attention(model, [images(2)])
+    other_size = pytest.raises(EditError, match=r"images of the validation images' size \(7×5 patches\)")
+    field = [{"op": "replace_with_field", "layer": 0, "replacement": "field"}]
+    with edited(model, field, attention=attention), other_size:
+        model(images(1, size=(24, 20)))
+    with pytest.raises(EditError, match="images of one size"):
+        mean_attention(model, [images(1), images(1, size=(24, 20))])
+
+
+def test_the_run_entry_makes_the_mean_attention_once_and_measures_like_every_edit():
+    model, img = lab_model("ssog"), images(1, seed=8)
+    meta = {"data": "shapes:train=4,val=30,classes=5", "class_names": None}
+    edits = [{"op": "replace_with_field", "layer": 1, "head": 0, "atoms": 1},
+             {"op": "replace_with_field", "layer": 2, "replacement": "field"}]  # fmt: skip
+    cache = Kept()
+    got = run_intervention(model, meta, edits, img, 12, memo=Memo(cache, "m")).to_dict()
+    assert ("attention", "m") in cache.made and ("means", "m") not in cache.made
+    attention = validation_attention(model, meta)
+    assert attention[0].images == 30  # the head means' images: the first 500 of the split, here all 30
+    data = load_eval_set(meta, (28, 20), 12)
+    by_hand = validation_effect(model, data, edits, attention=attention)
+    by_hand.images = data.describe()
+    assert got["validation"] == by_hand.to_dict()
+    assert set(got["validation"]["accuracy"]) == {"unedited", "edited", "ci95", "mcnemar_p"}
+    with edited(model, edits, attention=attention):
+        edited_logits = model(img)
+    assert torch.tensor(got["edited"]["probs"]).allclose(torch.softmax(edited_logits[0], -1).float(), atol=1e-6)
+    assert got["edited"]["probs"] != got["unedited"]["probs"]
+    result = run_intervention(model, meta, edits, img, 0, maps=False)
+    assert isinstance(result, InterventionResult) and "every head's attention replaced" in result.report()
+
+
+def test_head_importance_has_each_head_replaced_by_its_fit():
+    model, data = model_for(attn="dot", depth=1, num_registers=2), eval_set(12)
+    imp = head_importance(model, data, batch_size=5)
+    attention = mean_attention(model, data.batches(model, 5))  # what the sweep measures when given none
+    before = outcomes(model, data)
+    assert len(imp.replace) == 1 and len(imp.replace[0]) == CFG["num_heads"] and imp.atoms == 4
+    for layer, head in [(0, 1), (0, 2)]:
+        after = outcomes(model, data, [ReplaceWithField(layer, head, "fit", 4)], attention=attention)
+        cell = imp.replace[layer][head]
+        torch.testing.assert_close(cell.logp_drop, float((before.logp_true - after.logp_true).mean()))
+        assert cell.ci95[0] <= cell.logp_drop <= cell.ci95[1]
+    d = imp.to_dict()["replace_with_fit"]
+    assert d["atoms"] == 4 and set(d["cells"][0][0]) == {"accuracy_drop", "logp_drop", "ci95", "within_noise"}
