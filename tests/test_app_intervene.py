@@ -213,3 +213,17 @@ def test_a_closed_page_stops_the_evaluation_and_frees_the_users_slot(ctx, ui, mo
     monkeypatch.setattr(intervene.interventions, "run", real)
     *_, again = intervene.on_evaluate(ctx, ui, "ssog_shapes.safetensors", edits, 20, who)
     assert "first **20** validation images" in again[ui.validation]
+
+
+def test_the_importance_table_of_heads_replaced_by_their_fits_shows_and_adds_that_edit(ctx, ui):
+    from ssog_core.interventions.importance import Cell, HeadImportance
+
+    cells = [[Cell(0.1 * h, 0.25 * (layer + h), (0.1, 0.3 + h)) for h in range(4)] for layer in range(2)]
+    zeros = [[Cell(0.0, 0.0, (-0.1, 0.1)) for _ in range(4)] for _ in range(2)]
+    imp = HeadImportance(20, "zero", 0.9, zeros, {}, cells, 3)
+    out = intervene.importance_updates(ctx, ui, ctx.model("dot_shapes.safetensors"), imp)
+    assert out[ui.fits_table][1] == ["layer 1", *(intervene._cell(c) for c in cells[1])]
+    assert out[ui.fits_table][1][2] == "+0.500 [+0.100, +1.300]" and "its 3-atom fit" in out[ui.sweep_note]
+    added = intervene.on_fit_cell(ctx, ui, "dot_shapes.safetensors", [], (1, 3))
+    assert added[ui.listing] == "1. layer 1, head 2: attention replaced by its 4-atom fit"
+    assert intervene.on_fit_cell(ctx, ui, "dot_shapes.safetensors", [], (0, 0)) == {ui.status: gr.skip()}
