@@ -6,6 +6,8 @@ Same Chromium, flags and server as :mod:`tests.test_browser`."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -68,7 +70,8 @@ def test_a_standard_vit_in_the_browser(server):
             page.wait_for_selector(f"{chart} .js-plotly-plot", state="attached")
         note = page.inner_text("#geo-field-note")
         assert f"every head measured on {IMAGES} bundled picture(s)" in note and "prefix token" in note, note
-        assert page.locator("#geo-field-table tbody tr").count() == 6  # 2 layers × 3 heads
+        text = page.inner_text("#geo-field-table")
+        assert "mean distance (px)" in text and len(re.findall(r"^[01]\s+[012]\s+\d", text, re.M)) == 6, text
         shot(page, "standard_01_head_fields")
 
         x0, y0, x1, y1 = fit_panel_boxes(server)[2 * 2 + 1]  # head rows × layer columns: head 2 of layer 1
