@@ -2,7 +2,8 @@
 
 * :mod:`~ssog_core.interventions.edit` — the base :class:`Edit`, declared fields, the registry :data:`EDITS`,
   parsing and checks; :mod:`~ssog_core.interventions.ops` — one class per op (``close_gate``, ``scale_gate``,
-  ``ablate_head``, ``patch_head``, ``drop_atom``, ``set_head``, ``swap_axes``, ``move_atom``).
+  ``ablate_head``, ``patch_head``, ``drop_atom``, ``set_head``, ``swap_axes``, ``move_atom``,
+  ``replace_with_field``).
 * :mod:`~ssog_core.interventions.hooks` — the named hook points, :func:`run_with_cache`, :func:`run_with_hooks`.
 * :mod:`~ssog_core.interventions.run` — :func:`edited` (an edit list for one ``with`` block) and the unedited
   recordings it needs.
