@@ -32,7 +32,6 @@ from app.tabs import geometry, playground, training
 from ssog_core.analysis import report
 from ssog_core.analysis.controls import check_control
 from ssog_core.analysis.session import dumps, loads
-from ssog_core.cli.fields import heads_json
 from ssog_core.interventions.edit import edits_schema, ops_help
 
 
@@ -188,7 +187,7 @@ def register_api(ctx: AppContext, parts: Sequence[session.SessionPart]) -> None:
                         stats, about = done
                         yield {"checkpoint": checkpoint, "measured_on": about, "images": stats.images,
                                "grid": list(stats.grid), "num_prefix_tokens": stats.num_prefix,
-                               "atoms_per_head": int(atoms), "heads": heads_json(stats)}  # fmt: skip
+                               "atoms_per_head": int(atoms), "heads": report.heads_json(stats)}  # fmt: skip
         except EXPECTED_ERRORS as e:
             raise gr.Error(error_text(e)) from None
 

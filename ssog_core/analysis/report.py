@@ -84,6 +84,31 @@ def head_field_layers(stats: HeadFieldStats) -> tuple[list[LayerField], list[Lay
     return measured, fitted
 
 
+def heads_json(stats: HeadFieldStats) -> list[dict[str, Any]]:
+    """Every head as a field, one JSON object per head, layer by layer (what ``python -m ssog_core fields`` and
+    the app's ``/head_fields`` write)."""
+    out = []
+    for layer, fit in enumerate(stats.fits):
+        for head in range(fit.mu.shape[0]):
+            atoms = [
+                {"mu_y": float(m[0]), "mu_x": float(m[1]), "sigma_y": float(s[0]), "sigma_x": float(s[1]),
+                 "weight": float(w)}
+                for m, s, w in zip(fit.mu[head], fit.sigma[head], fit.lam[head], strict=True)
+            ]  # fmt: skip
+            out.append(
+                {
+                    "layer": layer,
+                    "head": head,
+                    "mean_distance_px": float(stats.mean_distance_px[layer, head]),
+                    "share_fit": float(stats.share_fit[layer, head]),
+                    "share_field": float(stats.share_field[layer, head]),
+                    "prefix_share": float(stats.prefix_share[layer, head]),
+                    "atoms": atoms,
+                }
+            )
+    return out
+
+
 def atom_rows(fields: Sequence[LayerField]) -> list[list[float | int]]:
     """One row per layer, head and atom (columns :data:`ATOM_COLUMNS`); looks-at is the key offset ``−μ``."""
     rows = []

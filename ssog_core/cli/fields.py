@@ -29,6 +29,7 @@ from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from ssog_core.analysis.head_as_field import HeadFieldStats, measure_head_fields
+from ssog_core.analysis.report import heads_json
 from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.format import CheckpointError, load_checkpoint
 from ssog_core.data.images import ImageError, list_images, model_input, parse_size
@@ -42,30 +43,6 @@ FIT_NOTE = (
     "attention in mean KL over patch queries and images (L-BFGS from three deterministic starts); shares: 1 - mean "
     "total-variation distance to the fitted atoms (share_fit) and to the positional field (share_field)"
 )
-
-
-def heads_json(stats: HeadFieldStats) -> list[dict[str, Any]]:
-    """One object per head, layer by layer."""
-    out = []
-    for layer, fit in enumerate(stats.fits):
-        for head in range(fit.mu.shape[0]):
-            atoms = [
-                {"mu_y": float(m[0]), "mu_x": float(m[1]), "sigma_y": float(s[0]), "sigma_x": float(s[1]),
-                 "weight": float(w)}
-                for m, s, w in zip(fit.mu[head], fit.sigma[head], fit.lam[head], strict=True)
-            ]  # fmt: skip
-            out.append(
-                {
-                    "layer": layer,
-                    "head": head,
-                    "mean_distance_px": float(stats.mean_distance_px[layer, head]),
-                    "share_fit": float(stats.share_fit[layer, head]),
-                    "share_field": float(stats.share_field[layer, head]),
-                    "prefix_share": float(stats.prefix_share[layer, head]),
-                    "atoms": atoms,
-                }
-            )
-    return out
 
 
 def _per_layer(ax, values: Tensor, offset: float, **style: Any) -> None:
