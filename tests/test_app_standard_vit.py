@@ -23,6 +23,8 @@ from app.main import launch
 from app.state import AppContext, AppError
 from app.tabs import compare, export, geometry
 from ssog_core import ViT
+from ssog_core.analysis import report
+from ssog_core.analysis.head_as_field import AtomFit, HeadFieldStats
 from ssog_core.analysis.head_spec import DEFAULT_SPEC
 from ssog_core.analysis.session import NO_TWIN
 from ssog_core.checkpoint.standard import lab_as_standard, save_timm_folder
@@ -270,3 +272,36 @@ def test_a_model_folder_travels_to_a_worker_as_bytes_and_is_checked(served, tmp_
     assert type(model).__name__ == "StandardViT" and meta["source"]["layout"] == "timm"
     with pytest.raises(JobError, match="differ from the server's checkpoint"):
         load_ref(ModelRef(sent.path, "0" * 64, sent.data, True))
+
+
+def test_head_field_layers_flip_the_field_to_key_offsets_and_measure_it_per_query():
+    """The geometry figure's layers from measured fields, against loops in float64 on a 7×5 grid: the density is
+    the positional field over key − query, and H / r are those of the field applied to every query."""
+    gh, gw, heads = 7, 5, 2
+    g = torch.Generator().manual_seed(5)
+    field = torch.rand(1, heads, 2 * gh - 1, 2 * gw - 1, generator=g, dtype=torch.float64) + 0.05
+    fit = AtomFit(torch.randn(heads, 2, 2, generator=g, dtype=torch.float64),
+                  0.5 + torch.rand(heads, 2, 2, generator=g, dtype=torch.float64),
+                  torch.tensor([[0.3, 0.7], [0.6, 0.4]], dtype=torch.float64), torch.zeros(heads))  # fmt: skip
+    zeros = torch.zeros(1, heads, dtype=torch.float64)
+    stats = HeadFieldStats((gh, gw), (4.0, 4.0), 1, 3, zeros, zeros, zeros, zeros, field, [fit])
+    measured, fitted = report.head_field_layers(stats)
+    lf = measured[0]
+    assert lf.extent == (gh - 1, gw - 1) and fitted[0].density.shape == lf.density.shape
+    for h in range(heads):
+        for oy in range(-(gh - 1), gh):
+            for ox in range(-(gw - 1), gw):  # key − query = −(query − key)
+                want = float(field[0, h, gh - 1 - oy, gw - 1 - ox])
+                assert float(lf.density[h, gh - 1 + oy, gw - 1 + ox]) == pytest.approx(want, rel=1e-6)
+        entropy, radius = [], []
+        for qy in range(gh):
+            for qx in range(gw):
+                row = {(ky, kx): float(field[0, h, gh - 1 + qy - ky, gw - 1 + qx - kx])
+                       for ky in range(gh) for kx in range(gw)}  # fmt: skip
+                total = sum(row.values())
+                p = {k: v / total for k, v in row.items()}
+                entropy.append(-sum(v * np.log(v) for v in p.values()))
+                radius.append(np.sqrt(sum(v * ((qy - ky) ** 2 + (qx - kx) ** 2) for (ky, kx), v in p.items())))
+        assert float(lf.entropy[h]) == pytest.approx(np.mean(entropy), rel=1e-5)
+        assert float(lf.radius[h]) == pytest.approx(np.mean(radius), rel=1e-5)
+        torch.testing.assert_close(lf.mu[h], fit.mu[h].float())
