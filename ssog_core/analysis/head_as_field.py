@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -477,3 +478,29 @@ def measure_head_fields(
         field=torch.stack(fields),
         fits=fits,
     )
+
+
+class MeanAttention:
+    """One layer's patch attention (rows renormalised over patch keys) averaged over images, ``(H, N, N)`` float64:
+    the sufficient statistic of each head's positional field and of its atom fit
+    (:mod:`ssog_core.analysis.head_as_field`), so :meth:`rows` makes either from it, once, and keeps it."""
+
+    def __init__(self, mean: Tensor, grid: tuple[int, int], num_prefix: int, images: int):
+        self.mean, self.grid, self.num_prefix, self.images = mean, grid, num_prefix, images
+        self._rows: dict[tuple[str, int], Tensor] = {}
+        self._lock = threading.Lock()  # threads sharing the model share its values: one fit each
+
+    def rows(self, replacement: str, atoms: int) -> Tensor:
+        """``(H, N, N)`` float64: every patch query's row of each head's positional field (``"field"``) or of its
+        ``atoms``-atom fit (``"fit"``), over the in-grid patch keys."""
+        key = (replacement, atoms if replacement == "fit" else 0)
+        with self._lock:
+            if key not in self._rows:
+                with torch.inference_mode(False):  # the fit needs gradients, whatever mode its first caller is in
+                    mean = self.mean.clone()
+                    if replacement == "field":
+                        rows = field_rows(field_of(mean, self.grid), self.grid)
+                    else:
+                        rows = fit_atoms(mean, self.grid, atoms).rows(self.grid)
+                self._rows[key] = rows.detach()
+            return self._rows[key]

@@ -26,7 +26,7 @@ from ssog_core.field import Field
 from ssog_core.nn.attention import SSOGAttention
 
 if TYPE_CHECKING:
-    from ssog_core.interventions.run import MeanAttention
+    from ssog_core.analysis.head_as_field import MeanAttention
 
 MAX_EDITS = 64
 

@@ -22,10 +22,11 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from ssog_core.analysis.head_as_field import MeanAttention
 from ssog_core.analysis.measures import AttentionMaps, attention_maps, export_maps_of
 from ssog_core.analysis.predictions import PredictionChange, prediction_change
 from ssog_core.interventions.edit import Edit, parse_edits
-from ssog_core.interventions.run import MeanAttention, edited, mean_head_outputs
+from ssog_core.interventions.run import edited, mean_head_outputs
 from ssog_core.interventions.validation import BATCH, EvalSet, load_eval_set
 from ssog_core.nn.hook_points import evaluating
 

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from ssog_core.analysis.head_as_field import MeanAttention
 from ssog_core.field import TAPS
 from ssog_core.interventions.edit import Edit
 from ssog_core.interventions.effects import (
@@ -28,7 +29,7 @@ from ssog_core.interventions.effects import (
     within_noise,
 )
 from ssog_core.interventions.ops import FIT_ATOMS, AblateHead, CloseGate, ReplaceWithField
-from ssog_core.interventions.run import MeanAttention, edited, mean_attention
+from ssog_core.interventions.run import edited, mean_attention
 from ssog_core.interventions.validation import BATCH, EvalSet
 from ssog_core.nn.attention import SSOGAttention
 from ssog_core.nn.hook_points import evaluating

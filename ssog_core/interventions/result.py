@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 from torch import Tensor, nn
 
+from ssog_core.analysis.head_as_field import MeanAttention
 from ssog_core.analysis.measures import attention_maps
 from ssog_core.interventions.edit import Edit, check_edits, describe, parse_edits
 from ssog_core.interventions.effects import (
@@ -28,7 +29,7 @@ from ssog_core.interventions.effects import (
     validation_effect,
 )
 from ssog_core.interventions.effects import outcomes as outcomes_on
-from ssog_core.interventions.run import MeanAttention, mean_attention
+from ssog_core.interventions.run import mean_attention
 from ssog_core.interventions.validation import EvalSet, load_eval_set
 
 T = TypeVar("T")

@@ -13,13 +13,12 @@ take ``ablate_head``, ``patch_head`` with ``what="output"`` and ``replace_with_f
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from ssog_core.analysis.head_as_field import _each_batch, field_of, field_rows, fit_atoms, patch_attention
+from ssog_core.analysis.head_as_field import MeanAttention, _each_batch, patch_attention
 from ssog_core.field import Field
 from ssog_core.interventions.edit import Edit, EditError, LayerInputs, Recorded, check_edits, parse_edits
 from ssog_core.nn.hook_points import HookPoint, PointFn, evaluating, hooked, reading
@@ -53,32 +52,6 @@ def mean_head_outputs(model: nn.Module, batches: Iterable[Tensor]) -> list[Tenso
     if sums is None or count == 0:
         raise EditError("the dataset mean needs at least one image")
     return [s / count for s in sums]
-
-
-class MeanAttention:
-    """One layer's patch attention (rows renormalised over patch keys) averaged over images, ``(H, N, N)`` float64:
-    the sufficient statistic of each head's positional field and of its atom fit
-    (:mod:`ssog_core.analysis.head_as_field`), so :meth:`rows` makes either from it, once, and keeps it."""
-
-    def __init__(self, mean: Tensor, grid: tuple[int, int], num_prefix: int, images: int):
-        self.mean, self.grid, self.num_prefix, self.images = mean, grid, num_prefix, images
-        self._rows: dict[tuple[str, int], Tensor] = {}
-        self._lock = threading.Lock()  # threads sharing the model share its values: one fit each
-
-    def rows(self, replacement: str, atoms: int) -> Tensor:
-        """``(H, N, N)`` float64: every patch query's row of each head's positional field (``"field"``) or of its
-        ``atoms``-atom fit (``"fit"``), over the in-grid patch keys."""
-        key = (replacement, atoms if replacement == "fit" else 0)
-        with self._lock:
-            if key not in self._rows:
-                with torch.inference_mode(False):  # the fit needs gradients, whatever mode its first caller is in
-                    mean = self.mean.clone()
-                    if replacement == "field":
-                        rows = field_rows(field_of(mean, self.grid), self.grid)
-                    else:
-                        rows = fit_atoms(mean, self.grid, atoms).rows(self.grid)
-                self._rows[key] = rows.detach()
-            return self._rows[key]
 
 
 def mean_attention(model: nn.Module, batches: Iterable[Tensor]) -> list[MeanAttention]:
