@@ -221,9 +221,13 @@ def test_the_geometry_tab_draws_any_model_as_fields_and_opens_a_fit_in_the_playg
         geometry.fitted_head_at(ctx, None, "fit", (1, 1))
 
 
-def test_head_importance_on_a_folder_says_it_has_no_validation_set(client):
+def test_what_needs_a_validation_set_says_a_folder_has_none(client):
     with pytest.raises(Exception, match="does not record its data"):
         client.predict("hf_vit", 20, "zero", api_name="/head_importance")
+    replace = [{"op": "replace_with_field", "layer": 0, "head": 1}]  # fitted to the validation images' attention
+    with pytest.raises(Exception, match="does not record its data"):
+        client.predict("hf_vit", "scene.png", replace, api_name="/intervene")
+    assert "hf_vit" in client.predict(api_name="/checkpoints")
 
 
 def test_compare_and_export_files_on_two_standard_vits(served):
