@@ -161,7 +161,8 @@ def test_good_uploads_ours_and_an_upstream_pt_with_its_config(ctx, page, folders
     x = torch.rand(1, 3, 32, 32)
     torch.testing.assert_close(ctx.model(name).model(x), ref(x))
     updates = layout.checkpoint_updates(ctx, page, name)
-    assert name in updates[page.checkpoint]["choices"] and updates[page.checkpoint]["value"] == name
+    assert name in [value for _, value in updates[page.checkpoint]["choices"]]  # (label, name) pairs
+    assert updates[page.checkpoint]["value"] == name
     for _ in range(10):  # disk use stays bounded: the oldest uploads go
         ctx.add_upload([str(folders["ckpts"]["dot"])])
     from app.state import MAX_UPLOADED_CHECKPOINTS
