@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ssog_core.nn.hook_points import HookPoint
+from ssog_core.nn.vit import patch_grid
 
 FAMILIES = ("timm", "vit", "deit", "dinov2", "dinov2_with_registers")  # whose conventions the weights follow
 POOLS = ("token", "avg", "token+avg")  # class token, patch mean, DINOv2's class token beside the patch mean
@@ -241,10 +242,7 @@ class StandardViT(nn.Module):
 
     def grid_for(self, height: int, width: int) -> tuple[int, int]:
         """Token grid for an image of the given size (sides must be multiples of the patch)."""
-        p = self.config.patch_size
-        if height % p or width % p or height < p or width < p:
-            raise ValueError(f"image size {height}×{width} is not a positive multiple of the patch size {p}")
-        return height // p, width // p
+        return patch_grid(height, width, self.config.patch_size)
 
     def pos_embed_for(self, grid: tuple[int, int]) -> Tensor:
         """The patches' position embedding ``(1, Gh·Gw, dim)`` on ``grid``: as learned, else resized bicubically

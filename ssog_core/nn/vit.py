@@ -50,6 +50,14 @@ class Block(nn.Module):
         return self.resid_post(x + self.drop2(self.mlp(self.norm2(x))))
 
 
+def patch_grid(height: int, width: int, patch: int) -> tuple[int, int]:
+    """The token grid of an image cut into ``patch``-pixel squares; its sides must be positive multiples of the
+    patch (every ViT the lab opens, its own and the standard ones)."""
+    if height % patch or width % patch or height < patch or width < patch:
+        raise ValueError(f"image size {height}×{width} is not a positive multiple of the patch size {patch}")
+    return height // patch, width // patch
+
+
 def resize_pos_embed(pe: Tensor, grid: tuple[int, int], to: tuple[int, int]) -> Tensor:
     """A ``(1, gh·gw, dim)`` position embedding learned on ``grid``, resized bilinearly to the grid ``to``: the one
     rule for resolution transfer and for a run started from weights trained at another size."""
@@ -92,10 +100,7 @@ class ViT(nn.Module):
 
     def grid_for(self, height: int, width: int) -> tuple[int, int]:
         """Token grid for an image of the given size (sides must be multiples of the patch)."""
-        p = self.config.patch_size
-        if height % p or width % p or height < p or width < p:
-            raise ValueError(f"image size {height}×{width} is not a positive multiple of the patch size {p}")
-        return height // p, width // p
+        return patch_grid(height, width, self.config.patch_size)
 
     def pos_embed_for(self, grid: tuple[int, int]) -> Tensor:
         """The position embedding on ``grid``: learned as is, else resized bilinearly (resolution transfer)."""
