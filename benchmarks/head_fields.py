@@ -46,26 +46,31 @@ def images(n: int, size: int) -> torch.Tensor:
     return torch.rand(n, 3, size, size, generator=torch.Generator().manual_seed(1))
 
 
+def clocks(fn) -> tuple[float, float]:
+    """Wall time and this process's CPU time (all threads) of ``fn()``: on a shared machine the wall clock also
+    counts the other processes' time slices, the CPU time does not."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
 def time_small(repeats: int) -> dict[str, float]:
-    """ViT-S/16 at 224²: the medians of one image's maps, the fields over 64 images and the fit alone."""
+    """ViT-S/16 at 224²: one image's maps (medians), the fields over 64 images and the fit alone; wall and CPU."""
     model, grid, patch = vit(384, 6, 224), (14, 14), (16.0, 16.0)
     one, batch = images(1, 224), images(64, 224).split(16)
-    maps_t = []
-    for _ in range(repeats + 1):  # the first run warms up
-        start = time.perf_counter()
-        export_maps_of(attention_maps(model, one))
-        maps_t.append(time.perf_counter() - start)
-    start = time.perf_counter()
-    stats = measure_head_fields(model, lambda: iter(batch), grid, model.num_prefix_tokens, patch, 4)
-    fields_t = time.perf_counter() - start
+    maps_t = [clocks(lambda: export_maps_of(attention_maps(model, one))) for _ in range(repeats + 1)][1:]
+    got = []
+    fields_t = clocks(
+        lambda: got.append(measure_head_fields(model, lambda: iter(batch), grid, model.num_prefix_tokens, patch, 4))
+    )
+    stats = got[0]
     names = [PATTERN_POINT.format(layer=i) for i in range(12)]
     with torch.no_grad():
         _, cache = run_with_cache(model, batch[0], names)
     mean = torch.cat([patch_attention(cache[n], grid, model.num_prefix_tokens)[0].mean(0) for n in names])
-    start = time.perf_counter()
-    fit_atoms(mean, grid, 4)
-    fit_t = time.perf_counter() - start
-    return {"maps_s": statistics.median(maps_t[1:]), "fields_s": fields_t, "fit_s": fit_t,
+    fit_t = clocks(lambda: fit_atoms(mean, grid, 4))
+    return {"maps_s": statistics.median(t[0] for t in maps_t), "maps_cpu_s": statistics.median(t[1] for t in maps_t),
+            "fields_s": fields_t[0], "fields_cpu_s": fields_t[1], "fit_s": fit_t[0], "fit_cpu_s": fit_t[1],
             "heads": int(stats.share_fit.numel())}  # fmt: skip
 
 
@@ -109,16 +114,17 @@ def table(small: dict[str, float], mem: dict[str, dict[str, float]], threads: in
     p, q = mem["patterns"], mem["plain"]
     rows = [
         f"`{command}` — {when}, {threads} torch thread(s), wall clock, random weights; load average {load} at the "
-        "start (the machine was shared with training runs, so absolute times are a guide only).",
+        "start (the machine was shared with training runs and tests, so wall times count their time slices too: "
+        "absolute times are a guide only; CPU time is this process's, all threads).",
         "",
-        "| what | measured | target | |",
+        "| what | measured: wall (CPU) | target, judged on CPU time (a bound on an idle machine's wall time) | |",
         "|---|---:|---:|---|",
-        f"| ViT-S/16, 224², one image: attention + export maps (median) | {small['maps_s']:.2f} s | "
-        f"≤ {TARGETS['maps']} s | {ok(small['maps_s'], TARGETS['maps'])} |",
+        f"| ViT-S/16, 224², one image: attention + export maps (median) | {small['maps_s']:.2f} s "
+        f"({small['maps_cpu_s']:.2f} s CPU) | ≤ {TARGETS['maps']} s | {ok(small['maps_cpu_s'], TARGETS['maps'])} |",
         f"| ViT-S/16, 224², 64 images: positional fields, shares and the 4-atom fit of all {small['heads']} heads "
-        f"(two passes) | {small['fields_s']:.1f} s | ≤ {TARGETS['fields']:.0f} s | "
-        f"{ok(small['fields_s'], TARGETS['fields'])} |",
-        f"| … of which the fit alone (72 heads, 14×14) | {small['fit_s']:.1f} s | | |",
+        f"(two passes) | {small['fields_s']:.1f} s ({small['fields_cpu_s']:.1f} s CPU) | ≤ {TARGETS['fields']:.0f} s "
+        f"| {ok(small['fields_cpu_s'], TARGETS['fields'])} |",
+        f"| … of which the fit alone (72 heads, 14×14) | {small['fit_s']:.1f} s ({small['fit_cpu_s']:.1f} s CPU) | | |",
         f"| ViT-B/16, 448², one image: all 12 layers' patterns kept, peak extra RSS | {p['extra_gb']:.2f} GB "
         f"({p['kept_gb']:.2f} GB of patterns; {p['seconds']:.1f} s) | ≤ {TARGETS['memory_gb']:.0f} GB | "
         f"{ok(p['extra_gb'], TARGETS['memory_gb'])} |",

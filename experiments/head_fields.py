@@ -130,10 +130,11 @@ def kept(path: Path, checkpoint: Path, n: int) -> dict[str, Any] | None:
     return entry if same else None
 
 
-def run_all(checkpoints: Path, out: Path, n: int) -> dict[str, dict[str, Any]]:
-    """Every bundled model of the matched trios, each measured once (resumed from ``out``/head_fields/)."""
+def run_all(checkpoints: Path, out: Path, n: int, datasets: tuple[str, ...] = DATASETS) -> dict[str, dict[str, Any]]:
+    """Every bundled model of the matched trios of ``datasets``, each measured once (resumed from
+    ``out``/head_fields/, so runs for different datasets can go side by side)."""
     results: dict[str, dict[str, Any]] = {}
-    for data in DATASETS:
+    for data in datasets:
         for kind in KINDS:
             ckpt = checkpoints / f"matched_{kind}_{data}.safetensors"
             if not ckpt.is_file():
@@ -268,7 +269,7 @@ def verdict(results: dict[str, dict[str, Any]]) -> list[str]:
         out.append(
             f"- **{data}, dot twin, layer by layer.** Made content-blind one layer at a time, "
             + (
-                f"layers {_names(quiet)} keep accuracy within noise"
+                f"{_names(quiet)} keep{'s' * (len(quiet) == 1)} accuracy within noise"
                 if quiet
                 else "no layer keeps accuracy within noise"
             )
@@ -335,15 +336,22 @@ def summary(results: dict[str, dict[str, Any]]) -> list[str]:
         "- **Supports:** " + ("; ".join(pro) if pro else "nothing measured here") + ".",
         "- **Contradicts:** " + ("; ".join(con) if con else "nothing measured here") + ".",
         "- **Not shown:** a dot head's loss when made content-blind says how that trained model uses content, not "
-        "whether steering a few atoms could supply it; the fits are tested on the images they were made from; two "
-        "small models on two synthetic tasks.",
+        "whether steering a few atoms could supply it; the fits are tested on the images they were made from; small "
+        f"models on {len([d for d in DATASETS if f'dot_{d}' in results])} synthetic task(s).",
     ]
+
+
+def command_of(images: int, threads: int, data: list[str]) -> str:
+    """The command that makes these results (``--data`` only when it is not every trio)."""
+    which = "" if sorted(data) == sorted(DATASETS) else " --data " + " ".join(data)
+    return f"python experiments/head_fields.py --images {images} --threads {threads}{which}"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=500, help="the first N validation images")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--data", nargs="+", choices=DATASETS, default=list(DATASETS), help="which trios to measure")
     ap.add_argument("--checkpoints", type=Path, default=ROOT / "checkpoints")
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
     ap.add_argument("--results", type=Path, default=ROOT / "docs" / "RESULTS.md")
@@ -351,12 +359,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.images < 1:
         ap.error(f"--images must be at least 1, got {args.images}")
     torch.set_num_threads(args.threads)
-    results = run_all(args.checkpoints, args.out, args.images)
+    results = run_all(args.checkpoints, args.out, args.images, tuple(args.data))
     if not results:
         ap.error(f"no matched_*_{{{','.join(DATASETS)}}} checkpoints in {args.checkpoints}")
-    text = json.dumps({"images": args.images, "atoms_per_head": FIT_ATOMS, "models": results}, indent=1)
+    runs = {"images": args.images, "threads": args.threads, "data": args.data}
+    text = json.dumps({**runs, "atoms_per_head": FIT_ATOMS, "models": results}, indent=1)
     atomic_write(args.out / "head_fields.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-    command = f"python experiments/head_fields.py --images {args.images} --threads {args.threads}"
+    command = command_of(**runs)
     replace_section(args.results, MARKS, section(results, args.images, command))
     print(f"wrote {args.out / 'head_fields.json'} and the section in {args.results}")
     return 0
