@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     text = table(small, mem, args.threads, load, argv)
     write_report(RESULTS / "head_fields_cpu.md", {"vit_s16_224": small, "vit_b16_448": mem}, text)
     block = "\n".join([MARKS[0], "### Heads as fields on standard ViTs", "", text.rstrip("\n"), MARKS[1]])
-    replace_section(ROOT / "benchmarks" / "RESULTS.md", MARKS, block, before="## GPU")
+    replace_section(ROOT / "benchmarks" / "RESULTS.md", MARKS, block, before="<!-- GPU-RESULTS:BEGIN -->")
     return 0
 
 
