@@ -136,7 +136,8 @@ def register_api(ctx: AppContext, parts: Sequence[session.SessionPart]) -> None:
         only: class probabilities (the checkpoint's class order) and accumulated export maps unedited and edited on
         an image (bundled name or SHA-256); with ``eval_images`` > 0 also accuracy and log p(true) on the first
         that many validation images, each change with its paired bootstrap 95% interval, McNemar's p and per-class
-        effects. Cancelling the job stops the validation work."""
+        effects (a model without a validation set: on the bundled pictures, agreement with its unedited prediction
+        and log p of that class, "reference": "unedited prediction"). Cancelling the job stops the validation work."""
         try:
             if int(eval_images) <= 0:
                 yield interventions.intervene(ctx, checkpoint, image, edits, 0)

@@ -44,7 +44,8 @@ def run(
     watch: queues.Watch | None = None,
 ) -> InterventionResult:
     """The run entry with the app's caches and images: on image ``sha`` (if given, in this process: light work)
-    and on ``n`` validation images (if > 0, a heavy job, its result kept per (checkpoint, image, edits, N)).
+    and on ``n`` validation images (if > 0, a heavy job, its result kept per (checkpoint, image, edits, N)); a model
+    without a validation set is measured on the bundled pictures instead, against its unedited predictions.
     ``stop`` cancels the validation work, also while it waits for a heavy slot; ``maps=False`` asks for the
     prediction only."""
 
@@ -55,14 +56,13 @@ def run(
     x = source(sha) if sha else None
     if not n or x is not None:  # the picture's part (or nothing): here
         here = run_intervention(loaded.model, loaded.meta, edits, x, sources=source, memo=memo(ctx, loaded),
-                                image_key=sha, maps=maps)  # fmt: skip
+                                image_key=sha, maps=maps, pictures=ctx.assets_dir)  # fmt: skip
         if not n:
             return here
     sources = {k: v.cpu() for k, v in patch_sources(edits, source).items()}  # workers compute on the CPU
     key = ("validation", loaded.key, edits_key(edits), int(n))
-    val = queues.submitted(
-        ctx.cache.effects, key, heavy.validation, loaded.key[0], edits, int(n), sources, stop=stop, watch=watch
-    )
+    val = queues.submitted(ctx.cache.effects, key, heavy.validation, loaded.key[0], edits, int(n), sources,
+                           ctx.assets_dir, stop=stop, watch=watch)  # fmt: skip
     return val if x is None else InterventionResult(here.edits, here.class_names, here.image, val.validation)
 
 

@@ -47,10 +47,10 @@ def test_progress_counts_validation_images_pass_by_pass(loaded):
     worker keeps the unedited outcomes); the numbers are the run entry's own."""
     heavy._kept._data.clear()
     seen, progress = recorder()
-    out = heavy.validation(loaded, EDITS, 250, None, progress, lambda: False)
+    out = heavy.validation(loaded, EDITS, 250, None, None, progress, lambda: False)
     assert seen == [(0, 500), (100, 500), (200, 500), (250, 500), (350, 500), (450, 500), (500, 500)]
     seen.clear()
-    again = heavy.validation(loaded, EDITS, 250, None, progress, lambda: False)
+    again = heavy.validation(loaded, EDITS, 250, None, None, progress, lambda: False)
     assert seen == [(0, 250), (100, 250), (200, 250), (250, 250)]
     model, meta = loaded
     ref = run_intervention(model, meta, EDITS, None, 250).validation.to_dict()

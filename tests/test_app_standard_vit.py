@@ -221,12 +221,26 @@ def test_the_geometry_tab_draws_any_model_as_fields_and_opens_a_fit_in_the_playg
         geometry.fitted_head_at(ctx, None, "fit", (1, 1))
 
 
-def test_what_needs_a_validation_set_says_a_folder_has_none(client):
+def test_a_folder_is_measured_on_the_bundled_pictures_against_its_own_predictions(served, client):
+    """replace_with_field on a folder: fields and outcomes from the bundled pictures, the unedited model's top-1
+    predictions as the reference (agreement, not accuracy); what still needs labels says a folder has none."""
+    ctx, _, _, ckpt = served
     with pytest.raises(Exception, match="does not record its data"):
         client.predict("hf_vit", 20, "zero", api_name="/head_importance")
-    replace = [{"op": "replace_with_field", "layer": 0, "head": 1}]  # fitted to the validation images' attention
-    with pytest.raises(Exception, match="does not record its data"):
-        client.predict("hf_vit", "scene.png", replace, api_name="/intervene")
+    replace = [{"op": "replace_with_field", "layer": layer, "replacement": "field"} for layer in range(2)]
+    got = client.predict("hf_vit", "scene.png", replace, 3, api_name="/intervene")
+    val = got["validation"]
+    paths = list_images(ctx.assets_dir)[:3]
+    assert val["reference"] == "unedited prediction" and val["n"] == 3
+    assert val["images"] == {"pictures": "assets", "first": 3, "reference": "unedited prediction"}
+    with torch.no_grad():  # transformers' own unedited predictions on the same pictures, counted by hand
+        ref = _eager(ckpt / "hf_vit")(_hf_input(ctx, paths)).logits.argmax(-1)
+    assert [(r["class"], r["n"]) for r in val["per_class"]] == [
+        (str(c), int((ref == c).sum())) for c in sorted(set(ref.tolist()))
+    ]
+    assert val["accuracy"]["unedited"] == 1.0 and got["edited"]["probs"] != got["unedited"]["probs"]
+    with pytest.raises(Exception, match="evaluate 1 to 4 pictures"):
+        client.predict("hf_vit", "scene.png", replace, 5, api_name="/intervene")
     assert "hf_vit" in client.predict(api_name="/checkpoints")
 
 

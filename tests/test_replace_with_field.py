@@ -2,21 +2,35 @@
 attention of the validation images. The mean is each layer's renormalised patch rows averaged over images; the patch
 rows of a replaced head are the field's (a float64 loop reference) or the fit's (the dense SSOG oracle), scaled to the
 mass the head left to patches, while prefix keys and queries stay the head's own; it acts on SSOG, dot, RBF and
-standard ViTs, passes through the one run entry, and head importance gains its column."""
+standard ViTs, passes through the one run entry (on a model folder without a validation set: on pictures, against
+the unedited model's predictions), and head importance gains its column."""
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from ssog_core import ViT
 from ssog_core.analysis import head_as_field as hf
+from ssog_core.checkpoint.format import load_checkpoint
+from ssog_core.cli.intervene import main as intervene_main
+from ssog_core.data.images import list_images, model_input
 from ssog_core.interventions.edit import EditError, parse_edits
 from ssog_core.interventions.effects import outcomes, validation_effect
 from ssog_core.interventions.hooks import run_with_cache, run_with_hooks
 from ssog_core.interventions.importance import head_importance
 from ssog_core.interventions.ops import ReplaceWithField
-from ssog_core.interventions.result import InterventionResult, Memo, run_intervention, validation_attention
+from ssog_core.interventions.result import (
+    InterventionResult,
+    Memo,
+    class_names,
+    run_intervention,
+    validation_attention,
+)
 from ssog_core.interventions.run import edited, mean_attention
 from ssog_core.interventions.validation import load_eval_set
 from ssog_core.nn.standard_vit import StandardViT, StandardViTConfig
@@ -185,13 +199,13 @@ def test_the_run_entry_makes_the_mean_attention_once_and_measures_like_every_edi
              {"op": "replace_with_field", "layer": 2, "replacement": "field"}]  # fmt: skip
     cache = Kept()
     got = run_intervention(model, meta, edits, img, 12, memo=Memo(cache, "m")).to_dict()
-    assert ("attention", "m") in cache.made and ("means", "m") not in cache.made
+    assert ("attention", "m", None) in cache.made and ("means", "m") not in cache.made
     attention = validation_attention(model, meta)
     assert attention[0].images == 30  # the head means' images: the first 500 of the split, here all 30
     data = load_eval_set(meta, (28, 20), 12)
     by_hand = validation_effect(model, data, edits, attention=attention)
     by_hand.images = data.describe()
-    assert got["validation"] == by_hand.to_dict()
+    assert got["validation"] == {**by_hand.to_dict(), "reference": "label"}
     assert set(got["validation"]["accuracy"]) == {"unedited", "edited", "ci95", "mcnemar_p"}
     with edited(model, edits, attention=attention):
         edited_logits = model(img)
@@ -214,3 +228,58 @@ def test_head_importance_has_each_head_replaced_by_its_fit():
         assert cell.ci95[0] <= cell.logp_drop <= cell.ci95[1]
     d = imp.to_dict()["replace_with_fit"]
     assert d["atoms"] == 4 and set(d["cells"][0][0]) == {"accuracy_drop", "logp_drop", "ci95", "within_noise"}
+
+
+def test_a_transformers_folder_loses_on_pictures_what_its_heads_stop_scoring(tmp_path, capsys):
+    """Every head of a folder without a validation set replaced by its positional field, measured on pictures
+    through the CLI: agreement with the unedited model and log p(its class), counted by hand from transformers' own
+    float64 forward (unedited) and the edited model, the fields made from all the pictures (not the first N)."""
+    transformers = pytest.importorskip("transformers")
+    mean, std = [0.45, 0.5, 0.55], [0.22, 0.3, 0.26]
+    torch.manual_seed(5)
+    config = transformers.ViTConfig(hidden_size=24, num_hidden_layers=3, num_attention_heads=3, image_size=28,
+                                    patch_size=7, num_labels=5, intermediate_size=40)  # fmt: skip
+    hf_model = transformers.ViTForImageClassification(config)
+    with torch.no_grad():  # sharp attention: a field replaces something far from uniform
+        for p in hf_model.parameters():
+            p.copy_(torch.randn_like(p))
+    folder, pictures = tmp_path / "hf_vit", tmp_path / "pictures"
+    hf_model.save_pretrained(folder)
+    transformers.ViTImageProcessor(image_mean=mean, image_std=std).save_pretrained(folder)
+    pictures.mkdir()
+    rng = np.random.default_rng(6)
+    for i in range(7):  # at the model's size, so no resampling stands between the two computations
+        Image.fromarray(rng.integers(0, 256, (28, 28, 3), dtype=np.uint8)).save(pictures / f"p{i}.png")
+    edits = [{"op": "replace_with_field", "layer": layer, "replacement": "field"} for layer in range(3)]
+    (tmp_path / "e.json").write_text(json.dumps(edits))
+    args = ["--checkpoint", str(folder), "--edits", str(tmp_path / "e.json"), "--eval", "6"]
+    assert intervene_main([*args, "--pictures", str(pictures), "--json", str(tmp_path / "out.json")]) == 0
+    text = capsys.readouterr().out
+    got = json.loads((tmp_path / "out.json").read_text())["validation"]
+
+    paths = list_images(pictures)
+    x64 = torch.tensor(np.stack([np.asarray(Image.open(p)) for p in paths[:6]]), dtype=torch.float64) / 255
+    x64 = ((x64 - torch.tensor(mean, dtype=torch.float64)) / torch.tensor(std, dtype=torch.float64)).permute(0, 3, 1, 2)
+    with torch.no_grad():
+        logp0 = torch.log_softmax(hf_model.double().eval()(x64).logits, -1)
+    model, meta = load_checkpoint(folder)
+    x = model_input(paths, (28, 28), meta)[0]
+    with torch.no_grad(), edited(model, edits, attention=mean_attention(model, [x])):
+        logp1 = torch.log_softmax(model(x[:6]).double(), -1)
+    ref = logp0.argmax(-1)
+    agree = (logp1.argmax(-1) == ref).double()
+    lost = int((agree == 0).sum())
+    dlogp = (logp1.gather(-1, ref[:, None]) - logp0.gather(-1, ref[:, None])).mean()
+    assert got["reference"] == "unedited prediction" and got["n"] == 6
+    assert got["images"] == {"pictures": "pictures", "first": 6, "reference": "unedited prediction"}
+    assert got["accuracy"]["unedited"] == 1.0 and got["accuracy"]["edited"] == pytest.approx(float(agree.mean()))
+    assert got["accuracy"]["mcnemar_p"] == pytest.approx(min(1.0, 2 * 0.5**lost))  # no image can be gained
+    assert got["logp_true"]["change"] == pytest.approx(float(dlogp), rel=1e-4, abs=1e-5)
+    assert abs(float(dlogp)) > 1e-2, float(dlogp)  # the fields changed what the model says
+    names = class_names(model, meta)
+    assert [(r["class"], r["n"]) for r in got["per_class"]] == [(names[c], int((ref == c).sum())) for c in
+                                                                sorted(set(ref.tolist()))]  # fmt: skip
+    assert "pictures (6): agreement with the unedited model 1.0000" in text and "accuracy" not in text
+    assert "log p(the unedited model's class)" in text
+    with pytest.raises(ValueError, match="evaluate 1 to 7 pictures"):
+        run_intervention(model, meta, edits, None, 8, pictures=pictures)

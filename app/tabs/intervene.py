@@ -28,7 +28,8 @@ from ssog_core.interventions.edit import EDITS, Param, check_edits, describe, do
 from ssog_core.interventions.effects import ValidationEffect
 from ssog_core.interventions.importance import HeadImportance
 from ssog_core.interventions.ops import FIT_ATOMS, TAP_NAMES, AblateHead, CloseGate, ReplaceWithField
-from ssog_core.interventions.validation import DEFAULT_EVAL_IMAGES, MAX_EVAL_IMAGES
+from ssog_core.interventions.result import reference
+from ssog_core.interventions.validation import DEFAULT_EVAL_IMAGES, MAX_EVAL_IMAGES, TERMS
 
 DOT_OPS = tuple(dot_product_ops())  # what a dot-product model can take
 CURRENT = "(the current picture)"
@@ -259,12 +260,14 @@ def on_apply(ctx: AppContext, ui: InterveneUI, ckpt: str | None, sha: str | None
 
 def validation_text(v: ValidationEffect) -> str:
     a, lp = v.accuracy, v.logp_true
+    acc, logp, images = TERMS[reference(v)]
     noise = lambda c: " — **within noise**" if c.within_noise else ""  # noqa: E731
     return (
-        f"On the first **{v.n}** validation images: accuracy **{a.unedited:.4f} → {a.edited:.4f}** (change "
+        f"On the first **{v.n}** {images}: {acc} **{a.unedited:.4f} → {a.edited:.4f}** (change "
         f"{a.change:+.4f}, 95% interval [{a.ci95[0]:+.4f}, {a.ci95[1]:+.4f}]{noise(a)}; McNemar exact p = "
         f"{v.mcnemar_p:.3g}, mid-p {v.mcnemar_mid_p:.3g}; {v.lost} images lost, {v.gained} gained).  \n"
-        f"Mean log p(true class) change **{lp.change:+.4f}** [{lp.ci95[0]:+.4f}, {lp.ci95[1]:+.4f}]{noise(lp)}."
+        f"Mean {logp} change **{lp.change:+.4f}** [{lp.ci95[0]:+.4f}, {lp.ci95[1]:+.4f}]{noise(lp)}.  \n"
+        f"Per class (by {reference(v)}) below: {acc} unedited and edited, and the change in {logp}."
     )
 
 
@@ -412,7 +415,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> InterveneUI:
             evaluate = gr.Button("Evaluate the edits", elem_id="iv-eval", scale=1)
         validation = gr.Markdown(elem_id="iv-val")
         per_class = gr.Dataframe(
-            headers=["class", "n", "acc unedited", "acc edited", "Δ log p(true)", "95% interval", ""],
+            headers=["class", "n", "unedited", "edited", "Δ log p", "95% interval", ""],
             interactive=False, elem_id="iv-classes",
         )  # fmt: skip
     with gr.Accordion(

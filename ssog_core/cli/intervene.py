@@ -9,8 +9,12 @@ A ``patch_head`` source names an image file: a path, a file beside the edits fil
 ``--assets`` (by name or SHA-256). ``--image`` gives the top-5 classes unedited and edited, the change in log p
 of the unedited prediction and the accumulated export maps; ``--eval N`` the first N validation images of the
 checkpoint's recorded data: accuracy and log p(true), unedited and edited, with paired bootstrap 95% intervals
-and McNemar's test. ``--json`` writes the same JSON as the app's ``/intervene`` endpoint. ``--cluster ADDRESS``
-runs the validation part on a worker of that Dask scheduler (the checkpoint and patch sources are sent to it).
+and McNemar's test. A model that records no data (a timm or transformers folder) is measured on the first N
+pictures of ``--pictures`` (default: ``--assets``) instead: they have no labels, so the unedited model's own
+prediction is the reference, and the report gives agreement with the unedited model and log p(the unedited model's
+class) in place of accuracy and log p(true). ``--json`` writes the same JSON as the app's ``/intervene`` endpoint.
+``--cluster ADDRESS`` runs the validation part on a worker of that Dask scheduler (the checkpoint and patch
+sources are sent to it).
 """
 
 from __future__ import annotations
@@ -71,20 +75,24 @@ def run(
     edits_dir: Path | None = None,
     progress: bool = True,
     cluster: str | None = None,
+    pictures: Path | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Apply ``edits`` (JSON list) to a checkpoint; returns the ``/intervene`` JSON and the text report. With
-    ``cluster`` the validation images are evaluated on a worker of that Dask scheduler."""
+    ``cluster`` the validation images are evaluated on a worker of that Dask scheduler. A model without a
+    validation set is measured on ``pictures`` (default: ``assets``)."""
     model, meta = load_checkpoint(checkpoint)
     parsed = parse_edits(edits)
     folders = [f for f in (edits_dir, Path.cwd(), assets) if f is not None]
     x = None if image is None else model_input([image], tuple(model.config.img_size), meta)[0]
     sources = sources_for(parsed, model, meta, folders)
+    pictures = assets if pictures is None else pictures
     if cluster and eval_images:
-        val = on_cluster(cluster, heavy.validation, checkpoint, parsed, eval_images, sources)
-        here = None if x is None else run_intervention(model, meta, parsed, x, sources=sources).image
-        result = InterventionResult(val.edits, val.class_names, here, val.validation)
+        val = on_cluster(cluster, heavy.validation, checkpoint, parsed, eval_images, sources, pictures)
+        here = None if x is None else run_intervention(model, meta, parsed, x, sources=sources, pictures=pictures)
+        result = InterventionResult(val.edits, val.class_names, here and here.image, val.validation)
     else:
-        result = run_intervention(model, meta, parsed, x, eval_images, sources=sources, progress=progress)
+        result = run_intervention(model, meta, parsed, x, eval_images, sources=sources, progress=progress,
+                                  pictures=pictures)  # fmt: skip
     return result.to_dict(), result.report()
 
 
@@ -94,14 +102,21 @@ def main(argv: list[str] | None = None) -> int:
         epilog="ops and their fields:\n" + ops_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--checkpoint", required=True, help="an SSOG Lab .safetensors checkpoint")
+    ap.add_argument("--checkpoint", required=True, help="an SSOG Lab .safetensors checkpoint or a ViT folder")
     ap.add_argument("--edits", required=True, help="a JSON file holding the list of edits")
     ap.add_argument("--image", help="an image file: its prediction and export maps, unedited and edited")
     ap.add_argument(
-        "--eval", type=int, default=0, metavar="N", help=f"the first N validation images (max {MAX_EVAL_IMAGES})"
+        "--eval",
+        type=int,
+        default=0,
+        metavar="N",
+        help=f"the first N validation images or pictures (max {MAX_EVAL_IMAGES})",
     )
     ap.add_argument("--json", help="write the result as JSON (the app's /intervene shape)")
     ap.add_argument("--assets", type=Path, default=DEFAULT_ASSETS, help="folder of bundled images (patch sources)")
+    ap.add_argument(
+        "--pictures", type=Path, help="pictures a model without a validation set is measured on (default: --assets)"
+    )
     ap.add_argument("--cluster", metavar="ADDRESS", help=CLUSTER_HELP)
     args = ap.parse_args(argv)
     if args.image is None and not args.eval:
@@ -109,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         edits = json.loads(Path(args.edits).read_text(encoding="utf-8"))
         result, text = run(args.checkpoint, edits, args.image, args.eval, args.assets, Path(args.edits).parent,
-                           cluster=args.cluster)  # fmt: skip
+                           cluster=args.cluster, pictures=args.pictures)  # fmt: skip
     except (OSError, json.JSONDecodeError) as e:
         print(f"error: cannot read {args.edits}: {e}", file=sys.stderr)
         return 2

@@ -14,6 +14,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from torch import Tensor, nn
@@ -99,18 +100,20 @@ def validation(
     edits: Sequence[Edit | dict],
     n: int,
     sources: dict[str, Tensor] | None,
+    pictures: Path | None,
     progress: Progress,
     stopped: Stopped,
 ) -> InterventionResult:
-    """``edits`` on the first ``n`` validation images (:func:`~ssog_core.interventions.result.run_intervention`);
-    ``sources``: the patch sources' model inputs."""
+    """``edits`` on the first ``n`` validation images, or on ``pictures`` for a model without them
+    (:func:`~ssog_core.interventions.result.run_intervention`); ``sources``: the patch sources' model inputs."""
     model, meta = loaded
     memo = _memo(model)
-    images = len(load_eval_set(dict(meta), model.config.img_size, n))
-    passes = 1 if ("eval", model, int(n)) in _kept else 2  # the unedited pass is kept per model and N
-    batches = Batches(images, passes, progress, stopped)
+    data = result.eval_set(model, meta, n, pictures)
+    unedited = 1 if data.labels is not None else 2  # unlabelled pictures: their reference pass, then the outcomes
+    kept = ("eval", model, int(n), result.pictures_key(meta, pictures)) in _kept  # kept per model, N and pictures
+    batches = Batches(len(data), 1 + (0 if kept else unedited), progress, stopped)
     out = result.run_intervention(model, meta, parse_edits(list(edits)), None, n, sources=sources, memo=memo,
-                                  stop=batches)  # fmt: skip
+                                  stop=batches, pictures=pictures)  # fmt: skip
     batches.finished()
     return out
 
@@ -161,7 +164,7 @@ def accuracy(loaded: Loaded, n: int, progress: Progress, stopped: Stopped) -> fl
     model, meta = loaded
     memo = _memo(model)
     images = len(load_eval_set(dict(meta), model.config.img_size, n))
-    batches = Batches(images, 0 if ("eval", model, int(n)) in _kept else 1, progress, stopped)
+    batches = Batches(images, 0 if ("eval", model, int(n), None) in _kept else 1, progress, stopped)
     data, outcomes = result.eval_outcomes(model, meta, n, memo, stop=batches)
     batches.finished()
     return float(outcomes.correct(data.labels).double().mean())

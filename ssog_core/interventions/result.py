@@ -10,7 +10,8 @@ made by the functions here, so the app's sweeps and views share them."""
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import torch
@@ -20,6 +21,7 @@ from ssog_core.analysis.head_as_field import MeanAttention
 from ssog_core.analysis.measures import attention_maps
 from ssog_core.interventions.edit import Edit, check_edits, describe, parse_edits
 from ssog_core.interventions.effects import (
+    Cancelled,
     ImageEffect,
     Outcomes,
     ValidationEffect,
@@ -30,7 +32,7 @@ from ssog_core.interventions.effects import (
 )
 from ssog_core.interventions.effects import outcomes as outcomes_on
 from ssog_core.interventions.run import mean_attention
-from ssog_core.interventions.validation import EvalSet, load_eval_set
+from ssog_core.interventions.validation import LABEL, TERMS, EvalSet, load_eval_set, load_pictures
 
 T = TypeVar("T")
 Sources = Mapping[str, Tensor] | Callable[[str], Tensor]  # patch source name → its model input (1, C, H, W)
@@ -45,15 +47,23 @@ class Cache(Protocol):
 @dataclass(frozen=True)
 class Memo:
     """Where a caller keeps a model's expensive values between calls: its ``cache`` and the model's identity in the
-    keys (``(what, model_key, ...)``: ``("eval", key, n)``, ``("means", key)``, ``("attention", key)``,
-    ``("maps", key, image_key)``, ``("logits", key, image_key)``). ``Memo()`` keeps nothing: everything is made
-    for this call."""
+    keys (``(what, model_key, ...)``: ``("eval", key, n, pictures)``, ``("means", key)``,
+    ``("attention", key, pictures)``, ``("maps", key, image_key)``, ``("logits", key, image_key)``). ``Memo()``
+    keeps nothing: everything is made for this call."""
 
     cache: Cache | None = None
     model_key: Hashable = None
 
     def get(self, what: str, *part: Hashable, make: Callable[[], T]) -> T:
         return make() if self.cache is None else self.cache.get((what, self.model_key, *part), make)
+
+
+def eval_set(model: nn.Module, meta: Mapping[str, Any], n: int | None = None, pictures: Path | None = None) -> EvalSet:
+    """What ``model`` is measured on: the first ``n`` validation images of its data, or, where it records none and
+    ``pictures`` (a folder) is given, the first ``n`` pictures there (unlabelled: see :func:`labelled_by`)."""
+    if meta.get("data") or pictures is None:
+        return load_eval_set(dict(meta), model.config.img_size, n)
+    return load_pictures(pictures, model.config.img_size, class_names(model, meta), dict(meta), n)
 
 
 def eval_outcomes(
@@ -63,15 +73,35 @@ def eval_outcomes(
     memo: Memo = Memo(),
     progress: bool = False,
     stop: Callable[[], bool] | None = None,
+    pictures: Path | None = None,
 ) -> tuple[EvalSet, Outcomes]:
-    """The first ``n`` validation images and the unedited model's outcomes on them (kept per model and ``n``;
-    ``stop`` cancels the first computation between batches)."""
+    """What the model is measured on (:func:`~ssog_core.interventions.validation.eval_set`: the first ``n``
+    validation images, or ``pictures`` labelled by the unedited model's predictions) and the unedited model's
+    outcomes on them (kept per model, ``n`` and pictures; ``stop`` cancels the first computation between batches)."""
 
     def make() -> tuple[EvalSet, Outcomes]:
-        data = load_eval_set(dict(meta), model.config.img_size, n)
+        data = eval_set(model, dict(meta), n, pictures)
+        if data.labels is None:
+            data = labelled_by(data, model, stop)
         return data, outcomes_on(model, data, progress=progress, stop=stop)
 
-    return memo.get("eval", int(n), make=make)
+    return memo.get("eval", int(n), pictures_key(meta, pictures), make=make)
+
+
+def labelled_by(data: EvalSet, model: nn.Module, stop: Callable[[], bool] | None = None) -> EvalSet:
+    """Unlabelled pictures labelled with the unedited ``model``'s top-1 predictions, their reference (``stop`` is
+    asked before each batch, as in every pass over images)."""
+    preds = []
+    for x in data.batches(model):
+        if stop is not None and stop():
+            raise Cancelled("the pass over the pictures was stopped")
+        preds.append(logits_of(model, x).argmax(-1).cpu())
+    return replace(data, labels=torch.cat(preds))
+
+
+def pictures_key(meta: Mapping[str, Any], pictures: Path | None) -> str | None:
+    """The pictures folder in a memo key, where the model is measured on it (``None``: its validation set)."""
+    return None if meta.get("data") or pictures is None else str(pictures)
 
 
 def head_means(model: nn.Module, meta: Mapping[str, Any], memo: Memo = Memo()) -> list[Tensor]:
@@ -79,16 +109,18 @@ def head_means(model: nn.Module, meta: Mapping[str, Any], memo: Memo = Memo()) -
     return memo.get("means", make=lambda: dataset_means(model, dict(meta)))
 
 
-def validation_attention(model: nn.Module, meta: Mapping[str, Any], memo: Memo = Memo()) -> list[MeanAttention]:
+def validation_attention(
+    model: nn.Module, meta: Mapping[str, Any], memo: Memo = Memo(), pictures: Path | None = None
+) -> list[MeanAttention]:
     """The mean patch attention ``replace_with_field`` reads, over the head means' images (the first
-    :data:`~ssog_core.interventions.validation.DEFAULT_EVAL_IMAGES` validation images: a fixed set, so the fields do
-    not depend on N); kept per model, with the fits made from it."""
+    :data:`~ssog_core.interventions.validation.DEFAULT_EVAL_IMAGES` validation images, or as many of ``pictures``
+    for a model without them: a fixed set, so the fields do not depend on N); kept per model, with the fits made
+    from it."""
 
     def make() -> list[MeanAttention]:
-        data = load_eval_set(dict(meta), model.config.img_size)
-        return mean_attention(model, data.batches(model))
+        return mean_attention(model, eval_set(model, dict(meta), None, pictures).batches(model))
 
-    return memo.get("attention", make=make)
+    return memo.get("attention", pictures_key(meta, pictures), make=make)
 
 
 def patch_sources(edits: Sequence[Edit], sources: Sources | None) -> dict[str, Tensor]:
@@ -104,6 +136,11 @@ def patch_sources(edits: Sequence[Edit], sources: Sources | None) -> dict[str, T
 def class_names(model: nn.Module, meta: Mapping[str, Any]) -> list[str]:
     """The checkpoint's class names, or ``class i`` where it records none."""
     return [str(n) for n in meta.get("class_names") or [f"class {i}" for i in range(model.config.num_classes)]]
+
+
+def reference(effect: ValidationEffect) -> str:
+    """What ``effect``'s outcomes were measured against: the labels, or the unedited model's predictions."""
+    return (effect.images or {}).get("reference", LABEL)
 
 
 @dataclass
@@ -128,7 +165,7 @@ class InterventionResult:
                     "edited": self.image.accumulated_edited.tolist(),
                 }
         if self.validation is not None:
-            out["validation"] = self.validation.to_dict()
+            out["validation"] = {**self.validation.to_dict(), "reference": reference(self.validation)}
         return out
 
     def report(self) -> str:
@@ -142,19 +179,20 @@ class InterventionResult:
             out.append(f"Δ log p of the unedited prediction: {img.dlogp:+.4f}")
         if val is not None:
             a, lp = val.accuracy, val.logp_true
+            acc, logp, images = TERMS[reference(val)]
             noise = lambda c: " (within noise)" if c.within_noise else ""  # noqa: E731
             out.append(
-                f"validation ({val.n} images): accuracy {a.unedited:.4f} → {a.edited:.4f}, change {a.change:+.4f} "
+                f"{images} ({val.n}): {acc} {a.unedited:.4f} → {a.edited:.4f}, change {a.change:+.4f} "
                 f"[{a.ci95[0]:+.4f}, {a.ci95[1]:+.4f}]{noise(a)}; McNemar p = {val.mcnemar_p:.3g} "
                 f"(mid-p {val.mcnemar_mid_p:.3g}; {val.lost} lost, {val.gained} gained)"
             )
-            out.append(f"mean log p(true) change {lp.change:+.4f} [{lp.ci95[0]:+.4f}, {lp.ci95[1]:+.4f}]{noise(lp)}")
+            out.append(f"mean {logp} change {lp.change:+.4f} [{lp.ci95[0]:+.4f}, {lp.ci95[1]:+.4f}]{noise(lp)}")
             for r in val.per_class:
                 ci = r["logp_true"]["ci95"]
                 mark = " (within noise)" if r["within_noise"] else ""
                 out.append(
-                    f"  {r['class']:<20} acc {r['accuracy']['unedited']:.3f} → {r['accuracy']['edited']:.3f}, "
-                    f"log p(true) {r['logp_true']['change']:+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}]{mark}"
+                    f"  {r['class']:<20} {acc} {r['accuracy']['unedited']:.3f} → {r['accuracy']['edited']:.3f}, "
+                    f"{logp} {r['logp_true']['change']:+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}]{mark}"
                 )
         return "\n".join(out)
 
@@ -172,6 +210,7 @@ def run_intervention(
     maps: bool = True,
     progress: bool = False,
     stop: Callable[[], bool] | None = None,
+    pictures: Path | None = None,
 ) -> InterventionResult:
     """Apply ``edits`` to ``model`` for this call: on ``image`` (a model input ``(1, C, H, W)``) and/or on the first
     ``eval_images`` validation images of the checkpoint's data (:mod:`ssog_core.interventions.validation`).
@@ -180,13 +219,15 @@ def run_intervention(
     ``memo`` keeps the validation images and their unedited outcomes, the head means and (with ``image_key`` naming
     the image) the image's unedited maps or logits between calls. ``maps=False`` asks for the image's prediction
     only (no maps: one forward pass each side). ``stop`` is asked between batches of validation images (true:
-    :class:`~ssog_core.interventions.effects.Cancelled`).
+    :class:`~ssog_core.interventions.effects.Cancelled`). ``pictures``: a folder of pictures a model without a
+    validation set is measured on instead, against its unedited predictions
+    (:func:`~ssog_core.interventions.validation.eval_set`).
     """
     parsed = parse_edits(list(edits))
     src = patch_sources(parsed, sources)
     check_edits(model, parsed, src, has_means=True, has_attention=True)  # refused before any work (both made below)
     means = head_means(model, meta, memo) if any(e.needs_means() for e in parsed) else None
-    attention = validation_attention(model, meta, memo) if any(e.needs_attention() for e in parsed) else None
+    attention = validation_attention(model, meta, memo, pictures) if any(e.needs_attention() for e in parsed) else None
     img = val = None
     if image is not None:
         what, unedited = ("maps", attention_maps) if maps else ("logits", logits_of)
@@ -197,7 +238,7 @@ def run_intervention(
         )
         img = image_effect(model, image, parsed, src, means, base, maps=maps, attention=attention)
     if eval_images:
-        data, unedited_outcomes = eval_outcomes(model, meta, eval_images, memo, progress, stop)
+        data, unedited_outcomes = eval_outcomes(model, meta, eval_images, memo, progress, stop, pictures)
         with torch.inference_mode():
             val = validation_effect(
                 model, data, parsed, src, means, unedited_outcomes, progress=progress, stop=stop, attention=attention

@@ -4,41 +4,60 @@ They are the *first* ``n`` images of the validation split of the checkpoint's re
 at the model's input size, not a random subset: the procedural data sets label image ``i`` as class ``i mod K``,
 so a prefix is balanced, and every caller gets the same images for the same ``n``. :meth:`EvalSet.describe` is
 what a result records about them.
+
+A model that records no data (a standard ViT folder) is measured on pictures instead (:func:`load_pictures`: the
+bundled pictures, or a folder the user names). They have no labels, so the unedited model's own top-1 predictions
+are the reference (:func:`ssog_core.interventions.result.labelled_by`): "accuracy" is then agreement with the
+unedited model and "log p(true)" is log p(the unedited model's class), and every report names them so
+(:data:`TERMS`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 from torch import Tensor, nn
 
+from ssog_core.data.images import list_images, load_image
 from ssog_core.data.sources import DataError, Transformed, open_data
 
 DEFAULT_EVAL_IMAGES = 500
 MAX_EVAL_IMAGES = 2000
 BATCH = 100
+LABEL, PREDICTION = "label", "unedited prediction"  # what an eval set's outcomes are measured against
+TERMS = {  # reference → (what "accuracy" is, what "log p(true)" is, what the images are), in words
+    LABEL: ("accuracy", "log p(true class)", "validation images"),
+    PREDICTION: ("agreement with the unedited model", "log p(the unedited model's class)", "pictures"),
+}
 
 
 @dataclass
 class EvalSet:
-    """The first ``n`` validation images of a checkpoint's data, as the model takes them (uint8, NHWC)."""
+    """The first ``n`` validation images of a checkpoint's data, as the model takes them (uint8, NHWC); or the first
+    ``n`` pictures of a folder (``reference`` :data:`PREDICTION`; ``labels`` ``None`` until the unedited model
+    labels them)."""
 
     images: Tensor
-    labels: Tensor
+    labels: Tensor | None
     class_names: list[str]
     spec: str
     normalization: dict[str, list[float]] | None = None
+    reference: str = LABEL
 
     def __len__(self) -> int:
-        return len(self.labels)
+        return len(self.images)
 
     def describe(self) -> dict[str, Any]:
         """Which images these are, as a result records them."""
-        return {"data": self.spec, "split": "validation", "first": len(self)}
+        if self.reference == LABEL:
+            return {"data": self.spec, "split": "validation", "first": len(self)}
+        return {"pictures": self.spec, "first": len(self), "reference": self.reference}
 
     def batch(
         self, start: int, stop: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
@@ -86,4 +105,30 @@ def load_eval_set(meta: dict[str, Any], img_size: Sequence[int], n: int | None =
         class_names=list(source.class_names),
         spec=spec,
         normalization=meta.get("normalization"),
+    )
+
+
+def load_pictures(
+    folder: str | Path, img_size: Sequence[int], class_names: Sequence[str], meta: dict[str, Any], n: int | None = None
+) -> EvalSet:
+    """The first ``n`` pictures of ``folder`` (by name; default all, at most :data:`DEFAULT_EVAL_IMAGES`) at
+    ``img_size``, unlabelled: what a model without a validation set is measured on."""
+    paths = list_images(folder) if Path(folder).is_dir() else []
+    if not paths:
+        raise DataError(f"this model records no validation set, and {folder} holds no pictures to measure it on")
+    cap = min(len(paths), MAX_EVAL_IMAGES)
+    n = min(DEFAULT_EVAL_IMAGES, cap) if n is None else int(n)
+    if not 1 <= n <= cap:
+        raise ValueError(
+            f"evaluate 1 to {cap} pictures ({folder} holds {len(paths)}, at most {MAX_EVAL_IMAGES}), got {n}"
+        )
+    size = (int(img_size[1]), int(img_size[0]))
+    images = [np.asarray(load_image(p).resize(size, Image.Resampling.BICUBIC)) for p in paths[:n]]
+    return EvalSet(
+        images=torch.from_numpy(np.stack(images)),
+        labels=None,
+        class_names=list(class_names),
+        spec=Path(folder).name,
+        normalization=meta.get("normalization"),
+        reference=PREDICTION,
     )
