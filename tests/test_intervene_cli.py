@@ -33,7 +33,7 @@ def test_cli_reports_one_image_and_the_validation_set(tmp_path, capsys):
     args = ["--checkpoint", str(ckpt), "--edits", str(tmp_path / "edits.json"), "--image", str(tmp_path / "a.png")]
     assert main([*args, "--eval", "20", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "layer 2, head 0: mirrored across the diagonal (y ↔ x)" in text and "validation (20 images)" in text
+    assert "layer 2, head 0: mirrored across the diagonal (y ↔ x)" in text and "validation images (20)" in text
     result = json.loads(out.read_text())
     assert set(result) == {"unedited", "edited", "accumulated_export", "validation"}
     assert len(result["edited"]["probs"]) == 5 and result["unedited"]["label"] in META["class_names"]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ssog_core.checkpoint import format as checkpoint
+from ssog_core.checkpoint import weights as checkpoint
 from ssog_core.checkpoint.format import load_checkpoint, read_checkpoint
 from ssog_core.cli import train
 from ssog_core.train import trainer
@@ -34,7 +34,7 @@ HOLD_SAVE = """
 import sys, time
 from pathlib import Path
 import torch
-from ssog_core.checkpoint import format as checkpoint
+from ssog_core.checkpoint import weights as checkpoint
 from ssog_core.cli import train
 
 which, nth, marker = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
