@@ -157,7 +157,9 @@ def test_the_entry_modules_only_reach_the_cli():
     cli = {p.stem for p in (PACKAGE / "cli").glob("*.py") if p.stem != "__init__"}
     assert sorted(module for module, _ in COMMANDS.values()) == sorted(cli)
     assert all(name == module.replace("_", "-") for name, (module, _) in COMMANDS.items())
-    assert not [p.name for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__", "field", "version", "jobs")]
+    assert not [
+        p.name for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__", "field", "version", "jobs")
+    ]
 
 
 # ------------------------------------------------------------------------------------------------------------ app/
