@@ -364,7 +364,8 @@ class DaskCluster(Backend):
     def executor(self) -> cf.Executor:
         with self._lock:
             if self._client.status != "running":
-                self._client.close()
+                with suppress(Exception):  # closing a client whose scheduler is gone can fail inside
+                    self._client.close()  # distributed ("Cannot change state of expiring Timeout"): it is gone anyway
                 self._client = self._connect()
                 self._executor = self._client.get_executor(pure=False)
             return self._executor
