@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import gradio as gr
 
 from app import memory
+from app.common import stoppable
 from ssog_core.interventions import heavy as heavy_jobs
 from ssog_core.interventions.effects import Cancelled
 from ssog_core.jobs import THREADS, Engine, Job
@@ -137,6 +138,16 @@ def submitted(
                     job.stop()
 
     return cache.get(key, make)
+
+
+def watched(request: Any, work: Callable[[Callable[[], bool], Watch], T]) -> Iterator[tuple[T | None, str]]:
+    """Run ``work(stop, watch)`` as the user's one heavy job (:func:`one_per_user`), in a thread a closed page
+    stops (:func:`app.common.stoppable`): yields ``(None, progress in words)`` while it runs, then ``(result, "")``.
+    A handler yields its own first value before calling this, so a job cancelled before it starts holds no slot."""
+    watch = Watch()
+    with one_per_user(request):
+        for result in stoppable(lambda stop: work(stop, watch)):
+            yield result, watch.note() if result is None else ""
 
 
 def user_of(request: Any) -> str:

@@ -104,7 +104,7 @@ def test_the_tabs_heavy_work_runs_on_a_worker_with_its_progress_on_the_page(ctx,
     from app.tabs import intervene
 
     # the page is told every millisecond, so a job that ends within the default half second still shows a note
-    monkeypatch.setattr(intervene, "stoppable", lambda work: common.stoppable(work, poll=0.001))
+    monkeypatch.setattr(queues, "stoppable", lambda work: common.stoppable(work, poll=0.001))
     heavy._kept._data.clear()
     pids = queues.start_workers(queues.engine())
     assert len(pids) == queues.HEAVY_LIMIT and os.getpid() not in pids

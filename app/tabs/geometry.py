@@ -17,7 +17,7 @@ from PIL import Image
 from torch import Tensor
 
 from app import plots, queues, widgets
-from app.common import Updates, error_text, shown_figure, stoppable, warn, write_downloads
+from app.common import Updates, error_text, shown_figure, warn, write_downloads
 from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError, LoadedModel
 from app.widgets import layer_update, model_depth
@@ -380,11 +380,11 @@ def on_measure(
             raise AppError("pick a checkpoint first")
         loaded = ctx.model(ckpt)
         yield {ui.field_note: f"Measuring every head of **{ckpt}** as a field…"}
-        watch = queues.Watch()
-        with queues.one_per_user(request):
-            for done in stoppable(lambda stop: head_fields_of(ctx, loaded, int(n), int(atoms), stop, watch)):
-                if done is None:
-                    yield {ui.field_note: f"Measuring every head of **{ckpt}** as a field: {watch.note()}…"}
+        for done, progress in queues.watched(
+            request, lambda stop, watch: head_fields_of(ctx, loaded, int(n), int(atoms), stop, watch)
+        ):
+            if done is None:
+                yield {ui.field_note: f"Measuring every head of **{ckpt}** as a field: {progress}…"}
         yield field_view(ctx, ui, loaded, int(n), int(atoms))
     except Exception as e:
         yield {ui.field_note: warn(error_text(e))}

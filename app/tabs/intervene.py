@@ -19,7 +19,7 @@ import numpy as np
 from gradio.blocks import Block
 
 from app import interventions, plots, queues
-from app.common import Updates, error_text, stoppable, warn
+from app.common import Updates, error_text, warn
 from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError, LoadedModel, default_twin
 from ssog_core.analysis.session import NO_TWIN
@@ -290,16 +290,14 @@ def on_evaluate(
             raise AppError("pick a checkpoint first")
         loaded, parsed = ctx.model(ckpt), parse_edits(edits or [])
         yield {ui.validation: f"Evaluating the edits on {int(n)} validation images…"}
-        watch = queues.Watch()
-        with queues.one_per_user(request):
-            for result in stoppable(
-                lambda stop: interventions.run(ctx, loaded, None, parsed, int(n), stop, watch=watch)
-            ):
-                if result is None:  # a value now and then is also when Gradio can stop it
-                    yield {ui.validation: f"Evaluating the edits: {watch.note()}…"}
-                    continue
-                v = result.validation
-                yield {ui.validation: validation_text(v), ui.per_class: class_rows(v), ui.status: ""}
+        for result, progress in queues.watched(
+            request, lambda stop, watch: interventions.run(ctx, loaded, None, parsed, int(n), stop, watch=watch)
+        ):
+            if result is None:  # a value now and then is also when Gradio can stop it
+                yield {ui.validation: f"Evaluating the edits: {progress}…"}
+                continue
+            v = result.validation
+            yield {ui.validation: validation_text(v), ui.per_class: class_rows(v), ui.status: ""}
     except Exception as e:
         yield {ui.validation: warn(error_text(e))}
 
@@ -351,13 +349,13 @@ def on_sweep(
             raise AppError("pick a checkpoint first")
         loaded = ctx.model(ckpt)
         yield {ui.sweep_note: f"Sweeping every head and gate of **{ckpt}** on {int(n)} images…"}
-        watch = queues.Watch()
-        with queues.one_per_user(request):  # taken after the first value: a job cancelled before holds nothing
-            for imp in stoppable(lambda stop: interventions.importance(ctx, loaded, int(n), mode, stop, watch)):
-                if imp is None:
-                    yield {ui.sweep_note: f"Sweeping every head and gate of **{ckpt}**: {watch.note()}…"}
-                else:
-                    yield importance_updates(ctx, ui, loaded, imp)
+        for imp, progress in queues.watched(
+            request, lambda stop, watch: interventions.importance(ctx, loaded, int(n), mode, stop, watch)
+        ):
+            if imp is None:
+                yield {ui.sweep_note: f"Sweeping every head and gate of **{ckpt}**: {progress}…"}
+            else:
+                yield importance_updates(ctx, ui, loaded, imp)
     except Exception as e:
         yield {ui.sweep_note: warn(error_text(e))}
 
