@@ -25,7 +25,7 @@ from gradio.utils import get_function_params, get_upload_folder
 
 from app import interventions, queues
 from app import session_protocol as session
-from app.common import EXPECTED_ERRORS, error_text, stoppable
+from app.common import EXPECTED_ERRORS, error_text
 from app.export_maps import control_for, maps_for
 from app.state import AppContext, AppError
 from app.tabs import geometry, playground, training
@@ -131,21 +131,26 @@ def register_api(ctx: AppContext, parts: Sequence[session.SessionPart]) -> None:
 
     def intervene(
         checkpoint: str, image: str, edits: list[dict], eval_images: int = 0, request: gr.Request | None = None
-    ) -> Iterator[dict | None]:
+    ) -> Iterator[dict]:
         """Apply edits (JSON objects with an "op", in order; the ops are listed below) to a checkpoint for this call
         only: class probabilities (the checkpoint's class order) and accumulated export maps unedited and edited on
         an image (bundled name or SHA-256); with ``eval_images`` > 0 also accuracy and log p(true) on the first
         that many validation images, each change with its paired bootstrap 95% interval, McNemar's p and per-class
         effects (a model without a validation set: on the bundled pictures, agreement with its unedited prediction
-        and log p of that class, "reference": "unedited prediction"). Cancelling the job stops the validation work."""
+        and log p of that class, "reference": "unedited prediction"). While the validation work waits or runs it
+        yields ``{"progress": …}`` (see :func:`running`); cancelling the job stops it."""
         try:
             if int(eval_images) <= 0:
                 yield interventions.intervene(ctx, checkpoint, image, edits, 0)
                 return
-            work = lambda stop: interventions.intervene(ctx, checkpoint, image, edits, int(eval_images), stop)  # noqa: E731
-            yield None  # see head_importance
-            with queues.one_per_user(request):  # validation work: one job per user at a time
-                yield from stoppable(work)
+            yield running("waiting for a heavy slot")  # see head_importance
+            for result, progress in queues.watched(  # validation work: one job per user at a time
+                request,
+                lambda stop, watch: interventions.intervene(
+                    ctx, checkpoint, image, edits, int(eval_images), stop, watch=watch
+                ),
+            ):
+                yield running(progress) if result is None else result
         except EXPECTED_ERRORS as e:
             raise gr.Error(error_text(e)) from None
 
@@ -153,42 +158,45 @@ def register_api(ctx: AppContext, parts: Sequence[session.SessionPart]) -> None:
 
     def head_importance(
         checkpoint: str, eval_images: int = 500, mode: str = "zero", request: gr.Request | None = None
-    ) -> Iterator[dict | None]:
+    ) -> Iterator[dict]:
         """Every head ablated (mode zero or dataset_mean) and every layer's μ, σ, λ gates closed, one at a time,
         on the first ``eval_images`` validation images: drops (unedited − edited) of accuracy and log p(true),
-        the interval of the log p drop and whether it is within noise. Cancelling the job stops the sweep."""
+        the interval of the log p drop and whether it is within noise. While it waits or runs it yields
+        ``{"progress": "computing 120 of 500 images"}``; cancelling the job stops the sweep."""
         try:
             loaded = ctx.model(checkpoint)
-            work = lambda stop: interventions.importance(ctx, loaded, int(eval_images), mode, stop)  # noqa: E731
             # Gradio can close (cancel) a generator only once its first value came back: that value comes before
             # the user's slot is taken, so a job cancelled at any time gives the slot back
-            yield None
-            with queues.one_per_user(request):
-                for result in stoppable(work):
-                    yield None if result is None else result.to_dict()
+            yield running("waiting for a heavy slot")
+            for result, progress in queues.watched(
+                request, lambda stop, watch: interventions.importance(ctx, loaded, int(eval_images), mode, stop, watch)
+            ):
+                yield running(progress) if result is None else result.to_dict()
         except EXPECTED_ERRORS as e:
             raise gr.Error(error_text(e)) from None
 
     def head_fields(
         checkpoint: str, images: int = 64, atoms: int = 4, request: gr.Request | None = None
-    ) -> Iterator[dict | None]:
+    ) -> Iterator[dict]:
         """Every head of any checkpoint (SSOG, dot, RBF, a standard ViT folder) as a field over displacement: per
         head its 0-based ``layer`` and ``head``, ``mean_distance_px``, ``share_fit`` and ``share_field`` (1 − mean
         TV to its fitted atoms and to its positional field), ``prefix_share`` and the ``atoms`` (``mu_y``, ``mu_x``,
         ``sigma_y``, ``sigma_x``, ``weight``; grid cells, μ as query − key); measured on the first ``images``
         validation images, or the bundled pictures for a model that records none (``measured_on`` says which).
-        A heavy job; cancelling it stops it."""
+        A heavy job: ``{"progress": …}`` while it waits or runs; cancelling it stops it."""
         try:
             loaded = ctx.model(checkpoint)
-            work = lambda stop: geometry.head_fields_of(ctx, loaded, images, atoms, stop)  # noqa: E731
-            yield None  # see head_importance
-            with queues.one_per_user(request):
-                for done in stoppable(work):
-                    if done is not None:
-                        stats, about = done
-                        yield {"checkpoint": checkpoint, "measured_on": about, "images": stats.images,
-                               "grid": list(stats.grid), "num_prefix_tokens": stats.num_prefix,
-                               "atoms_per_head": int(atoms), "heads": report.heads_json(stats)}  # fmt: skip
+            yield running("waiting for a heavy slot")  # see head_importance
+            for done, progress in queues.watched(
+                request, lambda stop, watch: geometry.head_fields_of(ctx, loaded, images, atoms, stop, watch)
+            ):
+                if done is None:
+                    yield running(progress)
+                    continue
+                stats, about = done
+                yield {"checkpoint": checkpoint, "measured_on": about, "images": stats.images,
+                       "grid": list(stats.grid), "num_prefix_tokens": stats.num_prefix,
+                       "atoms_per_head": int(atoms), "heads": report.heads_json(stats)}  # fmt: skip
         except EXPECTED_ERRORS as e:
             raise gr.Error(error_text(e)) from None
 
@@ -227,6 +235,12 @@ def register_api(ctx: AppContext, parts: Sequence[session.SessionPart]) -> None:
     typed_parameter(edit, intervene, "edits", edits_schema())  # each op's fields, from the registry
     gr.api(head_importance, api_name="head_importance", **queues.heavy())
     gr.api(head_fields, api_name="head_fields", **queues.heavy())
+
+
+def running(progress: str) -> dict[str, str]:
+    """What a heavy endpoint yields while its job waits or runs (``{"progress": "computing 120 of 500 images"}``):
+    ``client.submit(...)``'s outputs show it, ``client.predict`` returns only the final value."""
+    return {"progress": progress}
 
 
 def typed_parameter(endpoint: Dependency, fn: Callable[..., Any], name: str, schema: dict[str, Any]) -> None:

@@ -5,6 +5,7 @@ SIGKILL mid-job are replaced: the job runs again, the server keeps serving and t
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from tests.test_app_heavy_jobs import BIG
 
 pytestmark = pytest.mark.slow  # a real server and its workers: over a minute on a loaded machine
 CKPT = "ssog_big.safetensors"
+PROGRESS = re.compile(r"waiting for a (heavy slot|worker)|computing \d+ of \d+ images")
 
 
 def stat(pid: int) -> list[str]:
@@ -85,9 +87,13 @@ def test_a_sweep_computes_on_the_servers_workers_which_start_with_it(served):
     pids = workers(app.pid)
     client = Client(app.url, verbose=False)
     server0, workers0 = cpu_s(app.pid), sum(cpu_s(p) for p in pids)
-    got = client.predict(CKPT, 250, "zero", api_name="/head_importance")
+    job = client.submit(CKPT, 250, "zero", api_name="/head_importance")
+    got = job.result(timeout=300)
     server_cpu, worker_cpu = cpu_s(app.pid) - server0, sum(cpu_s(p) for p in pids) - workers0
     assert got == here(path, 250)
+    notes = [out["progress"] for out in job.outputs()[:-1]]  # what an API client sees while the job runs
+    assert notes[0] == "waiting for a heavy slot" and all(PROGRESS.fullmatch(n) for n in notes), notes
+    assert any(n.startswith("computing") for n in notes), notes
     assert worker_cpu > 0.5 and server_cpu < 0.3 * worker_cpu, (server_cpu, worker_cpu)
 
 
