@@ -116,8 +116,9 @@ def register_api(ctx: AppContext, parts: Sequence[session.SessionPart]) -> None:
 
     @api
     def upload_checkpoint(files: list[FileData]) -> str:
-        """Send a ``.safetensors`` checkpoint, or a upstream ``.pt`` with its config ``.json``; returns the
-        name to pass to the other endpoints (it also appears in the page's picker)."""
+        """Send a ``.safetensors`` checkpoint, a ``.zip`` of a model folder (timm or transformers layout), or a
+        upstream ``.pt`` with its config ``.json``; returns the name to pass to the other endpoints (it also
+        appears in the page's picker)."""
         if not isinstance(files, list):
             files = [files]
         return ctx.add_upload([uploaded_path(f) for f in files])

@@ -74,6 +74,7 @@ class Page:
 
     checkpoint: gr.Dropdown
     checkpoint_upload: gr.UploadButton
+    hub: gr.Textbox  # hf-hub:ORG/NAME from the local Hugging Face cache
     image_pick: gr.Dropdown
     image_upload: gr.UploadButton
     thumb: gr.Image
@@ -168,6 +169,17 @@ def on_checkpoint_upload(ctx: AppContext, page: Page, files: Any, current: str |
         paths = files if isinstance(files, list) else [files]
         name = ctx.add_upload([str(p) for p in paths if p])
         return {**checkpoint_updates(ctx, page, name), page.status: f"Loaded **{name}**: it is now selected."}
+    except Exception as e:
+        return {page.status: warn(error_text(e))}
+
+
+def on_hub_open(ctx: AppContext, page: Page, text: str | None) -> Updates:
+    """Open ``hf-hub:ORG/NAME`` from the local Hugging Face cache and select it; offline, the sentence naming the
+    folder it would be in."""
+    try:
+        name = ctx.open_hub(text or "")
+        return {**checkpoint_updates(ctx, page, name), page.status: f"Opened **{name}** from the local Hugging Face "
+                f"cache (`{ctx.resolve(name)}`): it is now selected."}  # fmt: skip
     except Exception as e:
         return {page.status: warn(error_text(e))}
 
@@ -385,11 +397,18 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
         with gr.Row(equal_height=True):
             ckpt = gr.Dropdown(checkpoint_choices(names, ctx), value=ckpt0, label="Checkpoint", elem_id="ckpt", scale=3)
             ckpt_up = gr.UploadButton(
-                "Upload checkpoint (.safetensors, or .pt + .json)",
+                "Upload checkpoint (.safetensors, .zip of a model folder, or .pt + .json)",
                 file_count="multiple",
                 elem_id="ckpt-upload",
                 scale=2,
                 size="sm",
+            )
+            hub = gr.Textbox(
+                placeholder="hf-hub:ORG/NAME, then Enter",
+                label="Or a model in the local Hugging Face cache",
+                elem_id="ckpt-hub",
+                scale=2,
+                max_lines=1,
             )
             img_pick = gr.Dropdown(
                 ctx.bundled_images(),
@@ -434,7 +453,7 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
             with gr.Tab("Session", id="session", elem_id="tab-session") as t_ses:
                 ses = session_tab.build()
         page = Page(
-            checkpoint=ckpt, checkpoint_upload=ckpt_up, image_pick=img_pick, image_upload=img_up, thumb=thumb,
+            checkpoint=ckpt, checkpoint_upload=ckpt_up, hub=hub, image_pick=img_pick, image_upload=img_up, thumb=thumb,
             status=status, image_sha=image_sha, active=active, tabs=tabs, playground=pg, geometry=geo, steering=st,
             export=ex, compare=cmp, scaling=sc, training=tr, intervene=iv, session=ses,
         )  # fmt: skip
@@ -448,6 +467,7 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
         uploaded = ckpt_up.upload(
             partial(on_checkpoint_upload, ctx, page), [ckpt_up, ckpt], [ckpt, ex.twin, cmp.a, cmp.b, status], **hidden
         )
+        hub_opened = hub.submit(partial(on_hub_open, ctx, page), [hub], [ckpt, ex.twin, cmp.a, cmp.b, status], **hidden)
         ckpt.change(partial(playground.on_checkpoint, ctx, pg), [ckpt], [pg.preset, pg.preset_note], **hidden)
         page_loaded = demo.load(partial(on_checkpoint_change, ctx, page), [ckpt], follow, **hidden)
         demo.load(None, None, [ex.layout], js=f"() => window.innerWidth < {NARROW_PX} ? 'narrow' : 'wide'", **hidden)
@@ -466,7 +486,7 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
             run = lazy(tab_id, render, last)
             args = ([active, last, *inputs], [last, *outputs])
             tab.select(lambda t=tab_id: t, None, active, **hidden).then(run, *args, **hidden)
-            for event in (picked, uploaded, page_loaded):
+            for event in (picked, uploaded, hub_opened, page_loaded):
                 event.then(run, *args, **hidden)
             image_sha.change(run, *args, **hidden)
             # every way a slider moves (mouse release, typed value, keyboard) is a change: the open tab redraws

@@ -24,8 +24,10 @@ from app.cache import LRU
 from ssog_core.analysis.measures import LayerField, head_fields
 from ssog_core.analysis.presets import Preset, find_presets
 from ssog_core.analysis.session import NO_TWIN
+from ssog_core.checkpoint.folder_zip import unpack_model_zip
 from ssog_core.checkpoint.format import CheckpointError, load_checkpoint, save_checkpoint
-from ssog_core.checkpoint.standard import folder_config
+from ssog_core.checkpoint.standard import HUB_PREFIX, folder_config
+from ssog_core.checkpoint.standard import resolve as hub_folder
 from ssog_core.checkpoint.upstream import convert
 from ssog_core.data.images import MAX_BYTES, ImageError, list_images, load_image, model_input
 
@@ -136,6 +138,7 @@ class AppContext:
     max_pixels: int = MAX_PIXELS
     device: str = "cpu"  # where models and their analysis run (the playground's small field stays on the CPU)
     cache: Caches = field(default_factory=Caches)
+    hub_names: list[str] = field(default_factory=list)  # hf-hub:ORG/NAME opened by this server, for the pickers
 
     def __post_init__(self) -> None:
         self.checkpoint_dir = Path(self.checkpoint_dir)
@@ -146,13 +149,21 @@ class AppContext:
 
     def checkpoint_names(self) -> list[str]:
         """Checkpoints the picker offers: ``*.safetensors`` in the folder, then its sub-folders holding a
-        ``config.json`` (standard ViTs in timm's or transformers' layout), then this server's uploads."""
+        ``config.json`` (standard ViTs in timm's or transformers' layout), then this server's uploads (files and
+        unpacked model folders)."""
         found = []
         if self.checkpoint_dir.is_dir():
             found += sorted(p.name for p in self.checkpoint_dir.glob("*.safetensors") if p.is_file())
             found += sorted(p.parent.name for p in self.checkpoint_dir.glob("*/config.json") if p.is_file())
-        found += [UPLOADED + p.name for p in sorted(self.upload_dir.glob("*.safetensors"))]
-        return found
+        found += [UPLOADED + p.name for p in self._uploads()]
+        return found + self.hub_names
+
+    def _uploads(self) -> list[Path]:
+        """This server's uploads by name: checkpoint files and unpacked model folders (hidden names, such as a
+        folder still being unpacked, are not uploads)."""
+        files = [p for p in self.upload_dir.glob("*.safetensors") if p.is_file()]
+        folders = [p.parent for p in self.upload_dir.glob("*/config.json") if p.is_file()]
+        return sorted(p for p in files + folders if not p.name.startswith("."))
 
     def checkpoint_label(self, name: str) -> str:
         """What the picker says beside a model folder's name: its layout and architecture from its JSON files
@@ -170,9 +181,15 @@ class AppContext:
         )
 
     def resolve(self, name: str) -> Path:
-        """The file behind a picker name; anything that would leave the checkpoint folder is refused."""
+        """The file behind a picker name; anything that would leave the checkpoint folder is refused. An
+        ``hf-hub:ORG/NAME`` is its snapshot folder in the local Hugging Face cache (nothing is downloaded)."""
         if not isinstance(name, str) or not name.strip():
             raise AppError("no checkpoint selected")
+        if name.startswith(HUB_PREFIX):
+            try:
+                return hub_folder(name)
+            except CheckpointError as e:
+                raise AppError(str(e)) from None
         if "\x00" in name or name.startswith(("/", "\\")) or Path(name).is_absolute() or ".." in Path(name).parts:
             raise AppError(f"refused checkpoint path {name!r}: pick a file inside the checkpoint folder")
         if name.startswith(UPLOADED):
@@ -181,10 +198,12 @@ class AppContext:
             root, rel = self.checkpoint_dir, name
         if "/" in rel or "\\" in rel:
             raise AppError(f"refused checkpoint path {name!r}: sub-folders are not served")
+        if root == self.upload_dir and rel.startswith("."):  # a folder still being unpacked
+            raise AppError(f"checkpoint {name!r} not found in {root}")
         path = (root / rel).resolve()
         if not path.is_relative_to(root.resolve()):
             raise AppError(f"refused checkpoint path {name!r}: it points outside the checkpoint folder")
-        folder = root == self.checkpoint_dir and path.is_dir()  # a model folder (uploads are files only)
+        folder = path.is_dir()  # a model folder (in the checkpoint folder, or an unpacked upload)
         if not (path.is_file() or folder):
             raise AppError(f"checkpoint {name!r} not found in {root}")
         if folder and any(not f.resolve().is_relative_to(path) for f in path.iterdir()):
@@ -210,15 +229,31 @@ class AppContext:
             return LoadedModel(name, key, model, meta)
 
         try:
-            return self.cache.models.get((*key, name), load)
+            loaded = self.cache.models.get((*key, name), load)
         except CheckpointError as e:
             raise AppError(str(e)) from None
+        if name.startswith(HUB_PREFIX) and name not in self.hub_names:
+            self.hub_names.append(name)  # opened once (picker, API or session): the pickers offer it from now on
+        return loaded
+
+    def open_hub(self, text: str) -> str:
+        """The picker name of a model in the local Hugging Face cache (``hf-hub:ORG/NAME[@REVISION]``, the prefix
+        optional), after opening it: a name not in the cache is refused with the folder it would be in."""
+        text = (text or "").strip() if isinstance(text, str) else ""
+        if not text:
+            raise AppError("type a Hugging Face model name: hf-hub:ORG/NAME (e.g. hf-hub:timm/vit_tiny_patch16_224)")
+        name = text if text.startswith(HUB_PREFIX) else HUB_PREFIX + text
+        self.model(name)
+        return name
 
     def add_upload(self, files: list[str]) -> str:
-        """Validate uploaded checkpoint file(s) and keep them as ``uploaded/NAME.safetensors``.
+        """Validate uploaded checkpoint file(s) and keep them as ``uploaded/NAME.safetensors`` or, for a zipped
+        model folder, as the folder ``uploaded/NAME``.
 
-        Accepted: one ``.safetensors`` of ours, or a upstream-implementation ``.pt`` together with the
-        ``.json`` of its ViT arguments (read with ``weights_only=True`` and converted; never unpickled).
+        Accepted: one ``.safetensors`` of ours; one ``.zip`` of a model folder in timm's or transformers' layout
+        (:func:`~ssog_core.checkpoint.folder_zip.unpack_model_zip`: unpacked safely, opened, then renamed into
+        place); or a upstream-implementation ``.pt`` together with the ``.json`` of its ViT arguments (read with
+        ``weights_only=True`` and converted; never unpickled).
         """
         paths = [Path(f) for f in files or []]
         if not paths:
@@ -230,9 +265,12 @@ class AppContext:
             name = self._convert_upload(paths, by_suffix)
         except CheckpointError as e:
             raise AppError(str(e)) from None
-        uploads = sorted(self.upload_dir.glob("*.safetensors"), key=lambda p: p.stat().st_mtime_ns)
+        uploads = sorted(self._uploads(), key=lambda p: p.stat().st_mtime_ns)
         for old in uploads[:-MAX_UPLOADED_CHECKPOINTS]:
-            old.unlink(missing_ok=True)
+            if old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink(missing_ok=True)
         return name
 
     def _convert_upload(self, paths: list[Path], by_suffix: dict[str, list[Path]]) -> str:
@@ -242,6 +280,8 @@ class AppContext:
             dest = self._upload_target(src.stem)
             shutil.copyfile(src, dest)
             return UPLOADED + dest.name
+        if list(by_suffix) == [".zip"] and len(paths) == 1:
+            return UPLOADED + unpack_model_zip(paths[0], self._upload_target(paths[0].stem, "")).name
         pts = by_suffix.get(".pt", []) + by_suffix.get(".pth", [])
         configs = by_suffix.get(".json", [])
         if len(pts) == 1 and len(configs) == 1 and len(paths) == 2:
@@ -261,17 +301,19 @@ class AppContext:
                 'the ViT arguments it was built with (e.g. {"num_classes": 100, "img_size": 32, "patch_size": 2})'
             )
         raise AppError(
-            "upload one .safetensors checkpoint, or one .pt state dict together with its config .json "
+            "upload one .safetensors checkpoint, one .zip of a model folder (timm or transformers layout), or one .pt "
+            "state dict together with its config .json "
             f"(got {', '.join(p.name for p in paths)})"
         )
 
-    def _upload_target(self, stem: str) -> Path:
+    def _upload_target(self, stem: str, suffix: str = ".safetensors") -> Path:
+        """A new name in the upload folder for an upload called ``stem`` (``suffix`` "" for a model folder)."""
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem).strip("._") or "checkpoint"
-        dest = self.upload_dir / f"{safe}.safetensors"
+        dest = self.upload_dir / f"{safe}{suffix}"
         n = 1
         while dest.exists():
             n += 1
-            dest = self.upload_dir / f"{safe}_{n}.safetensors"
+            dest = self.upload_dir / f"{safe}_{n}{suffix}"
         return dest
 
     # ------------------------------------------------------------------ images
