@@ -84,7 +84,9 @@ def register_api(ctx: AppContext, parts: Sequence[session.SessionPart]) -> None:
         }
 
     @api
-    def export_summary(checkpoint: str, image: str, alpha: float = 0.5, control: str = "none") -> dict:
+    def export_summary(
+        checkpoint: str, image: str, alpha: float = 0.5, control: str = "none", request: gr.Request | None = None
+    ) -> dict:
         """Export-map summary of a checkpoint on a bundled image (by name) or a seen one (by SHA-256), over patch
         tokens; ``prefix_share``: per layer, the attention patch queries put on prefix tokens (class, distillation,
         register), left out of the maps.
@@ -101,7 +103,7 @@ def register_api(ctx: AppContext, parts: Sequence[session.SessionPart]) -> None:
             "prefix_share": maps.prefix_share[0].tolist(),
             "control": check_control(control),
         }
-        c = control_for(ctx, loaded, stored, maps, control)
+        c = control_for(ctx, loaded, stored, maps, control, request)
         if c is not None:
             out["control_images"] = c.images
             out["accumulated_control"] = c.accumulated[0].tolist()

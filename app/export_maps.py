@@ -3,6 +3,8 @@ their controls, and the one-line summary both tabs print under them."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from app import queues
 from app.state import AppContext, LoadedModel, StoredImage
 from ssog_core.analysis.controls import (
@@ -28,25 +30,33 @@ def maps_for(ctx: AppContext, loaded: LoadedModel, stored: StoredImage, alpha: f
     return ctx.cache.export_maps.get((loaded.key, stored.sha256, alpha), make)
 
 
-def validation_for(ctx: AppContext, loaded: LoadedModel, alpha: float, blank: bool = False) -> ValidationMaps:
+def validation_for(
+    ctx: AppContext, loaded: LoadedModel, alpha: float, blank: bool = False, request: Any = None
+) -> ValidationMaps:
     """The maps of the checkpoint's validation images (``blank``: of their blank images), cached per checkpoint
     and α: computed once, as a heavy job (batch export: :func:`app.queues.submitted`), shared by the validation
-    control of every picture and the per-class view."""
+    control of every picture and the per-class view. Computing them is the user's one heavy job
+    (:func:`app.queues.one_per_user`, the user of ``request``); reading them once cached is not."""
     alpha = round(float(alpha), ALPHA_PLACES)
     key = (loaded.key, DEFAULT_CONTROL_IMAGES, alpha, blank)
+    kept = ctx.cache.validation.peek(key)
+    if kept is not None:
+        return kept
     n = DEFAULT_CONTROL_IMAGES
-    return queues.submitted(ctx.cache.validation, key, heavy.export_maps, loaded.key[0], alpha, n, blank)
+    with queues.one_per_user(request):
+        return queues.submitted(ctx.cache.validation, key, heavy.export_maps, loaded.key[0], alpha, n, blank)
 
 
 def control_for(
-    ctx: AppContext, loaded: LoadedModel, stored: StoredImage, raw: ExportMaps, control: str
+    ctx: AppContext, loaded: LoadedModel, stored: StoredImage, raw: ExportMaps, control: str, request: Any = None
 ) -> ControlMaps | None:
-    """The control of a picture's maps (None for ``none``), cached beside the maps."""
+    """The control of a picture's maps (None for ``none``), cached beside the maps; the validation control's
+    batch is a heavy job of the user of ``request`` (:func:`validation_for`)."""
     if control == "none":
         return None
 
     def make() -> ControlMaps | None:
-        validation = validation_for(ctx, loaded, raw.alpha) if control == "validation" else None
+        validation = validation_for(ctx, loaded, raw.alpha, request=request) if control == "validation" else None
         x = loaded.input(stored.image)
         return control_maps(loaded.model, loaded.meta, x, raw, control, validation=validation)
 

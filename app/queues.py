@@ -42,7 +42,10 @@ LIGHT, LIGHT_LIMIT = "light", 8
 HEAVY, HEAVY_LIMIT = "heavy", 2  # at most two validation or head-importance computations at once
 heavy_gate = threading.BoundedSemaphore(HEAVY_LIMIT)  # held while a heavy computation runs (app.interventions)
 
-BUSY = "you already have a validation or head-importance job running; wait for it or stop it"  # Busy's message
+BUSY = (  # Busy's message
+    "you already have a heavy job running (validation, head importance, head fields or batch export); "
+    "wait for it or stop it"
+)
 _running: Counter[str] = Counter()  # heavy jobs running per user
 _lock = threading.Lock()
 _engine: Engine | None = None  # where heavy jobs run (start_engine, else a local pool on first use)

@@ -80,8 +80,10 @@ def test_light_work_passes_heavy_work_which_is_capped_per_queue_and_per_user(dem
 
         one = eve.submit(CKPT, "scene.png", EDITS, 0, api_name="/intervene").result(timeout=20)  # not behind them
         assert one["edited"]["probs"] != one["unedited"]["probs"]
-        with pytest.raises(Exception, match="already have a validation or head-importance job running"):
+        with pytest.raises(Exception, match="already have a heavy job running"):
             ada.submit(CKPT, "scene.png", EDITS, 8, api_name="/intervene").result(timeout=20)  # ada's sweep runs
+        with pytest.raises(Exception, match="already have a heavy job running"):  # batch export is heavy too
+            ada.predict(CKPT, "scene.png", 0.5, "validation", api_name="/export_summary")
 
         join_and_leave(demo, "head_importance", [CKPT, 20, "zero"], (queues.HEAVY_LIMIT, 2))  # waits behind eve
         until(lambda: heavy_state(demo) == (queues.HEAVY_LIMIT, 1))  # the page that left gave its place back
@@ -94,6 +96,8 @@ def test_light_work_passes_heavy_work_which_is_capped_per_queue_and_per_user(dem
         results = [sweeps[0].result(timeout=120), sweeps[2].result(timeout=120)]
         assert results[0] == results[1] and results[0]["n"] == 20
         assert heavy_state(demo) == (0, 0)
+        batch = ada.predict(CKPT, "scene.png", 0.5, "validation", api_name="/export_summary")  # ada's slot is free
+        assert batch["control_images"] > 0 and len(batch["accumulated_control"]) == len(batch["accumulated"])
 
         for _ in range(queues.HEAVY_LIMIT):
             queues.heavy_gate.acquire()

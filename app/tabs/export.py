@@ -70,6 +70,7 @@ def render(
     query: Any = None,
     control: str = "none",
     layout: str = "wide",
+    request: gr.Request | None = None,
 ) -> Updates:
     """The summary, the figure, the accumulated-map plot, the layer slider, and with a control the figure of raw,
     control and raw − control; ``query``, the patch picked in Steering, is outlined on every map; ``layout``
@@ -97,7 +98,7 @@ def render(
                 "query": list(q) if q else None, "layout": "narrow" if narrow else "wide"}  # fmt: skip
         stem = f"export_{names}_{sha[:8]}_L{layer}_alpha{alpha:.2f}_{viz.NET_CMAP}" + ("_narrow" if narrow else "")
         shown = shown_figure(fig, stem, meta)
-        controls = [control_for(ctx, lm, stored, m, control) for _, lm, m in models]
+        controls = [control_for(ctx, lm, stored, m, control, request) for _, lm, m in models]
         control_shown = None
         if controls[0] is not None:
             rows = [(figures.stem_of(n), m, c) for (n, _, m), c in zip(models, controls, strict=True)]
@@ -125,15 +126,17 @@ def render(
         return {ui.text: warn(error_text(e)), ui.figure: None, ui.accumulated: None, ui.control_figure: None}
 
 
-def per_class(ctx: AppContext, ui: ExportUI, ckpt: str | None, alpha: float, control: str) -> Updates:
+def per_class(
+    ctx: AppContext, ui: ExportUI, ckpt: str | None, alpha: float, control: str, request: gr.Request | None = None
+) -> Updates:
     """Mean accumulated export per class over the checkpoint's validation images, raw and against the control
     (the validation maps are cached per checkpoint and α, so this is computed once)."""
     try:
         if not ckpt:
             raise AppError("pick a checkpoint first")
         loaded = ctx.model(ckpt)
-        raw = validation_for(ctx, loaded, alpha)
-        blank = validation_for(ctx, loaded, alpha, blank=True) if control == "blank" else None
+        raw = validation_for(ctx, loaded, alpha, request=request)
+        blank = validation_for(ctx, loaded, alpha, blank=True, request=request) if control == "blank" else None
         c = class_maps(raw, control, blank)
         stem = figures.stem_of(ckpt)
         meta = {"figure": "export maps per class", "checkpoint": ckpt, "alpha": float(alpha), "control": control,
