@@ -163,9 +163,10 @@ def register_api(ctx: AppContext, parts: Sequence[session.SessionPart]) -> None:
         checkpoint: str, eval_images: int = 500, mode: str = "zero", request: gr.Request | None = None
     ) -> Iterator[dict]:
         """Every head ablated (mode zero or dataset_mean) and every layer's μ, σ, λ gates closed, one at a time,
-        on the first ``eval_images`` validation images: drops (unedited − edited) of accuracy and log p(true),
-        the interval of the log p drop and whether it is within noise. While it waits or runs it yields
-        ``{"progress": "computing 120 of 500 images"}``; cancelling the job stops the sweep."""
+        on the first ``eval_images`` validation images (a model without a validation set: the bundled pictures,
+        against its unedited predictions, "reference": "unedited prediction"): drops (unedited − edited) of
+        accuracy and log p(true), the interval of the log p drop and whether it is within noise. While it waits or
+        runs it yields ``{"progress": "computing 120 of 500 images"}``; cancelling the job stops the sweep."""
         try:
             loaded = ctx.model(checkpoint)
             # Gradio can close (cancel) a generator only once its first value came back: that value comes before
@@ -208,7 +209,7 @@ def register_api(ctx: AppContext, parts: Sequence[session.SessionPart]) -> None:
         """A session file's text, as the Session tab saves it: a checkpoint (a picker name, or "" for none), an
         image (bundled name or SHA-256, or "" for none) and the tabs' sections as a session file writes them
         (``{"playground": {"head": {…}}, "export": {"alpha": 0.3}, …}``; ``playground.head`` is required)."""
-        if checkpoint and checkpoint not in ctx.checkpoint_names():
+        if checkpoint and not ctx.offers(checkpoint):
             raise AppError(f"no checkpoint {checkpoint!r}: /checkpoints lists them")
         if not isinstance(sections, dict) or {"format", "checkpoint", "image"} & set(sections):
             raise AppError("sections: a JSON object of the tabs' sections (checkpoint and image are arguments)")

@@ -79,10 +79,11 @@ def intervene(
 def importance(
     ctx: AppContext, loaded: LoadedModel, n: int, mode: str, stop: Stop = None, watch: queues.Watch | None = None
 ) -> HeadImportance:
-    """The head-importance sweep as a heavy job, cached per (checkpoint, N, mode); ``stop`` stops it."""
+    """The head-importance sweep as a heavy job, cached per (checkpoint, N, mode); ``stop`` stops it. A model
+    without a validation set is swept on the bundled pictures, against its unedited predictions."""
     key = ("importance", loaded.key, int(n), mode)
     return queues.submitted(
-        ctx.cache.effects, key, heavy.importance, loaded.key[0], int(n), mode, stop=stop, watch=watch
+        ctx.cache.effects, key, heavy.importance, loaded.key[0], int(n), mode, ctx.assets_dir, stop=stop, watch=watch
     )
 
 

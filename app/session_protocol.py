@@ -107,7 +107,7 @@ def restoring_of(
     """What the page shows once ``s`` is restored: the session's checkpoint and image where this server has them,
     else the page's current ``ckpt`` and ``sha`` (with a note each); the session's image when it is held."""
     restoring = Restoring(ckpt, sha)
-    if s.checkpoint and s.checkpoint not in ctx.checkpoint_names():
+    if s.checkpoint and not ctx.offers(s.checkpoint):
         restoring.notes.append(f"checkpoint {s.checkpoint!r} is not in the checkpoint folder")
     else:
         restoring.checkpoint = s.checkpoint

@@ -236,6 +236,19 @@ class AppContext:
             self.hub_names.append(name)  # opened once (picker, API or session): the pickers offer it from now on
         return loaded
 
+    def offers(self, name: str) -> bool:
+        """Whether the pickers offer ``name`` (a picker list name), or it is an ``hf-hub:`` name that opens from the
+        local cache (from then on offered too): what a session or the API may name."""
+        if name in self.checkpoint_names():
+            return True
+        if not name.startswith(HUB_PREFIX):
+            return False
+        try:
+            self.model(name)
+        except AppError:
+            return False
+        return True
+
     def open_hub(self, text: str) -> str:
         """The picker name of a model in the local Hugging Face cache (``hf-hub:ORG/NAME[@REVISION]``, the prefix
         optional), after opening it: a name not in the cache is refused with the folder it would be in."""

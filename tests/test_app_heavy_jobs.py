@@ -58,7 +58,7 @@ def test_progress_counts_validation_images_pass_by_pass(loaded):
     assert ref["logp_true"]["change"] != 0  # the edits change something
 
     seen.clear()
-    imp = heavy.importance(loaded, 250, "zero", progress, lambda: False)
+    imp = heavy.importance(loaded, 250, "zero", None, progress, lambda: False)
     assert seen == [(0, 250), (100, 250), (200, 250), (250, 250)]
     data = load_eval_set(meta, model.config.img_size, 250)
     assert imp.to_dict() == head_importance(model, data, "zero").to_dict()
@@ -68,7 +68,7 @@ def test_a_stop_between_batches_ends_the_job(loaded):
     asks = iter([False, False, True])
     seen, progress = recorder()
     with pytest.raises(Cancelled):
-        heavy.importance(loaded, 250, "zero", progress, lambda: next(asks))
+        heavy.importance(loaded, 250, "zero", None, progress, lambda: next(asks))
     assert seen == [(0, 250), (100, 250), (200, 250)]
 
 
@@ -113,7 +113,7 @@ def test_the_tabs_heavy_work_runs_on_a_worker_with_its_progress_on_the_page(ctx,
     assert notes and all(NOTE.fullmatch(n) for n in notes), notes
     assert "first **37** validation images" in pages[-1][ui.validation]
     *_, swept = intervene.on_sweep(ctx, ui, "ssog_shapes.safetensors", 23, "zero")
-    assert "23 images" in swept[ui.sweep_note]
+    assert swept[ui.sweep_note].startswith("23 validation images, unedited accuracy ")
     assert not heavy._kept._data  # nothing was computed in this process: the worker memo here stayed empty
     loaded = ctx.model("ssog_shapes.safetensors")
     mine = run_intervention(loaded.model, loaded.meta, EDITS, None, 37).validation.to_dict()

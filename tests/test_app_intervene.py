@@ -93,6 +93,14 @@ def test_a_dot_model_offers_what_it_can(ctx, ui):
     )
     refused = add(ctx, ui, [], "swap_axes", ckpt="dot_shapes.safetensors")
     assert "only ablate_head and patch_head" in refused[ui.status]
+    n = out[ui.n]  # a model with a validation set: up to MAX_EVAL_IMAGES of it (a folder: tests/test_app_standard_vit)
+    assert (n["maximum"], n["value"], n["step"], n["label"]) == (
+        intervene.MAX_EVAL_IMAGES,
+        intervene.DEFAULT_EVAL_IMAGES,
+        10,
+        "validation images (N)",
+    )
+    assert out[ui.evaluation]["label"] == intervene.EVALUATION_TITLE
 
 
 def test_a_head_opened_from_the_model_can_be_applied_to_it(ctx):

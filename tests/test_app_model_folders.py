@@ -16,8 +16,11 @@ import torch
 
 from app import layout
 from app.layout import build_page
+from app.session_protocol import restoring_of, session_of
 from app.state import UPLOADED, AppContext, AppError
 from ssog_core import ViT, load_checkpoint
+from ssog_core.analysis.head_spec import DEFAULT_SPEC
+from ssog_core.analysis.session import dumps, loads
 from ssog_core.checkpoint import folder_zip
 from ssog_core.checkpoint.standard import lab_as_standard, save_timm_folder
 from tests.app_fixtures import write_images
@@ -211,6 +214,15 @@ def test_hub_names_open_from_the_local_cache_in_the_picker_and_by_name(app, tmp_
     assert ctx.open_hub(name) == name and ctx.checkpoint_names().count(name) == 1  # opened twice, listed once
     pinned = "hf-hub:lab-org/tiny-vit@0123456789abcdef0123456789abcdef01234567"
     assert ctx.resolve(pinned) == snapshot  # a name is accepted wherever a checkpoint name is (the API included)
+    # a session naming it restores it on a server that has not opened it yet (the name is looked up in the cache)
+    text = dumps(session_of(ctx, name, None, {"playground": {"head": DEFAULT_SPEC.to_dict()}}))
+    fresh = AppContext(ctx.checkpoint_dir, ctx.assets_dir, upload_dir=ctx.upload_dir)
+    restoring, _ = restoring_of(fresh, loads(text, "the session"), None, None)
+    assert (restoring.checkpoint, restoring.notes) == (name, []) and name in fresh.checkpoint_names()
+    gone = loads(text.replace("tiny-vit", "gone-vit"), "the session")
+    assert restoring_of(fresh, gone, None, None)[0].notes == [
+        "checkpoint 'hf-hub:lab-org/gone-vit' is not in the checkpoint folder"
+    ]
 
 
 def test_a_hub_name_missing_from_the_cache_says_where_it_would_be_on_the_page(app, tmp_path, monkeypatch):

@@ -21,7 +21,7 @@ from PIL import Image
 from app.layout import build_page, checkpoint_choices
 from app.main import launch
 from app.state import AppContext, AppError
-from app.tabs import compare, export, geometry
+from app.tabs import compare, export, geometry, intervene
 from ssog_core import ViT
 from ssog_core.analysis import report
 from ssog_core.analysis.head_as_field import AtomFit, HeadFieldStats
@@ -223,10 +223,8 @@ def test_the_geometry_tab_draws_any_model_as_fields_and_opens_a_fit_in_the_playg
 
 def test_a_folder_is_measured_on_the_bundled_pictures_against_its_own_predictions(served, client):
     """replace_with_field on a folder: fields and outcomes from the bundled pictures, the unedited model's top-1
-    predictions as the reference (agreement, not accuracy); what still needs labels says a folder has none."""
+    predictions as the reference (agreement, not accuracy)."""
     ctx, _, _, ckpt = served
-    with pytest.raises(Exception, match="does not record its data"):
-        client.predict("hf_vit", 20, "zero", api_name="/head_importance")
     replace = [{"op": "replace_with_field", "layer": layer, "replacement": "field"} for layer in range(2)]
     got = client.predict("hf_vit", "scene.png", replace, 3, api_name="/intervene")
     val = got["validation"]
@@ -242,6 +240,60 @@ def test_a_folder_is_measured_on_the_bundled_pictures_against_its_own_prediction
     with pytest.raises(Exception, match="evaluate 1 to 4 pictures"):
         client.predict("hf_vit", "scene.png", replace, 5, api_name="/intervene")
     assert "hf_vit" in client.predict(api_name="/checkpoints")
+
+
+def _head_output_set(values: torch.Tensor):
+    """A forward pre-hook on the output projection that sets head 2 of 3 (8 channels each) to ``values``."""
+
+    def hook(module, args):
+        y = args[0].clone()
+        y[..., 16:24] = values
+        return (y,)
+
+    return hook
+
+
+def test_head_importance_on_a_folder_sweeps_the_bundled_pictures_against_transformers(served, client):
+    """Head importance (zero and dataset_mean) on a folder: the bundled pictures, labelled by the unedited model's
+    predictions; cells against transformers in float64 with that head's output zeroed or set to its mean over the
+    same pictures, per position. The tab says what the images are and sizes its slider to them."""
+    ctx, page, _, ckpt = served
+    paths = list_images(ctx.assets_dir)
+    hf, x = _eager(ckpt / "hf_vit"), _hf_input(ctx, paths)
+    o_proj = hf.vit.layers[1].attention.o_proj
+    with torch.no_grad():
+        logp0 = hf(x).logits.log_softmax(-1)
+        ref = logp0.argmax(-1)
+        seen = []
+        hook = o_proj.register_forward_pre_hook(lambda m, args: seen.append(args[0][..., 16:24].clone()))
+        hf(x)
+        hook.remove()
+        drops = {}
+        for mode, values in (("zero", 0.0), ("dataset_mean", seen[0].mean(0))):
+            hook = o_proj.register_forward_pre_hook(_head_output_set(values))
+            logp1 = hf(x).logits.log_softmax(-1)
+            hook.remove()
+            drops[mode] = float((logp0 - logp1).gather(1, ref.view(-1, 1)).mean())
+    for mode, drop in drops.items():
+        got = client.predict("hf_vit", len(paths), mode, api_name="/head_importance")
+        assert got["reference"] == "unedited prediction" and got["n"] == len(paths) == 4
+        assert got["images"] == {"pictures": "assets", "first": 4, "reference": "unedited prediction"}
+        assert got["unedited_accuracy"] == 1.0  # the unedited model agrees with itself on every picture
+        np.testing.assert_allclose(got["ablate_head"][1][2]["logp_drop"], drop, rtol=1e-4, atol=1e-6)
+    assert abs(drops["zero"]) > 1e-2 and drops["zero"] != drops["dataset_mean"]  # the two ablations differ
+    edit = [{"op": "ablate_head", "layer": 1, "head": 2, "mode": "dataset_mean"}]  # the sweep's cell is that edit
+    val = client.predict("hf_vit", "scene.png", edit, 4, api_name="/intervene")["validation"]
+    np.testing.assert_allclose(-val["logp_true"]["change"], drops["dataset_mean"], rtol=1e-4, atol=1e-6)
+    shown = intervene.render(ctx, page.intervene, "hf_vit")
+    assert shown[page.intervene.n]["maximum"] == 4 and shown[page.intervene.n]["value"] == 4
+    assert shown[page.intervene.n]["label"] == "bundled pictures (N, of 4)"
+    assert "measured against the unedited model's predictions" in shown[page.intervene.evaluation]["label"]
+    *_, done = intervene.on_sweep(ctx, page.intervene, "hf_vit", 4, "zero")
+    assert done[page.intervene.sweep_note].startswith(
+        "4 pictures, unedited agreement with the unedited model 1.0000. Cells: log p(the unedited model's class) drop"
+    )
+    first = next(intervene.on_evaluate(ctx, page.intervene, "hf_vit", edit, 4))
+    assert first[page.intervene.validation] == "Evaluating the edits on 4 pictures…"
 
 
 def test_compare_and_export_files_on_two_standard_vits(served):

@@ -29,7 +29,14 @@ from ssog_core.interventions.effects import ValidationEffect
 from ssog_core.interventions.importance import HeadImportance
 from ssog_core.interventions.ops import FIT_ATOMS, TAP_NAMES, AblateHead, CloseGate, ReplaceWithField
 from ssog_core.interventions.result import reference
-from ssog_core.interventions.validation import DEFAULT_EVAL_IMAGES, MAX_EVAL_IMAGES, TERMS
+from ssog_core.interventions.validation import (
+    DEFAULT_EVAL_IMAGES,
+    LABEL,
+    MAX_EVAL_IMAGES,
+    TERMS,
+    picture_count,
+    reference_of,
+)
 
 DOT_OPS = tuple(dot_product_ops())  # what a dot-product model can take
 CURRENT = "(the current picture)"
@@ -37,6 +44,7 @@ MODES = AblateHead.params()["mode"].choices  # the head-importance sweep's ablat
 MAX_HEADS_SHOWN = 64  # the head-importance table's column titles (Gradio keeps as many as a table has columns)
 FORM_ROW = 4  # form fields per row
 LEFT_OUT = -1  # an optional whole-number field at −1 is left out of the edit
+EVALUATION_TITLE = "The validation set, with a noise floor"
 
 
 def form_fields() -> dict[str, Param]:
@@ -119,6 +127,7 @@ class InterveneUI:
     maps: list[gr.Plot]  # accumulated export map unedited, edited, difference
     attention: gr.Plot
     n: gr.Slider
+    evaluation: gr.Accordion  # titled after what the model is measured on
     validation: gr.Markdown
     per_class: gr.Dataframe
     sweep_mode: gr.Dropdown
@@ -133,7 +142,7 @@ class InterveneUI:
     @property
     def outputs(self) -> list[Block]:
         """What :func:`render` (a new checkpoint) changes."""
-        return [self.note, self.op, *self.image_fields]
+        return [self.note, self.op, self.n, self.evaluation, *self.image_fields]
 
     @property
     def image_fields(self) -> list[Block]:
@@ -158,8 +167,28 @@ def render(ctx: AppContext, ui: InterveneUI, ckpt: str | None) -> Updates:
     return {
         ui.note: note,
         ui.op: gr.update(choices=ops, value=ops[0]),
+        **measured_on(ctx, ui, loaded),
         **{c: gr.update(choices=sources) for c in ui.image_fields},
     }
+
+
+def measured_on(ctx: AppContext, ui: InterveneUI, loaded: LoadedModel) -> Updates:
+    """The image-count slider and its section's title for what ``loaded`` is measured on: its validation set (up to
+    :data:`MAX_EVAL_IMAGES`), or, for a model that records none, the bundled pictures (all of them, the most there
+    are), against the unedited model's predictions."""
+    if reference_of(loaded.meta, ctx.assets_dir) == LABEL:
+        return {
+            ui.n: gr.update(minimum=10, maximum=MAX_EVAL_IMAGES, step=10, value=DEFAULT_EVAL_IMAGES,
+                            label="validation images (N)"),
+            ui.evaluation: gr.update(label=EVALUATION_TITLE),
+        }  # fmt: skip
+    count = picture_count(ctx.assets_dir)
+    return {
+        ui.n: gr.update(minimum=1, maximum=max(count, 1), step=1, value=max(count, 1),
+                        label=f"bundled pictures (N, of {count})"),
+        ui.evaluation: gr.update(label="The bundled pictures, with a noise floor: this model records no validation "
+                                 "set, so its edits are measured against the unedited model's predictions"),
+    }  # fmt: skip
 
 
 def listing(edits: list[dict]) -> str:
@@ -289,7 +318,8 @@ def on_evaluate(
         if not ckpt:
             raise AppError("pick a checkpoint first")
         loaded, parsed = ctx.model(ckpt), parse_edits(edits or [])
-        yield {ui.validation: f"Evaluating the edits on {int(n)} validation images…"}
+        images = TERMS[reference_of(loaded.meta, ctx.assets_dir)][2]
+        yield {ui.validation: f"Evaluating the edits on {int(n)} {images}…"}
         for result, progress in queues.watched(
             request, lambda stop, watch: interventions.run(ctx, loaded, None, parsed, int(n), stop, watch=watch)
         ):
@@ -317,7 +347,8 @@ def importance_updates(ctx: AppContext, ui: InterveneUI, loaded: LoadedModel, im
         ui.fits_table: [[f"layer {i}", *(_cell(c) for c in row)] for i, row in enumerate(imp.replace)],
         ui.tables: gr.update(visible=True),
     }  # fmt: skip
-    note = f"{imp.n} images, unedited accuracy {imp.unedited_accuracy:.4f}. Cells: log p(true) drop [95% interval]"
+    acc, logp, images = TERMS[imp.reference]
+    note = f"{imp.n} {images}, unedited {acc} {imp.unedited_accuracy:.4f}. Cells: {logp} drop [95% interval]"
     note += f"; · = within noise. Replaced by its fit: the head's attention is its {imp.atoms}-atom fit over"
     note += " displacement (how much the head needs content to score). Click a cell of a table to add that edit."
     if imp.close_gate:
@@ -406,7 +437,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> InterveneUI:
             with gr.Row():
                 maps = [gr.Plot(show_label=False, elem_id=f"iv-map{i}") for i in range(3)]
             attention = gr.Plot(show_label=False, elem_id="iv-attn")
-    with gr.Accordion("The validation set, with a noise floor", open=True):
+    with gr.Accordion(EVALUATION_TITLE, open=True) as evaluation:
         with gr.Row():
             n = gr.Slider(10, MAX_EVAL_IMAGES, value=DEFAULT_EVAL_IMAGES, step=10, label="validation images (N)",
                           elem_id="iv-n", scale=3)  # fmt: skip
@@ -441,7 +472,8 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> InterveneUI:
                 interactive=False, elem_id="iv-gates-table", label="log p drop per gate",
             )  # fmt: skip
     ui = InterveneUI(note=note, edits=edits, listing=listing_md, op=op, fields=fields, index=index, status=status,
-                     prediction=prediction, maps=maps, attention=attention, n=n, validation=validation,
+                     prediction=prediction, maps=maps, attention=attention, n=n, evaluation=evaluation,
+                     validation=validation,
                      per_class=per_class, sweep_mode=sweep_mode, heads_plot=heads_plot, gates_plot=gates_plot,
                      heads_table=heads_table, fits_table=fits_table, gates_table=gates_table, tables=tables,
                      sweep_note=sweep_note)  # fmt: skip

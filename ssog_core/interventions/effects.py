@@ -158,10 +158,12 @@ def image_effect(
 # ------------------------------------------------------------------------------------------ the validation set
 
 
-def dataset_means(model: nn.Module, meta: dict[str, Any]) -> list[Tensor]:
-    """Each head's mean output per position over the first :data:`DEFAULT_EVAL_IMAGES` validation images (fewer if
-    the split is smaller), for ``dataset_mean`` ablation: a fixed set, so the mean does not depend on N."""
-    data = load_eval_set(meta, model.config.img_size)
+def dataset_means(model: nn.Module, meta: dict[str, Any], data: EvalSet | None = None) -> list[Tensor]:
+    """Each head's mean output per position over ``data``, by default the first :data:`DEFAULT_EVAL_IMAGES`
+    validation images (fewer if the split is smaller), for ``dataset_mean`` ablation: a fixed set, so the mean does
+    not depend on N (a model without a validation set passes its pictures,
+    :func:`~ssog_core.interventions.result.head_means`)."""
+    data = load_eval_set(meta, model.config.img_size) if data is None else data
     return mean_head_outputs(model, data.batches(model))
 
 

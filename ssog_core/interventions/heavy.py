@@ -118,13 +118,17 @@ def validation(
     return out
 
 
-def importance(loaded: Loaded, n: int, mode: str, progress: Progress, stopped: Stopped) -> HeadImportance:
-    """Head importance on the first ``n`` validation images (:func:`~ssog_core.interventions.importance.
-    head_importance`)."""
+def importance(
+    loaded: Loaded, n: int, mode: str, pictures: Path | None, progress: Progress, stopped: Stopped
+) -> HeadImportance:
+    """Head importance on the first ``n`` validation images, or on ``pictures`` labelled by the unedited model's
+    predictions for a model without them (:func:`~ssog_core.interventions.importance.head_importance`)."""
     model, meta = loaded
-    data = load_eval_set(dict(meta), model.config.img_size, n)
-    means = result.head_means(model, meta, _memo(model)) if AblateHead(0, 0, mode).needs_means() else None
-    batches = Batches(len(data), 1, progress, stopped)
+    data = result.eval_set(model, meta, n, pictures)
+    means = result.head_means(model, meta, _memo(model), pictures) if AblateHead(0, 0, mode).needs_means() else None
+    batches = Batches(len(data), 1 + (data.labels is None), progress, stopped)
+    if data.labels is None:  # unlabelled pictures: the unedited model's predictions are the reference
+        data = result.labelled_by(data, model, batches)
     out = head_importance(model, data, mode, means, stop=batches)
     batches.finished()
     return out

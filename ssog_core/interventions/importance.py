@@ -30,7 +30,7 @@ from ssog_core.interventions.effects import (
 )
 from ssog_core.interventions.ops import FIT_ATOMS, AblateHead, CloseGate, ReplaceWithField
 from ssog_core.interventions.run import edited, mean_attention
-from ssog_core.interventions.validation import BATCH, EvalSet
+from ssog_core.interventions.validation import BATCH, LABEL, EvalSet
 from ssog_core.nn.attention import SSOGAttention
 from ssog_core.nn.hook_points import evaluating
 
@@ -69,10 +69,14 @@ class HeadImportance:
     close_gate: dict[str, list[Cell | None]]
     replace: list[list[Cell]] = field(default_factory=list)
     atoms: int = FIT_ATOMS
+    reference: str = LABEL  # what "accuracy" and "log p(true)" are measured against (validation.TERMS)
+    images: dict[str, Any] = field(default_factory=dict)  # which images (EvalSet.describe)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "n": self.n,
+            "reference": self.reference,
+            "images": self.images,
             "unedited_accuracy": self.unedited_accuracy,
             "ablate_head": [[c.to_dict() for c in row] for row in self.ablate],
             "replace_with_fit": {"atoms": self.atoms, "cells": [[c.to_dict() for c in row] for row in self.replace]},
@@ -162,4 +166,6 @@ def head_importance(
     ]
     ssog = [isinstance(b.attn, SSOGAttention) and b.attn.taps for b in model.blocks]
     gates = {t: [by_edit.get(CloseGate(i, t)) for i in range(len(model.blocks))] for t in TAPS} if any(ssog) else {}
-    return HeadImportance(len(data), mode, float(c0.mean()), ablate, gates, replace, FIT_ATOMS)
+    return HeadImportance(
+        len(data), mode, float(c0.mean()), ablate, gates, replace, FIT_ATOMS, data.reference, data.describe()
+    )

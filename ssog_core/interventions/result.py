@@ -32,7 +32,7 @@ from ssog_core.interventions.effects import (
 )
 from ssog_core.interventions.effects import outcomes as outcomes_on
 from ssog_core.interventions.run import mean_attention
-from ssog_core.interventions.validation import LABEL, TERMS, EvalSet, load_eval_set, load_pictures
+from ssog_core.interventions.validation import LABEL, TERMS, EvalSet, load_eval_set, load_pictures, reference_of
 
 T = TypeVar("T")
 Sources = Mapping[str, Tensor] | Callable[[str], Tensor]  # patch source name → its model input (1, C, H, W)
@@ -47,7 +47,7 @@ class Cache(Protocol):
 @dataclass(frozen=True)
 class Memo:
     """Where a caller keeps a model's expensive values between calls: its ``cache`` and the model's identity in the
-    keys (``(what, model_key, ...)``: ``("eval", key, n, pictures)``, ``("means", key)``,
+    keys (``(what, model_key, ...)``: ``("eval", key, n, pictures)``, ``("means", key, pictures)``,
     ``("attention", key, pictures)``, ``("maps", key, image_key)``, ``("logits", key, image_key)``). ``Memo()``
     keeps nothing: everything is made for this call."""
 
@@ -61,7 +61,7 @@ class Memo:
 def eval_set(model: nn.Module, meta: Mapping[str, Any], n: int | None = None, pictures: Path | None = None) -> EvalSet:
     """What ``model`` is measured on: the first ``n`` validation images of its data, or, where it records none and
     ``pictures`` (a folder) is given, the first ``n`` pictures there (unlabelled: see :func:`labelled_by`)."""
-    if meta.get("data") or pictures is None:
+    if reference_of(dict(meta), pictures) == LABEL:
         return load_eval_set(dict(meta), model.config.img_size, n)
     return load_pictures(pictures, model.config.img_size, class_names(model, meta), dict(meta), n)
 
@@ -101,12 +101,17 @@ def labelled_by(data: EvalSet, model: nn.Module, stop: Callable[[], bool] | None
 
 def pictures_key(meta: Mapping[str, Any], pictures: Path | None) -> str | None:
     """The pictures folder in a memo key, where the model is measured on it (``None``: its validation set)."""
-    return None if meta.get("data") or pictures is None else str(pictures)
+    return None if reference_of(dict(meta), pictures) == LABEL else str(pictures)
 
 
-def head_means(model: nn.Module, meta: Mapping[str, Any], memo: Memo = Memo()) -> list[Tensor]:
-    """The per-position head means ``dataset_mean`` ablation needs (kept per model)."""
-    return memo.get("means", make=lambda: dataset_means(model, dict(meta)))
+def head_means(
+    model: nn.Module, meta: Mapping[str, Any], memo: Memo = Memo(), pictures: Path | None = None
+) -> list[Tensor]:
+    """The per-position head means ``dataset_mean`` ablation needs, over the first
+    :data:`~ssog_core.interventions.validation.DEFAULT_EVAL_IMAGES` validation images, or as many of ``pictures`` for
+    a model without them (kept per model and pictures)."""
+    make = lambda: dataset_means(model, dict(meta), eval_set(model, dict(meta), None, pictures))  # noqa: E731
+    return memo.get("means", pictures_key(meta, pictures), make=make)
 
 
 def validation_attention(
@@ -226,7 +231,7 @@ def run_intervention(
     parsed = parse_edits(list(edits))
     src = patch_sources(parsed, sources)
     check_edits(model, parsed, src, has_means=True, has_attention=True)  # refused before any work (both made below)
-    means = head_means(model, meta, memo) if any(e.needs_means() for e in parsed) else None
+    means = head_means(model, meta, memo, pictures) if any(e.needs_means() for e in parsed) else None
     attention = validation_attention(model, meta, memo, pictures) if any(e.needs_attention() for e in parsed) else None
     img = val = None
     if image is not None:

@@ -86,6 +86,18 @@ def eval_images(n: int | None, split: int) -> int:
     return n
 
 
+def reference_of(meta: dict[str, Any], pictures: str | Path | None) -> str:
+    """What a model is measured against: :data:`LABEL` (its validation set) when it records its data or no pictures
+    are given, else :data:`PREDICTION` (the pictures, labelled by the unedited model)."""
+    return LABEL if meta.get("data") or pictures is None else PREDICTION
+
+
+def picture_count(folder: str | Path) -> int:
+    """How many pictures of ``folder`` a model without a validation set can be measured on (at most
+    :data:`MAX_EVAL_IMAGES`; 0 when there is no such folder)."""
+    return min(len(list_images(folder)), MAX_EVAL_IMAGES) if Path(folder).is_dir() else 0
+
+
 def load_eval_set(meta: dict[str, Any], img_size: Sequence[int], n: int | None = None) -> EvalSet:
     """The first ``n`` validation images of ``meta["data"]`` (the checkpoint's recorded data) at ``img_size``."""
     spec = meta.get("data")

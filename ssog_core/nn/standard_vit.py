@@ -203,7 +203,8 @@ class Block(nn.Module):
         self.ls2 = LayerScale(cfg.dim) if cfg.layer_scale else nn.Identity()
         self.resid_post = HookPoint()  # the block's output (B, T, dim)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
+        """``grid``: the patch grid, which the lab's blocks take (``block(x, grid)``) and this one does not need."""
         x = x + self.ls1(self.attn(self.norm1(x)))
         return self.resid_post(x + self.ls2(self.mlp(self.norm2(x))))
 
@@ -258,8 +259,10 @@ class StandardViT(nn.Module):
         pe = F.interpolate(pe, size=tuple(grid), mode="bicubic", align_corners=False, antialias=cfg.resize_antialias)
         return pe.to(dtype).permute(0, 2, 3, 1).reshape(1, grid[0] * grid[1], -1)
 
-    def embed(self, img: Tensor) -> Tensor:
-        """Tokens entering the first block ``(B, T, dim)``, prefix first, from an image in [0, 1]."""
+    def embed(self, img: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        """Tokens entering the first block ``(B, T, dim)``, prefix first, from an image in [0, 1], and the patch
+        grid: the staged run every lab model offers (``embed``, ``block(x, grid)``, ``readout``), which head
+        importance uses to start each edited run at its own layer."""
         cfg = self.config
         b, c, h, w = img.shape
         if c != cfg.in_chans:
@@ -270,13 +273,13 @@ class StandardViT(nn.Module):
         x = self.patch_embed.proj(patches) + self.pos_embed_for((gh, gw))
         prefix = [getattr(self, n) for n, on in self._prefix_parts() if on]
         if not prefix:
-            return x
+            return x, (gh, gw)
         pre = torch.cat(prefix, dim=1).expand(b, -1, -1)
         if cfg.pos_prefix:
             pre = torch.cat(
                 [pre[:, : cfg.pos_prefix] + self.pos_embed[:, : cfg.pos_prefix], pre[:, cfg.pos_prefix :]], 1
             )
-        return torch.cat([pre, x], dim=1)
+        return torch.cat([pre, x], dim=1), (gh, gw)
 
     def _prefix_parts(self) -> tuple[tuple[str, bool], ...]:
         cfg = self.config
@@ -285,10 +288,15 @@ class StandardViT(nn.Module):
     def forward_features(self, img: Tensor) -> Tensor:
         """Every token after the last block ``(B, T, dim)``, prefix first, normalised unless the norm follows the
         pooling (``fc_norm``)."""
-        x = self.embed(img)
+        x, grid = self.embed(img)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, grid)
         return x if self.config.fc_norm else self.norm(x)
+
+    def readout(self, x: Tensor) -> Tensor:
+        """Logits from the residual stream after the last block (what a caller that runs the blocks itself ends
+        with)."""
+        return self.forward_head(x if self.config.fc_norm else self.norm(x))
 
     def forward_head(self, x: Tensor) -> Tensor:
         """Logits from :meth:`forward_features` (the pooled features when the model has no head)."""
