@@ -187,7 +187,7 @@ def test_the_run_entry_takes_the_request_whole_and_keeps_what_a_memo_holds():
         return run_intervention(model, meta, edits, img, 12, sources=source, memo=memo, image_key="a").to_dict()
 
     first = request()
-    assert sorted(cache.made) == [("eval", "m", 12, None), ("maps", "m", "a"), ("means", "m")] and asked == ["b"]
+    assert sorted(cache.made) == [("eval", "m", 12, None), ("maps", "m", "a"), ("means", "m", None)] and asked == ["b"]
     assert request() == first and len(cache.made) == 3  # the second request makes nothing again
     means, data = dataset_means(model, meta), load_eval_set(meta, (28, 20), 12)
     by_hand = InterventionResult(

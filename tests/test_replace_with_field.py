@@ -199,7 +199,7 @@ def test_the_run_entry_makes_the_mean_attention_once_and_measures_like_every_edi
              {"op": "replace_with_field", "layer": 2, "replacement": "field"}]  # fmt: skip
     cache = Kept()
     got = run_intervention(model, meta, edits, img, 12, memo=Memo(cache, "m")).to_dict()
-    assert ("attention", "m", None) in cache.made and ("means", "m") not in cache.made
+    assert ("attention", "m", None) in cache.made and ("means", "m", None) not in cache.made
     attention = validation_attention(model, meta)
     assert attention[0].images == 30  # the head means' images: the first 500 of the split, here all 30
     data = load_eval_set(meta, (28, 20), 12)
