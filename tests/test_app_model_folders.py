@@ -241,3 +241,34 @@ def test_a_hub_name_missing_from_the_cache_says_where_it_would_be_on_the_page(ap
     with pytest.raises(AppError, match="not in the local Hugging Face cache"):
         ctx.model("hf-hub:lab-org/other")
     assert ctx.checkpoint_names() == before
+
+
+def test_the_api_takes_a_zipped_folder_and_a_hub_name(app, tmp_path, monkeypatch):
+    """Against a live server: ``/upload_checkpoint`` with a zip, then the upload and an ``hf-hub:`` name as the
+    checkpoint of other endpoints; a name missing from the cache comes back as the offline sentence."""
+    from gradio_client import Client, handle_file
+
+    from app.main import launch
+    from ssog_core.testing.app_process import free_port
+
+    ctx, _ = app
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    hub_cache(tmp_path / "hub", "lab-org/api-vit", timm_folder(tmp_path / "hub_src", seed=11))
+    archive = zipped(timm_folder(tmp_path / "api vit", seed=12), tmp_path / "api.zip", "api vit/")
+    demo, _ = build_page(ctx)
+    launch(demo, "127.0.0.1", free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        client = Client(demo.local_url, verbose=False)
+        name = client.predict([handle_file(str(archive))], api_name="/upload_checkpoint")
+        assert name.startswith(UPLOADED + "api") and name in client.predict(api_name="/checkpoints")
+        assert client.predict(name, api_name="/geometry_summary")["card"]["dim / depth / heads"] == "32 / 2 / 4"
+        hub = client.predict("hf-hub:lab-org/api-vit", api_name="/geometry_summary")
+        assert hub["card"]["dim / depth / heads"] == "32 / 2 / 4"
+        assert "hf-hub:lab-org/api-vit" in client.predict(api_name="/checkpoints")
+        with pytest.raises(Exception, match="hf-hub:lab-org/nope is not in the local Hugging Face cache"):
+            client.predict("hf-hub:lab-org/nope", api_name="/geometry_summary")
+        with pytest.raises(Exception, match="holds no config.json"):
+            client.predict([handle_file(str(zipped(tmp_path / "hub_src", tmp_path / "x.zip", "a/b/c/")))],
+                           api_name="/upload_checkpoint")  # fmt: skip
+    finally:
+        demo.close()
