@@ -240,6 +240,12 @@ def test_a_hub_name_missing_from_the_cache_says_where_it_would_be_on_the_page(ap
         assert says in layout.on_hub_open(ctx, page, text)[page.status]
     with pytest.raises(AppError, match="not in the local Hugging Face cache"):
         ctx.model("hf-hub:lab-org/other")
+    outside = timm_folder(tmp_path / "elsewhere")  # a model folder outside the cache, named by a climbing revision
+    climb = "/".join([".."] * (len(where.relative_to(outside.parent).parts) - 1)) + "/elsewhere"
+    assert (where.parent / climb).resolve() == outside
+    for revision in (climb, "..", "a b"):
+        with pytest.raises(AppError, match="a revision is a branch, tag or commit name"):
+            ctx.model(f"hf-hub:lab-org/other@{revision}")
     assert ctx.checkpoint_names() == before
 
 

@@ -375,6 +375,8 @@ def resolve(source: str | Path) -> Path:
     repo, _, revision = text[len(HUB_PREFIX) :].partition("@")
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo) or ".." in repo:
         raise CheckpointError(f"{text!r} is not hf-hub:ORG/NAME")
+    if revision and (not re.fullmatch(r"[\w.-]+", revision) or revision.strip(".") == ""):
+        raise CheckpointError(f"{text!r}: a revision is a branch, tag or commit name (letters, digits, - _ .)")
     root = hub_cache() / f"models--{repo.replace('/', '--')}"
     revision = revision or "main"
     ref = root / "refs" / revision
