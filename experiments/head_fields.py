@@ -325,7 +325,8 @@ def summary(results: dict[str, dict[str, Any]]) -> list[str]:
         if quiet:
             pro.append(f"{data}: the dot twin's {_names(quiet)}, each made content-blind, keep accuracy within noise")
         if loud:
-            con.append(f"{data}: the dot twin's {_names(loud)} need content (each made content-blind costs accuracy)")
+            verb = "needs" if len(loud) == 1 else "need"
+            con.append(f"{data}: the dot twin's {_names(loud)} {verb} content (content-blind, each costs accuracy)")
         if steered is not None:
             a, b = steered["unedited_accuracy"], dot["unedited_accuracy"]
             (pro if a >= b else con).append(

@@ -111,7 +111,7 @@ def test_the_section_counts_the_heads_from_the_numbers_and_replaces_only_itself(
     assert "2 of 3 heads change log p(true) within noise and 1 cost measurably (largest: L0H0 -0.300" in text
     assert "accuracy 0.9000 → 0.5000" in text
     assert "one layer at a time, no layer keeps accuracy within noise; layer 0 costs accuracy (-0.100)." in text
-    assert "**Contradicts:** layouts: the dot twin's layer 0 need content" in text
+    assert "**Contradicts:** layouts: the dot twin's layer 0 needs content" in text
     assert "**Supports:** layouts: the steered SSOG model, whose content only steers fixed atoms, scores 0.9500" in text
     assert "mean total-variation distance of 0.600 from their fixed part" in text  # 1 − mean(0.2, 0.4, 0.6)
     assert "| 0 | 0 | 3.0 | 0.600 | 0.590 | +0.000 | -0.300 [-0.400, -0.200] | -1.000 [-1.500, -0.500] |" in text
