@@ -1,9 +1,9 @@
 """Load test of the app: many concurrent API clients on loopback, each its own logged-in user, sending the mix of
 requests people send; errors, latency, the queue wait of heavy work and the server's memory and threads.
 
-    nice -n 10 python benchmarks/load_app.py [--clients 32] [--duration 300] [--warmup-mix 60] [--no-logins]
-        [--eval-images 50 200] [--importance-images 100] [--checkpoint-dir checkpoints] [--assets-dir assets]
-        [--out benchmarks/results/load_app]
+    python benchmarks/load_app.py [--clients 32] [--duration 300] [--pace 1 4] [--cluster local|tcp://HOST:PORT]
+        [--warmup-mix 60] [--no-logins] [--eval-images 50 200] [--importance-images 100]
+        [--checkpoint-dir checkpoints] [--assets-dir assets] [--out benchmarks/results/load_app_FORM]
 
 Starts ``python -m app`` in a subprocess on a free loopback port, with ``--auth-file`` holding one login per client
 (``--no-logins``: none), so the per-user cap on heavy work applies per client. Warm-up: the clients log in (one
@@ -11,23 +11,32 @@ Gradio session each) and upload, between them, every picture of a varied pool (1
 JPEG, 16-bit, grayscale, RGBA, palette GIF, BMP, WebP, plus the bundled pictures); each sends one request of every
 light kind of the mix, and a few one validation edit and one head-importance sweep per checkpoint, which loads every
 model; then ``--warmup-mix`` seconds of the mix below fill the caches to their working size (the memory figure is
-about growth under load, not about the caches filling once). One client then sends ``--alone`` export-map and
-playground requests while the others wait (the latency without a queue). Then the server's resident memory
-(``VmRSS``) and thread count (``Threads``, both of ``/proc/PID/status``) are recorded and all clients send requests
-one after another for ``--duration`` seconds, each drawn from :data:`MIX`: playground updates (``/head_field``),
-export maps with each control (``/export_summary``, the controls in turn), ``/intervene`` on one image and on
-``--eval-images`` validation images, ``/head_importance`` on about ``--importance-images`` images (varied, so most
+about growth under load, not about the caches filling once). One client then sends ``--alone`` requests of every
+light kind of the mix (an export map with each control) while the others wait: the latency without a queue, each
+light endpoint's *alone* figure. Then the server's resident memory (``VmRSS``) and thread count (``Threads``, both
+of ``/proc/PID/status``) are recorded and all clients send requests one after another for ``--duration`` seconds
+(``--pace FROM TO``: each waits a time drawn from FROM to TO seconds between two requests, a person's pace;
+default 0 0, back to back), each drawn from :data:`MIX`: playground updates (``/head_field``), export maps with
+each control (``/export_summary``, the controls in turn), ``/intervene`` on one image and on ``--eval-images``
+validation images, ``/head_importance`` on about ``--importance-images`` images (varied, so most
 sweeps are computed, not cached), picture uploads and a session saved and restored (``/save_session``,
 ``/restore_session``). A client waits for each answer before it sends the next request, so it never has two heavy
 jobs of its own: a ``Busy`` refusal is counted apart from the errors. When the duration is over no request is sent
 and those in flight are collected; then a burst: ``--burst`` requests submitted at once by every client.
 
 For heavy work the client also records the queue wait: from submit until the server reports the job started (the
-``process_starts`` message, ``Status.PROCESSING`` of ``gradio_client``'s ``Job.status()``, polled every 50 ms).
+``process_starts`` message, ``Status.PROCESSING`` of ``gradio_client``'s ``Job.status()``, polled every 50 ms), and
+the job time (latency minus queue wait).
+
+Where heavy work runs: by default the app's local pool of worker processes; ``--cluster local`` starts a
+``distributed.LocalCluster`` of two single-threaded worker processes (under ``nice -n 5``, the local pool's own
+niceness, so both forms give the server the same priority) and passes its address to ``python -m app --cluster``;
+``--cluster tcp://HOST:PORT`` uses a running scheduler.
 
 Bounded: every request has a timeout and nothing is sent after the run's deadline; nothing leaves 127.0.0.1.
 Writes ``OUT.json`` and ``OUT.md`` (paste-ready for docs/RELIABILITY.md); exits 1 when a request failed, the
-server died, or memory after the load exceeds the warmed-up figure by more than ``--max-growth`` (10 %).
+server died, or memory after the load exceeds the warmed-up figure by more than ``--max-growth`` (10 %); at a
+person's pace also when a light endpoint's p95 under load exceeds ``--max-slowdown`` (3) times its alone figure.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ import random
 import secrets
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -74,6 +84,7 @@ STARTED = {Status.PROCESSING, Status.PROGRESS, Status.ITERATING}  # the server h
 # one client's next request: relative weights (a session is saved, then restored: two requests)
 MIX = {"playground": 40, "export": 18, "intervene": 14, "upload": 8, "session": 6, "validation": 4, "importance": 2}
 HEAVY = {"validation", "importance"}  # work on validation images: one job per user, the heavy slots
+LIGHT = [kind for kind in MIX if kind not in HEAVY]  # answered by the serving process itself
 
 
 # ------------------------------------------------------------------------------------------ the workload
@@ -180,6 +191,7 @@ class Load:
     eval_images: tuple[int, int]  # validation images of an /intervene, from … to
     importance_images: int
     logins: list[tuple[str, str]] | None = None
+    pace: tuple[float, float] = (0.0, 0.0)  # seconds a client waits between two requests, from … to
     clients: list[Client] = field(default_factory=list)
     images: list[list[str]] = field(default_factory=list)  # SHA-256 of each client's uploaded pictures
     records: list[Record] = field(default_factory=list)
@@ -279,15 +291,17 @@ class Load:
             kind = rng.choices(kinds, weights)[0]
             self.send(index, kind, rng, turn)
             turn += kind == "export"
+            if self.pace[1] > 0:  # a person reads the answer before the next click
+                time.sleep(max(0.0, min(rng.uniform(*self.pace), end - time.monotonic())))
 
     def alone(self, n: int) -> None:
-        """``n`` export-map and ``n`` playground requests from one client while the others wait: the time a
-        request takes without a queue, to read the loaded latencies against."""
-        rng, client, images = random.Random(7), self.clients[0], self.images[0] or [""]
+        """``n`` requests of every light kind (every export-map control in turn) from one client while the others
+        wait: the time a request takes without a queue, to read the loaded latencies against."""
+        rng = random.Random(7)
         for _ in range(n):
-            image, name = rng.choice(images), rng.choice(self.models).name
-            self.call(client, "/export_summary", name, image, rng.uniform(0.05, 1), label=" (alone)")
-            self.call(client, "/head_field", random_head(rng), image, label=" (alone)")
+            for kind in LIGHT:
+                for turn in range(len(CONTROLS) if kind == "export" else 1):  # an export map with each control
+                    self.send(0, kind, rng, turn)
 
     def burst(self, index: int, n: int, seed: int = 0) -> None:
         """``n`` requests submitted at once, not one after another (a page firing several events, a script's
@@ -376,6 +390,34 @@ class Sampler(threading.Thread):
         return self.samples
 
 
+def start_local_cluster(workers: int = 2) -> tuple[subprocess.Popen, str]:
+    """A ``distributed.LocalCluster`` of ``workers`` single-threaded worker processes in a child process under
+    ``nice -n 5`` (the niceness of the app's local pool); its scheduler's address."""
+    code = (
+        "import sys, time\n"
+        "from distributed import LocalCluster\n"
+        f"c = LocalCluster(n_workers={workers}, threads_per_worker=1, processes=True, dashboard_address=None)\n"
+        "print(c.scheduler_address, flush=True)\n"
+        "sys.stdin.read()\n"  # until the benchmark closes the pipe
+        "c.close()\n"
+    )
+    proc = subprocess.Popen(["nice", "-n", "5", sys.executable, "-c", code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    address = proc.stdout.readline().strip()
+    if not address.startswith("tcp://"):
+        proc.kill()
+        raise RuntimeError("the LocalCluster did not start (no scheduler address printed)")
+    return proc, address
+
+
+def stop_local_cluster(proc: subprocess.Popen) -> None:
+    proc.stdin.close()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 # ------------------------------------------------------------------------------------------ report
 
 
@@ -395,10 +437,17 @@ def latency_table(records: list[Record]) -> dict[str, dict[str, float]]:
         rows = [r for r in records if r.endpoint == endpoint]
         ok = [r.seconds for r in rows if r.error is None and not r.refused]
         waits = [r.wait for r in rows if r.wait is not None]
+        runs = [r.seconds - r.wait for r in rows if r.wait is not None and r.error is None and not r.refused]
         row: dict[str, float] = {"requests": len(rows), "errors": sum(r.error is not None for r in rows),
                                  "refused": sum(r.refused for r in rows)}  # fmt: skip
-        out[endpoint] = row | quantiles(ok) | quantiles(waits, "wait_")
+        out[endpoint] = row | quantiles(ok) | quantiles(waits, "wait_") | quantiles(runs, "run_")
     return out
+
+
+def slowdowns(loaded: dict[str, dict[str, float]], alone: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Per light endpoint measured both ways: its p95 under load over its p95 alone."""
+    return {e: round(row["p95_ms"] / alone[e]["p95_ms"], 2) for e, row in loaded.items()
+            if e in alone and "p95_ms" in row and alone[e].get("p95_ms")}  # fmt: skip
 
 
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
@@ -406,14 +455,19 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="ssog-load-"))
     pool = picture_pool(tmp / "pictures", args.assets_dir)
     logins = [(f"user{i:02d}", secrets.token_urlsafe(12)) for i in range(args.clients)] if args.logins else None
-    extra = []
+    extra, cluster = [], None
     if logins:
         auth_file = tmp / "logins.txt"
         auth_file.write_text("".join(f"{u}:{p}\n" for u, p in logins), encoding="utf-8")
         extra = ["--auth-file", str(auth_file)]
+    address = args.cluster
+    if args.cluster == "local":
+        cluster, address = start_local_cluster()
+    if address:
+        extra += ["--cluster", address]
     server = AppProcess(args.checkpoint_dir, args.assets_dir, tmp / "server.log", startup_timeout=180.0, args=extra)
-    server.start()
     try:
+        server.start()
         start = proc_status(server.pid)
         probe = Client(server.url, auth=logins[0] if logins else None, verbose=False, download_files=False)
         found = []
@@ -430,7 +484,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         models = (firsts + [m for m in found if m not in firsts])[: args.max_checkpoints]
         eval_images = (args.eval_images[0], args.eval_images[1])
         load = Load(server.url, models, pool, time.monotonic() + args.deadline, eval_images, args.importance_images,
-                    logins)  # fmt: skip
+                    logins, tuple(args.pace))  # fmt: skip
         # warm-up: every client logs in (one Gradio session each) and uploads pictures, the pool between them,
         # then sends every light kind of request; a few also a validation edit and a sweep (models, caches)
         t = time.perf_counter()
@@ -440,6 +494,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         load.run(lambda i: load.mixed(i, settle, seed=2))
         warm_s, warm_records, load.records = time.perf_counter() - t, load.records, []
         load.alone(args.alone)
+        alone_records, load.records = load.records, []
         time.sleep(1.0)
         warm = proc_status(server.pid)
         sampler = Sampler(server.pid)
@@ -463,9 +518,15 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         log_tail = server.log_tail(3000)
     finally:
         server.stop()
+        if cluster:
+            stop_local_cluster(cluster)
     shutil.rmtree(tmp, ignore_errors=True)  # pictures, logins and server log (its tail is in the result)
     records = load.records
-    errors = [rec for rec in records if rec.error is not None]
+    errors = [rec for rec in records + alone_records if rec.error is not None]
+    latency, alone = latency_table(records), latency_table(alone_records)
+    slowdown = slowdowns(latency, alone)
+    paced = args.pace[1] > 0
+    too_slow = {e: v for e, v in slowdown.items() if v > args.max_slowdown} if paced else {}
     warm_errors = [rec for rec in warm_records if rec.error is not None]
     growth = (after["rss_mb"] - warm["rss_mb"]) / warm["rss_mb"]
     quarters = [max((s for s in samples if s[0] <= f * load_s), default=samples[0], key=lambda s: s[0])
@@ -478,6 +539,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "clients": args.clients,
         "logins": bool(logins),
         "duration_s": args.duration,
+        "pace_s": list(args.pace),
+        "heavy_work": f"Dask: {args.cluster}" if args.cluster else "the app's local pool",
         "mix": MIX,
         "eval_images": list(eval_images),
         "importance_images": [math.ceil(args.importance_images / 2), args.importance_images],
@@ -495,7 +558,11 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "refused": sum(rec.refused for rec in records + warm_records),
         "error_examples": sorted({rec.error for rec in errors + warm_errors})[:5],
         "throughput_rps": round(mixed_records / max(load_s, 1e-9), 2),
-        "latency": latency_table(records),
+        "latency": latency,
+        "alone_requests": len(alone_records),
+        "alone": alone,
+        "slowdown": slowdown,
+        "max_slowdown": args.max_slowdown if paced else None,
         "rss_mb": {
             "at_start": round(start["rss_mb"], 1),
             "after_warmup": round(warm["rss_mb"], 1),
@@ -519,7 +586,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         },
         "max_growth": args.max_growth,
         "server_alive_after": alive,
-        "passed": not errors and not warm_errors and growth <= args.max_growth and alive,
+        "passed": not errors and not warm_errors and growth <= args.max_growth and alive and not too_slow,
     }
     if errors or warm_errors or not alive:
         result["server_log_tail"] = log_tail
@@ -537,29 +604,39 @@ def markdown(r: dict[str, Any]) -> str:
     """The figures as Markdown to paste under ``<!-- load-figures -->`` in docs/RELIABILITY.md."""
     rss, threads, q = r["rss_mb"], r["threads"], r["queue"]
     mix = ", ".join(f"{k} {v}" for k, v in r["mix"].items())
+    lo, hi = r["pace_s"]
+    pace = f"each client waiting {lo:g}-{hi:g} s between two requests" if hi > 0 else "back to back"
+    bars = f"0 errors, memory growth after warm-up ≤ {r['max_growth']:.0%}"
+    if r["max_slowdown"]:
+        bars += f", every light endpoint's p95 ≤ {r['max_slowdown']:g}× alone"
     lines = [
         f"Measured {r['when']} on {r['machine']}; load average after the run {r['load_average_after']}. "
         f"Command: `{r['command']}`.",
         "",
         f"{r['clients']} concurrent `gradio_client` clients on 127.0.0.1, "
         + ("each logged in as its own user" if r["logins"] else "without logins")
-        + f", for {r['duration_s']} s of mixed requests (weights: {mix}; validation edits on "
+        + f", for {r['duration_s']} s of mixed requests, {pace} (weights: {mix}; validation edits on "
         f"{r['eval_images'][0]}-{r['eval_images'][1]} images, sweeps on {r['importance_images'][0]}-"
         f"{r['importance_images'][1]}), on {', '.join(r['checkpoints'])} and {len(r['pictures'])} pictures of "
         f"varied size and mode. The server computes {q['computed_at_once']} requests of an endpoint at once "
-        f"({q['light_at_once']} one-image edits, {q['heavy_at_once']} heavy jobs); up to {q['max_waiting']} more wait.",
+        f"({q['light_at_once']} one-image edits, {q['heavy_at_once']} heavy jobs); up to {q['max_waiting']} more wait. "
+        f"Heavy work runs on {r['heavy_work']}.",
         "",
         f"**{r['mixed_requests']} requests in {r['load_s']} s ({r['throughput_rps']} requests/s), {r['errors']} "
         f"errors, {r['refused']} refused as busy**; warm-up {r['warmup_requests']} requests ({r['warmup_s']} s, "
-        f"{r['warmup_errors']} errors). **{'PASSED' if r['passed'] else 'FAILED'}** (bars: 0 errors, memory "
-        f"growth after warm-up ≤ {r['max_growth']:.0%}).",
+        f"{r['warmup_errors']} errors). **{'PASSED' if r['passed'] else 'FAILED'}** (bars: {bars}).",
         "",
-        "| endpoint | requests | errors | refused | p50 | p95 | max | queue wait p50 | p95 | max |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| endpoint | requests | errors | refused | p50 | p95 | max | alone p95 | p95 / alone "
+        "| queue wait p50 | p95 | job time p50 | p95 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for endpoint, row in r["latency"].items():
         counts = f"{row['requests']} | {row['errors']} | {row['refused']}"
-        lines.append(f"| `{endpoint}` | {counts} | {ms(row)} | {ms(row, 'wait_')} |")
+        alone = r["alone"].get(endpoint, {})
+        alone_p95 = f"{alone['p95_ms']:.0f} ms" if "p95_ms" in alone else "–"
+        ratio = f"×{r['slowdown'][endpoint]:g}" if endpoint in r["slowdown"] else "–"
+        heavy = " | ".join(ms(row, prefix).rsplit(" | ", 1)[0] for prefix in ("wait_", "run_"))
+        lines.append(f"| `{endpoint}` | {counts} | {ms(row)} | {alone_p95} | {ratio} | {heavy} |")
     lines += [
         "",
         f"Server memory (VmRSS): {rss['at_start']} MB at start, **{rss['after_warmup']} MB after warm-up**, "
@@ -578,7 +655,8 @@ def markdown(r: dict[str, Any]) -> str:
         "",
         "Latency: each client's, from submit to answer (queue included); *refused* answers (a second heavy job of "
         "the same user) are left out of it. Queue wait (heavy work): from submit until the server reported the job "
-        "started (`Status.PROCESSING`). The rows marked *alone* are one client's requests while the others wait.",
+        "started (`Status.PROCESSING`); job time: latency minus queue wait. *Alone*: the same kind of request sent by "
+        f"one client while the others wait ({r['alone_requests']} requests before the load).",
     ]
     if r.get("error_examples"):
         lines += ["", "Errors:", *[f"- `{e}`" for e in r["error_examples"]]]
@@ -599,17 +677,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--eval-images", type=int, nargs=2, default=[50, 200], metavar=("FROM", "TO"),
                     help="validation images of an /intervene on the validation set")  # fmt: skip
     ap.add_argument("--importance-images", type=int, default=100, help="images of a sweep: from half this to this")
-    ap.add_argument("--alone", type=int, default=10, help="requests of each kind sent by one client alone first")
+    ap.add_argument("--alone", type=int, default=10, help="requests of each light kind sent by one client alone")
+    ap.add_argument(
+        "--pace",
+        type=float,
+        nargs=2,
+        default=[0.0, 0.0],
+        metavar=("FROM", "TO"),
+        help="seconds each client waits between two requests, drawn from FROM to TO (0 0: back to back)",
+    )
+    ap.add_argument("--cluster", default=None, metavar="local|tcp://HOST:PORT",
+                    help="heavy work on Dask: 'local' starts a LocalCluster of 2 worker processes; default: the "
+                    "app's local pool")  # fmt: skip
+    ap.add_argument(
+        "--max-slowdown",
+        type=float,
+        default=3.0,
+        help="at a person's pace: bar on each light endpoint's p95 over its alone p95",
+    )
     ap.add_argument("--burst", type=int, default=8, help="then requests each client submits at once (0: none)")
     ap.add_argument("--checkpoint-dir", type=Path, default=ROOT / "checkpoints")
     ap.add_argument("--assets-dir", type=Path, default=ROOT / "assets")
     ap.add_argument("--max-checkpoints", type=int, default=3, help="checkpoints asked about, one of each kind first")
     ap.add_argument("--max-growth", type=float, default=0.10)
     ap.add_argument("--deadline", type=float, default=1800.0, help="seconds after which no request is sent")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "load_app", help="OUT.json, OUT.md")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="OUT.json, OUT.md (default: benchmarks/results/load_app_{paced|back_to_back}_{pool|cluster})",
+    )
     args = ap.parse_args(argv)
     if args.clients < 1 or args.duration <= 0 or not 0 < args.eval_images[0] <= args.eval_images[1]:
         ap.error("--clients ≥ 1, --duration > 0 and 0 < FROM ≤ TO for --eval-images")
+    if not 0 <= args.pace[0] <= args.pace[1]:
+        ap.error("--pace FROM TO: 0 ≤ FROM ≤ TO")
+    if args.cluster not in (None, "local") and not args.cluster.startswith("tcp://"):
+        ap.error("--cluster: 'local' or a scheduler address tcp://HOST:PORT")
+    if args.out is None:
+        form = f"{'paced' if args.pace[1] > 0 else 'back_to_back'}_{'cluster' if args.cluster else 'pool'}"
+        args.out = ROOT / "benchmarks" / "results" / f"load_app_{form}"
     return args
 
 
