@@ -210,7 +210,7 @@ def test_playground_release_pick_and_sliders(ctx, pg):
     assert canvas["ack"] == 123.5 and canvas["img"].startswith("data:") and "value" not in canvas
     details = playground.on_details(pg, v)
     fig, rows = details[pg.kernels], details[pg.table]
-    assert rows[1][1] == "(3.0, 12.0)" and len(fig.data) == 2 * (3 + 1)
+    assert rows[1][1] == "(3.0, 11.0)" and len(fig.data) == 2 * (3 + 1)
     colours = [[t.line.color for t in fig.data if t.xaxis == axis][:3] for axis in ("x", "x2")]
     assert colours[0] == colours[1] and len(set(colours[0])) == 3 and None not in colours[0]  # atom r = legend r
     bad = playground.on_release({**v, "grid": [1, 1]}, False, event(t=1))
@@ -240,8 +240,7 @@ def test_playground_grid_change_keeps_every_offset(ctx, pg):
 
 @pytest.mark.parametrize("tau, mode", [(1.5, "factorized"), (1.0, "axial"), (3.0, "axial")])
 def test_tau_and_mode_never_move_the_query_or_the_atoms(pg, tau, mode):
-    """τ or the mode changed the ★ to the grid centre (and the default one from (12, 12) to
-    (11, 11)), and every atom moved with it."""
+    """τ or the mode move neither the ★ nor the atoms, for the default query (the grid's centre) and others."""
     for query in ([6, 6], [12, 12], [0, 23]):
         v = playground.initial_value()
         dq = (query[0] - v["query"][0], query[1] - v["query"][1])

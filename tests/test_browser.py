@@ -265,7 +265,7 @@ def on_canvas(page, selector: str, count: int) -> list[tuple[float, float, float
 
 def tau_keeps_the_query(page) -> None:
     """τ (and the mode) never move the ★ or the atoms; only the grid size may."""
-    assert "★ query (12, 12)" in canvas_info(page)
+    assert "★ query (11, 11)" in canvas_info(page)
     cell = page.locator("#pg-canvas .pg").bounding_box()["width"] / 24
     x, y = centre(page.locator("#pg-canvas .star").bounding_box())
     page.mouse.move(x, y)

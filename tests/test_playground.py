@@ -24,7 +24,7 @@ from ssog_core.analysis.head_spec import (
     spec_from_head,
 )
 from ssog_core.analysis.measures import head_fields, head_stats, query_stats, steering_offsets
-from ssog_core.field import attention_matrix
+from ssog_core.field import attention_matrix, centre_query
 from tests.app_fixtures import designed_ssog
 
 
@@ -139,6 +139,10 @@ def test_head_spec_refuses_bad_heads(change, message):
     d = dict(grid=(24, 24), query=(12, 12), tau=1.0, atoms=DEFAULT_SPEC.atoms)
     with pytest.raises(ValueError, match=message):
         HeadSpec(**{**d, **change})
+
+
+def test_the_first_head_sits_at_the_centre_query_every_view_uses():
+    assert DEFAULT_SPEC.query == centre_query(DEFAULT_SPEC.grid) == (11, 11)
 
 
 def test_head_spec_json_round_trip_and_bad_json():

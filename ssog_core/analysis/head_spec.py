@@ -270,13 +270,13 @@ def steered_spec(
     return _head_spec(grid, query, mu, sigma, lam / lam.sum(), lf.tau, mode)
 
 
-DEFAULT_SPEC = HeadSpec(
+DEFAULT_SPEC = HeadSpec(  # the playground's first head, its ★ at the grid's centre query like every other view's
     grid=(24, 24),
-    query=(12, 12),
+    query=centre_query((24, 24)),
     tau=1.0,
     atoms=(
-        Atom(8.5, 11.0, 1.2, 1.2, 0.45),  # a tight blob up and to the left (the "head" of the SSOG post's bird)
-        Atom(17.0, 12.0, 3.5, 0.8, 0.35),  # a vertical strip below (the "post")
-        Atom(15.0, 6.0, 2.5, 2.5, 0.20),  # a broad, weak blob to the lower left
+        Atom(7.5, 10.0, 1.2, 1.2, 0.45),  # a tight blob up and to the left (the "head" of the SSOG post's bird)
+        Atom(16.0, 11.0, 3.5, 0.8, 0.35),  # a vertical strip below (the "post")
+        Atom(14.0, 5.0, 2.5, 2.5, 0.20),  # a broad, weak blob to the lower left
     ),
 )
