@@ -270,7 +270,7 @@ def tau_keeps_the_query(page) -> None:
     x, y = centre(page.locator("#pg-canvas .star").bounding_box())
     page.mouse.move(x, y)
     page.mouse.down()
-    page.mouse.move(x - 6 * cell, y - 6 * cell, steps=8)
+    page.mouse.move(x - 5 * cell, y - 5 * cell, steps=8)
     page.mouse.up()
     page.wait_for_function("() => document.querySelector('#pg-canvas .inf').textContent.includes('★ query (6, 6)')")
     star, atoms = on_canvas(page, "#pg-canvas .star", 1), on_canvas(page, "#pg-canvas .atom", 3)
