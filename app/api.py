@@ -26,7 +26,7 @@ from gradio.utils import get_function_params, get_upload_folder
 from app import interventions, queues
 from app import session_protocol as session
 from app.common import EXPECTED_ERRORS, error_text
-from app.export_maps import control_for, maps_for
+from app.export_maps import maps_with_control
 from app.state import AppContext, AppError
 from app.tabs import geometry, playground, training
 from ssog_core.analysis import report
@@ -94,16 +94,15 @@ def register_api(ctx: AppContext, parts: Sequence[session.SessionPart]) -> None:
         ``validation``: the mean over validation images of the checkpoint's data) adds ``accumulated_control`` and
         ``accumulated_difference`` (raw − control)."""
         loaded, stored = ctx.model(checkpoint), ctx.find_image(image)
-        maps = maps_for(ctx, loaded, stored, float(alpha))
+        maps, c = maps_with_control(ctx, loaded, stored, float(alpha), check_control(control), request)
         out = {
             **maps.summary(),
             "alpha": maps.alpha,
             "grid": list(maps.grid),
             "accumulated": maps.accumulated[0].tolist(),
             "prefix_share": maps.prefix_share[0].tolist(),
-            "control": check_control(control),
+            "control": control,
         }
-        c = control_for(ctx, loaded, stored, maps, control, request)
         if c is not None:
             out["control_images"] = c.images
             out["accumulated_control"] = c.accumulated[0].tolist()
@@ -232,10 +231,11 @@ def register_api(ctx: AppContext, parts: Sequence[session.SessionPart]) -> None:
             "status": session.restored_text(restoring.notes),
         }
 
-    for fn in (checkpoints, head_field, geometry_summary, export_summary, history, upload_image, upload_checkpoint,
-               save_session, restore_session):  # fmt: skip
+    for fn in (checkpoints, head_field, geometry_summary, history, upload_image, upload_checkpoint, save_session,
+               restore_session):  # fmt: skip
         gr.api(fn, api_name=fn.__name__)
-    edit = gr.api(intervene, api_name="intervene", **queues.light())  # one image: quick, never behind a sweep
+    gr.api(export_summary, api_name="export_summary", **queues.may_wait())  # the validation control may wait
+    edit = gr.api(intervene, api_name="intervene", **queues.may_wait())  # validation images may wait
     typed_parameter(edit, intervene, "edits", edits_schema())  # each op's fields, from the registry
     gr.api(head_importance, api_name="head_importance", **queues.heavy())
     gr.api(head_fields, api_name="head_fields", **queues.heavy())

@@ -35,7 +35,8 @@ def validation_for(
 ) -> ValidationMaps:
     """The maps of the checkpoint's validation images (``blank``: of their blank images), cached per checkpoint
     and α: computed once, as a heavy job (batch export: :func:`app.queues.submitted`), shared by the validation
-    control of every picture and the per-class view. Computing them is the user's one heavy job
+    control of every picture and the per-class view. A model without validation images (a standard ViT) stands on
+    the bundled pictures instead, each labelled by its unedited prediction. Computing them is the user's one heavy job
     (:func:`app.queues.one_per_user`, the user of ``request``); reading them once cached is not."""
     alpha = round(float(alpha), ALPHA_PLACES)
     key = (loaded.key, DEFAULT_CONTROL_IMAGES, alpha, blank)
@@ -44,7 +45,9 @@ def validation_for(
         return kept
     n = DEFAULT_CONTROL_IMAGES
     with queues.one_per_user(request):
-        return queues.submitted(ctx.cache.validation, key, heavy.export_maps, loaded.key[0], alpha, n, blank)
+        return queues.submitted(
+            ctx.cache.validation, key, heavy.export_maps, loaded.key[0], alpha, n, blank, ctx.assets_dir
+        )
 
 
 def control_for(
@@ -61,6 +64,18 @@ def control_for(
         return control_maps(loaded.model, loaded.meta, x, raw, control, validation=validation)
 
     return ctx.cache.export_maps.get((loaded.key, stored.sha256, raw.alpha, control), make)
+
+
+def maps_with_control(
+    ctx: AppContext, loaded: LoadedModel, stored: StoredImage, alpha: float, control: str, request: Any = None
+) -> tuple[ExportMaps, ControlMaps | None]:
+    """A picture's maps and their control, for a :func:`app.queues.may_wait` request: the validation control's
+    batch (the user's heavy job) is waited for first, holding nothing; the light work then takes a light slot."""
+    if control == "validation":
+        validation_for(ctx, loaded, alpha, request=request)
+    with queues.light_slot():
+        maps = maps_for(ctx, loaded, stored, alpha)
+        return maps, control_for(ctx, loaded, stored, maps, control, request)
 
 
 def summary(name: str, m: ExportMaps, control: ControlMaps | None = None) -> str:

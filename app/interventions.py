@@ -54,9 +54,10 @@ def run(
 
     edits = parse_edits(list(edits))
     x = source(sha) if sha else None
-    if not n or x is not None:  # the picture's part (or nothing): here
-        here = run_intervention(loaded.model, loaded.meta, edits, x, sources=source, memo=memo(ctx, loaded),
-                                image_key=sha, maps=maps, pictures=ctx.assets_dir)  # fmt: skip
+    if not n or x is not None:  # the picture's part (or nothing): here, in a light slot (queues.may_wait)
+        with queues.light_slot():
+            here = run_intervention(loaded.model, loaded.meta, edits, x, sources=source, memo=memo(ctx, loaded),
+                                    image_key=sha, maps=maps, pictures=ctx.assets_dir)  # fmt: skip
         if not n:
             return here
     sources = {k: v.cpu() for k, v in patch_sources(edits, source).items()}  # workers compute on the CPU

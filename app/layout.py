@@ -16,6 +16,7 @@ from typing import Any
 import gradio as gr
 from PIL import Image
 
+from app import queues
 from app import session_protocol as session
 from app.api import register_api
 from app.common import Updates, error_text, warn, write_downloads
@@ -485,14 +486,16 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
             last = gr.State(None)
             run = lazy(tab_id, render, last)
             args = ([active, last, *inputs], [last, *outputs])
-            tab.select(lambda t=tab_id: t, None, active, **hidden).then(run, *args, **hidden)
+            # export maps against the validation control may wait for the batch (a heavy job): no worker limit
+            queue = {**hidden, **(queues.may_wait() if tab_id == "export" else {})}
+            tab.select(lambda t=tab_id: t, None, active, **hidden).then(run, *args, **queue)
             for event in (picked, uploaded, hub_opened, page_loaded):
-                event.then(run, *args, **hidden)
-            image_sha.change(run, *args, **hidden)
+                event.then(run, *args, **queue)
+            image_sha.change(run, *args, **queue)
             # every way a slider moves (mouse release, typed value, keyboard) is a change: the open tab redraws
             # with the value the slider shows; a slider set by a restored session waits until its tab is opened
             for control in controls:
-                control.change(run, *args, trigger_mode="always_last", **hidden)
+                control.change(run, *args, trigger_mode="always_last", **queue)
         t_ses.select(lambda: "session", None, active, **hidden)
         # plots drawn while their tab was hidden come out narrow: redraw the playground's when it is shown
         t_pg.select(lambda: "playground", None, active, **hidden).then(

@@ -201,6 +201,7 @@ def launch(
         share=False,
         max_file_size=MAX_UPLOAD_BYTES,
         state_session_capacity=SESSIONS,
+        max_threads=SESSIONS + 40,  # Gradio's 40, plus a thread per session for a request waiting on its heavy job
         theme=theme(),
         css=CSS,
         show_error=False,
@@ -280,9 +281,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     import torch
 
-    from app import memory, queues
+    from app import queues
     from app.layout import build_app
     from app.state import AppContext
+    from ssog_core import memory
     from ssog_core.jobs import JobError
 
     try:

@@ -1,14 +1,20 @@
-"""The app's two queues, so quick work never waits behind slow work.
+"""The app's queues, so quick work never waits behind slow work.
 
-- :data:`LIGHT`: one-image edits and previews (the Intervene tab's *Apply*, ``/intervene``), tens of milliseconds.
+- :data:`LIGHT`: one-image edits and previews (the Intervene tab's *Apply*), tens of milliseconds.
 - :data:`HEAVY`: validation effects and head importance (the tab's *Evaluate* and *Run head importance*,
   ``/head_importance``), seconds to minutes, and batch export (the Export tab's validation batch).
+- :func:`may_wait`: requests that are light unless they need a heavy job's result: an export map against the
+  validation control (the Export tab, ``/export_summary``), ``/intervene`` (one call, with or without validation
+  images). Such a request may wait minutes for its heavy job, so it holds no worker of a bounded queue (a few of
+  them waiting would make every export map wait behind them: benchmarks/load_app.py, p95 ×160–700 its alone
+  figure at a person's pace); its light part takes one of :data:`LIGHT_LIMIT` light slots (:func:`light_slot`)
+  once the heavy result is there.
 
-Both are Gradio concurrency groups (``concurrency_id``, ``concurrency_limit``), so requests wait in Gradio's queue
-and the page shows their place in it. Work on the validation set also runs under :data:`heavy_gate`, whichever
-queue it came from (``/intervene`` with ``eval_images`` > 0 is one call in the light queue), so at most
-:data:`HEAVY_LIMIT` heavy computations run at once. One user runs one heavy job at a time (:func:`one_per_user`);
-another is refused at once with the reason instead of taking a second slot from everyone else.
+:data:`LIGHT` and :data:`HEAVY` are Gradio concurrency groups (``concurrency_id``, ``concurrency_limit``), so
+requests wait in Gradio's queue and the page shows their place in it. Work on the validation set also runs under
+:data:`heavy_gate`, whichever queue it came from, so at most :data:`HEAVY_LIMIT` heavy computations run at once.
+One user runs one heavy job at a time (:func:`one_per_user`); another is refused at once with the reason instead
+of taking a second slot from everyone else, so the requests waiting for heavy work are at most one per user.
 
 Heavy work leaves the serving process through :func:`engine` (:class:`ssog_core.jobs.Engine`): a local pool of
 ``HEAVY_LIMIT`` worker processes, started in the background when the app starts (:func:`start_engine`), or the
@@ -27,20 +33,18 @@ from typing import Any, TypeVar
 
 import gradio as gr
 
-from app import memory
 from app.common import stoppable
+from ssog_core import memory
 from ssog_core.interventions import heavy as heavy_jobs
 from ssog_core.interventions.effects import Cancelled
 from ssog_core.jobs import THREADS, Engine, Job
 
 T = TypeVar("T")
 
-# Workers, not cores: a one-image edit takes tens of milliseconds, but a validation edit sent to ``/intervene``
-# (one endpoint, so one queue) holds a light worker while it waits for a heavy slot and computes; with two light
-# workers, two such edits made every one-image edit wait (benchmarks/load_app.py: p50 30 s). Eight leave room.
-LIGHT, LIGHT_LIMIT = "light", 8
+LIGHT, LIGHT_LIMIT = "light", 8  # light computations at once, per queue and in the light slots
 HEAVY, HEAVY_LIMIT = "heavy", 2  # at most two validation or head-importance computations at once
 heavy_gate = threading.BoundedSemaphore(HEAVY_LIMIT)  # held while a heavy computation runs (app.interventions)
+_light_slots = threading.BoundedSemaphore(LIGHT_LIMIT)  # the light part of a request that may wait (light_slot)
 
 BUSY = (  # Busy's message
     "you already have a heavy job running (validation, head importance, head fields or batch export); "
@@ -59,6 +63,20 @@ def light(**events: Any) -> dict[str, Any]:
 def heavy(**events: Any) -> dict[str, Any]:
     """Event arguments for the heavy queue."""
     return {"concurrency_id": HEAVY, "concurrency_limit": HEAVY_LIMIT, **events}
+
+
+def may_wait(**events: Any) -> dict[str, Any]:
+    """Event arguments for a request that may wait for a heavy job's result: no worker limit (the handler takes a
+    :func:`light_slot` for its light part)."""
+    return {"concurrency_limit": None, **events}
+
+
+@contextmanager
+def light_slot() -> Iterator[None]:
+    """One of :data:`LIGHT_LIMIT` slots for the light part of a :func:`may_wait` request, taken once its heavy
+    result is there: bounded light work, unbounded waits."""
+    with _light_slots:
+        yield
 
 
 def start_engine(cluster: str | None = None, threads: int = THREADS) -> Engine:

@@ -37,6 +37,7 @@ from typing import Any, Generic, TypeVar
 
 from torch import nn
 
+from ssog_core import memory
 from ssog_core.checkpoint.format import load_checkpoint
 from ssog_core.interventions.effects import Cancelled
 
@@ -239,7 +240,8 @@ class DaskChannel(Channel):
 
 
 def run_job(fn: Callable[..., T], args: tuple, kwargs: dict[str, Any], channel: Channel, threads: int) -> T:
-    """What a worker runs: the thread cap, then ``fn`` with its models loaded and its channel's two callables."""
+    """What a worker runs: the thread cap, then ``fn`` with its models loaded and its channel's two callables; the
+    memory the job freed goes back to the system when it ends (a worker otherwise keeps its largest job's size)."""
     import torch
 
     if torch.get_num_threads() != threads:
@@ -248,15 +250,19 @@ def run_job(fn: Callable[..., T], args: tuple, kwargs: dict[str, Any], channel: 
         raise Cancelled("the job was stopped before it started")
     args = tuple(load_ref(a) if isinstance(a, ModelRef) else a for a in args)
     kwargs = {k: load_ref(v) if isinstance(v, ModelRef) else v for k, v in kwargs.items()}
-    return fn(*args, progress=channel.report, stopped=channel.stopped, **kwargs)
+    try:
+        return fn(*args, progress=channel.report, stopped=channel.stopped, **kwargs)
+    finally:
+        memory.return_free_memory()
 
 
 def _init_worker(threads: int, nice: int) -> None:
-    """A local worker's start: lower CPU priority, capped torch threads."""
+    """A local worker's start: lower CPU priority, capped torch threads, two malloc arenas."""
     import torch
 
     os.nice(nice)
     torch.set_num_threads(threads)
+    memory.limit_malloc_arenas()
 
 
 # ------------------------------------------------------------------------------------------------ backends

@@ -524,10 +524,10 @@ def test_export_maps_against_a_control_and_per_class(ctx, sha, page, tmp_path):
         out = export.per_class(ctx, ex, ckpt, 0.5, control)
         assert Path(out[ex.classes]).suffix == ".png" and "64 validation images of `shapes:" in out[ex.classes_status]
     bare = save_checkpoint(tmp_path / "bare.safetensors", designed_ssog(depth=1), {"class_names": list("abcde")})
-    name = ctx.add_upload([str(bare)])
+    name = ctx.add_upload([str(bare)])  # no recorded data: the bundled pictures, labelled by its predictions
     out = export.render(ctx, ex, name, NO_TWIN, sha, 0.5, 0, None, "validation")
-    assert "does not record its training data" in out[ex.text] and out[ex.control_figure] is None
-    assert "does not record its training data" in export.per_class(ctx, ex, name, 0.5, "none")[ex.classes_status]
+    assert "the bundled pictures)**" in out[ex.text] and out[ex.control_figure]["visible"]
+    assert "bundled pictures, each in the class" in export.per_class(ctx, ex, name, 0.5, "none")[ex.classes_status]
 
 
 @pytest.mark.slow

@@ -110,6 +110,30 @@ def test_light_work_passes_heavy_work_which_is_capped_per_queue_and_per_user(dem
                 queues.heavy_gate.release()
 
 
+def test_export_maps_never_wait_behind_export_maps_waiting_for_their_batch(demo):
+    """Three users' export maps against the validation control wait for its batch (the heavy slots are held); a
+    fourth user's plain export map answers at once all the same: a request waiting for heavy work holds no worker
+    of a bounded queue (queues.may_wait)."""
+    for _ in range(queues.HEAVY_LIMIT):
+        queues.heavy_gate.acquire()
+    released = False
+    try:
+        users = [Client(demo.local_url, verbose=False) for _ in range(3)]
+        waiting = [c.submit(CKPT, "scene.png", 0.31 + k / 100, "validation", api_name="/export_summary")
+                   for k, c in enumerate(users)]  # fmt: skip
+        until(lambda: len(queues._running) == 3)  # each is its user's heavy job, waiting for a slot
+        plain = Client(demo.local_url, verbose=False).submit(CKPT, "scene.png", 0.3, "none", api_name="/export_summary")
+        assert plain.result(timeout=20)["control"] == "none" and not any(w.done() for w in waiting)
+        for _ in range(queues.HEAVY_LIMIT):
+            queues.heavy_gate.release()
+        released = True
+        assert all(w.result(timeout=120)["control_images"] > 0 for w in waiting)
+    finally:
+        if not released:
+            for _ in range(queues.HEAVY_LIMIT):
+                queues.heavy_gate.release()
+
+
 def test_one_heavy_job_per_user_is_released_whatever_happens():
     request = SimpleNamespace(username="ada", session_hash="s1")
     with queues.one_per_user(request):
@@ -126,13 +150,14 @@ def test_one_heavy_job_per_user_is_released_whatever_happens():
 def test_a_cancelled_heavy_job_frees_its_worker_and_its_users_slot(demo):
     """A client that cancels (or drops) a running validation edit or sweep gives back its worker and its user's
     heavy slot at once, and its computation stops: the user's next heavy job is not refused."""
-    light = lambda: queues.waiting(SimpleNamespace(request=SimpleNamespace(app=demo.app)), queues.LIGHT)  # noqa: E731
+    group = next(fn for fn in demo.fns.values() if fn.api_name == "intervene").concurrency_id  # queues.may_wait
+    light = lambda: queues.waiting(SimpleNamespace(request=SimpleNamespace(app=demo.app)), group)  # noqa: E731
     for _ in range(queues.HEAVY_LIMIT):  # the jobs then wait for a heavy slot, with their user's slot taken
         queues.heavy_gate.acquire()
     released = False
     try:
         ada = Client(demo.local_url, verbose=False)
-        jobs = [("/intervene", (CKPT, "scene.png", EDITS, 24), light),  # in the light queue, holds a heavy slot
+        jobs = [("/intervene", (CKPT, "scene.png", EDITS, 24), light),  # its own queue, holds a heavy slot
                 ("/head_importance", (CKPT, 14, "zero"), lambda: heavy_state(demo))]  # fmt: skip
         for api_name, args, state in jobs:
             job = ada.submit(*args, api_name=api_name)

@@ -310,11 +310,30 @@ def test_compare_and_export_files_on_two_standard_vits(served):
         assert maps["net"].shape[-2:] == (4, 4)
     blank = export.render(ctx, page.export, "hf_vit", NO_TWIN, sha, 0.5, 1, None, "blank")
     assert blank[page.export.control_figure]["visible"] and "Control: **a blank image" in blank[page.export.text]
-    for shown in (  # what needs a validation set says why: a folder records none
-        export.render(ctx, page.export, "hf_vit", NO_TWIN, sha, 0.5, 1, None, "validation")[page.export.text],
-        export.per_class(ctx, page.export, "hf_vit", 0.5, "none")[page.export.classes_status],
-    ):
-        assert "does not record its" in shown
+    valid = export.render(ctx, page.export, "hf_vit", NO_TWIN, sha, 0.5, 1, None, "validation")
+    assert valid[page.export.control_figure]["visible"] and "the bundled pictures)**" in valid[page.export.text]
+    classes = export.per_class(ctx, page.export, "hf_vit", 0.5, "blank")
+    assert classes[page.export.classes].endswith(".png")
+    assert classes[page.export.classes_status].startswith("4 bundled pictures, each in the class the model predicts")
+
+
+def test_the_validation_control_of_a_folder_is_the_mean_over_the_bundled_pictures(served, client):
+    ctx, _, _, ckpt = served
+    alpha = 0.4
+    got = client.predict("hf_vit", "scene.png", alpha, "validation", api_name="/export_summary")
+    paths = list_images(ctx.assets_dir)
+    with torch.no_grad():
+        attns = _eager(ckpt / "hf_vit")(_hf_input(ctx, paths), output_attentions=True).attentions
+    acc = torch.zeros(len(paths), 16, dtype=torch.float64)
+    for a in attns:
+        a_hat = alpha * _patch_rows(a)[0].mean(1) + (1 - alpha) * torch.eye(16, dtype=torch.float64)
+        diag = a_hat.diagonal(dim1=-2, dim2=-1)
+        acc += (a_hat.sum(-2) - diag) - (1 - diag)  # per picture: pull-out − pull-in
+    assert got["control"] == "validation" and got["control_images"] == len(paths) == 4
+    np.testing.assert_allclose(np.array(got["accumulated_control"]), acc.mean(0).view(4, 4).numpy(), atol=1e-4)
+    np.testing.assert_allclose(
+        np.array(got["accumulated_difference"]), np.array(got["accumulated"]) - np.array(got["accumulated_control"])
+    )
 
 
 def test_a_session_names_the_folder_and_restores_it(client):

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from ssog_core import memory
 from ssog_core.interventions.effects import Cancelled, outcomes
 from ssog_core.interventions.validation import load_eval_set
 from ssog_core.jobs import NICE, Engine, JobError, ModelRef
@@ -104,6 +105,27 @@ def dies_once(log: str, release: str, progress, stopped) -> int:
     return os.getpid()
 
 
+_kept_blocks: list[bytearray] = []  # what a job leaves alive in its worker, between freed blocks
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def frees_most_of_what_it_allocates(progress, stopped) -> tuple[int, float]:
+    """3,000 blocks of 64 KiB, nine in ten freed (the rest stay alive): (this worker, its resident MB at the end)."""
+    blocks = [bytearray(os.urandom(16) * 4096) for _ in range(3000)]
+    _kept_blocks.extend(blocks[::10])
+    del blocks
+    return os.getpid(), rss_mb()
+
+
+def resident(progress, stopped) -> tuple[int, float]:
+    time.sleep(1.0)  # two of these at once: one per worker
+    return os.getpid(), rss_mb()
+
+
 def dies_always(progress, stopped) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -179,6 +201,13 @@ def test_workers_run_niced_with_the_thread_cap(engine):
     assert threads == engine.threads == 1
     if engine.where.startswith("a local pool"):
         assert nice == min(19, os.nice(0) + NICE)
+
+
+@pytest.mark.skipif(memory._libc() is None, reason="not glibc")
+def test_a_worker_gives_back_what_a_job_freed(engine):
+    pid, at_end = engine.submit(frees_most_of_what_it_allocates).result(timeout=WAIT)
+    after = dict(f.result(timeout=WAIT) for f in [engine.submit(resident) for _ in range(2)])
+    assert after[pid] < at_end - 100  # ~170 MB of freed blocks left the worker's resident set when the job ended
 
 
 def test_a_model_is_loaded_once_per_worker_by_path_or_by_bytes(engine, checkpoint):

@@ -123,7 +123,7 @@ def test_host_flag_and_launch_settings(monkeypatch, tmp_path):
     for kw in calls:
         assert kw["share"] is False and kw["max_file_size"] == MAX_UPLOAD_BYTES == 64 * 1024**2
         assert kw["show_error"] is False
-        assert kw["state_session_capacity"] == app_main.SESSIONS
+        assert kw["state_session_capacity"] == app_main.SESSIONS and kw["max_threads"] == app_main.SESSIONS + 40
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from gradio.blocks import Block
 
 from app import plots, widgets
 from app.common import Updates, error_text, shown_figure, warn, write_downloads
-from app.export_maps import control_for, maps_for, summary, validation_for
+from app.export_maps import maps_with_control, summary, validation_for
 from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError, LoadedModel, StoredImage, resize_note
 from app.widgets import layer_update, model_depth
@@ -59,6 +59,11 @@ def _display(stored: StoredImage, loaded: LoadedModel):
     return raster.model_view(stored.image, loaded.config.img_size, figures.EXPORT_WIDTH)
 
 
+def with_twin(ctx: AppContext, ckpt: str, loaded: LoadedModel, twin: str | None) -> list[tuple[str, LoadedModel]]:
+    """The picked model, and its twin when one other than it is picked."""
+    return [(ckpt, loaded)] + ([(twin, ctx.model(twin))] if twin and twin != NO_TWIN and twin != ckpt else [])
+
+
 def render(
     ctx: AppContext,
     ui: ExportUI,
@@ -81,10 +86,10 @@ def render(
                 ui.control_figure: None}  # fmt: skip
     try:
         loaded, stored = ctx.model(ckpt), ctx.image(sha)
-        models = [(ckpt, loaded, maps_for(ctx, loaded, stored, alpha))]
-        if twin and twin != NO_TWIN and twin != ckpt:
-            tw = ctx.model(twin)
-            models.append((twin, tw, maps_for(ctx, tw, stored, alpha)))
+        pairs = with_twin(ctx, ckpt, loaded, twin)
+        computed = [maps_with_control(ctx, lm, stored, alpha, control, request) for _, lm in pairs]
+        models = [(n, lm, m) for (n, lm), (m, _) in zip(pairs, computed, strict=True)]
+        controls = [c for _, c in computed]
         depth = max(m.net.shape[1] for _, _, m in models)
         asked = layer  # the slider's value: sent back only if it has to move into the range
         layer = min(int(layer or 0), depth - 1)
@@ -98,7 +103,6 @@ def render(
                 "query": list(q) if q else None, "layout": "narrow" if narrow else "wide"}  # fmt: skip
         stem = f"export_{names}_{sha[:8]}_L{layer}_alpha{alpha:.2f}_{viz.NET_CMAP}" + ("_narrow" if narrow else "")
         shown = shown_figure(fig, stem, meta)
-        controls = [control_for(ctx, lm, stored, m, control, request) for _, lm, m in models]
         control_shown = None
         if controls[0] is not None:
             rows = [(figures.stem_of(n), m, c) for (n, _, m), c in zip(models, controls, strict=True)]
@@ -126,6 +130,13 @@ def render(
         return {ui.text: warn(error_text(e)), ui.figure: None, ui.accumulated: None, ui.control_figure: None}
 
 
+def images_text(count: int, data: str | None) -> str:
+    """Which images the per-class view averaged: validation images, or bundled pictures for a model without them."""
+    if data:
+        return f"{count} validation images of `{data}`."
+    return f"{count} bundled pictures, each in the class the model predicts for it (no validation set recorded)."
+
+
 def per_class(
     ctx: AppContext, ui: ExportUI, ckpt: str | None, alpha: float, control: str, request: gr.Request | None = None
 ) -> Updates:
@@ -142,7 +153,7 @@ def per_class(
         meta = {"figure": "export maps per class", "checkpoint": ckpt, "alpha": float(alpha), "control": control,
                 "images": int(c.counts.sum()), "data": loaded.meta.get("data")}  # fmt: skip
         shown = shown_figure(viz.class_maps_figure(stem, c), f"export_classes_{stem}_{control}_alpha{alpha:.2f}", meta)
-        return {ui.classes: shown, ui.classes_status: f"{int(c.counts.sum())} validation images of `{meta['data']}`."}
+        return {ui.classes: shown, ui.classes_status: images_text(int(c.counts.sum()), meta["data"])}
     except Exception as e:
         return {ui.classes: None, ui.classes_status: warn(error_text(e))}
 
@@ -164,11 +175,10 @@ def downloads(
     whatever the screen's ``layout``: they are for papers, not phones."""
     try:
         loaded, stored = ctx.model(ckpt), ctx.image(sha)
-        pairs = [(ckpt, loaded)]
-        if twin and twin != NO_TWIN and twin != ckpt:
-            pairs.append((twin, ctx.model(twin)))
-        models = [(n, maps_for(ctx, lm, stored, alpha)) for n, lm in pairs]
-        controls = [control_for(ctx, lm, stored, m, control) for (_, lm), (_, m) in zip(pairs, models, strict=True)]
+        pairs = with_twin(ctx, ckpt, loaded, twin)
+        computed = [maps_with_control(ctx, lm, stored, alpha, control) for _, lm in pairs]
+        models = [(n, m) for (n, _), (m, _) in zip(pairs, computed, strict=True)]
+        controls = [c for _, c in computed]
         settings = {"image": stored.name, "image_sha256": sha}
         q = (int(query[0]), int(query[1])) if query else None
         layer = int(layer or 0)

@@ -18,6 +18,7 @@ raw and against a control.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,7 +78,7 @@ def describe(control: str, images: int = 0) -> str:
     return {
         "none": "none (raw maps)",
         "blank": "a blank image of the image's mean colour",
-        "validation": f"the mean over {images} validation images of the checkpoint's data",
+        "validation": f"the mean over {images} validation images (a model that records none: the bundled pictures)",
     }[check_control(control)]
 
 
@@ -151,13 +152,26 @@ def validation_maps(
         raise ValueError(f"a validation control needs at least one image, got {n}")
     size = tuple(size or model.config.img_size)
     x, labels, names = validation_batch(meta, size, n)
+    chunks = (_like(model, x[start : start + BATCH]) for start in range(0, len(x), BATCH))
+    return maps_over(model, chunks, labels, names, alpha, blank)
+
+
+def maps_over(
+    model: nn.Module,
+    batches: Iterable[Tensor],
+    labels: Tensor,
+    class_names: list[str],
+    alpha: float = DEFAULT_ALPHA,
+    blank: bool = False,
+) -> ValidationMaps:
+    """The maps of images given as model-input batches, with their labels (``blank=True``: of each one's blank
+    image): the validation control's mean and the per-class view, whichever images stand for the validation set."""
     acc, roll = [], []
-    for start in range(0, len(x), BATCH):
-        chunk = _like(model, x[start : start + BATCH])
+    for chunk in batches:
         m = export_maps(model, blank_images(chunk) if blank else chunk, alpha)
         acc.append(m.accumulated)
         roll.append(m.rollout)
-    return ValidationMaps(torch.cat(acc), torch.cat(roll), labels, names, alpha)
+    return ValidationMaps(torch.cat(acc), torch.cat(roll), labels, class_names, alpha)
 
 
 def control_maps(

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from torch import Tensor, nn
 
-from ssog_core.analysis.controls import ValidationMaps, validation_maps
+from ssog_core.analysis.controls import ValidationMaps, maps_over, validation_maps
 from ssog_core.analysis.head_as_field import HeadFieldStats, measure_head_fields
 from ssog_core.interventions import result
 from ssog_core.interventions.edit import Edit, parse_edits
@@ -27,7 +27,7 @@ from ssog_core.interventions.effects import Cancelled
 from ssog_core.interventions.importance import HeadImportance, head_importance
 from ssog_core.interventions.ops import AblateHead
 from ssog_core.interventions.result import InterventionResult, Memo
-from ssog_core.interventions.validation import BATCH, load_eval_set
+from ssog_core.interventions.validation import BATCH, load_eval_set, picture_count
 
 T = TypeVar("T")
 KEPT = 16  # values a worker keeps between jobs (outcomes per model and N, head means per model)
@@ -175,12 +175,27 @@ def accuracy(loaded: Loaded, n: int, progress: Progress, stopped: Stopped) -> fl
 
 
 def export_maps(
-    loaded: Loaded, alpha: float, n: int, blank: bool, progress: Progress, stopped: Stopped
+    loaded: Loaded, alpha: float, n: int, blank: bool, pictures: Path | None, progress: Progress, stopped: Stopped
 ) -> ValidationMaps:
     """The export maps of the first ``n`` validation images (``blank``: of their blank images), for the validation
-    control and the per-class view (:func:`~ssog_core.analysis.controls.validation_maps`)."""
+    control and the per-class view (:func:`~ssog_core.analysis.controls.validation_maps`); for a model without
+    them, of up to ``n`` of ``pictures``, each labelled by the unedited model's prediction."""
     model, meta = loaded
-    progress(0, n)
-    out = validation_maps(model, meta, alpha, n, blank=blank)
-    progress(n, n)
+    if result.pictures_key(meta, pictures) is None:
+        progress(0, n)
+        out = validation_maps(model, meta, alpha, n, blank=blank)
+        progress(n, n)
+        return out
+    data = result.eval_set(model, meta, min(n, picture_count(pictures)), pictures)
+    batches = Batches(len(data), 2, progress, stopped)
+    data = result.labelled_by(data, model, batches)
+
+    def each() -> Iterator[Tensor]:
+        for x in data.batches(model):
+            if batches():
+                raise Cancelled("the export maps were stopped")
+            yield x
+
+    out = maps_over(model, each(), data.labels, data.class_names, alpha, blank)
+    batches.finished()
     return out

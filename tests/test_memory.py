@@ -1,4 +1,4 @@
-"""app/memory.py: freed memory inside malloc's heap goes back to the system when a heavy job ends."""
+"""ssog_core/memory.py: freed memory inside malloc's heap goes back to the system when a heavy job ends."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from app import memory
+from ssog_core import memory
 
 pytestmark = pytest.mark.skipif(memory._libc() is None, reason="not glibc")
 

@@ -1,6 +1,6 @@
-"""The server's memory under glibc: fewer malloc arenas, and freed memory given back after heavy work, so the
-resident size reflects what the server holds (benchmarks/load_app.py measures it). Both are no-ops where the C
-library is not glibc."""
+"""A long-lived process's memory under glibc (the app's server, a heavy-job worker): fewer malloc arenas, and freed
+memory given back after heavy work, so the resident size reflects what the process holds (benchmarks/load_app.py
+measures the server's). Both are no-ops where the C library is not glibc."""
 
 from __future__ import annotations
 
