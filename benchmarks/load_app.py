@@ -85,6 +85,9 @@ STARTED = {Status.PROCESSING, Status.PROGRESS, Status.ITERATING}  # the server h
 MIX = {"playground": 40, "export": 18, "intervene": 14, "upload": 8, "session": 6, "validation": 4, "importance": 2}
 HEAVY = {"validation", "importance"}  # work on validation images: one job per user, the heavy slots
 LIGHT = [kind for kind in MIX if kind not in HEAVY]  # answered by the serving process itself
+# an export map against the validation control needs the batch of its checkpoint and α, a heavy job (the user's
+# one) unless already computed: outside the light bar, like the other heavy work
+BATCH_EXPORT = "/export_summary (validation)"
 
 
 # ------------------------------------------------------------------------------------------ the workload
@@ -526,7 +529,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     latency, alone = latency_table(records), latency_table(alone_records)
     slowdown = slowdowns(latency, alone)
     paced = args.pace[1] > 0
-    too_slow = {e: v for e, v in slowdown.items() if v > args.max_slowdown} if paced else {}
+    too_slow = {e: v for e, v in slowdown.items() if v > args.max_slowdown and e != BATCH_EXPORT} if paced else {}
     warm_errors = [rec for rec in warm_records if rec.error is not None]
     growth = (after["rss_mb"] - warm["rss_mb"]) / warm["rss_mb"]
     quarters = [max((s for s in samples if s[0] <= f * load_s), default=samples[0], key=lambda s: s[0])
@@ -608,7 +611,7 @@ def markdown(r: dict[str, Any]) -> str:
     pace = f"each client waiting {lo:g}-{hi:g} s between two requests" if hi > 0 else "back to back"
     bars = f"0 errors, memory growth after warm-up ≤ {r['max_growth']:.0%}"
     if r["max_slowdown"]:
-        bars += f", every light endpoint's p95 ≤ {r['max_slowdown']:g}× alone"
+        bars += f", every light endpoint's p95 ≤ {r['max_slowdown']:g}× alone (`{BATCH_EXPORT}` is heavy work)"
     lines = [
         f"Measured {r['when']} on {r['machine']}; load average after the run {r['load_average_after']}. "
         f"Command: `{r['command']}`.",
