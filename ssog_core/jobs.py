@@ -43,7 +43,10 @@ from ssog_core.interventions.effects import Cancelled
 
 WORKERS = 2  # local worker processes: heavy jobs at once on the serving machine
 THREADS = 1  # torch threads per job, on every worker: a job's numbers depend on it, so it travels with the job
-NICE = 5  # local workers' niceness: the serving process weighs three times a worker when both want a core
+# Local workers' niceness: when both want a core, the serving process weighs 28 times a worker (Linux's weights
+# 1024 and 36), so light work keeps nearly both cores; at 5 (a third of the server's weight) light p95 under 32
+# clients at a person's pace was ×3–4 its alone figure (docs/RELIABILITY.md §1). Idle cores still go to the jobs.
+NICE = 15
 CONNECT_TIMEOUT = 5.0  # seconds to reach a Dask scheduler, at start and when reconnecting
 POLL = 0.2  # seconds between looks at a running job (stop asked? scheduler still there?)
 WORKER_MODELS = 4  # models a worker keeps in memory, by content hash
