@@ -91,7 +91,8 @@ def register_api(ctx: AppContext, parts: Sequence[session.SessionPart]) -> None:
         tokens; ``prefix_share``: per layer, the attention patch queries put on prefix tokens (class, distillation,
         register), left out of the maps.
         ``accumulated`` is always the raw map; a ``control`` (``blank``: a blank image of the image's mean colour,
-        ``validation``: the mean over validation images of the checkpoint's data) adds ``accumulated_control`` and
+        ``validation``: the mean over validation images of the checkpoint's data, or over the bundled pictures for a
+        model that records none) adds ``accumulated_control`` and
         ``accumulated_difference`` (raw − control)."""
         loaded, stored = ctx.model(checkpoint), ctx.find_image(image)
         maps, c = maps_with_control(ctx, loaded, stored, float(alpha), check_control(control), request)
