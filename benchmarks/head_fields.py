@@ -112,10 +112,15 @@ def table(small: dict[str, float], mem: dict[str, dict[str, float]], threads: in
     command, when = provenance(argv)
     ok = lambda v, t: "met" if v <= t else "**missed**"  # noqa: E731
     p, q = mem["patterns"], mem["plain"]
+    busy = load == "n/a" or float(load) >= 1.0
+    shared = (
+        "other processes were running, so wall times count their time slices too"
+        if busy
+        else "nothing else was running"
+    )
     rows = [
         f"`{command}` — {when}, {threads} torch thread(s), wall clock, random weights; load average {load} at the "
-        "start (the machine was shared with training runs and tests, so wall times count their time slices too: "
-        "absolute times are a guide only; CPU time is this process's, all threads).",
+        f"start ({shared}: absolute times are a guide only; CPU time is this process's, all threads).",
         "",
         "| what | measured: wall (CPU) | target, judged on CPU time (a bound on an idle machine's wall time) | |",
         "|---|---:|---:|---|",
