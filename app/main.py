@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         sys.exit(f"error: {e}")
     try:
-        engine = queues.start_engine(args.cluster, max(1, args.threads))
+        engine = queues.start_engine(args.cluster, max(1, args.threads), on_cpu=device == "cpu")
     except JobError as e:
         sys.exit(f"error: --cluster: {e}")
     atexit.register(engine.close)

@@ -79,13 +79,15 @@ def light_slot() -> Iterator[None]:
         yield
 
 
-def start_engine(cluster: str | None = None, threads: int = THREADS) -> Engine:
+def start_engine(cluster: str | None = None, threads: int = THREADS, on_cpu: bool = False) -> Engine:
     """Set where heavy jobs run: the Dask scheduler at ``cluster`` (``tcp://HOST:PORT``; a
-    :class:`~ssog_core.jobs.JobError` naming it when it cannot be reached within seconds), else a local pool of
-    ``HEAVY_LIMIT`` worker processes with ``threads`` torch threads each, started now in the background (a
-    worker's start imports torch: seconds that the first heavy job would otherwise wait)."""
+    :class:`~ssog_core.jobs.JobError` naming it when it cannot be reached within seconds; each worker on its GPU
+    if it has one), else a local pool of ``HEAVY_LIMIT`` worker processes with ``threads`` torch threads each, on
+    this machine's GPU if it has one unless ``on_cpu`` (the app's ``--device cpu``), started now in the background
+    (a worker's start imports torch: seconds that the first heavy job would otherwise wait)."""
     global _engine
-    new = Engine.cluster(cluster, threads) if cluster else Engine.local(HEAVY_LIMIT, threads)
+    local = "cpu" if on_cpu else "auto"
+    new = Engine.cluster(cluster, threads) if cluster else Engine.local(HEAVY_LIMIT, threads, device=local)
     with _lock:
         old, _engine = _engine, new
     if old is not None:

@@ -10,7 +10,9 @@ Steps:
 2. ``check`` — every kernel against the float64 definition (forward and all gradients; fp32 with
    ``input_precision="ieee"``, bf16, fp16; odd and benchmark-sized grids; R 1–8; head_dim 8–128; strided values),
    dispatch and analysis parity, ``torch.compile(fullgraph=True)``, and one SSOG layer's forward + backward
-   captured in a CUDA graph (which fails on any per-call host→device copy or synchronisation);
+   captured in a CUDA graph (which fails on any per-call host→device copy or synchronisation), and the heavy
+   jobs (validation edits, head importance, head fields, accuracy) on a GPU worker against a CPU worker
+   (``ssog_core.jobs.run_job`` with ``device="cuda"`` and ``"cpu"``): their largest differences;
 3. ``bench`` — the attention op (SSOG kernels alone, their host-side parameter preparation timed separately, and
    SDPA with each backend pinned: flash and cuDNN where available) and the whole d384 ViT, SSOG against its dot
    twin, both replayed from CUDA graphs (no launch overhead for either; eager times beside them);
@@ -93,6 +95,7 @@ class Run:
         self.checks: list[dict] = []
         self.ops: list[dict] = []
         self.models: list[dict] = []
+        self.jobs: list[dict] = []
         self.skipped: list[str] = []
 
     def left(self) -> float:
@@ -231,6 +234,72 @@ def _check_graph_capture(dev: torch.device) -> str | None:
     return None if err <= 1e-3 else f"graph replay differs from eager by {err:.2e}"
 
 
+class _HereChannel:
+    """A job's channel inside this process (``ssog_core.jobs.run_job`` asks it for progress and the stop flag)."""
+
+    def report(self, done: int, total: int) -> None:
+        pass
+
+    def stopped(self) -> bool:
+        return False
+
+
+def _tensors(value: object) -> list[torch.Tensor]:
+    """Every number in a job's result (tensors, and Python numbers as 0-d tensors; through dataclasses, dicts, lists
+    and tuples), in a fixed order."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (bool, int, float)):
+        return [torch.tensor(value, dtype=torch.float64 if isinstance(value, float) else torch.int64)]
+    if isinstance(value, dict):
+        return [t for k in sorted(value, key=str) for t in _tensors(value[k])]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    if hasattr(value, "__dataclass_fields__"):
+        return [t for name in value.__dataclass_fields__ for t in _tensors(getattr(value, name))]
+    return []
+
+
+JOB_TOLERANCE = 1e-3  # largest absolute difference accepted between a GPU worker's floats and a CPU worker's
+
+
+def _check_jobs_on_gpu(run: Run) -> str | None:
+    """The heavy jobs of the app on a GPU worker against a CPU worker with the same thread cap: every float in
+    their results compared (largest absolute difference recorded), every integer or boolean counted where it
+    differs (a prediction on a near-tie may flip)."""
+    from ssog_core.interventions import heavy
+    from ssog_core.jobs import ModelRef, run_job
+
+    ref = ModelRef.of(ROOT / "checkpoints" / "matched_ssog_layouts.safetensors")
+    edits = [{"op": "ablate_head", "layer": 1, "head": 0}, {"op": "close_gate", "layer": 0, "head": 1, "tap": "mu"}]
+    device = "cuda" if run.device.type == "cuda" else "cpu"  # the dry run: the plumbing, CPU against CPU
+    n = 64 if device == "cuda" else 4
+    jobs = {
+        f"validation edits ({n} images)": (heavy.validation, (ref, edits, n, None, None)),
+        f"head importance ({n // 2} images, zero)": (heavy.importance, (ref, n // 2, "zero", None)),
+        f"head fields ({n // 4} images, 2 atoms)": (heavy.head_fields, (ref, n // 4, None, 2)),
+        f"accuracy ({n} images)": (heavy.accuracy, (ref, n)),
+    }
+    problems = []
+    for name, (fn, args) in jobs.items():
+        here, there = (run_job(fn, args, {}, _HereChannel(), 1, d) for d in ("cpu", device))
+        a, b = _tensors(here), _tensors(there)
+        pairs = list(zip(a, b, strict=True)) if len(a) == len(b) else []
+        if not pairs or any(x.shape != y.shape or y.device.type != "cpu" for x, y in pairs):
+            problems.append(f"{name}: the GPU result is not the CPU result's shape, or not back on the CPU")
+            continue
+        floats = [(x.double() - y.double()).abs().max().item() for x, y in pairs if x.is_floating_point()]
+        flips = sum(int((x != y).sum()) for x, y in pairs if not x.is_floating_point())
+        worst = max(floats, default=0.0)
+        row = {"job": name, "max_abs_diff": worst, "integers_differing": flips, "tensors": len(a)}
+        run.record("job_on_gpu", row)
+        run.jobs.append(row)
+        _log(f"         {name}: largest float difference {worst:.2e}, {flips} integers differ ({len(a)} tensors)")
+        if worst > JOB_TOLERANCE:
+            problems.append(f"{name}: floats differ by up to {worst:.2e} (> {JOB_TOLERANCE:g})")
+    return "; ".join(problems) or None
+
+
 def step_check(run: Run, quick: bool = False) -> None:
     dev = run.device
     torch.set_float32_matmul_precision("highest")  # fp32 dots with input_precision="ieee"
@@ -243,6 +312,7 @@ def step_check(run: Run, quick: bool = False) -> None:
     if dev.type == "cuda":
         checks.append(("torch.compile (inductor)", lambda: _check_compile(dev, "inductor"), 60.0))
         checks.append(("CUDA-graph capture of an SSOG layer fwd+bwd", lambda: _check_graph_capture(dev), 10.0))
+        checks.append(("heavy jobs on a GPU worker against a CPU worker", lambda: _check_jobs_on_gpu(run), 90.0))
     else:  # the dry run: one backend that needs no C++ compiler, and every case's plumbing on the meta device
         checks.append(("torch.compile (aot_eager)", lambda: _check_compile(dev, "aot_eager", quick=True), 30.0))
         meta = torch.device("meta")
@@ -251,6 +321,7 @@ def step_check(run: Run, quick: bool = False) -> None:
             for c in CASES
         ]
         checks.append(("dispatch + analysis parity on meta", lambda: _check_dispatch_and_analysis(meta), 1.0))
+        checks.append(("heavy jobs through run_job (CPU against CPU)", lambda: _check_jobs_on_gpu(run), 30.0))
     for name, fn, need in checks:
         if not run.fits(f"check {name}", need):
             continue
@@ -554,6 +625,8 @@ def step_results(run: Run, command: str, results: Path, dry: bool) -> None:
         f"* command: `{command}`",
         f"* correctness (`gpu_check.py` check step, float64 definition): {checks}",
         f"* skipped for the time budget: {', '.join(run.skipped) or 'nothing'}",
+        "* heavy jobs on a GPU worker against a CPU worker (largest float difference; integers that differ): "
+        + ("; ".join(f"{j['job']} {j['max_abs_diff']:.1e}, {j['integers_differing']}" for j in run.jobs) or "not run"),
         "* timing: kernels and models replayed from CUDA graphs (the timer column says so; `events` means eager calls "
         "timed with CUDA events); SDPA pinned to one backend per row; SSOG kernel rows exclude the host-side "
         "parameter preparation, which has its own `prep` rows",

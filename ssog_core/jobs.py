@@ -10,6 +10,10 @@ server). A :class:`ModelRef` among the arguments arrives on the worker as the lo
 :func:`~ssog_core.checkpoint.format.load_checkpoint`, found by path or sent as bytes, checked against its
 SHA-256 and cached per worker by it.
 
+A worker computes on its GPU when it has one (``device="auto"``, :func:`worker_device`): the model and the job's
+tensors go there, TF32 off so the numbers differ from a CPU worker's by float32 rounding only, and the result comes
+back on the CPU (the server may have no GPU).
+
 Faults end in words, never in a hang: a worker killed mid-job runs the job again once (the local pool; Dask's
 scheduler retries by itself), then :class:`JobError`; a scheduler unreachable at start or lost later gives a
 :class:`JobError` naming its address.
@@ -18,6 +22,7 @@ scheduler retries by itself), then :class:`JobError`; a scheduler unreachable at
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import hashlib
 import io
 import multiprocessing
@@ -35,6 +40,7 @@ from pathlib import Path
 from time import monotonic
 from typing import Any, Generic, TypeVar
 
+import torch
 from torch import nn
 
 from ssog_core import memory
@@ -50,6 +56,8 @@ NICE = 15
 CONNECT_TIMEOUT = 5.0  # seconds to reach a Dask scheduler, at start and when reconnecting
 POLL = 0.2  # seconds between looks at a running job (stop asked? scheduler still there?)
 WORKER_MODELS = 4  # models a worker keeps in memory, by content hash
+DEVICES = ("auto", "cpu", "cuda")  # where a worker computes: its GPU if it has one, or the one named
+CPU = torch.device("cpu")
 
 T = TypeVar("T")
 Loaded = tuple[nn.Module, dict[str, Any]]
@@ -122,13 +130,15 @@ _models: OrderedDict[str, Loaded] = OrderedDict()  # this worker's models by con
 _models_lock = threading.Lock()
 
 
-def load_ref(ref: ModelRef) -> Loaded:
-    """The model behind ``ref`` in this process: from the cache by hash, else from the bytes sent or the file at
-    its path, whose content must hash to ``ref.sha256`` (a file that differs here is refused, never used)."""
+def load_ref(ref: ModelRef, device: torch.device = CPU) -> Loaded:
+    """The model behind ``ref`` in this process, on ``device``: from the cache by hash, else from the bytes sent or
+    the file at its path, whose content must hash to ``ref.sha256`` (a file that differs here is refused, never
+    used)."""
+    key = f"{ref.sha256}@{device}"
     with _models_lock:
-        if ref.sha256 in _models:
-            _models.move_to_end(ref.sha256)
-            return _models[ref.sha256]
+        if key in _models:
+            _models.move_to_end(key)
+            return _models[key]
     where = f"worker {os.uname().nodename} (pid {os.getpid()})"
     if ref.data is not None:
         data = ref.data
@@ -155,9 +165,9 @@ def load_ref(ref: ModelRef) -> Loaded:
         else:
             verified.write_bytes(data)
         model, meta = load_checkpoint(verified)
-    model.requires_grad_(False)
+    model.requires_grad_(False).to(device)
     with _models_lock:
-        _models[ref.sha256] = (model, meta)
+        _models[key] = (model, meta)
         while len(_models) > WORKER_MODELS:
             _models.popitem(last=False)
     return model, meta
@@ -242,27 +252,65 @@ class DaskChannel(Channel):
             self._stop.clear()
 
 
-def run_job(fn: Callable[..., T], args: tuple, kwargs: dict[str, Any], channel: Channel, threads: int) -> T:
-    """What a worker runs: the thread cap, then ``fn`` with its models loaded and its channel's two callables; the
-    memory the job freed goes back to the system when it ends (a worker otherwise keeps its largest job's size)."""
-    import torch
+def worker_device(choice: str) -> torch.device:
+    """Where this worker computes: ``auto`` its first GPU if it has one, else its CPU; ``cpu``; ``cuda`` (refused in
+    words on a worker without one). On a GPU, TF32 is turned off for this process (a worker's own), so the numbers
+    differ from a CPU worker's by float32 rounding, not by TF32's 10-bit mantissa."""
+    if choice not in DEVICES:
+        raise JobError(f"unknown worker device {choice!r}: one of {', '.join(DEVICES)}")
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return CPU
+    if not torch.cuda.is_available():
+        raise JobError(f"worker {os.uname().nodename} (pid {os.getpid()}) has no CUDA GPU; the job asked for one")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return torch.device("cuda")
 
+
+def moved(value: T, device: torch.device) -> T:
+    """``value`` with every tensor in it on ``device``: through dicts, lists, tuples and dataclasses (a job's
+    arguments and results); other objects as they are."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)  # type: ignore[return-value]
+    if isinstance(value, dict):
+        return {k: moved(v, device) for k, v in value.items()}  # type: ignore[return-value]
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple takes its fields one by one
+        return type(value)(*(moved(v, device) for v in value))  # type: ignore[return-value]
+    if isinstance(value, (list, tuple)):
+        return type(value)(moved(v, device) for v in value)  # type: ignore[return-value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: moved(getattr(value, f.name), device) for f in dataclasses.fields(value) if f.init}
+        return dataclasses.replace(value, **fields)
+    return value
+
+
+def run_job(
+    fn: Callable[..., T], args: tuple, kwargs: dict[str, Any], channel: Channel, threads: int, device: str = "auto"
+) -> T:
+    """What a worker runs: the thread cap, then ``fn`` with its models loaded on the worker's device
+    (:func:`worker_device`) and its channel's two callables; on a GPU the job's tensors go there and its result
+    comes back on the CPU. The memory the job freed goes back to the system when it ends (a worker otherwise keeps
+    its largest job's size)."""
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     if channel.stopped():
         raise Cancelled("the job was stopped before it started")
-    args = tuple(load_ref(a) if isinstance(a, ModelRef) else a for a in args)
-    kwargs = {k: load_ref(v) if isinstance(v, ModelRef) else v for k, v in kwargs.items()}
+    where = worker_device(device)
+    on_gpu = where.type != "cpu"
+    args = tuple(load_ref(a, where) if isinstance(a, ModelRef) else moved(a, where) if on_gpu else a for a in args)
+    kwargs = {
+        k: load_ref(v, where) if isinstance(v, ModelRef) else moved(v, where) if on_gpu else v
+        for k, v in kwargs.items()
+    }
     try:
-        return fn(*args, progress=channel.report, stopped=channel.stopped, **kwargs)
+        out = fn(*args, progress=channel.report, stopped=channel.stopped, **kwargs)
+        return moved(out, CPU) if on_gpu else out
     finally:
         memory.return_free_memory()
 
 
 def _init_worker(threads: int, nice: int) -> None:
     """A local worker's start: lower CPU priority, capped torch threads, two malloc arenas."""
-    import torch
-
     os.nice(nice)
     torch.set_num_threads(threads)
     memory.limit_malloc_arenas()
@@ -409,7 +457,7 @@ class Job(Generic[T]):
     anyone waits for it yet."""
 
     def __init__(self, engine: Engine, fn: Callable[..., T], args: tuple, kwargs: dict[str, Any]) -> None:
-        self._backend, self._threads = engine.backend, engine.threads
+        self._backend, self._threads, self._device = engine.backend, engine.threads, engine.device
         self._call = (fn, args, kwargs)
         self._backend.executor()  # connected (or refused in words) before the channel is made on it
         self._channel = self._backend.channel()
@@ -424,7 +472,7 @@ class Job(Generic[T]):
         self._attempts += 1
         self._executor = self._backend.executor()
         try:
-            future = self._executor.submit(run_job, fn, args, kwargs, self._channel, self._threads)
+            future = self._executor.submit(run_job, fn, args, kwargs, self._channel, self._threads, self._device)
         except Exception as e:  # a pool found broken at submission: replaced, and the job submitted again
             if not self._backend.worker_lost(e) or self._attempts > self._backend.resubmits:
                 raise
@@ -497,20 +545,28 @@ class Engine:
     """The one way heavy work leaves the serving process (module docstring). ``Engine.local()`` by default,
     ``Engine.cluster("tcp://HOST:PORT")`` for a Dask scheduler; both take the same :meth:`submit`."""
 
-    def __init__(self, backend: Backend, threads: int = THREADS) -> None:
-        self.backend, self.threads = backend, threads
+    def __init__(self, backend: Backend, threads: int = THREADS, device: str = "auto") -> None:
+        if device not in DEVICES:
+            raise ValueError(f"unknown worker device {device!r}: one of {', '.join(DEVICES)}")
+        self.backend, self.threads, self.device = backend, threads, device
 
     @classmethod
-    def local(cls, workers: int = WORKERS, threads: int = THREADS, nice: int = NICE) -> Engine:
-        return cls(LocalPool(workers, threads, nice), threads)
+    def local(cls, workers: int = WORKERS, threads: int = THREADS, nice: int = NICE, device: str = "auto") -> Engine:
+        return cls(LocalPool(workers, threads, nice), threads, device)
 
     @classmethod
     def cluster(
-        cls, address: str, threads: int = THREADS, shared_files: bool = False, timeout: float = CONNECT_TIMEOUT
+        cls,
+        address: str,
+        threads: int = THREADS,
+        shared_files: bool = False,
+        timeout: float = CONNECT_TIMEOUT,
+        device: str = "auto",
     ) -> Engine:
         """Jobs on the Dask scheduler at ``address`` (:class:`JobError` naming it if unreachable within ``timeout``
-        seconds); ``shared_files``: workers read checkpoints at the server's paths instead of receiving them."""
-        return cls(DaskCluster(address, shared_files, timeout), threads)
+        seconds); ``shared_files``: workers read checkpoints at the server's paths instead of receiving them;
+        ``device``: where each worker computes (:func:`worker_device`)."""
+        return cls(DaskCluster(address, shared_files, timeout), threads, device)
 
     @property
     def where(self) -> str:

@@ -359,3 +359,80 @@ def test_the_app_does_not_start_without_its_scheduler(tmp_path):
     address = f"tcp://127.0.0.1:{free_port()}"
     with pytest.raises(SystemExit, match=f"error: --cluster: cannot reach the Dask scheduler at {address} within"):
         main(["--cluster", address, "--checkpoint-dir", str(tmp_path), "--port", str(free_port())])
+
+
+# ------------------------------------------------------------------------------------------ worker devices
+
+
+def test_moved_takes_every_tensor_of_a_result_to_the_device_and_leaves_the_rest():
+    from typing import NamedTuple
+
+    from ssog_core.analysis.head_as_field import AtomFit, HeadFieldStats
+    from ssog_core.jobs import moved
+
+    class Pair(NamedTuple):
+        first: torch.Tensor
+        label: str
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.rand(*shape, dtype=torch.float64) + 0.1
+
+    fit = AtomFit(rand(2, 3, 2), rand(2, 3, 2), rand(2, 3), rand(2))
+    stats = HeadFieldStats((7, 5), (8.0, 8.0), 1, 12, rand(2, 2), rand(2, 2), rand(2, 2), rand(2, 2),
+                           rand(2, 2, 13, 9), [fit, fit])  # fmt: skip
+    value = {"stats": stats, "pairs": [Pair(rand(3), "a"), (rand(1), 4)], "note": "kept"}
+    meta = torch.device("meta")
+    out = moved(value, meta)
+
+    def leaves(v):
+        if isinstance(v, torch.Tensor):
+            yield v
+        elif isinstance(v, dict):
+            for x in v.values():
+                yield from leaves(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                yield from leaves(x)
+        elif hasattr(v, "__dataclass_fields__"):
+            for name in v.__dataclass_fields__:
+                yield from leaves(getattr(v, name))
+
+    moved_leaves, original = list(leaves(out)), list(leaves(value))
+    assert len(moved_leaves) == len(original) == 5 + 2 * 4 + 2  # stats, its two fits, the pairs
+    assert all(t.device == meta and t.dtype == torch.float64 for t in moved_leaves)
+    assert all(t.device.type == "cpu" for t in original)  # the argument itself is left as it was
+    assert type(out["stats"]) is HeadFieldStats and type(out["stats"].fits[1]) is AtomFit
+    assert out["stats"].grid == (7, 5) and out["stats"].images == 12 and out["note"] == "kept"
+    assert type(out["pairs"][0]) is Pair and out["pairs"][0].label == "a" and out["pairs"][1][1] == 4
+
+
+def test_a_worker_computes_on_its_gpu_when_it_has_one_and_says_when_it_has_none(monkeypatch):
+    from ssog_core.jobs import worker_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert worker_device("auto") == torch.device("cpu") and worker_device("cpu") == torch.device("cpu")
+    with pytest.raises(JobError, match="has no CUDA GPU; the job asked for one"):
+        worker_device("cuda")
+    with pytest.raises(JobError, match="unknown worker device 'gpu': one of auto, cpu, cuda"):
+        worker_device("gpu")
+    with pytest.raises(ValueError, match="unknown worker device 'tpu'"):
+        Engine(None, device="tpu")  # refused before any backend is touched
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        assert worker_device("auto") == torch.device("cuda")
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        assert worker_device("cpu") == torch.device("cpu")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def test_the_apps_local_workers_compute_where_the_app_does(monkeypatch):
+    from app import queues
+
+    monkeypatch.setattr(queues, "_engine", None)  # put back after the test
+    monkeypatch.setattr(queues, "_start_workers", lambda engine: None)  # no processes: only the choice is tested
+    assert queues.start_engine(on_cpu=True).device == "cpu"  # python -m app --device cpu
+    assert queues.start_engine().device == "auto"  # the first engine was closed by the second
+    queues.engine().close()

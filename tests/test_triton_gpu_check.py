@@ -51,7 +51,10 @@ def test_dry_run_checks_benchmarks_and_writes_results(tmp_path: Path) -> None:
     assert {"ssog-steered kernel", "ssog-steered prep", "ssog-fixed kernel", "sdpa-math"} <= ops
     assert {r["model"] for r in records if r["kind"] == "model" and "error" not in r} == {"ssog", "dot"}
     assert (tmp_path / "gpu_ops_cpu.csv").exists() and (tmp_path / "gpu_model_cpu.csv").exists()
-    assert "23 of 23 checks passed" in (tmp_path / "RESULTS.md").read_text()
+    jobs = [r for r in records if r["kind"] == "job_on_gpu"]  # the dry run: CPU against CPU, so bit for bit
+    assert len(jobs) == 4 and all(r["max_abs_diff"] == 0 and r["integers_differing"] == 0 for r in jobs)
+    results = (tmp_path / "RESULTS.md").read_text()
+    assert "24 of 24 checks passed" in results and "validation edits (4 images) 0.0e+00, 0" in results
 
 
 @pytest.mark.slow

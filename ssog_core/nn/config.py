@@ -14,8 +14,26 @@ ATTENTION_KINDS = ("ssog", "dot", "rbf")
 POSITIVE = ("num_classes", "patch_size", "dim", "depth", "num_heads", "in_chans")  # sizes of at least 1
 
 
+class PatchShape:
+    """What every ViT config derives from its sizes (the lab's :class:`ViTConfig` and the standard ViT's)."""
+
+    img_size: tuple[int, int]
+    patch_size: int
+    dim: int
+    num_heads: int
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """Token grid (Gh, Gw) at the config's input size (a ViT's position embedding's own grid)."""
+        return self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+
 @dataclass(frozen=True)
-class ViTConfig:
+class ViTConfig(PatchShape):
     """Architecture of a :class:`ssog_core.nn.vit.ViT` (docs/DESIGN.md §2).
 
     Defaults are a small CIFAR-size model like the SSOG post's (patch 4 here; its CIFAR runs use patch 2); each
@@ -114,15 +132,6 @@ class ViTConfig:
             )
         if problems:
             raise ValueError("invalid model config: " + "; ".join(problems))
-
-    @property
-    def grid(self) -> tuple[int, int]:
-        """Token grid (Gh, Gw) at the training resolution."""
-        return self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.num_heads
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ssog_core.nn.config import PatchShape
 from ssog_core.nn.hook_points import HookPoint
 from ssog_core.nn.vit import patch_grid
 
@@ -42,7 +43,7 @@ POOLS = ("token", "avg", "token+avg")  # class token, patch mean, DINOv2's class
 
 
 @dataclass(frozen=True)
-class StandardViTConfig:
+class StandardViTConfig(PatchShape):
     """Architecture of a :class:`StandardViT`; the readers fill it from a timm or transformers config."""
 
     family: str
@@ -113,15 +114,6 @@ class StandardViTConfig:
     @property
     def num_prefix_tokens(self) -> int:
         return int(self.class_token) + int(self.dist_token) + self.num_registers
-
-    @property
-    def grid(self) -> tuple[int, int]:
-        """Token grid (Gh, Gw) at the source's input size: the position embedding's own grid."""
-        return self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.num_heads
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
