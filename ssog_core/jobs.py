@@ -290,22 +290,26 @@ def run_job(
     """What a worker runs: the thread cap, then ``fn`` with its models loaded on the worker's device
     (:func:`worker_device`) and its channel's two callables; on a GPU the job's tensors go there and its result
     comes back on the CPU. The memory the job freed goes back to the system when it ends (a worker otherwise keeps
-    its largest job's size)."""
-    if torch.get_num_threads() != threads:
+    its largest job's size), and the process's thread count is put back (a Dask worker may be threads of another
+    process, whose later sums would otherwise change)."""
+    before = torch.get_num_threads()
+    if before != threads:
         torch.set_num_threads(threads)
-    if channel.stopped():
-        raise Cancelled("the job was stopped before it started")
-    where = worker_device(device)
-    on_gpu = where.type != "cpu"
-    args = tuple(load_ref(a, where) if isinstance(a, ModelRef) else moved(a, where) if on_gpu else a for a in args)
-    kwargs = {
-        k: load_ref(v, where) if isinstance(v, ModelRef) else moved(v, where) if on_gpu else v
-        for k, v in kwargs.items()
-    }
     try:
+        if channel.stopped():
+            raise Cancelled("the job was stopped before it started")
+        where = worker_device(device)
+        on_gpu = where.type != "cpu"
+        args = tuple(load_ref(a, where) if isinstance(a, ModelRef) else moved(a, where) if on_gpu else a for a in args)
+        kwargs = {
+            k: load_ref(v, where) if isinstance(v, ModelRef) else moved(v, where) if on_gpu else v
+            for k, v in kwargs.items()
+        }
         out = fn(*args, progress=channel.report, stopped=channel.stopped, **kwargs)
         return moved(out, CPU) if on_gpu else out
     finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
         memory.return_free_memory()
 
 

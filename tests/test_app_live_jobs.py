@@ -86,15 +86,19 @@ def test_a_sweep_computes_on_the_servers_workers_which_start_with_it(served):
     until(lambda: len(workers(app.pid)) == 2)  # started in the background at start, before any job
     pids = workers(app.pid)
     client = Client(app.url, verbose=False)
-    server0, workers0 = cpu_s(app.pid), sum(cpu_s(p) for p in pids)
+    server0, workers0, start = cpu_s(app.pid), sum(cpu_s(p) for p in pids), time.monotonic()
     job = client.submit(CKPT, 250, "zero", api_name="/head_importance")
-    got = job.result(timeout=300)
+    got = job.result(timeout=600)
     server_cpu, worker_cpu = cpu_s(app.pid) - server0, sum(cpu_s(p) for p in pids) - workers0
+    seconds = time.monotonic() - start
     assert got == here(path, 250)
     notes = [out["progress"] for out in job.outputs()[:-1]]  # what an API client sees while the job runs
     assert notes[0] == "waiting for a heavy slot" and all(PROGRESS.fullmatch(n) for n in notes), notes
     assert any(n.startswith("computing") for n in notes), notes
-    assert worker_cpu > 0.5 and server_cpu < 0.3 * worker_cpu, (server_cpu, worker_cpu)
+    # the workers computed; the server only relayed progress: a small share of one core for as long as the job took
+    # (0.39 s over 8.8 s on an idle machine), never the job's own core. Not a ratio to the workers' CPU: beside
+    # CPU-bound processes the niced workers get little of the CPU, the job's wall time grows, and so does the relaying
+    assert worker_cpu > 0.5 and server_cpu < 0.2 * seconds, (server_cpu, worker_cpu, seconds)
 
 
 def test_workers_killed_mid_job_are_replaced_and_the_job_runs_again(served):

@@ -436,3 +436,14 @@ def test_the_apps_local_workers_compute_where_the_app_does(monkeypatch):
     assert queues.start_engine(on_cpu=True).device == "cpu"  # python -m app --device cpu
     assert queues.start_engine().device == "auto"  # the first engine was closed by the second
     queues.engine().close()
+
+
+def test_a_job_run_in_this_process_puts_its_thread_count_back():
+    """A Dask worker may be threads of another process (``processes=False``): the job's thread cap must not stay."""
+    from ssog_core.jobs import run_job
+
+    before = torch.get_num_threads()
+    cap = 1 if before != 1 else 2
+    channel = SimpleNamespace(report=lambda done, total: None, stopped=lambda: False)
+    assert run_job(settings, (), {}, channel, cap)[1] == cap  # the job ran with its cap
+    assert torch.get_num_threads() == before

@@ -12,6 +12,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -60,10 +62,31 @@ sys.exit(train.main(sys.argv[4:]))
 """
 
 
+THREADS = 2  # torch threads of every training here, in this process and in its children: sums depend on them
+
+
+@contextmanager
+def pinned_threads() -> Iterator[None]:
+    """Train with :data:`THREADS` threads whatever an earlier test in this worker process left set."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _pinned() -> Iterator[None]:
+    with pinned_threads():
+        yield
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("uninterrupted") / "run"
-    assert train.main([*RUN, "--out", str(out)]) == 0
+    with pinned_threads():
+        assert train.main([*RUN, "--out", str(out)]) == 0
     return out
 
 
@@ -77,8 +100,7 @@ def test_sigkill_during_a_save_keeps_the_previous_checkpoint_and_resume_finishes
     which, uninterrupted, tmp_path, capsys
 ):
     out, marker = tmp_path / "run", tmp_path / "held"
-    threads = str(torch.get_num_threads())  # as this process: the same float reductions, the same weights
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": threads}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(THREADS)}  # as the runs in this process
     cmd = [sys.executable, "-c", HOLD_SAVE, which, "2", str(marker), *RUN, "--out", str(out)]
     with subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True) as proc:
         deadline = time.monotonic() + 180
