@@ -300,11 +300,15 @@ def run_job(
             raise Cancelled("the job was stopped before it started")
         where = worker_device(device)
         on_gpu = where.type != "cpu"
-        args = tuple(load_ref(a, where) if isinstance(a, ModelRef) else moved(a, where) if on_gpu else a for a in args)
-        kwargs = {
-            k: load_ref(v, where) if isinstance(v, ModelRef) else moved(v, where) if on_gpu else v
-            for k, v in kwargs.items()
-        }
+
+        def arrived(value: Any) -> Any:
+            """An argument as the job takes it: a model loaded, tensors on the worker's device."""
+            if isinstance(value, ModelRef):
+                return load_ref(value, where)
+            return moved(value, where) if on_gpu else value
+
+        args = tuple(arrived(a) for a in args)
+        kwargs = {k: arrived(v) for k, v in kwargs.items()}
         out = fn(*args, progress=channel.report, stopped=channel.stopped, **kwargs)
         return moved(out, CPU) if on_gpu else out
     finally:
