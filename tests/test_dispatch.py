@@ -191,3 +191,19 @@ def test_the_old_backend_name_still_works_with_a_warning(monkeypatch: pytest.Mon
     monkeypatch.setenv("SSOG_BACKEND", "reference")
     with pytest.warns(FutureWarning, match="SSOG_BACKEND='reference' is now called 'definition'"):
         torch.testing.assert_close(ssog_apply(v, field, grid), apply_field(v, field, grid), rtol=0, atol=0)
+
+
+def test_whether_triton_is_installed_is_known_without_a_lookup_at_call_time(monkeypatch):
+    """Dynamo refuses to trace importlib's ``find_spec`` (torch 2.11 on a GPU): the dispatch, which torch.compile
+    traces, must not look the package up per call."""
+    import importlib.util
+
+    from ssog_core.ops import env
+
+    found = importlib.util.find_spec("triton") is not None
+
+    def no_lookup(*args, **kwargs):
+        raise AssertionError("find_spec called at dispatch time")
+
+    monkeypatch.setattr(importlib.util, "find_spec", no_lookup)
+    assert env.triton_installed() is found

@@ -39,12 +39,15 @@ KILLS = 20
 # or once "marker" appears: "hold" (the N-th save) makes it write the marker and wait just before train_state.pt, so
 # after last.safetensors was replaced. "here": run in the server itself (the first run: it pays the one-time costs
 # before any fork; logs to the server's stderr). "full_at": the N-th file synced finds the disk full after the
-# fraction "part" of it was written. One thread: no OpenMP pool, so forking is safe, and every run alike.
+# fraction "part" of it was written. One thread: no OpenMP pool and no tqdm monitor, so forking is safe (checked
+# before each fork), and every run alike.
 SERVER = """
-import errno, json, os, sys, time
+import errno, json, os, sys, threading, time
 from pathlib import Path
 import torch
+import tqdm
 torch.set_num_threads(1)
+tqdm.tqdm.monitor_interval = 0  # no monitor thread: a fork while it held tqdm's lock left a child hung on it
 from ssog_core.cli import train
 from ssog_core.train import trainer
 
@@ -55,6 +58,8 @@ for line in sys.stdin:
     if job["here"]:  # in this process (the first run: it pays the one-time costs before any fork)
         print(train.main(job["argv"]), flush=True)
         continue
+    if threading.active_count() != 1:  # a fork copies another thread's locks held, never released in the child
+        sys.exit(f"fork server: threads besides the main one: {[t.name for t in threading.enumerate()]}")
     pid = os.fork()
     if pid == 0:
         log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
@@ -108,7 +113,13 @@ class Runs:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
         self.tmp, self.n = tmp, 0
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", SERVER], cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", SERVER],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # the server and every run it forked form one group, stopped together
         )
 
     def run(
@@ -130,8 +141,13 @@ class Runs:
         return code, log.read_text() if log.exists() else ""
 
     def close(self) -> None:
+        """Ends the server; a run still going (a test stopped half-way) is killed with it, forked runs included."""
         self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +164,7 @@ def next_command(out: Path) -> list[str | Path]:
     return [*RUN, "--out", out]
 
 
+@pytest.mark.timeout(1800)  # 20 kills and their resumes: minutes on a quiet machine, many more beside busy ones
 def test_sigkill_at_random_moments_then_the_obvious_command_ends_with_the_uninterrupted_weights(runs, tmp_path):
     reference = tmp_path / "uninterrupted"
     assert runs.run([*RUN, "--out", reference], here=True)[0] == 0
@@ -158,9 +175,10 @@ def test_sigkill_at_random_moments_then_the_obvious_command_ends_with_the_uninte
     rng = random.Random(29)
     kills, chains, afresh = 0, 0, 0
     holds = [1, 3]  # the first chains start with a kill between the two writes of save 1 (no state yet), save 3
-    deadline = time.monotonic() + 240
+    budget = max(240.0, 60 * duration)  # a stuck chain, not a slow machine, should fail: scaled by one run's time
+    deadline = time.monotonic() + budget
     while kills < KILLS:
-        assert time.monotonic() < deadline, f"only {kills} kills in 4 minutes"
+        assert time.monotonic() < deadline, f"only {kills} kills in {budget:.0f} s (one run takes {duration:.1f} s)"
         chains += 1
         out, kills_here = tmp_path / f"chain{chains}", rng.randint(1, 4)
         hold = holds.pop(0) if holds else 0
@@ -206,6 +224,7 @@ def test_a_run_without_a_checkpoint_is_replaced_by_its_command_and_resume_says_w
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="finds the file being saved through /proc")
+@pytest.mark.timeout(1800)  # 13 runs
 def test_disk_full_during_any_save_stops_clearly_and_the_obvious_command_finishes_the_same(runs, tmp_path):
     reference = tmp_path / "uninterrupted"
     code, text = runs.run([*RUN, "--out", reference])

@@ -10,8 +10,8 @@ warm-up for 5 epochs then cosine decay to 0, updated every step; the data kind's
 (``--augment crop,flip``: a pad-4 random crop for cifar100 / shapes / layouts, an Inception random-resized crop
 for imagefolder; name ``pad-crop`` or ``resized-crop`` to choose); batch 128 with drop_last; dropout 0.1.
 ``--batch-size`` is the global batch, split over torchrun's processes, so the schedule is the same on any number
-of GPUs. On CUDA, bf16 autocast and ``torch.compile`` are on unless turned off. The transforms are printed at the
-start and stored in the checkpoint metadata (``augment``, ``crop_pad``, ``transforms``).
+of GPUs. On CUDA, bf16 autocast is on unless turned off; ``torch.compile`` only with ``--compile``. The transforms
+are printed at the start and stored in the checkpoint metadata (``augment``, ``crop_pad``, ``transforms``).
 
 Files in ``--out``: ``last.safetensors`` (float32 weights + config + metadata, written periodically and at
 the end), ``train_state.pt`` (weights, optimizer, scheduler, RNG states and position, for ``--resume``),
@@ -216,7 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--tensorboard", metavar="DIR", help="also write the history's scalars and the field grid as TensorBoard events"
     )
     g.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
-    g.add_argument("--compile", action=argparse.BooleanOptionalAction, help="torch.compile (default: on CUDA)")
+    g.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=c.compile,
+        help="torch.compile the model (default: off; on a GPU, Inductor's steering gradients are not verified)",
+    )
     g.add_argument("--amp", action=argparse.BooleanOptionalAction, help="bf16 autocast (default: on CUDA)")
     g.add_argument("--eval-batch-size", type=_positive_int, default=c.eval_batch_size)
     g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=c.progress, help="tqdm bars")

@@ -105,7 +105,7 @@ class TrainConfig:
     plot: bool = False
     tensorboard: str | None = None  # a folder for TensorBoard events (needs the tensorboard package)
     device: str | None = None
-    compile: bool | None = None
+    compile: bool = False
     amp: bool | None = None
     eval_batch_size: int = 256
     progress: bool = True
