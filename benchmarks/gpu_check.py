@@ -275,8 +275,8 @@ def _tensors(value: object, path: str = "") -> list[tuple[str, torch.Tensor]]:
 JOB_TOLERANCE = 1e-3  # largest absolute difference accepted between a GPU worker's floats and a CPU worker's
 # The fitted atoms' parameters (μ, σ, λ of an AtomFit) are reported, not held to JOB_TOLERANCE: the fit's objective is
 # flat along some directions, so on a CPU a 1e-6 relative change of the weights already moves μ and σ by up to 4e-3
-# cells while the fields, shares and the fit's loss move by under 1e-5. The loss, which is compared, says whether
-# the GPU's fit is as good.
+# cells while the fields, shares and the fit's loss move by under 1e-5 (tests/test_head_fields.py). The loss, which
+# is compared, says whether the GPU's fit is as good.
 FIT_PARAMETERS = re.compile(r"\.fits\[\d+\]\.(mu|sigma|lam)$")
 
 

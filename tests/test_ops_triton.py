@@ -29,7 +29,7 @@ SHARDS = {
     "fp32-factorized": "fp32 and factorized",
     "fp32-axial": "fp32 and axial",
     "half-and-edges": "half or far or validated or tiled",
-    "ops-compile-dispatch": "opcheck or compile or dispatch or flop",
+    "ops-compile-dispatch": "opcheck or compile or dispatch or flop or padded",
 }
 
 

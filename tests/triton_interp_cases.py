@@ -133,6 +133,33 @@ def test_opcheck_custom_ops(mode: str) -> None:
     torch.library.opcheck(torch.ops.ssog.inv_zx.default, (fixed_prm[0, 0].detach(), axial))
 
 
+def _padded(t: torch.Tensor, pad: int) -> torch.Tensor:
+    """``t``'s values in a buffer whose every stride but the last has ``pad`` unused elements per row (NaN), as a
+    compiler may lay a tensor out."""
+    strides = [1]
+    for size in reversed(t.shape[1:]):
+        strides.insert(0, strides[0] * (size + pad))
+    buffer = torch.full((strides[0] * t.shape[0],), float("nan"), dtype=t.dtype)
+    return buffer.as_strided(t.shape, strides).copy_(t)
+
+
+@pytest.mark.parametrize("mode", ["factorized", "axial"])
+def test_custom_ops_read_padded_strides_as_contiguous_ones(mode: str) -> None:
+    """Every input of the steered forward and the backward laid out with padded strides (as Inductor may pass them):
+    the same outputs and gradients, bit for bit, as from contiguous inputs."""
+    axial = mode == "axial"
+    v, prm, _, _ = _op_inputs(mode, steered=True)
+    dy = torch.randn_like(v)
+    y, izx = torch.ops.ssog.steered_fwd(v, prm, axial)
+    dv, dprm = torch.ops.ssog.bwd(dy, v, prm, izx, axial)
+    for pad in (1, 3):
+        vp, prmp = _padded(v, pad), _padded(prm, pad)
+        y_p, izx_p = torch.ops.ssog.steered_fwd(vp, prmp, axial)
+        dv_p, dprm_p = torch.ops.ssog.bwd(_padded(dy, pad), vp, prmp, _padded(izx, pad), axial)
+        for got, want in ((y_p, y), (izx_p, izx), (dv_p, dv), (dprm_p, dprm)):
+            assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize(("mode", "taps"), [("factorized", ALL), ("axial", ALL), ("factorized", ())])
 def test_compile_fullgraph_forward_backward(monkeypatch: pytest.MonkeyPatch, mode: str, taps) -> None:
     """The automatic backend choice (Triton here) traces into one graph: no logging or other graph breaks."""

@@ -203,7 +203,7 @@ class Trainer:
         if state is not None:
             set_rng_state(state["rng"][d.rank])
         self.compiled: nn.Module = self.model
-        if cfg.compile:  # opt-in: docs/KERNELS.md §5 says why it is not the default on CUDA
+        if cfg.compile:  # opt-in: docs/KERNELS.md §7 says why it is not the default on CUDA
             self.compiled = torch.compile(self.model)
         self.net = self.compiled
         if d.world > 1:
