@@ -1,6 +1,6 @@
 """The GPU check: prove the fused kernels right on the device, benchmark them fairly, record the results.
 
-    python benchmarks/gpu_check.py --budget-s 480      # the prepared command: check, bench, results in ≤ 8 min
+    python benchmarks/gpu_check.py --budget-s 480      # the prepared command: check, bench, profile, results
     python benchmarks/gpu_check.py --steps check       # only the correctness checks
     TRITON_INTERPRET=1 python benchmarks/gpu_check.py --dry-run-cpu --out /tmp/gc   # this script, without a GPU
 
@@ -16,7 +16,9 @@ Steps:
 3. ``bench`` — the attention op (SSOG kernels alone, their host-side parameter preparation timed separately, and
    SDPA with each backend pinned: flash and cuDNN where available) and the whole d384 ViT, SSOG against its dot
    twin, both replayed from CUDA graphs (no launch overhead for either; eager times beside them);
-4. ``results`` — rewrites the GPU section of ``benchmarks/RESULTS.md`` from what was measured.
+4. ``profile`` — one steered SSOG layer's forward + backward under ``torch.profiler``: its operations and kernels by
+   device time (``gpu_profile_cuda.md``), to say where the time the benchmark measures goes;
+5. ``results`` — rewrites the GPU section of ``benchmarks/RESULTS.md`` from what was measured.
 
 A failed check is reported and the run goes on; the exit status is non-zero at the end if anything failed. Every
 check and benchmark row is appended to ``gpu_check.jsonl`` in ``--out`` the moment it finishes, and the CSV tables
@@ -100,6 +102,7 @@ class Run:
         self.models: list[dict] = []
         self.jobs: list[dict] = []
         self.skipped: list[str] = []
+        self.profiled: str | None = None
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -633,6 +636,68 @@ def step_bench(run: Run, dry: bool) -> None:
     _bench_models(run, [224, 512], 64, torch.bfloat16, {})
 
 
+PROFILED_STEPS = 5
+
+
+def step_profile(run: Run, dry: bool) -> None:
+    """Where a steered SSOG layer's time goes: its forward + backward (d384 = 6 heads × d64, R4, 1024 tokens, batch
+    64, bf16 autocast; a tiny layer in the dry run) under ``torch.profiler``, the operations and kernels by their own
+    device time per step (top 20) into ``gpu_profile_{device}.md``: the Triton kernels beside the PyTorch kernels
+    that build their parameters and steer them, which the op benchmark times only as a total (``prep``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dev = run.device
+    cuda = dev.type == "cuda"
+    if not run.fits("profile of one steered layer", 20.0 if cuda else 5.0):
+        return
+    b, grid, dim, heads = (1, (4, 4), 48, 3) if dry else (64, (32, 32), 384, 6)
+    attn = SSOGAttention(dim, heads, 4, steer=ALL, cold_init=False).to(dev)
+    x = torch.randn(b, grid[0] * grid[1], dim, device=dev, requires_grad=True)
+
+    def step() -> None:
+        with torch.autocast(dev.type, torch.bfloat16, enabled=cuda):
+            y = attn(x, grid)
+        y.float().square().mean().backward()
+
+    for _ in range(3):  # compiles the kernels, warms the allocator
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
+        for _ in range(PROFILED_STEPS):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+    own = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = sorted(
+        (e for e in prof.key_averages() if getattr(e, own) > 0), key=lambda e: getattr(e, own), reverse=True
+    )
+    total = sum(getattr(e, own) for e in events)
+    per_step = PROFILED_STEPS * 1e3  # microseconds over all steps → milliseconds per step
+    rows = [
+        {"name": e.key[:90], "calls_per_step": e.count / PROFILED_STEPS, "ms_per_step": getattr(e, own) / per_step,
+         "share": getattr(e, own) / total}
+        for e in events[:20]
+    ]  # fmt: skip
+    for row in rows:
+        run.record("profile", row)
+    shape = f"{heads} heads × d{dim // heads}, R4, {grid[0] * grid[1]} tokens, batch {b}"
+    lines = [
+        f"# One steered SSOG layer, forward + backward ({shape}{', bf16 autocast' if cuda else ''}), {dev.type}",
+        "",
+        f"`python benchmarks/gpu_check.py` (profile step), {_environment(dev)}; own {'device' if cuda else 'CPU'} time "
+        f"per step, mean of {PROFILED_STEPS} steps; all operations together: {total / 1e3 / PROFILED_STEPS:.3f} ms.",
+        "",
+        "| operation or kernel | calls per step | ms per step | share |",
+        "|---|---:|---:|---:|",
+        *(f"| `{r['name']}` | {r['calls_per_step']:g} | {r['ms_per_step']:.4f} | {r['share']:.1%} |" for r in rows),
+    ]
+    path = run.out / f"gpu_profile_{dev.type}.md"
+    atomic_write(path, lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
+    run.profiled = path.name
+    _log(f"profile: {len(rows)} rows into {path} ({total / 1e3 / PROFILED_STEPS:.3f} ms per step)")
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # results
 
@@ -675,6 +740,7 @@ def step_results(run: Run, command: str, results: Path, dry: bool) -> None:
         f"* command: `{command}`",
         f"* correctness (`gpu_check.py` check step, float64 definition): {checks}",
         f"* skipped for the time budget: {', '.join(run.skipped) or 'nothing'}",
+        "* where one steered layer's time goes: " + (f"`results/{run.profiled}`" if run.profiled else "not profiled"),
         "* heavy jobs on a GPU worker against a CPU worker (largest float difference; integers that differ): "
         + ("; ".join(_job_summary(j) for j in run.jobs) or "not run"),
         "* timing: kernels and models replayed from CUDA graphs (the timer column says so; `events` means eager calls "
@@ -709,8 +775,8 @@ def step_compile() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", nargs="+", default=["check", "bench", "results"],
-                    choices=["compile", "check", "bench", "results"])  # fmt: skip
+    ap.add_argument("--steps", nargs="+", default=["check", "bench", "profile", "results"],
+                    choices=["compile", "check", "bench", "profile", "results"])  # fmt: skip
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--budget-s", type=float, default=480.0, help="wall-clock budget of the whole run (default 8 min)")
     ap.add_argument("--dry-run-cpu", action="store_true",
@@ -740,6 +806,8 @@ def main(argv: list[str] | None = None) -> int:
                 step_check(run, quick=args.dry_run_cpu)
             elif step == "bench":
                 step_bench(run, args.dry_run_cpu)
+            elif step == "profile":
+                step_profile(run, args.dry_run_cpu)
             else:
                 results = args.out / "RESULTS.md" if args.dry_run_cpu else HERE / "RESULTS.md"
                 step_results(run, command, results, args.dry_run_cpu)

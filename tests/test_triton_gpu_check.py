@@ -51,6 +51,13 @@ def test_dry_run_checks_benchmarks_and_writes_results(tmp_path: Path) -> None:
     assert {"ssog-steered kernel", "ssog-steered prep", "ssog-fixed kernel", "sdpa-math"} <= ops
     assert {r["model"] for r in records if r["kind"] == "model" and "error" not in r} == {"ssog", "dot"}
     assert (tmp_path / "gpu_ops_cpu.csv").exists() and (tmp_path / "gpu_model_cpu.csv").exists()
+    profile = [r for r in records if r["kind"] == "profile"]  # one steered layer's own time, by operation
+    assert (
+        profile
+        and any(r["name"] == "ssog::bwd" for r in profile)
+        and 0.5 < sum(r["share"] for r in profile) <= 1 + 1e-9
+    )
+    assert "| `ssog::bwd` |" in (tmp_path / "gpu_profile_cpu.md").read_text()
     jobs = [r for r in records if r["kind"] == "job_on_gpu"]  # the dry run: CPU against CPU, so bit for bit
     assert len(jobs) == 4 and all(r["max_abs_diff"] == 0 and r["integers_differing"] == 0 for r in jobs)
     results = (tmp_path / "RESULTS.md").read_text()
