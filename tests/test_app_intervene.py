@@ -86,6 +86,15 @@ def test_validation_and_head_importance_with_the_fixed_field_model_beside_the_ga
     assert intervene.on_cell(ctx, ui, "ssog_shapes.safetensors", [], "zero", True, (0, 0)) == {ui.status: gr.skip()}
 
 
+def test_opening_the_tab_keeps_the_op_a_person_chose_when_the_model_takes_it(ctx, ui):
+    """The tab's render can land after the person picked an op (a busy server): it never puts the first op back
+    over one the model takes, and replaces one it does not take (an SSOG-only op on a dot model)."""
+    kept = intervene.render(ctx, ui, "ssog_shapes.safetensors", "ablate_head")[ui.op]
+    assert "value" not in kept and "ablate_head" in [c if isinstance(c, str) else c[0] for c in kept["choices"]]
+    assert intervene.render(ctx, ui, "ssog_shapes.safetensors", None)[ui.op]["value"] == next(iter(intervene.EDITS))
+    assert intervene.render(ctx, ui, "dot_shapes.safetensors", "swap_axes")[ui.op]["value"] == intervene.DOT_OPS[0]
+
+
 def test_a_dot_model_offers_what_it_can(ctx, ui):
     out = intervene.render(ctx, ui, "dot_shapes.safetensors")
     assert out[ui.op]["choices"] == [(o, o) for o in intervene.DOT_OPS] or out[ui.op]["choices"] == list(

@@ -150,6 +150,9 @@ def an_edit_on_the_picture_and_on_50_validation_images(page) -> None:
     """The form follows the op (ablate_head: layer, head, mode; close_gate: layer, tap, head). Close layer 0's
     gates: the picture's prediction edited, then the accuracy change on 50 validation images with its interval."""
     open_tab(page, "intervene")
+    # as a person does: the tab has shown its model before an op is picked (its answer keeps a later pick:
+    # tests/test_app_intervene.py), so the open list is not redrawn under the click
+    page.wait_for_function("() => document.querySelector('#iv-note').innerText.includes('matched_ssog_pointer20')")
     pick_op(page, "ablate_head", ("layer", "head", "mode"), ("tap", "factor", "source", "what", "atom", "dy", "dx"))
     pick_op(page, "close_gate", ("layer", "tap", "head"), ("mode", "factor", "source", "what", "atom", "dy", "dx"))
     page.click("#iv-add")

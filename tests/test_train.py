@@ -468,6 +468,7 @@ PRE_CONFIG_ARGS = {
     "amp": None, "eval_batch_size": 256, "progress": False, "transfer_sizes": "auto",
 }  # fmt: skip
 ADDED_SINCE = {"tensorboard": None}  # options added after that format, at their defaults
+CHANGED_SINCE = {"compile": False}  # defaults changed since that format: compile became opt-in (was None: on CUDA)
 
 
 @pytest.mark.slow
@@ -478,7 +479,7 @@ def test_a_state_saved_before_train_config_resumes_exactly(tmp_path):
     assert run(tmp_path / "b", "--epochs", "1", "--stop-after", "3") == 0
     path = tmp_path / "b" / "train_state.pt"
     state = torch.load(path, weights_only=True)
-    assert state["args"] == {**PRE_CONFIG_ARGS, **ADDED_SINCE, "out": str(tmp_path / "b")}  # the same format
+    assert state["args"] == {**PRE_CONFIG_ARGS, **ADDED_SINCE, **CHANGED_SINCE, "out": str(tmp_path / "b")}
     state["args"] = {**PRE_CONFIG_ARGS, "an_option_since_removed": 7}
     del state["history"]
     torch.save(state, path)
@@ -486,7 +487,7 @@ def test_a_state_saved_before_train_config_resumes_exactly(tmp_path):
     (_, a, _), (_, b, meta) = (read_checkpoint(tmp_path / r / "last.safetensors") for r in "ab")  # weights only:
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # the old state had no history
     resumed = {"out": os.path.relpath(tmp_path / "b"), "resume": True, "stop_after": None}  # checkpoints: relative
-    assert meta["train_args"] == {**PRE_CONFIG_ARGS, **ADDED_SINCE, **resumed}
+    assert meta["train_args"] == {**PRE_CONFIG_ARGS, **ADDED_SINCE, **CHANGED_SINCE, **resumed}
 
 
 def test_train_config_round_trips_and_ignores_unknown_keys():

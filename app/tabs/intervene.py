@@ -149,8 +149,10 @@ class InterveneUI:
         return [c for name, c in self.fields.items() if form_fields()[name].kind == "image"]
 
 
-def render(ctx: AppContext, ui: InterveneUI, ckpt: str | None) -> Updates:
-    """The note and the ops a checkpoint can take (a dot-product model: ablation and output patching)."""
+def render(ctx: AppContext, ui: InterveneUI, ckpt: str | None, op: str | None = None) -> Updates:
+    """The note and the ops a checkpoint can take (a dot-product model: ablation and output patching). The op
+    chosen stays when the model takes it: this answer can land after the person picked another op, and must not
+    put the first one back."""
     if not ckpt:
         return {ui.note: "Pick a checkpoint (top of the page) to edit it."}
     try:
@@ -166,7 +168,7 @@ def render(ctx: AppContext, ui: InterveneUI, ckpt: str | None) -> Updates:
     sources = [CURRENT, *ctx.bundled_images()]
     return {
         ui.note: note,
-        ui.op: gr.update(choices=ops, value=ops[0]),
+        ui.op: gr.update(choices=ops) if op in ops else gr.update(choices=ops, value=ops[0]),
         **measured_on(ctx, ui, loaded),
         **{c: gr.update(choices=sources) for c in ui.image_fields},
     }
