@@ -70,7 +70,7 @@ def _fact_column_weights(pb, k0, i0, GH, GW, spi, spw, spr, R: tl.constexpr, RP:
     e = tl.load(tb, mask=tm, other=0.0) - j.to(tl.float32)
     p = tl.exp2(e * (tl.load(tb + 1, mask=tm, other=0.0) * e + tl.load(tb + 2, mask=tm, other=0.0))
                 + tl.where(j < GH, 0.0, NEG_INF))
-    p = p * tl.fdiv(1.0, tl.sum(tl.sum(p, axis=1), axis=0))[None, None]  # Z ≥ 1: fast division
+    p = p * tl.fdiv(1.0, tl.sum(tl.sum(p, axis=1), axis=0))[None, None]  # Z ≥ 1; fdiv: non-IEEE division, within 2 ulp
     return tl.reshape(p, (GHP, KC, T * RP)), tl.reshape(e, (GHP, KC, T * RP)), tl.reshape(tok, (1, KC, T * RP))
 
 
@@ -164,7 +164,7 @@ def _fact_fwd_kernel(
             k0 = GW - GW % KC
             e = (js - k0) - kf
             z += tl.where(kc < GW - k0, tl.exp2(e * (ca * e + cb)), 0.0)
-        izx = tl.fdiv(1.0, tl.sum(z, axis=2)[:, :, None, :])  # Z_x ≥ 1: fast division is exact enough
+        izx = tl.fdiv(1.0, tl.sum(z, axis=2)[:, :, None, :])  # Z_x ≥ 1; fdiv: non-IEEE, within 2 ulp
         tl.store(izx_ptr + b * szb + i * szi + w * szw + h * szh + r, izx, mask=qmask)
         scale = izx * tl.load(qb + 3, mask=qmask, other=0.0)  # λ/Z_x
 
