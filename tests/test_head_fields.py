@@ -24,6 +24,7 @@ from ssog_core.field import Field, attention_matrix
 from ssog_core.interventions.hooks import run_with_cache
 from ssog_core.nn.standard_vit import StandardViT, StandardViTConfig
 
+CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 F64 = dict(rtol=1e-10, atol=1e-12)
 CASES = [((7, 5), 0), ((7, 5), 2), ((4, 6), 1)]  # (grid, prefix tokens)
 
@@ -278,7 +279,7 @@ def test_the_fields_command_refuses_bad_requests_in_words(tmp_path, capsys):
 def test_the_fields_command_recovers_a_lab_fixed_field_model_from_its_validation_images(tmp_path):
     """A trained SSOG model with a fixed field (``steer=()``, four atoms a head) through its pattern points and its
     recorded validation data: every head is its field, so four fitted atoms explain it and reproduce its attention."""
-    checkpoint = Path(__file__).resolve().parents[1] / "checkpoints" / "matched_ssog_fixed_layouts.safetensors"
+    checkpoint = CHECKPOINTS / "matched_ssog_fixed_layouts.safetensors"
     out = tmp_path / "fields.json"
     assert main(["fields", "--checkpoint", str(checkpoint), "--images", "4", "--atoms", "4", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
@@ -304,9 +305,7 @@ def test_the_fitted_atoms_move_where_the_fits_loss_does_not():
     from ssog_core.interventions import heavy
     from ssog_core.jobs import ModelRef, load_ref
 
-    model, meta = load_ref(
-        ModelRef.of(Path(__file__).resolve().parents[1] / "checkpoints" / "matched_ssog_layouts.safetensors")
-    )
+    model, meta = load_ref(ModelRef.of(CHECKPOINTS / "matched_ssog_layouts.safetensors"))
     before = heavy.head_fields((model, meta), 16, None, 2, lambda done, total: None, lambda: False)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
