@@ -81,9 +81,12 @@ BUNDLE = {"steered": "matched_ssog", "fixed": "matched_ssog_fixed", "dot": "matc
 GRIDS = {"small": 14, "large": 20}  # cells a side: the SSOG post's 14×14 grid, and a board where targets lie
 # beyond the ±4-cell offset bound from a resting field (20, not 24: the dot twin's step costs 2.4× more at 24)
 SEEDS = (0, 1, 2)
-# The plateau diagnostic: the same recipe on a schedule 10/3 as long (10,000 steps on the small board), from
-# scratch, to ask whether the 3,000-step table compares methods or early plateaus (docs/RESULTS.md).
-PLATEAU = {"board": "small", "variants": ("dot", "+mu"), "seeds": (0,), "epochs": 40}
+# The table at convergence: every row and seed on the small board for 40 epochs (10,000 steps, 10/3 of the early
+# table's schedule: +μδ seed 0 left its plateau after 2,000 steps and reached 100%, the dot twin did not move in
+# 10,000), and the large board continued from those models; docs/RESULTS.md says why and what counts as a flip.
+CONVERGED = 40
+# The learning-rate check: the rate the dot twin's plateau might be an artefact of, each side of the recipe's 6e-4.
+LR_CHECK = {"variants": ("dot", "+mu"), "seed": 0, "rates": ("1.2e-3", "3e-4")}
 IMAGES = {"train": 16000, "val": 2000}
 RECIPE = [  # the matched trio's recipe (checkpoints/MODEL_CARD.md) at depth 4, sized by the pilot in docs/RESULTS.md
     *("--dim", "64", "--depth", "4", "--heads", "4", "--batch-size", "64"),
@@ -117,7 +120,9 @@ class Run:
     variant: str
     seed: int
     flags: tuple[str, ...]
-    epochs: int | None = None  # None: the board's schedule (EPOCHS); else a longer one (the plateau diagnostic)
+    epochs: int | None = None  # None: the board's schedule (EPOCHS); else a longer one (the converged table)
+    lr: str | None = None  # None: the recipe's rate; else the last ``--lr`` of the command (the learning-rate check)
+    start_epochs: int | None = None  # large board: the schedule of the small-board run it starts from (None: EPOCHS)
 
     @property
     def grid(self) -> int:
@@ -131,7 +136,9 @@ class Run:
     def out(self) -> Path:
         name = self.variant.replace("±", "offset").replace("+", "plus-").replace(" ", "-")
         long = f"-e{self.epochs}" if self.epochs else ""
-        return RUNS / f"{self.task}-g{self.grid}-{name}-s{self.seed}{long}"
+        rate = f"-lr{self.lr}" if self.lr else ""
+        start = f"-from-e{self.start_epochs}" if self.start_epochs else ""
+        return RUNS / f"{self.task}-g{self.grid}-{name}-s{self.seed}{long}{rate}{start}"
 
     @property
     def model(self) -> Path:
@@ -141,7 +148,9 @@ class Run:
     @property
     def source(self) -> Run | None:
         """The small-board run a large-board run starts from (same variant, seed and flags); ``None`` for small."""
-        return None if self.board == "small" else Run(self.task, "small", self.variant, self.seed, self.flags)
+        if self.board == "small":
+            return None
+        return Run(self.task, "small", self.variant, self.seed, self.flags, self.start_epochs, self.lr)
 
     def command(self) -> list[str]:
         data = f"{self.task}:grid={self.grid},train={IMAGES['train']},val={IMAGES['val']}"
@@ -150,21 +159,33 @@ class Run:
             *(sys.executable, "-m", "ssog_core.train", "--data", data, *RECIPE, "--epochs", str(self.schedule)),
             *start,
             *self.flags,
+            *(("--lr", self.lr) if self.lr else ()),
             *("--seed", str(self.seed), "--out", os.path.relpath(self.out, ROOT)),
         ]
 
-    def key(self) -> tuple[str, int, str, int, int]:
-        return self.task, self.grid, self.variant, self.seed, self.schedule
+    def key(self) -> tuple[str, int, str, int, int, str | None, int | None]:
+        return self.task, self.grid, self.variant, self.seed, self.schedule, self.lr, self.start_epochs
 
 
 def plan(task: str, boards: tuple[str, ...]) -> list[Run]:
-    """Every run of the table: seed by seed (a partial sweep is balanced), then the offset rows seed by seed, then
-    the plateau diagnostic's long runs."""
+    """Every run, in the order a sweep starts them: the early table (seed by seed, then the offset rows), then the
+    converged table: seed 0 of every row (the app's models), the dot twin at the check's rates (whether a rate frees
+    it), seeds 1 and 2, +μδ at the check's rates, and last the large board from each converged model."""
+    rows = [*VARIANTS.items(), OFFSET_ROW]
     runs = [Run(task, b, v, s, tuple(f)) for s in SEEDS for b in boards for v, f in VARIANTS.items()]
     runs += [Run(task, b, OFFSET_ROW[0], s, tuple(OFFSET_ROW[1])) for s in SEEDS for b in boards]
-    if PLATEAU["board"] in boards:
-        runs += [Run(task, PLATEAU["board"], v, s, tuple(VARIANTS[v]), PLATEAU["epochs"])
-                 for v in PLATEAU["variants"] for s in PLATEAU["seeds"]]  # fmt: skip
+    if "small" in boards:
+
+        def small(variant: str, seed: int, lr: str | None = None) -> Run:
+            return Run(task, "small", variant, seed, tuple(dict(rows)[variant]), CONVERGED, lr)
+
+        check = [(v, r) for v in LR_CHECK["variants"] for r in LR_CHECK["rates"]]
+        runs += [small(v, 0) for v, _ in rows]
+        runs += [small(v, LR_CHECK["seed"], r) for v, r in check if v == "dot"]
+        runs += [small(v, s) for s in SEEDS[1:] for v, _ in rows]
+        runs += [small(v, LR_CHECK["seed"], r) for v, r in check if v != "dot"]
+    if "large" in boards:
+        runs += [Run(task, "large", v, s, tuple(f), start_epochs=CONVERGED) for s in SEEDS for v, f in rows]
     return runs
 
 
@@ -203,14 +224,16 @@ def row_epochs(row: dict) -> int:
     return row.get("epochs") or EPOCHS[next(b for b, g in GRIDS.items() if g == row["grid"])]
 
 
-def row_key(row: dict) -> tuple[str, int, str, int, int]:
+def row_key(row: dict) -> tuple[str, int, str, int, int, str | None, int | None]:
     """The same key as :meth:`Run.key`, of a results row."""
-    return row["task"], row["grid"], row["variant"], row["seed"], row_epochs(row)
+    return row["task"], row["grid"], row["variant"], row["seed"], row_epochs(row), row.get("lr"), row.get("start_epochs")
 
 
 def is_table_row(row: dict) -> bool:
-    """A row of the table's schedule (not one of the plateau diagnostic's long runs)."""
-    return row_epochs(row) == EPOCHS[next(b for b, g in GRIDS.items() if g == row["grid"])]
+    """A row of the early table (the boards' schedules at the recipe's rate, the large board from the early small
+    board), not of the converged table or the learning-rate check."""
+    early = row_epochs(row) == EPOCHS[next(b for b, g in GRIDS.items() if g == row["grid"])]
+    return early and row.get("lr") is None and row.get("start_epochs") is None
 
 
 def append_row(path: Path, row: dict) -> None:
@@ -288,7 +311,10 @@ def evaluate(run: Run) -> dict:
         "variant": run.variant,
         "seed": run.seed,
         "epochs": run.schedule,
+        "lr": run.lr,
+        "start_epochs": run.start_epochs,
         "steps": metrics[-1]["step"],
+        "curve": [{"step": m["step"], "val_acc": m["val_acc"]} for m in metrics],
         "params": sum(p.numel() for p in model.parameters()),
         "cpu_s": round(sum(m["epoch_cpu_s"] for m in metrics), 1),
         "val_acc": float(correct.mean()),
@@ -595,8 +621,8 @@ def render(task: str, rows: list[dict]) -> str:
 def model_of(row: dict) -> Path:
     """The kept model of a results row."""
     board = next(b for b, g in GRIDS.items() if g == row["grid"])
-    run = Run(row["task"], board, row["variant"], row["seed"], (), None if is_table_row(row) else row_epochs(row))
-    return run.model
+    epochs = None if row_epochs(row) == EPOCHS[board] else row_epochs(row)
+    return Run(row["task"], board, row["variant"], row["seed"], (), epochs, row.get("lr"), row.get("start_epochs")).model
 
 
 def val_curve(row: dict) -> list[tuple[int, float]]:
