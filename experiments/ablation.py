@@ -226,7 +226,15 @@ def row_epochs(row: dict) -> int:
 
 def row_key(row: dict) -> tuple[str, int, str, int, int, str | None, int | None]:
     """The same key as :meth:`Run.key`, of a results row."""
-    return row["task"], row["grid"], row["variant"], row["seed"], row_epochs(row), row.get("lr"), row.get("start_epochs")
+    return (
+        row["task"],
+        row["grid"],
+        row["variant"],
+        row["seed"],
+        row_epochs(row),
+        row.get("lr"),
+        row.get("start_epochs"),
+    )
 
 
 def is_table_row(row: dict) -> bool:
@@ -622,7 +630,9 @@ def model_of(row: dict) -> Path:
     """The kept model of a results row."""
     board = next(b for b, g in GRIDS.items() if g == row["grid"])
     epochs = None if row_epochs(row) == EPOCHS[board] else row_epochs(row)
-    return Run(row["task"], board, row["variant"], row["seed"], (), epochs, row.get("lr"), row.get("start_epochs")).model
+    return Run(
+        row["task"], board, row["variant"], row["seed"], (), epochs, row.get("lr"), row.get("start_epochs")
+    ).model
 
 
 def val_curve(row: dict) -> list[tuple[int, float]]:
