@@ -8,11 +8,12 @@ small-board model of its variant and seed (``--init-from``, 6 epochs; why: :data
                                           [--cluster tcp://HOST:PORT]
     python experiments/ablation.py read   [--task pointer] [--seeds 0]
     python experiments/ablation.py report [--task pointer]
-    python experiments/ablation.py bundle [--task pointer] [--board large] [--seed 0]
+    python experiments/ablation.py bundle [--task pointer] [--board small] [--seed 0] [--epochs 40]
     python experiments/ablation.py park   [--task pointer]   # before a session ends: unfinished runs' state, committed
 
-``bundle`` copies one seed's steered / fixed / dot runs into ``checkpoints/`` as the app's matched trio of the task
-(``matched_ssog_pointer20.safetensors``, ``matched_ssog_fixed_pointer20…``, ``matched_dot_pointer20…``), each with
+``bundle`` copies one seed's steered / +μδ / fixed / dot runs into ``checkpoints/`` as the app's matched models of the
+task (``matched_ssog_pointer14.safetensors``, ``matched_ssog_mu_pointer14…``, ``matched_ssog_fixed_pointer14…``,
+``matched_dot_pointer14…``; by default the converged small-board runs), each with
 its training history and the standard zero-shot transfer curve (0.5×-2× the board, first 500 validation images)
 stored in its header for the app's Scaling tab.
 
@@ -77,7 +78,7 @@ MODELS = ROOT / "experiments" / "results" / "models"  # every finished run's mod
 PARKED = ROOT / "experiments" / "results" / "parked"  # unfinished runs' resumable state, committed between sessions
 RESUME_FILES = ("last.safetensors", "train_state.pt", "metrics.jsonl", "provenance.jsonl")
 DOC = ROOT / "docs" / "RESULTS.md"
-BUNDLE = {"steered": "matched_ssog", "fixed": "matched_ssog_fixed", "dot": "matched_dot"}  # variant → file stem
+BUNDLE = {"steered": "matched_ssog", "+mu": "matched_ssog_mu", "fixed": "matched_ssog_fixed", "dot": "matched_dot"}
 GRIDS = {"small": 14, "large": 20}  # cells a side: the SSOG post's 14×14 grid, and a board where targets lie
 # beyond the ±4-cell offset bound from a resting field (20, not 24: the dot twin's step costs 2.4× more at 24)
 SEEDS = (0, 1, 2)
@@ -730,10 +731,13 @@ def bundle_name(variant: str, task: str, grid: int) -> str:
 
 
 def cmd_bundle(args: argparse.Namespace) -> int:
-    """Copy the finished steered / fixed / dot runs of one seed and board into ``--out`` with their transfer curve."""
+    """Copy the finished steered / +μδ / fixed / dot runs of one seed, board and schedule into ``--out`` with their
+    transfer curve."""
     torch.set_num_threads(args.threads)
     done = {row_key(r) for r in read_results()}
-    runs = [Run(args.task, args.board, v, args.seed, tuple(VARIANTS[v])) for v in BUNDLE]
+    small = None if args.epochs == EPOCHS["small"] else args.epochs  # the small board's schedule, or the early one
+    epochs, start = (small, None) if args.board == "small" else (None, small)
+    runs = [Run(args.task, args.board, v, args.seed, tuple(VARIANTS[v]), epochs, start_epochs=start) for v in BUNDLE]
     missing = [r.out.name for r in runs if r.key() not in done]
     if missing:
         print(f"error: not finished yet: {', '.join(missing)} (run `train` first)", file=sys.stderr)
@@ -775,9 +779,16 @@ def main(argv: Iterator[str] | None = None) -> int:
     d.add_argument("--task", default="pointer", choices=("pointer", "relation"))
     d.add_argument("--seeds", type=seed_set, default={0}, help="e.g. 0,1,2 (default 0)")
     d.add_argument("--threads", type=int, default=1)
-    b = sub.add_parser("bundle", help="copy one seed's steered / fixed / dot runs into checkpoints/ for the app")
+    b = sub.add_parser("bundle", help="copy one seed's steered / +μδ / fixed / dot runs into checkpoints/ for the app")
     b.add_argument("--task", default="pointer", choices=("pointer", "relation"))
-    b.add_argument("--board", default="large", choices=tuple(GRIDS))
+    b.add_argument("--board", default="small", choices=tuple(GRIDS))
+    b.add_argument(
+        "--epochs",
+        type=int,
+        default=CONVERGED,
+        help="the small board's schedule of the runs (or of the "
+        f"runs the large board's start from): {CONVERGED} converged (default), {EPOCHS['small']} early",
+    )
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--out", type=Path, default=ROOT / "checkpoints")
     b.add_argument("--threads", type=int, default=1)

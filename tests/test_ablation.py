@@ -42,24 +42,47 @@ def _flags(cmd: list[str]) -> dict[str, str]:
 
 
 def _row(run) -> dict:
-    return dict(zip(("task", "grid", "variant", "seed", "epochs"), run.key(), strict=True))
+    return dict(zip(("task", "grid", "variant", "seed", "epochs", "lr", "start_epochs"), run.key(), strict=True))
 
 
 def test_the_plan_is_the_table(ablation):
     every = ablation.plan("pointer", tuple(ablation.GRIDS))
-    runs = [r for r in every if r.epochs is None]
-    long = [r for r in every if r.epochs is not None]
+    runs = [r for r in every if r.epochs is None and r.start_epochs is None]  # the early table
+    long = [r for r in every if r.epochs is not None and r.lr is None]  # the converged table, small board
+    rates = [r for r in every if r.lr is not None]
+    from_long = [r for r in every if r.start_epochs is not None]
+    assert len(every) == len(runs) + len(long) + len(rates) + len(from_long)
     assert len(runs) == 4 * 3 * 2 + 2 * 3  # the table, then the offset row with three seeds on both boards
     assert {(r.variant, r.seed, r.grid) for r in runs[:24]} == {
         (v, s, g) for v in ablation.VARIANTS for s in (0, 1, 2) for g in ablation.GRIDS.values()
     }
-    # the plateau diagnostic: dot and +mu, small board, seed 0, the same recipe on a 40-epoch schedule
-    assert {(r.variant, r.grid, r.seed) for r in long} == {("dot", 14, 0), ("+mu", 14, 0)}
+    rows = [*ablation.VARIANTS, ablation.OFFSET_ROW[0]]
+    # the converged table: every row and seed, small board, the same recipe on a 40-epoch schedule; seed 0 first
+    assert sorted((r.variant, r.seed) for r in long) == sorted((v, s) for v in rows for s in (0, 1, 2))
+    assert {r.seed for r in long[:5]} == {0} and all(r.grid == 14 for r in long)
     for r in long:
         twin = next(t for t in runs if (t.variant, t.grid, t.seed) == (r.variant, r.grid, r.seed))
         a, b = _flags(r.command()), _flags(twin.command())
         assert a["--epochs"] == "40" and {k for k in a if a[k] != b.get(k)} == {"--epochs", "--out"}
         assert r.key() != twin.key() and r.out != twin.out and r.model != twin.model
+    # the learning-rate check: dot and +mu, seed 0, 40 epochs, the rate as the command's last --lr
+    assert sorted((r.variant, r.seed, r.lr) for r in rates) == sorted(
+        (v, 0, lr) for v in ("dot", "+mu") for lr in ("1.2e-3", "3e-4")
+    )
+    for r in rates:
+        cmd = r.command()
+        last = len(cmd) - 1 - cmd[::-1].index("--lr")
+        assert cmd[last + 1] == r.lr and cmd.count("--lr") == 2 and r.out.name.endswith(f"-lr{r.lr}")
+        twin = next(t for t in long if (t.variant, t.seed) == (r.variant, r.seed))
+        a, b = _flags(cmd), _flags(twin.command())
+        assert {k for k in a if a[k] != b.get(k)} == {"--lr", "--out"}
+    # the large board continued from each converged model, 6 epochs
+    assert sorted((r.variant, r.seed) for r in from_long) == sorted((v, s) for v in rows for s in (0, 1, 2))
+    for r in from_long:
+        flags = _flags(r.command())
+        source = next(t for t in long if (t.variant, t.seed) == (r.variant, r.seed))
+        assert flags["--epochs"] == "6" and r.grid == 20 and r.source == source
+        assert (ablation.ROOT / flags["--init-from"]).resolve() == source.model.resolve()
     assert len({r.out for r in every}) == len(every)  # one folder per run
     may_differ = {"--attn", "--steer", "--seed", "--out", "--max-offset", "--init-from"}
     for grid in ablation.GRIDS.values():
@@ -101,18 +124,22 @@ def test_a_large_board_run_waits_for_the_small_run_it_starts_from(ablation, monk
     lost = next(r for r in ablation.plan("pointer", ("small",)) if (r.variant, r.seed) == ("dot", 1))
     ablation.append_result(_row(lost))  # finished before models were kept: trained again for its large twin
     assert ablation.cmd_train(args) == 0
+    converged = ["pointer-g14-dot-s0-e40", "pointer-g14-dot-s0-e40-lr1.2e-3", "pointer-g14-dot-s0-e40-lr3e-4"]
+    converged += ["pointer-g14-dot-s1-e40", "pointer-g14-dot-s2-e40"]
+    from_converged = [f"pointer-g20-dot-s{s}-from-e40" for s in (0, 1, 2)]
     assert sorted(called) == sorted(
-        [*(f"pointer-g{g}-dot-s{s}" for g in (14, 20) for s in (0, 1, 2)), "pointer-g14-dot-s0-e40"]
+        [*(f"pointer-g{g}-dot-s{s}" for g in (14, 20) for s in (0, 1, 2)), *converged, *from_converged]
     )
     for seed in (0, 1, 2):
         assert called.index(f"pointer-g14-dot-s{seed}") < called.index(f"pointer-g20-dot-s{seed}")
+        assert called.index(f"pointer-g14-dot-s{seed}-e40") < called.index(f"pointer-g20-dot-s{seed}-from-e40")
     called.clear()
     for path in ablation.MODELS.iterdir():
         path.unlink()
     ablation.RESULTS.unlink()
     assert ablation.cmd_train(ablation.argparse.Namespace(**{**vars(args), "jobs": 1})) == 0
     assert called[:6] == [f"pointer-g{g}-dot-s{s}" for s in (0, 1, 2) for g in (14, 20)]  # whole seeds, in order
-    assert called[6:] == ["pointer-g14-dot-s0-e40"]  # then the plateau diagnostic's long run
+    assert called[6:] == [*converged, *from_converged]  # then the converged table, the rate check, the large board
 
 
 def test_finished_runs_are_skipped_and_interrupted_ones_resumed(ablation, monkeypatch):
@@ -164,8 +191,8 @@ def test_a_run_another_sweep_trains_is_left_to_it_and_variants_filter(ablation, 
     )
     with ablation.file_lock(busy.out.with_name(busy.out.name + ".lock")) as held:
         assert held
-        assert ablation.cmd_train(args) == 1  # seeds 1 and 2 ran (and failed here); seed 0 was left alone
-    assert called == ["dot", "dot"]
+        assert ablation.cmd_train(args) == 1  # the rest ran (and failed here); the busy early seed 0 was left alone
+    assert called == ["dot"] * 5  # early seeds 1 and 2, then seeds 0, 1, 2 from the converged models
 
 
 def test_report_numbers_equal_a_direct_computation(ablation):
@@ -251,9 +278,9 @@ def test_bundle_copies_the_trio_with_its_transfer_curve(ablation, monkeypatch, t
     config = dict(num_classes=6, img_size=48, patch_size=4, dim=16, depth=2, num_heads=2, mlp_ratio=2.0, dropout=0.0)
     meta = {"data": "pointer:grid=12,train=20,val=60", "class_names": list(CLASS_NAMES), "accuracy": 0.5}
     out = tmp_path / "ckpts"
-    args = ablation.argparse.Namespace(task="pointer", board="large", seed=0, out=out, threads=1)
-    runs = {r.variant: r for r in ablation.plan("pointer", ("large",)) if r.seed == 0}
-    for i, variant in enumerate(("steered", "fixed", "dot")):
+    args = ablation.argparse.Namespace(task="pointer", board="large", seed=0, epochs=12, out=out, threads=1)
+    runs = {r.variant: r for r in ablation.plan("pointer", ("large",)) if r.seed == 0 and r.start_epochs is None}
+    for i, variant in enumerate(ablation.BUNDLE):
         flags = dict(zip(runs[variant].flags[::2], runs[variant].flags[1::2], strict=True))
         steer = tuple(t for t in flags.get("--steer", "").split(",") if t)
         torch.manual_seed(i)
@@ -305,7 +332,11 @@ def test_seeds_pick_runs_of_any_row_and_each_launch_is_recorded(ablation, monkey
         seeds=ablation.seed_set("1,2"),
     )
     assert ablation.cmd_train(args) == 0
-    assert called == [f"pointer-g{g}-steered-offset2-s{s}" for s in (1, 2) for g in (14, 20)]
+    assert called == [
+        *(f"pointer-g{g}-steered-offset2-s{s}" for s in (1, 2) for g in (14, 20)),
+        *(f"pointer-g14-steered-offset2-s{s}-e40" for s in (1, 2)),
+        *(f"pointer-g20-steered-offset2-s{s}-from-e40" for s in (1, 2)),
+    ]
     row = ablation.read_results()[0]
     (launch,) = row["trained_by"]
     head = ablation.subprocess.run(["git", "rev-parse", "HEAD"], cwd=ablation.ROOT, capture_output=True, text=True)
@@ -322,7 +353,7 @@ def test_old_rows_keep_their_key_and_long_runs_stay_out_of_the_table(ablation):
     ablation.append_result({**base, "val_acc": 0.5})
     ablation.append_result({**base, "val_acc": 0.9, "epochs": 40, "steps": 10000})
     rows = ablation.read_results()
-    assert len(rows) == 2 and ablation.row_key(rows[0])[-1] == 12
+    assert len(rows) == 2 and ablation.row_key(rows[0])[4] == 12
     text = ablation.render("pointer", rows)
     assert "| dot | 50.0 (n=1) |" in text
     assert "dot g14 s0, 12 epochs | 3000 |" in text and "dot g14 s0, 40 epochs | 10000 |" in text
@@ -365,7 +396,7 @@ def test_train_on_a_cluster_keeps_the_sweeps_guarantees(ablation, monkeypatch, c
     one row; a second sweep trains nothing."""
     import threading
 
-    runs = [r for r in ablation.plan("pointer", ("small",)) if r.variant == "dot"]  # seeds 0, 1, 2 and the long run
+    runs = [r for r in ablation.plan("pointer", ("small",)) if r.variant == "dot"]  # seeds 0, 1, 2, then long runs
     finished, interrupted, busy = runs[0], runs[1], runs[2]
     ablation.append_result({**_row(finished), "x": 1})
     finished.model.parent.mkdir(parents=True)
@@ -392,11 +423,11 @@ def test_train_on_a_cluster_keeps_the_sweeps_guarantees(ablation, monkeypatch, c
         f"skip   {busy.out.name}: another sweep is training it" in out and f"on the Dask scheduler at {cluster}" in out
     )
     trained = [c[c.index("--out") + 1].rsplit("/", 1)[-1] for c, _ in called]
-    assert sorted(trained) == sorted([interrupted.out.name, runs[3].out.name])  # not the finished one, not the busy one
+    assert sorted(trained) == sorted([interrupted.out.name, *(r.out.name for r in runs[3:])])  # not finished / busy
     assert [("--resume" in c) for c, _ in called] == [n == interrupted.out.name for n in trained]
     assert not [name for _, name in called if name == driver or name.startswith("ThreadPoolExecutor")], called
-    assert sorted(ablation.row_key(r) for r in ablation.read_results()) == sorted(
-        r.key() for r in (finished, interrupted, runs[3])
+    assert sorted(map(str, (ablation.row_key(r) for r in ablation.read_results()))) == sorted(
+        str(r.key()) for r in (finished, interrupted, *runs[3:])
     )  # one row per finished run
     called.clear()
     assert ablation.cmd_train(args) == 0  # the busy run's lock is free now: it alone is trained
