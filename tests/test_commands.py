@@ -31,7 +31,8 @@ def test_help_lists_every_command():
     assert proc.stdout.startswith("usage: python -m ssog_core")
     listed = [line.split()[0] for line in proc.stdout.split("commands:\n")[1].splitlines() if line.startswith("  ")]
     assert listed == list(COMMANDS) == [
-        "train", "evaluate", "convert", "export-maps", "figures", "info", "intervene", "lm-train", "fields"
+        "train", "evaluate", "convert", "export-maps", "figures", "info", "intervene", "lm-train", "fields",
+        "target-share",
     ]  # fmt: skip
 
 

@@ -93,6 +93,42 @@ def cue_polygons(cue: Point, target: Point) -> tuple[Polygon, Polygon]:
     return tail, head
 
 
+@dataclass(frozen=True)
+class Scene:
+    """One rendered image and where its parts lie: each disc's coverage ``(3, H, W)``, the pointed one first (the
+    target-share readout measures attention on them), and the cue's."""
+
+    image: np.ndarray
+    label: int
+    discs: np.ndarray
+    cue: np.ndarray
+
+
+def render_scene(
+    seed: int,
+    split: str,
+    index: int,
+    num_classes: int,
+    size: tuple[int, int],
+    photos_dir: str | Path = BACKGROUNDS,
+    grid: int = 14,
+) -> Scene:
+    """Image ``index`` of a split as ``(H, W, 3)`` uint8 with its label and the coverage of each of its parts."""
+    label = index % num_classes
+    rng = np.random.default_rng([seed, SPLITS[split], index, 2])  # the trailing 2 keeps it apart from other sets
+    bg = background(rng, size, str(photos_dir))
+    cue, targets = layout(rng, grid)
+    others = [c for c in CLASS_NAMES if c != CLASS_NAMES[label]]
+    colours = [CLASS_NAMES[label], *(others[i] for i in rng.choice(len(others), TARGETS - 1, replace=False))]
+    shade = rng.uniform(0.85, 1.0, TARGETS)
+    discs = np.stack([coverage([disc(t, RADIUS)], size, grid) for t in targets])
+    layers = [(d, np.array(PALETTE[c]) * s) for d, c, s in zip(discs, colours, shade, strict=True)]
+    tail, head = cue_polygons(cue, targets[0])
+    tail_cover, head_cover = coverage([tail], size, grid), coverage([head], size, grid)
+    img = paint(bg, [*layers, (tail_cover, TAIL_RGB), (head_cover, CUE_RGB)])
+    return Scene(img, label, discs, np.maximum(tail_cover, head_cover))
+
+
 def render_with_mask(
     seed: int,
     split: str,
@@ -104,23 +140,8 @@ def render_with_mask(
 ) -> tuple[np.ndarray, int, np.ndarray]:
     """Image ``index`` of a split as ``(H, W, 3)`` uint8, its label, and the coverage ``(H, W)`` of the cue and the
     target it points at."""
-    label = index % num_classes
-    rng = np.random.default_rng([seed, SPLITS[split], index, 2])  # the trailing 2 keeps it apart from other sets
-    bg = background(rng, size, str(photos_dir))
-    cue, targets = layout(rng, grid)
-    others = [c for c in CLASS_NAMES if c != CLASS_NAMES[label]]
-    colours = [CLASS_NAMES[label], *(others[i] for i in rng.choice(len(others), TARGETS - 1, replace=False))]
-    shade = rng.uniform(0.85, 1.0, TARGETS)
-    pointed = coverage([disc(targets[0], RADIUS)], size, grid)
-    layers = [(pointed, np.array(PALETTE[colours[0]]) * shade[0])]
-    layers += [
-        (coverage([disc(t, RADIUS)], size, grid), np.array(PALETTE[c]) * s)
-        for t, c, s in zip(targets[1:], colours[1:], shade[1:], strict=True)
-    ]
-    tail, head = cue_polygons(cue, targets[0])
-    tail_cover, head_cover = coverage([tail], size, grid), coverage([head], size, grid)
-    img = paint(bg, [*layers, (tail_cover, TAIL_RGB), (head_cover, CUE_RGB)])
-    return img, label, np.maximum(pointed, np.maximum(tail_cover, head_cover))
+    scene = render_scene(seed, split, index, num_classes, size, photos_dir, grid)
+    return scene.image, scene.label, np.maximum(scene.discs[0], scene.cue)
 
 
 @dataclass(frozen=True)
@@ -136,3 +157,11 @@ class PointerDataset(SceneDataset):
 
     CLASS_NAMES = CLASS_NAMES
     render_with_mask = staticmethod(render_with_mask)
+
+    def scene(self, index: int) -> Scene:
+        """Image ``index`` with the coverage of each disc (the pointed one first) and of the cue."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} out of range for {len(self)} images")
+        return render_scene(
+            self.spec.seed, self.split, index, self.spec.classes, self.size, self.photos_dir, **self.render_options()
+        )
