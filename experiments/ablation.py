@@ -64,6 +64,7 @@ from ssog_core.checkpoint.files import atomic_write, replace_section, section_ma
 from ssog_core.checkpoint.format import TRANSFER_KEY, read_history, update_metadata
 from ssog_core.data import pointer, relation
 from ssog_core.interventions.effects import Cancelled, bootstrap_ci, compare, outcomes
+from ssog_core.interventions.target_share import target_share_report
 from ssog_core.interventions.validation import load_eval_set
 from ssog_core.jobs import Engine
 from ssog_core.train.accuracy import evaluate_model_sizes, transfer_curve, transfer_sizes
@@ -78,6 +79,7 @@ MODELS = ROOT / "experiments" / "results" / "models"  # every finished run's mod
 PARKED = ROOT / "experiments" / "results" / "parked"  # unfinished runs' resumable state, committed between sessions
 RESUME_FILES = ("last.safetensors", "train_state.pt", "metrics.jsonl", "provenance.jsonl")
 DOC = ROOT / "docs" / "RESULTS.md"
+FIGURE = ROOT / "docs" / "figures" / "ablation_curves.png"
 BUNDLE = {"steered": "matched_ssog", "+mu": "matched_ssog_mu", "fixed": "matched_ssog_fixed", "dot": "matched_dot"}
 GRIDS = {"small": 14, "large": 20}  # cells a side: the SSOG post's 14×14 grid, and a board where targets lie
 # beyond the ±4-cell offset bound from a resting field (20, not 24: the dot twin's step costs 2.4× more at 24)
@@ -536,14 +538,28 @@ def read(run: Run) -> dict:
         "layers": layer_geometry(model) if ssog else None,
         "gates_closed": [gate_closing(model, data, taps) for taps in closings],
         "transfer": transfer_until_it_falls(model, meta, run.task, run.grid),
+        **target_shares(model, meta, run.task),
     }
 
 
+def target_shares(model: torch.nn.Module, meta: dict, task: str) -> dict:
+    """On ``pointer``: the target share per layer (``ssog_core.interventions.target_share``) on the first
+    :data:`READ_IMAGES` validation images, with the μ gates closed for a model that steers μ, and each image's share
+    per layer (rounded), so the report can pair two runs image by image."""
+    if task != "pointer":
+        return {}
+    return {"target_share": target_share_report(model, meta, READ_IMAGES, per_image=True)}
+
+
 def cmd_read(args: argparse.Namespace) -> int:
-    """Read every finished run of ``--seeds`` not read yet into the readings file."""
+    """Read every finished run of ``--seeds`` not read yet (or read before the target share) into the readings file;
+    give a results row written before rows kept their curve the curve its model's history holds."""
     torch.set_num_threads(args.threads)
+    for row in read_results():
+        if "curve" not in row and (curve := val_curve(row)):
+            append_result({**row, "curve": [{"step": s, "val_acc": a} for s, a in curve]})
     done = {row_key(r) for r in read_results()}
-    have = {row_key(r) for r in read_rows(READINGS)}
+    have = {row_key(r) for r in read_rows(READINGS) if args.task != "pointer" or "target_share" in r}
     for run in plan(args.task, tuple(GRIDS)):
         if run.key() in done and run.key() not in have and run.seed in args.seeds:
             if not run.model.exists():
@@ -579,13 +595,211 @@ def _pct(x: float) -> str:
     return f"{100 * x:+.1f}"
 
 
-def render(task: str, rows: list[dict]) -> str:
-    plateau = [r for r in rows if r["task"] == task and not is_table_row(r)]
+PLATEAU_EXIT = 2 / 3  # validation accuracy at which a run has left its plateau (above the 1/3 of ignoring the cue)
+RULE = (
+    "A contrast is *decided* when its paired difference has the same sign in all three seeds and its 95% interval "
+    "over images excludes 0. An early claim *survives* when the converged contrast is decided with the same sign, "
+    "*flips* when it is decided with the opposite sign, and *does not hold* when it is no longer decided; a contrast "
+    "undecided early and decided at convergence is *decided now*; one with fewer than three converged seeds stays "
+    "*open*."
+)
+
+
+def curve_of(row: dict) -> list[tuple[int, float]]:
+    """(step, validation accuracy) at each evaluation: the row's own ``curve``, else its kept model's history."""
+    if row.get("curve"):
+        return [(int(c["step"]), float(c["val_acc"])) for c in row["curve"]]
+    return val_curve(row)
+
+
+def plateau_exit(row: dict) -> int | None:
+    """The first evaluated step at or above :data:`PLATEAU_EXIT`; ``None`` when the run never got there."""
+    return next((step for step, acc in curve_of(row) if acc >= PLATEAU_EXIT), None)
+
+
+def is_converged(row: dict) -> bool:
+    """A row of the converged table: the small board on the long schedule, or the large board continued from it."""
+    if row.get("lr") is not None:
+        return False
+    return row.get("start_epochs") == CONVERGED or (row["grid"] == GRIDS["small"] and row_epochs(row) == CONVERGED)
+
+
+def decided(c: tuple[float, tuple[float, float], list[float]] | None) -> int:
+    """+1 / −1 when a contrast is decided (:data:`RULE`) in that direction, else 0."""
+    if c is None or len(c[2]) < len(SEEDS):
+        return 0
+    signs = {int(np.sign(d)) for d in c[2]}
+    outside = c[1][0] > 0 or c[1][1] < 0
+    return signs.pop() if len(signs) == 1 and outside and 0 not in signs else 0
+
+
+def verdict(early: tuple | None, late: tuple | None) -> str:
+    """What became of the early contrast at convergence, by :data:`RULE`."""
+    if late is None or len(late[2]) < len(SEEDS):
+        return f"open ({0 if late is None else len(late[2])} of {len(SEEDS)} seeds)"
+    before, after = decided(early), decided(late)
+    if before and after:
+        return "survives" if before == after else "flips"
+    if before:
+        return "does not hold"
+    return "decided now" if after else "open"
+
+
+def _contrast_cell(c: tuple | None) -> str:
+    if c is None:
+        return "—"
+    return f"{_pct(c[0])} [{_pct(c[1][0])}, {_pct(c[1][1])}] (seeds: {' '.join(_pct(d) for d in c[2])})"
+
+
+def _steps(step: int | None, total: int) -> str:
+    return f"{step:,}" if step is not None else f"not within {total:,}"
+
+
+def converged_section(task: str, rows: list[dict]) -> list[str]:
+    """The converged table: accuracy, when each run left its plateau, paired contrasts judged against the early table
+    by :data:`RULE`, the learning-rate check, and the target share of every run read."""
+    rows = [r for r in rows if r["task"] == task]
+    conv = [r for r in rows if is_converged(r)]
+    early = [r for r in rows if is_table_row(r)]
+    if not conv:
+        return []
+    grids = sorted({r["grid"] for r in conv})
+    out = [
+        f"**At convergence.** Validation accuracy (%) on `{task}`, mean ± std over seeds (n = seeds finished), "
+        f"{IMAGES['val']} validation images per run: {CONVERGED} epochs ({CONVERGED * 250:,} steps) on the "
+        f"{GRIDS['small']}×{GRIDS['small']} board from scratch, then {EPOCHS['large']} epochs on the "
+        f"{GRIDS['large']}×{GRIDS['large']} board from each converged model; steps to leave the plateau: the first "
+        "evaluation at ≥ 2/3 validation accuracy, per seed:",
+        "",
+        "| variant | " + " | ".join(f"{g}×{g} board | left the plateau ({g}×{g})" for g in grids) + " |",
+        "|---|" + "---:|---|" * len(grids),
+    ]
+    for variant in [*VARIANTS, OFFSET_ROW[0]]:
+        cells = []
+        for g in grids:
+            mine = sorted((r for r in conv if r["grid"] == g and r["variant"] == variant), key=lambda r: r["seed"])
+            accs = [100 * r["val_acc"] for r in mine]
+            std = f" ± {np.std(accs, ddof=1):.1f}" if len(accs) > 1 else ""
+            cells.append(f"{np.mean(accs):.1f}{std} (n={len(accs)})" if accs else "—")
+            cells.append("; ".join(f"s{r['seed']}: {_steps(plateau_exit(r), r['steps'])}" for r in mine) or "—")
+        out.append(f"| {variant} | " + " | ".join(cells) + " |")
+    out += ["", f"Paired differences (points) at convergence, as in the early table below, each judged against the "
+            f"early table's by the rule written down before the runs finished: {RULE}", "",
+            "| contrast | " + " | ".join(f"{g}×{g} at convergence | early {g}×{g} | verdict" for g in grids) + " |",
+            "|---|" + "---:|---:|---|" * len(grids)]  # fmt: skip
+    for a, b in [*CONTRASTS, (OFFSET_ROW[0], "steered")]:
+        cells = []
+        for g in grids:
+            late = contrast([r for r in conv if r["grid"] == g], a, b)
+            before = contrast([r for r in early if r["grid"] == g], a, b)
+            cells += [_contrast_cell(late), _contrast_cell(before), verdict(before, late)]
+        out.append(f"| {a} − {b} | " + " | ".join(cells) + " |")
+    out += rate_table(rows)
+    out += readings_table(task, is_converged)
+    out += target_share_table(task)
+    out += ["", "Validation accuracy against step, every run (seeds as thin lines): `docs/figures/ablation_curves.png`."]
+    return out
+
+
+def curves_figure(task: str, rows: list[dict], path: Path) -> None:
+    """Validation accuracy against step per variant (seeds as thin lines, early runs dashed), one panel per board:
+    when each variant leaves its plateau."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    order = [*VARIANTS, OFFSET_ROW[0]]
+    colours = dict(zip(order, ("#7f7f7f", "#d62728", "#1f77b4", "#2ca02c", "#9467bd"), strict=True))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, board in zip(axes, ("small", "large"), strict=True):
+        g = GRIDS[board]
+        for r in [r for r in rows if r["task"] == task and r["grid"] == g and r.get("lr") is None]:
+            curve = curve_of(r)
+            if not curve or r["variant"] not in colours:
+                continue
+            early = is_table_row(r)
+            ax.plot(*zip(*curve, strict=True), color=colours[r["variant"]], lw=0.9, alpha=0.45 if early else 0.9,
+                    ls="--" if early else "-", label=None if early or r["seed"] else r["variant"])  # fmt: skip
+        ax.axhline(PLATEAU_EXIT, color="k", lw=0.6, ls=":")
+        ax.axhline(1 / 3, color="k", lw=0.4, ls="-.")
+        ax.set_title(f"{g}×{g} board" + (" (continued from the 14×14 models)" if board == "large" else ""))
+        ax.set_xlabel("step (of this board's run)")
+    axes[0].set_ylabel("validation accuracy")
+    axes[0].legend(loc="lower right", fontsize=8)
+    fig.suptitle(f"{task}: converged runs solid, early runs dashed; dotted: 2/3 (left the plateau), dash-dot: 1/3")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    plt.close(fig)
+
+
+def rate_table(rows: list[dict]) -> list[str]:
+    """The learning-rate check: each checked variant at every rate it ran, seed 0, small board, 40 epochs."""
+    seed = LR_CHECK["seed"]
+    mine = [r for r in rows if r["grid"] == GRIDS["small"] and row_epochs(r) == CONVERGED and r["seed"] == seed
+            and r["variant"] in LR_CHECK["variants"]]  # fmt: skip
+    if not any(r.get("lr") for r in mine):
+        return []
+    out = ["", f"The learning-rate check (seed {seed}, {GRIDS['small']}×{GRIDS['small']} board, {CONVERGED} epochs; "
+           "the rate is the command's last `--lr`, 6e-4 the recipe's):", "",
+           "| variant | lr | validation accuracy | left the plateau |", "|---|---:|---:|---|"]  # fmt: skip
+    for r in sorted(mine, key=lambda r: (LR_CHECK["variants"].index(r["variant"]), float(r.get("lr") or 6e-4))):
+        out.append(f"| {r['variant']} | {r.get('lr') or '6e-4'} | {100 * r['val_acc']:.1f} | "
+                   f"{_steps(plateau_exit(r), r['steps'])} |")  # fmt: skip
+    return out
+
+
+def target_share_table(task: str) -> list[str]:
+    """Every converged run read: the target share per layer with its interval, and its change with the μ gates
+    closed; then per contrast and layer the paired difference over the same images, mean over seeds."""
+    order = [*VARIANTS, OFFSET_ROW[0]]
+    read_ = [r for r in read_rows(READINGS) if r["task"] == task and "target_share" in r and is_converged(r)]
+    if not read_:
+        return []
+    read_.sort(key=lambda r: (r["grid"], order.index(r["variant"]), r["seed"]))
+    n = read_[0]["target_share"]["images"]["first"]
+    out = ["", f"Target share (`python -m ssog_core target-share`): of the attention patch queries put on the three "
+           f"discs, the share on the disc the cue points at (1/3: not told apart), per layer, first {n} validation "
+           "images, 95% interval over images; μ closed: the paired change with every μ gate closed:", "",
+           "| run | " + " | ".join(f"layer {i}" for i in range(len(read_[0]["target_share"]["layers"]))) + " |",
+           "|---|" + "---:|" * len(read_[0]["target_share"]["layers"])]  # fmt: skip
+    for r in read_:
+        ts = r["target_share"]
+        cells = []
+        for i, layer in enumerate(ts["layers"]):
+            cell = f"{layer['share']:.2f} [{layer['ci95'][0]:.2f}, {layer['ci95'][1]:.2f}]"
+            if ts["closed_mu"]:
+                d = ts["closed_mu"]["change"][i]
+                cell += f"; μ closed {d['change']:+.2f} [{d['ci95'][0]:+.2f}, {d['ci95'][1]:+.2f}]"
+            cells.append(cell)
+        out.append(f"| {r['variant']} g{r['grid']} s{r['seed']} | " + " | ".join(cells) + " |")
+    by = {(r["grid"], r["variant"], r["seed"]): np.asarray(r["target_share"]["per_image"]) for r in read_}
+    lines = []
+    for g in sorted({r["grid"] for r in read_}):
+        for a, b in CONTRASTS:
+            seeds = [s for s in SEEDS if (g, a, s) in by and (g, b, s) in by]
+            if not seeds:
+                continue
+            diff = np.mean([by[g, a, s] - by[g, b, s] for s in seeds], axis=0)  # (n, L)
+            ci = np.atleast_2d(bootstrap_ci(diff.T))
+            cells = [f"{diff[:, i].mean():+.2f} [{ci[i, 0]:+.2f}, {ci[i, 1]:+.2f}]" for i in range(diff.shape[1])]
+            lines.append(f"| {a} − {b}, g{g} ({len(seeds)} seeds) | " + " | ".join(cells) + " |")
+    if lines:
+        out += ["", "Paired differences of the target share (mean over the seeds both read, 95% interval over images):",
+                "", out[4], out[5], *lines]  # fmt: skip
+    return out
+
+
+def early_section(task: str, rows: list[dict]) -> list[str]:
+    """The early table: the boards' first schedules (3,000 steps on the small board, +1,500 on the large)."""
+    long = [r for r in rows if r["task"] == task and is_converged(r) and r["grid"] == GRIDS["small"]]
     rows = [r for r in rows if r["task"] == task and is_table_row(r)]
     grids = sorted({r["grid"] for r in rows})
     out = [
-        f"Validation accuracy (%) on `{task}`, mean ± std over seeds (n = seeds finished), "
-        f"{IMAGES['val']} validation images per run:",
+        f"**Early learning.** Validation accuracy (%) on `{task}`, mean ± std over seeds (n = seeds finished), "
+        f"{IMAGES['val']} validation images per run, {EPOCHS['small']} epochs on the small board and "
+        f"{EPOCHS['large']} more on the large:",
         "",
         "| variant | " + " | ".join(f"{g}×{g} board" for g in grids) + " |",
         "|---|" + "---:|" * len(grids),
@@ -617,11 +831,19 @@ def render(task: str, rows: list[dict]) -> str:
             )
         out.append(f"| {a} − {b} | " + " | ".join(cells) + " |")
     out += readings_table(task)
-    out += plateau_table(plateau, rows)
-    cpu = sum(r["cpu_s"] for r in [*rows, *plateau]) / 3600
+    out += plateau_table(long, rows)
+    return out
+
+
+def render(task: str, rows: list[dict]) -> str:
+    """The marked section of docs/RESULTS.md: the converged table first, then the early one."""
+    mine = [r for r in rows if r["task"] == task]
+    converged = converged_section(task, rows)
+    out = [*converged, *([""] if converged else []), *early_section(task, rows)]
+    cpu = sum(r["cpu_s"] for r in mine) / 3600
     out += [
         "",
-        f"{len(rows) + len(plateau)} runs, {cpu:.1f} CPU-hours of training (one thread each). "
+        f"{len(mine)} runs, {cpu:.1f} CPU-hours of training (one thread each). "
         "Command: `python experiments/ablation.py train && python experiments/ablation.py report`.",
     ]
     return "\n".join(out) + "\n"
@@ -674,12 +896,12 @@ def plateau_table(long: list[dict], table: list[dict]) -> list[str]:
     return out
 
 
-def readings_table(task: str) -> list[str]:
+def readings_table(task: str, which=is_table_row) -> list[str]:
     """The instrument's readings (``read``) of every run read, one line each, in the table's order (board, variant,
     seed), not in the order the runs finished."""
     order = [*VARIANTS, OFFSET_ROW[0]]
     rows = sorted(
-        (r for r in read_rows(READINGS) if r["task"] == task and is_table_row(r)),
+        (r for r in read_rows(READINGS) if r["task"] == task and which(r)),
         key=lambda r: (r["grid"], order.index(r["variant"]) if r["variant"] in order else len(order), r["seed"]),
     )
     if not rows:
@@ -718,7 +940,9 @@ def readings_table(task: str) -> list[str]:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    text = render(args.task, read_results())
+    rows = read_results()
+    text = render(args.task, rows)
+    curves_figure(args.task, rows, FIGURE)
     path = RESULTS.parent / f"ablation_{args.task}.md"
     atomic_write(path, lambda tmp: Path(tmp).write_text(text))
     replace_section(DOC, MARKS, f"{MARKS[0]}\n{text}{MARKS[1]}")

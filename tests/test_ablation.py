@@ -27,6 +27,7 @@ def ablation(tmp_path, monkeypatch):
     monkeypatch.setattr(module, "MODELS", tmp_path / "results" / "models")
     monkeypatch.setattr(module, "READINGS", tmp_path / "results" / "readings.jsonl")
     monkeypatch.setattr(module, "DOC", tmp_path / "RESULTS.md")
+    monkeypatch.setattr(module, "FIGURE", tmp_path / "figures" / "ablation_curves.png")
     return module
 
 
@@ -222,6 +223,50 @@ def test_report_numbers_equal_a_direct_computation(ablation):
     assert "(seeds: " + " ".join(f"{100 * d:+.1f}" for d in direct) + ")" in doc
     saved = json.loads(ablation.RESULTS.read_text().splitlines()[0])
     np.testing.assert_array_equal(ablation.correct_of(saved), correct["fixed", 0])
+
+
+def test_the_converged_table_judges_each_early_claim_by_the_rule(ablation):
+    """The converged table: accuracy and the step each run left its plateau (from its curve), each contrast judged
+    against the early table's (survives / flips / open), the learning-rate check, and the curves' figure."""
+    n = 400
+
+    def row(variant: str, seed: int, acc: float, epochs: int, lr: str | None = None, exit_at: int | None = None):
+        c = np.arange(n) < round(acc * n)  # the first images right: paired differences of one sign in every seed
+        steps = epochs * 250
+        curve = [{"step": s, "val_acc": acc if exit_at is not None and s >= exit_at else min(acc, 0.5)}
+                 for s in range(250, steps + 1, 250)]  # fmt: skip
+        return {"task": "pointer", "grid": 14, "variant": variant, "seed": seed, "epochs": epochs, "lr": lr,
+                "val_acc": float(c.mean()), "val_images": n, "cpu_s": 36.0, "steps": steps, "curve": curve,
+                "correct_hex": np.packbits(c.astype(np.uint8)).tobytes().hex()}  # fmt: skip
+
+    early = {"fixed": 0.45, "+mu": 0.5, "steered": 0.45, "dot": 0.55}
+    late = {"fixed": 0.45, "+mu": 1.0, "steered": 0.45, "dot": 0.5}
+    for seed in (0, 1, 2):
+        for variant in early:
+            ablation.append_result(row(variant, seed, early[variant], 12))
+            exit_at = 2000 + 250 * seed if late[variant] > 2 / 3 else None
+            ablation.append_result(row(variant, seed, late[variant], 40, exit_at=exit_at))
+    ablation.append_result(row("dot", 0, 0.5, 40, lr="1.2e-3"))
+    rows = ablation.read_results()
+    assert len([r for r in rows if ablation.is_converged(r)]) == 12 and not ablation.is_converged(rows[-1])
+    text = ablation.render("pointer", rows)
+    lines: dict[str, str] = {}
+    for x in text.splitlines():  # the first line of each row: the converged table's, which comes first
+        if x.startswith("| "):
+            lines.setdefault(x.split(" |")[0], x)
+    assert "| 100.0 ± 0.0 (n=3) | s0: 2,000; s1: 2,250; s2: 2,500 |" in lines["| +mu"]
+    assert "s0: not within 10,000" in lines["| dot"]
+    verdicts = {k: v.rsplit("|", 2)[-2].strip() for k, v in lines.items() if " − " in k}
+    assert verdicts["| +mu − fixed"] == "survives"  # +5 early, +55 late, every seed
+    assert verdicts["| +mu − dot"] == "flips"  # −5 early, +50 late
+    assert verdicts["| steered − fixed"] == "open"  # 0 both times
+    assert verdicts["| steered − dot"] == "survives"  # −10 early, −5 late
+    assert verdicts["| steered ±2 − steered"] == "open (0 of 3 seeds)"
+    assert "| dot | 1.2e-3 | 50.0 | not within 10,000 |" in text and "| dot | 6e-4 | 50.0 | not within 10,000 |" in text
+    assert text.index("**At convergence.**") < text.index("**Early learning.**")
+    ablation.DOC.write_text(f"{ablation.MARKS[0]}\n{ablation.MARKS[1]}\n")
+    ablation.cmd_report(ablation.argparse.Namespace(task="pointer"))
+    assert ablation.FIGURE.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_reading_a_run(ablation, monkeypatch):
