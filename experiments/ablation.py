@@ -552,14 +552,14 @@ def target_shares(model: torch.nn.Module, meta: dict, task: str) -> dict:
 
 
 def cmd_read(args: argparse.Namespace) -> int:
-    """Read every finished run of ``--seeds`` not read yet (or read before the target share) into the readings file;
-    give a results row written before rows kept their curve the curve its model's history holds."""
+    """Read every finished run of ``--seeds`` not read yet (or converged and read before the target share) into the
+    readings file; give a results row written before rows kept their curve the curve its model's history holds."""
     torch.set_num_threads(args.threads)
     for row in read_results():
         if "curve" not in row and (curve := val_curve(row)):
             append_result({**row, "curve": [{"step": s, "val_acc": a} for s, a in curve]})
     done = {row_key(r) for r in read_results()}
-    have = {row_key(r) for r in read_rows(READINGS) if args.task != "pointer" or "target_share" in r}
+    have = {row_key(r) for r in read_rows(READINGS) if "target_share" in r or args.task != "pointer" or is_table_row(r)}
     for run in plan(args.task, tuple(GRIDS)):
         if run.key() in done and run.key() not in have and run.seed in args.seeds:
             if not run.model.exists():
@@ -697,7 +697,10 @@ def converged_section(task: str, rows: list[dict]) -> list[str]:
     out += rate_table(rows)
     out += readings_table(task, is_converged)
     out += target_share_table(task)
-    out += ["", "Validation accuracy against step, every run (seeds as thin lines): `docs/figures/ablation_curves.png`."]
+    out += [
+        "",
+        "Validation accuracy against step, every run (seeds as thin lines): `docs/figures/ablation_curves.png`.",
+    ]
     return out
 
 

@@ -142,11 +142,16 @@ def paired(a: TargetShare, b: TargetShare) -> list[dict[str, Any]]:
              float(ci[layer, 1])]} for layer in range(diff.shape[1])]  # fmt: skip
 
 
-def target_share_report(model: nn.Module, meta: dict[str, Any], n: int | None = None) -> dict[str, Any]:
+def target_share_report(
+    model: nn.Module, meta: dict[str, Any], n: int | None = None, per_image: bool = False
+) -> dict[str, Any]:
     """The readout as the CLI and the app give it: per layer the share, and for a model that steers μ the share with
-    every μ gate closed and the paired change (does steering send attention to the pointed disc?)."""
+    every μ gate closed and the paired change (does steering send attention to the pointed disc?); ``per_image``
+    adds each image's share per layer ``(n, L)``, rounded, for pairing two models image by image later."""
     unedited = read_target_share(model, meta, n)
     out: dict[str, Any] = {**unedited.to_dict(), "closed_mu": None}
+    if per_image:
+        out["per_image"] = np.round(unedited.per_image(), 5).tolist()
     if edits := close_mu(model):
         closed = read_target_share(model, meta, n, edits)
         out["closed_mu"] = {"layers": closed.layers(), "change": paired(closed, unedited)}
