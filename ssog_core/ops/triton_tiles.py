@@ -90,8 +90,9 @@ def shared_memory_estimate(gh: int, gw: int, d: int, r: int, axial: bool, dot_by
     compiled kernel by ``python -m ssog_core.ops.triton_compile`` (tests/test_ops_triton.py). The axial column
     backward unrolls its per-atom gradients (``tl.static_range(R)``), each with its own fp32 scratch of
     :data:`AXIAL_ATOM_SCRATCH` bytes per (key column, query row) of a step, whatever the dot dtype: 24 KiB per atom
-    at 14×14 and 32×32, 12 KiB at 64×64 (d64); its operands and a fixed part are modelled as ``0.75 × operand
-    bytes + 48 KiB`` (sm_90 compiles from 9×1 to 64×64, d8 to d128, fp32 and 16-bit dots).
+    at 14×14 and 32×32, 12 KiB at 64×64 (d64; 25.5 KiB at 9×1, d8, fp32, covered by the fixed part); its operands
+    and a fixed part are modelled as ``0.75 × operand bytes + 48 KiB`` (sm_90 compiles from 9×1 to 64×64, d8 to
+    d128, fp32 and 16-bit dots: within 3 KiB above the need at 14×14 with six atoms and at 9×1 with eight).
     """
     cfg = tiles(gh, gw, d, r, axial)
     kt, ic, wc = col_tiles(cfg, axial)
