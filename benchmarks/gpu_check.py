@@ -184,36 +184,63 @@ def _check_dispatch_and_analysis(dev: torch.device) -> str | None:
     return "; ".join(problems) or None
 
 
-def _check_compile(dev: torch.device, backend: str, quick: bool = False) -> str | None:
-    """``torch.compile(fullgraph=True)`` of an SSOG layer against the same layer eager, both against the float64
-    layer on the PyTorch path: the output elementwise, every gradient relative to its largest entry. A failure
-    says which of the two is off the float64 answer, so one GPU run tells a compiler problem from a kernel one."""
+# the float64 check's tolerance per dtype (bf16: autocast, as `train` runs on a GPU): the layer's output
+# elementwise (rtol, atol) and each parameter's gradient relative to its largest float64 entry
+COMPILE_TOLERANCE = {torch.float32: (1e-4, 1e-5, 1e-3), torch.bfloat16: (3e-2, 1e-2, 6e-2)}
+COMPILE_LAYERS = (("factorized", ALL), ("axial", ALL), ("factorized", ()))
+
+
+def check_compile(
+    dev: torch.device, backend: str, dtype: torch.dtype = torch.float32, layers: tuple = COMPILE_LAYERS
+) -> str | None:
+    """``torch.compile(fullgraph=True)`` of an SSOG layer against the same layer eager, in ``dtype`` (bf16 under
+    autocast): eager and compiled each against the float64 layer on the PyTorch path, and compiled against eager,
+    each within the dtype's :data:`COMPILE_TOLERANCE` — the output elementwise, every parameter's gradient (the
+    steering projections included: each starts away from zero, so that every parameter has a gradient to compare)
+    relative to its largest float64 entry. A failure says which of the two is off the float64 answer, so one GPU
+    run tells a compiler problem from a kernel one."""
+    rtol, atol, gtol = COMPILE_TOLERANCE[dtype]
     problems = []
-    for mode, taps in (("factorized", ALL),) if quick else (("factorized", ALL), ("axial", ALL), ("factorized", ())):
+    for mode, taps in layers:
         torch._dynamo.reset()
         torch.manual_seed(0)
         attn = SSOGAttention(48, 3, 4, field=mode, steer=taps, cold_init=False).to(dev)
-        if taps:
-            torch.nn.init.normal_(attn.mu_delta.weight, std=0.3)
+        for probe in ("mu_delta", "sigma_delta", "lambda_gate"):  # the steering projections of the taps
+            if hasattr(attn, probe):
+                torch.nn.init.normal_(getattr(attn, probe).weight, std=0.3)
+                torch.nn.init.normal_(getattr(attn, probe).bias, std=0.3)
         exact = SSOGAttention(48, 3, 4, field=mode, steer=taps, cold_init=False, backend="torch").to(dev).double()
         exact.load_state_dict(attn.state_dict())
         x = torch.randn(4, 35, 48).to(dev)
+        what = f"{mode} {taps} {str(dtype).removeprefix('torch.')}"
 
         def forward(module, inp):
-            return module(inp, (7, 5))
+            with torch.autocast(dev.type, dtype=dtype, enabled=dtype != torch.float32):
+                return module(inp, (7, 5)).float()
 
-        runs = {"eager": forward, "compiled": torch.compile(forward, fullgraph=True, backend=backend)}
-        y64 = forward(exact, x.double())
+        y64 = exact(x.double(), (7, 5))
         g64 = torch.autograd.grad(y64.square().mean(), list(exact.parameters()))
-        for how, fn in runs.items():
+        names = [name for name, _ in attn.named_parameters()]
+        for name, e in zip(names, g64, strict=True):
+            if not e.abs().max() > 0:
+                problems.append(f"{what}: the float64 grad of {name} is zero (nothing to compare)")
+        got = {}
+        for how, fn in (("eager", forward), ("compiled", torch.compile(forward, fullgraph=True, backend=backend))):
             y = fn(attn, x)
             grads = torch.autograd.grad(y.square().mean(), list(attn.parameters()))
-            if not torch.allclose(y.double(), y64, rtol=1e-4, atol=1e-5):
-                problems.append(f"{mode} {taps}: {how} forward off float64 by {(y.double() - y64).abs().max():.2e}")
-            for (name, _), g, e in zip(attn.named_parameters(), grads, g64, strict=True):
-                rel = ((g.double() - e).abs().max() / e.abs().max().clamp_min(1e-30)).item()
-                if rel > 1e-3:
-                    problems.append(f"{mode} {taps}: {how} grad of {name} off float64 by {rel:.1e} of its largest")
+            got[how] = (y.double(), [g.double() for g in grads])
+        for how, (y, grads), (yr, refs) in (
+            ("eager", got["eager"], (y64, g64)),
+            ("compiled", got["compiled"], (y64, g64)),
+            ("compiled vs eager", got["compiled"], got["eager"]),
+        ):
+            if not torch.allclose(y, yr, rtol=rtol, atol=atol):
+                problems.append(f"{what}: {how} forward off by {(y - yr).abs().max():.2e}")
+            for name, g, r, e in zip(names, grads, refs, g64, strict=True):
+                rel = ((g - r).abs().max() / e.abs().max().clamp_min(1e-30)).item()
+                if not rel <= gtol:
+                    off = "" if how == "compiled vs eager" else " off float64"
+                    problems.append(f"{what}: {how} grad of {name}{off} by {rel:.1e} of its largest")
     return "; ".join(problems) or None
 
 
@@ -356,11 +383,16 @@ def step_check(run: Run, quick: bool = False) -> None:
     ]
     checks.append(("dispatch + analysis parity", lambda: _check_dispatch_and_analysis(dev), 10.0))
     if dev.type == "cuda":
-        checks.append(("torch.compile (inductor)", lambda: _check_compile(dev, "inductor"), 60.0))
+        checks.append(("torch.compile (inductor)", lambda: check_compile(dev, "inductor"), 60.0))
+        steered = COMPILE_LAYERS[:1]
+        checks.append(
+            ("torch.compile (inductor), bf16", lambda: check_compile(dev, "inductor", torch.bfloat16, steered), 30.0)
+        )
         checks.append(("CUDA-graph capture of an SSOG layer fwd+bwd", lambda: _check_graph_capture(dev), 10.0))
         checks.append(("heavy jobs on a GPU worker against a CPU worker", lambda: _check_jobs_on_gpu(run), 90.0))
     else:  # the dry run: one backend that needs no C++ compiler, and every case's plumbing on the meta device
-        checks.append(("torch.compile (aot_eager)", lambda: _check_compile(dev, "aot_eager", quick=True), 30.0))
+        quick = COMPILE_LAYERS[:1]
+        checks.append(("torch.compile (aot_eager)", lambda: check_compile(dev, "aot_eager", layers=quick), 30.0))
         meta = torch.device("meta")
         checks += [
             (f"case {c[:7]} {str(c[7]).removeprefix('torch.')} on meta", lambda c=c: _check_case(c, meta), 1.0)

@@ -96,13 +96,15 @@ def base_field(mu: Tensor, raw_sigma: Tensor, log_lambda: Tensor, raw_temperatur
 
 
 class _Bound(torch.autograd.Function):
-    """``tanh`` as ``2·sigmoid(2p) − 1`` in one buffer, with the backward pass ``g·(1 − y²)`` from the output: two
-    passes instead of the seven full-size operations autograd records for the composite (a d64 layer's probes
-    hold 80 values per token, and their bound was the largest single part of the steering's training cost)."""
+    """``tanh`` as ``2·sigmoid(2p) − 1``, with the backward pass ``g·(1 − y²)`` from the output: one saved tensor
+    instead of the seven full-size operations autograd records for the composite (a d64 layer's probes hold 80
+    values per token, and their bound was the largest single part of the steering's training cost). Out of place:
+    under ``torch.compile`` an in-place operation in a ``forward`` can route the gradient to the wrong output
+    (pytorch/pytorch#180642; tests/test_compile.py checks every autograd.Function of the package)."""
 
     @staticmethod
     def forward(ctx, probe: Tensor) -> Tensor:
-        y = torch.mul(probe, 2).sigmoid_().mul_(2).sub_(1)
+        y = torch.sigmoid(probe * 2) * 2 - 1
         ctx.save_for_backward(y)
         return y
 

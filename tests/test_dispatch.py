@@ -124,6 +124,28 @@ def test_triton_grid_limits_follow_each_kernel_layout(monkeypatch: pytest.Monkey
     )
 
 
+SM90_SHARED = 232448  # bytes of shared memory an sm_90 program may use
+
+
+def test_axial_backward_shared_memory_per_atom_is_refused_before_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The axial column backward needs 24 KiB more shared memory per atom at 14×14, d64, bf16 (116,736 bytes with
+    one atom, 190,464 with four, 239,616 with six on sm_90 compiles: docs/KERNELS.md §7): on an sm_90 GPU four
+    atoms run, six and eight are refused with the reason; factorized fields, which have no per-atom scratch, run
+    with eight."""
+    monkeypatch.setattr(dispatch, "interpreting", lambda: True)
+    monkeypatch.setattr(dispatch, "triton_installed", lambda: True)
+    monkeypatch.setattr(dispatch, "shared_memory_limit", lambda device: SM90_SHARED)
+    for mode, atoms, ok in (("axial", 4, True), ("axial", 6, False), ("axial", 8, False), ("factorized", 8, True)):
+        field = FieldLeaves(1, (14, 14), 2, atoms, ("mu",), dtype=torch.float32).field()
+        v = torch.empty(1, 196, 2, 64, dtype=torch.bfloat16)
+        problem = dispatch.ssog_triton_problem(v, field, (14, 14), mode)
+        assert (problem is None) == ok, (mode, atoms, problem)
+        if not ok:
+            assert f"{atoms} atoms" in problem and "shared memory" in problem and str(SM90_SHARED) in problem
+    assert dispatch.shared_memory_problem((14, 14), 64, 6, "axial", torch.bfloat16, SM90_SHARED) is not None
+    assert dispatch.shared_memory_problem((14, 14), 64, 6, "axial", torch.bfloat16, 300_000) is None
+
+
 @pytest.mark.slow
 def test_importing_and_running_on_cpu_never_imports_triton() -> None:
     code = (

@@ -490,6 +490,14 @@ def test_a_state_saved_before_train_config_resumes_exactly(tmp_path):
     assert meta["train_args"] == {**PRE_CONFIG_ARGS, **ADDED_SINCE, **CHANGED_SINCE, **resumed}
 
 
+def test_compile_is_opt_in_with_an_opt_out_flag():
+    """Off by default (on CUDA too, until a GPU run of the compile check passes: docs/KERNELS.md §7); ``--compile``
+    turns it on and ``--no-compile`` off, the flag that keeps a run eager once compiling is the default."""
+    assert train.parse_args([])[0].compile is False
+    assert train.parse_args(["--compile"])[0].compile is True
+    assert train.parse_args(["--compile", "--no-compile"])[0].compile is False
+
+
 def test_train_config_round_trips_and_ignores_unknown_keys():
     config, _ = train.parse_args([*SHAPES, *TINY, "--img-size", "16x24", "--transfer-sizes", "8,16x24"])
     assert config.img_size == (16, 24) and config.transfer_sizes == ((8, 8), (16, 24)) and config.dim == 16

@@ -220,7 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--compile",
         action=argparse.BooleanOptionalAction,
         default=c.compile,
-        help="torch.compile the model (default: off; on a GPU, Inductor's steering gradients are not verified)",
+        help="torch.compile the model (default: off, also on CUDA until a GPU run of benchmarks/gpu_check.py's "
+        "compile check passes: docs/KERNELS.md §7; --no-compile turns it off once it is the default)",
     )
     g.add_argument("--amp", action=argparse.BooleanOptionalAction, help="bf16 autocast (default: on CUDA)")
     g.add_argument("--eval-batch-size", type=_positive_int, default=c.eval_batch_size)

@@ -114,6 +114,21 @@ def _choose(op: str, backend: str | None, env_var: str, choices: tuple[str, ...]
 # ------------------------------------------------------------------------------------------------------ SSOG
 
 
+def shared_memory_problem(
+    grid: tuple[int, int], head_dim: int, atoms: int, mode: FieldMode, dtype: torch.dtype, limit: int
+) -> str | None:
+    """Why the SSOG kernels' largest program would not fit ``limit`` bytes of shared memory, or ``None`` (the
+    estimate of :func:`~ssog_core.ops.triton_tiles.shared_memory_estimate`; the compile report asks the same)."""
+    dot_bytes = 4 if dtype == torch.float32 else 2
+    need = shared_memory_estimate(*grid, head_dim, atoms, mode == "axial", dot_bytes)
+    if need <= limit:
+        return None
+    return (
+        f"a {grid[0]}×{grid[1]} grid with head_dim {head_dim}, {atoms} atoms and {dtype} needs up to {need} bytes "
+        f"of shared memory per program; this GPU allows {limit}"
+    )
+
+
 def ssog_triton_problem(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode) -> str | None:
     """Why the SSOG kernels cannot run this input, or ``None`` if they can."""
     b, h = v.shape[0], v.shape[2]
@@ -127,13 +142,9 @@ def ssog_triton_problem(v: Tensor, field: Field, grid: tuple[int, int], mode: Fi
         return f"unknown field mode {mode!r}"
     limit = shared_memory_limit(v.device)
     if limit is not None:
-        dot_bytes = 4 if v.dtype == torch.float32 else 2
-        need = shared_memory_estimate(*grid, v.shape[-1], field.num_atoms, mode == "axial", dot_bytes)
-        if need > limit:
-            return (
-                f"a {grid[0]}×{grid[1]} grid with head_dim {v.shape[-1]}, {field.num_atoms} atoms and {v.dtype} "
-                f"needs up to {need} bytes of shared memory per program; this GPU allows {limit}"
-            )
+        problem = shared_memory_problem(grid, v.shape[-1], field.num_atoms, mode, v.dtype, limit)
+        if problem is not None:
+            return problem
     devices = {t.device for t in (field.mu, field.sigma, field.log_lam)}
     if not (field.tau.dim() == 0 and field.tau.device.type == "cpu"):  # a CPU scalar τ is fine anywhere
         devices.add(field.tau.device)

@@ -128,10 +128,12 @@ def _field_terms(field: Field, b: int, grid: tuple[int, int], layout: str = "key
     )
 
 
-def _kernel(x: Tensor, c: Tensor, keys: Tensor, scale: Tensor | None, dim: int = -1) -> Tensor:
+def _kernel(x: Tensor, c: Tensor, keys: Tensor, scale: Tensor | None, dim: int = -1, inplace: bool = True) -> Tensor:
     """Normalised factorized weights ``2^(c·(x − j*)² − c·(x − key)²) · scale / Z`` for per-token ``x``, ``c`` (and
-    ``scale``), which have size 1 on the key axis ``dim``, and ``keys`` shaped to broadcast along it; built in
-    place, so only ever called without autograd.
+    ``scale``), which have size 1 on the key axis ``dim``, and ``keys`` shaped to broadcast along it; never
+    recorded by autograd. Built in place, except inside :class:`_SteeredFactorized` (``inplace=False``): an in-place
+    operation in an ``autograd.Function.forward`` can misroute gradients under ``torch.compile``
+    (pytorch/pytorch#180642).
 
     ``exp2`` rather than ``exp``: PyTorch's CPU ``exp`` takes a much slower path for arguments below −87,
     which far-away keys of narrow atoms always produce; the analytic max ``j* = clamp(round(x))`` makes every
@@ -145,14 +147,18 @@ def _kernel(x: Tensor, c: Tensor, keys: Tensor, scale: Tensor | None, dim: int =
     matrices without a copy.
     """
     n = keys.numel()
-    shift = c * (x - torch.round(x).clamp_(0, n - 1)).square_()
-    w = torch.sub(x, keys).square_()
-    w = torch.addcmul(shift, w, c, value=-1.0, out=w).exp2_()  # one pass for −c·d² + shift
+    shift = c * (x - torch.round(x).clamp(0, n - 1)).square()  # per token: small
+    if inplace:
+        w = torch.sub(x, keys).square_()
+        w = torch.addcmul(shift, w, c, value=-1.0, out=w).exp2_()  # one pass for −c·d² + shift
+    else:
+        w = torch.addcmul(shift, torch.sub(x, keys).square(), c, value=-1.0).exp2()
     if dim % w.dim() == w.dim() - 1:
         z = torch.mv(w.view(-1, n), torch.ones_like(keys)).view(x.shape)
     else:
         z = w.sum(dim, keepdim=True)
-    return w.mul_(z.reciprocal_() if scale is None else scale / z)
+    norm = z.reciprocal() if scale is None else scale / z
+    return w.mul_(norm) if inplace else w * norm
 
 
 def _kernel_grad(
@@ -208,8 +214,8 @@ class _SteeredFactorized(torch.autograd.Function):
         t = _field_terms(Field(mu, sigma, log_lam, tau), b, grid)
         ky = torch.arange(gh, device=v.device, dtype=mu.dtype)
         kx = torch.arange(gw, device=v.device, dtype=mu.dtype)
-        a = _kernel(t.x_col[..., None], t.c_col[..., None], ky, None)
-        u = _kernel(t.x_row[..., None], t.c_row[..., None], kx, t.lam[..., None])
+        a = _kernel(t.x_col[..., None], t.c_col[..., None], ky, None, inplace=False)
+        u = _kernel(t.x_row[..., None], t.c_row[..., None], kx, t.lam[..., None], inplace=False)
         vt = v.reshape(b, gh, gw, h, d).permute(0, 3, 2, 1, 4).contiguous()  # (B, H, k, j, D)
         y1t, y = _factorized_passes(vt, a.to(v.dtype), u.to(v.dtype))
         ctx.save_for_backward(vt, a, u, y1t, sigma, tau, *t)

@@ -11,6 +11,7 @@ from __future__ import annotations
 TILE_BUDGET = 16384  # elements of the largest register / shared-memory tile of a program
 NUM_WARPS = 4  # the axial kernels (they still spill from 14×14 up: docs/KERNELS.md)
 FACTORIZED_WARPS = 8  # the factorized kernels: no spills from 14×14 to 64×64 at d64, R4 (docs/KERNELS.md)
+AXIAL_ATOM_SCRATCH = 384  # shared-memory bytes per atom and (key column, query row) of the axial column backward
 FACTORIZED_STAGES = 2  # software-pipeline stages of the factorized kernels: loads one step ahead (Triton's default
 # three holds a second copy of every staged tile: more shared memory and setup code for no more overlap here)
 
@@ -85,8 +86,13 @@ def shared_memory_estimate(gh: int, gw: int, d: int, r: int, axial: bool, dot_by
     Every dot stages its operands in shared memory (``dot_bytes`` per element); on top of that Triton multi-buffers
     the loads that feed a dot and borrows scratch for layout conversions. Those extras are modelled as a factor on
     the operand bytes, calibrated on sm_90 compiles (1.5 for the factorized kernels, which use at most 1.21× their
-    operand bytes with two pipeline stages; 3 for the axial kernels) and checked against every compiled kernel by
-    ``python -m ssog_core.ops.triton_compile`` (tests/test_ops_triton.py).
+    operand bytes with two pipeline stages; 3 for the axial forward and row backward) and checked against every
+    compiled kernel by ``python -m ssog_core.ops.triton_compile`` (tests/test_ops_triton.py). The axial column
+    backward unrolls its per-atom gradients (``tl.static_range(R)``), each with its own fp32 scratch of
+    :data:`AXIAL_ATOM_SCRATCH` bytes per (key column, query row) of a step, whatever the dot dtype: 24 KiB per atom
+    at 14×14 and 32×32, 12 KiB at 64×64 (d64; 25.5 KiB at 9×1, d8, fp32, covered by the fixed part); its operands
+    and a fixed part are modelled as ``0.75 × operand bytes + 48 KiB`` (sm_90 compiles from 9×1 to 64×64, d8 to
+    d128, fp32 and 16-bit dots: within 3 KiB above the need at 14×14 with six atoms and at 9×1 with eight).
     """
     cfg = tiles(gh, gw, d, r, axial)
     kt, ic, wc = col_tiles(cfg, axial)
@@ -96,6 +102,7 @@ def shared_memory_estimate(gh: int, gw: int, d: int, r: int, axial: bool, dot_by
     forward = kc * cfg["T"] * rp * jc + column + cfg["T"] * kc * rp * (wt + dhp)
     rows = kc * cfg["TR"] * rp * jc + column + cfg["TR"] * wt * dhp + cfg["TR"] * dhp * kc * rp
     cols = ic * kt * rp * wc + ic * wc * dhp + 2 * kt * ic * rp * dhp + kt * dhp * ghp + kt * ghp * ic * rp
-    factors = (3.0, 3.0) if axial else (1.5, 1.5)
-    need = max(factors[0] * max(forward, rows), factors[1] * cols)
-    return int(dot_bytes * need) + 8192
+    if not axial:
+        return int(dot_bytes * 1.5 * max(forward, rows, cols)) + 8192
+    atoms = r * AXIAL_ATOM_SCRATCH * kt * ic * rp
+    return max(int(dot_bytes * 3.0 * max(forward, rows)) + 8192, int(dot_bytes * 0.75 * cols) + 49152 + atoms)
