@@ -35,7 +35,8 @@ SIZES = {"bundled": ((56, 56), (28, 20)), "upstream": ((12, 12), (14, 10))}  # t
 def pictures(kind: str) -> dict[str, torch.Tensor]:
     """Two seeded pictures ``(1, 3, H, W)`` as bytes, for a model of ``kind`` (bundled or upstream)."""
     g = torch.Generator().manual_seed(43)
-    return {f"{kind}_{h}x{w}": torch.randint(0, 256, (1, 3, h, w), generator=g, dtype=torch.uint8) for h, w in SIZES[kind]}
+    sizes = SIZES[kind]
+    return {f"{kind}_{h}x{w}": torch.randint(0, 256, (1, 3, h, w), generator=g, dtype=torch.uint8) for h, w in sizes}
 
 
 @contextlib.contextmanager
