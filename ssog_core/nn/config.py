@@ -15,8 +15,16 @@ POSITIVE = ("patch_size", "dim", "depth", "num_heads", "in_chans")  # sizes of a
 FAMILIES = ("lab", "timm", "vit", "deit", "dinov2", "dinov2_with_registers")  # whose conventions the weights follow
 POOLS = ("avg", "token", "token+avg")  # patch mean, class token, DINOv2's class token beside the patch mean
 QK_NORMS = ("rms", "layernorm")  # per head: RMS without gain (the lab's) or LayerNorm with gain and bias (timm's)
-PATCH_ORDERS = ("hwc", "chw")  # a patch flattened (row, column, channel) (the lab's) or (channel, row, column) (a conv's)
+PATCH_ORDERS = ("hwc", "chw")  # a patch flattened (row, col, channel) (the lab's) or (channel, row, col) (a conv's)
 POS_RESIZES = ("bilinear", "bicubic")  # how the position embedding follows a new grid (the lab's; timm's and HF's)
+FAMILY_NAMES = {  # each family in words, for messages and the app
+    "lab": "SSOG Lab",
+    "timm": "timm",
+    "vit": "transformers ViT",
+    "deit": "DeiT",
+    "dinov2": "DINOv2",
+    "dinov2_with_registers": "DINOv2 with registers",
+}
 LAB_EPS = 1e-5  # torch's LayerNorm default, which the lab's models use
 
 
