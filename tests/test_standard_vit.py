@@ -514,3 +514,18 @@ def test_the_old_standard_names_build_the_one_vit_with_a_deprecation_warning():
     with pytest.warns(DeprecationWarning, match="StandardViT is deprecated"):
         model = StandardViT(cfg)
     assert type(model) is ViT and model.config.family == "deit" and model.num_prefix_tokens == 1
+
+
+def test_every_model_the_lab_opens_offers_what_the_protocol_declares(tmp_path):
+    from ssog_core.nn.protocol import LabModel
+
+    args = dict(SMALL, reg_tokens=2)
+    folder, _ = load_checkpoint(write_timm_folder(tmp_path / "m", "vit_base_patch16_224", timm_state(args), args))
+    lab = ViT(num_classes=3, img_size=(28, 20), patch_size=4, dim=12, depth=1, num_heads=3, attn="dot")
+    for model, prefix, patch, normalization in ((folder, 3, 7, True), (lab, 0, 4, False)):
+        assert isinstance(model, LabModel)
+        assert model.num_prefix_tokens == prefix and model.patch_size == patch
+        assert model.grid_for(4 * patch, 5 * patch) == (4, 5)
+        assert (model.normalization is not None) == normalization
+    assert folder.normalization == {"mean": MEAN, "std": STD} and folder.config.family == "timm"
+    assert not isinstance(torch.nn.Linear(2, 2), LabModel)
