@@ -30,6 +30,7 @@ from ssog_core.checkpoint.standard import HUB_PREFIX, folder_config
 from ssog_core.checkpoint.standard import resolve as hub_folder
 from ssog_core.checkpoint.upstream import convert
 from ssog_core.data.images import MAX_BYTES, ImageError, list_images, load_image, model_input
+from ssog_core.nn.config import FAMILY_NAMES
 
 UPLOADED = "uploaded/"  # prefix of checkpoints a user uploaded in this session of the server
 MAX_PIXELS = 25_000_000  # decoded-image cap for uploads (decompression bombs are refused before decoding)
@@ -84,8 +85,12 @@ class LoadedModel:
 
     @property
     def kind(self) -> str:
-        """The attention in words, for messages."""
-        return {"ssog": "SSOG", "dot": "dot-product", "rbf": "RBF (distance)"}.get(self.config.attn, self.config.attn)
+        """The attention in words, for messages, after the model's family unless it is one of the lab's own (a
+        DINOv2 folder is a "DINOv2 dot-product" model)."""
+        cfg = self.config
+        attention = {"ssog": "SSOG", "dot": "dot-product", "rbf": "RBF (distance)"}.get(cfg.attn, cfg.attn)
+        family = cfg.family
+        return attention if family == "lab" else f"{FAMILY_NAMES.get(family, family)} {attention}"
 
     @property
     def class_names(self) -> list[str]:

@@ -25,7 +25,8 @@ from ssog_core.analysis.head_as_field import PATTERN_POINT, fit_atoms, measure_h
 from ssog_core.analysis.measures import attention_maps, export_maps_of
 from ssog_core.checkpoint.files import replace_section, section_markers
 from ssog_core.interventions.hooks import run_with_cache
-from ssog_core.nn.standard_vit import StandardViT, StandardViTConfig
+from ssog_core.nn.config import standard_config
+from ssog_core.nn.vit import ViT
 
 from common import RESULTS, load_average, provenance, write_report
 
@@ -34,12 +35,12 @@ MARKS = section_markers("head-fields-bench")
 TARGETS = {"maps": 1.5, "fields": 60.0, "memory_gb": 1.0}
 
 
-def vit(dim: int, heads: int, size: int) -> StandardViT:
+def vit(dim: int, heads: int, size: int) -> ViT:
     """A timm-layout ViT /16 of 12 layers with a class token, random weights (seed 0)."""
     torch.manual_seed(0)
-    cfg = StandardViTConfig(family="timm", img_size=(size, size), patch_size=16, dim=dim, depth=12, num_heads=heads,
-                            num_classes=1000, mlp_hidden=4 * dim)  # fmt: skip
-    return StandardViT(cfg).eval()
+    cfg = standard_config("timm", img_size=(size, size), patch_size=16, dim=dim, depth=12, num_heads=heads,
+                          num_classes=1000, mlp_hidden=4 * dim)  # fmt: skip
+    return ViT(cfg).eval()
 
 
 def images(n: int, size: int) -> torch.Tensor:

@@ -22,7 +22,7 @@ from ssog_core import ViT, load_checkpoint
 from ssog_core.analysis.head_spec import DEFAULT_SPEC
 from ssog_core.analysis.session import dumps, loads
 from ssog_core.checkpoint import folder_zip
-from ssog_core.checkpoint.standard import lab_as_standard, save_timm_folder
+from ssog_core.checkpoint.standard import save_timm_folder, timm_twin
 from tests.app_fixtures import write_images
 
 
@@ -30,7 +30,7 @@ def timm_folder(folder: Path, seed: int = 4) -> Path:
     """A small timm-layout folder of the lab's dot ViT with random weights."""
     torch.manual_seed(seed)
     lab = ViT(num_classes=5, img_size=32, patch_size=4, dim=32, depth=2, num_heads=4, attn="dot")
-    return save_timm_folder(lab_as_standard(lab).float(), folder)
+    return save_timm_folder(timm_twin(lab).float(), folder)
 
 
 def zipped(folder: Path, dest: Path, prefix: str = "", extra: dict[str, bytes] | None = None) -> Path:
@@ -68,7 +68,7 @@ def test_a_zipped_model_folder_uploads_and_opens_like_a_picked_checkpoint(app, t
     assert sorted(p.name for p in (ctx.upload_dir / "my_vit").iterdir()) == ["config.json", "model.safetensors"]
     assert ctx.checkpoint_label(name).startswith("timm folder: ") and "2 layers × 4 heads" in ctx.checkpoint_label(name)
     loaded = ctx.model(name)
-    assert type(loaded.model).__name__ == "StandardViT"
+    assert type(loaded.model).__name__ == "ViT" and loaded.model.config.family == "timm"
     _same_model(loaded.model, load_checkpoint(src)[0])
     # through the picker's handler, a flat zip (files at its top level): selected, and offered by every picker
     flat = zipped(src, tmp_path / "flat.zip")

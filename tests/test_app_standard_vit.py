@@ -27,7 +27,7 @@ from ssog_core.analysis import report
 from ssog_core.analysis.head_as_field import AtomFit, HeadFieldStats
 from ssog_core.analysis.head_spec import DEFAULT_SPEC
 from ssog_core.analysis.session import NO_TWIN
-from ssog_core.checkpoint.standard import lab_as_standard, save_timm_folder
+from ssog_core.checkpoint.standard import save_timm_folder, timm_twin
 from ssog_core.data.images import list_images, model_input
 from ssog_core.jobs import JobError, ModelRef, load_ref
 from ssog_core.testing.app_process import free_port
@@ -59,7 +59,7 @@ def served(tmp_path_factory):
     transformers.ViTImageProcessor(image_mean=MEAN, image_std=STD).save_pretrained(ckpt / "hf_vit")
     torch.manual_seed(4)
     lab = ViT(num_classes=5, img_size=32, patch_size=4, dim=32, depth=2, num_heads=4, attn="dot")
-    save_timm_folder(lab_as_standard(lab).float(), ckpt / "timm_vit")
+    save_timm_folder(timm_twin(lab).float(), ckpt / "timm_vit")
     shutil.copytree(ckpt / "hf_vit", ckpt / "wrong_depth")  # its config claims a layer its weights lack
     cfg = json.loads((ckpt / "wrong_depth" / "config.json").read_text())
     (ckpt / "wrong_depth" / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 3}))
@@ -358,7 +358,7 @@ def test_a_model_folder_travels_to_a_worker_as_bytes_and_is_checked(served, tmp_
     assert sent.folder and sent.sha256 == ModelRef.of(copy).sha256  # by path or as bytes: one hash
     shutil.rmtree(copy)  # the worker shares no files: the bytes are all it has
     model, meta = load_ref(sent)
-    assert type(model).__name__ == "StandardViT" and meta["source"]["layout"] == "timm"
+    assert type(model).__name__ == "ViT" and model.config.family == "timm" and meta["source"]["layout"] == "timm"
     with pytest.raises(JobError, match="differ from the server's checkpoint"):
         load_ref(ModelRef(sent.path, "0" * 64, sent.data, True))
 

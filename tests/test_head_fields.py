@@ -22,7 +22,8 @@ from ssog_core.checkpoint.standard import save_timm_folder
 from ssog_core.data.images import list_images, model_input
 from ssog_core.field import Field, attention_matrix
 from ssog_core.interventions.hooks import run_with_cache
-from ssog_core.nn.standard_vit import StandardViT, StandardViTConfig
+from ssog_core.nn.config import standard_config
+from ssog_core.nn.vit import ViT
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 F64 = dict(rtol=1e-10, atol=1e-12)
@@ -182,10 +183,10 @@ def test_a_fitted_head_opens_in_the_playground_with_its_atoms():
 # --- a model: the driver and the command on a small standard ViT with a class token and a register ---
 
 
-def _vit() -> StandardViT:
-    cfg = StandardViTConfig(family="timm", img_size=(28, 20), patch_size=4, dim=16, depth=2, num_heads=2,
-                            num_classes=3, mlp_hidden=32, num_registers=1, pos_prefix=0)  # fmt: skip
-    model = StandardViT(cfg)
+def _vit() -> ViT:
+    cfg = standard_config("timm", img_size=(28, 20), patch_size=4, dim=16, depth=2, num_heads=2,
+                          num_classes=3, mlp_hidden=32, num_registers=1, pos_prefix=0)  # fmt: skip
+    model = ViT(cfg)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():
@@ -193,7 +194,7 @@ def _vit() -> StandardViT:
     return model.eval()
 
 
-def _reference(model: StandardViT, x: torch.Tensor, atoms: int) -> dict[str, torch.Tensor]:
+def _reference(model: ViT, x: torch.Tensor, atoms: int) -> dict[str, torch.Tensor]:
     """The quantities from each layer's patterns over all images at once, read with ``run_with_cache``."""
     names = [f"blocks.{layer}.attn.pattern" for layer in range(2)]
     with torch.no_grad():

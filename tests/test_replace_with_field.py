@@ -33,7 +33,7 @@ from ssog_core.interventions.result import (
 )
 from ssog_core.interventions.run import edited, mean_attention
 from ssog_core.interventions.validation import load_eval_set
-from ssog_core.nn.standard_vit import StandardViT, StandardViTConfig
+from ssog_core.nn.config import standard_config
 from tests.dense_oracle import ssog_matrix
 from tests.test_effects import Kept, eval_set
 from tests.test_interventions import CFG, images, model_for
@@ -43,11 +43,11 @@ F64 = dict(rtol=1e-9, atol=1e-12)
 MODELS = ["ssog", "dot", "rbf", "standard"]
 
 
-def standard_vit() -> StandardViT:
+def standard_vit() -> ViT:
     """A float64 timm-style ViT on a 7×5 grid with a class token and a register (two prefix tokens)."""
-    cfg = StandardViTConfig(family="timm", img_size=(28, 20), patch_size=4, dim=12, depth=3, num_heads=3,
-                            num_classes=5, mlp_hidden=24, num_registers=1, pos_prefix=1)  # fmt: skip
-    model = StandardViT(cfg)
+    cfg = standard_config("timm", img_size=(28, 20), patch_size=4, dim=12, depth=3, num_heads=3,
+                          num_classes=5, mlp_hidden=24, num_registers=1, pos_prefix=1)  # fmt: skip
+    model = ViT(cfg)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():

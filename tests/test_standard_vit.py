@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ssog_core import ViT, load_checkpoint, save_checkpoint
-from ssog_core.checkpoint.standard import lab_as_standard
+from ssog_core.checkpoint.standard import timm_twin, to_timm
 from ssog_core.cli.convert import main as convert_main
 from ssog_core.interventions.hooks import run_with_cache, run_with_hooks
 from tests.helpers import weights
@@ -437,11 +437,11 @@ def _lab_twin(**kwargs) -> ViT:
 @pytest.mark.parametrize("registers", [0, 2])
 def test_lab_twin_as_timm_is_exact_in_float64(registers):
     lab = _lab_twin(num_registers=registers)
-    std = lab_as_standard(lab)
+    std = timm_twin(lab)
     img = torch.rand(3, 3, 28, 20, dtype=torch.float64)
     torch.testing.assert_close(std(img), lab(img), rtol=1e-11, atol=1e-12)
-    state = {k: v for k, v in std.state_dict().items()}
-    state["patch_embed.proj.weight"] = state["patch_embed.proj.weight"].view(24, 3, 4, 4)
+    state = to_timm(std.state_dict(), 4, 3)
+    assert state["patch_embed.proj.weight"].shape == (24, 3, 4, 4)
     args = dict(img_size=[28, 20], patch_size=4, embed_dim=24, depth=2, num_heads=3, mlp_ratio=2.0, num_classes=6)
     args.update(class_token=False, global_pool="avg", fc_norm=False, qkv_bias=False, reg_tokens=registers)
     args.update(no_embed_class=True)
@@ -500,3 +500,32 @@ def test_convert_to_timm_refuses_what_timm_cannot_hold(tmp_path, capsys):
     assert convert_main(["--to", "timm", str(qk), str(tmp_path / "file")]) == 2
     assert "is a file; --to timm writes a folder" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_the_old_standard_names_build_the_one_vit_with_a_deprecation_warning():
+    from ssog_core.nn.config import standard_config
+    from ssog_core.nn.standard_vit import StandardViT, StandardViTConfig
+
+    with pytest.warns(DeprecationWarning, match="StandardViTConfig is deprecated"):
+        cfg = StandardViTConfig(family="deit", img_size=(28, 20), patch_size=4, dim=12, depth=1, num_heads=3,
+                                num_classes=5, mlp_hidden=24, proj_bias=False)  # fmt: skip
+    assert cfg == standard_config("deit", img_size=(28, 20), patch_size=4, dim=12, depth=1, num_heads=3,
+                                  num_classes=5, mlp_hidden=24, proj_bias=False, mlp_bias=False)  # fmt: skip
+    with pytest.warns(DeprecationWarning, match="StandardViT is deprecated"):
+        model = StandardViT(cfg)
+    assert type(model) is ViT and model.config.family == "deit" and model.num_prefix_tokens == 1
+
+
+def test_every_model_the_lab_opens_offers_what_the_protocol_declares(tmp_path):
+    from ssog_core.nn.protocol import LabModel
+
+    args = dict(SMALL, reg_tokens=2)
+    folder, _ = load_checkpoint(write_timm_folder(tmp_path / "m", "vit_base_patch16_224", timm_state(args), args))
+    lab = ViT(num_classes=3, img_size=(28, 20), patch_size=4, dim=12, depth=1, num_heads=3, attn="dot")
+    for model, prefix, patch, normalization in ((folder, 3, 7, True), (lab, 0, 4, False)):
+        assert isinstance(model, LabModel)
+        assert model.num_prefix_tokens == prefix and model.patch_size == patch
+        assert model.grid_for(4 * patch, 5 * patch) == (4, 5)
+        assert (model.normalization is not None) == normalization
+    assert folder.normalization == {"mean": MEAN, "std": STD} and folder.config.family == "timm"
+    assert not isinstance(torch.nn.Linear(2, 2), LabModel)

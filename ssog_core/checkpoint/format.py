@@ -141,8 +141,8 @@ def read_checkpoint_with_history(
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, dict[str, Any]]:
-    """Load a checkpoint as an eval-mode float32 ``ViT`` plus its metadata (``meta["config"]`` added); a folder or
-    ``hf-hub:ORG/NAME`` (timm or transformers) as a :class:`~ssog_core.nn.standard_vit.StandardViT`
+    """Load a checkpoint as an eval-mode float32 :class:`~ssog_core.nn.vit.ViT` plus its metadata (``meta["config"]``
+    added); a folder or ``hf-hub:ORG/NAME`` (timm or transformers) too, its config carrying the family's conventions
     (:mod:`ssog_core.checkpoint.standard`)."""
     if str(path).startswith("hf-hub:") or Path(path).is_dir():
         return load_standard(path, device)

@@ -1,6 +1,9 @@
-"""Open standard ViTs as :class:`~ssog_core.nn.standard_vit.StandardViT`: folders in timm's Hugging Face layout or in
+"""Open standard ViTs as the lab's one :class:`~ssog_core.nn.vit.ViT`: folders in timm's Hugging Face layout or in
 transformers' (ViT, DeiT, DINOv2, DINOv2 with registers), or ``hf-hub:ORG/NAME`` from the local Hugging Face cache;
-and write a model as a timm folder (``python -m ssog_core convert --to timm``).
+and write a lab model as a timm folder (``python -m ssog_core convert --to timm``).
+
+Each family is a reader (its config → a :class:`~ssog_core.nn.config.ViTConfig` with the family's conventions) and a
+converter (its tensor names → the model's): ``_timm_config`` / ``_from_timm`` and ``_hf_config`` / ``_from_hf``.
 
 Nothing is downloaded and nothing is unpickled: weights come from ``model.safetensors`` (``pytorch_model.bin`` only
 through ``torch.load(weights_only=True)``). A timm folder's ``config.json`` names an ``architecture`` whose sizes come
@@ -33,11 +36,12 @@ from ssog_core.checkpoint.weights import (
     read_weights_only,
     write_safetensors,
 )
-from ssog_core.nn.standard_vit import StandardViT, StandardViTConfig
+from ssog_core.nn.config import LAB_EPS, ViTConfig, standard_config
+from ssog_core.nn.vit import ViT
 
 HUB_PREFIX = "hf-hub:"
 MAX_PARAMETERS = MAX_CHECKPOINT_BYTES // 4  # as many float32 weights as the largest checkpoint file the lab reads
-TIMM_EPS, LAB_EPS = 1e-6, 1e-5  # LayerNorm epsilons: timm's, and torch's default that the lab's ViT uses
+TIMM_EPS = 1e-6  # timm's LayerNorm epsilon (the lab's is LAB_EPS, torch's default)
 SUPPORTED = (
     "timm's VisionTransformer (vit_{tiny,small,base,large,huge}_patch{8,14,16,32}_*, the *_gap_* and *_reg*_gap_* "
     "variants, vit_*_patch14_dinov2, vit_*_patch14_reg4_dinov2, deit_*, deit3_*) and transformers' model types "
@@ -105,7 +109,7 @@ def _timm_arch_args(name: str) -> dict[str, Any] | None:
     return None
 
 
-def _timm_config(cfg: Mapping[str, Any], name: str) -> tuple[StandardViTConfig, list[str] | None]:
+def _timm_config(cfg: Mapping[str, Any], name: str) -> tuple[ViTConfig, list[str] | None]:
     """The model a timm ``config.json`` describes, and its label names if it has any."""
     if "pretrained_cfg" in cfg:
         pretrained = dict(cfg["pretrained_cfg"] or {})
@@ -156,19 +160,21 @@ def _timm_config(cfg: Mapping[str, Any], name: str) -> tuple[StandardViTConfig, 
         raise CheckpointError(f"{name}: pretrained_cfg gives no mean and std, so the model's input is not known")
     dim, prefix = args["embed_dim"], int(bool(args["class_token"])) + int(distilled) + args["reg_tokens"]
     try:
-        config = StandardViTConfig(
-            family="timm",
+        config = standard_config(
+            "timm",
             img_size=args["img_size"] if isinstance(args["img_size"], int) else tuple(args["img_size"]),
             patch_size=args["patch_size"],
             dim=dim,
             depth=args["depth"],
             num_heads=args["num_heads"],
             num_classes=args["num_classes"],
+            mlp_ratio=float(args["mlp_ratio"]),
             mlp_hidden=int(dim * args["mlp_ratio"]),
             in_chans=args["in_chans"],
             eps=TIMM_EPS,
             qkv_bias=bool(args["qkv_bias"]),
             proj_bias=bool(args["proj_bias"]),
+            mlp_bias=bool(args["proj_bias"]),
             qk_norm=bool(args["qk_norm"]),
             layer_scale=bool(args["init_values"]),
             class_token=bool(args["class_token"]),
@@ -189,12 +195,39 @@ def _timm_config(cfg: Mapping[str, Any], name: str) -> tuple[StandardViTConfig, 
     return config, labels
 
 
-def _from_timm(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """timm's names are the model's; only the patch convolution's weight is flattened to a linear map's."""
-    w = state.get("patch_embed.proj.weight")
+_TIMM_NAMES = (  # (timm's, the model's) name parts; every other name is the same in both
+    ("patch_embed.proj.", "patch_embed."),
+    ("reg_token", "registers"),
+    ("attn.proj.", "attn.out."),
+    ("mlp.fc1.", "mlp.0."),
+    ("mlp.fc2.", "mlp.2."),
+)
+
+
+def _renamed(key: str, pairs: tuple[tuple[str, str], ...]) -> str:
+    """``key`` with the first of ``pairs`` that names one of its parts replaced."""
+    for old, new in pairs:
+        if key.startswith(old) or f".{old}" in key:
+            return key.replace(old, new, 1)
+    return key
+
+
+def _from_timm(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """timm's tensors under the model's names; the patch convolution's weight flattened to a linear map's, whose
+    input is the patch in (channel, row, column) order (``patch_order="chw"``)."""
+    out = {_renamed(k, _TIMM_NAMES): t for k, t in state.items()}
+    w = out.get("patch_embed.weight")
     if w is not None and w.dim() == 4:
-        state = {**state, "patch_embed.proj.weight": w.flatten(1)}
-    return state
+        out["patch_embed.weight"] = w.flatten(1)
+    return out
+
+
+def to_timm(state: Mapping[str, Tensor], patch: int, in_chans: int) -> dict[str, Tensor]:
+    """A standard model's tensors under timm's names, the patch embedding as timm's convolution weight: what
+    :func:`_from_timm` reads back."""
+    out = {_renamed(k, tuple((b, a) for a, b in _TIMM_NAMES)): t for k, t in state.items()}
+    out["patch_embed.proj.weight"] = out["patch_embed.proj.weight"].reshape(-1, in_chans, patch, patch)
+    return out
 
 
 # --- transformers: model types and their layouts (the names save_pretrained writes) ---
@@ -238,7 +271,7 @@ _HF_EMBED = {
 }
 
 
-def _hf_config(cfg: Mapping[str, Any], folder: Path, name: str) -> tuple[StandardViTConfig, list[str] | None, dict]:
+def _hf_config(cfg: Mapping[str, Any], folder: Path, name: str) -> tuple[ViTConfig, list[str] | None, dict]:
     """The model a transformers ``config.json`` (and ``preprocessor_config.json``) describes, its label names, and
     the classifier renaming of its architecture."""
     kind = cfg["model_type"]
@@ -281,8 +314,8 @@ def _hf_config(cfg: Mapping[str, Any], folder: Path, name: str) -> tuple[Standar
         labels = [str(id2label.get(str(i), i)) for i in range(n)]
     mlp = cfg.get("intermediate_size") if kind in ("vit", "deit") else int(dim * cfg.get("mlp_ratio", 4))
     try:
-        config = StandardViTConfig(
-            family=kind,
+        config = standard_config(
+            kind,
             img_size=cfg.get("image_size", 224)
             if isinstance(cfg.get("image_size", 224), int)
             else tuple(cfg["image_size"]),
@@ -291,10 +324,12 @@ def _hf_config(cfg: Mapping[str, Any], folder: Path, name: str) -> tuple[Standar
             depth=cfg.get("num_hidden_layers", 12),
             num_heads=heads_n,
             num_classes=n,
+            mlp_ratio=(mlp if mlp is not None else 3072) / dim,
             mlp_hidden=mlp if mlp is not None else 3072,
             in_chans=channels,
             eps=float(cfg.get("layer_norm_eps", 1e-12 if kind in ("vit", "deit") else 1e-6)),
             qkv_bias=bool(cfg.get("qkv_bias", True)),
+            class_token=True,
             layer_scale=kind.startswith("dinov2"),
             dist_token=kind == "deit",
             num_registers=cfg.get("num_register_tokens", 0) if kind == "dinov2_with_registers" else 0,
@@ -404,15 +439,15 @@ def read_weights(folder: Path) -> dict[str, Tensor]:
     )
 
 
-def parameter_count(config: StandardViTConfig) -> int:
+def parameter_count(config: ViTConfig) -> int:
     """Parameters of the model ``config`` describes, counted without allocating (on the meta device, one block)."""
     with torch.device("meta"):
-        one = StandardViT(replace(config, depth=1))
+        one = ViT(replace(config, depth=1))
     per_block = sum(p.numel() for p in one.blocks[0].parameters())
     return sum(p.numel() for p in one.parameters()) + (config.depth - 1) * per_block
 
 
-def check_size(config: StandardViTConfig, source: str) -> None:
+def check_size(config: ViTConfig, source: str) -> None:
     """Refuse a config naming more parameters than the lab opens, before reading or allocating anything."""
     try:
         n = parameter_count(config)
@@ -422,13 +457,13 @@ def check_size(config: StandardViTConfig, source: str) -> None:
         raise CheckpointError(f"{source} describes {n:,} parameters, over the {MAX_PARAMETERS:,} SSOG Lab opens")
 
 
-def build_standard(config: StandardViTConfig, state: Mapping[str, Tensor], source: str) -> StandardViT:
+def build_standard(config: ViTConfig, state: Mapping[str, Tensor], source: str) -> ViT:
     """A float32 eval-mode model holding ``state``, after checking that every tensor fits."""
     layers = {k.split(".")[1] for k in state if k.startswith("blocks.") and k.count(".") > 1}
     if len(layers) != config.depth:  # before building: a claimed depth the weights do not have
         raise CheckpointError(f"{source}: the config says {config.depth} layers, the weights hold {len(layers)}")
     with torch.device("meta"):
-        model = StandardViT(config)
+        model = ViT(config)
     return load_weights(model, state, source, f"{config.family} ViT")
 
 
@@ -448,7 +483,7 @@ def class_names(labels: list[str] | None, num_classes: int) -> list[str]:
     return list(names) if num_classes == 1000 else [str(i) for i in range(num_classes)]
 
 
-def folder_config(source: str | Path) -> tuple[StandardViTConfig, dict[str, Any]]:
+def folder_config(source: str | Path) -> tuple[ViTConfig, dict[str, Any]]:
     """The model a folder (or ``hf-hub:ORG/NAME``) describes, from its JSON files alone (no weights read), and
     ``layout`` (timm or transformers), ``architecture``, ``labels``: enough to name it in a picker."""
     folder = resolve(source)
@@ -456,7 +491,7 @@ def folder_config(source: str | Path) -> tuple[StandardViTConfig, dict[str, Any]
     return config, {"layout": kind, "architecture": arch, "labels": labels}
 
 
-def _folder_config(folder: Path) -> tuple[StandardViTConfig, list[str] | None, Callable, str, str]:
+def _folder_config(folder: Path) -> tuple[ViTConfig, list[str] | None, Callable, str, str]:
     """Config, label names, weight renaming, layout and architecture of a model folder (refused in words)."""
     if not (folder / "config.json").is_file():
         raise CheckpointError(
@@ -478,7 +513,7 @@ def _folder_config(folder: Path) -> tuple[StandardViTConfig, list[str] | None, C
     return config, labels, convert, kind, str(cfg.get("architecture", config.family))
 
 
-def load_standard(source: str | Path, device: str | torch.device = "cpu") -> tuple[StandardViT, dict[str, Any]]:
+def load_standard(source: str | Path, device: str | torch.device = "cpu") -> tuple[ViT, dict[str, Any]]:
     """A timm or transformers folder (or ``hf-hub:ORG/NAME``) as an eval-mode float32 model and its metadata
     (``class_names``; ``normalization`` None: the model applies its own mean and std)."""
     folder = resolve(source)
@@ -493,71 +528,64 @@ def load_standard(source: str | Path, device: str | torch.device = "cpu") -> tup
     return model, meta
 
 
-# --- writing: the lab's dot twin as a timm folder ---
+# --- writing: the lab's dot model as a timm folder ---
 
 
-def lab_as_standard(model: torch.nn.Module) -> StandardViT:
+def timm_twin(model: torch.nn.Module) -> ViT:
     """The lab's dot-attention ViT as the same function in timm's conventions (float64 arithmetic).
 
     timm's LayerNorm epsilon is 1e-6, ours 1e-5. ``LN(a·x)`` with epsilon ``ε'`` is ``LN(x)`` with ``ε'/a²``, so the
     residual stream is scaled by ``a = √(1e-6 / 1e-5)``: the embeddings and the outputs of both residual branches
     (attention projection, second MLP layer) are multiplied by ``a``; every LayerNorm then sees ``a·x`` and gives
-    exactly what ours gave. The lab's attention has no biases (zero projection biases here) and takes [0, 1] pixels
-    (mean 0, std 1)."""
+    exactly what ours gave. The patch embedding's input order becomes a convolution's (channel, row, column); the
+    lab's attention has no biases (zero projection biases here) and takes [0, 1] pixels (mean 0, std 1)."""
     cfg = model.config
-    if cfg.attn != "dot" or cfg.qk_norm or cfg.susie:
+    if cfg.family != "lab" or cfg.attn != "dot" or cfg.qk_norm or cfg.susie:
         raise CheckpointError(
             f"only the lab's plain dot-attention ViT converts to timm (this one: attn={cfg.attn!r}"
             f"{', QK-norm (RMS, no gain; timm uses LayerNorm)' if cfg.qk_norm else ''}"
-            f"{', SuSiE position code' if cfg.susie else ''})"
+            f"{', SuSiE position code' if cfg.susie else ''}"
+            f"{f', a {cfg.family} model' if cfg.family != 'lab' else ''})"
         )
     a = math.sqrt(TIMM_EPS / LAB_EPS)
     p, c, dim = cfg.patch_size, cfg.in_chans, cfg.dim
-    config = StandardViTConfig(
-        family="timm", img_size=cfg.img_size, patch_size=p, dim=dim, depth=cfg.depth, num_heads=cfg.num_heads,
-        num_classes=cfg.num_classes, mlp_hidden=int(dim * cfg.mlp_ratio), in_chans=c, eps=TIMM_EPS, qkv_bias=False,
+    config = standard_config(
+        "timm", img_size=cfg.img_size, patch_size=p, dim=dim, depth=cfg.depth, num_heads=cfg.num_heads,
+        num_classes=cfg.num_classes, mlp_ratio=cfg.mlp_ratio, mlp_hidden=cfg.mlp_width, in_chans=c, qkv_bias=False,
         class_token=False, num_registers=cfg.num_registers, pos_prefix=0, pool="avg", fc_norm=False,
         mean=(0.0,) * c, std=(1.0,) * c,
     )  # fmt: skip
-    src = {k: v.detach().double() for k, v in model.state_dict().items()}
-    w = src["patch_embed.weight"].view(dim, p, p, c).permute(0, 3, 1, 2).reshape(dim, -1)  # (row, col, ch) → conv's
-    state = {
-        "patch_embed.proj.weight": a * w,
-        "patch_embed.proj.bias": a * src["patch_embed.bias"],
-        "pos_embed": a * src["pos_embed"],
-        "norm.weight": src["norm.weight"],
-        "norm.bias": src["norm.bias"],
-        "head.weight": src["head.weight"],
-        "head.bias": src["head.bias"],
-    }
-    if cfg.num_registers:
-        state["reg_token"] = a * src["registers"]
+    state = {k: v.detach().double() for k, v in model.state_dict().items()}
+    w = state["patch_embed.weight"].view(dim, p, p, c).permute(0, 3, 1, 2).reshape(dim, -1)  # (row, col, ch) → conv's
+    state["patch_embed.weight"] = w
+    scaled = ["patch_embed.weight", "patch_embed.bias", "pos_embed"] + ["registers"] * bool(cfg.num_registers)
     for i in range(cfg.depth):
         b = f"blocks.{i}."
-        state.update({b + k: src[b + k] for k in ("norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias")})
-        state.update(
-            {b + "attn.qkv.weight": src[b + "attn.qkv.weight"], b + "attn.proj.weight": a * src[b + "attn.out.weight"]}
-        )
-        state[b + "attn.proj.bias"] = torch.zeros(dim, dtype=torch.float64)
-        state.update({b + "mlp.fc1.weight": src[b + "mlp.0.weight"], b + "mlp.fc1.bias": src[b + "mlp.0.bias"]})
-        state.update({b + "mlp.fc2.weight": a * src[b + "mlp.2.weight"], b + "mlp.fc2.bias": a * src[b + "mlp.2.bias"]})
-    out = StandardViT(config).double()
+        scaled += [b + "attn.out.weight", b + "mlp.2.weight", b + "mlp.2.bias"]
+        state[b + "attn.out.bias"] = torch.zeros(dim, dtype=torch.float64)
+    for k in scaled:
+        state[k] = a * state[k]
+    out = ViT(config).double()
     out.load_state_dict(state)
     return out.eval()
 
 
-def timm_folder_config(config: StandardViTConfig, labels: list[str] | None) -> dict[str, Any]:
+def timm_folder_config(config: ViTConfig, labels: list[str] | None) -> dict[str, Any]:
     """timm's ``config.json`` for a model timm's VisionTransformer represents (every argument in ``model_args``)."""
     problems = []
+    if config.attn != "dot" or config.qk_norm_kind != "layernorm" or config.patch_order != "chw":
+        problems.append("attention other than timm's dot-product, or a lab patch order")
+    if config.mlp_bias != config.proj_bias:
+        problems.append("biases on the MLP but not on the attention's projection, or the other way round")
     if config.eps != TIMM_EPS:
         problems.append(f"LayerNorm epsilon {config.eps} (timm's is {TIMM_EPS})")
     if config.distilled or config.dist_token or config.pool not in ("token", "avg"):
         problems.append("a distillation token or a class-token-and-mean head")
     if config.pos_prefix not in (0, config.num_prefix_tokens):
         problems.append("a position embedding over some of the prefix tokens only")
-    ratio = config.mlp_hidden / config.dim
-    if int(config.dim * ratio) != config.mlp_hidden:
-        problems.append(f"an MLP width {config.mlp_hidden} that dim × mlp_ratio does not give")
+    ratio = config.mlp_width / config.dim
+    if int(config.dim * ratio) != config.mlp_width:
+        problems.append(f"an MLP width {config.mlp_width} that dim × mlp_ratio does not give")
     if problems:
         raise CheckpointError("timm's VisionTransformer cannot hold this model: " + "; ".join(problems))
     h, w = config.img_size
@@ -580,14 +608,13 @@ def timm_folder_config(config: StandardViTConfig, labels: list[str] | None) -> d
     return out
 
 
-def save_timm_folder(model: StandardViT, folder: str | Path, labels: list[str] | None = None) -> Path:
+def save_timm_folder(model: ViT, folder: str | Path, labels: list[str] | None = None) -> Path:
     """Write ``model`` as a timm folder (``model.safetensors``, then ``config.json``: each atomically, the config
     last, so a folder with a config always has its weights)."""
     folder = Path(folder)
     config = timm_folder_config(model.config, labels)
-    p, c = model.config.patch_size, model.config.in_chans
-    state = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()}
-    state["patch_embed.proj.weight"] = state["patch_embed.proj.weight"].view(-1, c, p, p).contiguous()
+    state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    state = {k: v.contiguous() for k, v in to_timm(state, model.config.patch_size, model.config.in_chans).items()}
     write_safetensors(folder / "model.safetensors", state, {"format": "pt"})
     atomic_write(folder / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2) + "\n"))
     return folder

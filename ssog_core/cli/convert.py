@@ -11,7 +11,7 @@ already match, so conversion is validation: every missing, unexpected or mis-sha
 ``--to timm`` writes the lab's dot-attention ViT as a folder in timm's Hugging Face layout (``config.json`` with
 ``model_args``, ``model.safetensors``): no class token, average pooling, mean 0 / std 1 (the model takes [0, 1]
 pixels), and the residual stream scaled so that timm's LayerNorm epsilon gives the lab's logits
-(:func:`ssog_core.checkpoint.standard.lab_as_standard`). ``load_checkpoint`` opens the folder again.
+(:func:`ssog_core.checkpoint.standard.timm_twin`). ``load_checkpoint`` opens the folder again.
 """
 
 from __future__ import annotations
@@ -28,17 +28,14 @@ from ssog_core.checkpoint.upstream import convert
 
 def to_timm(source: str, out: str) -> int:
     """The lab checkpoint ``source`` as a timm folder ``out``."""
-    from ssog_core.checkpoint.standard import lab_as_standard, save_timm_folder
-    from ssog_core.nn.vit import ViT
+    from ssog_core.checkpoint.standard import save_timm_folder, timm_twin
 
     if Path(source).is_dir() or source.startswith("hf-hub:"):
         raise CheckpointError(f"{source} is a model folder; --to timm converts an SSOG Lab checkpoint file")
     if Path(out).exists() and not Path(out).is_dir():
         raise CheckpointError(f"{out} is a file; --to timm writes a folder (config.json, model.safetensors)")
     model, meta = load_checkpoint(source)
-    if not isinstance(model, ViT):
-        raise CheckpointError(f"{source} is not an SSOG Lab ViT checkpoint")
-    folder = save_timm_folder(lab_as_standard(model), out, meta.get("class_names"))
+    folder = save_timm_folder(timm_twin(model), out, meta.get("class_names"))
     print(f"wrote {folder} (timm folder: config.json, model.safetensors)")
     return 0
 

@@ -1,8 +1,10 @@
 """Attention modules: SSOG (Gaussian field, content steers), its dot-product twin, and RBF (distance) attention.
 
-Every module has the same interface, so one :class:`~ssog_core.nn.vit.Block` serves them all:
+Every module has the same interface, so one :class:`~ssog_core.nn.vit.Block` serves them all and the attention is a
+part of the one :class:`~ssog_core.nn.vit.ViT` that its config chooses (:func:`build_attention`):
 ``forward(x, grid)`` maps ``(B, P + N, dim)`` to ``(B, P + N, dim)``, and ``attention_matrix(x, grid)`` returns the
-exact ``(B, H, P + N, P + N)`` post-softmax weights (prefix tokens first; SSOG has none).
+exact ``(B, H, P + N, P + N)`` post-softmax weights (prefix tokens first; SSOG has none). A new kind of attention is
+one module here with that interface and its float64 test (docs/DESIGN.md §2).
 
 Each module's hook point ``pattern`` holds those weights. The fast paths (fused SDPA, the RBF kernels, SSOG's field
 operator) never form them, so a module forms them only while something is installed at the point
@@ -10,7 +12,8 @@ operator) never form them, so a module forms them only while something is instal
 what the point passes on: a replaced pattern is the attention the output is made from.
 
 Parameter names and layouts match the upstream implementation's PyTorch ViT, so its state dicts load
-without renaming (docs/DESIGN.md §4).
+without renaming (docs/DESIGN.md §4); a standard ViT's weights are renamed to them when read
+(:mod:`ssog_core.checkpoint.standard`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ssog_core.field import TAPS, Field, apply_field, base_field, bound, check_grid, positive, steer
-from ssog_core.nn.config import ViTConfig
+from ssog_core.nn.config import LAB_EPS, QK_NORMS, ViTConfig
 from ssog_core.nn.hook_points import HookPoint, is_hooked, is_plain
 from ssog_core.nn.susie import SuSiE
 from ssog_core.ops import rbf_attention, ssog_apply
@@ -186,8 +189,9 @@ class SSOGAttention(nn.Module):
 
 
 class _QKAttention(nn.Module, ABC):
-    """Shared body of the dot and RBF modules: ``qkv`` and ``out`` projections (no biases), optional
-    parameter-free QK-norm, optional SuSiE position code, optional causal mask.
+    """Shared body of the dot and RBF modules: ``qkv`` and ``out`` projections (biases optional, none in the lab's
+    models), optional QK-norm (:data:`~ssog_core.nn.config.QK_NORMS`), optional SuSiE position code, optional
+    causal mask.
 
     Tokens are ``[prefix..., grid raster...]``: whatever precedes the ``Gh·Gw`` grid tokens is a prefix
     (register) token, which SuSiE leaves uncoded (see :mod:`ssog_core.nn.susie`).
@@ -197,18 +201,26 @@ class _QKAttention(nn.Module, ABC):
         self,
         dim: int,
         num_heads: int,
-        qk_norm: bool = False,
+        qk_norm: str | None = None,
         susie: str | None = None,
         susie_dim: int = 0,
         causal: bool = False,
+        qkv_bias: bool = False,
+        proj_bias: bool = False,
+        eps: float = LAB_EPS,
     ):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}")
+        if qk_norm not in (None, *QK_NORMS):
+            raise ValueError(f"qk_norm={qk_norm!r} is not one of {QK_NORMS} or None")
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.qk_norm, self.causal = qk_norm, causal
-        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
-        self.out = nn.Linear(dim, dim, bias=False)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        if qk_norm == "layernorm":
+            self.q_norm = nn.LayerNorm(self.head_dim, eps=eps)
+            self.k_norm = nn.LayerNorm(self.head_dim, eps=eps)
+        self.out = nn.Linear(dim, dim, bias=proj_bias)
         self.susie = SuSiE(num_heads, self.head_dim, susie_dim, susie) if susie else None
         self.hook_in = HookPoint()  # the input x (B, P + N, dim) the attention sees: the block's LayerNormed stream
         self.pattern = HookPoint()  # post-softmax attention (B, H, P + N, P + N), formed only while installed
@@ -218,8 +230,10 @@ class _QKAttention(nn.Module, ABC):
         """The q, k, v ``(B, H, N, head_dim)`` the logits see (after QK-norm and the position code)."""
         b, n, _ = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        if self.qk_norm:  # unit RMS per head: key magnitudes can no longer dominate the logits
+        if self.qk_norm == "rms":  # unit RMS per head: key magnitudes can no longer dominate the logits
             q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
+        elif self.qk_norm == "layernorm":  # timm's: LayerNorm with gain and bias per head
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.susie is not None:
             if grid is None:
                 raise ValueError("SuSiE needs the token grid: pass grid=(Gh, Gw), or (1, T) for a sequence")
@@ -262,14 +276,19 @@ class _QKAttention(nn.Module, ABC):
 
 
 class DotAttention(_QKAttention):
-    """Scaled dot-product attention, the matched baseline (fused SDPA backends on GPU).
+    """Scaled dot-product attention: the lab's matched baseline and every standard ViT's attention (fused SDPA
+    unless the ``pattern`` point is hooked; then the explicit softmax, whose agreement with SDPA docs/DESIGN.md §2
+    states per dtype).
 
     Args:
         dim, num_heads: token width and heads.
-        qk_norm: RMS-normalise q and k per head (no gain), the usual cure for key-magnitude dominance.
+        qk_norm: normalise q and k per head: ``"rms"`` (no gain, the lab's) or ``"layernorm"`` (gain and bias,
+            timm's); the usual cure for key-magnitude dominance. ``None``: none.
         susie: ``"1d"`` / ``"2d"`` adds the SuSiE position code (:mod:`ssog_core.nn.susie`); ``None`` for none.
         susie_dim: channels per head carrying the code (0: the whole head).
         causal: each token attends to itself and earlier tokens only.
+        qkv_bias, proj_bias: biases of the qkv and output projections (a standard ViT's; the lab's have none).
+        eps: the QK LayerNorms' epsilon.
     """
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -296,7 +315,7 @@ class RBFAttention(_QKAttention):
         causal: bool = False,
         backend: str | None = None,
     ):
-        super().__init__(dim, num_heads, qk_norm=False, susie=susie, susie_dim=susie_dim, causal=causal)
+        super().__init__(dim, num_heads, qk_norm=None, susie=susie, susie_dim=susie_dim, causal=causal)
         self.backend = backend
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -316,7 +335,16 @@ def build_attention(cfg: ViTConfig) -> nn.Module:
         )
     susie = "2d" if cfg.susie else None
     if cfg.attn == "dot":
-        return DotAttention(cfg.dim, cfg.num_heads, qk_norm=cfg.qk_norm, susie=susie, susie_dim=cfg.susie_dim)
+        return DotAttention(
+            cfg.dim,
+            cfg.num_heads,
+            qk_norm=cfg.qk_norm_kind if cfg.qk_norm else None,
+            susie=susie,
+            susie_dim=cfg.susie_dim,
+            qkv_bias=cfg.qkv_bias,
+            proj_bias=cfg.proj_bias,
+            eps=cfg.eps,
+        )
     if cfg.attn == "rbf":
         return RBFAttention(cfg.dim, cfg.num_heads, susie=susie, susie_dim=cfg.susie_dim)
     raise ValueError(f"attention {cfg.attn!r} is not available in this build")

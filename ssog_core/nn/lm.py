@@ -133,7 +133,8 @@ def _attention(cfg: LMConfig) -> nn.Module:
     susie = "1d" if cfg.position == "susie" else None
     if cfg.attn == "rbf":
         return RBFAttention(cfg.dim, cfg.num_heads, susie=susie, susie_dim=cfg.susie_dim, causal=True)
-    return DotAttention(cfg.dim, cfg.num_heads, qk_norm=cfg.qk_norm, susie=susie, susie_dim=cfg.susie_dim, causal=True)
+    qk_norm = "rms" if cfg.qk_norm else None
+    return DotAttention(cfg.dim, cfg.num_heads, qk_norm=qk_norm, susie=susie, susie_dim=cfg.susie_dim, causal=True)
 
 
 class CausalLM(nn.Module):
@@ -150,7 +151,7 @@ class CausalLM(nn.Module):
             self.registers = init_registers(cfg.num_registers, cfg.dim, cfg.attn)
         self.drop = Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(
-            Block(cfg.dim, _attention(cfg), cfg.mlp_ratio, cfg.dropout) for _ in range(cfg.depth)
+            Block(cfg.dim, _attention(cfg), int(cfg.dim * cfg.mlp_ratio), cfg.dropout) for _ in range(cfg.depth)
         )
         self.norm = nn.LayerNorm(cfg.dim)
         self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
