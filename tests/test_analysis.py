@@ -12,8 +12,8 @@ from ssog_core.analysis.measures import (
     attention_maps,
     density_moments,
     export_maps,
-    head_fields,
     head_stats,
+    layer_fields,
     residual_mix,
     steering_offsets,
 )
@@ -137,7 +137,7 @@ def test_head_fields_measure_a_strip_as_elongated():
             target = torch.tensor([sy, sx], dtype=torch.float64)
             lo = model.config.sigma_floor
             attn.raw_sigma[h, 0] = torch.log(torch.expm1(target - lo))
-    f = head_fields(model)[0]
+    f = layer_fields(model)[0]
     assert float(f.elongation[0]) > 2.5 and float(f.spread[0, 0]) > float(f.spread[0, 1])
     assert float(f.elongation[1]) < 1.3 and float(f.elongation[2]) > 1.8
     assert (f.reach > 0).all()
@@ -145,7 +145,7 @@ def test_head_fields_measure_a_strip_as_elongated():
 
 def test_head_fields_and_steering_offsets():
     model = steered_model()
-    fields = head_fields(model)
+    fields = layer_fields(model)
     assert len(fields) == 3
     f = fields[0]
     assert f.density.shape == (3, 13, 9) and f.extent == (6, 4)

@@ -214,7 +214,7 @@ def _reference(model: StandardViT, x: torch.Tensor, atoms: int) -> dict[str, tor
 def test_the_driver_gives_what_the_pattern_functions_give_over_all_images():
     model = _vit().double()
     x = torch.rand(5, 3, 28, 20, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    stats = hf.measure_head_fields(model, lambda: iter(x.split(2)), (7, 5), 2, (4.0, 4.0), 2)  # batches of 2, 2, 1
+    stats = hf.measure_head_fields(model, lambda: iter(x.split(2)), atoms=2)  # batches of 2, 2, 1
     ref = _reference(model, x, 2)
     assert stats.images == 5 and stats.grid == (7, 5) and stats.num_prefix == 2
     for name in ("mean_distance_px", "share_field", "prefix_share"):
@@ -227,7 +227,7 @@ def test_the_driver_gives_what_the_pattern_functions_give_over_all_images():
 
 def test_a_model_without_pattern_points_is_refused_in_words():
     with pytest.raises(ValueError, match=r"no attention pattern hook points blocks\.\{l\}\.attn\.pattern"):
-        hf.measure_head_fields(torch.nn.Linear(2, 2), lambda: [], (7, 5), 0, (4.0, 4.0), 1)
+        hf.measure_head_fields(torch.nn.Linear(2, 2), lambda: [], atoms=1)
 
 
 @pytest.mark.slow

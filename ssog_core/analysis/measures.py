@@ -4,7 +4,7 @@ All functions take a model and tensors, run under ``torch.inference_mode`` with 
 dropout, :func:`~ssog_core.nn.hook_points.evaluating`: the model's ``training`` is never written, another thread may
 be training it), read what the attention saw at the hook points, and return plain tensors or small dataclasses:
 
-* :func:`head_fields` — per layer: each head's field over relative position, atoms, gate scales, stats;
+* :func:`layer_fields` — per layer: each head's field over relative position, atoms, gate scales, stats;
 * :func:`steering_offsets` — per layer: how content moved every token's atoms;
 * :func:`attention_maps` — the exact per-layer, per-head attention matrices for an input, obtained by
   running each layer's own operator on an identity basis (so the picture is the computation);
@@ -175,7 +175,7 @@ def field_geometry(
     )
 
 
-def head_fields(model: nn.Module, extent: tuple[int, int] | None = None) -> list[LayerField]:
+def layer_fields(model: nn.Module, extent: tuple[int, int] | None = None) -> list[LayerField]:
     """Geometry of every SSOG layer of ``model`` on its training grid (empty list for other models)."""
     with _eval():
         return [layer_field(a, model.config.grid, extent) for a in ssog_layers(model)]
