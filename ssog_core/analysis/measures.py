@@ -33,6 +33,9 @@ from ssog_core.field import Field, FieldMode, attention_matrix, displacement_den
 from ssog_core.nn.attention import RBFAttention, SSOGAttention
 from ssog_core.nn.hook_points import evaluating, reading, removed_heads
 
+DEFAULT_IMAGES = (
+    64  # images a mean over a model's images takes unless asked otherwise: the validation control, head fields
+)
 DEFAULT_ALPHA = 0.5  # residual mixing Â = α·Ā + (1 − α)·I: half of a block's output is its own residual
 
 
@@ -262,6 +265,17 @@ class AttentionMaps:
         if not keep:
             return torch.eye(a.shape[-1], dtype=a.dtype, device=a.device).expand(a.shape[0], -1, -1)
         return a[:, keep].mean(dim=1)
+
+
+def query_rows(attn: Tensor, query: tuple[int, int], grid: tuple[int, int]) -> Tensor:
+    """``(..., Gh, Gw)``: the row of patch query ``query`` (its grid cell) of patch attention ``(..., N, N)``, laid
+    out on the patch grid: where that query looks."""
+    gh, gw = grid
+    if attn.shape[-1] != gh * gw or not (0 <= query[0] < gh and 0 <= query[1] < gw):
+        raise ValueError(
+            f"query {tuple(query)} on a {gh}×{gw} grid does not fit attention of shape {tuple(attn.shape)}"
+        )
+    return attn[..., query[0] * gw + query[1], :].reshape(*attn.shape[:-2], gh, gw)
 
 
 def _patch_block(a: Tensor, prefix: int) -> tuple[Tensor, Tensor]:
