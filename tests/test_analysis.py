@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -234,3 +236,17 @@ def test_export_maps_cli_errors(tmp_path, checkpoint, capsys):
     )
     assert "multiple of the patch size" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_query_rows_lay_one_querys_row_on_the_grid_and_the_old_layer_fields_name_warns():
+    from ssog_core import analysis
+    from ssog_core.analysis.measures import query_rows
+
+    attn = torch.rand(2, 3, 35, 35, generator=torch.Generator().manual_seed(0))  # a 7×5 grid
+    got = query_rows(attn, (4, 2), (7, 5))
+    for b, h, y, x in itertools.product(range(2), range(3), range(7), range(5)):
+        assert got[b, h, y, x] == attn[b, h, 4 * 5 + 2, y * 5 + x]
+    with pytest.raises(ValueError, match="does not fit"):
+        query_rows(attn, (7, 0), (7, 5))
+    with pytest.warns(DeprecationWarning, match="now layer_fields"):
+        assert analysis.head_fields is analysis.layer_fields
