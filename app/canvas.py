@@ -15,6 +15,16 @@ keeps the focus through the redraws that follow (a marker the redraw replaced ge
 
 from __future__ import annotations
 
+import base64
+import io
+from typing import Any
+
+from PIL import Image
+
+from app.state import AppContext, AppError
+
+CANVAS_SIZE = 440  # px of the canvas' longer side
+
 FIT_MIN_CELLS = 5  # the zoomed window's shortest side: a window of one cell would hide where the atoms are
 
 # Template: a JS template literal (no "{{": Handlebars runs first). It draws V, the head being dragged (``moving``)
@@ -292,7 +302,7 @@ watch('ack', () => {
 """
 
 
-def canvas_props(size: int = 440) -> dict:
+def canvas_props(size: int = CANVAS_SIZE) -> dict:
     """Initial values of every prop the template reads (a missing one breaks the template)."""
     return dict(
         img="",
@@ -313,3 +323,18 @@ def canvas_props(size: int = 440) -> dict:
         moving=None,
         fit=False,
     )
+
+
+def underlay_url(ctx: AppContext, sha: str | None, value: dict[str, Any]) -> str:
+    """The picture under the canvas, resized to the grid's aspect as the model's input is (stretched, never
+    cropped: on a model's patch grid every cell is then one patch), sent once as a JPEG data URL."""
+    if not sha:
+        raise AppError("pick or upload an image first (top of the page) to draw the head over it")
+    img = ctx.image(sha).image
+    gh, gw = value["grid"]
+    w = CANVAS_SIZE * gw // max(gh, gw)
+    h = CANVAS_SIZE * gh // max(gh, gw)
+    fitted = img.convert("RGB").resize((w, h), Image.Resampling.BICUBIC)
+    buf = io.BytesIO()
+    fitted.save(buf, format="JPEG", quality=85)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")

@@ -8,13 +8,13 @@ from typing import Any
 from app import queues
 from app.state import AppContext, LoadedModel, StoredImage
 from ssog_core.analysis.controls import (
-    DEFAULT_CONTROL_IMAGES,
     ControlMaps,
     ValidationMaps,
     control_maps,
+    differences,
     within_noise_share,
 )
-from ssog_core.analysis.measures import ExportMaps, export_maps
+from ssog_core.analysis.measures import DEFAULT_IMAGES, ExportMaps, export_maps
 from ssog_core.interventions import heavy
 
 ALPHA_PLACES = 4  # α is used to this many decimal places, so the cache key holds exactly what the maps depend on
@@ -39,11 +39,11 @@ def validation_for(
     the bundled pictures instead, each labelled by its unedited prediction. Computing them is the user's one heavy job
     (:func:`app.queues.one_per_user`, the user of ``request``); reading them once cached is not."""
     alpha = round(float(alpha), ALPHA_PLACES)
-    key = (loaded.key, DEFAULT_CONTROL_IMAGES, alpha, blank)
+    key = (loaded.key, DEFAULT_IMAGES, alpha, blank)
     kept = ctx.cache.validation.peek(key)
     if kept is not None:
         return kept
-    n = DEFAULT_CONTROL_IMAGES
+    n = DEFAULT_IMAGES
     with queues.one_per_user(request):
         return queues.submitted(
             ctx.cache.validation, key, heavy.export_maps, loaded.key[0], alpha, n, blank, ctx.assets_dir
@@ -88,7 +88,7 @@ def summary(name: str, m: ExportMaps, control: ControlMaps | None = None) -> str
         else ""
     )
     if control is not None:
-        d = m.accumulated[0] - control.accumulated[0]
+        d = differences(m, control)["accumulated_difference"][0]
         extra += f" · raw − control in [{float(d.min()):.3f}, {float(d.max()):.3f}]"
         if control.noise is not None:
             within = float(within_noise_share(m, control)[0])

@@ -19,6 +19,7 @@ from PIL import Image
 from app import queues
 from app import session_protocol as session
 from app.api import register_api
+from app.canvas import underlay_url
 from app.common import Updates, error_text, warn, write_downloads
 from app.state import AppContext, AppError, StoredImage, default_image, default_twin
 from app.tabs import compare, export, geometry, intervene, playground, scaling, steering, training
@@ -310,7 +311,7 @@ def on_gate(
         return gr.skip()
     try:
         v = playground.head_value(steering.steered_head(ctx, src, float(gate)))
-        extra = {"bg": playground.underlay_url(ctx, sha, v)} if bg and sha else {}
+        extra = {"bg": underlay_url(ctx, sha, v)} if bg and sha else {}
         drawn = playground.canvas_outputs(pg, v, bool(extra), extra, new_value=True)
         return {**drawn, **playground.sliders(pg, v), pg.status: ""}  # the sliders show the atom as it is now
     except Exception as e:

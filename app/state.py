@@ -21,7 +21,7 @@ from PIL import Image
 from torch import Tensor, nn
 
 from app.cache import LRU
-from ssog_core.analysis.measures import LayerField, head_fields
+from ssog_core.analysis.measures import LayerField, layer_fields
 from ssog_core.analysis.presets import Preset, find_presets
 from ssog_core.analysis.session import NO_TWIN
 from ssog_core.checkpoint.folder_zip import unpack_model_zip
@@ -101,7 +101,7 @@ class LoadedModel:
 
     @cached_property
     def fields(self) -> list[LayerField]:
-        return head_fields(self.model)
+        return layer_fields(self.model)
 
     @cached_property
     def presets(self) -> list[Preset]:

@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 from app_latency import summary, test_image
 
-from ssog_core.analysis.controls import DEFAULT_CONTROL_IMAGES, blank_control, validation_maps
-from ssog_core.analysis.measures import export_maps
+from ssog_core.analysis.controls import blank_control, validation_maps
+from ssog_core.analysis.measures import DEFAULT_IMAGES, export_maps
 from ssog_core.checkpoint.format import load_checkpoint
 from ssog_core.data.images import model_input
 from ssog_core.viz import figures as viz
@@ -100,7 +100,7 @@ def render_table(r: dict) -> str:
             for a, s, t in rows
         ],  # fmt: skip
         "",
-        f"Once per checkpoint and α (then cached): the validation mean over {DEFAULT_CONTROL_IMAGES} validation "
+        f"Once per checkpoint and α (then cached): the validation mean over {DEFAULT_IMAGES} validation "
         f"images took {first}.",
     ]
     return "\n".join(lines) + "\n"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ssog_core.analysis.head_as_field import PATTERN_POINT, fit_atoms, measure_head_fields, patch_attention
+from ssog_core.analysis.head_as_field import FIT_ATOMS, PATTERN_POINT, fit_atoms, measure_head_fields, patch_attention
 from ssog_core.analysis.measures import attention_maps, export_maps_of
 from ssog_core.checkpoint.files import replace_section, section_markers
 from ssog_core.interventions.hooks import run_with_cache
@@ -57,19 +57,17 @@ def clocks(fn) -> tuple[float, float]:
 
 def time_small(repeats: int) -> dict[str, float]:
     """ViT-S/16 at 224²: one image's maps (medians), the fields over 64 images and the fit alone; wall and CPU."""
-    model, grid, patch = vit(384, 6, 224), (14, 14), (16.0, 16.0)
+    model, grid = vit(384, 6, 224), (14, 14)
     one, batch = images(1, 224), images(64, 224).split(16)
     maps_t = [clocks(lambda: export_maps_of(attention_maps(model, one))) for _ in range(repeats + 1)][1:]
     got = []
-    fields_t = clocks(
-        lambda: got.append(measure_head_fields(model, lambda: iter(batch), grid, model.num_prefix_tokens, patch, 4))
-    )
+    fields_t = clocks(lambda: got.append(measure_head_fields(model, lambda: iter(batch), FIT_ATOMS)))
     stats = got[0]
     names = [PATTERN_POINT.format(layer=i) for i in range(12)]
     with torch.no_grad():
         _, cache = run_with_cache(model, batch[0], names)
     mean = torch.cat([patch_attention(cache[n], grid, model.num_prefix_tokens)[0].mean(0) for n in names])
-    fit_t = clocks(lambda: fit_atoms(mean, grid, 4))
+    fit_t = clocks(lambda: fit_atoms(mean, grid, FIT_ATOMS))
     return {"maps_s": statistics.median(t[0] for t in maps_t), "maps_cpu_s": statistics.median(t[1] for t in maps_t),
             "fields_s": fields_t[0], "fields_cpu_s": fields_t[1], "fit_s": fit_t[0], "fit_cpu_s": fit_t[1],
             "heads": int(stats.share_fit.numel())}  # fmt: skip

@@ -23,14 +23,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from ssog_core.analysis.head_as_field import _each_batch, measure_head_fields, patch_attention, share_of
+from ssog_core.analysis.head_as_field import FIT_ATOMS, measure_head_fields, patch_attention, reduce_patterns, share_of
+from ssog_core.analysis.report import heads_json
 from ssog_core.checkpoint.files import atomic_write, replace_section, section_markers
 from ssog_core.checkpoint.format import load_checkpoint
-from ssog_core.cli.fields import heads_json
 from ssog_core.interventions.effects import device_dtype, outcomes, validation_effect
 from ssog_core.interventions.hooks import run_with_cache
 from ssog_core.interventions.importance import head_importance
-from ssog_core.interventions.ops import FIT_ATOMS, CloseGate, ReplaceWithField
+from ssog_core.interventions.ops import CloseGate, ReplaceWithField
 from ssog_core.interventions.run import edited, mean_attention
 from ssog_core.interventions.validation import EvalSet, load_eval_set
 
@@ -68,7 +68,7 @@ def fixed_part_share(model: nn.Module, data: EvalSet, grid: tuple[int, int]) -> 
         attn = patch_attention(pattern, grid, p)[0]
         sums[layer] += share_of(attn, fixed[layer]).cpu() * attn.shape[0]
 
-    images = _each_batch(model, data.batches(model), add)
+    images = reduce_patterns(model, data.batches(model), add)
     return sums / images
 
 
@@ -78,22 +78,19 @@ def measure(model: nn.Module, data: EvalSet, checkpoint: str) -> dict[str, Any]:
     one each head's share explained by its fixed part."""
     steered = any(getattr(b.attn, "taps", ()) for b in model.blocks)
     attn_kind = model.config.attn
-    size = tuple(model.config.img_size)
-    grid = model.grid_for(*size)
-    patch = (size[0] / grid[0], size[1] / grid[1])
-    stats = measure_head_fields(model, lambda: data.batches(model), grid, model.num_prefix_tokens, patch, FIT_ATOMS)
-    heads = heads_json(stats)
+    attention = mean_attention(model, data.batches(model))  # the fields and replace_with_field share it, fits too
+    stats = measure_head_fields(model, lambda: data.batches(model), FIT_ATOMS, attention=attention)
+    grid, heads = stats.grid, heads_json(stats)
     before = outcomes(model, data)
     entry: dict[str, Any] = {
         "checkpoint": checkpoint,
         "steered": steered,
         "images": data.describe(),
         "grid": list(grid),
-        "patch_px": list(patch),
+        "patch_px": list(stats.patch),
         "atoms_per_head": FIT_ATOMS,
         "unedited_accuracy": float(before.correct(data.labels).double().mean()),
     }
-    attention = mean_attention(model, data.batches(model))
     if steered:
         fixed = fixed_part_share(model, data, grid)
         for h in heads:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ssog_core.analysis.measures import head_fields
+from ssog_core.analysis.measures import layer_fields
 from ssog_core.analysis.presets import ELONGATED_RATIO
 from ssog_core.checkpoint.files import replace_section, section_markers
 from ssog_core.checkpoint.format import load_checkpoint
@@ -88,7 +88,7 @@ def section(ssog: Path, n: int) -> str:
     before = outcomes(model, data, progress=True)
     acc0 = float(before.correct(data.labels).double().mean())
     imp = head_importance(model, data, progress=True)
-    fields = head_fields(model)
+    fields = layer_fields(model)
     heads = [(i, h) for i in range(len(imp.ablate)) for h in range(len(imp.ablate[i]))]
     shown = ssog.relative_to(ROOT) if ssog.is_relative_to(ROOT) else ssog
     lines = [

@@ -164,7 +164,7 @@ def section(ckpts: Path, docs: Path) -> str:
         "",
         "![validation accuracy vs step](figures/matched_accuracy.png)",
         "",
-        "Geometry of the two SSOG models' fixed fields per layer (`head_fields`: reach = RMS key distance of a centre "
+        "Geometry of the two SSOG models' fixed fields per layer (`layer_fields`: reach = RMS key distance of a centre "
         f"query's field, cells; strip = long/short spread ≥ {STRIP_RATIO:g}); gate opening = scale ÷ the cold start "
         f"{cold:.3g} (softplus(−8) + 1e-4):",
         "",

@@ -7,7 +7,7 @@ is written by hand.
 
 For each checkpoint: parameters, FLOPs per forward (``ssog_core.nn.cost.count_flops``), validation accuracy at
 the training size and zero-shot at other sizes (``ssog_core.cli.evaluate``); for the SSOG model the geometry of every
-layer (reach, entropy, elongated heads: ``ssog_core.analysis.head_fields``) and its steering gates against their
+layer (reach, entropy, elongated heads: ``ssog_core.analysis.layer_fields``) and its steering gates against their
 cold start; and where the accumulated export map is positive: the mean accumulated value on the object's patches
 vs the background and vs the grid's border ring, over validation images whose object mask is known (the data
 set's ``render_with_mask``).
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ssog_core.analysis.measures import export_maps, head_fields
+from ssog_core.analysis.measures import export_maps, layer_fields
 from ssog_core.analysis.presets import ELONGATED_RATIO
 from ssog_core.checkpoint.files import atomic_write, replace_section, section_markers
 from ssog_core.checkpoint.format import load_checkpoint
@@ -81,7 +81,7 @@ def object_export(model: torch.nn.Module, kind: str, spec, n: int, size: tuple[i
 def geometry(model: torch.nn.Module) -> list[dict[str, float]]:
     """Per layer: mean reach and entropy of the fixed fields, elongated heads, gate scales."""
     rows = []
-    for lf in head_fields(model):
+    for lf in layer_fields(model):
         rows.append(
             {
                 "reach": float(lf.reach.mean()),
@@ -198,7 +198,7 @@ def main() -> None:
         "",
         "## What the SSOG model learned: geometry per layer",
         "",
-        "From `ssog_core.analysis.measures.head_fields`, on each head's fixed (unsteered) field as a density over key",
+        "From `ssog_core.analysis.measures.layer_fields`, on each head's fixed (unsteered) field as a density over key",
         "displacement on the model's grid: *reach* = RMS key distance from the query (grid cells), *elongated* =",
         f"the field's standard deviations along y and x differ by ≥ {ELONGATED_RATIO:g}× (either way round); "
         "entropy in",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -12,8 +14,8 @@ from ssog_core.analysis.measures import (
     attention_maps,
     density_moments,
     export_maps,
-    head_fields,
     head_stats,
+    layer_fields,
     residual_mix,
     steering_offsets,
 )
@@ -137,7 +139,7 @@ def test_head_fields_measure_a_strip_as_elongated():
             target = torch.tensor([sy, sx], dtype=torch.float64)
             lo = model.config.sigma_floor
             attn.raw_sigma[h, 0] = torch.log(torch.expm1(target - lo))
-    f = head_fields(model)[0]
+    f = layer_fields(model)[0]
     assert float(f.elongation[0]) > 2.5 and float(f.spread[0, 0]) > float(f.spread[0, 1])
     assert float(f.elongation[1]) < 1.3 and float(f.elongation[2]) > 1.8
     assert (f.reach > 0).all()
@@ -145,7 +147,7 @@ def test_head_fields_measure_a_strip_as_elongated():
 
 def test_head_fields_and_steering_offsets():
     model = steered_model()
-    fields = head_fields(model)
+    fields = layer_fields(model)
     assert len(fields) == 3
     f = fields[0]
     assert f.density.shape == (3, 13, 9) and f.extent == (6, 4)
@@ -234,3 +236,17 @@ def test_export_maps_cli_errors(tmp_path, checkpoint, capsys):
     )
     assert "multiple of the patch size" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_query_rows_lay_one_querys_row_on_the_grid_and_the_old_layer_fields_name_warns():
+    from ssog_core import analysis
+    from ssog_core.analysis.measures import query_rows
+
+    attn = torch.rand(2, 3, 35, 35, generator=torch.Generator().manual_seed(0))  # a 7×5 grid
+    got = query_rows(attn, (4, 2), (7, 5))
+    for b, h, y, x in itertools.product(range(2), range(3), range(7), range(5)):
+        assert got[b, h, y, x] == attn[b, h, 4 * 5 + 2, y * 5 + x]
+    with pytest.raises(ValueError, match="does not fit"):
+        query_rows(attn, (7, 0), (7, 5))
+    with pytest.warns(DeprecationWarning, match="now layer_fields"):
+        assert analysis.head_fields is analysis.layer_fields

@@ -31,9 +31,9 @@ from app.state import UPLOADED, AppContext, AppError, default_image, default_twi
 from app.tabs import compare, export, geometry, playground, scaling, steering
 from ssog_core import ViT, save_checkpoint
 from ssog_core.analysis import latency
-from ssog_core.analysis.controls import DEFAULT_CONTROL_IMAGES, describe
+from ssog_core.analysis.controls import describe
 from ssog_core.analysis.head_spec import MAX_ATOMS, HeadSpec, evaluate
-from ssog_core.analysis.measures import attention_maps, export_maps
+from ssog_core.analysis.measures import DEFAULT_IMAGES, attention_maps, export_maps
 from ssog_core.analysis.session import NO_TWIN, dumps
 from ssog_core.data.images import model_input
 from ssog_core.interventions.ops import CloseGate
@@ -512,13 +512,13 @@ def test_export_maps_against_a_control_and_per_class(ctx, sha, page, tmp_path):
         assert f"Control: **{describe(control, c.images)}**" in text and text.count("raw − control in [") == 2
         assert shown["visible"] and json.loads(Image.open(shown["value"]).info["Description"])["control"] == control
         np.testing.assert_allclose(np.asarray(acc.data[0].z, float), raw.accumulated[0].numpy())  # the plot stays raw
-    assert c.images == DEFAULT_CONTROL_IMAGES
+    assert c.images == DEFAULT_IMAGES
     files = export.downloads(ctx, ex, ckpt, "dot_test.safetensors", sha, 0.5, 0, None, "validation")[ex.files]
     assert sum(Path(f).name.startswith("export_control_validation_") for f in files) == 2  # PNG + SVG
     npz = np.load(next(f for f in files if Path(f).name.startswith("export_maps_ssog_test") and f.endswith(".npz")))
     np.testing.assert_array_equal(npz["accumulated_difference"], npz["accumulated"] - npz["accumulated_control"])
     assert json.loads(str(npz["settings"]))["control"] == "validation"
-    made = ctx.cache.validation.peek((loaded.key, DEFAULT_CONTROL_IMAGES, 0.5, False))
+    made = ctx.cache.validation.peek((loaded.key, DEFAULT_IMAGES, 0.5, False))
     assert made is not None and validation_for(ctx, loaded, 0.5) is made  # computed once per checkpoint, α
     for control in ("none", "blank", "validation"):
         out = export.per_class(ctx, ex, ckpt, 0.5, control)

@@ -192,7 +192,8 @@ def test_batch_export_runs_on_a_worker_with_the_numbers_of_this_process(ctx, mon
     """The validation images' export maps (the validation control, the per-class view) are a heavy job: computing
     them here would fail (patched), yet they come back, equal to this process's own."""
     from app.export_maps import validation_for
-    from ssog_core.analysis.controls import DEFAULT_CONTROL_IMAGES, validation_maps
+    from ssog_core.analysis.controls import validation_maps
+    from ssog_core.analysis.measures import DEFAULT_IMAGES
 
     def here(*args, **kwargs):
         raise AssertionError("the validation maps were computed in the serving process")
@@ -202,7 +203,7 @@ def test_batch_export_runs_on_a_worker_with_the_numbers_of_this_process(ctx, mon
     got = validation_for(ctx, loaded, 0.35)
     assert validation_for(ctx, loaded, 0.35) is got  # kept once complete
     monkeypatch.undo()
-    ref = validation_maps(loaded.model, loaded.meta, 0.35, DEFAULT_CONTROL_IMAGES)
+    ref = validation_maps(loaded.model, loaded.meta, 0.35, DEFAULT_IMAGES)
     assert got.class_names == ref.class_names and got.alpha == ref.alpha and torch.equal(got.labels, ref.labels)
     for a, b in ((got.accumulated, ref.accumulated), (got.rollout, ref.rollout)):
         assert a.dtype == b.dtype == torch.float32 and not torch.equal(a, torch.zeros_like(a))

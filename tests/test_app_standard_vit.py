@@ -18,6 +18,7 @@ import torch
 from gradio_client import Client
 from PIL import Image
 
+from app import fields
 from app.layout import build_page, checkpoint_choices
 from app.main import launch
 from app.state import AppContext, AppError
@@ -172,7 +173,10 @@ def test_head_fields_match_a_float64_reference_on_the_bundled_pictures(served, c
     got = client.predict("hf_vit", 3, 2, api_name="/head_fields")
     paths = list_images(ctx.assets_dir)[:3]
     assert got["measured_on"] == "3 bundled picture(s) (the model records no validation set)"
-    assert got["grid"] == [4, 4] and got["num_prefix_tokens"] == 1 and got["images"] == 3
+    assert got["grid"] == [4, 4] and got["num_prefix_tokens"] == 1 and got["images"]["measured"] == 3
+    assert got["images"] == {"pictures": "assets", "first": 3, "reference": "unedited prediction", "measured": 3,
+                             "size": [28, 28]}  # fmt: skip
+    assert got["patch_px"] == [7.0, 7.0] and got["atoms_per_head"] == 2 and "L-BFGS" in got["method"]
     with torch.no_grad():
         attns = _eager(ckpt / "hf_vit")(_hf_input(ctx, paths), output_attentions=True).attentions
     ys, xs = np.mgrid[0:4, 0:4]
@@ -206,7 +210,7 @@ def test_the_geometry_tab_draws_any_model_as_fields_and_opens_a_fit_in_the_playg
     traces = {t.name for t in drawn[geo.distance]["value"].data}
     assert traces == {"hf_vit", "timm_vit"}  # both models measured alike share the chart
     loaded = ctx.model("timm_vit")
-    stats = geometry.head_fields_of(ctx, loaded, 3, 2)[0]
+    stats = fields.measure(ctx, loaded, 3, 2)
     png, boxes = geometry.field_pngs(ctx, loaded, stats, 3, 2)["fit"]
     width, height = Image.open(io.BytesIO(png)).size
     x0, y0, x1, y1 = boxes[2 * 2 + 1]  # head rows × layer columns: head 2 of layer 1

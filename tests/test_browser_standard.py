@@ -42,9 +42,9 @@ def fit_panel_boxes(server) -> list[tuple[float, float, float, float]]:
     """Where each head's panel sits in the fits' figure, drawn here from the same measurement the server makes."""
     ctx = AppContext(server["ckpt"], server["assets"])
     loaded = ctx.model("hf_vit")
-    images = geometry.field_images(ctx, loaded, IMAGES)
     with torch.no_grad():
-        stats = heavy.head_fields((loaded.model, loaded.meta), IMAGES, images, ATOMS, lambda *_: None, lambda: False)
+        stats = heavy.head_fields((loaded.model, loaded.meta), IMAGES, ctx.assets_dir, ATOMS, lambda *_: None,
+                                  lambda: False)  # fmt: skip
     return geometry.field_pngs(ctx, loaded, stats, IMAGES, ATOMS)["fit"][1]
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ssog_core.analysis.measures import head_fields
+from ssog_core.analysis.measures import layer_fields
 from ssog_core.checkpoint.format import load_checkpoint, read_history
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +33,7 @@ def test_the_trio_differs_only_in_attention_and_is_small():
 def test_the_steered_model_meets_the_standard_and_its_history_shows_the_gates_open():
     model, meta = load_checkpoint(TRIO[0])
     assert meta["accuracy"] >= 0.90
-    fields = head_fields(model)
+    fields = layer_fields(model)
     assert all(s >= 10 * COLD for lf in fields for s in lf.gates.values())
     assert fields[-1].reach.mean() >= 2 * fields[0].reach.mean()
     history = read_history(TRIO[0])

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ssog_core.analysis.head_spec import spec_from_head
-from ssog_core.analysis.measures import head_fields
+from ssog_core.analysis.measures import layer_fields
 from ssog_core.field import centre_query
 from ssog_core.interventions import ops
 from ssog_core.interventions.edit import (
@@ -196,6 +196,6 @@ def test_the_centre_query_is_the_middle_cell_or_the_upper_left_of_the_middle_fou
 def test_a_trained_head_opened_as_a_spec_has_its_star_on_the_centre_query():
     torch.manual_seed(0)
     model = ViT(num_classes=3, img_size=(32, 24), patch_size=4, dim=16, depth=1, num_heads=2, num_atoms=2)
-    lf = head_fields(model)[0]
+    lf = layer_fields(model)[0]
     for grid in ((8, 6), (7, 5)):
         assert spec_from_head(lf, 1, grid=grid).query == centre_query(grid)

@@ -215,9 +215,10 @@ def _reference(model: ViT, x: torch.Tensor, atoms: int) -> dict[str, torch.Tenso
 def test_the_driver_gives_what_the_pattern_functions_give_over_all_images():
     model = _vit().double()
     x = torch.rand(5, 3, 28, 20, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    stats = hf.measure_head_fields(model, lambda: iter(x.split(2)), (7, 5), 2, (4.0, 4.0), 2)  # batches of 2, 2, 1
+    stats = hf.measure_head_fields(model, lambda: iter(x.split(2)), atoms=2)  # batches of 2, 2, 1
     ref = _reference(model, x, 2)
-    assert stats.images == 5 and stats.grid == (7, 5) and stats.num_prefix == 2
+    assert stats.images == 5 and stats.grid == (7, 5) and stats.num_prefix == 2 and stats.patch == (4.0, 4.0)
+    assert stats.atoms == 2 and stats.size == (28, 20)
     for name in ("mean_distance_px", "share_field", "prefix_share"):
         torch.testing.assert_close(getattr(stats, name), ref[name], rtol=1e-10, atol=1e-12)
     # the fits start from image means summed in another order: the same optimum to the optimiser's tolerance
@@ -226,9 +227,53 @@ def test_the_driver_gives_what_the_pattern_functions_give_over_all_images():
     assert (stats.share_field > 0).all() and (stats.prefix_share > 0).all()
 
 
+def test_one_tensor_the_batches_and_a_given_mean_attention_measure_alike():
+    """The entry takes the images as one tensor too (split into batches itself), and a caller's own
+    :func:`~ssog_core.analysis.head_as_field.mean_attention` of the same images: no first pass, and the fits it
+    makes are the ones ``replace_with_field`` then reads from those objects."""
+    model = _vit().double()
+    x = torch.rand(5, 3, 28, 20, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    batches = hf.measure_head_fields(model, lambda: iter(x.split(3)), atoms=1)
+    whole = hf.measure_head_fields(model, x, atoms=1)
+    attention = hf.mean_attention(model, x.split(2))
+    given = hf.measure_head_fields(model, x, atoms=1, attention=attention)
+    for other in (whole, given):
+        for name in ("mean_distance_px", "share_fit", "share_field", "prefix_share", "field"):
+            torch.testing.assert_close(getattr(other, name), getattr(batches, name), rtol=1e-9, atol=1e-12)
+    for layer, a in enumerate(attention):
+        assert a.fit(1) is given.fits[layer]  # made once, kept with the layer's mean attention
+        torch.testing.assert_close(a.rows("fit", 1), given.fits[layer].rows((7, 5)), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="fit 1 to 8 atoms per head, got 9"):
+        hf.measure_head_fields(model, x, atoms=9)
+    with pytest.raises(ValueError, match="images of one size"):
+        hf.mean_attention(model, [x, torch.rand(1, 3, 24, 20, dtype=torch.float64)])
+
+
+def test_the_pictures_a_model_is_measured_on_are_chosen_once_and_named(tmp_path):
+    """A named folder wins; else the recorded data; else the bundled pictures; each says which in words."""
+    from ssog_core.interventions.validation import BUNDLED, FOLDER, PREDICTION, pictures_for
+
+    model = _vit()
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for i in range(3):
+        Image.fromarray(np.random.default_rng(i).integers(0, 256, (9, 7, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    bundled = pictures_for(model, {}, 64, bundled=folder, up_to=True)
+    assert (len(bundled), bundled.source, bundled.reference) == (3, BUNDLED, PREDICTION)
+    assert bundled.words() == "3 bundled picture(s) (the model records no validation set)"
+    assert bundled.images.shape == (3, 28, 20, 3)  # at the model's size
+    named = pictures_for(model, {"data": "layouts"}, 2, folder=folder, size=(12, 8))
+    assert (len(named), named.source, named.images.shape[1:3]) == (2, FOLDER, (12, 8))
+    assert named.words() == "2 picture(s) of `photos`"
+    with pytest.raises(ValueError, match="evaluate 1 to 3 pictures"):
+        pictures_for(model, {}, 4, bundled=folder)  # a count the folder must hold, unless up_to
+    with pytest.raises(Exception, match="does not record its data"):
+        pictures_for(model, {}, 4)
+
+
 def test_a_model_without_pattern_points_is_refused_in_words():
     with pytest.raises(ValueError, match=r"no attention pattern hook points blocks\.\{l\}\.attn\.pattern"):
-        hf.measure_head_fields(torch.nn.Linear(2, 2), lambda: [], (7, 5), 0, (4.0, 4.0), 1)
+        hf.measure_head_fields(torch.nn.Linear(2, 2), lambda: [], atoms=1)
 
 
 @pytest.mark.slow
@@ -285,6 +330,7 @@ def test_the_fields_command_recovers_a_lab_fixed_field_model_from_its_validation
     assert main(["fields", "--checkpoint", str(checkpoint), "--images", "4", "--atoms", "4", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["images"]["first"] == 4 and result["grid"] == [14, 14] and result["num_prefix_tokens"] == 0
+    assert result["images"]["measured"] == 4 and result["measured_on"].startswith("the first 4 validation images of")
     model, _ = load_checkpoint(checkpoint)
     for layer, block in enumerate(model.blocks):
         truth = attention_matrix(block.attn.fixed_field().to(torch.float64), (14, 14))[0]

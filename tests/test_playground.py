@@ -23,7 +23,7 @@ from ssog_core.analysis.head_spec import (
     rescale_cell,
     spec_from_head,
 )
-from ssog_core.analysis.measures import head_fields, head_stats, query_stats, steering_offsets
+from ssog_core.analysis.measures import head_stats, layer_fields, query_stats, steering_offsets
 from ssog_core.field import attention_matrix, centre_query
 from tests.app_fixtures import designed_ssog
 
@@ -154,7 +154,7 @@ def test_head_spec_json_round_trip_and_bad_json():
 
 def test_spec_from_head_reproduces_the_learned_density_on_an_odd_grid():
     model = designed_ssog(img_size=28, patch=4, dim=16, depth=2, heads=4)  # 7×7 grid
-    fields = head_fields(model)
+    fields = layer_fields(model)
     for lf in fields:
         for h in range(4):
             spec = spec_from_head(lf, h)
@@ -174,7 +174,7 @@ def test_steered_spec_carries_the_querys_own_atoms_at_every_gate(gate):
     x = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(3))
     layer, head, query = 1, 2, (2, 5)
     off = steering_offsets(model, x)
-    lf = head_fields(model)[layer]
+    lf = layer_fields(model)[layer]
     t = (0, query[0], query[1], head)
     spec = steered_spec(lf, head, model.config.grid, query, off.dmu[layer][t], off.sigma_ratio[layer][t],
                         off.dlam[layer][t], gate)  # fmt: skip

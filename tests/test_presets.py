@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from ssog_core.analysis.measures import head_fields
+from ssog_core.analysis.measures import layer_fields
 from ssog_core.analysis.presets import HeadShape, find_presets, head_shapes
 from tests.app_fixtures import designed_ssog
 
 
 def test_presets_pick_the_designed_shapes():
-    fields = head_fields(designed_ssog())
+    fields = layer_fields(designed_ssog())
     presets = {p.kind: p for p in find_presets(fields)}
     assert list(presets) == ["tight local blob", "vertical strip", "horizontal strip", "broad field"]
     assert len({(p.shape.layer, p.shape.head) for p in presets.values()}) == 4
@@ -35,12 +35,12 @@ def test_presets_never_call_a_round_field_a_strip():
         attn = model.blocks[0].attn
         attn.raw_sigma.fill_(0.0)
         attn.mu.zero_()
-    presets = find_presets(head_fields(model))
+    presets = find_presets(layer_fields(model))
     assert [p.kind for p in presets] == ["tight local blob"]
 
 
 def test_head_shapes_moments_against_numpy():
-    fields = head_fields(designed_ssog(img_size=20, patch=4, dim=16, depth=1, heads=4))  # 5×5 grid
+    fields = layer_fields(designed_ssog(img_size=20, patch=4, dim=16, depth=1, heads=4))  # 5×5 grid
     shapes = head_shapes(fields)
     d = fields[0].density[2].double().numpy()
     oy, ox = np.mgrid[-4:5, -4:5]

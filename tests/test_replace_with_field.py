@@ -176,8 +176,8 @@ def test_replace_with_field_is_refused_in_words():
     unmade = pytest.raises(EditError, match="needs the mean attention of the validation images")
     with unmade, edited(model, [{"op": "replace_with_field", "layer": 0, "head": 1}]):
         pass
-    with pytest.raises(EditError, match="atoms must be a whole number from 1 to 4, got 5"):
-        parse_edits([{"op": "replace_with_field", "layer": 0, "atoms": 5}])
+    with pytest.raises(EditError, match="atoms must be a whole number from 1 to 8, got 9"):  # the fit's one maximum
+        parse_edits([{"op": "replace_with_field", "layer": 0, "atoms": 9}])
     with pytest.raises(EditError, match="unknown replacement 'mean'; expected fit or field"):
         parse_edits([{"op": "replace_with_field", "layer": 0, "replacement": "mean"}])
     no_head = pytest.raises(EditError, match=r"head 3 does not exist")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ssog_core.analysis import report
-from ssog_core.analysis.measures import export_maps, head_fields, steering_offsets
+from ssog_core.analysis.measures import export_maps, layer_fields, steering_offsets
 from ssog_core.nn.cost import count_params
 from tests.app_fixtures import CLASS_NAMES, designed_ssog
 
@@ -23,7 +23,7 @@ def test_report_card_atoms_classes_and_files(tmp_path):
     assert card["parameters"] == count_params(model) and card["FLOPs per forward"] > 0
     assert card["accuracy"] == 0.5 and card["training command"] == "python -m x"
     assert card["transforms"] == "train: pad-crop; eval: as is"
-    fields = head_fields(model)
+    fields = layer_fields(model)
     rows = report.atom_rows(fields)
     assert len(rows) == 3 * 4 * 3 and len(rows[0]) == len(report.ATOM_COLUMNS)
     assert rows[5][5] == -rows[5][3] and rows[5][6] == -rows[5][4]

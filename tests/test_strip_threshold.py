@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ssog_core.analysis import report
-from ssog_core.analysis.measures import head_fields
+from ssog_core.analysis.measures import layer_fields
 from ssog_core.analysis.presets import ELONGATED_RATIO, STRIP_RATIO, HeadShape
 from tests.app_fixtures import designed_ssog
 
@@ -33,12 +33,12 @@ def test_per_layer_strip_counts_use_the_strip_threshold_not_the_elongated_one(mo
     rng = np.random.default_rng(7)
     ratios = np.array([[1.0, 2.5, 2.999, 3.0], [3.7, 1.3, 2.0, 5.1]])
     fields = []
-    for lf, r in zip(head_fields(model), ratios, strict=True):
+    for lf, r in zip(layer_fields(model), ratios, strict=True):
         short = rng.uniform(0.4, 1.7, size=4)
         long_first = rng.random(4) < 0.5  # either axis may be the long one
         spread = np.stack([np.where(long_first, short * r, short), np.where(long_first, short, short * r)], -1)
         fields.append(dataclasses.replace(lf, spread=torch.tensor(spread, dtype=torch.float32)))
-    monkeypatch.setattr(report, "head_fields", lambda m: fields)
+    monkeypatch.setattr(report, "layer_fields", lambda m: fields)
     rows = report.layer_geometry(model)
     expected = (np.float64(ratios) >= STRIP_RATIO - 1e-6).sum(1)  # float32 spreads: 3.0 may land a hair below
     assert [row["strips"] for row in rows] == expected.tolist() == [1, 2]

@@ -8,6 +8,7 @@ import torch
 from gradio_client import Client
 from PIL import Image
 
+from app import history as app_history
 from app.layout import build_app
 from app.main import launch
 from app.state import AppContext, AppError
@@ -112,7 +113,7 @@ def test_a_checkpoint_without_history_says_so_in_one_line(ctx):
     assert "no training history" in out["note"] and out["step"]["visible"] is False
     assert "Checkpoints here with one: trained.safetensors." in out["note"]  # where to look instead
     with pytest.raises(AppError, match="no training history"):
-        training.history_of(ctx, "dot_test.safetensors")
+        app_history.history_of(ctx, "dot_test.safetensors")
 
 
 def test_the_session_keeps_a_training_step_and_restores_it_on_render(ctx, folder):

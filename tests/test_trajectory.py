@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ssog_core.analysis import head_fields
+from ssog_core.analysis import layer_fields
 from ssog_core.analysis.trajectory import geometry_trajectory, snapshot_densities, snapshot_fields
 from ssog_core.checkpoint.format import load_checkpoint, read_history
 from ssog_core.checkpoint.history import History
@@ -31,7 +31,7 @@ def trained(tmp_path_factory):
 def test_the_last_snapshot_is_the_final_model_exactly(trained):
     model, history = trained
     assert model.config.grid == (7, 5)
-    final = head_fields(model)
+    final = layer_fields(model)
     traj = geometry_trajectory(history, model.config.grid, model.config.field)
     assert traj.reach.shape == (len(history.steps), 2, 2) and traj.spread.shape == (len(history.steps), 2, 2, 2)
     torch.testing.assert_close(traj.reach[-1], torch.stack([lf.reach for lf in final]), atol=1e-5, rtol=1e-5)

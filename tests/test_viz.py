@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ssog_core.analysis.measures import head_fields
+from ssog_core.analysis.measures import layer_fields
 from ssog_core.viz import figures as viz
 from ssog_core.viz import raster
 from tests.app_fixtures import designed_ssog
@@ -36,7 +36,7 @@ def _overlap(a, b) -> bool:
 
 @pytest.mark.slow
 def test_geometry_figure_titles_do_not_overlap_and_metadata_is_stored():
-    fields = head_fields(designed_ssog(depth=6, heads=4))
+    fields = layer_fields(designed_ssog(depth=6, heads=4))
     fig = viz.geometry_figure(fields, "six layers")
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()

@@ -19,11 +19,10 @@ from app.state import AppContext, AppError, LoadedModel, StoredImage, resize_not
 from app.widgets import layer_update, model_depth
 from ssog_core.analysis.controls import (
     CONTROLS,
-    DEFAULT_CONTROL_IMAGES,
     class_maps,
     describe,
 )
-from ssog_core.analysis.measures import DEFAULT_ALPHA
+from ssog_core.analysis.measures import DEFAULT_ALPHA, DEFAULT_IMAGES
 from ssog_core.analysis.session import NO_TWIN
 from ssog_core.viz import figures as viz
 from ssog_core.viz import files as figures
@@ -211,7 +210,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> ExportUI:
             list(CONTROLS),
             value="none",
             label="control: compare with a blank image or the validation mean",
-            info=f"blank: the image's mean colour; validation: the mean over {DEFAULT_CONTROL_IMAGES} validation "
+            info=f"blank: the image's mean colour; validation: the mean over {DEFAULT_IMAGES} validation "
             "images of the checkpoint's data (computed once per checkpoint and α)",
             elem_id="ex-control",
             scale=2,

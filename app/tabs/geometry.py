@@ -4,7 +4,6 @@ model (SSOG, dot, RBF or a standard ViT alike), every head measured as a field o
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -13,28 +12,22 @@ from typing import Any
 import gradio as gr
 import numpy as np
 from gradio.blocks import Block
-from PIL import Image
-from torch import Tensor
 
-from app import plots, queues, widgets
+from app import fields, plots, queues, widgets
 from app.common import Updates, error_text, shown_figure, warn, write_downloads
 from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError, LoadedModel
 from app.widgets import layer_update, model_depth
 from ssog_core.analysis import report
-from ssog_core.analysis.head_as_field import HeadFieldStats, fit_spec
+from ssog_core.analysis.head_as_field import FIT_ATOMS, MAX_FIT_ATOMS, HeadFieldStats, fit_spec
 from ssog_core.analysis.head_spec import HeadSpec
-from ssog_core.analysis.measures import attention_maps, has_keys, key_norms
-from ssog_core.data.images import list_images, model_input
-from ssog_core.field import MAX_ATOMS, centre_query
-from ssog_core.interventions import heavy
+from ssog_core.analysis.measures import DEFAULT_IMAGES, attention_maps, has_keys, key_norms, query_rows
+from ssog_core.field import centre_query
 from ssog_core.interventions.validation import MAX_EVAL_IMAGES
 from ssog_core.viz import figures as viz
 from ssog_core.viz import files as figures
 from ssog_core.viz import raster
 
-FIELD_IMAGES = 64  # images every head is measured on by default (the bundled pictures, when a model has no data)
-FIELD_ATOMS = 4  # atoms fitted per head by default
 FIELD_HEADERS = ["layer", "head", "mean distance (px)", "share: atoms", "share: positional field", "prefix share"]
 FIELD_LEGEND = (
     "d = mean attention distance (pixels), fit = share of the head its atoms explain (1 − mean TV), over patch "
@@ -133,19 +126,7 @@ def geometry_image(ctx: AppContext, loaded: LoadedModel) -> str:
 
 def head_at(ctx: AppContext, loaded: LoadedModel, xy: Any) -> tuple[int, int] | None:
     """The ``(layer, head)`` whose panel is under pixel ``(x, y)`` of the geometry figure, or None."""
-    return panel_at(*geometry_png(ctx, loaded), len(loaded.fields), xy)
-
-
-def panel_at(
-    png: bytes, boxes: list[tuple[float, float, float, float]], layers: int, xy: Any
-) -> tuple[int, int] | None:
-    """The ``(layer, head)`` whose panel is under pixel ``(x, y)`` of a layers × heads figure, or None."""
-    width, height = Image.open(io.BytesIO(png)).size
-    x, y = float(xy[0]) / width, float(xy[1]) / height
-    for k, (x0, y0, x1, y1) in enumerate(boxes):  # the figure's axes, row-major: head rows × layer columns
-        if x0 <= x <= x1 and y0 <= y <= y1:
-            return k % layers, k // layers
-    return None
+    return viz.panel_at(*geometry_png(ctx, loaded), len(loaded.fields), xy)
 
 
 def shown(value: Any) -> dict[str, Any]:
@@ -219,10 +200,8 @@ def dot_view(ctx: AppContext, loaded: LoadedModel, sha: str | None):
         )
         norms = plots.key_norm_plot(kn, f"{loaded.name}: key norms on {stored.name}")
     maps = attention_maps(loaded.model, x)
-    gh, gw = maps.grid
-    q = centre_query((gh, gw))
-    n = q[0] * gw + q[1]
-    rows = np.stack([a[0, :, n].reshape(-1, gh, gw).cpu().numpy() for a in maps.attn])
+    q = centre_query(maps.grid)
+    rows = np.stack([query_rows(a[0], q, maps.grid).cpu().numpy() for a in maps.attn])
     display = raster.model_view(stored.image, loaded.config.img_size, figures.DISPLAY_WIDTH)
     fig = viz.attention_grid_figure(display, rows, q, f"{loaded.name} on {stored.name}")
     settings = {"figure": "attention maps", "checkpoint": loaded.name, "image": stored.name, "image_sha256": sha,
@@ -259,54 +238,11 @@ def downloads(ctx: AppContext, ui: GeometryUI, ckpt: str | None) -> Updates:
 # ------------------------------------------------------------------------------ every head as a field
 
 
-def field_images(ctx: AppContext, loaded: LoadedModel, n: int) -> Tensor | None:
-    """What the heads are measured on: ``None`` for the model's first ``n`` validation images (the job loads them),
-    else, for a model that records no data (a standard ViT), the first ``n`` bundled pictures as model inputs."""
-    if loaded.meta.get("data"):
-        return None
-    paths = list_images(ctx.assets_dir)[:n] if ctx.assets_dir.is_dir() else []
-    if not paths:
-        raise AppError(f"{loaded.name} records no validation set, and the app has no bundled pictures to measure on")
-    return model_input(paths, loaded.config.img_size, loaded.meta)[0]
-
-
-def measured_on(ctx: AppContext, loaded: LoadedModel, n: int) -> str:
-    """The images :func:`field_images` chooses, in words."""
-    if loaded.meta.get("data"):
-        return f"the first {n} validation images of `{loaded.meta['data']}`"
-    count = len(list_images(ctx.assets_dir)[:n]) if ctx.assets_dir.is_dir() else 0
-    return f"{count} bundled picture(s) (the model records no validation set)"
-
-
-def head_fields_of(
-    ctx: AppContext, loaded: LoadedModel, n: int, atoms: int, stop: Any = None, watch: Any = None
-) -> tuple[HeadFieldStats, str]:
-    """Every head of ``loaded`` as a field with ``atoms`` fitted atoms, measured on ``n`` images
-    (:func:`field_images`) as a heavy job (kept per model, N and K), and those images in words."""
-    n, atoms = int(n), int(atoms)
-    if not 1 <= n <= MAX_EVAL_IMAGES:
-        raise AppError(f"measure on 1 to {MAX_EVAL_IMAGES} images, not {n}")
-    if not 1 <= atoms <= MAX_ATOMS:
-        raise AppError(f"fit 1 to {MAX_ATOMS} atoms per head, not {atoms}")
-    key = (loaded.name, loaded.key, n, atoms)
-    stats = ctx.cache.head_fields.peek(key)
-    if stats is None:
-        images = field_images(ctx, loaded, n)
-        stats = queues.submitted(ctx.cache.head_fields, key, heavy.head_fields, loaded.key[0], n, images, atoms,
-                                 stop=stop, watch=watch)  # fmt: skip
-    return stats, measured_on(ctx, loaded, n)
-
-
-def measured_alike(ctx: AppContext, n: int, atoms: int) -> list[tuple[str, HeadFieldStats]]:
-    """Every model this server has measured with the same N and K, by name: the charts draw them together."""
-    return [(name, stats) for (name, _, kn, ka), stats in ctx.cache.head_fields.items() if (kn, ka) == (n, atoms)]
-
-
 def field_pngs(
     ctx: AppContext, loaded: LoadedModel, stats: HeadFieldStats, n: int, atoms: int
 ) -> dict[str, tuple[bytes, list[tuple[float, float, float, float]]]]:
     """The measured fields (``field``) and the fits' own fields (``fit``) as layers × heads figures drawn like an
-    SSOG model's geometry, PNG bytes with their panel boxes (cached per model, N and K)."""
+    SSOG model's geometry, PNG bytes with their panel boxes (cached per model, N and K; :func:`fields.measure`)."""
 
     def draw() -> dict[str, tuple[bytes, list[tuple[float, float, float, float]]]]:
         measured, fitted = report.head_field_layers(stats)
@@ -314,7 +250,7 @@ def field_pngs(
         text = [
             [f"d={d[layer][h]:.0f} fit={fit[layer][h]:.2f}" for h in range(len(d[layer]))] for layer in range(len(d))
         ]
-        shared = f"{loaded.name}, {stats.images} images, K = {atoms}"
+        shared = f"{loaded.name}, {stats.measured_on.replace('`', '')}, K = {atoms}"
         out = {}
         for kind, layers, title in (
             ("field", measured, f"Positional fields (+ fitted atoms): {shared}"),
@@ -340,17 +276,17 @@ def field_rows_table(stats: HeadFieldStats) -> list[list[float | int]]:
 def field_view(ctx: AppContext, ui: GeometryUI, loaded: LoadedModel, n: int, atoms: int) -> Updates:
     """The measured head fields of ``loaded`` drawn: both figures, both charts (with every model measured alike)
     and the table."""
-    stats, about = head_fields_of(ctx, loaded, n, atoms)
+    stats = fields.measure(ctx, loaded, n, atoms)
     pngs = field_pngs(ctx, loaded, stats, n, atoms)
     stem = figures.stem_of(loaded.name)
     files = write_downloads({f"{viz.safe_token(f'head_{kind}_{stem}_K{atoms}_N{n}')}.png": pngs[kind][0]
                              for kind in ("field", "fit")})  # fmt: skip
-    distance, share = plots.head_field_charts(measured_alike(ctx, n, atoms))
+    distance, share = plots.head_field_charts(fields.measured_alike(ctx, n, atoms))
     prefix = float(stats.prefix_share.mean())
     note = (
-        f"**{loaded.name}**: every head measured on {about}, {stats.grid[0]}×{stats.grid[1]} patches, {atoms} atoms "
-        f"fitted per head (L-BFGS). Mean share its atoms explain **{float(stats.share_fit.mean()):.2f}**, its "
-        f"positional field **{float(stats.share_field.mean()):.2f}**"
+        f"**{loaded.name}**: every head measured on {stats.measured_on}, {stats.grid[0]}×{stats.grid[1]} patches, "
+        f"{atoms} atoms fitted per head (L-BFGS). Mean share its atoms explain "
+        f"**{float(stats.share_fit.mean()):.2f}**, its positional field **{float(stats.share_field.mean()):.2f}**"
         + (
             f"; patch queries put **{prefix:.1%}** of their attention on the {stats.num_prefix} prefix token(s), "
             "left out of the fields"
@@ -358,7 +294,8 @@ def field_view(ctx: AppContext, ui: GeometryUI, loaded: LoadedModel, n: int, ato
             else ""
         )  # fmt: skip
         + ". **Click a panel** to open that head's fit in the playground. The charts hold every model measured "
-        f"here with {n} images and {atoms} atoms."
+        f"here with N = {n} and {atoms} atoms, each on its own images (its legend entry's model: up to N of its "
+        "validation images, or of the bundled pictures)."
     )
     return {
         ui.field_note: note,
@@ -381,7 +318,7 @@ def on_measure(
         loaded = ctx.model(ckpt)
         yield {ui.field_note: f"Measuring every head of **{ckpt}** as a field…"}
         for done, progress in queues.watched(
-            request, lambda stop, watch: head_fields_of(ctx, loaded, int(n), int(atoms), stop, watch)
+            request, lambda stop, watch: fields.measure(ctx, loaded, int(n), int(atoms), stop, watch)
         ):
             if done is None:
                 yield {ui.field_note: f"Measuring every head of **{ckpt}** as a field: {progress}…"}
@@ -397,10 +334,8 @@ def fitted_head_at(ctx: AppContext, shown: dict | None, kind: str, xy: Any) -> t
         raise AppError("measure the heads first")
     loaded = ctx.model(shown["checkpoint"])
     n, atoms = shown["images"], shown["atoms"]
-    stats = ctx.cache.head_fields.peek((loaded.name, loaded.key, n, atoms))
-    if stats is None:
-        raise AppError("these head fields are no longer in memory: measure them again")
-    at = panel_at(*field_pngs(ctx, loaded, stats, n, atoms)[kind], len(stats.fits), xy)
+    stats = fields.measured(ctx, loaded, n, atoms)
+    at = viz.panel_at(*field_pngs(ctx, loaded, stats, n, atoms)[kind], len(stats.fits), xy)
     if at is None:
         return None
     layer, head = at
@@ -465,9 +400,9 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> GeometryUI:
             elem_classes="hint",
         )
         with gr.Row():
-            field_images_ = gr.Slider(1, MAX_EVAL_IMAGES, value=FIELD_IMAGES, step=1, label="images (N)",
+            field_images_ = gr.Slider(1, MAX_EVAL_IMAGES, value=DEFAULT_IMAGES, step=1, label="images (N)",
                                       elem_id="geo-field-images", scale=2)  # fmt: skip
-            field_atoms = gr.Slider(1, MAX_ATOMS, value=FIELD_ATOMS, step=1, label="atoms per head (K)",
+            field_atoms = gr.Slider(1, MAX_FIT_ATOMS, value=FIT_ATOMS, step=1, label="atoms per head (K)",
                                     elem_id="geo-field-atoms", scale=2)  # fmt: skip
             measure = gr.Button("Measure every head as a field", elem_id="geo-field-measure", scale=1)
             stop = gr.Button("Stop", size="sm", elem_id="geo-field-stop", scale=0, min_width=70)

@@ -22,12 +22,14 @@ from app import interventions, plots, queues
 from app.common import Updates, error_text, warn
 from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError, LoadedModel, default_twin
+from ssog_core.analysis.head_as_field import FIT_ATOMS
+from ssog_core.analysis.measures import query_rows
 from ssog_core.analysis.session import NO_TWIN
 from ssog_core.field import TAPS, centre_query
 from ssog_core.interventions.edit import EDITS, Param, check_edits, describe, dot_product_ops, parse_edits
 from ssog_core.interventions.effects import ValidationEffect
 from ssog_core.interventions.importance import HeadImportance
-from ssog_core.interventions.ops import FIT_ATOMS, TAP_NAMES, AblateHead, CloseGate, ReplaceWithField
+from ssog_core.interventions.ops import TAP_NAMES, AblateHead, CloseGate, ReplaceWithField
 from ssog_core.interventions.result import reference
 from ssog_core.interventions.validation import (
     DEFAULT_EVAL_IMAGES,
@@ -279,10 +281,9 @@ def on_apply(ctx: AppContext, ui: InterveneUI, ckpt: str | None, sha: str | None
             ui.status: "",
         }
         if eff.layer is not None:
-            gh, gw = eff.accumulated_unedited.shape
-            qy, qx = centre_query((gh, gw))
-            q = qy * gw + qx
-            rows = [a[:, q].reshape(-1, gh, gw).numpy() for a in (eff.attention_unedited, eff.attention_edited)]
+            grid = tuple(eff.accumulated_unedited.shape)
+            q = centre_query(grid)
+            rows = [query_rows(a, q, grid).numpy() for a in (eff.attention_unedited, eff.attention_edited)]
             out[ui.attention] = plots.edited_attention_plot(*rows, sorted(eff.removed), eff.layer)
         return out
     except Exception as e:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import io
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -11,10 +9,9 @@ from typing import Any
 import gradio as gr
 import numpy as np
 from gradio.blocks import Block
-from PIL import Image
 
 from app import interventions, plots, queues
-from app.canvas import CSS_TEMPLATE, HTML_TEMPLATE, JS_ON_LOAD, canvas_props
+from app.canvas import CANVAS_SIZE, CSS_TEMPLATE, HTML_TEMPLATE, JS_ON_LOAD, canvas_props, underlay_url
 from app.common import Updates, error_text, warn, write_downloads
 from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError
@@ -35,7 +32,6 @@ from ssog_core.viz import figures as viz
 from ssog_core.viz import files as figures
 from ssog_core.viz import raster
 
-CANVAS_SIZE = 440  # px of the canvas' longer side
 # slider ranges a user starts with; a head loaded from elsewhere widens them to hold its numbers (:func:`fit`).
 # σ starts at the narrowest a head may have: content steering narrows atoms below a model's σ floor.
 SIGMA_SLIDER = (SIGMA_RANGE[0], 16.0)
@@ -421,21 +417,6 @@ def on_apply_model(ctx: AppContext, ui: PlaygroundUI, value: Any, src: Any, on: 
         return {ui.apply_note: prediction_change(ctx, src["checkpoint"], sha, edits, what)}
     except Exception as e:
         return {ui.apply_note: warn(error_text(e))}
-
-
-def underlay_url(ctx: AppContext, sha: str | None, value: dict[str, Any]) -> str:
-    """The picture under the canvas, resized to the grid's aspect as the model's input is (stretched, never
-    cropped: on a model's patch grid every cell is then one patch), sent once as a JPEG data URL."""
-    if not sha:
-        raise AppError("pick or upload an image first (top of the page) to draw the head over it")
-    img = ctx.image(sha).image
-    gh, gw = value["grid"]
-    w = CANVAS_SIZE * gw // max(gh, gw)
-    h = CANVAS_SIZE * gh // max(gh, gw)
-    fitted = img.convert("RGB").resize((w, h), Image.Resampling.BICUBIC)
-    buf = io.BytesIO()
-    fitted.save(buf, format="JPEG", quality=85)
-    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
 def underlay_note(ctx: AppContext, ckpt: str | None, sha: str | None, value: dict[str, Any]) -> str:

@@ -21,6 +21,7 @@ from plotly.subplots import make_subplots
 
 from app.cache import LRU
 from app.common import Updates, error_text, warn, write_downloads
+from app.history import history_of, read
 from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError, LoadedModel
 from ssog_core.analysis import report
@@ -30,7 +31,7 @@ from ssog_core.analysis.trajectory import (
     snapshot_densities,
     snapshot_layer_fields,
 )
-from ssog_core.checkpoint.format import has_history, read_history
+from ssog_core.checkpoint.format import has_history
 from ssog_core.checkpoint.history import History
 from ssog_core.viz import figures as viz
 from ssog_core.viz import files, raster
@@ -86,7 +87,7 @@ def training_view(ctx: AppContext, loaded: LoadedModel) -> TrainingView | None:
     """The checkpoint's history and what is drawn from it (cached per checkpoint), or None without a history."""
 
     def make() -> TrainingView | None:
-        history = read_history(ctx.resolve(loaded.name))
+        history = read(ctx, loaded)
         if history is None:
             return None
         if not (loaded.is_ssog and history.fields["mu"]):
@@ -201,14 +202,6 @@ def step_label(history: History, index: int) -> str:
     val = [r for r in history.val if r[0] <= step]
     acc = f"; last validation accuracy {val[-1][1]:.1%} (step {val[-1][0]})" if val else ""
     return f"Snapshot {index + 1} of {len(history.steps)}: **step {step}**{acc}."
-
-
-def history_of(ctx: AppContext, ckpt: str) -> History:
-    """The training history of a checkpoint, or a readable error when it has none."""
-    view = training_view(ctx, ctx.model(ckpt))
-    if view is None:
-        raise AppError(f"{ckpt} has no training history (trained before histories were recorded, or converted)")
-    return view.history
 
 
 def slider_index(position: Any, count: int) -> int:

@@ -26,12 +26,11 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
-from ssog_core.analysis.measures import DEFAULT_ALPHA, ExportMaps, export_maps
+from ssog_core.analysis.measures import DEFAULT_ALPHA, DEFAULT_IMAGES, ExportMaps, export_maps
 from ssog_core.data.images import to_tensor
 from ssog_core.data.sources import DataError, Transformed, fixed_subset, open_data
 
 CONTROLS = ("none", "blank", "validation")
-DEFAULT_CONTROL_IMAGES = 64  # validation images in the mean (the app makes it once per checkpoint and α)
 BATCH = 16
 NOISE_SHIFT = 1 / 255  # the blank control's noise floor: its mean colour moved by up to one grey level per channel
 
@@ -142,7 +141,7 @@ def validation_maps(
     model: nn.Module,
     meta: dict[str, Any],
     alpha: float = DEFAULT_ALPHA,
-    n: int = DEFAULT_CONTROL_IMAGES,
+    n: int = DEFAULT_IMAGES,
     size: tuple[int, int] | None = None,
     blank: bool = False,
 ) -> ValidationMaps:
@@ -180,7 +179,7 @@ def control_maps(
     img: Tensor,
     raw: ExportMaps,
     control: str,
-    n: int = DEFAULT_CONTROL_IMAGES,
+    n: int = DEFAULT_IMAGES,
     validation: ValidationMaps | None = None,
 ) -> ControlMaps | None:
     """The ``control`` of ``raw`` (the maps of ``img``), or None for ``none``. ``validation``: the validation maps

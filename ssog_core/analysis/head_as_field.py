@@ -14,17 +14,22 @@ queries, with rows restricted to patch keys and renormalised (``measures._patch_
 * :func:`share_explained` — ``1 − mean TV`` between the head's rows and a content-blind field's rows (1: the head is
   that field); :func:`prefix_share` — the mass patch queries put on prefix tokens;
 * :func:`fit_atoms` — K Gaussian atoms whose factorized SSOG field best matches the head's mean attention;
+* :func:`mean_attention` — each layer's patch attention averaged over images (:class:`MeanAttention`, the one
+  reduction every head field and ``replace_with_field`` are made from);
 * :func:`measure_head_fields` — all of it for every layer of a model with ``blocks.{l}.attn.pattern`` hook points,
-  over a batch iterator; :func:`fit_spec` opens a fitted head in the playground.
+  on a batch of images or a batch iterator (grid, patch size and prefix read from the model and the images);
+  :func:`fit_spec` opens a fitted head in the playground.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -35,6 +40,9 @@ from ssog_core.analysis.measures import _eval, _grid_positions, _patch_block
 from ssog_core.field import MAX_ATOMS, Field, axis_kernels
 from ssog_core.nn.hook_points import HookPoint, hooked
 
+FIT_ATOMS = 4  # Gaussian atoms fitted per head unless asked otherwise: the fields command, the app, replace_with_field
+MAX_FIT_ATOMS = MAX_ATOMS  # a fit is an SSOG layer's field: the model's own cap
+FIELD_BATCH = 16  # images per forward pass when measure_head_fields is given the images as one tensor
 PATTERN_POINT = "blocks.{layer}.attn.pattern"  # the hook point holding a layer's post-softmax attention (B, H, T, T)
 _PATTERN_NAME = re.compile(r"blocks\.(\d+)\.attn\.pattern")
 FIT_STEPS = (20, 200)  # L-BFGS steps with every start, then with each head's best start only
@@ -317,6 +325,13 @@ def _cross_entropy(weights: Tensor, factors: tuple[Tensor, Tensor]) -> Tensor:
     return _CrossEntropy.apply(a + 1e-150, b + 1e-150, weights)
 
 
+def check_atoms(atoms: int) -> int:
+    """``atoms`` as a whole number from 1 to :data:`MAX_FIT_ATOMS`; a clear error otherwise."""
+    if isinstance(atoms, bool) or int(atoms) != atoms or not 1 <= atoms <= MAX_FIT_ATOMS:
+        raise ValueError(f"fit 1 to {MAX_FIT_ATOMS} atoms per head, got {atoms}")
+    return int(atoms)
+
+
 def fit_atoms(mean_attn: Tensor, grid: tuple[int, int], atoms: int) -> AtomFit:
     """K Gaussian atoms per head whose factorized field (τ = 1) best matches the heads' patch attention.
 
@@ -328,8 +343,7 @@ def fit_atoms(mean_attn: Tensor, grid: tuple[int, int], atoms: int) -> AtomFit:
     (per head: its own curvature and step), and the best of them for up to ``[1]`` more; a head stops once it has
     no descent left. μ is kept within twice the grid and σ within the playground's [0.05, 64] cells.
     """
-    if not 1 <= atoms <= MAX_ATOMS:
-        raise ValueError(f"fit 1 to {MAX_ATOMS} atoms per head, got {atoms}")
+    check_atoms(atoms)
     gh, gw = grid
     if mean_attn.dim() != 3 or mean_attn.shape[-2:] != (gh * gw, gh * gw):
         raise ValueError(f"mean attention is (H, N, N) with N = {gh}·{gw}; got shape {tuple(mean_attn.shape)}")
@@ -375,6 +389,9 @@ class HeadFieldStats:
         prefix_share: mass patch queries put on prefix tokens.
         field: ``(L, H, 2Gh−1, 2Gw−1)`` positional fields.
         fits: one :class:`AtomFit` per layer.
+        pictures: what the images were, as their chooser describes them (e.g. ``{"data": "layouts", "split":
+            "validation", "first": 64}``; empty when the caller did not say).
+        measured_on: the same in words, for every figure and note made from these numbers.
     """
 
     grid: tuple[int, int]
@@ -387,6 +404,18 @@ class HeadFieldStats:
     prefix_share: Tensor
     field: Tensor
     fits: list[AtomFit]
+    pictures: dict[str, Any] = dataclasses.field(default_factory=dict)
+    measured_on: str = ""
+
+    @property
+    def atoms(self) -> int:
+        """Atoms fitted per head."""
+        return int(self.fits[0].mu.shape[1])
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """The images' size in pixels ``(H, W)``."""
+        return round(self.grid[0] * self.patch[0]), round(self.grid[1] * self.patch[1])
 
 
 def pattern_points(model: nn.Module) -> list[HookPoint]:
@@ -404,7 +433,7 @@ def pattern_points(model: nn.Module) -> list[HookPoint]:
     return [found[layer] for layer in range(len(found))]
 
 
-def _each_batch(model: nn.Module, batches: Iterable[Tensor], reduce: Callable[[int, Tensor], None]) -> int:
+def reduce_patterns(model: nn.Module, batches: Iterable[Tensor], reduce: Callable[[int, Tensor], None]) -> int:
     """Run ``model`` on every batch with ``reduce(layer, pattern)`` at each pattern point (so no layer's pattern
     outlives its own block); returns the number of images."""
     points = pattern_points(model)
@@ -424,37 +453,126 @@ def _each_batch(model: nn.Module, batches: Iterable[Tensor], reduce: Callable[[i
     return images
 
 
-def measure_head_fields(
-    model: nn.Module,
-    batches: Callable[[], Iterable[Tensor]],
-    grid: tuple[int, int],
-    num_prefix: int,
-    patch: tuple[float, float],
-    atoms: int,
-) -> HeadFieldStats:
-    """Every head of ``model`` as a field over the images ``batches()`` yields (called twice, for two passes).
+class MeanAttention:
+    """One layer's patch attention (rows renormalised over patch keys) averaged over images, ``(H, N, N)`` float64,
+    and the mass patch queries put on prefix tokens ``(H,)``: the sufficient statistics of each head's positional
+    field, its atom fit and its mean distance, made by :func:`mean_attention`. :meth:`fit` and :meth:`rows` make
+    the fits and rows from it, once each, and keep them."""
 
-    The first pass keeps each layer's mean patch attention, prefix share and image count (the sufficient statistics
-    of the positional field, the distance and the fit); the atoms are fitted to them; the second pass measures both
-    fields' shares image by image. Each pattern is reduced as its block runs (a hook at ``blocks.{l}.attn.pattern``,
-    one forward per batch for every layer), so no layer's patterns are ever kept.
-    """
+    def __init__(
+        self,
+        mean: Tensor,
+        grid: tuple[int, int],
+        num_prefix: int,
+        images: int,
+        prefix_share: Tensor | None = None,
+        patch: tuple[float, float] = (1.0, 1.0),
+    ):
+        self.mean, self.grid, self.num_prefix, self.images = mean, grid, num_prefix, images
+        self.prefix_share = mean.new_zeros(mean.shape[0]) if prefix_share is None else prefix_share
+        self.patch = patch
+        self._fits: dict[int, AtomFit] = {}
+        self._rows: dict[tuple[str, int], Tensor] = {}
+        self._lock = threading.RLock()  # threads sharing the model share its values: one fit each
+
+    def fit(self, atoms: int) -> AtomFit:
+        """Each head's ``atoms``-atom fit (:func:`fit_atoms`), made once."""
+        with self._lock:
+            if atoms not in self._fits:
+                with torch.inference_mode(False):  # the fit needs gradients, whatever mode its first caller is in
+                    self._fits[atoms] = fit_atoms(self.mean.clone(), self.grid, atoms)
+            return self._fits[atoms]
+
+    def rows(self, replacement: str, atoms: int) -> Tensor:
+        """``(H, N, N)`` float64: every patch query's row of each head's positional field (``"field"``) or of its
+        ``atoms``-atom fit (``"fit"``), over the in-grid patch keys."""
+        key = (replacement, atoms if replacement == "fit" else 0)
+        with self._lock:
+            if key not in self._rows:
+                with torch.inference_mode(False):
+                    if replacement == "field":
+                        rows = field_rows(field_of(self.mean.clone(), self.grid), self.grid)
+                    else:
+                        rows = self.fit(atoms).rows(self.grid)
+                self._rows[key] = rows.detach()
+            return self._rows[key]
+
+
+def mean_attention(model: nn.Module, batches: Iterable[Tensor]) -> list[MeanAttention]:
+    """Per layer, the model's patch attention averaged over the images ``batches`` yields (all of one size: the grid
+    is the model's for that size, the prefix the model's own), read at the ``blocks.{l}.attn.pattern`` points with
+    each layer's patterns reduced as its block runs: one forward per batch for every layer."""
     sums: dict[int, list[Tensor]] = {}
+    sizes: list[tuple[int, int]] = []
+    prefix = int(model.num_prefix_tokens)
 
-    def first(layer: int, pattern: Tensor) -> None:
-        attn, share = patch_attention(pattern, grid, num_prefix)
-        add = [attn.sum(0), share.mean(-1).sum(0)]
-        sums[layer] = add if layer not in sums else [a + b for a, b in zip(sums[layer], add, strict=True)]
+    def sized() -> Iterator[Tensor]:
+        for x in batches:
+            size = (int(x.shape[-2]), int(x.shape[-1]))
+            if sizes and size != sizes[0]:
+                grids = [model.grid_for(*s) for s in (sizes[0], size)]
+                raise ValueError(f"the mean attention needs images of one size, got grids {grids[0]} and {grids[1]}")
+            sizes[:] = [size]
+            yield x
 
-    images = _each_batch(model, batches(), first)
+    def add(layer: int, pattern: Tensor) -> None:
+        attn, share = patch_attention(pattern, model.grid_for(*sizes[0]), prefix)
+        more = [attn.sum(0), share.mean(-1).sum(0)]
+        sums[layer] = more if layer not in sums else [a + b for a, b in zip(sums[layer], more, strict=True)]
+
+    images = reduce_patterns(model, sized(), add)
     if images == 0:
-        raise ValueError("no images to measure the heads on")
-    layers = range(len(sums))
-    mean_attn = [sums[layer][0].cpu() / images for layer in layers]
-    fields = [field_of(a, grid) for a in mean_attn]
-    every = fit_atoms(torch.cat(mean_attn), grid, atoms)  # all layers' heads at once: one batch for the optimiser
-    per_layer = (t.split(mean_attn[0].shape[0]) for t in (every.mu, every.sigma, every.lam, every.loss))
-    fits = [AtomFit(*parts) for parts in zip(*per_layer, strict=True)]
+        raise ValueError("the mean attention needs at least one image")
+    grid = model.grid_for(*sizes[0])
+    patch = (sizes[0][0] / grid[0], sizes[0][1] / grid[1])
+    return [MeanAttention(sums[i][0].cpu() / images, grid, prefix, images, sums[i][1].cpu() / images, patch)
+            for i in range(len(sums))]  # fmt: skip
+
+
+def fit_layers(attention: list[MeanAttention], atoms: int) -> list[AtomFit]:
+    """Every layer's ``atoms``-atom fit, the missing ones made together (all heads of all layers in one batch for
+    the optimiser) and kept with each layer's :class:`MeanAttention`."""
+    missing = [a for a in attention if atoms not in a._fits]
+    if missing:
+        every = fit_atoms(torch.cat([a.mean for a in missing]), attention[0].grid, atoms)
+        per_layer = (t.split(missing[0].mean.shape[0]) for t in (every.mu, every.sigma, every.lam, every.loss))
+        for a, parts in zip(missing, zip(*per_layer, strict=True), strict=True):
+            with a._lock:
+                a._fits.setdefault(atoms, AtomFit(*parts))
+    return [a.fit(atoms) for a in attention]
+
+
+Images = Tensor | Callable[[], Iterable[Tensor]]  # a batch (B, C, H, W), or batches made afresh for each pass
+
+
+def _passes(model: nn.Module, images: Images) -> Callable[[], Iterable[Tensor]]:
+    """``images`` as batches made afresh for each pass (a tensor: :data:`FIELD_BATCH` at a time, on the model's
+    device and in its dtype)."""
+    if not isinstance(images, Tensor):
+        return images
+    p = next(model.parameters())
+    return lambda: iter(images.to(p.device, p.dtype).split(FIELD_BATCH))
+
+
+def measure_head_fields(
+    model: nn.Module, images: Images, atoms: int = FIT_ATOMS, *, attention: list[MeanAttention] | None = None
+) -> HeadFieldStats:
+    """Every head of ``model`` as a field with ``atoms`` fitted atoms, over ``images`` (a batch ``(B, C, H, W)``, or
+    a callable returning batches, called once per pass). The grid, patch size and prefix come from the model and
+    the images' size.
+
+    The first pass is :func:`mean_attention` (skipped when ``attention``, its result on the same images, is given):
+    each layer's mean patch attention and prefix share, the sufficient statistics of the positional field, the
+    distance and the fit; the atoms are fitted to them (:func:`fit_layers`); the second pass measures both fields'
+    shares image by image. Each pattern is reduced as its block runs, so no layer's patterns are ever kept.
+    """
+    atoms = check_atoms(atoms)
+    pattern_points(model)  # a model without them is refused before any image is made
+    passes = _passes(model, images)
+    attention = mean_attention(model, passes()) if attention is None else attention
+    grid, num_prefix, count = attention[0].grid, attention[0].num_prefix, attention[0].images
+    fields = [field_of(a.mean, grid) for a in attention]
+    fits = fit_layers(attention, atoms)
     rows = [(fit.rows(grid), field_rows(f, grid)) for fit, f in zip(fits, fields, strict=True)]
     shares: dict[int, Tensor] = {}
 
@@ -464,43 +582,18 @@ def measure_head_fields(
         add = torch.stack([share_of(attn, fit_rows), share_of(attn, pos_rows)]).cpu() * attn.shape[0]
         shares[layer] = add if layer not in shares else shares[layer] + add
 
-    _each_batch(model, batches(), second)
-    share = torch.stack([shares[layer] for layer in layers]) / images  # (L, 2, H)
+    if reduce_patterns(model, passes(), second) != count:
+        raise ValueError("the second pass over the images saw other images than the first")
+    share = torch.stack([shares[layer] for layer in range(len(attention))]) / count  # (L, 2, H)
     return HeadFieldStats(
         grid=grid,
-        patch=patch,
+        patch=attention[0].patch,
         num_prefix=num_prefix,
-        images=images,
-        mean_distance_px=torch.stack([distance_px(a, grid, patch) for a in mean_attn]),
+        images=count,
+        mean_distance_px=torch.stack([distance_px(a.mean, grid, attention[0].patch) for a in attention]),
         share_fit=share[:, 0],
         share_field=share[:, 1],
-        prefix_share=torch.stack([sums[layer][1].cpu() for layer in layers]) / images,
+        prefix_share=torch.stack([a.prefix_share for a in attention]),
         field=torch.stack(fields),
         fits=fits,
     )
-
-
-class MeanAttention:
-    """One layer's patch attention (rows renormalised over patch keys) averaged over images, ``(H, N, N)`` float64:
-    the sufficient statistic of each head's positional field and of its atom fit
-    (:mod:`ssog_core.analysis.head_as_field`), so :meth:`rows` makes either from it, once, and keeps it."""
-
-    def __init__(self, mean: Tensor, grid: tuple[int, int], num_prefix: int, images: int):
-        self.mean, self.grid, self.num_prefix, self.images = mean, grid, num_prefix, images
-        self._rows: dict[tuple[str, int], Tensor] = {}
-        self._lock = threading.Lock()  # threads sharing the model share its values: one fit each
-
-    def rows(self, replacement: str, atoms: int) -> Tensor:
-        """``(H, N, N)`` float64: every patch query's row of each head's positional field (``"field"``) or of its
-        ``atoms``-atom fit (``"fit"``), over the in-grid patch keys."""
-        key = (replacement, atoms if replacement == "fit" else 0)
-        with self._lock:
-            if key not in self._rows:
-                with torch.inference_mode(False):  # the fit needs gradients, whatever mode its first caller is in
-                    mean = self.mean.clone()
-                    if replacement == "field":
-                        rows = field_rows(field_of(mean, self.grid), self.grid)
-                    else:
-                        rows = fit_atoms(mean, self.grid, atoms).rows(self.grid)
-                self._rows[key] = rows.detach()
-            return self._rows[key]

@@ -4,7 +4,7 @@ All functions take a model and tensors, run under ``torch.inference_mode`` with 
 dropout, :func:`~ssog_core.nn.hook_points.evaluating`: the model's ``training`` is never written, another thread may
 be training it), read what the attention saw at the hook points, and return plain tensors or small dataclasses:
 
-* :func:`head_fields` — per layer: each head's field over relative position, atoms, gate scales, stats;
+* :func:`layer_fields` — per layer: each head's field over relative position, atoms, gate scales, stats;
 * :func:`steering_offsets` — per layer: how content moved every token's atoms;
 * :func:`attention_maps` — the exact per-layer, per-head attention matrices for an input, obtained by
   running each layer's own operator on an identity basis (so the picture is the computation);
@@ -33,6 +33,9 @@ from ssog_core.field import Field, FieldMode, attention_matrix, displacement_den
 from ssog_core.nn.attention import RBFAttention, SSOGAttention
 from ssog_core.nn.hook_points import evaluating, reading, removed_heads
 
+DEFAULT_IMAGES = (
+    64  # images a mean over a model's images takes unless asked otherwise: the validation control, head fields
+)
 DEFAULT_ALPHA = 0.5  # residual mixing Â = α·Ā + (1 − α)·I: half of a block's output is its own residual
 
 
@@ -175,7 +178,7 @@ def field_geometry(
     )
 
 
-def head_fields(model: nn.Module, extent: tuple[int, int] | None = None) -> list[LayerField]:
+def layer_fields(model: nn.Module, extent: tuple[int, int] | None = None) -> list[LayerField]:
     """Geometry of every SSOG layer of ``model`` on its training grid (empty list for other models)."""
     with _eval():
         return [layer_field(a, model.config.grid, extent) for a in ssog_layers(model)]
@@ -262,6 +265,17 @@ class AttentionMaps:
         if not keep:
             return torch.eye(a.shape[-1], dtype=a.dtype, device=a.device).expand(a.shape[0], -1, -1)
         return a[:, keep].mean(dim=1)
+
+
+def query_rows(attn: Tensor, query: tuple[int, int], grid: tuple[int, int]) -> Tensor:
+    """``(..., Gh, Gw)``: the row of patch query ``query`` (its grid cell) of patch attention ``(..., N, N)``, laid
+    out on the patch grid: where that query looks."""
+    gh, gw = grid
+    if attn.shape[-1] != gh * gw or not (0 <= query[0] < gh and 0 <= query[1] < gw):
+        raise ValueError(
+            f"query {tuple(query)} on a {gh}×{gw} grid does not fit attention of shape {tuple(attn.shape)}"
+        )
+    return attn[..., query[0] * gw + query[1], :].reshape(*attn.shape[:-2], gh, gw)
 
 
 def _patch_block(a: Tensor, prefix: int) -> tuple[Tensor, Tensor]:

@@ -22,8 +22,8 @@ from ssog_core.analysis.measures import (
     SteeringOffsets,
     density_moments,
     field_geometry,
-    head_fields,
     head_stats,
+    layer_fields,
 )
 from ssog_core.analysis.predictions import probabilities
 from ssog_core.analysis.presets import STRIP_RATIO
@@ -63,7 +63,7 @@ def layer_geometry(model: nn.Module) -> list[dict[str, Any]]:
             "strips": int((lf.elongation >= STRIP_RATIO).sum()),
             "gate_opening": {tap: float(s) / start for tap, s in lf.gates.items()},
         }
-        for lf in head_fields(model)
+        for lf in layer_fields(model)
     ]
 
 
@@ -84,9 +84,33 @@ def head_field_layers(stats: HeadFieldStats) -> tuple[list[LayerField], list[Lay
     return measured, fitted
 
 
+FIT_NOTE = (
+    "atoms: the factorized SSOG field (tau = 1) of K Gaussians closest to the head's renormalised patch-to-patch "
+    "attention in mean KL over patch queries and images (L-BFGS from three deterministic starts); shares: 1 - mean "
+    "total-variation distance to the fitted atoms (share_fit) and to the positional field (share_field)"
+)
+
+
+def fields_json(stats: HeadFieldStats, checkpoint: str) -> dict[str, Any]:
+    """Every head of ``checkpoint`` as a field, as ``python -m ssog_core fields`` writes it and the app's
+    ``/head_fields`` returns it: ``checkpoint``; ``images`` (which images, as their chooser describes them, with
+    ``measured``, how many, and their ``size``); ``measured_on`` (the same in words); ``grid``, ``patch_px``,
+    ``num_prefix_tokens``, ``atoms_per_head``, ``method`` and ``heads`` (:func:`heads_json`)."""
+    return {
+        "checkpoint": str(checkpoint),
+        "images": {**stats.pictures, "measured": stats.images, "size": list(stats.size)},
+        "measured_on": stats.measured_on,
+        "grid": list(stats.grid),
+        "patch_px": list(stats.patch),
+        "num_prefix_tokens": stats.num_prefix,
+        "atoms_per_head": stats.atoms,
+        "method": FIT_NOTE,
+        "heads": heads_json(stats),
+    }
+
+
 def heads_json(stats: HeadFieldStats) -> list[dict[str, Any]]:
-    """Every head as a field, one JSON object per head, layer by layer (what ``python -m ssog_core fields`` and
-    the app's ``/head_fields`` write)."""
+    """Every head as a field, one JSON object per head, layer by layer (the ``heads`` of :func:`fields_json`)."""
     out = []
     for layer, fit in enumerate(stats.fits):
         for head in range(fit.mu.shape[0]):

@@ -1,7 +1,7 @@
 """How a model's geometry moved during training, read from the history its checkpoint stores (docs/DESIGN.md §3.6).
 
 Every snapshot of a :class:`~ssog_core.checkpoint.history.History` holds each layer's fixed field (μ, σ, λ, τ); these
-functions rebuild it as a :class:`~ssog_core.field.Field` and measure it exactly as :func:`head_fields` measures a
+functions rebuild it as a :class:`~ssog_core.field.Field` and measure it exactly as :func:`layer_fields` measures a
 model's own layers (the same density over key displacement, the same moments), so a curve over steps ends at the
 number the geometry tab shows for the final model.
 """
@@ -34,7 +34,7 @@ def snapshot_layer_fields(
     history: History, index: int, grid: tuple[int, int], mode: FieldMode = "factorized"
 ) -> list[LayerField]:
     """Every layer's geometry at snapshot ``index``, with the gate scales of that step, measured as
-    :func:`~ssog_core.analysis.measures.head_fields` measures a model's layers (in float32, the history's and the
+    :func:`~ssog_core.analysis.measures.layer_fields` measures a model's layers (in float32, the history's and the
     layers' own precision): the figures of a model's geometry draw a step of its training alike (the last snapshot
     is the trained model)."""
     gates = {tap: rows[index] for tap, rows in history.gates.items()}

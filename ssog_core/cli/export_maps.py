@@ -35,14 +35,13 @@ from tqdm import tqdm
 
 from ssog_core.analysis.controls import (
     CONTROLS,
-    DEFAULT_CONTROL_IMAGES,
     ValidationMaps,
     class_maps,
     control_maps,
     differences,
     validation_maps,
 )
-from ssog_core.analysis.measures import DEFAULT_ALPHA, ExportMaps, export_maps
+from ssog_core.analysis.measures import DEFAULT_ALPHA, DEFAULT_IMAGES, ExportMaps, export_maps
 from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.format import CheckpointError, load_checkpoint
 from ssog_core.cli import CLUSTER_HELP, on_cluster
@@ -71,7 +70,7 @@ def run(
     alpha: float = DEFAULT_ALPHA,
     batch_size: int = 8,
     control: str = "none",
-    control_images: int = DEFAULT_CONTROL_IMAGES,
+    control_images: int = DEFAULT_IMAGES,
     per_class: bool = False,
     cluster: str | None = None,
 ) -> dict[str, np.ndarray]:
@@ -214,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--control", choices=CONTROLS, default="none",
                     help="also write the maps of a control and raw − control: a blank image of each image's mean "
                     "colour, or the mean over validation images of the checkpoint's recorded data")  # fmt: skip
-    ap.add_argument("--control-images", type=int, default=DEFAULT_CONTROL_IMAGES,
+    ap.add_argument("--control-images", type=int, default=DEFAULT_IMAGES,
                     help="validation images for the validation control and --per-class")  # fmt: skip
     ap.add_argument(
         "--per-class",

@@ -7,7 +7,10 @@ content-blind field explains, and the K Gaussian atoms that come closest to it
         --images photos/ --atoms 4 --json fields.json --out-dir figures/
 
 ``--images N`` takes the first N validation images of the checkpoint's recorded data, ``--images FOLDER`` the
-pictures in a folder. The JSON holds ``heads``: per head its 0-based ``layer`` and ``head``, ``mean_distance_px``,
+pictures in a folder (:func:`~ssog_core.interventions.validation.pictures_for`). The JSON
+(:func:`~ssog_core.analysis.report.fields_json`, the app's ``/head_fields`` answer too) says which images
+(``images``, ``measured_on``), the ``grid``, ``patch_px``, ``num_prefix_tokens`` and ``atoms_per_head``, and holds
+``heads``: per head its 0-based ``layer`` and ``head``, ``mean_distance_px``,
 ``share_fit``, ``share_field``, ``prefix_share`` and ``atoms`` (``mu_y``, ``mu_x``, ``sigma_y``, ``sigma_x``,
 ``weight``; grid cells, μ as query − key). Two charts (PNG + SVG) go to ``--out-dir`` (default: beside the JSON): mean
 attention distance per head against layer, as in the ViT paper, and the shares per head against layer. The model
@@ -20,29 +23,22 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 from matplotlib.figure import Figure
-from torch import Tensor, nn
+from torch import Tensor
 
-from ssog_core.analysis.head_as_field import HeadFieldStats, measure_head_fields
-from ssog_core.analysis.report import heads_json
+from ssog_core.analysis.head_as_field import FIT_ATOMS, MAX_FIT_ATOMS, HeadFieldStats, check_atoms
+from ssog_core.analysis.report import fields_json
 from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.format import CheckpointError, load_checkpoint
-from ssog_core.data.images import ImageError, list_images, model_input, parse_size
+from ssog_core.data.images import ImageError, parse_size
 from ssog_core.data.sources import DataError
-from ssog_core.field import MAX_ATOMS
-from ssog_core.interventions.validation import load_eval_set
+from ssog_core.interventions.heavy import fields_on
+from ssog_core.interventions.validation import MAX_EVAL_IMAGES, pictures_for
 from ssog_core.viz.figures import figure_bytes, new_figure, safe_token
-
-FIT_NOTE = (
-    "atoms: the factorized SSOG field (tau = 1) of K Gaussians closest to the head's renormalised patch-to-patch "
-    "attention in mean KL over patch queries and images (L-BFGS from three deterministic starts); shares: 1 - mean "
-    "total-variation distance to the fitted atoms (share_fit) and to the positional field (share_field)"
-)
 
 
 def _per_layer(ax, values: Tensor, offset: float, **style: Any) -> None:
@@ -84,25 +80,6 @@ def share_figure(stats: HeadFieldStats, title: str) -> Figure:
     return fig
 
 
-def _image_batches(
-    model: nn.Module, meta: dict, images: str, size: tuple[int, int], batch_size: int
-) -> tuple[Callable[[], Iterable[Tensor]], dict[str, Any]]:
-    """The images to measure on, as a batch iterator to call once per pass, and what the JSON says about them."""
-    if re.fullmatch(r"\d+", images):
-        evalset = load_eval_set(meta, size, int(images))
-        return (lambda: evalset.batches(model, batch_size)), evalset.describe()
-    folder = Path(images)
-    if not folder.is_dir():
-        raise ImageError(f"--images takes a number of validation images or a folder of pictures; {images} is neither")
-    paths = list_images(folder)
-    if not paths:
-        raise ImageError(f"{folder} holds no images")
-    p = next(model.parameters())
-    chunks = [model_input(paths[s : s + batch_size], size, meta)[0] for s in range(0, len(paths), batch_size)]
-    chunks = [c.to(p.device, p.dtype) for c in chunks]
-    return (lambda: iter(chunks)), {"folder": str(folder), "count": len(paths)}
-
-
 def run(
     checkpoint: str,
     images: str,
@@ -112,33 +89,27 @@ def run(
     img_size: tuple[int, int] | None = None,
     batch_size: int = 16,
 ) -> dict[str, Any]:
-    """Measure every head, write the JSON and the two charts; returns what the JSON holds."""
-    if not 1 <= atoms <= MAX_ATOMS:
-        raise ValueError(f"--atoms takes 1 to {MAX_ATOMS} atoms per head, got {atoms}")
+    """Measure every head, write the JSON (:func:`~ssog_core.analysis.report.fields_json`) and the two charts;
+    returns what the JSON holds."""
+    atoms = check_atoms(atoms)
     if batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
+    if re.fullmatch(r"\d+", images):
+        n, folder = int(images), None
+    elif Path(images).is_dir():
+        n, folder = MAX_EVAL_IMAGES, Path(images)
+    else:
+        raise ImageError(f"--images takes a number of validation images or a folder of pictures; {images} is neither")
     model, meta = load_checkpoint(checkpoint)
-    size = img_size or tuple(model.config.img_size)
-    grid = model.grid_for(*size)
-    patch = (size[0] / grid[0], size[1] / grid[1])
-    batches, source = _image_batches(model, meta, images, size, batch_size)
-    stats = measure_head_fields(model, batches, grid, model.num_prefix_tokens, patch, atoms)
-    result = {
-        "checkpoint": str(checkpoint),
-        "images": {**source, "measured": stats.images, "size": list(size)},
-        "grid": list(grid),
-        "patch_px": list(patch),
-        "num_prefix_tokens": stats.num_prefix,
-        "atoms_per_head": atoms,
-        "method": FIT_NOTE,
-        "heads": heads_json(stats),
-    }
+    data = pictures_for(model, meta, n, folder=folder, size=img_size, up_to=folder is not None)
+    stats = fields_on(model, data, atoms, batch_size=batch_size)
+    result = fields_json(stats, checkpoint)
     text = json.dumps(result, indent=1)
     atomic_write(json_out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     out_dir = Path(out_dir) if out_dir is not None else Path(json_out).parent
     name = Path(str(checkpoint).rstrip("/")).name.removesuffix(".safetensors")
     settings = {"checkpoint": str(checkpoint), "images": result["images"], "atoms": atoms}
-    title = f"{name}: {stats.images} images, {grid[0]}×{grid[1]} patches"
+    title = f"{name}: {stats.measured_on.replace('`', '')}, {stats.grid[0]}×{stats.grid[1]} patches"
     for kind, fig in (("distance", distance_figure(stats, title)), ("share", share_figure(stats, title))):
         for fmt in ("png", "svg"):
             data = figure_bytes(fig, fmt, {**settings, "figure": kind})
@@ -153,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         "--checkpoint", required=True, help="an SSOG Lab checkpoint, a timm or transformers folder, or hf-hub:ORG/NAME"
     )
     ap.add_argument("--images", required=True, help="N (the first N validation images) or a folder of pictures")
-    ap.add_argument("--atoms", type=int, default=4, help=f"Gaussian atoms fitted per head (1 to {MAX_ATOMS})")
+    ap.add_argument("--atoms", type=int, default=FIT_ATOMS,
+                    help=f"Gaussian atoms fitted per head (1 to {MAX_FIT_ATOMS})")  # fmt: skip
     ap.add_argument("--json", required=True, help="output JSON path")
     ap.add_argument("--out-dir", help="folder for the two charts (PNG + SVG; default: the JSON's folder)")
     ap.add_argument("--img-size", type=parse_size, help="resize images to N or HxW (default: the model's size)")

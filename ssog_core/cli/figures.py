@@ -25,7 +25,7 @@ from ssog_core.analysis.measures import (
     DEFAULT_ALPHA,
     attention_maps,
     export_maps,
-    head_fields,
+    layer_fields,
     steering_offsets,
 )
 from ssog_core.checkpoint.files import atomic_write
@@ -80,7 +80,7 @@ def run(
     name = checkpoint.name
     written: list[Path] = []
     if model.config.attn == "ssog":
-        fields = head_fields(model)
+        fields = layer_fields(model)
         written += _write(out_dir, geometry_files(name, fields, report.initial_gate_scale(model.config), name))
     pil = sha = None
     if image is not None:

@@ -14,6 +14,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,7 +28,7 @@ from ssog_core.interventions.effects import Cancelled
 from ssog_core.interventions.importance import HeadImportance, head_importance
 from ssog_core.interventions.ops import AblateHead
 from ssog_core.interventions.result import InterventionResult, Memo
-from ssog_core.interventions.validation import BATCH, load_eval_set, picture_count
+from ssog_core.interventions.validation import BATCH, EvalSet, pictures_for
 
 T = TypeVar("T")
 KEPT = 16  # values a worker keeps between jobs (outcomes per model and N, head means per model)
@@ -108,7 +109,7 @@ def validation(
     (:func:`~ssog_core.interventions.result.run_intervention`); ``sources``: the patch sources' model inputs."""
     model, meta = loaded
     memo = _memo(model)
-    data = result.eval_set(model, meta, n, pictures)
+    data = pictures_for(model, meta, n, bundled=pictures)
     unedited = 1 if data.labels is not None else 2  # unlabelled pictures: their reference pass, then the outcomes
     kept = ("eval", model, int(n), result.pictures_key(meta, pictures)) in _kept  # kept per model, N and pictures
     batches = Batches(len(data), 1 + (0 if kept else unedited), progress, stopped)
@@ -124,7 +125,7 @@ def importance(
     """Head importance on the first ``n`` validation images, or on ``pictures`` labelled by the unedited model's
     predictions for a model without them (:func:`~ssog_core.interventions.importance.head_importance`)."""
     model, meta = loaded
-    data = result.eval_set(model, meta, n, pictures)
+    data = pictures_for(model, meta, n, bundled=pictures)
     means = result.head_means(model, meta, _memo(model), pictures) if AblateHead(0, 0, mode).needs_means() else None
     batches = Batches(len(data), 1 + (data.labels is None), progress, stopped)
     if data.labels is None:  # unlabelled pictures: the unedited model's predictions are the reference
@@ -134,31 +135,32 @@ def importance(
     return out
 
 
-def head_fields(
-    loaded: Loaded, n: int, images: Tensor | None, atoms: int, progress: Progress, stopped: Stopped
+def fields_on(
+    model: nn.Module, data: EvalSet, atoms: int, stop: Stopped | None = None, batch_size: int = BATCH
 ) -> HeadFieldStats:
-    """Every head as a field (:func:`~ssog_core.analysis.head_as_field.measure_head_fields`, ``atoms`` per head) on
-    the first ``n`` validation images, or on ``images`` (model inputs ``(B, C, H, W)``) when given: what a model
-    without a validation set (a standard ViT) is measured on. Progress counts the images of both passes."""
-    model, meta = loaded
-    size = tuple(model.config.img_size)
-    if images is None:
-        data = load_eval_set(dict(meta), size, n)
-        count, source = len(data), lambda: data.batches(model, BATCH)
-    else:
-        p = next(model.parameters())
-        count, source = len(images), lambda: iter(images.to(p.device, p.dtype).split(BATCH))
-    batches = Batches(count, 2, progress, stopped)
+    """Every head of ``model`` as a field (:func:`~ssog_core.analysis.head_as_field.measure_head_fields`, ``atoms``
+    per head) on ``data``, the result naming those images; ``stop`` is asked before each batch of both passes."""
 
     def each() -> Iterator[Tensor]:
-        for x in source():
-            if batches():
+        for x in data.batches(model, batch_size):
+            if stop is not None and stop():
                 raise Cancelled("the head fields were stopped")
             yield x
 
-    grid = model.grid_for(*size)
-    patch = (size[0] / grid[0], size[1] / grid[1])
-    out = measure_head_fields(model, each, grid, model.num_prefix_tokens, patch, atoms)
+    stats = measure_head_fields(model, each, atoms)
+    return replace(stats, pictures=data.describe(), measured_on=data.words())
+
+
+def head_fields(
+    loaded: Loaded, n: int, pictures: Path | None, atoms: int, progress: Progress, stopped: Stopped
+) -> HeadFieldStats:
+    """Every head as a field (:func:`fields_on`) on the first ``n`` validation images, or up to ``n`` of
+    ``pictures`` for a model without them (:func:`~ssog_core.interventions.validation.pictures_for`). Progress
+    counts the images of both passes."""
+    model, meta = loaded
+    data = pictures_for(model, meta, n, bundled=pictures, up_to=True)
+    batches = Batches(len(data), 2, progress, stopped)
+    out = fields_on(model, data, atoms, batches)
     batches.finished()
     return out
 
@@ -167,7 +169,7 @@ def accuracy(loaded: Loaded, n: int, progress: Progress, stopped: Stopped) -> fl
     """The unedited model's accuracy on the first ``n`` validation images."""
     model, meta = loaded
     memo = _memo(model)
-    images = len(load_eval_set(dict(meta), model.config.img_size, n))
+    images = len(pictures_for(model, meta, n))
     batches = Batches(images, 0 if ("eval", model, int(n), None) in _kept else 1, progress, stopped)
     data, outcomes = result.eval_outcomes(model, meta, n, memo, stop=batches)
     batches.finished()
@@ -186,7 +188,7 @@ def export_maps(
         out = validation_maps(model, meta, alpha, n, blank=blank)
         progress(n, n)
         return out
-    data = result.eval_set(model, meta, min(n, picture_count(pictures)), pictures)
+    data = pictures_for(model, meta, n, bundled=pictures, up_to=True)
     batches = Batches(len(data), 2, progress, stopped)
     data = result.labelled_by(data, model, batches)
 

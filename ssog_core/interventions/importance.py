@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from ssog_core.analysis.head_as_field import MeanAttention
+from ssog_core.analysis.head_as_field import FIT_ATOMS, MeanAttention
 from ssog_core.field import TAPS
 from ssog_core.interventions.edit import Edit
 from ssog_core.interventions.effects import (
@@ -28,7 +28,7 @@ from ssog_core.interventions.effects import (
     outcomes_of,
     within_noise,
 )
-from ssog_core.interventions.ops import FIT_ATOMS, AblateHead, CloseGate, ReplaceWithField
+from ssog_core.interventions.ops import AblateHead, CloseGate, ReplaceWithField
 from ssog_core.interventions.run import edited, mean_attention
 from ssog_core.interventions.validation import BATCH, LABEL, EvalSet
 from ssog_core.nn.attention import SSOGAttention
@@ -86,7 +86,7 @@ class HeadImportance:
 
 def importance_edits(model: nn.Module, mode: str = "zero") -> list[Edit]:
     """The sweep's single edits: every head ablated (``mode``), every head's attention replaced by its
-    :data:`~ssog_core.interventions.ops.FIT_ATOMS`-atom fit, then every layer's μ, σ and λ gates closed."""
+    :data:`~ssog_core.analysis.head_as_field.FIT_ATOMS`-atom fit, then every layer's μ, σ and λ gates closed."""
     heads = [(i, h) for i, b in enumerate(model.blocks) for h in range(b.attn.num_heads)]
     out: list[Edit] = [AblateHead(i, h, mode) for i, h in heads]
     out += [ReplaceWithField(i, h, "fit", FIT_ATOMS) for i, h in heads]

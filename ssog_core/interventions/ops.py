@@ -23,12 +23,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ssog_core.analysis.head_as_field import FIT_ATOMS, MAX_FIT_ATOMS
 from ssog_core.analysis.head_spec import HeadSpec
 from ssog_core.field import TAPS, Field
 from ssog_core.interventions.edit import CheckContext, Edit, EditError, LayerInputs, param
 
-FIT_ATOMS = 4  # atoms a replacing fit has unless an edit says otherwise (the fields command's default too)
-MAX_FIT_ATOMS = 4
 MAX_GATE_FACTOR = 10.0  # beyond this the bounded offsets saturate every atom: a typo, not an experiment
 DROPPED_LOG_LAMBDA = -1.0e4  # a dropped atom's log λ: its weight underflows to exactly 0 in every float type,
 # while every kernel still sees finite numbers (−inf would turn the fast paths' max-free softmax into NaN)

@@ -32,7 +32,7 @@ from ssog_core.interventions.effects import (
 )
 from ssog_core.interventions.effects import outcomes as outcomes_on
 from ssog_core.interventions.run import mean_attention
-from ssog_core.interventions.validation import LABEL, TERMS, EvalSet, load_eval_set, load_pictures, reference_of
+from ssog_core.interventions.validation import LABEL, TERMS, EvalSet, class_names, pictures_for, reference_of
 
 T = TypeVar("T")
 Sources = Mapping[str, Tensor] | Callable[[str], Tensor]  # patch source name → its model input (1, C, H, W)
@@ -58,14 +58,6 @@ class Memo:
         return make() if self.cache is None else self.cache.get((what, self.model_key, *part), make)
 
 
-def eval_set(model: nn.Module, meta: Mapping[str, Any], n: int | None = None, pictures: Path | None = None) -> EvalSet:
-    """What ``model`` is measured on: the first ``n`` validation images of its data, or, where it records none and
-    ``pictures`` (a folder) is given, the first ``n`` pictures there (unlabelled: see :func:`labelled_by`)."""
-    if reference_of(dict(meta), pictures) == LABEL:
-        return load_eval_set(dict(meta), model.config.img_size, n)
-    return load_pictures(pictures, model.config.img_size, class_names(model, meta), dict(meta), n)
-
-
 def eval_outcomes(
     model: nn.Module,
     meta: Mapping[str, Any],
@@ -75,12 +67,12 @@ def eval_outcomes(
     stop: Callable[[], bool] | None = None,
     pictures: Path | None = None,
 ) -> tuple[EvalSet, Outcomes]:
-    """What the model is measured on (:func:`~ssog_core.interventions.validation.eval_set`: the first ``n``
+    """What the model is measured on (:func:`~ssog_core.interventions.validation.pictures_for`: the first ``n``
     validation images, or ``pictures`` labelled by the unedited model's predictions) and the unedited model's
     outcomes on them (kept per model, ``n`` and pictures; ``stop`` cancels the first computation between batches)."""
 
     def make() -> tuple[EvalSet, Outcomes]:
-        data = eval_set(model, dict(meta), n, pictures)
+        data = pictures_for(model, meta, n, bundled=pictures)
         if data.labels is None:
             data = labelled_by(data, model, stop)
         return data, outcomes_on(model, data, progress=progress, stop=stop)
@@ -110,7 +102,7 @@ def head_means(
     """The per-position head means ``dataset_mean`` ablation needs, over the first
     :data:`~ssog_core.interventions.validation.DEFAULT_EVAL_IMAGES` validation images, or as many of ``pictures`` for
     a model without them (kept per model and pictures)."""
-    make = lambda: dataset_means(model, dict(meta), eval_set(model, dict(meta), None, pictures))  # noqa: E731
+    make = lambda: dataset_means(model, dict(meta), pictures_for(model, meta, bundled=pictures))  # noqa: E731
     return memo.get("means", pictures_key(meta, pictures), make=make)
 
 
@@ -123,7 +115,7 @@ def validation_attention(
     from it."""
 
     def make() -> list[MeanAttention]:
-        return mean_attention(model, eval_set(model, dict(meta), None, pictures).batches(model))
+        return mean_attention(model, pictures_for(model, meta, bundled=pictures).batches(model))
 
     return memo.get("attention", pictures_key(meta, pictures), make=make)
 
@@ -136,11 +128,6 @@ def patch_sources(edits: Sequence[Edit], sources: Sources | None) -> dict[str, T
         given = sources or {}
         return {n: given[n] for n in names if n in given}
     return {n: sources(n) for n in names}
-
-
-def class_names(model: nn.Module, meta: Mapping[str, Any]) -> list[str]:
-    """The checkpoint's class names, or ``class i`` where it records none."""
-    return [str(n) for n in meta.get("class_names") or [f"class {i}" for i in range(model.config.num_classes)]]
 
 
 def reference(effect: ValidationEffect) -> str:
@@ -226,7 +213,7 @@ def run_intervention(
     only (no maps: one forward pass each side). ``stop`` is asked between batches of validation images (true:
     :class:`~ssog_core.interventions.effects.Cancelled`). ``pictures``: a folder of pictures a model without a
     validation set is measured on instead, against its unedited predictions
-    (:func:`~ssog_core.interventions.validation.eval_set`).
+    (:func:`~ssog_core.interventions.validation.pictures_for`).
     """
     parsed = parse_edits(list(edits))
     src = patch_sources(parsed, sources)

@@ -18,7 +18,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from ssog_core.analysis.head_as_field import MeanAttention, _each_batch, patch_attention
+from ssog_core.analysis.head_as_field import MeanAttention
+from ssog_core.analysis.head_as_field import mean_attention as reduce_mean_attention
 from ssog_core.field import Field
 from ssog_core.interventions.edit import Edit, EditError, LayerInputs, Recorded, check_edits, parse_edits
 from ssog_core.nn.hook_points import HookPoint, PointFn, evaluating, hooked, reading
@@ -56,28 +57,13 @@ def mean_head_outputs(model: nn.Module, batches: Iterable[Tensor]) -> list[Tenso
 
 def mean_attention(model: nn.Module, batches: Iterable[Tensor]) -> list[MeanAttention]:
     """Per layer, the *unedited* model's patch attention averaged over the images (one size): what
-    ``replace_with_field`` puts in a head's place is made from it. Read at the ``blocks.{l}.attn.pattern`` points,
-    each layer's patterns reduced as its block runs."""
-    sums: dict[int, Tensor] = {}
-    grids: list[tuple[int, int]] = []
-
-    def sized() -> Iterator[Tensor]:
-        for x in batches:
-            grid = model.grid_for(x.shape[-2], x.shape[-1])
-            if grids and grid != grids[0]:
-                raise EditError(f"the mean attention needs images of one size, got grids {grids[0]} and {grid}")
-            grids[:] = [grid]
-            yield x
-
-    def add(layer: int, pattern: Tensor) -> None:
-        attn = patch_attention(pattern, grids[0], model.num_prefix_tokens)[0].sum(0)
-        sums[layer] = attn if layer not in sums else sums[layer] + attn
-
-    with hooked({}, replace=True):  # the unedited model, inside any edit block
-        images = _each_batch(model, sized(), add)
-    if images == 0:
-        raise EditError("the mean attention needs at least one image")
-    return [MeanAttention(sums[i].cpu() / images, grids[0], model.num_prefix_tokens, images) for i in range(len(sums))]
+    ``replace_with_field`` puts in a head's place is made from it
+    (:func:`~ssog_core.analysis.head_as_field.mean_attention`, the reduction every head field is made from)."""
+    try:
+        with hooked({}, replace=True):  # the unedited model, inside any edit block
+            return reduce_mean_attention(model, batches)
+    except ValueError as e:
+        raise EditError(str(e)) from None
 
 
 def _layer_points(attn: nn.Module, edits: list[Edit], inputs: LayerInputs) -> dict[int, PointFn]:

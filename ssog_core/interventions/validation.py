@@ -5,16 +5,18 @@ at the model's input size, not a random subset: the procedural data sets label i
 so a prefix is balanced, and every caller gets the same images for the same ``n``. :meth:`EvalSet.describe` is
 what a result records about them.
 
-A model that records no data (a standard ViT folder) is measured on pictures instead (:func:`load_pictures`: the
-bundled pictures, or a folder the user names). They have no labels, so the unedited model's own top-1 predictions
-are the reference (:func:`ssog_core.interventions.result.labelled_by`): "accuracy" is then agreement with the
-unedited model and "log p(true)" is log p(the unedited model's class), and every report names them so
-(:data:`TERMS`).
+:func:`pictures_for` is the one choice of what a model is measured on, for the CLI, the jobs and the app: a folder
+the user names, else the recorded data's validation images, else (a model that records no data, e.g. a standard ViT
+folder) the bundled pictures; the :class:`EvalSet` it returns says which (:meth:`EvalSet.describe`,
+:meth:`EvalSet.words`), so every number made from it can name its pictures. Pictures have no labels, so the
+unedited model's own top-1 predictions are the reference (:func:`ssog_core.interventions.result.labelled_by`):
+"accuracy" is then agreement with the unedited model and "log p(true)" is log p(the unedited model's class), and
+every report names them so (:data:`TERMS`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ TERMS = {  # reference → (what "accuracy" is, what "log p(true)" is, what the 
     LABEL: ("accuracy", "log p(true class)", "validation images"),
     PREDICTION: ("agreement with the unedited model", "log p(the unedited model's class)", "pictures"),
 }
+VALIDATION, FOLDER, BUNDLED = "validation", "folder", "bundled"  # where an eval set's images come from
 
 
 @dataclass
@@ -49,9 +52,18 @@ class EvalSet:
     spec: str
     normalization: dict[str, list[float]] | None = None
     reference: str = LABEL
+    source: str = VALIDATION  # VALIDATION, FOLDER (named by the user) or BUNDLED (for a model without data)
 
     def __len__(self) -> int:
         return len(self.images)
+
+    def words(self) -> str:
+        """Which images these are, in words, for every note and chart made from them."""
+        if self.source == VALIDATION:
+            return f"the first {len(self)} validation images of `{self.spec}`"
+        if self.source == BUNDLED:
+            return f"{len(self)} bundled picture(s) (the model records no validation set)"
+        return f"{len(self)} picture(s) of `{self.spec}`"
 
     def describe(self) -> dict[str, Any]:
         """Which images these are, as a result records them."""
@@ -120,16 +132,29 @@ def load_eval_set(meta: dict[str, Any], img_size: Sequence[int], n: int | None =
     )
 
 
+def class_names(model: nn.Module, meta: Mapping[str, Any]) -> list[str]:
+    """The checkpoint's class names, or ``class i`` where it records none."""
+    return [str(n) for n in meta.get("class_names") or [f"class {i}" for i in range(model.config.num_classes)]]
+
+
 def load_pictures(
-    folder: str | Path, img_size: Sequence[int], class_names: Sequence[str], meta: dict[str, Any], n: int | None = None
+    folder: str | Path,
+    img_size: Sequence[int],
+    class_names: Sequence[str],
+    meta: dict[str, Any],
+    n: int | None = None,
+    up_to: bool = False,
+    source: str = FOLDER,
 ) -> EvalSet:
     """The first ``n`` pictures of ``folder`` (by name; default all, at most :data:`DEFAULT_EVAL_IMAGES`) at
-    ``img_size``, unlabelled: what a model without a validation set is measured on."""
+    ``img_size``, unlabelled: what a model without a validation set is measured on. ``up_to``: ``n`` is a most
+    (a folder with fewer gives them all), not a count the folder must hold."""
     paths = list_images(folder) if Path(folder).is_dir() else []
     if not paths:
         raise DataError(f"this model records no validation set, and {folder} holds no pictures to measure it on")
     cap = min(len(paths), MAX_EVAL_IMAGES)
     n = min(DEFAULT_EVAL_IMAGES, cap) if n is None else int(n)
+    n = min(n, cap) if up_to else n
     if not 1 <= n <= cap:
         raise ValueError(
             f"evaluate 1 to {cap} pictures ({folder} holds {len(paths)}, at most {MAX_EVAL_IMAGES}), got {n}"
@@ -143,4 +168,28 @@ def load_pictures(
         spec=Path(folder).name,
         normalization=meta.get("normalization"),
         reference=PREDICTION,
+        source=source,
     )
+
+
+def pictures_for(
+    model: nn.Module,
+    meta: Mapping[str, Any],
+    n: int | None = None,
+    *,
+    folder: str | Path | None = None,
+    bundled: str | Path | None = None,
+    size: Sequence[int] | None = None,
+    up_to: bool = False,
+) -> EvalSet:
+    """What ``model`` is measured on, the one choice for the CLI, the jobs and the app: the first ``n`` pictures of
+    ``folder`` when the user names one; else the first ``n`` validation images of the checkpoint's recorded data;
+    else, for a model that records none, the first ``n`` of the ``bundled`` pictures (the app's; the intervene
+    command's ``--pictures``). Pictures are unlabelled (``reference`` :data:`PREDICTION`); ``up_to`` takes at most
+    ``n`` of them where a folder holds fewer. ``size`` (default the model's) is the images' size; the result names
+    its images (:meth:`EvalSet.describe`, :meth:`EvalSet.words`)."""
+    size = tuple(model.config.img_size) if size is None else size
+    if folder is None and (meta.get("data") or bundled is None):
+        return load_eval_set(dict(meta), size, n)
+    source, where = (FOLDER, folder) if folder is not None else (BUNDLED, bundled)
+    return load_pictures(where, size, class_names(model, meta), dict(meta), n, up_to, source)

@@ -81,6 +81,19 @@ def panel_boxes(fig: Figure) -> list[tuple[float, float, float, float]]:
     return boxes
 
 
+def panel_at(
+    png: bytes, boxes: list[tuple[float, float, float, float]], layers: int, xy: Sequence[float]
+) -> tuple[int, int] | None:
+    """The ``(layer, head)`` whose panel is under pixel ``(x, y)`` of a layers × heads figure drawn as ``png`` with
+    its :func:`panel_boxes` (head rows × layer columns, row-major), or None outside every panel."""
+    width, height = Image.open(io.BytesIO(png)).size
+    x, y = float(xy[0]) / width, float(xy[1]) / height
+    for k, (x0, y0, x1, y1) in enumerate(boxes):
+        if x0 <= x <= x1 and y0 <= y <= y1:
+            return k % layers, k // layers
+    return None
+
+
 def safe_token(text: str) -> str:
     """A string made safe for a file name (settings go into names)."""
     keep = "".join(c if c.isalnum() or c in "-_." else "-" for c in text)
