@@ -377,7 +377,7 @@ def test_head_field_layers_flip_the_field_to_key_offsets_and_measure_it_per_quer
                   0.5 + torch.rand(heads, 2, 2, generator=g, dtype=torch.float64),
                   torch.tensor([[0.3, 0.7], [0.6, 0.4]], dtype=torch.float64), torch.zeros(heads))  # fmt: skip
     zeros = torch.zeros(1, heads, dtype=torch.float64)
-    stats = HeadFieldStats((gh, gw), (4.0, 4.0), 1, 3, zeros, zeros, zeros, zeros, field, [fit])
+    stats = HeadFieldStats((gh, gw), (4.0, 4.0), 1, 3, zeros, zeros, zeros, zeros, zeros, zeros, field, [fit])
     measured, fitted = report.head_field_layers(stats)
     lf = measured[0]
     assert lf.extent == (gh - 1, gw - 1) and fitted[0].density.shape == lf.density.shape

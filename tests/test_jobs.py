@@ -378,8 +378,8 @@ def test_moved_takes_every_tensor_of_a_result_to_the_device_and_leaves_the_rest(
         return torch.rand(*shape, dtype=torch.float64) + 0.1
 
     fit = AtomFit(rand(2, 3, 2), rand(2, 3, 2), rand(2, 3), rand(2))
-    stats = HeadFieldStats((7, 5), (8.0, 8.0), 1, 12, rand(2, 2), rand(2, 2), rand(2, 2), rand(2, 2),
-                           rand(2, 2, 13, 9), [fit, fit])  # fmt: skip
+    stats = HeadFieldStats((7, 5), (8.0, 8.0), 1, 12, rand(2, 2), rand(2, 2), rand(2, 2), rand(2, 2), rand(2, 2),
+                           rand(2, 2), rand(2, 2, 13, 9), [fit, fit])  # fmt: skip
     value = {"stats": stats, "pairs": [Pair(rand(3), "a"), (rand(1), 4)], "note": "kept"}
     meta = torch.device("meta")
     out = moved(value, meta)

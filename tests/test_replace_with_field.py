@@ -1,7 +1,8 @@
 """replace_with_field: a head's attention replaced by its positional field or its K-atom fit, made from the mean patch
 attention of the validation images. The mean is each layer's renormalised patch rows averaged over images; the patch
 rows of a replaced head are the field's (a float64 loop reference) or the fit's (the dense SSOG oracle), scaled to the
-mass the head left to patches, while prefix keys and queries stay the head's own; it acts on SSOG, dot, RBF and
+mass left after each patch query's mean mass on the prefix tokens, and the prefix queries' rows are their means over the
+validation images, so no query stays content-scored; it acts on SSOG, dot, RBF and
 standard ViTs, passes through the one run entry (on a model folder without a validation set: on pictures, against
 the unedited model's predictions), and head importance gains its column."""
 
@@ -93,12 +94,19 @@ def field_rows_by_loop(mean: torch.Tensor, grid: tuple[int, int]) -> torch.Tenso
     return out
 
 
-def replaced(a: torch.Tensor, p: int, heads: list[int], rows: torch.Tensor) -> torch.Tensor:
-    """The pattern ``a`` with the patch rows of ``heads`` replaced by ``rows`` (``(H, N, N)``), scaled to the mass
-    each query left to patches; prefix keys and prefix queries untouched."""
+def replaced(a: torch.Tensor, p: int, heads: list[int], rows: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """The pattern ``a`` with every query of ``heads`` content-blind, from ``ref``, the same layer's pattern on the
+    reference images: a prefix query's row is its mean over them; a patch query puts its mean mass on each prefix
+    token and the rest on ``rows`` (``(H, N, N)``)."""
     out = a.clone()
     for h in heads:
-        out[:, h, p:, p:] = a[:, h, p:, p:].sum(-1, keepdim=True) * rows[h]
+        for q in range(a.shape[-1]):
+            mean = ref[:, h, q].double().mean(0)
+            if q < p:
+                out[:, h, q] = mean
+            else:
+                out[:, h, q, :p] = mean[:p]
+                out[:, h, q, p:] = (1.0 - mean[:p].sum()) * rows[h, q - p]
     return out
 
 
@@ -121,7 +129,7 @@ def test_a_head_replaced_by_its_positional_field_is_what_the_loop_reference_says
     p = model.num_prefix_tokens
     attention = mean_attention(model, [ref])
     rows = field_rows_by_loop(mean_rows(patterns(model, ref)[1].double(), p), GRID)
-    want_pattern = replaced(patterns(model, x)[1], p, [2], rows)
+    want_pattern = replaced(patterns(model, x)[1], p, [2], rows, patterns(model, ref)[1])
     want = run_with_hooks(model, x, {"blocks.1.attn.pattern": lambda a, n: want_pattern})
     edit = {"op": "replace_with_field", "layer": 1, "head": 2, "replacement": "field"}
     with edited(model, [edit], attention=attention):
@@ -145,8 +153,24 @@ def test_every_head_of_a_layer_replaced_by_its_fit_has_the_fitted_atoms_rows():
     with edited(model, [edit], attention=attention):
         _, cache = run_with_cache(model, x, ["blocks.2.attn.pattern"])
     torch.testing.assert_close(
-        cache["blocks.2.attn.pattern"], replaced(patterns(model, x)[2], p, [0, 1, 2], rows), **F64
+        cache["blocks.2.attn.pattern"],
+        replaced(patterns(model, x)[2], p, [0, 1, 2], rows, patterns(model, ref)[2]),
+        **F64,
     )
+
+
+def test_a_class_token_readout_is_edited_too():
+    """A model that reads out its class token: every head of the last layer replaced by its fit moves the logits (the
+    class query's row is content-blind too), and no query of an edited head depends on the image any more."""
+    model, ref, x = model_of("standard"), images(4, seed=8), images(3, seed=9)
+    assert model.config.pool == "token" and model.num_prefix_tokens == 2
+    last = len(model.blocks) - 1
+    edit = {"op": "replace_with_field", "layer": last, "replacement": "fit", "atoms": 2}
+    with edited(model, [edit], attention=mean_attention(model, [ref])):
+        logits, cache = run_with_cache(model, x, [f"blocks.{last}.attn.pattern"])
+    assert (logits - model(x)).abs().max() > 1e-3
+    a = cache[f"blocks.{last}.attn.pattern"]
+    torch.testing.assert_close(a, a[:1].expand_as(a), rtol=0, atol=1e-12)  # the same pattern for every image
 
 
 def test_a_content_blind_model_replaced_whole_by_its_fits_does_not_move():

@@ -93,8 +93,8 @@ def _stats(seed: int, layers: int = 2, heads: int = 3):
         return torch.rand(*shape, generator=g, dtype=torch.float64) + 0.1
 
     fits = [AtomFit(r(heads, 2, 2), r(heads, 2, 2), r(heads, 2), r(heads)) for _ in range(layers)]
-    return HeadFieldStats((7, 5), (4.0, 4.0), 1, 16, r(layers, heads), r(layers, heads), r(layers, heads),
-                          r(layers, heads), r(layers, heads, 13, 9), fits)  # fmt: skip
+    per_head = [r(layers, heads) for _ in range(6)]  # distance, share_fit, share_field, share_uniform, entropy, prefix
+    return HeadFieldStats((7, 5), (4.0, 4.0), 1, 16, *per_head, r(layers, heads, 13, 9), fits)
 
 
 def test_a_gpu_worker_is_held_to_the_tolerance_except_in_the_fitted_atoms_parameters() -> None:

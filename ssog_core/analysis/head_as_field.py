@@ -12,10 +12,17 @@ queries, with rows restricted to patch keys and renormalised (``measures._patch_
 * :func:`mean_distance` — ``Σ_k A(q,k)·‖p_q − p_k‖`` in pixels between patch centres, averaged over queries and
   images (the ViT paper's mean attention distance);
 * :func:`share_explained` — ``1 − mean TV`` between the head's rows and a content-blind field's rows (1: the head is
-  that field); :func:`prefix_share` — the mass patch queries put on prefix tokens;
+  that field); the same share of the *uniform* field (every in-grid key alike) is its baseline, and
+  :func:`normalised` the part of the head's departure from uniform a field explains (0: no more than the uniform
+  field, 1: the head itself; undefined, and marked *diffuse*, for a head within :data:`DIFFUSE_TV` of uniform);
+  :func:`prefix_share` — the mass patch queries put on prefix tokens;
 * :func:`fit_atoms` — K Gaussian atoms whose factorized SSOG field best matches the head's mean attention;
 * :func:`mean_attention` — each layer's patch attention averaged over images (:class:`MeanAttention`, the one
-  reduction every head field and ``replace_with_field`` are made from);
+  reduction every head field and ``replace_with_field`` are made from), with the prefix queries' mean rows and the
+  patch queries' mean mass on each prefix token;
+
+The positional field is the head's mean over the query–key pairs of each displacement: a description of the head,
+not the content-blind field closest to it, which is why a fit can explain more of the head than it does.
 * :func:`measure_head_fields` — all of it for every layer of a model with ``blocks.{l}.attn.pattern`` hook points,
   on a batch of images or a batch iterator (grid, patch size and prefix read from the model and the images);
   :func:`fit_spec` opens a fitted head in the playground.
@@ -49,6 +56,7 @@ FIT_STEPS = (20, 200)  # L-BFGS steps with every start, then with each head's be
 LBFGS_HISTORY = 8  # curvature pairs kept per head
 LBFGS_BACKTRACKS = 12  # trial steps, each a quarter of the last, before a head stays put
 _LOG_SIGMA = (math.log(SIGMA_RANGE[0]), math.log(SIGMA_RANGE[1]))
+DIFFUSE_TV = 0.1  # a head whose rows lie within this mean total variation of uniform is diffuse: no share normalises
 LBFGS_TOLERANCE = 1e-13  # a head whose descent along its direction is below this (relative to the loss) has converged
 FIT_CHUNK = 2**25  # float64 values a fit holds per (query, key) table across its starts: 256 MiB
 
@@ -122,6 +130,25 @@ def prefix_share(pattern: Tensor, grid: tuple[int, int], num_prefix: int) -> Ten
 def share_of(attn: Tensor, rows: Tensor) -> Tensor:
     """``(H,)`` ``1 − mean TV`` between patch rows ``attn`` ``(B, H, N, N)`` and a field's rows ``(H, N, N)``."""
     return 1.0 - 0.5 * (attn - rows.to(attn.dtype)).abs().sum(-1).mean(dim=(0, 2))
+
+
+def uniform_rows(grid: tuple[int, int], heads: int = 1) -> Tensor:
+    """``(heads, N, N)`` the uniform field's rows: every in-grid patch key alike, float64."""
+    n = grid[0] * grid[1]
+    return torch.full((heads, n, n), 1.0 / n, dtype=torch.float64)
+
+
+def row_entropy(attn: Tensor) -> Tensor:
+    """``(H,)`` mean entropy (nats) of patch rows ``(B, H, N, N)`` over queries and images; at most ``log N``."""
+    return -(attn * attn.clamp_min(1e-300).log()).sum(-1).mean(dim=(0, 2))
+
+
+def normalised(share: Tensor, uniform: Tensor) -> Tensor:
+    """``(share − uniform) / (1 − uniform)``: the part of the head's distance from the uniform field that a field
+    with this ``share`` closes (1 − TV to the field ÷ TV to uniform); NaN where the head is diffuse
+    (``1 − uniform`` below :data:`DIFFUSE_TV`)."""
+    gap = 1.0 - uniform
+    return torch.where(gap >= DIFFUSE_TV, (share - uniform) / gap.clamp_min(1e-300), torch.full_like(share, math.nan))
 
 
 def share_explained(pattern: Tensor, rows: Tensor, grid: tuple[int, int], num_prefix: int) -> Tensor:
@@ -386,6 +413,9 @@ class HeadFieldStats:
     Attributes:
         mean_distance_px: mean attention distance in pixels (:func:`mean_distance`).
         share_fit, share_field: share explained by the fitted atoms and by the positional field.
+        share_uniform: the same share of the uniform field, the baseline every share is read against
+            (:meth:`normalised_fit`, :meth:`normalised_field`, :attr:`diffuse`).
+        entropy: mean entropy (nats) of the head's patch rows; its maximum is ``log N`` (:attr:`max_entropy`).
         prefix_share: mass patch queries put on prefix tokens.
         field: ``(L, H, 2Gh−1, 2Gw−1)`` positional fields.
         fits: one :class:`AtomFit` per layer.
@@ -401,11 +431,33 @@ class HeadFieldStats:
     mean_distance_px: Tensor
     share_fit: Tensor
     share_field: Tensor
+    share_uniform: Tensor
+    entropy: Tensor
     prefix_share: Tensor
     field: Tensor
     fits: list[AtomFit]
     pictures: dict[str, Any] = dataclasses.field(default_factory=dict)
     measured_on: str = ""
+
+    @property
+    def normalised_fit(self) -> Tensor:
+        """``(L, H)`` share_fit against the uniform baseline (:func:`normalised`; NaN for a diffuse head)."""
+        return normalised(self.share_fit, self.share_uniform)
+
+    @property
+    def normalised_field(self) -> Tensor:
+        """``(L, H)`` share_field against the uniform baseline (:func:`normalised`; NaN for a diffuse head)."""
+        return normalised(self.share_field, self.share_uniform)
+
+    @property
+    def diffuse(self) -> Tensor:
+        """``(L, H)`` whether a head lies within :data:`DIFFUSE_TV` of the uniform field (no share normalises)."""
+        return (1.0 - self.share_uniform) < DIFFUSE_TV
+
+    @property
+    def max_entropy(self) -> float:
+        """``log N``: the entropy of the uniform field's rows."""
+        return math.log(self.grid[0] * self.grid[1])
 
     @property
     def atoms(self) -> int:
@@ -457,7 +509,9 @@ class MeanAttention:
     """One layer's patch attention (rows renormalised over patch keys) averaged over images, ``(H, N, N)`` float64,
     and the mass patch queries put on prefix tokens ``(H,)``: the sufficient statistics of each head's positional
     field, its atom fit and its mean distance, made by :func:`mean_attention`. :meth:`fit` and :meth:`rows` make
-    the fits and rows from it, once each, and keep them."""
+    the fits and rows from it, once each, and keep them. ``prefix_rows`` ``(H, P, P + N)`` are the prefix queries'
+    mean rows and ``prefix_mass`` ``(H, N, P)`` each patch query's mean mass on each prefix token: what a
+    content-blind replacement puts where no displacement applies."""
 
     def __init__(
         self,
@@ -467,9 +521,14 @@ class MeanAttention:
         images: int,
         prefix_share: Tensor | None = None,
         patch: tuple[float, float] = (1.0, 1.0),
+        prefix_rows: Tensor | None = None,
+        prefix_mass: Tensor | None = None,
     ):
         self.mean, self.grid, self.num_prefix, self.images = mean, grid, num_prefix, images
-        self.prefix_share = mean.new_zeros(mean.shape[0]) if prefix_share is None else prefix_share
+        heads, n = mean.shape[0], mean.shape[-1]
+        self.prefix_share = mean.new_zeros(heads) if prefix_share is None else prefix_share
+        self.prefix_rows = mean.new_zeros(heads, num_prefix, num_prefix + n) if prefix_rows is None else prefix_rows
+        self.prefix_mass = mean.new_zeros(heads, n, num_prefix) if prefix_mass is None else prefix_mass
         self.patch = patch
         self._fits: dict[int, AtomFit] = {}
         self._rows: dict[tuple[str, int], Tensor] = {}
@@ -517,7 +576,8 @@ def mean_attention(model: nn.Module, batches: Iterable[Tensor]) -> list[MeanAtte
 
     def add(layer: int, pattern: Tensor) -> None:
         attn, share = patch_attention(pattern, model.grid_for(*sizes[0]), prefix)
-        more = [attn.sum(0), share.mean(-1).sum(0)]
+        full = pattern.double()
+        more = [attn.sum(0), share.mean(-1).sum(0), full[:, :, :prefix].sum(0), full[:, :, prefix:, :prefix].sum(0)]
         sums[layer] = more if layer not in sums else [a + b for a, b in zip(sums[layer], more, strict=True)]
 
     images = reduce_patterns(model, sized(), add)
@@ -525,8 +585,8 @@ def mean_attention(model: nn.Module, batches: Iterable[Tensor]) -> list[MeanAtte
         raise ValueError("the mean attention needs at least one image")
     grid = model.grid_for(*sizes[0])
     patch = (sizes[0][0] / grid[0], sizes[0][1] / grid[1])
-    return [MeanAttention(sums[i][0].cpu() / images, grid, prefix, images, sums[i][1].cpu() / images, patch)
-            for i in range(len(sums))]  # fmt: skip
+    means = [[t.cpu() / images for t in sums[i]] for i in range(len(sums))]
+    return [MeanAttention(m[0], grid, prefix, images, m[1], patch, m[2], m[3]) for m in means]
 
 
 def fit_layers(attention: list[MeanAttention], atoms: int) -> list[AtomFit]:
@@ -574,17 +634,19 @@ def measure_head_fields(
     fields = [field_of(a.mean, grid) for a in attention]
     fits = fit_layers(attention, atoms)
     rows = [(fit.rows(grid), field_rows(f, grid)) for fit, f in zip(fits, fields, strict=True)]
+    flat = uniform_rows(grid)
     shares: dict[int, Tensor] = {}
 
     def second(layer: int, pattern: Tensor) -> None:
         attn = patch_attention(pattern, grid, num_prefix)[0]
         fit_rows, pos_rows = (r.to(attn.device) for r in rows[layer])
-        add = torch.stack([share_of(attn, fit_rows), share_of(attn, pos_rows)]).cpu() * attn.shape[0]
+        each = [share_of(attn, fit_rows), share_of(attn, pos_rows), share_of(attn, flat.to(attn.device))]
+        add = torch.stack([*each, row_entropy(attn)]).cpu() * attn.shape[0]
         shares[layer] = add if layer not in shares else shares[layer] + add
 
     if reduce_patterns(model, passes(), second) != count:
         raise ValueError("the second pass over the images saw other images than the first")
-    share = torch.stack([shares[layer] for layer in range(len(attention))]) / count  # (L, 2, H)
+    share = torch.stack([shares[layer] for layer in range(len(attention))]) / count  # (L, 4, H)
     return HeadFieldStats(
         grid=grid,
         patch=attention[0].patch,
@@ -593,6 +655,8 @@ def measure_head_fields(
         mean_distance_px=torch.stack([distance_px(a.mean, grid, attention[0].patch) for a in attention]),
         share_fit=share[:, 0],
         share_field=share[:, 1],
+        share_uniform=share[:, 2],
+        entropy=share[:, 3],
         prefix_share=torch.stack([a.prefix_share for a in attention]),
         field=torch.stack(fields),
         fits=fits,

@@ -87,7 +87,11 @@ def head_field_layers(stats: HeadFieldStats) -> tuple[list[LayerField], list[Lay
 FIT_NOTE = (
     "atoms: the factorized SSOG field (tau = 1) of K Gaussians closest to the head's renormalised patch-to-patch "
     "attention in mean KL over patch queries and images (L-BFGS from three deterministic starts); shares: 1 - mean "
-    "total-variation distance to the fitted atoms (share_fit) and to the positional field (share_field)"
+    "total-variation distance to the fitted atoms (share_fit), to the positional field (share_field: the head's mean "
+    "over the pairs of each displacement, a description of the head, not the closest content-blind field, so a fit "
+    "can beat it) and to the uniform field over in-grid keys (share_uniform, the baseline); normalised: "
+    "(share - share_uniform) / (1 - share_uniform), the part of the head's departure from uniform the field explains "
+    "(null for a diffuse head, within 0.1 mean TV of uniform; entropy against max_entropy = log N says how flat)"
 )
 
 
@@ -95,7 +99,8 @@ def fields_json(stats: HeadFieldStats, checkpoint: str) -> dict[str, Any]:
     """Every head of ``checkpoint`` as a field, as ``python -m ssog_core fields`` writes it and the app's
     ``/head_fields`` returns it: ``checkpoint``; ``images`` (which images, as their chooser describes them, with
     ``measured``, how many, and their ``size``); ``measured_on`` (the same in words); ``grid``, ``patch_px``,
-    ``num_prefix_tokens``, ``atoms_per_head``, ``method`` and ``heads`` (:func:`heads_json`)."""
+    ``num_prefix_tokens``, ``atoms_per_head``, ``max_entropy`` (``log N``), ``method`` and ``heads``
+    (:func:`heads_json`)."""
     return {
         "checkpoint": str(checkpoint),
         "images": {**stats.pictures, "measured": stats.images, "size": list(stats.size)},
@@ -104,6 +109,7 @@ def fields_json(stats: HeadFieldStats, checkpoint: str) -> dict[str, Any]:
         "patch_px": list(stats.patch),
         "num_prefix_tokens": stats.num_prefix,
         "atoms_per_head": stats.atoms,
+        "max_entropy": stats.max_entropy,
         "method": FIT_NOTE,
         "heads": heads_json(stats),
     }
@@ -112,6 +118,7 @@ def fields_json(stats: HeadFieldStats, checkpoint: str) -> dict[str, Any]:
 def heads_json(stats: HeadFieldStats) -> list[dict[str, Any]]:
     """Every head as a field, one JSON object per head, layer by layer (the ``heads`` of :func:`fields_json`)."""
     out = []
+    norm_fit, norm_field, diffuse = stats.normalised_fit, stats.normalised_field, stats.diffuse
     for layer, fit in enumerate(stats.fits):
         for head in range(fit.mu.shape[0]):
             atoms = [
@@ -126,6 +133,11 @@ def heads_json(stats: HeadFieldStats) -> list[dict[str, Any]]:
                     "mean_distance_px": float(stats.mean_distance_px[layer, head]),
                     "share_fit": float(stats.share_fit[layer, head]),
                     "share_field": float(stats.share_field[layer, head]),
+                    "share_uniform": float(stats.share_uniform[layer, head]),
+                    "normalised_fit": None if diffuse[layer, head] else float(norm_fit[layer, head]),
+                    "normalised_field": None if diffuse[layer, head] else float(norm_field[layer, head]),
+                    "diffuse": bool(diffuse[layer, head]),
+                    "entropy": float(stats.entropy[layer, head]),
                     "prefix_share": float(stats.prefix_share[layer, head]),
                     "atoms": atoms,
                 }

@@ -11,7 +11,10 @@ pictures in a folder (:func:`~ssog_core.interventions.validation.pictures_for`).
 (:func:`~ssog_core.analysis.report.fields_json`, the app's ``/head_fields`` answer too) says which images
 (``images``, ``measured_on``), the ``grid``, ``patch_px``, ``num_prefix_tokens`` and ``atoms_per_head``, and holds
 ``heads``: per head its 0-based ``layer`` and ``head``, ``mean_distance_px``,
-``share_fit``, ``share_field``, ``prefix_share`` and ``atoms`` (``mu_y``, ``mu_x``, ``sigma_y``, ``sigma_x``,
+``share_fit``, ``share_field``, the uniform field's ``share_uniform`` (the baseline), ``normalised_fit`` and
+``normalised_field`` (the part of the head's departure from uniform each explains; ``null`` for a ``diffuse``
+head), ``entropy`` (nats, against the JSON's ``max_entropy``), ``prefix_share`` and ``atoms`` (``mu_y``, ``mu_x``,
+``sigma_y``, ``sigma_x``,
 ``weight``; grid cells, μ as query − key). Two charts (PNG + SVG) go to ``--out-dir`` (default: beside the JSON): mean
 attention distance per head against layer, as in the ViT paper, and the shares per head against layer. The model
 needs the hook point ``blocks.{l}.attn.pattern`` in every layer.
@@ -64,12 +67,14 @@ def distance_figure(stats: HeadFieldStats, title: str) -> Figure:
 
 
 def share_figure(stats: HeadFieldStats, title: str) -> Figure:
-    """Share of every head the fitted atoms and the positional field explain, against its layer."""
+    """Share of every head the fitted atoms and the positional field explain, against its layer, beside the uniform
+    field's share (the baseline: a field with no geometry)."""
     fig = new_figure(6.4, 4.0)
     ax = fig.add_subplot()
     k = stats.fits[0].mu.shape[1]
     _per_layer(ax, stats.share_field, -0.18, color="tab:gray", marker="s", label="positional field")
     _per_layer(ax, stats.share_fit, 0.18, color="tab:orange", marker="o", label=f"{k} fitted atom{'s' * (k > 1)}")
+    _per_layer(ax, stats.share_uniform, 0.0, color="k", marker="_", label="uniform field (baseline)")
     ax.set_xlabel("layer (0-based)")
     ax.set_ylabel("share explained (1 − mean TV)")
     ax.set_xticks(range(stats.share_fit.shape[0]))
@@ -137,10 +142,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     heads = result["heads"]
-    mean = {k: sum(h[k] for h in heads) / len(heads) for k in ("mean_distance_px", "share_fit", "share_field")}
+    keys = ("mean_distance_px", "share_fit", "share_field", "share_uniform")
+    mean = {k: sum(h[k] for h in heads) / len(heads) for k in keys}
+    shaped = [h["normalised_fit"] for h in heads if not h["diffuse"]]
+    normalised = f"{sum(shaped) / len(shaped):.3f} over {len(shaped)} heads" if shaped else "none (every head diffuse)"
     print(f"wrote {args.json}: {len(heads)} heads on {result['images']['measured']} images; mean distance "
           f"{mean['mean_distance_px']:.1f} px, share explained by {args.atoms} atoms {mean['share_fit']:.3f}, "
-          f"by the positional field {mean['share_field']:.3f}")  # fmt: skip
+          f"by the positional field {mean['share_field']:.3f}, by the uniform field {mean['share_uniform']:.3f}; "
+          f"the fit's normalised share {normalised}, {len(heads) - len(shaped)} diffuse")  # fmt: skip
     return 0
 
 

@@ -343,12 +343,12 @@ def head_edits(layer: int, head: int, opened: HeadSpec, edited: HeadSpec) -> lis
 
 @dataclass(frozen=True)
 class ReplaceWithField(Edit):
-    """The head's attention is a content-blind field over displacement (query − key): its K-atom fit or its
-    positional field, both from its mean patch attention over the validation images
-    (:mod:`ssog_core.analysis.head_as_field`). Content stops scoring the patches: each patch query's row over the
-    patch keys is the field's (renormalised over the in-grid keys), scaled to the mass the head itself left to
-    patches; what it puts on prefix tokens, and the prefix queries' rows (no grid position, so no field says where
-    they look), stay the head's own."""
+    """The head's attention is content-blind: each patch query's row over the patch keys is a field over displacement
+    (query − key), its K-atom fit or its positional field (renormalised over the in-grid keys), both from its mean
+    patch attention over the validation images (:mod:`ssog_core.analysis.head_as_field`); what a patch query puts on
+    each prefix token (class, distillation, register) is the head's mean over those images, and the field gets the
+    rest; a prefix query, which has no grid position for a field to say where it looks, gets its mean row. So no query
+    of the head scores content, and a model that reads out its class token is edited too."""
 
     op = "replace_with_field"
     dot_product = {}
@@ -379,7 +379,9 @@ class ReplaceWithField(Edit):
             raise EditError(f"replace_with_field needs images of the validation images' size ({gh}×{gw} patches)")
         heads = slice(None) if self.head is None else slice(self.head, self.head + 1)
         rows = ref.rows(self.replacement, self.atoms)[heads].to(a)  # (h, N, N)
+        on_prefix = ref.prefix_mass[heads].to(a)  # (h, N, P): the mean over the images, per patch query
         a = a.clone()
-        patch_mass = a[:, heads, p:, p:].sum(-1, keepdim=True)  # what the head left to patches, per query
-        a[:, heads, p:, p:] = patch_mass * rows
+        a[:, heads, :p] = ref.prefix_rows[heads].to(a)
+        a[:, heads, p:, :p] = on_prefix
+        a[:, heads, p:, p:] = (1.0 - on_prefix.sum(-1, keepdim=True)) * rows
         return a
