@@ -20,7 +20,6 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
-from app.cache import LRU
 from ssog_core.analysis.measures import LayerField, head_fields
 from ssog_core.analysis.presets import Preset, find_presets
 from ssog_core.analysis.session import NO_TWIN
@@ -30,6 +29,8 @@ from ssog_core.checkpoint.standard import HUB_PREFIX, folder_config
 from ssog_core.checkpoint.standard import resolve as hub_folder
 from ssog_core.checkpoint.upstream import convert
 from ssog_core.data.images import MAX_BYTES, ImageError, list_images, load_image, model_input
+from ssog_core.runtime.folders import fingerprint
+from ssog_core.runtime.lru import LRU
 
 UPLOADED = "uploaded/"  # prefix of checkpoints a user uploaded in this session of the server
 MAX_PIXELS = 25_000_000  # decoded-image cap for uploads (decompression bombs are refused before decoding)
@@ -210,18 +211,9 @@ class AppContext:
             raise AppError(f"refused model folder {name!r}: a file in it points outside the folder")
         return path
 
-    def _key(self, path: Path) -> tuple[str, int, int]:
-        """(path, modification time, size) of a checkpoint file; of a model folder its newest file's time and the
-        files' total size: a changed file is a different cache entry."""
-        if not path.is_dir():
-            st = path.stat()
-            return str(path), st.st_mtime_ns, st.st_size
-        stats = [f.stat() for f in path.iterdir() if f.is_file()]
-        return str(path), max((st.st_mtime_ns for st in stats), default=0), sum(st.st_size for st in stats)
-
     def model(self, name: str) -> LoadedModel:
         """The checkpoint ``name`` loaded (cached by path + modification time + size)."""
-        key = self._key(self.resolve(name))
+        key = fingerprint(self.resolve(name))  # a changed file is a different cache entry
 
         def load() -> LoadedModel:
             model, meta = load_checkpoint(key[0], self.device)
