@@ -39,6 +39,7 @@ from ssog_core.nn.hook_points import HookPoint
 from ssog_core.nn.vit import patch_grid
 
 FAMILIES = ("timm", "vit", "deit", "dinov2", "dinov2_with_registers")  # whose conventions the weights follow
+TIMM_EPS = 1e-6  # timm's LayerNorm epsilon
 POOLS = ("token", "avg", "token+avg")  # class token, patch mean, DINOv2's class token beside the patch mean
 
 
@@ -55,7 +56,7 @@ class StandardViTConfig(PatchShape):
     num_classes: int  # 0: no head, the model returns the pooled features (timm's num_classes=0)
     mlp_hidden: int
     in_chans: int = 3
-    eps: float = 1e-6  # every LayerNorm's epsilon (timm 1e-6, transformers' ViT / DeiT 1e-12)
+    eps: float = TIMM_EPS  # every LayerNorm's epsilon (transformers' ViT / DeiT: 1e-12)
     qkv_bias: bool = True
     proj_bias: bool = True  # biases of the attention output and both MLP layers (timm's proj_bias)
     qk_norm: bool = False  # LayerNorm (with gain and bias) on each head's q and k

@@ -18,6 +18,8 @@ from ssog_core.nn.attention import build_attention
 from ssog_core.nn.config import ViTConfig
 from ssog_core.nn.hook_points import Dropout, HookPoint
 
+LAB_EPS = 1e-5  # every LayerNorm's epsilon in the lab's ViT (torch's default)
+
 
 def init_registers(count: int, dim: int, attn: str) -> nn.Parameter:
     """``count`` register tokens ``(1, count, dim)`` for the ViT and the language model: zero for RBF, so a query
@@ -36,10 +38,10 @@ class Block(nn.Module):
 
     def __init__(self, dim: int, attn: nn.Module, mlp_ratio: float, dropout: float):
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim)
+        self.norm1 = nn.LayerNorm(dim, eps=LAB_EPS)
         self.attn = attn
         self.drop1 = Dropout(dropout)
-        self.norm2 = nn.LayerNorm(dim)
+        self.norm2 = nn.LayerNorm(dim, eps=LAB_EPS)
         hidden = int(dim * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
         self.drop2 = Dropout(dropout)
@@ -91,7 +93,7 @@ class ViT(nn.Module):
         self.blocks = nn.ModuleList(
             Block(cfg.dim, build_attention(cfg), cfg.mlp_ratio, cfg.dropout) for _ in range(cfg.depth)
         )
-        self.norm = nn.LayerNorm(cfg.dim)
+        self.norm = nn.LayerNorm(cfg.dim, eps=LAB_EPS)
         self.head = nn.Linear(cfg.dim, cfg.num_classes)
 
     @property
