@@ -246,7 +246,8 @@ class AppContext:
         optional), after opening it: a name not in the cache is refused with the folder it would be in."""
         text = (text or "").strip() if isinstance(text, str) else ""
         if not text:
-            raise AppError("type a Hugging Face model name: hf-hub:ORG/NAME (e.g. hf-hub:timm/vit_tiny_patch16_224)")
+            example = f"{HUB_PREFIX}timm/vit_tiny_patch16_224"
+            raise AppError(f"type a Hugging Face model name: {HUB_PREFIX}ORG/NAME (e.g. {example})")
         name = text if text.startswith(HUB_PREFIX) else HUB_PREFIX + text
         self.model(name)
         return name
