@@ -77,7 +77,7 @@ def extract(archive: zipfile.ZipFile, members: Mapping[str, zipfile.ZipInfo], fo
             while chunk := src.read(CHUNK):
                 written += len(chunk)
                 if written > cap:
-                    raise OverCap(f"it unpacks to more than {cap:,} bytes")
+                    raise OverCap(f"it unpacks to more than the {cap:,} bytes allowed")
                 out.write(chunk)
     return written
 
