@@ -17,8 +17,8 @@ from matplotlib.figure import Figure
 from app.state import AppError
 from ssog_core.checkpoint.format import CheckpointError
 from ssog_core.data.images import ImageError
-from ssog_core.jobs import JobError
 from ssog_core.nn.hook_points import in_context
+from ssog_core.runtime.jobs import JobError
 from ssog_core.viz import figures as viz
 
 Updates = dict[Block, Any]  # what a handler returns: {component: new value or gr.update(...)} for those it changes

@@ -60,7 +60,8 @@ def run(
                                     image_key=sha, maps=maps, pictures=ctx.assets_dir)  # fmt: skip
         if not n:
             return here
-    sources = {k: v.cpu() for k, v in patch_sources(edits, source).items()}  # workers compute on the CPU
+    # the patch sources travel on the CPU (the server's device may be a GPU); a worker moves them to its own device
+    sources = {k: v.cpu() for k, v in patch_sources(edits, source).items()}
     key = ("validation", loaded.key, edits_key(edits), int(n))
     val = queues.submitted(ctx.cache.effects, key, heavy.validation, loaded.key[0], edits, int(n), sources,
                            ctx.assets_dir, stop=stop, watch=watch)  # fmt: skip

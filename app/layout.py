@@ -25,6 +25,7 @@ from app.state import AppContext, AppError, StoredImage, default_image, default_
 from app.tabs import compare, export, geometry, intervene, playground, scaling, steering, training
 from app.tabs import session as session_tab
 from ssog_core.analysis.session import NO_TWIN, dumps
+from ssog_core.checkpoint.standard import HUB_PREFIX
 from ssog_core.interventions.ops import ScaleGate
 from ssog_core.viz import figures as viz
 
@@ -406,7 +407,7 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
                 size="sm",
             )
             hub = gr.Textbox(
-                placeholder="hf-hub:ORG/NAME, then Enter",
+                placeholder=f"{HUB_PREFIX}ORG/NAME, then Enter",
                 label="Or a model in the local Hugging Face cache",
                 elem_id="ckpt-hub",
                 scale=2,

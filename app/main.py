@@ -284,8 +284,8 @@ def main(argv: list[str] | None = None) -> None:
     from app import queues
     from app.layout import build_app
     from app.state import AppContext
-    from ssog_core import memory
-    from ssog_core.jobs import JobError
+    from ssog_core.runtime import memory
+    from ssog_core.runtime.jobs import JobError
 
     try:
         device = choose_device(args.device)

@@ -16,7 +16,7 @@ requests wait in Gradio's queue and the page shows their place in it. Work on th
 One user runs one heavy job at a time (:func:`one_per_user`); another is refused at once with the reason instead
 of taking a second slot from everyone else, so the requests waiting for heavy work are at most one per user.
 
-Heavy work leaves the serving process through :func:`engine` (:class:`ssog_core.jobs.Engine`): a local pool of
+Heavy work leaves the serving process through :func:`engine` (:class:`ssog_core.runtime.jobs.Engine`): a local pool of
 ``HEAVY_LIMIT`` worker processes, started in the background when the app starts (:func:`start_engine`), or the
 Dask scheduler given to ``python -m app --cluster``. The serving process then only waits for heavy jobs, so the
 light queue's workers stay free for one-image work.
@@ -34,15 +34,15 @@ from typing import Any, TypeVar
 import gradio as gr
 
 from app.common import stoppable
-from ssog_core import memory
+from ssog_core.checkpoint.format import load_checkpoint
 from ssog_core.interventions import heavy as heavy_jobs
-from ssog_core.interventions.effects import Cancelled
-from ssog_core.jobs import THREADS, Engine, Job
+from ssog_core.runtime import memory
+from ssog_core.runtime.jobs import HEAVY_LIMIT, THREADS, Cancelled, Engine, Job
 
 T = TypeVar("T")
 
 LIGHT, LIGHT_LIMIT = "light", 8  # light computations at once, per queue and in the light slots
-HEAVY, HEAVY_LIMIT = "heavy", 2  # at most two validation or head-importance computations at once
+HEAVY = "heavy"  # validation, head importance, head fields, batch export: at most HEAVY_LIMIT at once
 heavy_gate = threading.BoundedSemaphore(HEAVY_LIMIT)  # held while a heavy computation runs (app.interventions)
 _light_slots = threading.BoundedSemaphore(LIGHT_LIMIT)  # the light part of a request that may wait (light_slot)
 
@@ -81,7 +81,7 @@ def light_slot() -> Iterator[None]:
 
 def start_engine(cluster: str | None = None, threads: int = THREADS, on_cpu: bool = False) -> Engine:
     """Set where heavy jobs run: the Dask scheduler at ``cluster`` (``tcp://HOST:PORT``; a
-    :class:`~ssog_core.jobs.JobError` naming it when it cannot be reached within seconds; each worker on its GPU
+    :class:`~ssog_core.runtime.jobs.JobError` naming it when it cannot be reached within seconds; each worker on its GPU
     if it has one), else a local pool of ``HEAVY_LIMIT`` worker processes with ``threads`` torch threads each, on
     this machine's GPU if it has one unless ``on_cpu`` (the app's ``--device cpu``), started now in the background
     (a worker's start imports torch: seconds that the first heavy job would otherwise wait)."""
@@ -151,7 +151,7 @@ def submitted(
             if stop is not None and stop():
                 raise Cancelled("the job was stopped before it started")
             eng = engine()
-            job = eng.submit(fn, eng.model(checkpoint), *args)
+            job = eng.submit(fn, eng.model(checkpoint, load_checkpoint), *args)
             if watch is not None:
                 watch.job = job
             try:

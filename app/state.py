@@ -20,7 +20,6 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
-from app.cache import LRU
 from ssog_core.analysis.measures import LayerField, layer_fields
 from ssog_core.analysis.presets import Preset, find_presets
 from ssog_core.analysis.session import NO_TWIN
@@ -31,6 +30,8 @@ from ssog_core.checkpoint.standard import resolve as hub_folder
 from ssog_core.checkpoint.upstream import convert
 from ssog_core.data.images import MAX_BYTES, ImageError, list_images, load_image, model_input
 from ssog_core.nn.config import FAMILY_NAMES
+from ssog_core.runtime.folders import fingerprint
+from ssog_core.runtime.lru import LRU
 
 UPLOADED = "uploaded/"  # prefix of checkpoints a user uploaded in this session of the server
 MAX_PIXELS = 25_000_000  # decoded-image cap for uploads (decompression bombs are refused before decoding)
@@ -215,18 +216,9 @@ class AppContext:
             raise AppError(f"refused model folder {name!r}: a file in it points outside the folder")
         return path
 
-    def _key(self, path: Path) -> tuple[str, int, int]:
-        """(path, modification time, size) of a checkpoint file; of a model folder its newest file's time and the
-        files' total size: a changed file is a different cache entry."""
-        if not path.is_dir():
-            st = path.stat()
-            return str(path), st.st_mtime_ns, st.st_size
-        stats = [f.stat() for f in path.iterdir() if f.is_file()]
-        return str(path), max((st.st_mtime_ns for st in stats), default=0), sum(st.st_size for st in stats)
-
     def model(self, name: str) -> LoadedModel:
         """The checkpoint ``name`` loaded (cached by path + modification time + size)."""
-        key = self._key(self.resolve(name))
+        key = fingerprint(self.resolve(name))  # a changed file is a different cache entry
 
         def load() -> LoadedModel:
             model, meta = load_checkpoint(key[0], self.device)
@@ -259,7 +251,8 @@ class AppContext:
         optional), after opening it: a name not in the cache is refused with the folder it would be in."""
         text = (text or "").strip() if isinstance(text, str) else ""
         if not text:
-            raise AppError("type a Hugging Face model name: hf-hub:ORG/NAME (e.g. hf-hub:timm/vit_tiny_patch16_224)")
+            example = f"{HUB_PREFIX}timm/vit_tiny_patch16_224"
+            raise AppError(f"type a Hugging Face model name: {HUB_PREFIX}ORG/NAME (e.g. {example})")
         name = text if text.startswith(HUB_PREFIX) else HUB_PREFIX + text
         self.model(name)
         return name

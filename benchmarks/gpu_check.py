@@ -12,7 +12,7 @@ Steps:
    dispatch and analysis parity, ``torch.compile(fullgraph=True)``, and one SSOG layer's forward + backward
    captured in a CUDA graph (which fails on any per-call host→device copy or synchronisation), and the heavy
    jobs (validation edits, head importance, head fields, accuracy) on a GPU worker against a CPU worker
-   (``ssog_core.jobs.run_job`` with ``device="cuda"`` and ``"cpu"``): their largest differences;
+   (``ssog_core.runtime.jobs.run_job`` with ``device="cuda"`` and ``"cpu"``): their largest differences;
 3. ``bench`` — the attention op (SSOG kernels alone, their host-side parameter preparation timed separately, and
    SDPA with each backend pinned: flash and cuDNN where available) and the whole d384 ViT, SSOG against its dot
    twin, both replayed from CUDA graphs (no launch overhead for either; eager times beside them);
@@ -277,7 +277,8 @@ def _check_graph_capture(dev: torch.device) -> str | None:
 
 
 class _HereChannel:
-    """A job's channel inside this process (``ssog_core.jobs.run_job`` asks it for progress and the stop flag)."""
+    """A job's channel inside this process (``ssog_core.runtime.jobs.run_job`` asks it for progress and the stop
+    flag)."""
 
     def report(self, done: int, total: int) -> None:
         pass
@@ -336,10 +337,11 @@ def _check_jobs_on_gpu(run: Run) -> str | None:
     """The heavy jobs of the app on a GPU worker against a CPU worker with the same thread cap: every float in
     their results compared (largest absolute difference recorded), every integer or boolean counted where it
     differs (a prediction on a near-tie may flip)."""
+    from ssog_core.checkpoint.format import load_checkpoint
     from ssog_core.interventions import heavy
-    from ssog_core.jobs import ModelRef, run_job
+    from ssog_core.runtime.jobs import ModelRef, run_job
 
-    ref = ModelRef.of(ROOT / "checkpoints" / "matched_ssog_layouts.safetensors")
+    ref = ModelRef.of(ROOT / "checkpoints" / "matched_ssog_layouts.safetensors", load_checkpoint)
     edits = [{"op": "ablate_head", "layer": 1, "head": 0}, {"op": "close_gate", "layer": 0, "head": 1, "tap": "mu"}]
     device = "cuda" if run.device.type == "cuda" else "cpu"  # the dry run: the plumbing, CPU against CPU
     n = 64 if device == "cuda" else 4

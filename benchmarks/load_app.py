@@ -30,7 +30,7 @@ the job time (latency minus queue wait).
 
 Where heavy work runs: by default the app's local pool of worker processes; ``--cluster local`` starts a
 ``distributed.LocalCluster`` of two single-threaded worker processes (at the local pool's own niceness,
-``ssog_core.jobs.NICE``, so both forms give the server the same priority) and passes its address to
+``ssog_core.runtime.jobs.NICE``, so both forms give the server the same priority) and passes its address to
 ``python -m app --cluster``; ``--cluster tcp://HOST:PORT`` uses a running scheduler.
 
 Bounded: every request has a timeout and nothing is sent after the run's deadline; nothing leaves 127.0.0.1.
@@ -71,7 +71,7 @@ from PIL import Image  # noqa: E402
 from app import main as app_main  # the queue settings, reported with the figures
 from app import queues
 from ssog_core.analysis.controls import CONTROLS
-from ssog_core.jobs import NICE
+from ssog_core.runtime.jobs import NICE
 from ssog_core.testing.app_process import AppProcess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -396,7 +396,7 @@ class Sampler(threading.Thread):
 
 def start_local_cluster(workers: int = 2) -> tuple[subprocess.Popen, str]:
     """A ``distributed.LocalCluster`` of ``workers`` single-threaded worker processes in a child process at the
-    niceness of the app's local pool (:data:`ssog_core.jobs.NICE`); its scheduler's address."""
+    niceness of the app's local pool (:data:`ssog_core.runtime.jobs.NICE`); its scheduler's address."""
     code = (
         "import sys, time\n"
         "from distributed import LocalCluster\n"

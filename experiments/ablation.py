@@ -26,7 +26,7 @@ runs end with the sweep: Ctrl-C or SIGTERM lets each save and stop, and a sweep 
 ``params``, ``cpu_s``, ``val_acc``, ``gate_scales``, ...) with its per-image correctness packed as hex, so the report
 can pair runs image by image; then the instrument reads it (``read`` does the same for kept models not read yet).
 ``train --cluster ADDRESS`` hands each run, whole (lock, training under the same launcher, kept model, rows), to a
-worker of the Dask scheduler at ADDRESS (``ssog_core.jobs``), ``--jobs`` at a time; the workers must share this
+worker of the Dask scheduler at ADDRESS (``ssog_core.runtime.jobs``), ``--jobs`` at a time; the workers must share this
 repository's folders. The run's lock is taken on the worker, so a sweep stopped or killed meanwhile leaves its runs
 training there to their end, and a rerun skips them (``skip``) rather than training one twice.
 ``report`` renders the table (mean ± std over seeds; paired 95% bootstrap intervals over the same validation images for
@@ -63,10 +63,10 @@ from ssog_core.analysis.report import layer_geometry
 from ssog_core.checkpoint.files import atomic_write, replace_section, section_markers
 from ssog_core.checkpoint.format import TRANSFER_KEY, read_history, update_metadata
 from ssog_core.data import pointer, relation
-from ssog_core.interventions.effects import Cancelled, bootstrap_ci, compare, outcomes
+from ssog_core.interventions.effects import bootstrap_ci, compare, outcomes
 from ssog_core.interventions.target_share import target_share_report
 from ssog_core.interventions.validation import load_eval_set
-from ssog_core.jobs import Engine
+from ssog_core.runtime.jobs import Cancelled, Engine
 from ssog_core.train.accuracy import evaluate_model_sizes, transfer_curve, transfer_sizes
 from ssog_core.train.child_runs import Stopped, refuse_if_stopping, run_child, stop_children_on_signal
 from ssog_core.train.trainer import gate_summary
@@ -388,7 +388,7 @@ def cmd_park(args: argparse.Namespace) -> int:
 
 
 def train_job(run: Run, threads: int, progress, stopped) -> bool:
-    """:func:`train_run` as a job of :class:`ssog_core.jobs.Engine` (what a cluster's worker runs)."""
+    """:func:`train_run` as a job of :class:`ssog_core.runtime.jobs.Engine` (what a cluster's worker runs)."""
     return train_run(run, threads)
 
 

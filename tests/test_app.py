@@ -24,7 +24,6 @@ from PIL import Image
 
 from app import layout, plots
 from app import session_protocol as session
-from app.cache import LRU
 from app.export_maps import control_for, maps_for, validation_for
 from app.layout import build_page
 from app.state import UPLOADED, AppContext, AppError, default_image, default_twin
@@ -38,6 +37,7 @@ from ssog_core.analysis.session import NO_TWIN, dumps
 from ssog_core.data.images import model_input
 from ssog_core.interventions.ops import CloseGate
 from ssog_core.interventions.run import edited
+from ssog_core.runtime.lru import LRU
 from ssog_core.viz import figures as viz
 from tests.app_fixtures import (
     designed_ssog,

@@ -17,10 +17,10 @@ import torch
 
 from ssog_core import load_checkpoint, save_checkpoint
 from ssog_core.interventions import heavy
-from ssog_core.interventions.effects import Cancelled
 from ssog_core.interventions.importance import head_importance
 from ssog_core.interventions.result import run_intervention
 from ssog_core.interventions.validation import load_eval_set
+from ssog_core.runtime.jobs import Cancelled
 from tests.app_fixtures import designed_ssog
 
 BIG = {"data": "shapes:train=4,val=250,classes=5", "class_names": ["circle", "square", "triangle", "star", "cross"]}

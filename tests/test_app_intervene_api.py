@@ -14,7 +14,7 @@ from app.layout import build_app
 from app.main import launch
 from app.state import AppContext
 from ssog_core import save_checkpoint
-from ssog_core.interventions.importance import Cancelled
+from ssog_core.runtime.jobs import Cancelled
 from ssog_core.testing.app_process import free_port
 from tests.app_fixtures import designed_ssog, dot_twin, write_images
 

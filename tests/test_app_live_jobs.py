@@ -17,7 +17,7 @@ from gradio_client import Client
 from ssog_core import load_checkpoint, save_checkpoint
 from ssog_core.interventions.importance import head_importance
 from ssog_core.interventions.validation import load_eval_set
-from ssog_core.jobs import NICE
+from ssog_core.runtime.jobs import NICE
 from ssog_core.testing.app_process import AppProcess
 from tests.app_fixtures import designed_ssog, write_images
 from tests.test_app_heavy_jobs import BIG

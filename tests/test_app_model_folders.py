@@ -23,6 +23,7 @@ from ssog_core.analysis.head_spec import DEFAULT_SPEC
 from ssog_core.analysis.session import dumps, loads
 from ssog_core.checkpoint import folder_zip
 from ssog_core.checkpoint.standard import save_timm_folder, timm_twin
+from ssog_core.runtime.folders import OverCap, extract
 from tests.app_fixtures import write_images
 
 
@@ -165,8 +166,8 @@ def test_an_archive_holding_more_than_it_declares_stops_at_the_cap(tmp_path):
         folder_zip.unpack_model_zip(archive, tmp_path / "out", cap=size - 1)
     with zipfile.ZipFile(archive) as z:  # a member whose bytes run past the budget left is cut off mid-write
         info = z.getinfo("model.safetensors")
-        with pytest.raises(folder_zip.CheckpointError, match="unpacks to more than the 1,000 bytes"):
-            folder_zip._copy(z, info, tmp_path / "part", 1000, 1000)
+        with pytest.raises(OverCap, match="unpacks to more than the 1,000 bytes"):
+            extract(z, {"part": info}, tmp_path, 1000)
         assert (tmp_path / "part").stat().st_size <= 1000
     (tmp_path / "part").unlink()
     assert not (tmp_path / "out").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["m.zip", "src"]

@@ -28,9 +28,10 @@ from ssog_core.analysis import report
 from ssog_core.analysis.head_as_field import AtomFit, HeadFieldStats
 from ssog_core.analysis.head_spec import DEFAULT_SPEC
 from ssog_core.analysis.session import NO_TWIN
+from ssog_core.checkpoint.format import load_checkpoint
 from ssog_core.checkpoint.standard import save_timm_folder, timm_twin
 from ssog_core.data.images import list_images, model_input
-from ssog_core.jobs import JobError, ModelRef, load_ref
+from ssog_core.runtime.jobs import JobError, ModelRef, load_ref
 from ssog_core.testing.app_process import free_port
 from tests.app_fixtures import write_images
 
@@ -358,13 +359,13 @@ def test_mcp_lists_head_fields_and_reads_a_folder(served):
 def test_a_model_folder_travels_to_a_worker_as_bytes_and_is_checked(served, tmp_path):
     _, _, _, ckpt = served
     copy = shutil.copytree(ckpt / "timm_vit", tmp_path / "timm_vit")
-    sent = ModelRef.of(copy, with_bytes=True)
-    assert sent.folder and sent.sha256 == ModelRef.of(copy).sha256  # by path or as bytes: one hash
+    sent = ModelRef.of(copy, load_checkpoint, with_bytes=True)
+    assert sent.folder and sent.sha256 == ModelRef.of(copy, load_checkpoint).sha256  # by path or as bytes: one hash
     shutil.rmtree(copy)  # the worker shares no files: the bytes are all it has
     model, meta = load_ref(sent)
     assert type(model).__name__ == "ViT" and model.config.family == "timm" and meta["source"]["layout"] == "timm"
     with pytest.raises(JobError, match="differ from the server's checkpoint"):
-        load_ref(ModelRef(sent.path, "0" * 64, sent.data, True))
+        load_ref(ModelRef(sent.path, "0" * 64, load_checkpoint, sent.data, True))
 
 
 def test_head_field_layers_flip_the_field_to_key_offsets_and_measure_it_per_query():

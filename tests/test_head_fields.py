@@ -350,9 +350,9 @@ def test_the_fitted_atoms_move_where_the_fits_loss_does_not():
     bundled layouts model a 1e-6 relative change of every weight (float32 rounding's order) moves some fitted μ or
     σ by far more than 1e-5 cells, while the fields, shares and the fits' losses stay within 1e-5."""
     from ssog_core.interventions import heavy
-    from ssog_core.jobs import ModelRef, load_ref
+    from ssog_core.runtime.jobs import ModelRef, load_ref
 
-    model, meta = load_ref(ModelRef.of(CHECKPOINTS / "matched_ssog_layouts.safetensors"))
+    model, meta = load_ref(ModelRef.of(CHECKPOINTS / "matched_ssog_layouts.safetensors", load_checkpoint))
     before = heavy.head_fields((model, meta), 16, None, 2, lambda done, total: None, lambda: False)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""ssog_core.jobs: heavy jobs in worker processes, the same tests on a local pool and on a Dask LocalCluster.
+"""ssog_core.runtime.jobs: heavy jobs in worker processes, the same tests on a local pool and on a Dask LocalCluster.
 
 Job functions live at module level here, so that spawned workers import them by name; files in ``tmp_path`` are
 only the tests' own signals (the engine's progress and stop never use the file system).
@@ -16,10 +16,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ssog_core import memory
-from ssog_core.interventions.effects import Cancelled, outcomes
+from ssog_core.checkpoint.format import load_checkpoint
+from ssog_core.interventions.effects import outcomes
 from ssog_core.interventions.validation import load_eval_set
-from ssog_core.jobs import NICE, Engine, JobError, ModelRef
+from ssog_core.runtime import memory
+from ssog_core.runtime.jobs import NICE, Cancelled, Engine, JobError, ModelRef
 
 # Workers import this module for its job functions: what only the tests need (Gradio above all) is imported in them.
 
@@ -211,9 +212,9 @@ def test_a_worker_gives_back_what_a_job_freed(engine):
 
 
 def test_a_model_is_loaded_once_per_worker_by_path_or_by_bytes(engine, checkpoint):
-    refs = [engine.model(checkpoint), ModelRef.of(checkpoint, with_bytes=True)]
+    refs = [engine.model(checkpoint, load_checkpoint), ModelRef.of(checkpoint, load_checkpoint, with_bytes=True)]
     assert (refs[0].data is None) == engine.backend.shared_files and refs[1].data == checkpoint.read_bytes()
-    stray = ModelRef("/nowhere/ssog_shapes.safetensors", refs[1].sha256, refs[1].data)  # bytes only, no file
+    stray = ModelRef("/nowhere/ssog_shapes.safetensors", refs[1].sha256, load_checkpoint, refs[1].data)  # bytes only
     served: dict[int, list[int]] = {}
     for ref in [*refs, stray] * 2:
         pid, count = engine.submit(seen, ref).result(timeout=WAIT)
@@ -228,21 +229,20 @@ def test_a_checkpoint_that_differs_on_the_worker_is_refused(engine, tmp_path):
     from tests.app_fixtures import designed_ssog
 
     path = save_checkpoint(tmp_path / "changed.safetensors", designed_ssog(depth=1, seed=1), SHAPES)
-    ref = ModelRef.of(path)
+    ref = ModelRef.of(path, load_checkpoint)
     save_checkpoint(path, designed_ssog(depth=1, seed=2), SHAPES)  # the worker's file is another model now
     with pytest.raises(JobError, match=r"changed\.safetensors: .* differ from the server's checkpoint"):
         engine.submit(seen, ref).result(timeout=WAIT)
     with pytest.raises(JobError, match="the bytes sent differ"):
-        engine.submit(seen, ModelRef(ref.path, ref.sha256, b"not this model")).result(timeout=WAIT)
+        engine.submit(seen, ModelRef(ref.path, ref.sha256, load_checkpoint, b"not this model")).result(timeout=WAIT)
     with pytest.raises(JobError, match="cannot read /nowhere/x.safetensors"):
-        engine.submit(seen, ModelRef("/nowhere/x.safetensors", ref.sha256)).result(timeout=WAIT)
+        engine.submit(seen, ModelRef("/nowhere/x.safetensors", ref.sha256, load_checkpoint)).result(timeout=WAIT)
 
 
 def test_a_real_job_gives_the_same_numbers_bit_for_bit_on_a_worker_and_in_process(engine, checkpoint):
     edits = [{"op": "swap_axes", "layer": 1, "head": 1}, {"op": "ablate_head", "layer": 0, "head": 2}]
-    from ssog_core import load_checkpoint
-
-    remote = engine.submit(validation_outcomes, engine.model(checkpoint), 40, edits).result(timeout=WAIT)
+    ref = engine.model(checkpoint, load_checkpoint)
+    remote = engine.submit(validation_outcomes, ref, 40, edits).result(timeout=WAIT)
     threads = torch.get_num_threads()
     torch.set_num_threads(engine.threads)
     try:
@@ -256,7 +256,7 @@ def test_a_real_job_gives_the_same_numbers_bit_for_bit_on_a_worker_and_in_proces
 
 
 def test_failures_cross_as_they_are_and_only_complete_results_are_cached(engine, tmp_path):
-    from app.cache import LRU
+    from ssog_core.runtime.lru import LRU
 
     cache: LRU[float] = LRU(4)
     with pytest.raises(ValueError, match="a bad spec, said in words"):
@@ -368,7 +368,7 @@ def test_moved_takes_every_tensor_of_a_result_to_the_device_and_leaves_the_rest(
     from typing import NamedTuple
 
     from ssog_core.analysis.head_as_field import AtomFit, HeadFieldStats
-    from ssog_core.jobs import moved
+    from ssog_core.runtime.jobs import moved
 
     class Pair(NamedTuple):
         first: torch.Tensor
@@ -407,7 +407,7 @@ def test_moved_takes_every_tensor_of_a_result_to_the_device_and_leaves_the_rest(
 
 
 def test_a_worker_computes_on_its_gpu_when_it_has_one_and_says_when_it_has_none(monkeypatch):
-    from ssog_core.jobs import worker_device
+    from ssog_core.runtime.jobs import worker_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert worker_device("auto") == torch.device("cpu") and worker_device("cpu") == torch.device("cpu")
@@ -440,7 +440,7 @@ def test_the_apps_local_workers_compute_where_the_app_does(monkeypatch):
 
 def test_a_job_run_in_this_process_puts_its_thread_count_back():
     """A Dask worker may be threads of another process (``processes=False``): the job's thread cap must not stay."""
-    from ssog_core.jobs import run_job
+    from ssog_core.runtime.jobs import run_job
 
     before = torch.get_num_threads()
     cap = 1 if before != 1 else 2

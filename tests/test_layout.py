@@ -17,7 +17,7 @@ PACKAGE = ROOT / "ssog_core"
 LAYERS = {
     "field": 0,
     "version": 0,
-    "memory": 0,  # glibc's malloc: the server and the heavy-job workers
+    "runtime": 0,  # infrastructure: heavy jobs, the LRU, folders, malloc; the CLI and the app submit jobs through it
     "ops": 1,
     "testing": 1,
     "nn": 2,
@@ -27,11 +27,11 @@ LAYERS = {
     "analysis": 4,
     "interventions": 5,
     "viz": 5,
-    "jobs": 6,  # heavy jobs in worker processes or on a Dask cluster: the CLI and the app submit them
     "cli": 7,
     "entry": 8,  # `python -m ssog_core <command>` and `python -m ssog_core.train`: they only call ssog_core.cli
 }
 ENTRY_MODULES = {"ssog_core.__main__", "ssog_core.train.__main__"}
+MAX_ROOT_MODULES = 3  # modules of the package root's own beside its subpackages (__init__ and __main__ aside)
 
 
 def module_name(path: Path) -> str:
@@ -136,9 +136,37 @@ def test_no_import_cycle():
     assert cycles(import_graph()) == []
 
 
-def test_the_checks_can_fail():
-    """The two checks catch what they are for: a model importing the trainer, and a loop."""
+def runtime_reaches(graph: dict[str, set[str]]) -> set[str]:
+    """The ``ssog_core`` modules outside ``ssog_core.runtime`` that a runtime module imports."""
+    return {
+        t
+        for m, targets in graph.items()
+        if package_of(m) == "runtime"
+        for t in targets
+        if t.split(".")[0] == "ssog_core" and package_of(t) != "runtime"
+    }
+
+
+def test_runtime_imports_no_domain_module():
+    """Infrastructure stays below the domain: ssog_core.runtime imports only itself (a job's model loader is passed
+    in by its caller), so the domain may use it and it never climbs back."""
     graph = import_graph()
+    assert {m for m in graph if package_of(m) == "runtime"} >= {"ssog_core.runtime.jobs", "ssog_core.runtime.lru"}
+    assert runtime_reaches(graph) == set()
+
+
+def test_the_package_root_holds_at_most_three_modules_beside_its_subpackages():
+    own = [p.name for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__")]
+    assert len(own) <= MAX_ROOT_MODULES, f"{own}: move infrastructure into a subpackage (docs/DESIGN.md §0)"
+
+
+def test_the_checks_can_fail():
+    """The checks catch what they are for: a model importing the trainer, a loop, infrastructure reaching up."""
+    graph = import_graph()
+    graph["ssog_core.runtime.jobs"] = graph["ssog_core.runtime.jobs"] | {"ssog_core.checkpoint.format"}
+    assert runtime_reaches(graph) == {"ssog_core.checkpoint.format"}
+    assert any("ssog_core.runtime.jobs (runtime, layer 0) imports ssog_core.checkpoint.format" in v
+               for v in layer_violations(graph))  # fmt: skip
     graph["ssog_core.nn.vit"] = graph["ssog_core.nn.vit"] | {"ssog_core.train.trainer"}
     assert any("ssog_core.nn.vit (nn, layer 2) imports ssog_core.train.trainer" in v for v in layer_violations(graph))
     graph["ssog_core.ops.env"] = {"ssog_core.ops.dispatch"}
@@ -158,7 +186,7 @@ def test_the_entry_modules_only_reach_the_cli():
     cli = {p.stem for p in (PACKAGE / "cli").glob("*.py") if p.stem != "__init__"}
     assert sorted(module for module, _ in COMMANDS.values()) == sorted(cli)
     assert all(name == module.replace("_", "-") for name, (module, _) in COMMANDS.items())
-    top = ("__init__", "__main__", "field", "version", "memory", "jobs")
+    top = ("__init__", "__main__", "field", "version")
     assert not [p.name for p in PACKAGE.glob("*.py") if p.stem not in top]
 
 

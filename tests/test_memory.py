@@ -1,4 +1,4 @@
-"""ssog_core/memory.py: freed memory inside malloc's heap goes back to the system when a heavy job ends."""
+"""ssog_core/runtime/memory.py: freed memory inside malloc's heap goes back to the system when a heavy job ends."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ssog_core import memory
+from ssog_core.runtime import memory
 
 pytestmark = pytest.mark.skipif(memory._libc() is None, reason="not glibc")
 

@@ -19,7 +19,6 @@ from gradio.blocks import Block
 from matplotlib.figure import Figure
 from plotly.subplots import make_subplots
 
-from app.cache import LRU
 from app.common import Updates, error_text, warn, write_downloads
 from app.history import history_of, read
 from app.session_protocol import Restoring, SessionPart
@@ -33,6 +32,7 @@ from ssog_core.analysis.trajectory import (
 )
 from ssog_core.checkpoint.format import has_history
 from ssog_core.checkpoint.history import History
+from ssog_core.runtime.lru import LRU
 from ssog_core.viz import figures as viz
 from ssog_core.viz import files, raster
 from ssog_core.viz.figures import TAP_LABELS

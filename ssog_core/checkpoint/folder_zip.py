@@ -5,16 +5,15 @@ Member names never become paths: only the model files are taken, by their base n
 archive that holds ``config.json`` (the archive's top level or a single folder in it), and written under names this
 module chooses. A member name that climbs out (``..``, an absolute path) or is a link refuses the whole archive. The
 sizes the archive declares are checked against the cap before anything is written, and the bytes written are
-counted again while they are. The folder is unpacked beside its target under a hidden temporary name, opened as a
-model (so an unsupported family or weights that do not fit are refused in words), and only then renamed into place:
-a reader never sees half a folder.
+counted again while they are (both in :mod:`ssog_core.runtime.folders`). The folder is unpacked beside its target
+under a hidden temporary name, opened as a model (so an unsupported family or weights that do not fit are refused in
+words), and only then renamed into place: a reader never sees half a folder.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import stat
 import tempfile
 import zipfile
 import zlib
@@ -22,22 +21,19 @@ from pathlib import Path, PurePosixPath
 
 from ssog_core.checkpoint.standard import load_standard
 from ssog_core.checkpoint.weights import MAX_CHECKPOINT_BYTES, CheckpointError
+from ssog_core.runtime.folders import FolderError, OverCap, checked_members, extract
 
 MODEL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "preprocessor_config.json")
 MAX_FOLDER_BYTES = MAX_CHECKPOINT_BYTES + 16 * 1024**2  # the weights the lab reads, plus the JSON files beside them
-CHUNK = 1024**2
 TEMP_PREFIX = ".unpacking-"  # hidden: pickers and listings skip names starting with a dot
 
 
 def _model_members(archive: zipfile.ZipFile, name: str) -> dict[str, zipfile.ZipInfo]:
     """The model files of the archive's folder holding ``config.json``, by base name (refused in words)."""
-    infos = [i for i in archive.infolist() if not i.is_dir()]
-    for info in infos:
-        parts = PurePosixPath(info.filename.replace("\\", "/")).parts
-        if info.filename.startswith(("/", "\\")) or ".." in parts or (parts and parts[0].endswith(":")):
-            raise CheckpointError(f"{name} was refused: member {info.filename!r} points outside the archive")
-        if stat.S_ISLNK(info.external_attr >> 16):
-            raise CheckpointError(f"{name} was refused: member {info.filename!r} is a link")
+    try:
+        infos = checked_members(archive)
+    except FolderError as e:
+        raise CheckpointError(f"{name} was refused: {e}") from None
     configs = [i for i in infos if PurePosixPath(i.filename).name == "config.json"]
     configs = [i for i in configs if len(PurePosixPath(i.filename).parts) <= 2]  # top level, or one folder down
     if not configs:
@@ -54,19 +50,6 @@ def _model_members(archive: zipfile.ZipFile, name: str) -> dict[str, zipfile.Zip
 
 def _size(n: int) -> str:
     return f"{n / 1024**2:,.1f} MB" if n >= 100 * 1024 else f"{n:,} bytes"
-
-
-def _copy(archive: zipfile.ZipFile, info: zipfile.ZipInfo, dest: Path, budget: int, cap: int) -> int:
-    """Write one member to ``dest``, stopping past ``budget`` bytes (an archive may declare less than it holds);
-    the bytes written."""
-    written = 0
-    with archive.open(info) as src, open(dest, "wb") as out:
-        while chunk := src.read(CHUNK):
-            written += len(chunk)
-            if written > budget:
-                raise CheckpointError(f"it unpacks to more than the {_size(cap)} a model folder may take: refused")
-            out.write(chunk)
-    return written
 
 
 def unpack_model_zip(source: str | Path, target: str | Path, cap: int | None = None) -> Path:
@@ -95,11 +78,13 @@ def unpack_model_zip(source: str | Path, target: str | Path, cap: int | None = N
         folder = temp / target.name  # unpacked under its own name: the reader's messages name the folder
         try:
             folder.mkdir()
-            budget = cap
-            for base, info in members.items():
-                budget -= _copy(archive, info, folder / base, budget, cap)
+            extract(archive, members, folder, cap)
             load_standard(folder)  # an unsupported family, missing weights or weights that do not fit: refused here
             os.rename(folder, target)
+        except OverCap:  # an archive may declare less than it holds
+            raise CheckpointError(
+                f"{name}: it unpacks to more than the {_size(cap)} a model folder may take: refused"
+            ) from None
         except CheckpointError as e:
             raise CheckpointError(f"{name}: {e}") from None
         except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError, RuntimeError) as e:

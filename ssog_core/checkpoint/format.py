@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from ssog_core.checkpoint.history import PREFIX as HISTORY_PREFIX
 from ssog_core.checkpoint.history import History, split_history
 from ssog_core.checkpoint.portable import portable_meta
-from ssog_core.checkpoint.standard import load_standard
+from ssog_core.checkpoint.standard import is_standard_source, load_standard
 from ssog_core.checkpoint.weights import (
     CheckpointError,
     cpu_state_dict,
@@ -144,7 +144,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tup
     """Load a checkpoint as an eval-mode float32 :class:`~ssog_core.nn.vit.ViT` plus its metadata (``meta["config"]``
     added); a folder or ``hf-hub:ORG/NAME`` (timm or transformers) too, its config carrying the family's conventions
     (:mod:`ssog_core.checkpoint.standard`)."""
-    if str(path).startswith("hf-hub:") or Path(path).is_dir():
+    if is_standard_source(path):
         return load_standard(path, device)
     config, state, meta = read_checkpoint(path)
     model = build_model(config, state, source=Path(path).name).to(device)

@@ -36,12 +36,11 @@ from ssog_core.checkpoint.weights import (
     read_weights_only,
     write_safetensors,
 )
-from ssog_core.nn.config import LAB_EPS, ViTConfig, standard_config
+from ssog_core.nn.config import LAB_EPS, TIMM_EPS, ViTConfig, standard_config
 from ssog_core.nn.vit import ViT
 
 HUB_PREFIX = "hf-hub:"
 MAX_PARAMETERS = MAX_CHECKPOINT_BYTES // 4  # as many float32 weights as the largest checkpoint file the lab reads
-TIMM_EPS = 1e-6  # timm's LayerNorm epsilon (the lab's is LAB_EPS, torch's default)
 SUPPORTED = (
     "timm's VisionTransformer (vit_{tiny,small,base,large,huge}_patch{8,14,16,32}_*, the *_gap_* and *_reg*_gap_* "
     "variants, vit_*_patch14_dinov2, vit_*_patch14_reg4_dinov2, deit_*, deit3_*) and transformers' model types "
@@ -401,6 +400,12 @@ def hub_cache() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "huggingface" / "hub"
 
 
+def is_standard_source(source: str | Path) -> bool:
+    """Whether ``source`` names a standard ViT (a timm or transformers model folder, or ``hf-hub:ORG/NAME``) rather
+    than an SSOG Lab checkpoint file."""
+    return str(source).startswith(HUB_PREFIX) or Path(source).is_dir()
+
+
 def resolve(source: str | Path) -> Path:
     """The folder ``source`` names: itself, or for ``hf-hub:ORG/NAME[@REVISION]`` its snapshot in the local cache
     (offline: a repository not there is refused with the folder it would be in)."""
@@ -409,7 +414,7 @@ def resolve(source: str | Path) -> Path:
         return Path(source)
     repo, _, revision = text[len(HUB_PREFIX) :].partition("@")
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo) or ".." in repo:
-        raise CheckpointError(f"{text!r} is not hf-hub:ORG/NAME")
+        raise CheckpointError(f"{text!r} is not {HUB_PREFIX}ORG/NAME")
     if revision and (not re.fullmatch(r"[\w.-]+", revision) or revision.strip(".") == ""):
         raise CheckpointError(f"{text!r}: a revision is a branch, tag or commit name (letters, digits, - _ .)")
     root = hub_cache() / f"models--{repo.replace('/', '--')}"

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ssog_core.jobs import Engine, Job
+from ssog_core.checkpoint.format import load_checkpoint
+from ssog_core.runtime.jobs import Engine, Job
 
 T = TypeVar("T")
 SAY_EVERY = 10.0  # seconds between progress lines of a job on a cluster
@@ -20,7 +21,7 @@ def on_cluster(address: str, fn: Callable[..., T], checkpoint: str | Path, *args
     (the workers need not share this machine's files), its progress on stderr; Ctrl-C stops it there too."""
     engine = Engine.cluster(address)
     try:
-        job: Job[T] = engine.submit(fn, engine.model(checkpoint), *args)
+        job: Job[T] = engine.submit(fn, engine.model(checkpoint, load_checkpoint), *args)
         while True:
             try:
                 return job.result(timeout=SAY_EVERY)

@@ -28,9 +28,9 @@ from ssog_core.checkpoint.upstream import convert
 
 def to_timm(source: str, out: str) -> int:
     """The lab checkpoint ``source`` as a timm folder ``out``."""
-    from ssog_core.checkpoint.standard import save_timm_folder, timm_twin
+    from ssog_core.checkpoint.standard import is_standard_source, save_timm_folder, timm_twin
 
-    if Path(source).is_dir() or source.startswith("hf-hub:"):
+    if is_standard_source(source):
         raise CheckpointError(f"{source} is a model folder; --to timm converts an SSOG Lab checkpoint file")
     if Path(out).exists() and not Path(out).is_dir():
         raise CheckpointError(f"{out} is a file; --to timm writes a folder (config.json, model.safetensors)")

@@ -31,7 +31,7 @@ from ssog_core.checkpoint.format import TRANSFER_KEY, CheckpointError, read_chec
 from ssog_core.cli import CLUSTER_HELP, on_cluster
 from ssog_core.data.images import ImageError, parse_size
 from ssog_core.data.sources import DataError
-from ssog_core.jobs import JobError
+from ssog_core.runtime.jobs import JobError
 from ssog_core.train.accuracy import (
     evaluate_model_sizes,
     evaluate_sizes,
@@ -51,7 +51,7 @@ def evaluate_job(
     progress: Callable[[int, int], None],
     stopped: Callable[[], bool],
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """:func:`~ssog_core.train.accuracy.evaluate_sizes` as a job of :class:`ssog_core.jobs.Engine`: the model it
+    """:func:`~ssog_core.train.accuracy.evaluate_sizes` as a job of :class:`ssog_core.runtime.jobs.Engine`: the model it
     received, on the worker's CPU."""
     model, meta = loaded
     spec = data or meta.get("data")

@@ -46,7 +46,7 @@ from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.format import CheckpointError, load_checkpoint
 from ssog_core.cli import CLUSTER_HELP, on_cluster
 from ssog_core.data.images import ImageError, list_images, model_input, parse_size
-from ssog_core.jobs import JobError
+from ssog_core.runtime.jobs import JobError
 
 PREFIX_NOTE = "prefix tokens removed from each attention matrix; patch rows renormalised (see prefix_share)"
 
@@ -109,7 +109,7 @@ def maps_job(
     progress: Callable[[int, int], None],
     stopped: Callable[[], bool],
 ) -> dict[str, np.ndarray]:
-    """:func:`maps_of` as a job of :class:`ssog_core.jobs.Engine`: the images it received, as files again."""
+    """:func:`maps_of` as a job of :class:`ssog_core.runtime.jobs.Engine`: the images it received, as files again."""
     if files is None:
         return maps_of(loaded, None, *settings)
     with tempfile.TemporaryDirectory(prefix="ssog-maps-") as tmp:

@@ -38,7 +38,7 @@ from ssog_core.interventions import heavy
 from ssog_core.interventions.edit import Edit, EditError, ops_help, parse_edits
 from ssog_core.interventions.result import InterventionResult, run_intervention
 from ssog_core.interventions.validation import MAX_EVAL_IMAGES
-from ssog_core.jobs import JobError
+from ssog_core.runtime.jobs import JobError
 
 DEFAULT_ASSETS = Path("assets")  # the bundled images, from the repository root (as `python -m app` reads them)
 

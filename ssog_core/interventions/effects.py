@@ -29,6 +29,7 @@ from ssog_core.interventions.edit import Edit, parse_edits
 from ssog_core.interventions.run import edited, mean_head_outputs
 from ssog_core.interventions.validation import BATCH, EvalSet, load_eval_set
 from ssog_core.nn.hook_points import evaluating
+from ssog_core.runtime.jobs import Cancelled
 
 BOOTSTRAP = 2000  # resamples: the 2.5% and 97.5% quantiles move by < 0.1 of an interval's width between seeds
 TOP_K = 5
@@ -185,10 +186,6 @@ def outcomes_of(logits: Tensor, labels: Tensor) -> Outcomes:
 
 def concat(parts: list[Outcomes]) -> Outcomes:
     return Outcomes(torch.cat([p.pred for p in parts]), torch.cat([p.logp_true for p in parts]))
-
-
-class Cancelled(RuntimeError):
-    """A pass over validation images was stopped by its caller (``stop()`` returned true)."""
 
 
 def device_dtype(model: nn.Module) -> tuple[torch.device, torch.dtype]:

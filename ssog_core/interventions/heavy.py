@@ -1,5 +1,5 @@
-"""The interventions' heavy work as jobs for :class:`ssog_core.jobs.Engine`: validation edits, head importance,
-a model's validation accuracy and every head as a field (the geometry tab's), each
+"""The interventions' heavy work as jobs for :class:`ssog_core.runtime.jobs.Engine`: validation edits, head
+importance, a model's validation accuracy and every head as a field (the geometry tab's), each
 ``fn(loaded, ..., progress, stopped)`` at module level, so a worker process (local or on a Dask cluster) imports it
 by name and receives the model as ``(model, meta)``.
 
@@ -11,12 +11,10 @@ images, and :class:`Batches` turns those asks into "120 of 500 images"."""
 from __future__ import annotations
 
 import os
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -24,13 +22,13 @@ from ssog_core.analysis.controls import ValidationMaps, maps_over, validation_ma
 from ssog_core.analysis.head_as_field import HeadFieldStats, measure_head_fields
 from ssog_core.interventions import result
 from ssog_core.interventions.edit import Edit, parse_edits
-from ssog_core.interventions.effects import Cancelled
 from ssog_core.interventions.importance import HeadImportance, head_importance
 from ssog_core.interventions.ops import AblateHead
 from ssog_core.interventions.result import InterventionResult, Memo
 from ssog_core.interventions.validation import BATCH, EvalSet, pictures_for
+from ssog_core.runtime.jobs import Cancelled
+from ssog_core.runtime.lru import LRU
 
-T = TypeVar("T")
 KEPT = 16  # values a worker keeps between jobs (outcomes per model and N, head means per model)
 Loaded = tuple[nn.Module, dict[str, Any]]
 Progress = Callable[[int, int], None]
@@ -56,32 +54,7 @@ class Batches:
         self._progress(self.total, self.total)
 
 
-class _Kept:
-    """This worker's shared values between jobs (:class:`~ssog_core.interventions.result.Cache`), the oldest
-    dropped past :data:`KEPT`."""
-
-    def __init__(self) -> None:
-        self._data: OrderedDict[Hashable, Any] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def __contains__(self, key: Hashable) -> bool:
-        with self._lock:
-            return key in self._data
-
-    def get(self, key: Hashable, make: Callable[[], T]) -> T:
-        with self._lock:
-            if key in self._data:
-                self._data.move_to_end(key)
-                return self._data[key]
-        value = make()
-        with self._lock:
-            self._data[key] = value
-            while len(self._data) > KEPT:
-                self._data.popitem(last=False)
-        return value
-
-
-_kept = _Kept()
+_kept: LRU[Any] = LRU(KEPT)  # this worker's shared values between jobs (result.Cache), the oldest dropped
 
 
 def _memo(model: nn.Module) -> Memo:

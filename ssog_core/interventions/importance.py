@@ -20,7 +20,6 @@ from ssog_core.analysis.head_as_field import FIT_ATOMS, MeanAttention
 from ssog_core.field import TAPS
 from ssog_core.interventions.edit import Edit
 from ssog_core.interventions.effects import (
-    Cancelled,
     Outcomes,
     bootstrap_ci,
     concat,
@@ -33,6 +32,7 @@ from ssog_core.interventions.run import edited, mean_attention
 from ssog_core.interventions.validation import BATCH, LABEL, EvalSet
 from ssog_core.nn.attention import SSOGAttention
 from ssog_core.nn.hook_points import evaluating
+from ssog_core.runtime.jobs import Cancelled
 
 
 @dataclass

@@ -21,7 +21,6 @@ from ssog_core.analysis.head_as_field import MeanAttention
 from ssog_core.analysis.measures import attention_maps
 from ssog_core.interventions.edit import Edit, check_edits, describe, parse_edits
 from ssog_core.interventions.effects import (
-    Cancelled,
     ImageEffect,
     Outcomes,
     ValidationEffect,
@@ -33,6 +32,7 @@ from ssog_core.interventions.effects import (
 from ssog_core.interventions.effects import outcomes as outcomes_on
 from ssog_core.interventions.run import mean_attention
 from ssog_core.interventions.validation import LABEL, TERMS, EvalSet, class_names, pictures_for, reference_of
+from ssog_core.runtime.jobs import Cancelled
 
 T = TypeVar("T")
 Sources = Mapping[str, Tensor] | Callable[[str], Tensor]  # patch source name → its model input (1, C, H, W)
@@ -211,7 +211,7 @@ def run_intervention(
     ``memo`` keeps the validation images and their unedited outcomes, the head means and (with ``image_key`` naming
     the image) the image's unedited maps or logits between calls. ``maps=False`` asks for the image's prediction
     only (no maps: one forward pass each side). ``stop`` is asked between batches of validation images (true:
-    :class:`~ssog_core.interventions.effects.Cancelled`). ``pictures``: a folder of pictures a model without a
+    :class:`~ssog_core.runtime.jobs.Cancelled`). ``pictures``: a folder of pictures a model without a
     validation set is measured on instead, against its unedited predictions
     (:func:`~ssog_core.interventions.validation.pictures_for`).
     """

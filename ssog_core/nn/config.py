@@ -26,6 +26,7 @@ FAMILY_NAMES = {  # each family in words, for messages and the app
     "dinov2_with_registers": "DINOv2 with registers",
 }
 LAB_EPS = 1e-5  # torch's LayerNorm default, which the lab's models use
+TIMM_EPS = 1e-6  # timm's LayerNorm epsilon
 
 
 @dataclass(frozen=True)
@@ -246,7 +247,7 @@ SEED_CONFIGS: dict[str, tuple[ViTConfig, int, float | None]] = {
 
 # timm's VisionTransformer defaults: what a standard ViT is unless its family's reader says otherwise.
 STANDARD_CONVENTIONS: dict[str, Any] = dict(
-    attn="dot", dropout=0.0, eps=1e-6, qkv_bias=True, proj_bias=True, mlp_bias=True, qk_norm_kind="layernorm",
+    attn="dot", dropout=0.0, eps=TIMM_EPS, qkv_bias=True, proj_bias=True, mlp_bias=True, qk_norm_kind="layernorm",
     class_token=True, pos_prefix=1, pool="token", patch_order="chw", pos_resize="bicubic", resize_antialias=True,
     resize_in_float32=True,
 )  # fmt: skip

@@ -3,12 +3,12 @@
 (``distributed.Client(address).get_executor()``), behind one submit API.
 
 A job is a module-level function ``fn(*args, progress, stopped, **kwargs)``: it calls ``progress(done, total)``
-as it goes and returns soon after ``stopped()`` turns true (raising :class:`~ssog_core.interventions.effects.
-Cancelled`). Both callables cross the process boundary: a multiprocessing manager's objects for the local pool,
-the scheduler's ``Variable`` and ``Event`` for Dask (remote workers share no file system and no memory with the
-server). A :class:`ModelRef` among the arguments arrives on the worker as the loaded ``(model, meta)`` of
-:func:`~ssog_core.checkpoint.format.load_checkpoint`, found by path or sent as bytes, checked against its
-SHA-256 and cached per worker by it.
+as it goes and returns soon after ``stopped()`` turns true (raising :class:`Cancelled`). Both callables cross the
+process boundary: a multiprocessing manager's objects for the local pool, the scheduler's ``Variable`` and ``Event``
+for Dask (remote workers share no file system and no memory with the server). A :class:`ModelRef` among the
+arguments arrives on the worker as the ``(model, meta)`` its loader opens (the caller's, e.g.
+``ssog_core.checkpoint.format.load_checkpoint``: this module imports no domain module), found by path or sent as
+bytes, checked against its SHA-256 and cached per worker by it.
 
 A worker computes on its GPU when it has one (``device="auto"``, :func:`worker_device`): the model and the job's
 tensors go there, TF32 off so the numbers differ from a CPU worker's by float32 rounding only, and the result comes
@@ -24,14 +24,11 @@ from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
 import hashlib
-import io
 import multiprocessing
 import os
 import tempfile
 import threading
 import uuid
-import zipfile
-from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -43,11 +40,11 @@ from typing import Any, Generic, TypeVar
 import torch
 from torch import nn
 
-from ssog_core import memory
-from ssog_core.checkpoint.format import load_checkpoint
-from ssog_core.interventions.effects import Cancelled
+from ssog_core.runtime import memory
+from ssog_core.runtime.folders import FolderError, fingerprint, pack, unpack
+from ssog_core.runtime.lru import LRU
 
-WORKERS = 2  # local worker processes: heavy jobs at once on the serving machine
+HEAVY_LIMIT = 2  # heavy jobs at once on the serving machine: the local pool's workers, the app's heavy slots
 THREADS = 1  # torch threads per job, on every worker: a job's numbers depend on it, so it travels with the job
 # Local workers' niceness: when both want a core, the serving process weighs 28 times a worker (Linux's weights
 # 1024 and 36), so light work keeps nearly both cores; at 5 (a third of the server's weight) light p95 under 32
@@ -61,10 +58,16 @@ CPU = torch.device("cpu")
 
 T = TypeVar("T")
 Loaded = tuple[nn.Module, dict[str, Any]]
+Loader = Callable[[Path], Loaded]  # opens a checkpoint file or model folder; module level, as it crosses by name
 
 
 class JobError(RuntimeError):
     """A heavy job that could not run or finish, with a sentence that says why (never cached: it raises)."""
+
+
+class Cancelled(RuntimeError):
+    """A computation stopped by its caller (its ``stop()`` or ``stopped()`` returned true): a job, or a pass over
+    validation images."""
 
 
 # ------------------------------------------------------------------------------------------------- models
@@ -72,73 +75,57 @@ class JobError(RuntimeError):
 
 @lru_cache(maxsize=64)
 def _hash_file(path: str, mtime_ns: int, size: int) -> str:
-    return hashlib.sha256(pack(path)).hexdigest()
+    try:
+        return hashlib.sha256(pack(path)).hexdigest()
+    except FolderError as e:
+        raise JobError(f"{e}, not a model") from None
 
 
 def file_sha256(path: str | Path) -> str:
-    """SHA-256 of a file's contents (a model folder's: of :func:`pack`), hashed once per (path, modification time,
-    size; a folder's newest file and total size)."""
-    path = Path(path)
-    stats = [f.stat() for f in _folder_files(path)] if path.is_dir() else [path.stat()]
-    return _hash_file(str(path), max(st.st_mtime_ns for st in stats), sum(st.st_size for st in stats))
-
-
-def _folder_files(folder: Path) -> list[Path]:
-    files = sorted(f for f in folder.iterdir() if f.is_file())
-    if not files:
-        raise JobError(f"{folder.name} is an empty folder, not a model")
-    return files
-
-
-def pack(path: str | Path) -> bytes:
-    """A checkpoint's bytes: a file's own, a model folder's files (a standard ViT's config and weights) as one
-    uncompressed zip with fixed dates, so equal folders pack, and hash, alike."""
-    path = Path(path)
-    if not path.is_dir():
-        return path.read_bytes()
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
-        for f in _folder_files(path):
-            z.writestr(zipfile.ZipInfo(f.name, date_time=(1980, 1, 1, 0, 0, 0)), f.read_bytes())
-    return buf.getvalue()
+    """SHA-256 of a file's contents (a model folder's: of :func:`~ssog_core.runtime.folders.pack`), hashed once
+    per :func:`~ssog_core.runtime.folders.fingerprint`."""
+    return _hash_file(*fingerprint(path))
 
 
 @dataclass(frozen=True)
 class ModelRef:
-    """A checkpoint as a job's argument: its path and content hash, plus its bytes when the worker may not share
-    the server's files. The worker refuses a file whose content is not ``sha256``."""
+    """A checkpoint as a job's argument: its path, content hash and the ``loader`` that opens it on the worker,
+    plus its bytes when the worker may not share the server's files. The worker refuses a file whose content is not
+    ``sha256``."""
 
     path: str
     sha256: str
+    loader: Loader
     data: bytes | None = field(default=None, repr=False)
-    folder: bool = False  # a model folder (timm / transformers): its bytes are :func:`pack`'s
+    folder: bool = False  # a model folder (timm / transformers): its bytes are pack()'s
 
     @classmethod
-    def of(cls, path: str | Path, with_bytes: bool = False) -> ModelRef:
+    def of(cls, path: str | Path, loader: Loader, with_bytes: bool = False) -> ModelRef:
         path = Path(path).resolve()
         if not with_bytes:
-            return cls(str(path), file_sha256(path), folder=path.is_dir())
-        data = pack(path)
-        return cls(str(path), hashlib.sha256(data).hexdigest(), data, path.is_dir())
+            return cls(str(path), file_sha256(path), loader, folder=path.is_dir())
+        try:
+            data = pack(path)
+        except FolderError as e:
+            raise JobError(f"{e}, not a model") from None
+        return cls(str(path), hashlib.sha256(data).hexdigest(), loader, data, path.is_dir())
 
     @property
     def name(self) -> str:
         return Path(self.path).name
 
 
-_models: OrderedDict[str, Loaded] = OrderedDict()  # this worker's models by content hash
-_models_lock = threading.Lock()
+_models: LRU[Loaded] = LRU(WORKER_MODELS)  # this worker's models by content hash, loader and device
 
 
 def load_ref(ref: ModelRef, device: torch.device = CPU) -> Loaded:
     """The model behind ``ref`` in this process, on ``device``: from the cache by hash, else from the bytes sent or
     the file at its path, whose content must hash to ``ref.sha256`` (a file that differs here is refused, never
     used)."""
-    key = f"{ref.sha256}@{device}"
-    with _models_lock:
-        if key in _models:
-            _models.move_to_end(key)
-            return _models[key]
+    return _models.get((ref.sha256, ref.loader, str(device)), lambda: _load(ref, device))
+
+
+def _load(ref: ModelRef, device: torch.device) -> Loaded:
     where = f"worker {os.uname().nodename} (pid {os.getpid()})"
     if ref.data is not None:
         data = ref.data
@@ -148,6 +135,8 @@ def load_ref(ref: ModelRef, device: torch.device = CPU) -> Loaded:
         except OSError as e:
             raise JobError(f"{ref.name}: {where} cannot read {ref.path} ({e.strerror or e}); send the checkpoint "
                            "as bytes (workers that do not share the server's files)") from None  # fmt: skip
+        except FolderError as e:
+            raise JobError(f"{ref.name}: {e} on {where}") from None
     got = hashlib.sha256(data).hexdigest()
     if got != ref.sha256:
         source = "the bytes sent" if ref.data is not None else f"{ref.path} on {where}"
@@ -157,19 +146,14 @@ def load_ref(ref: ModelRef, device: torch.device = CPU) -> Loaded:
         verified = Path(tmp) / ref.name
         if ref.folder:  # names are the packer's own (files of one folder), checked all the same
             verified.mkdir()
-            with zipfile.ZipFile(io.BytesIO(data)) as z:
-                for name in z.namelist():
-                    if Path(name).name != name or name in ("", ".", ".."):
-                        raise JobError(f"{ref.name}: refused packed file name {name!r}")
-                    (verified / name).write_bytes(z.read(name))
+            try:
+                unpack(data, verified, cap=len(data))  # stored, not compressed: never more than the archive
+            except FolderError as e:
+                raise JobError(f"{ref.name}: refused packed folder: {e}") from None
         else:
             verified.write_bytes(data)
-        model, meta = load_checkpoint(verified)
+        model, meta = ref.loader(verified)
     model.requires_grad_(False).to(device)
-    with _models_lock:
-        _models[key] = (model, meta)
-        while len(_models) > WORKER_MODELS:
-            _models.popitem(last=False)
     return model, meta
 
 
@@ -361,7 +345,7 @@ class LocalPool(Backend):
 
     resubmits = 1
 
-    def __init__(self, workers: int = WORKERS, threads: int = THREADS, nice: int = NICE) -> None:
+    def __init__(self, workers: int = HEAVY_LIMIT, threads: int = THREADS, nice: int = NICE) -> None:
         self._context = multiprocessing.get_context("spawn")
         self._workers, self._threads, self._nice = workers, threads, nice
         self._lock = threading.Lock()
@@ -559,7 +543,9 @@ class Engine:
         self.backend, self.threads, self.device = backend, threads, device
 
     @classmethod
-    def local(cls, workers: int = WORKERS, threads: int = THREADS, nice: int = NICE, device: str = "auto") -> Engine:
+    def local(
+        cls, workers: int = HEAVY_LIMIT, threads: int = THREADS, nice: int = NICE, device: str = "auto"
+    ) -> Engine:
         return cls(LocalPool(workers, threads, nice), threads, device)
 
     @classmethod
@@ -580,9 +566,10 @@ class Engine:
     def where(self) -> str:
         return self.backend.where
 
-    def model(self, path: str | Path) -> ModelRef:
-        """A checkpoint as a job argument: by path where the workers share this machine's files, else as bytes."""
-        return ModelRef.of(path, with_bytes=not self.backend.shared_files)
+    def model(self, path: str | Path, loader: Loader) -> ModelRef:
+        """A checkpoint as a job argument that ``loader`` opens on the worker: by path where the workers share this
+        machine's files, else as bytes."""
+        return ModelRef.of(path, loader, with_bytes=not self.backend.shared_files)
 
     def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Job[T]:
         """Run ``fn(*args, progress=..., stopped=..., **kwargs)`` on a worker (``fn`` defined at module level)."""

@@ -1,6 +1,7 @@
-"""The app's one cache: a small, thread-safe, bounded least-recently-used map, so memory stays flat however long
-the server runs and however many requests repeat. Every process cache of the app is one of these (on
-:class:`app.state.AppContext`)."""
+"""The one cache: a small, thread-safe, bounded least-recently-used map, so memory stays flat however long a
+process runs and however many requests repeat. The app's process caches (:class:`app.state.Caches`), a worker's
+models (:func:`ssog_core.runtime.jobs.load_ref`) and the values it keeps between jobs
+(:mod:`ssog_core.interventions.heavy`) are each one of these."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 V = TypeVar("V")
+_MISSING = object()
 
 
 class LRU(Generic[V]):
@@ -22,23 +24,27 @@ class LRU(Generic[V]):
         self._data: OrderedDict[Hashable, V] = OrderedDict()
         self._lock = threading.Lock()
 
+    def _find(self, key: Hashable) -> V | object:
+        with self._lock:
+            if key not in self._data:
+                return _MISSING
+            self._data.move_to_end(key)
+            return self._data[key]
+
     def get(self, key: Hashable, make: Callable[[], V]) -> V:
         """The value under ``key``, made with ``make()`` and kept when missing. ``make`` runs outside the lock, so
         other requests keep being served meanwhile (two requests may then both make it: the later one is kept)."""
-        found = self.peek(key)
-        if found is not None:
-            return found
+        found = self._find(key)
+        if found is not _MISSING:
+            return found  # type: ignore[return-value]
         value = make()
         self.put(key, value)
         return value
 
     def peek(self, key: Hashable) -> V | None:
         """The value under ``key`` (now the most recently used) or None; makes nothing."""
-        with self._lock:
-            if key not in self._data:
-                return None
-            self._data.move_to_end(key)
-            return self._data[key]
+        found = self._find(key)
+        return None if found is _MISSING else found  # type: ignore[return-value]
 
     def put(self, key: Hashable, value: V) -> None:
         with self._lock:
@@ -53,7 +59,9 @@ class LRU(Generic[V]):
             return list(self._data.items())
 
     def __len__(self) -> int:
-        return len(self._data)
+        with self._lock:
+            return len(self._data)
 
     def __contains__(self, key: Hashable) -> bool:
-        return key in self._data
+        with self._lock:
+            return key in self._data
