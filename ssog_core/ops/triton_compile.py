@@ -323,7 +323,7 @@ def analyse_launch(problem: Problem, job: str, index: int, arch: int) -> dict:
     dyn = tc.dynamic_mix(loops, ir_straight, sloops, straight, warps)
     ir_exp2 = ir_straight.exp2 + sum(lp.trips * lp.exp2 for lp in loops)
     sass_exp2 = dyn.per_thread.ex2 * warps * tc.WARP
-    if abs(sass_exp2 - ir_exp2) > 0.05 * max(ir_exp2, 1):  # the anchoring's own check
+    if sass_exp2 < 0.95 * ir_exp2:  # the anchoring's own check (more is a replicated layout: real work)
         dyn.unmatched.append(f"exp2 lanes per program: IR {ir_exp2}, machine code {sass_exp2:.0f}")
     key = dyn.key
     return dict(
@@ -335,6 +335,7 @@ def analyse_launch(problem: Problem, job: str, index: int, arch: int) -> dict:
         programs=math.prod(launch.grid),
         memory_bytes=_memory_bytes(launch),
         exp2_per_program=ir_exp2,
+        machine_exp2_per_program=sass_exp2,
         mix=vars(dyn.per_thread),
         key_loop=None
         if key is None
@@ -351,8 +352,8 @@ def _task_key(problem: Problem, job: str, index: int, arch: int, launch) -> tupl
     """What decides the compiled code and its loop bounds: equal keys compile once."""
     sig, consts, attrs = _specialise(launch)
     ints = tuple(a for a in launch.args if isinstance(a, int))
-    return (launch.kernel.fn.__name__, repr(sorted(sig.items())), repr(sorted(consts.items())), repr(attrs),
-            repr(sorted(launch.options.items())), ints, math.prod(launch.grid), _memory_bytes(launch), arch)  # fmt: skip
+    spec = (repr(sorted(sig.items())), repr(sorted(consts.items())), repr(attrs), repr(sorted(launch.options.items())))
+    return (launch.kernel.fn.__name__, *spec, ints, math.prod(launch.grid), _memory_bytes(launch), arch)
 
 
 def measured_rows(path: Path) -> list[dict]:
@@ -459,7 +460,7 @@ def cost_report(problems: list[Problem], arch: int = 90, workers: int | None = N
             done = dict(zip(keys, pool.map(_analyse, [tasks[k] for k in keys]), strict=True))
     else:
         done = {k: _analyse(tasks[k]) for k in keys}
-    for label, job, i, key in slots:
+    for label, job, _, key in slots:
         results[label]["jobs"].setdefault(job, []).append(done[key])
     cal, fitted = calibrate(rows, results)
     for res in results.values():
@@ -472,6 +473,8 @@ def cost_report(problems: list[Problem], arch: int = 90, workers: int | None = N
                 seconds, bound = _kernel_seconds(k, cal)
                 k["predicted_us"], k["bound"] = seconds * 1e6, bound
                 k["waves"] = -(-k["programs"] // (tc.SMS * max(per_sm, 1)))
+                cycles = tc.wave_cycles(tc.Mix(**k["mix"]), k["warps"], max(per_sm, 1), cal)
+                k["bounds_us"] = {b: k["waves"] * c / tc.CLOCK_HZ * 1e6 for b, c in cycles.items()}
         res["predicted_ms"] = {job: job_seconds(ks, cal) * 1e3 for job, ks in res["jobs"].items()}
     errors = [abs(f["error"]) for f in fitted]
     return dict(
@@ -507,7 +510,8 @@ def cost_markdown(report: dict, command: str) -> str:
         "tensor, shared, latency) cycles / clock, HBM bytes / bandwidth); per wave of the resident programs: issue = "
         f"warp-instructions / {c['ISSUE_PER_CLOCK']}, MUFU = MUFU lanes / {c['MUFU_LANES_PER_CLOCK']}, tensor = HMMA "
         f"multiply-adds / {c['TENSOR_MACS_PER_CLOCK']}, shared = 128-byte wavefronts / "
-        f"{c['SHARED_WAVEFRONTS_PER_CLOCK']}, latency = one warp's instructions × CPI + its global-memory accesses × CPG (both calibrated); "
+        f"{c['SHARED_WAVEFRONTS_PER_CLOCK']}, latency = one warp's instructions × CPI + its global-memory accesses "
+        "× CPG (both calibrated); "
         f"{c['SMS']} SMs at {c['CLOCK_HZ'] / 1e9:.2f} GHz, {c['HBM_BYTES_PER_S'] / 1e12:.1f} TB/s; a job's time is "
         "the sum of its launches.",
         "",

@@ -229,13 +229,16 @@ def sass_loops(sass: str) -> tuple[list[SassLoop], Mix]:
     lines = sass.splitlines()
     labels = {line[:-1]: n for n, line in enumerate(lines) if line.startswith(".L_x_") and line.endswith(":")}
     ops = [(n, m.group(1)) for n, line in enumerate(lines) if (m := _INSTR.match(line)) and m.group(1) != "NOP"]
-    loops = []
+    loops, traps = [], set()
     for n, line in enumerate(lines):
         m = _BRANCH.search(line)
         if m and labels.get(m.group(1), n + 1) < n:
             first = labels[m.group(1)]
             if sum(first <= k <= n for k, _ in ops) > 1:
                 loops.append(SassLoop(first, n))
+            else:
+                traps.add(n)  # a branch to itself: never executed
+    ops = [(n, op) for n, op in ops if n not in traps]
     loops.sort(key=lambda lp: lp.first)
     straight = Mix()
     for n, op in ops:
@@ -264,25 +267,33 @@ class Dynamic:
 
 
 def dynamic_mix(loops: list[IRLoop], ir_straight: IRLoop, sass: list[SassLoop], straight: Mix, warps: int) -> Dynamic:
-    """One program's dynamic SASS mix: each machine loop joins the first IR loop, in program order from the last
-    match, whose work per iteration divides its own (exponential lanes and multiply-adds, by one whole unroll
-    factor); a loop with neither joins the current group. A group runs (IR loop's total work) / (group's work per
-    pass) times. Exponentials in straight-line code beyond the IR's straight-line ones are loop iterations the
-    compiler peeled (unrolling remainders): they are taken off the trips of the IR loop with the most
-    exponentials, so that the program's exponentials equal the IR's."""
+    """One program's dynamic SASS mix. Where the machine code has as many loops with work (exponentials or
+    ``HMMA``) as the IR, they pair in program order and each runs its IR loop's trips (a replicated layout may
+    compute more exponential lanes than the IR asks for: that is real work). Otherwise (unrolled and split loops)
+    each machine loop joins the first IR loop, in order from the last match, whose exponential lanes (else
+    multiply-adds) per iteration divide its own by a whole unroll factor, and a group runs (IR loop's total work)
+    / (group's work per pass) times. Loops without work join the current group. Exponentials in straight-line code
+    beyond the IR's straight-line ones are iterations the compiler peeled: they come off the trips of the IR loop
+    with the most exponentials."""
     threads = warps * WARP
     peeled = max(0.0, straight.ex2 * threads - ir_straight.exp2)
     most = max(range(len(loops)), key=lambda j: loops[j].trips * loops[j].exp2, default=None)
+    busy_ir = [j for j, lp in enumerate(loops) if lp.signature != (0, 0)]
+    busy_sass = [lp for lp in sass if lp.own.ex2 or lp.own.hmma_macs]
+    paired = len(busy_ir) == len(busy_sass)
     groups: dict[int, list[SassLoop]] = {}
-    unmatched, i = [], 0
+    unmatched, i = [], busy_ir[0] if busy_ir else 0
     for lp in sass:
         work = (lp.own.ex2 * threads, lp.own.hmma_macs * warps)
         if work == (0, 0):
             groups.setdefault(i, []).append(lp)
             continue
+        if paired:
+            i = busy_ir[busy_sass.index(lp)]
+            groups.setdefault(i, []).append(lp)
+            continue
         for j in range(i, len(loops)):
-            ir = loops[j].signature
-            if ir != (0, 0) and _unroll(work, ir):
+            if loops[j].signature != (0, 0) and _ratio(work, loops[j].signature):
                 i = j
                 groups.setdefault(j, []).append(lp)
                 break
@@ -296,32 +307,40 @@ def dynamic_mix(loops: list[IRLoop], ir_straight: IRLoop, sass: list[SassLoop], 
         per_pass = Mix()
         for lp in members:
             per_pass.add(lp.own)
-        anchor = (
-            (per_pass.ex2 * threads, ir.exp2) if ir and ir.exp2 else (per_pass.hmma_macs * warps, ir.macs if ir else 0)
-        )
-        if not ir or anchor[0] == 0:
+        if ir is None or ir.signature == (0, 0):
             unmatched.append(f"machine loops at lines {[lp.first for lp in members]} without IR work to anchor on")
             continue
-        passes = (ir.trips * anchor[1] - (peeled if j == most and ir.exp2 else 0)) / anchor[0]
+        lanes = per_pass.ex2 * threads
+        if paired:  # a whole ratio of both kinds of work is an unrolled body; anything else a replicated layout
+            u = _ratio((lanes, per_pass.hmma_macs * warps), ir.signature)
+            passes = ir.trips / (u or 1)
+        else:
+            anchor = (lanes, ir.exp2) if ir.exp2 else (per_pass.hmma_macs * warps, ir.macs)
+            passes = ir.trips * anchor[1] / anchor[0]
+        if j == most and lanes and peeled:
+            passes -= peeled / lanes
         total.add(per_pass, passes)
         work = ir.trips * (ir.exp2 + ir.macs)
         if work > best and ir.trips:
             best = work
             per_iter = per_pass.scaled(passes / ir.trips)
             key = KeyLoop(ir.trips, per_pass.instr / per_pass.ex2 if per_pass.ex2 else None, per_iter)
-    for j, ir in enumerate(loops):
-        if j not in groups and ir.signature != (0, 0) and ir.trips:
-            unmatched.append(f"IR loop {j} (exp2 {ir.exp2}, MACs {ir.macs} per iteration) has no machine loop")
+    for j in busy_ir:
+        if j not in groups and loops[j].trips:
+            unmatched.append(
+                f"IR loop {j} (exp2 {loops[j].exp2}, MACs {loops[j].macs} per iteration) has no machine loop"
+            )
     return Dynamic(total, key, unmatched)
 
 
-def _unroll(work: tuple[float, float], ir: tuple[int, int]) -> bool:
-    """Whether a machine loop's work per pass is a whole number u ≥ 1 of IR iterations (both kinds of work)."""
+def _ratio(work: tuple[float, float], ir: tuple[int, int]) -> int | None:
+    """The whole number u ≥ 1 of IR iterations a machine loop's work per pass holds (both kinds of work), or None."""
     pairs = list(zip(work, ir, strict=True))
-    if any(w and not r for w, r in pairs):
-        return False
+    if any(bool(w) != bool(r) for w, r in pairs):
+        return None
     ratios = {w / r for w, r in pairs if r}
-    return len(ratios) == 1 and (u := ratios.pop()) >= 1 and u == int(u)
+    u = ratios.pop() if len(ratios) == 1 else 0
+    return int(u) if u >= 1 and u == int(u) else None
 
 
 # ------------------------------------------------------------------------------------------- time model
