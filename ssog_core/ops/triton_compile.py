@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
+import math
 import os
 import re
 import subprocess
@@ -151,11 +153,12 @@ def _resource_usage(cubin: bytes) -> dict[str, int]:
     return usage
 
 
-def problem_launches(
+def problem_jobs(
     grid: tuple[int, int], head_dim: int, atoms: int, mode: str, dtype: torch.dtype, heads: int = 6, batch: int = 2
-) -> list:
-    """Every kernel launch of one problem (forward steered and fixed, ``inv_zx``, both backward kernels), built on
-    ``meta`` tensors laid out as the custom ops lay them out, so that the compile sees the launch's constexprs and
+) -> dict[str, list]:
+    """The kernel launches of each timed job of one problem — ``steered forward`` and ``backward``, ``fixed forward``
+    and ``backward`` (``inv_zx`` and both backward kernels on the shared field) — built on ``meta`` tensors laid
+    out as the custom ops and the benchmark lay them out, so that the compile sees the launch's constexprs and
     Triton's specialisation of its arguments (16-byte divisibility, ones) exactly as the JIT would."""
     from ssog_core.ops import ssog_triton as ts
 
@@ -174,12 +177,28 @@ def problem_launches(
     shared = (empty(heads, atoms, f)[None, None, None] if axial else empty(1, gh, gw, heads, atoms, f)).expand(
         batch, gh, gw, heads, atoms, f
     )  # a shared field as kernel_params lays it out: factorized terms per grid cell, axial per head
-    return [
-        ts.fwd_launch(v, prm, None, None, axial, empty(*v.shape, dt=dtype), izx),
-        ts.fwd_launch(v, shared, taby, tabx, axial, empty(*v.shape, dt=dtype), None),
-        ts.izx_launch(empty(gw, heads, atoms, f), axial, empty(gw, heads, ro)),
-        *ts.bwd_launches(empty(*v.shape, dt=dtype), v, prm, izx, axial, empty(*v.shape, dt=dtype), empty(*prm.shape)),
-    ]
+    shared_izx = empty(gw, heads, ro)[None, None].expand(batch, gh, gw, heads, ro)  # as the fixed backward has it
+    return {
+        "steered forward": [ts.fwd_launch(v, prm, None, None, axial, empty(*v.shape, dt=dtype), izx)],
+        "steered backward": ts.bwd_launches(
+            empty(*v.shape, dt=dtype), v, prm, izx, axial, empty(*v.shape, dt=dtype), empty(*prm.shape)
+        ),
+        "fixed forward": [ts.fwd_launch(v, shared, taby, tabx, axial, empty(*v.shape, dt=dtype), None)],
+        "fixed backward": [
+            ts.izx_launch(empty(gw, heads, atoms, f), axial, empty(gw, heads, ro)),
+            *ts.bwd_launches(
+                empty(*v.shape, dt=dtype), v, shared, shared_izx, axial, empty(*v.shape, dt=dtype), empty(*prm.shape)
+            ),
+        ],
+    }
+
+
+def problem_launches(
+    grid: tuple[int, int], head_dim: int, atoms: int, mode: str, dtype: torch.dtype, heads: int = 6, batch: int = 2
+) -> list:
+    """Every distinct kernel of one problem once: forward steered and fixed, ``inv_zx``, both backward kernels."""
+    jobs = problem_jobs(grid, head_dim, atoms, mode, dtype, heads, batch)
+    return [*jobs["steered forward"], *jobs["fixed forward"], jobs["fixed backward"][0], *jobs["steered backward"]]
 
 
 def _specialise(launch) -> tuple[dict, dict, dict]:
@@ -203,6 +222,20 @@ def _specialise(launch) -> tuple[dict, dict, dict]:
     return sig, consts, attrs
 
 
+def compile_launch(launch, arch: int = 90, num_warps: int | None = None):
+    """Compile one launch for ``sm_<arch>`` exactly as the JIT would (Triton's on-disk cache serves repeats)."""
+    if interpreting():
+        raise RuntimeError("compile-only checks need a process without TRITON_INTERPRET=1")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig, consts, attrs = _specialise(launch)
+    options = launch.options | ({"num_warps": num_warps} if num_warps else {})
+    return triton.compile(ASTSource(launch.kernel, sig, consts, attrs), target=GPUTarget("cuda", arch, 32),
+                          options=options)  # fmt: skip
+
+
 def compile_kernels(
     grid: tuple[int, int],
     head_dim: int,
@@ -213,19 +246,10 @@ def compile_kernels(
     num_warps: int | None = None,
 ) -> list[KernelReport]:
     """Compile the forward (steered and fixed), ``inv_zx`` and both backward kernels for one problem shape."""
-    if interpreting():
-        raise RuntimeError("compile-only checks need a process without TRITON_INTERPRET=1")
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     shape = f"{grid[0]}x{grid[1]} d{head_dim} R{atoms} {mode} {str(dtype).removeprefix('torch.')}"
     reports = []
     for launch in problem_launches(grid, head_dim, atoms, mode, dtype):
-        sig, consts, attrs = _specialise(launch)
-        src = ASTSource(launch.kernel, sig, consts, attrs)
-        options = launch.options | ({"num_warps": num_warps} if num_warps else {})
-        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+        k = compile_launch(launch, arch, num_warps)
         ptx = k.asm["ptx"]
         usage = _resource_usage(k.asm["cubin"])
         reports.append(
@@ -245,25 +269,332 @@ def compile_kernels(
     return reports
 
 
+# ------------------------------------------------------------------------------------- the cost report (--report)
+
+MEASURED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu_ops_cuda.csv"
+MEASURED_OPS = {"ssog-steered kernel": "steered", "ssog-fixed kernel": "fixed"}  # the op rows the model predicts
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One benchmark problem: the attention op on ``batch`` images of ``grid`` tokens, ``heads`` × ``head_dim``."""
+
+    grid: tuple[int, int]
+    head_dim: int
+    atoms: int
+    mode: str = "factorized"
+    dtype: str = "bfloat16"
+    heads: int = 6
+    batch: int = 64
+
+    @property
+    def label(self) -> str:
+        axial = " axial" if self.mode == "axial" else ""
+        return f"{self.grid[0]}x{self.grid[1]} d{self.head_dim} R{self.atoms}{axial} {self.dtype} B{self.batch}"
+
+    def jobs(self) -> dict[str, list]:
+        d = getattr(torch, self.dtype)
+        return problem_jobs(self.grid, self.head_dim, self.atoms, self.mode, d, self.heads, self.batch)
+
+
+def _memory_bytes(launch) -> int:
+    """Bytes of the tensors a launch touches, each once (its span in memory: a broadcast tensor counts once)."""
+    spans = {}
+    for a in launch.args:
+        if isinstance(a, torch.Tensor):
+            span = 1 + sum((n - 1) * st for n, st in zip(a.shape, a.stride(), strict=True))
+            spans[id(a)] = span * a.element_size()
+    return sum(spans.values())
+
+
+def analyse_launch(problem: Problem, job: str, index: int, arch: int) -> dict:
+    """Compile one launch of ``problem`` and read its cost (:mod:`ssog_core.ops.triton_cost`); a plain dict, so
+    that a process pool can return it."""
+    from ssog_core.ops import triton_cost as tc
+
+    launch = problem.jobs()[job][index]
+    k = compile_launch(launch, arch)
+    usage = _resource_usage(k.asm["cubin"])
+    warps = k.metadata.num_warps
+    runtime = [n for n in launch.kernel.arg_names if n not in launch.constexprs]
+    ints = {n: a for n, a in zip(runtime, launch.args, strict=True) if isinstance(a, int)}
+    loops, ir_straight = tc.ir_loops(k.asm["ttir"], ints)
+    sloops, straight = tc.sass_loops(_nvidia_tool("nvdisasm", k.asm["cubin"], "-c"))
+    dyn = tc.dynamic_mix(loops, ir_straight, sloops, straight, warps)
+    ir_exp2 = ir_straight.exp2 + sum(lp.trips * lp.exp2 for lp in loops)
+    sass_exp2 = dyn.per_thread.ex2 * warps * tc.WARP
+    if sass_exp2 < 0.95 * ir_exp2:  # the anchoring's own check (more is a replicated layout: real work)
+        dyn.unmatched.append(f"exp2 lanes per program: IR {ir_exp2}, machine code {sass_exp2:.0f}")
+    key = dyn.key
+    return dict(
+        kernel=launch.name,
+        regs=usage["REG"],
+        stack=usage["STACK"],
+        shared=k.metadata.shared,
+        warps=warps,
+        programs=math.prod(launch.grid),
+        memory_bytes=_memory_bytes(launch),
+        exp2_per_program=ir_exp2,
+        machine_exp2_per_program=sass_exp2,
+        mix=vars(dyn.per_thread),
+        key_loop=None
+        if key is None
+        else dict(trips=key.trips, sass_per_ex2=key.sass_per_ex2, per_iteration=vars(key.per_iteration)),
+        unmatched=dyn.unmatched,
+    )
+
+
+def _analyse(task: tuple) -> dict:
+    return analyse_launch(*task)
+
+
+def _task_key(problem: Problem, job: str, index: int, arch: int, launch) -> tuple:
+    """What decides the compiled code and its loop bounds: equal keys compile once."""
+    sig, consts, attrs = _specialise(launch)
+    ints = tuple(a for a in launch.args if isinstance(a, int))
+    spec = (repr(sorted(sig.items())), repr(sorted(consts.items())), repr(attrs), repr(sorted(launch.options.items())))
+    return (launch.kernel.fn.__name__, *spec, ints, math.prod(launch.grid), _memory_bytes(launch), arch)
+
+
+def measured_rows(path: Path) -> list[dict]:
+    """The measured SSOG kernel rows of a GPU run (``benchmarks/results/gpu_ops_cuda.csv``): op, field, shape and
+    the forward and forward + backward milliseconds."""
+    import csv
+
+    if not path.is_file():
+        return []
+    rows = []
+    with path.open(newline="") as f:
+        for r in csv.DictReader(f):
+            if r["op"] in MEASURED_OPS:
+                side = math.isqrt(int(r["tokens"]))
+                prob = Problem((side, side), int(r["head_dim"]), int(r["atoms"]), heads=int(r["heads"]),
+                               batch=int(r["batch"]))  # fmt: skip
+                for what, col in (("forward", "fwd_ms"), ("forward + backward", "fwdbwd_ms")):
+                    if r[col]:
+                        rows.append(dict(op=r["op"], field=MEASURED_OPS[r["op"]], what=what, problem=prob,
+                                         ms=float(r[col])))  # fmt: skip
+    return rows
+
+
+def _kernel_seconds(k: dict, cal) -> tuple[float, str]:
+    from ssog_core.ops import triton_cost as tc
+
+    mix = tc.Mix(**k["mix"])
+    per_sm, _ = tc.programs_per_sm(k["regs"], k["shared"], k["warps"])
+    return tc.kernel_time(mix, k["warps"], k["programs"], max(per_sm, 1), k["memory_bytes"], cal)
+
+
+def job_seconds(kernels: list[dict], cal) -> float:
+    """Predicted seconds of a job: its kernels one after another."""
+    return sum(_kernel_seconds(k, cal)[0] for k in kernels)
+
+
+def _job_kernels(result: dict, field: str, what: str) -> list[dict]:
+    jobs = [f"{field} forward"] + ([f"{field} backward"] if what != "forward" else [])
+    return [k for job in jobs for k in result["jobs"][job]]
+
+
+def calibrate(rows: list[dict], results: dict[str, dict]):
+    """The latency constants (:class:`ssog_core.ops.triton_cost.Calibration`) that minimise the squared log error
+    of the predicted over the measured times: a log-spaced grid, refined twice around its best point; per row the
+    prediction and its error."""
+    from ssog_core.ops import triton_cost as tc
+
+    rows = [r for r in rows if r["problem"].label in results and "refused" not in results[r["problem"].label]]
+    if not rows:
+        return None, []
+    kernels = [_job_kernels(results[r["problem"].label], r["field"], r["what"]) for r in rows]
+
+    def loss(x: tuple[float, float]) -> float:
+        cal = tc.Calibration(10 ** x[0], 10 ** x[1])
+        return sum(math.log(job_seconds(ks, cal) * 1e3 / r["ms"]) ** 2 for ks, r in zip(kernels, rows, strict=True))
+
+    best, step = (1.0, 2.0), 1.0  # log10 of (cycles per instruction, cycles per global access)
+    for _ in range(4):
+        pts = [(best[0] + step * i / 4, best[1] + step * j / 4) for i in range(-8, 9) for j in range(-8, 9)]
+        best = min(pts, key=loss)
+        step /= 4
+    cal = tc.Calibration(10 ** best[0], 10 ** best[1])
+    fitted = []
+    for ks, r in zip(kernels, rows, strict=True):
+        pred = job_seconds(ks, cal) * 1e3
+        fitted.append(dict(op=r["op"], what=r["what"], shape=r["problem"].label, measured_ms=r["ms"],
+                           predicted_ms=pred, error=pred / r["ms"] - 1))  # fmt: skip
+    return cal, fitted
+
+
+def cost_report(problems: list[Problem], arch: int = 90, workers: int | None = None,
+                measured: Path | None = MEASURED) -> dict:  # fmt: skip
+    """Compile every kernel of every problem (a process pool; Triton's on-disk cache makes repeats cheap), read
+    their cost and predict each job's time, calibrated on the measured rows of ``measured`` (their problems are
+    compiled too). A problem the dispatcher refuses is reported with the reason."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from ssog_core.ops import triton_cost as tc
+    from ssog_core.ops.dispatch import shared_memory_problem
+
+    rows = measured_rows(measured) if measured else []
+    wanted = list(dict.fromkeys([*problems, *(r["problem"] for r in rows)]))
+    limit = SHARED_LIMIT.get(arch, 101376)
+    results: dict[str, dict] = {}
+    tasks: dict[tuple, tuple] = {}
+    slots: list[tuple[str, str, int, tuple]] = []
+    for prob in wanted:
+        refused = shared_memory_problem(prob.grid, prob.head_dim, prob.atoms, prob.mode, getattr(torch, prob.dtype),
+                                        limit)  # fmt: skip
+        if refused:
+            results[prob.label] = dict(problem=vars(prob), refused=refused)
+            continue
+        results[prob.label] = dict(problem=vars(prob), jobs={})
+        for job, launches in prob.jobs().items():
+            for i, launch in enumerate(launches):
+                key = _task_key(prob, job, i, arch, launch)
+                tasks.setdefault(key, (prob, job, i, arch))
+                slots.append((prob.label, job, i, key))
+    keys = list(tasks)
+    n = workers or min(len(keys), os.cpu_count() or 1)
+    if n > 1 and len(keys) > 1:
+        with ProcessPoolExecutor(n, mp_context=get_context("spawn")) as pool:
+            done = dict(zip(keys, pool.map(_analyse, [tasks[k] for k in keys]), strict=True))
+    else:
+        done = {k: _analyse(tasks[k]) for k in keys}
+    for label, job, _, key in slots:
+        results[label]["jobs"].setdefault(job, []).append(done[key])
+    cal, fitted = calibrate(rows, results)
+    for res in results.values():
+        if cal is None or "refused" in res:
+            continue
+        for kernels in res["jobs"].values():
+            for k in kernels:
+                per_sm, why = tc.programs_per_sm(k["regs"], k["shared"], k["warps"])
+                k["programs_per_sm"], k["programs_per_sm_limit"] = per_sm, why
+                seconds, bound = _kernel_seconds(k, cal)
+                k["predicted_us"], k["bound"] = seconds * 1e6, bound
+                k["waves"] = -(-k["programs"] // (tc.SMS * max(per_sm, 1)))
+                cycles = tc.wave_cycles(tc.Mix(**k["mix"]), k["warps"], max(per_sm, 1), cal)
+                k["bounds_us"] = {b: k["waves"] * c / tc.CLOCK_HZ * 1e6 for b, c in cycles.items()}
+        res["predicted_ms"] = {job: job_seconds(ks, cal) * 1e3 for job, ks in res["jobs"].items()}
+    errors = [abs(f["error"]) for f in fitted]
+    return dict(
+        arch=arch,
+        triton=_triton_version(),
+        problems=[p.label for p in problems],
+        calibration=None if cal is None else dict(
+            cycles_per_instruction=cal.cycles_per_instruction, cycles_per_global_access=cal.cycles_per_global_access,
+            measured=str(measured), rows=fitted,
+            max_error=max(errors), rms_error=math.sqrt(sum(e * e for e in errors) / len(errors))),
+        results=results,
+        constants={k: getattr(tc, k) for k in ("SMS", "CLOCK_HZ", "HBM_BYTES_PER_S", "ISSUE_PER_CLOCK",
+                                               "MUFU_LANES_PER_CLOCK", "TENSOR_MACS_PER_CLOCK",
+                                               "SHARED_WAVEFRONTS_PER_CLOCK", "REGISTERS_PER_SM", "SHARED_PER_SM",
+                                               "MAX_WARPS_PER_SM", "MAX_PROGRAMS_PER_SM")},
+    )  # fmt: skip
+
+
+def _fmt(x: float | None, digits: int = 1) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def cost_markdown(report: dict, command: str) -> str:
+    """The report as Markdown: the model, the calibration with its error per measured row, then per problem and
+    kernel the resources, occupancy, key-loop costs and the predicted time with the bound that sets it."""
+    from ssog_core.ops import triton_cost as tc
+
+    c = report["constants"]
+    out = [
+        f"`{command}`",
+        "",
+        f"sm_{report['arch']}, triton {report['triton']}. Model per launch: time = max(waves × max(issue, MUFU, "
+        "tensor, shared, latency) cycles / clock, HBM bytes / bandwidth); per wave of the resident programs: issue = "
+        f"warp-instructions / {c['ISSUE_PER_CLOCK']}, MUFU = MUFU lanes / {c['MUFU_LANES_PER_CLOCK']}, tensor = HMMA "
+        f"multiply-adds / {c['TENSOR_MACS_PER_CLOCK']}, shared = 128-byte wavefronts / "
+        f"{c['SHARED_WAVEFRONTS_PER_CLOCK']}, latency = one warp's instructions × CPI + its global-memory accesses "
+        "× CPG (both calibrated); "
+        f"{c['SMS']} SMs at {c['CLOCK_HZ'] / 1e9:.2f} GHz, {c['HBM_BYTES_PER_S'] / 1e12:.1f} TB/s; a job's time is "
+        "the sum of its launches.",
+        "",
+    ]
+    cal = report["calibration"]
+    if cal is None:
+        out += ["No measured rows to calibrate on: no predicted times.", ""]
+    else:
+        out += [
+            f"Calibration on {len(cal['rows'])} measured rows of `{Path(cal['measured']).name}` (H200): CPI = "
+            f"{cal['cycles_per_instruction']:.2f} cycles per warp-instruction, CPG = "
+            f"{cal['cycles_per_global_access']:.0f} cycles per global-memory access; error max {cal['max_error']:.0%}, "
+            f"RMS {cal['rms_error']:.0%}.",
+            "",
+            "| op | shape | measured ms | predicted ms | error |",
+            "|---|---|---:|---:|---:|",
+        ]
+        out += [f"| {f['op']} {f['what']} | {f['shape']} | {f['measured_ms']:.3f} | {f['predicted_ms']:.3f} | "
+                f"{f['error']:+.0%} |" for f in cal["rows"]]  # fmt: skip
+        out.append("")
+    out += [
+        "| shape | job | kernel | REG | shared B | warps | programs/SM (limit) | programs | waves "
+        "| SASS/EX2 key loop | BAR/iter | shared B/iter | instr/program | predicted µs | bound |",
+        "|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for label in report["problems"]:
+        res = report["results"][label]
+        if "refused" in res:
+            out.append(f"| {label} | — | refused: {res['refused']} |" + " |" * 12)
+            continue
+        for job, kernels in res["jobs"].items():
+            for k in kernels:
+                key = k["key_loop"]
+                per = key["per_iteration"] if key else None
+                per_sm = k.get("programs_per_sm") or tc.programs_per_sm(k["regs"], k["shared"], k["warps"])[0]
+                why = k.get("programs_per_sm_limit") or tc.programs_per_sm(k["regs"], k["shared"], k["warps"])[1]
+                note = " ⚠" if k["unmatched"] else ""
+                out.append(
+                    f"| {label} | {job} | {k['kernel']}{note} | {k['regs']} | {k['shared']} | {k['warps']} | "
+                    f"{per_sm} ({why}) | {k['programs']} | {k.get('waves', '—')} | "
+                    f"{_fmt(key and key['sass_per_ex2'])} | {_fmt(per and per['barriers'])} | "
+                    f"{_fmt(per and per['shared_bytes'] * k['warps'], 0)} | {k['mix']['instr'] * k['warps']:.0f} | "
+                    f"{_fmt(k.get('predicted_us'))} | {k.get('bound', '—')} |"
+                )
+        if "predicted_ms" in res:
+            jobs = ", ".join(f"{job} {ms:.3f} ms" for job, ms in res["predicted_ms"].items())
+            out.append(f"| {label} | predicted | {jobs} |" + " |" * 12)
+    warned = [(lbl, k["kernel"], u) for lbl, r in report["results"].items() if "jobs" in r
+              for ks in r["jobs"].values() for k in ks for u in k["unmatched"]]  # fmt: skip
+    if warned:
+        out += ["", "⚠ loops the model could not anchor (their counts are lower bounds):"]
+        out += [f"* {lbl} {kernel}: {u}" for lbl, kernel, u in dict.fromkeys(warned)]
+    return "\n".join(out) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", type=int, default=90, help="CUDA compute capability, e.g. 80 or 90")
     ap.add_argument("--grid", type=int, nargs=2, action="append", help="grid Gh Gw (repeatable)")
-    ap.add_argument("--atoms", type=int, default=4)
+    ap.add_argument("--atoms", type=int, nargs="+", help="atoms per head (default 4; the report: 1 2 4 8)")
     ap.add_argument("--head-dim", type=int, default=64)
-    ap.add_argument("--mode", choices=("factorized", "axial", "both"), default="both")
+    ap.add_argument("--mode", choices=("factorized", "axial", "both"), help="default both; the report: factorized")
     ap.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     ap.add_argument("--num-warps", type=int, help="default: the launchers' NUM_WARPS")
     ap.add_argument("--out", type=Path, help="also write the report (a markdown table) to this file")
+    ap.add_argument("--report", action="store_true", help="the cost report (docs/KERNELS.md §3) instead")
+    ap.add_argument("--json", type=Path, help="--report: also write it as JSON to this file")
+    ap.add_argument("--workers", type=int, help="--report: compile processes (default: one per CPU)")
+    ap.add_argument("--measured", type=Path, default=MEASURED, help="--report: the GPU rows to calibrate on")
+    ap.add_argument("--batch", type=int, default=64, help="--report: images (the benchmark's 64)")
+    ap.add_argument("--heads", type=int, default=6, help="--report: heads (the benchmark's 6)")
     args = ap.parse_args(argv)
+    command = " ".join(["python -m ssog_core.ops.triton_compile", *(argv if argv is not None else sys.argv[1:])])
+    if args.report:
+        return _report_main(args, command)
+    args.atoms = args.atoms or [4]
+    args.mode = args.mode or "both"
     grids = [tuple(g) for g in args.grid] if args.grid else [(14, 14), (24, 24), (32, 32), (64, 64), (128, 128)]
     modes = ("factorized", "axial") if args.mode == "both" else (args.mode,)
     dtype = getattr(torch, args.dtype)
     limit = SHARED_LIMIT.get(args.arch, 101376)
     lines = [
-        f"`python -m ssog_core.ops.triton_compile {' '.join(argv if argv is not None else sys.argv[1:])}`".replace(
-            " `", "`"
-        ),
+        f"`{command}`",
         f"sm_{args.arch}, num_warps {args.num_warps or 'default'}, triton {_triton_version()}, "
         f"{datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}. REG registers per thread; "
         "STACK stack frame bytes; SPILL bytes stored by local-memory (STL) instructions; SHARED bytes per program "
@@ -277,15 +608,15 @@ def main(argv: list[str] | None = None) -> int:
         print(line, flush=True)
     failed = 0
     for grid in grids:
-        for mode in modes:
+        for mode, atoms in [(m, a) for m in modes for a in args.atoms]:
             try:
-                reports = compile_kernels(grid, args.head_dim, args.atoms, mode, dtype, args.arch, args.num_warps)
+                reports = compile_kernels(grid, args.head_dim, atoms, mode, dtype, args.arch, args.num_warps)
             except Exception as e:  # report every failing shape, then fail
                 failed += 1
                 lines.append(f"FAILED {grid} {mode}: {type(e).__name__}: {str(e).splitlines()[0]}")
                 print(lines[-1], flush=True)
                 continue
-            bound = shared_memory_estimate(*grid, args.head_dim, args.atoms, mode == "axial", dtype.itemsize)
+            bound = shared_memory_estimate(*grid, args.head_dim, atoms, mode == "axial", dtype.itemsize)
             for r in reports:
                 over = r.shared > limit or r.shared > bound
                 failed += over
@@ -293,9 +624,36 @@ def main(argv: list[str] | None = None) -> int:
                 lines.append(r.row() + note)
                 print(lines[-1], flush=True)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("\n".join(lines) + "\n")
+        _write(args.out, "\n".join(lines) + "\n")
     return 1 if failed else 0
+
+
+def _write(path: Path, text: str) -> None:
+    """Write ``text`` atomically (a temporary file renamed over ``path``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+REPORT_GRIDS = ((14, 14), (32, 32), (64, 64))  # the benchmark's 196, 1024 and 4096 tokens
+REPORT_ATOMS = (1, 2, 4, 8)
+
+
+def _report_main(args: argparse.Namespace, command: str) -> int:
+    """``--report``: the cost report of every kernel of the benchmark problems (or those asked for)."""
+    grids = [tuple(g) for g in args.grid] if args.grid else REPORT_GRIDS
+    modes = ("factorized", "axial") if args.mode == "both" else (args.mode or "factorized",)
+    problems = [Problem(g, args.head_dim, a, m, args.dtype, args.heads, args.batch)
+                for g in grids for a in (args.atoms or REPORT_ATOMS) for m in modes]  # fmt: skip
+    report = cost_report(problems, args.arch, args.workers, args.measured)
+    text = cost_markdown(report, command)
+    print(text, end="", flush=True)
+    if args.out:
+        _write(args.out, text)
+    if args.json:
+        _write(args.json, json.dumps(report, indent=1, default=str) + "\n")
+    return 0
 
 
 if __name__ == "__main__":

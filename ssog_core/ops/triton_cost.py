@@ -1,0 +1,384 @@
+"""A cost model of the compiled SSOG Triton kernels that runs without a GPU (docs/KERNELS.md §3).
+
+From one compiled kernel (:func:`ssog_core.ops.triton_compile.compile_launch`) it reads
+
+* the Triton IR (TTIR): every ``scf.for`` loop's trip count, evaluated from the launch's arguments, and the exact
+  per-program work of each loop (``math.exp2`` lanes, ``tt.dot`` multiply-adds);
+* the machine code (SASS, from Triton's bundled ``nvdisasm``): every loop's instructions, ``MUFU`` operations,
+  ``HMMA`` tensor-core instructions, barriers and shared-memory accesses per iteration.
+
+Machine-code loops do not map one-to-one onto IR loops (the compiler unrolls and splits them), so each machine loop
+is matched to the IR loop whose work it carries (same exponential and multiply-add content, up to a whole unroll
+factor) and its trip count is anchored on that work: the group of machine loops of an IR loop runs as many times
+as the IR loop's total work over the group's work per pass. Straight-line code runs once per program. That gives
+each program's dynamic instruction mix, which :func:`kernel_time` turns into a time (model and constants below).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+# ------------------------------------------------------------------------------ the H100 / H200 SM (sm_90)
+# Per-SM limits: CUDA C++ Programming Guide, "Features and Technical Specifications", table "Technical
+# Specifications per Compute Capability", column 9.0; allocation granularities: the CUDA Occupancy Calculator
+# (cuda_occupancy.h, the values it uses for compute capability 9.0).
+REGISTERS_PER_SM = 65536  # 32-bit registers per SM
+SUB_PARTITIONS = 4  # warp schedulers per SM; the register file is split evenly between them
+REGISTER_ALLOC_UNIT = 256  # registers are allocated per warp in units of 256 (8 per thread)
+MAX_WARPS_PER_SM = 64
+MAX_PROGRAMS_PER_SM = 32  # resident thread blocks per SM
+SHARED_PER_SM = 233472  # 228 KiB of shared memory per SM
+SHARED_RESERVED_PER_PROGRAM = 1024  # the 1 KiB the driver reserves per resident block
+SHARED_ALLOC_UNIT = 128  # shared memory is allocated in 128-byte units
+
+# Per-SM throughput per clock: CUDA C++ Programming Guide, "Arithmetic Instructions" throughput table, column 9.0
+# (128 fp32 add/multiply/FMA lanes; 16 lanes of reciprocal, square root, base-2 exponential and logarithm: MUFU),
+# one warp-instruction issued per scheduler per clock; shared memory delivers 32 banks × 4 bytes (one wavefront)
+# per clock; the tensor cores 2048 dense bf16 multiply-adds (H100 SXM5 whitepaper: 989.4 TFLOP/s dense BF16 =
+# 132 SMs × 1830 MHz × 2048 × 2), a ceiling the kernels' mma.sync does not exceed.
+ISSUE_PER_CLOCK = SUB_PARTITIONS  # warp-instructions
+FP32_LANES_PER_CLOCK = 128
+MUFU_LANES_PER_CLOCK = 16
+SHARED_WAVEFRONTS_PER_CLOCK = 1
+TENSOR_MACS_PER_CLOCK = 2048
+WARP = 32
+
+# The measured machine: NVIDIA H200 SXM (132 SMs, `nvidia-smi -q` max SM clock 1980 MHz, HBM3e 4.8 TB/s: the H200
+# datasheet). The H100 SXM has the same SM and clocks with 3.35 TB/s.
+SMS = 132
+CLOCK_HZ = 1.98e9
+HBM_BYTES_PER_S = 4.8e12
+
+# --------------------------------------------------------------------------------------------- occupancy
+
+
+def programs_per_sm(regs: int, shared: int, warps: int) -> tuple[int, str]:
+    """Programs (thread blocks) of one kernel resident on an SM, and the resource that limits them (the CUDA
+    occupancy calculator's rules: registers per warp rounded up to the allocation unit, each scheduler's quarter
+    of the register file holding whole warps; shared memory plus the reserved kilobyte per program in allocation
+    units; the warp and block limits)."""
+    per_warp = -(-max(regs, 1) * WARP // REGISTER_ALLOC_UNIT) * REGISTER_ALLOC_UNIT
+    warps_by_regs = (REGISTERS_PER_SM // SUB_PARTITIONS // per_warp) * SUB_PARTITIONS
+    shared_unit = -(-(shared + SHARED_RESERVED_PER_PROGRAM) // SHARED_ALLOC_UNIT) * SHARED_ALLOC_UNIT
+    limits = {
+        "registers": warps_by_regs // warps,
+        "shared memory": SHARED_PER_SM // shared_unit,
+        "warps": MAX_WARPS_PER_SM // warps,
+        "programs": MAX_PROGRAMS_PER_SM,
+    }
+    binding = min(limits, key=lambda k: limits[k])
+    return limits[binding], binding
+
+
+# ------------------------------------------------------------------------------------------------ the IR
+
+
+@dataclass
+class IRLoop:
+    """One ``scf.for`` of the TTIR: its total iterations per program (outer loops included) and its own work per
+    iteration (nested loops excluded)."""
+
+    trips: int
+    exp2: int = 0  # math.exp2 lanes per iteration
+    macs: int = 0  # tt.dot multiply-adds per iteration
+
+    @property
+    def signature(self) -> tuple[int, int]:
+        return self.exp2, self.macs
+
+
+_INT_OP = re.compile(r"^\s*(%[\w.$-]+) = arith\.(\w+) (.*?) : (?:i32|i64|index)\b")
+_FOR = re.compile(r"scf\.for %[\w.$-]+ = (%[\w.$-]+) to (%[\w.$-]+) step (%[\w.$-]+)")
+_ARG = re.compile(r"(%[\w.$-]+): i(?:32|64)\b")
+_TENSOR = re.compile(r"tensor<([\dx]+)x\w+>")
+_BINARY = {
+    "addi": lambda a, b: a + b,
+    "subi": lambda a, b: a - b,
+    "muli": lambda a, b: a * b,
+    "divsi": lambda a, b: int(a / b),
+    "divui": lambda a, b: a // b,
+    "ceildivsi": lambda a, b: -(-a // b),
+    "remsi": lambda a, b: int(math.fmod(a, b)),
+    "remui": lambda a, b: a % b,
+    "maxsi": max,
+    "minsi": min,
+}
+
+
+def _numel(dims: str) -> int:
+    return math.prod(int(d) for d in dims.split("x"))
+
+
+def ir_loops(ttir: str, args: dict[str, int]) -> tuple[list[IRLoop], IRLoop]:
+    """The loops of a TTIR function in program order, and its straight-line work (``trips`` 1). ``args``: the
+    launch's integer arguments by name (the TTIR names its function arguments after the kernel's)."""
+    env: dict[str, int] = {}
+    head = ttir[ttir.index("tt.func") :].split("\n", 1)[0]
+    for name in _ARG.findall(head):
+        if name[1:] in args:
+            env[name] = args[name[1:]]
+
+    def value(name: str) -> int:
+        if name not in env:
+            raise ValueError(f"loop bound {name} is not an integer computed from the launch arguments")
+        return env[name]
+
+    straight, loops, stack = IRLoop(1), [], []  # stack: the open regions, a loop or None
+    for line in ttir[ttir.index("tt.func") :].splitlines()[1:]:
+        here = next((s for s in reversed(stack) if s is not None), straight)
+        if m := _INT_OP.match(line):
+            op, rest = m.group(2), m.group(3)
+            if op == "constant":
+                env[m.group(1)] = int(rest.split()[0].removesuffix(":"))
+            elif op in _BINARY:
+                a, b = (s.strip() for s in rest.split(","))
+                if a in env and b in env:
+                    env[m.group(1)] = _BINARY[op](env[a], env[b])
+            elif op in ("extsi", "extui", "trunci", "index_cast") and rest.split()[0] in env:
+                env[m.group(1)] = env[rest.split()[0]]
+        elif "math.exp2" in line:
+            t = _TENSOR.findall(line.rsplit(":", 1)[-1])
+            here.exp2 += _numel(t[0]) if t else 1
+        elif "tt.dot " in line:
+            a, b = _TENSOR.findall(line.split("->")[0].rsplit(":", 1)[-1])[:2]
+            here.macs += _numel(a) * int(b.split("x")[-1])
+        opened = line.count("{") - line.count("}")
+        if opened > 0:
+            if m := _FOR.search(line):
+                lo, hi, step = (value(g) for g in m.groups())
+                loop = IRLoop(here.trips * max(0, -(-(hi - lo) // step)))
+                loops.append(loop)
+                stack.append(loop)
+            else:
+                stack.append(None)
+        elif opened < 0:
+            if not stack:
+                break  # the end of the function
+            stack.pop()
+    return loops, straight
+
+
+# ---------------------------------------------------------------------------------------------- the SASS
+
+_INSTR = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+_BRANCH = re.compile(r"\bBRA\s+`\((\.L_x_\d+)\)")
+_HMMA = re.compile(r"HMMA\.(16)(8)(8|16)\b")
+_SHARED_BYTES = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16}  # per lane; no suffix: 4
+
+
+@dataclass
+class Mix:
+    """Per-thread instruction counts of a stretch of SASS (per warp, they are warp-instructions)."""
+
+    instr: float = 0
+    ex2: float = 0
+    mufu: float = 0  # every MUFU operation (EX2, RCP, ...): they share the unit
+    hmma_macs: float = 0  # multiply-adds of the warp's HMMA instructions, per warp
+    barriers: float = 0
+    global_accesses: float = 0  # global-memory load and store instructions (LDG, LDGSTS, STG)
+    shared_bytes: float = 0  # per warp
+    shared_wavefronts: float = 0  # 128-byte shared-memory transactions per warp, no bank conflicts assumed
+    spill_bytes: float = 0
+
+    def add(self, other: Mix, times: float = 1.0) -> None:
+        for k in vars(self):
+            setattr(self, k, getattr(self, k) + times * getattr(other, k))
+
+    def scaled(self, times: float) -> Mix:
+        out = Mix()
+        out.add(self, times)
+        return out
+
+
+def _count(op: str, mix: Mix) -> None:
+    mix.instr += 1
+    parts = op.split(".")
+    if parts[0] == "MUFU":
+        mix.mufu += 1
+        mix.ex2 += op == "MUFU.EX2"
+    elif m := _HMMA.match(op):
+        mix.hmma_macs += math.prod(int(g) for g in m.groups())  # m·n·k of one warp's instruction
+    elif op.startswith("BAR.SYNC") or op == "BAR.RED":
+        mix.barriers += 1
+    if parts[0] in ("LDG", "LDGSTS", "STG"):
+        mix.global_accesses += 1
+    if parts[0] in ("LDSM", "STSM"):  # 8×8 16-bit matrices: .2 / .4 two or four of them
+        n = int(parts[-1]) if parts[-1].isdigit() else 1
+        mix.shared_bytes += 128 * n
+        mix.shared_wavefronts += n
+    elif parts[0] in ("LDS", "STS", "LDGSTS", "ATOMS"):  # LDGSTS writes shared memory (its global read aside)
+        width = next((_SHARED_BYTES[p] for p in parts[1:] if p in _SHARED_BYTES), 4)
+        mix.shared_bytes += WARP * width
+        mix.shared_wavefronts += max(1, WARP * width // 128)
+    elif parts[0] == "STL":
+        mix.spill_bytes += next((_SHARED_BYTES[p] for p in parts[1:] if p in _SHARED_BYTES), 4)
+
+
+@dataclass
+class SassLoop:
+    first: int
+    last: int
+    own: Mix = field(default_factory=Mix)  # instructions not inside a nested loop, per pass
+
+
+def sass_loops(sass: str) -> tuple[list[SassLoop], Mix]:
+    """The loops of ``nvdisasm -c`` output in code order (a backward branch closes one; the trap loop after
+    ``EXIT`` is not a loop) with their own instruction mix per pass, and the straight-line mix."""
+    lines = sass.splitlines()
+    labels = {line[:-1]: n for n, line in enumerate(lines) if line.startswith(".L_x_") and line.endswith(":")}
+    ops = [(n, m.group(1)) for n, line in enumerate(lines) if (m := _INSTR.match(line)) and m.group(1) != "NOP"]
+    loops, traps = [], set()
+    for n, line in enumerate(lines):
+        m = _BRANCH.search(line)
+        if m and labels.get(m.group(1), n + 1) < n:
+            first = labels[m.group(1)]
+            if sum(first <= k <= n for k, _ in ops) > 1:
+                loops.append(SassLoop(first, n))
+            else:
+                traps.add(n)  # a branch to itself: never executed
+    ops = [(n, op) for n, op in ops if n not in traps]
+    loops.sort(key=lambda lp: lp.first)
+    straight = Mix()
+    for n, op in ops:
+        inside = [lp for lp in loops if lp.first <= n <= lp.last]
+        _count(op, min(inside, key=lambda lp: lp.last - lp.first).own if inside else straight)
+    return loops, straight
+
+
+# -------------------------------------------------------------------------------------- IR ↔ SASS matching
+
+
+@dataclass
+class KeyLoop:
+    """The IR loop with the most work, as the machine runs it: per IR iteration."""
+
+    trips: int
+    sass_per_ex2: float | None  # SASS instructions per MUFU.EX2 in its machine loops
+    per_iteration: Mix  # per thread
+
+
+@dataclass
+class Dynamic:
+    per_thread: Mix  # one program's dynamic instruction mix, per thread (per warp: warp-instructions)
+    key: KeyLoop | None
+    unmatched: list[str]  # what could not be anchored (then the counts are lower bounds)
+
+
+def dynamic_mix(loops: list[IRLoop], ir_straight: IRLoop, sass: list[SassLoop], straight: Mix, warps: int) -> Dynamic:
+    """One program's dynamic SASS mix. Where the machine code has as many loops with work (exponentials or
+    ``HMMA``) as the IR, they pair in program order and each runs its IR loop's trips (a replicated layout may
+    compute more exponential lanes than the IR asks for: that is real work). Otherwise (unrolled and split loops)
+    each machine loop joins the first IR loop, in order from the last match, whose exponential lanes (else
+    multiply-adds) per iteration divide its own by a whole unroll factor, and a group runs (IR loop's total work)
+    / (group's work per pass) times. Loops without work join the current group. Exponentials in straight-line code
+    beyond the IR's straight-line ones are iterations the compiler peeled: they come off the trips of the IR loop
+    with the most exponentials."""
+    threads = warps * WARP
+    peeled = max(0.0, straight.ex2 * threads - ir_straight.exp2)
+    most = max(range(len(loops)), key=lambda j: loops[j].trips * loops[j].exp2, default=None)
+    busy_ir = [j for j, lp in enumerate(loops) if lp.signature != (0, 0)]
+    busy_sass = [lp for lp in sass if lp.own.ex2 or lp.own.hmma_macs]
+    paired = len(busy_ir) == len(busy_sass)
+    groups: dict[int, list[SassLoop]] = {}
+    unmatched, i = [], busy_ir[0] if busy_ir else 0
+    for lp in sass:
+        work = (lp.own.ex2 * threads, lp.own.hmma_macs * warps)
+        if work == (0, 0):
+            groups.setdefault(i, []).append(lp)
+            continue
+        if paired:
+            i = busy_ir[busy_sass.index(lp)]
+            groups.setdefault(i, []).append(lp)
+            continue
+        for j in range(i, len(loops)):
+            if loops[j].signature != (0, 0) and _ratio(work, loops[j].signature):
+                i = j
+                groups.setdefault(j, []).append(lp)
+                break
+        else:
+            unmatched.append(f"machine loop at line {lp.first} (exp2 {work[0]}, MACs {work[1]})")
+    total = Mix()
+    total.add(straight)
+    key, best = None, -1.0
+    for j, members in groups.items():
+        ir = loops[j] if j < len(loops) else None
+        per_pass = Mix()
+        for lp in members:
+            per_pass.add(lp.own)
+        if ir is None or ir.signature == (0, 0):
+            unmatched.append(f"machine loops at lines {[lp.first for lp in members]} without IR work to anchor on")
+            continue
+        lanes = per_pass.ex2 * threads
+        if paired:  # a whole ratio of both kinds of work is an unrolled body; anything else a replicated layout
+            u = _ratio((lanes, per_pass.hmma_macs * warps), ir.signature)
+            passes = ir.trips / (u or 1)
+        else:
+            anchor = (lanes, ir.exp2) if ir.exp2 else (per_pass.hmma_macs * warps, ir.macs)
+            passes = ir.trips * anchor[1] / anchor[0]
+        if j == most and lanes and peeled:
+            passes -= peeled / lanes
+        total.add(per_pass, passes)
+        work = ir.trips * (ir.exp2 + ir.macs)
+        if work > best and ir.trips:
+            best = work
+            per_iter = per_pass.scaled(passes / ir.trips)
+            key = KeyLoop(ir.trips, per_pass.instr / per_pass.ex2 if per_pass.ex2 else None, per_iter)
+    for j in busy_ir:
+        if j not in groups and loops[j].trips:
+            unmatched.append(
+                f"IR loop {j} (exp2 {loops[j].exp2}, MACs {loops[j].macs} per iteration) has no machine loop"
+            )
+    return Dynamic(total, key, unmatched)
+
+
+def _ratio(work: tuple[float, float], ir: tuple[int, int]) -> int | None:
+    """The whole number u ≥ 1 of IR iterations a machine loop's work per pass holds (both kinds of work), or None."""
+    pairs = list(zip(work, ir, strict=True))
+    if any(bool(w) != bool(r) for w, r in pairs):
+        return None
+    ratios = {w / r for w, r in pairs if r}
+    u = ratios.pop() if len(ratios) == 1 else 0
+    return int(u) if u >= 1 and u == int(u) else None
+
+
+# ------------------------------------------------------------------------------------------- time model
+
+
+@dataclass
+class Calibration:
+    """The fitted constants of :func:`kernel_time`'s latency bound: the cycles one warp takes per instruction and,
+    on top, per global-memory access instruction (``LDG``, ``LDGSTS``, ``STG``) when nothing else is the bound —
+    an empirical split of its stalls (dependent arithmetic, barriers; memory latency that is not hidden)."""
+
+    cycles_per_instruction: float
+    cycles_per_global_access: float
+
+
+def wave_cycles(mix: Mix, warps: int, programs_per_sm: int, cal: Calibration) -> dict[str, float]:
+    """Cycles one wave of ``programs_per_sm`` programs takes on an SM, by bound: what the SM's issue slots,
+    MUFU, tensor cores and shared memory need for all of them, and the latency of one warp's instruction
+    stream (its instructions and global-memory accesses × the calibrated cycles of each)."""
+    n = programs_per_sm * warps  # resident warps
+    return {
+        "issue": n * mix.instr / ISSUE_PER_CLOCK,
+        "MUFU": n * mix.mufu * WARP / MUFU_LANES_PER_CLOCK,
+        "tensor": n * mix.hmma_macs / TENSOR_MACS_PER_CLOCK,
+        "shared": n * mix.shared_wavefronts / SHARED_WAVEFRONTS_PER_CLOCK,
+        "latency": mix.instr * cal.cycles_per_instruction + mix.global_accesses * cal.cycles_per_global_access,
+    }
+
+
+def kernel_time(
+    mix: Mix, warps: int, programs: int, per_sm: int, hbm_bytes: int, cal: Calibration
+) -> tuple[float, str]:
+    """Predicted seconds of one launch and the bound that sets it:
+    ``max(waves × max(issue, MUFU, tensor, shared, latency) cycles / clock, HBM bytes / bandwidth)`` with
+    ``waves = ⌈programs / (SMs × programs per SM)⌉``."""
+    bounds = wave_cycles(mix, warps, per_sm, cal)
+    binding = max(bounds, key=lambda k: bounds[k])
+    waves = -(-programs // (SMS * per_sm))
+    t = waves * bounds[binding] / CLOCK_HZ
+    hbm = hbm_bytes / HBM_BYTES_PER_S
+    return (t, binding) if t >= hbm else (hbm, "HBM")

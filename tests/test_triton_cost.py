@@ -1,0 +1,182 @@
+"""The kernels' cost model without a GPU (``ssog_core.ops.triton_cost``, ``python -m ssog_core.ops.triton_compile
+--report``): occupancy against hand-checked sm_90 limits, the anchoring of machine loops on IR work on synthetic
+code, a refused shape reported as refused, and (compiling, slow) the report and its calibration."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+from ssog_core.ops import triton_cost as tc
+
+
+@pytest.mark.parametrize(
+    ("regs", "shared", "warps", "expected"),
+    [
+        # 132 registers → 136 per thread, 4352 per warp; a scheduler's 16384 hold 3 warps: 12 per SM, one 8-warp program
+        (132, 31744, 8, (1, "registers")),
+        (128, 0, 8, (2, "registers")),  # 4096 per warp: 4 per scheduler, 16 per SM
+        (104, 29696, 8, (2, "registers")),  # 3328 per warp: 4 per scheduler
+        (255, 0, 4, (2, "registers")),  # 256 → 8192 per warp: 2 per scheduler, 8 per SM
+        (32, 100000, 4, (2, "shared memory")),  # 101024 → 101120 bytes with the reserved KiB: 233472 // 101120
+        (32, 116224, 4, (1, "shared memory")),  # 117248: one fits, two would need 234496
+        (16, 0, 32, (2, "warps")),  # 64 // 32 (registers allow 4)
+        (16, 0, 1, (32, "programs")),
+    ],
+)
+def test_programs_per_sm_match_hand_checked_limits(regs, shared, warps, expected):
+    assert tc.programs_per_sm(regs, shared, warps) == expected
+
+
+TTIR = """module {
+  tt.func public @k(%p: !tt.ptr<f32>, %GW: i32 loc("GW"(#loc)), %GH: i32) attributes {noinline = false} {
+    %c0_i32 = arith.constant 0 : i32 loc(#loc1)
+    %c4_i32 = arith.constant 4 : i32 loc(#loc1)
+    %c3_i32 = arith.constant 3 : i32 loc(#loc1)
+    %0 = arith.subi %GW, %c3_i32 : i32 loc(#loc2)
+    %e = math.exp2 %x : tensor<8x16xf32> loc(#loc3)
+    %z = scf.for %k = %c0_i32 to %0 step %c4_i32 iter_args(%a = %b) -> (tensor<8x16xf32>)  : i32 {
+      %q = math.exp2 %a : tensor<8x16xf32> loc(#loc4)
+      %s = "tt.reduce"(%q) <{axis = 1 : i32}> ({
+      ^bb0(%u: f32, %v: f32):
+        scf.yield %u : f32
+      }) : (tensor<8x16xf32>) -> tensor<8xf32> loc(#loc5)
+      %y = scf.for %j = %c0_i32 to %GH step %c4_i32 iter_args(%c = %d) -> (tensor<16x16xf32>)  : i32 {
+        %m = tt.dot %l, %r, %c : tensor<16x32xbf16> * tensor<32x16xbf16> -> tensor<16x16xf32> loc(#loc6)
+        scf.yield %m : tensor<16x16xf32> loc(#loc7)
+      } loc(#loc8)
+      scf.yield %q : tensor<8x16xf32> loc(#loc9)
+    } loc(#loc10)
+    tt.return loc(#loc11)
+  } loc(#loc12)
+} loc(#loc13)
+"""
+
+
+def test_ir_loops_evaluate_their_trips_from_the_launch_arguments():
+    loops, straight = tc.ir_loops(TTIR, {"GW": 14, "GH": 10, "p": 0})
+    assert straight.exp2 == 128 and straight.trips == 1
+    assert [(lp.trips, lp.exp2, lp.macs) for lp in loops] == [(3, 128, 0), (9, 0, 16 * 32 * 16)]  # ⌈11/4⌉, ×⌈10/4⌉
+
+
+def _sass(lines: list[str]) -> str:
+    """nvdisasm-like text: instructions at addresses, labels on their own lines."""
+    out, addr = [], 0
+    for line in lines:
+        if line.endswith(":"):
+            out.append(line)
+        else:
+            out.append(f"        /*{addr:04x}*/                   {line} ;")
+            addr += 16
+    return "\n".join(out)
+
+
+def test_machine_loops_are_anchored_on_the_ir_work():
+    """An IR loop of 3 iterations × 256 exponential lanes (4 warps: 2 per thread), compiled as a loop unrolled
+    twice (4 EX2 per pass) plus one peeled iteration in straight-line code: the program runs 6 EX2 per thread,
+    the loop body 1.0 time (3 iterations − 1 peeled, over 2 per pass), its barrier once per pass."""
+    sass = _sass(
+        ["MOV R1, R2", "MUFU.EX2 R3, R3", "MUFU.EX2 R4, R4", ".L_x_0:"]
+        + ["FMUL R5, R5, R5", "MUFU.EX2 R5, R5"] * 4
+        + ["BAR.SYNC.DEFER_BLOCKING 0x0", "LDS.64 R6, [R7]", "@P0 BRA `(.L_x_0)", "EXIT", ".L_x_1:", "BRA `(.L_x_1)"]
+    )
+    loops, straight = tc.sass_loops(sass)
+    assert len(loops) == 1 and loops[0].own.ex2 == 4 and loops[0].own.instr == 11
+    assert straight.ex2 == 2 and straight.instr == 4  # MOV, two EX2, EXIT (the trap loop is not a loop)
+    dyn = tc.dynamic_mix([tc.IRLoop(3, exp2=256)], tc.IRLoop(1), loops, straight, warps=4)
+    assert dyn.unmatched == []
+    assert dyn.per_thread.ex2 == pytest.approx(6)  # 3 × 256 lanes / 128 threads
+    assert dyn.per_thread.instr == pytest.approx(4 + 11)
+    assert dyn.key.trips == 3 and dyn.key.sass_per_ex2 == pytest.approx(11 / 4)
+    assert dyn.key.per_iteration.barriers == pytest.approx(1 / 3)  # one pass holds the work of the 3 − 1 = 2
+    assert dyn.per_thread.shared_wavefronts == pytest.approx(2)  # LDS.64: 256 bytes per warp, two wavefronts
+
+
+def test_a_loop_without_matching_ir_work_is_reported():
+    """Two machine loops for one IR loop of 256 lanes: the first holds one iteration (2 EX2 × 128 threads), the
+    second 1.5 (3 × 128), which no unrolling gives."""
+    ex2 = ["MUFU.EX2 R5, R5"]
+    sass = _sass([".L_x_0:", *ex2 * 2, "@P0 BRA `(.L_x_0)", ".L_x_1:", *ex2 * 3, "@P0 BRA `(.L_x_1)", "EXIT"])
+    loops, straight = tc.sass_loops(sass)
+    dyn = tc.dynamic_mix([tc.IRLoop(4, exp2=256)], tc.IRLoop(1), loops, straight, warps=4)
+    assert len(dyn.unmatched) == 1 and "machine loop" in dyn.unmatched[0]
+
+
+def test_kernel_time_takes_the_binding_bound():
+    mix = tc.Mix(instr=1000, mufu=100, global_accesses=10)
+    cal = tc.Calibration(cycles_per_instruction=2.0, cycles_per_global_access=500.0)
+    bounds = tc.wave_cycles(mix, warps=8, programs_per_sm=1, cal=cal)
+    assert bounds["issue"] == 8 * 1000 / 4 and bounds["MUFU"] == 8 * 100 * 32 / 16
+    assert bounds["latency"] == 1000 * 2 + 10 * 500
+    seconds, bound = tc.kernel_time(mix, 8, programs=2 * tc.SMS + 1, per_sm=1, hbm_bytes=0, cal=cal)
+    assert bound == "latency" and seconds == pytest.approx(3 * 7000 / tc.CLOCK_HZ)  # three waves
+    assert tc.kernel_time(mix, 8, 1, 1, hbm_bytes=10**12, cal=cal)[1] == "HBM"
+
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+
+
+@needs_triton
+def test_a_refused_shape_is_reported_as_refused(capsys):
+    """On sm_86 (101 KB per program) a 64×64 grid at d64 is refused by the dispatcher's estimate: the report says
+    so with the reason, compiles nothing for it and exits 0."""
+    from ssog_core.ops import triton_compile
+
+    args = ["--report", "--arch", "86", "--grid", "64", "64", "--atoms", "4", "--measured", "none.csv"]
+    assert triton_compile.main(args) == 0
+    out = capsys.readouterr().out
+    refused = [line for line in out.splitlines() if "refused:" in line]
+    assert len(refused) == 1 and "64x64 d64 R4" in refused[0] and "101376" in refused[0], out
+    assert "No measured rows" in out
+
+
+@needs_triton
+@pytest.mark.slow
+def test_report_and_calibration_on_the_196_token_rows(tmp_path):
+    """Compile the 14×14 problem (d64, R4, bf16, batch 64, six heads: the benchmark's) and calibrate on its four
+    measured rows: every kernel of every job is there with its occupancy, the machine code's exponentials equal
+    the IR's, and each fitted row is reproduced within the stated error, recomputed here from the kernels."""
+    from ssog_core.ops import triton_compile as tcmp
+
+    rows = [r for r in csv.DictReader(tcmp.MEASURED.open()) if r["tokens"] == "196"]
+    measured = tmp_path / "rows.csv"
+    with measured.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    prob = tcmp.Problem((14, 14), 64, 4)
+    report = tcmp.cost_report([prob], 90, workers=1, measured=measured)
+    res = report["results"][prob.label]
+    names = {job: [k["kernel"] for k in ks] for job, ks in res["jobs"].items()}
+    assert names == {"steered forward": ["fwd-steered"], "steered backward": ["bwd-rows", "bwd-cols"],
+                     "fixed forward": ["fwd-fixed"], "fixed backward": ["inv_zx", "bwd-rows", "bwd-cols"]}  # fmt: skip
+    for ks in res["jobs"].values():
+        for k in ks:
+            assert k["unmatched"] == [], k
+            assert k["programs_per_sm"] == tc.programs_per_sm(k["regs"], k["shared"], k["warps"])[0] >= 1
+            assert k["predicted_us"] > 0 and k["bound"] in ("issue", "MUFU", "tensor", "shared", "latency", "HBM")
+    cal = report["calibration"]
+    assert len(cal["rows"]) == 4 and cal["max_error"] < 0.75
+    c = tc.Calibration(cal["cycles_per_instruction"], cal["cycles_per_global_access"])
+    for row in cal["rows"]:
+        field = "steered" if "steered" in row["op"] else "fixed"
+        jobs = [f"{field} forward"] + ([f"{field} backward"] if row["what"] != "forward" else [])
+        pred = tcmp.job_seconds([k for j in jobs for k in res["jobs"][j]], c) * 1e3
+        assert pred == pytest.approx(row["predicted_ms"])
+        assert abs(pred / row["measured_ms"] - 1) <= cal["max_error"] + 1e-12
+    text = tcmp.cost_markdown(report, "test")
+    assert f"error max {cal['max_error']:.0%}" in text and "fwd-steered" in text
+    assert math.isfinite(cal["rms_error"])
+
+
+def test_the_measured_rows_exist():
+    """The calibration's rows: the op table of the GPU run (benchmarks/RESULTS.md, GPU section)."""
+    from ssog_core.ops import triton_compile as tcmp
+
+    rows = tcmp.measured_rows(tcmp.MEASURED)
+    assert len(rows) == 12 and {r["problem"].grid for r in rows} == {(14, 14), (32, 32), (64, 64)}
+    assert tcmp.measured_rows(Path("no-such-file.csv")) == []
