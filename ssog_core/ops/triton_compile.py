@@ -356,6 +356,14 @@ def _task_key(problem: Problem, job: str, index: int, arch: int, launch) -> tupl
     return (launch.kernel.fn.__name__, *spec, ints, math.prod(launch.grid), _memory_bytes(launch), arch)
 
 
+def _shown(path: Path) -> str:
+    """``path`` as a report records it: relative to the working directory when inside it (no machine's folders)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return Path(path).name
+
+
 def measured_rows(path: Path) -> list[dict]:
     """The measured SSOG kernel rows of a GPU run (``benchmarks/results/gpu_ops_cuda.csv``): op, field, shape and
     the forward and forward + backward milliseconds."""
@@ -483,7 +491,7 @@ def cost_report(problems: list[Problem], arch: int = 90, workers: int | None = N
         problems=[p.label for p in problems],
         calibration=None if cal is None else dict(
             cycles_per_instruction=cal.cycles_per_instruction, cycles_per_global_access=cal.cycles_per_global_access,
-            measured=str(measured), rows=fitted,
+            measured=_shown(measured), rows=fitted,
             max_error=max(errors), rms_error=math.sqrt(sum(e * e for e in errors) / len(errors))),
         results=results,
         constants={k: getattr(tc, k) for k in ("SMS", "CLOCK_HZ", "HBM_BYTES_PER_S", "ISSUE_PER_CLOCK",
