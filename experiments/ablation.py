@@ -715,15 +715,17 @@ def curves_figure(task: str, rows: list[dict], path: Path) -> None:
     order = [*VARIANTS, OFFSET_ROW[0]]
     colours = dict(zip(order, ("#7f7f7f", "#d62728", "#1f77b4", "#2ca02c", "#9467bd"), strict=True))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    labelled: set[str] = set()
     for ax, board in zip(axes, ("small", "large"), strict=True):
         g = GRIDS[board]
         for r in [r for r in rows if r["task"] == task and r["grid"] == g and r.get("lr") is None]:
             curve = curve_of(r)
             if not curve or r["variant"] not in colours:
                 continue
-            early = is_table_row(r)
+            early, label = is_table_row(r), None if r["variant"] in labelled else r["variant"]
+            labelled.add(r["variant"])
             ax.plot(*zip(*curve, strict=True), color=colours[r["variant"]], lw=0.9, alpha=0.45 if early else 0.9,
-                    ls="--" if early else "-", label=None if early or r["seed"] else r["variant"])  # fmt: skip
+                    ls="--" if early else "-", label=label)  # fmt: skip
         ax.axhline(PLATEAU_EXIT, color="k", lw=0.6, ls=":")
         ax.axhline(1 / 3, color="k", lw=0.4, ls="-.")
         ax.set_title(f"{g}×{g} board" + (" (continued from the 14×14 models)" if board == "large" else ""))
@@ -762,11 +764,12 @@ def target_share_table(task: str) -> list[str]:
         return []
     read_.sort(key=lambda r: (r["grid"], order.index(r["variant"]), r["seed"]))
     n = read_[0]["target_share"]["images"]["first"]
+    layers = " | ".join(f"layer {i}" for i in range(len(read_[0]["target_share"]["layers"])))
+    rule = "|---|" + "---:|" * len(read_[0]["target_share"]["layers"])
     out = ["", f"Target share (`python -m ssog_core target-share`): of the attention patch queries put on the three "
            f"discs, the share on the disc the cue points at (1/3: not told apart), per layer, first {n} validation "
            "images, 95% interval over images; μ closed: the paired change with every μ gate closed:", "",
-           "| run | " + " | ".join(f"layer {i}" for i in range(len(read_[0]["target_share"]["layers"]))) + " |",
-           "|---|" + "---:|" * len(read_[0]["target_share"]["layers"])]  # fmt: skip
+           f"| run | {layers} |", rule]  # fmt: skip
     for r in read_:
         ts = r["target_share"]
         cells = []
@@ -787,10 +790,10 @@ def target_share_table(task: str) -> list[str]:
             diff = np.mean([by[g, a, s] - by[g, b, s] for s in seeds], axis=0)  # (n, L)
             ci = np.atleast_2d(bootstrap_ci(diff.T))
             cells = [f"{diff[:, i].mean():+.2f} [{ci[i, 0]:+.2f}, {ci[i, 1]:+.2f}]" for i in range(diff.shape[1])]
-            lines.append(f"| {a} − {b}, g{g} ({len(seeds)} seeds) | " + " | ".join(cells) + " |")
+            lines.append(f"| {a} − {b}, g{g} ({len(seeds)} seed{'s' * (len(seeds) > 1)}) | " + " | ".join(cells) + " |")
     if lines:
         out += ["", "Paired differences of the target share (mean over the seeds both read, 95% interval over images):",
-                "", out[4], out[5], *lines]  # fmt: skip
+                "", f"| contrast | {layers} |", rule, *lines]  # fmt: skip
     return out
 
 
