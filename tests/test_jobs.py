@@ -398,7 +398,7 @@ def test_moved_takes_every_tensor_of_a_result_to_the_device_and_leaves_the_rest(
                 yield from leaves(getattr(v, name))
 
     moved_leaves, original = list(leaves(out)), list(leaves(value))
-    assert len(moved_leaves) == len(original) == 5 + 2 * 4 + 2  # stats, its two fits, the pairs
+    assert len(moved_leaves) == len(original) == 7 + 2 * 4 + 2  # stats, its two fits, the pairs
     assert all(t.device == meta and t.dtype == torch.float64 for t in moved_leaves)
     assert all(t.device.type == "cpu" for t in original)  # the argument itself is left as it was
     assert type(out["stats"]) is HeadFieldStats and type(out["stats"].fits[1]) is AtomFit
