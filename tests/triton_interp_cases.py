@@ -25,6 +25,7 @@ from ssog_core.ops.ssog_triton import apply_triton, kernel_params  # noqa: E402
 from ssog_core.testing.oracles import FieldLeaves, oracle_apply, oracle_matrix  # noqa: E402
 from tests.ops_checks import (  # noqa: E402
     assert_close,
+    grads,
     assert_compiles_like_eager,
     check_against_definition,
     far_narrow_field,
@@ -230,3 +231,34 @@ def test_kernel_inputs_are_validated() -> None:
     v, (prm,), _, _ = _op_inputs("axial", steered=True)
     with pytest.raises(ValueError, match="do not match"):
         ssog_triton.axial_fwd(v, prm[..., :4].contiguous())
+
+
+@pytest.mark.parametrize("taps", [ALL, ("sigma",), ("mu", "lambda")], ids=lambda t: "+".join(t))
+def test_layer_steering_in_kernels(monkeypatch: pytest.MonkeyPatch, taps) -> None:
+    """A steered layer on the Triton backend steers in ``ssog::steer`` (probe biases, bound, gates, the fixed
+    field's raw parameters in the kernel, both ways): its output and the gradients of its input and of every
+    parameter equal the float64 definition's (the same layer in float64 on the ``definition`` backend)."""
+    import copy
+
+    from ssog_core.testing.launches import count_launches
+
+    monkeypatch.delenv("SSOG_BACKEND", raising=False)
+    torch.manual_seed(3)
+    attn = SSOGAttention(16, 2, 3, steer=taps, cold_init=False)
+    for name, p in attn.named_parameters():
+        if name.split(".")[0] in ("mu_delta", "sigma_delta", "lambda_gate"):
+            torch.nn.init.normal_(p, std=0.3)
+    ref = copy.deepcopy(attn).double()
+    ref.backend = "definition"
+    x = torch.randn(2, 35, 16, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(2, 35, 16, dtype=torch.float64)
+    with count_launches(run_kernels=True) as counts:
+        out = attn(x.float(), (7, 5))
+    assert counts["triton:steer"] == 1 and counts["triton:fwd-steered"] == 1, counts
+    expected = ref(x, (7, 5))
+    assert_close(out, expected, 1e-5, "output")
+    got = grads(out, [x, *attn.parameters()], dy)
+    want = grads(expected, [x, *ref.parameters()], dy)
+    names = ["x", *(n for n, _ in attn.named_parameters())]
+    for name, g, w in zip(names, got, want, strict=True):
+        assert_close(g, w, 1e-4 if w.dim() else SCALAR_GRAD_RTOL, f"d/d{name}")

@@ -382,10 +382,13 @@ def _field_setup(ctx, inputs, output) -> None:
     v, mu, sigma, log_lam, tau, gh, gw = inputs
     ctx.save_for_backward(v, mu, sigma, log_lam, tau, output[1])
     ctx.grid = (gh, gw)
+    ctx.set_materialize_grads(False)  # 1/Z_x has no gradient: no zeros made for it
 
 
-def _field_backward(ctx, dy: Tensor, _dizx: Tensor | None):
+def _field_backward(ctx, dy: Tensor | None, _dizx: Tensor | None):
     v, mu, sigma, log_lam, tau, izx = ctx.saved_tensors
+    if dy is None:
+        return (None,) * 7
     dv, grads, dtau = field_bwd(dy, v, mu, sigma, log_lam, tau, izx, *ctx.grid)
     if mu.dim() == 3:  # a shared field: its gradient sums those of every token
         grads = grads.sum((0, 1, 2))
@@ -591,3 +594,164 @@ def apply_triton(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode
             prm = prm.contiguous()
         return axial_fwd(v, prm)[0]
     return axial_fixed_fwd(v, prm, *fixed_tables(field, grid, mode, v.device))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# custom ops: a layer's steering (ssog_core.ops.ssog_triton_steer)
+
+STEER_TAPS = ("mu", "sigma", "lambda")  # ssog_core.field.TAPS: the order of the gates and biases below
+
+
+def _steer_config(h: int, r: int) -> dict:
+    hr2p, hrp = p2(2 * h * r), p2(h * r)
+    return dict(HR=h * r, HR2P=hr2p, HRP=hrp, BLOCK=max(1, 4096 // hr2p))
+
+
+def _steer_common(raw: Tensor, gates: list[Tensor | None], biases: list[Tensor | None], offsets: list[int]) -> tuple:
+    """The gate and bias pointers (``raw`` itself for an absent tap, never read) and the taps' constexprs."""
+    ptrs = tuple(t if t is not None else raw for t in (*gates, *biases))
+    flags = {f"HAS_{k}": g is not None for k, g in zip(("MU", "SIG", "LAM"), gates, strict=True)}
+    return ptrs, tuple(max(o, 0) for o in offsets), flags
+
+
+def steer_launch(raw: Tensor, fixed: tuple[Tensor, ...], gates: list, biases: list, offsets: list[int],
+                 max_offset: float, sigma_floor: float, out: tuple[Tensor, ...]) -> Launch:  # fmt: skip
+    """The steering kernel: ``raw`` ``(T, P)``, the fixed field's ``(μ0, raw σ0, log λ0, raw τ)``, the taps' raw
+    gates and probe biases (``None``: tap off) into ``out`` = ``(μ, σ, log λ, τ)``."""
+    nt, p = raw.shape
+    h, r = fixed[2].shape
+    cfg = _steer_config(h, r)
+    ptrs, offs, flags = _steer_common(raw, gates, biases, offsets)
+    from ssog_core.ops import ssog_triton_steer as KS
+
+    grid = (triton.cdiv(nt, cfg["BLOCK"]),)
+    args = (raw, *fixed, *ptrs, *out, nt, p, *offs, float(max_offset), float(sigma_floor))
+    return Launch("steer", KS._steer_fwd_kernel, grid, args, cfg | flags)
+
+
+def _tokens(t: Tensor, dims: int) -> Tensor:
+    """``t`` with its leading (B, Gh, Gw) dimensions as one token axis (a view where the strides allow)."""
+    return t.flatten(0, t.dim() - dims - 1)
+
+
+@torch.library.custom_op("ssog::steer", mutates_args=())
+def steer(raw: Tensor, mu0: Tensor, raw_sigma0: Tensor, log_lam0: Tensor, raw_tau: Tensor, gate_mu: Tensor | None,
+          gate_sigma: Tensor | None, gate_lam: Tensor | None, bias_mu: Tensor | None, bias_sigma: Tensor | None,
+          bias_lam: Tensor | None, offsets: list[int], max_offset: float, sigma_floor: float, gh: int,
+          gw: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """A layer's per-token field ``(μ, σ, log λ, τ)`` (``(B, Gh, Gw, H, R[, 2])``, fp32) from its raw probe outputs
+    ``raw`` ``(B, N, P)`` (the taps at ``offsets`` in ``P``, −1: off; no biases), its fixed field's raw parameters and
+    its gates' raw parameters: ``steer(base_field(…), bound(raw + bias), positive(gates), max_offset)``."""
+    b, n, _ = raw.shape
+    h, r = log_lam0.shape
+    check_grid(n, (gh, gw))
+    raw = raw.contiguous()
+    mu = torch.empty(b, gh, gw, h, r, 2, device=raw.device, dtype=torch.float32)
+    sigma = torch.empty_like(mu)
+    log_lam = torch.empty(b, gh, gw, h, r, device=raw.device, dtype=torch.float32)
+    tau = torch.empty((), device=raw.device, dtype=torch.float32)
+    fixed = (mu0.contiguous(), raw_sigma0.contiguous(), log_lam0.contiguous(), raw_tau)
+    with _device_guard(raw):
+        steer_launch(raw.view(b * n, -1), fixed, [gate_mu, gate_sigma, gate_lam], [bias_mu, bias_sigma, bias_lam],
+                     offsets, max_offset, sigma_floor, (mu, sigma, log_lam, tau))()  # fmt: skip
+    return mu, sigma, log_lam, tau
+
+
+@steer.register_fake
+def _(raw, mu0, raw_sigma0, log_lam0, raw_tau, gate_mu, gate_sigma, gate_lam, bias_mu, bias_sigma, bias_lam, offsets,
+      max_offset, sigma_floor, gh, gw):  # fmt: skip
+    b = raw.shape[0]
+    h, r = log_lam0.shape
+    mu = raw.new_empty((b, gh, gw, h, r, 2), dtype=torch.float32)
+    return (
+        mu,
+        torch.empty_like(mu),
+        raw.new_empty((b, gh, gw, h, r), dtype=torch.float32),
+        raw.new_empty((), dtype=torch.float32),
+    )
+
+
+@torch.library.custom_op("ssog::steer_bwd", mutates_args=())
+def steer_bwd(raw: Tensor, raw_sigma0: Tensor, raw_tau: Tensor, gate_mu: Tensor | None, gate_sigma: Tensor | None,
+              gate_lam: Tensor | None, bias_mu: Tensor | None, bias_sigma: Tensor | None, bias_lam: Tensor | None,
+              dmu: Tensor, dsigma: Tensor, dlog_lam: Tensor, dtau: Tensor, offsets: list[int], max_offset: float,
+              sigma_floor: float) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """``(draw, partials)``: the raw probes' gradient and each program's partial sums of the parameters' gradients
+    (layout in :mod:`ssog_core.ops.ssog_triton_steer`; the autograd formula sums them)."""
+    from ssog_core.ops import ssog_triton_steer as KS
+
+    b, n, p = raw.shape
+    h, r = raw_sigma0.shape[:2]
+    cfg = _steer_config(h, r)
+    raw = raw.contiguous()
+    dmu, dsigma, dlog_lam = _tokens(dmu, 3), _tokens(dsigma, 3), _tokens(dlog_lam, 2)
+    if dmu.stride(-1) != 1 or dsigma.stride() != dmu.stride():
+        dmu, dsigma = dmu.contiguous(), dsigma.contiguous()
+    draw = torch.empty_like(raw)
+    programs = triton.cdiv(b * n, cfg["BLOCK"])
+    partials = torch.empty(programs, 10 * h * r + 4, device=raw.device, dtype=torch.float32)
+    ptrs, offs, flags = _steer_common(raw, [gate_mu, gate_sigma, gate_lam], [bias_mu, bias_sigma, bias_lam], offsets)
+    args = (raw.view(b * n, p), raw_sigma0.contiguous(), raw_tau, *ptrs, dmu, dsigma, dlog_lam, dtau, draw, partials,
+            b * n, p, *offs, float(max_offset), float(sigma_floor), *dmu.stride()[:3], *dlog_lam.stride())  # fmt: skip
+    with _device_guard(raw):
+        Launch("steer-bwd", KS._steer_bwd_kernel, (programs,), args, cfg | flags | dict(R=r))()
+    return draw, partials
+
+
+@steer_bwd.register_fake
+def _(raw, raw_sigma0, raw_tau, gate_mu, gate_sigma, gate_lam, bias_mu, bias_sigma, bias_lam, dmu, dsigma, dlog_lam,
+      dtau, offsets, max_offset, sigma_floor):  # fmt: skip
+    b, n, _ = raw.shape
+    h, r = raw_sigma0.shape[:2]
+    programs = -(-(b * n) // _steer_config(h, r)["BLOCK"])
+    return torch.empty_like(raw), raw.new_empty((programs, 10 * h * r + 4), dtype=torch.float32)
+
+
+def _steer_setup(ctx, inputs, output) -> None:
+    raw, mu0, raw_sigma0, log_lam0, raw_tau, *gates_biases, offsets, max_offset, sigma_floor, gh, gw = inputs
+    ctx.save_for_backward(raw, raw_sigma0, raw_tau, *gates_biases)
+    ctx.consts = (offsets, max_offset, sigma_floor)
+
+
+def _steer_backward(ctx, dmu: Tensor, dsigma: Tensor, dlog_lam: Tensor, dtau: Tensor):
+    raw, raw_sigma0, raw_tau, *gb = ctx.saved_tensors
+    h, r = raw_sigma0.shape[:2]
+    hr = h * r
+    draw, partials = steer_bwd(raw, raw_sigma0, raw_tau, *gb, dmu, dsigma, dlog_lam, dtau, *ctx.consts)
+    total = partials.sum(0)
+    gates = [None if g is None else total[10 * hr + k] for k, g in enumerate(gb[:3])]
+    starts = (5 * hr, 7 * hr, 9 * hr)
+    biases = [None if t is None else total[s : s + t.numel()] for s, t in zip(starts, gb[3:], strict=True)]
+    fixed = (total[: 2 * hr].view(h, r, 2), total[2 * hr : 4 * hr].view(h, r, 2), total[4 * hr : 5 * hr].view(h, r))
+    return (draw, *fixed, total[10 * hr + 3], *gates, *biases, None, None, None, None, None)
+
+
+steer.register_autograd(_steer_backward, setup_context=_steer_setup)
+
+
+def apply_triton_steering(
+    v: Tensor,
+    raw: Tensor,
+    widths: dict[str, int],
+    fixed: tuple[Tensor, Tensor, Tensor, Tensor],
+    gates: dict[str, Tensor],
+    biases: dict[str, Tensor],
+    max_offset: float,
+    sigma_floor: float,
+    grid: tuple[int, int],
+) -> Tensor:
+    """A steered layer's ``apply_triton(v, steer(fixed, bound(raw + bias), positive(gates)))`` in two custom ops,
+    factorized: ``raw`` ``(B, N, P)`` holds the enabled taps' raw probe outputs one after another in the order of
+    ``widths`` (tap → its width in ``P``), without their ``biases``; ``fixed`` is the fixed field's raw parameters
+    ``(μ, raw σ, log λ, raw τ)`` and ``gates`` the taps' raw gate parameters (docs/KERNELS.md §2)."""
+    starts, at = {}, 0
+    for tap, width in widths.items():
+        starts[tap], at = at, at + width
+    offsets = [starts.get(tap, -1) for tap in STEER_TAPS]
+    mu, sigma, log_lam, tau = steer(
+        raw, *fixed, *(gates.get(t) for t in STEER_TAPS), *(biases.get(t) for t in STEER_TAPS), offsets,
+        float(max_offset), float(sigma_floor), *grid,
+    )  # fmt: skip
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    return field_fwd(v, mu, sigma, log_lam, tau, *grid)[0]
