@@ -25,10 +25,10 @@ from ssog_core.ops.ssog_triton import apply_triton, kernel_params  # noqa: E402
 from ssog_core.testing.oracles import FieldLeaves, oracle_apply, oracle_matrix  # noqa: E402
 from tests.ops_checks import (  # noqa: E402
     assert_close,
-    grads,
     assert_compiles_like_eager,
     check_against_definition,
     far_narrow_field,
+    grads,
 )
 
 ALL = ("mu", "sigma", "lambda")

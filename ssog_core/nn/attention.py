@@ -160,22 +160,25 @@ class SSOGAttention(nn.Module):
         x = self.hook_in(x)
         b, n, _ = x.shape
         v = self.v(x).view(b, n, self.num_heads, self.head_dim)
-        if is_hooked(self.pattern):  # read or replaced: the weights formed, the values mixed by what the point gives
-            y = (self.pattern(self._weights(x, self.field_of(x, grid), grid)) @ v.transpose(1, 2)).transpose(1, 2)
-        else:
-            fused = self.taps and is_plain([self.field, *self.probes.values()])
-            chosen = steering_backend(v, self._layout_field(), grid, self.mode, self.backend) if fused else None
-            if chosen == "cpu":  # the C kernels take the raw probes and steer in C: no per-token field in between
-                y = apply_cpu_steering(
-                    v, self.fixed_field(), self._raw_probes(x), self._probe_widths(), self.gate_scales(),
-                    self.max_offset, grid,
-                )  # fmt: skip
-            elif chosen == "triton" and self.mode == "factorized":  # the steering in one kernel each way
-                y = self._steered_triton(x, v, grid)
-            else:
-                y = ssog_apply(v, self.field_of(x, grid), grid, self.mode, self.backend)
-        y = self.head_out(y)
+        y = self.head_out(self.attend(x, v, grid))
         return self.out(y.reshape(b, n, self.dim))
+
+    def attend(self, x: Tensor, v: Tensor, grid: tuple[int, int]) -> Tensor:
+        """The attention of :meth:`forward` between its projections: values ``v`` ``(B, N, H, head_dim)`` mixed by
+        the field of ``x`` (the fixed field steered by ``x``'s probes), ``(B, N, H, head_dim)`` — what the op
+        benchmarks time, the field's preparation included."""
+        if is_hooked(self.pattern):  # read or replaced: the weights formed, the values mixed by what the point gives
+            return (self.pattern(self._weights(x, self.field_of(x, grid), grid)) @ v.transpose(1, 2)).transpose(1, 2)
+        fused = self.taps and is_plain([self.field, *self.probes.values()])
+        chosen = steering_backend(v, self._layout_field(), grid, self.mode, self.backend) if fused else None
+        if chosen == "cpu":  # the C kernels take the raw probes and steer in C: no per-token field in between
+            return apply_cpu_steering(
+                v, self.fixed_field(), self._raw_probes(x), self._probe_widths(), self.gate_scales(), self.max_offset,
+                grid,
+            )  # fmt: skip
+        if chosen == "triton" and self.mode == "factorized":  # the steering in one kernel each way
+            return self._steered_triton(x, v, grid)
+        return ssog_apply(v, self.field_of(x, grid), grid, self.mode, self.backend)
 
     def _steered_triton(self, x: Tensor, v: Tensor, grid: tuple[int, int]) -> Tensor:
         """``ssog_apply(v, field_of(x, grid))`` on the Triton kernels in two ops: ``ssog::steer`` builds the per-token

@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-
 # operations that return a tensor sharing its input's storage without being marked a view: no kernel either
 _ALIASING = {torch.ops.aten._unsafe_view.default}
 
