@@ -14,8 +14,9 @@ Steps:
    jobs (validation edits, head importance, head fields, accuracy) on a GPU worker against a CPU worker
    (``ssog_core.jobs.run_job`` with ``device="cuda"`` and ``"cpu"``): their largest differences;
 3. ``bench`` — the attention op (SSOG as a layer calls it, the probes, steering and field preparation included,
-   its field kernels alone, and SDPA with each backend pinned: flash and cuDNN where available) and the whole d384 ViT, SSOG against its dot
-   twin, both replayed from CUDA graphs (no launch overhead for either; eager times beside them);
+   its field kernels alone, and SDPA with each backend pinned: flash and cuDNN where available) and the whole d384
+   ViT, SSOG against its dot twin, both replayed from CUDA graphs (no launch overhead for either; eager times
+   beside them);
 4. ``profile`` — one steered SSOG layer's forward + backward under ``torch.profiler``: its operations and kernels by
    device time (``gpu_profile_cuda.md``), to say where the time the benchmark measures goes;
 5. ``results`` — rewrites the GPU section of ``benchmarks/RESULTS.md`` from what was measured.

@@ -581,8 +581,8 @@ def apply_triton(v: Tensor, field: Field, grid: tuple[int, int], mode: FieldMode
     if v.stride(-1) != 1:
         v = v.contiguous()
     if mode == "factorized":
-        mu, sigma, log_lam, tau = (t.to(device=v.device, dtype=torch.float32) for t in (field.mu, field.sigma,
-                                                                                        field.log_lam, field.tau))  # fmt: skip
+        terms = (field.mu, field.sigma, field.log_lam, field.tau)
+        mu, sigma, log_lam, tau = (t.to(device=v.device, dtype=torch.float32) for t in terms)
         if not field.per_token and not _needs_grad(v, mu, sigma, log_lam, tau):
             return table_fwd(v, *fixed_tables(field, grid, mode, v.device))
         mu, sigma = (t if t.stride(-1) == 1 else t.contiguous() for t in (mu, sigma))
