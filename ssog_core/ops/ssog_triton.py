@@ -246,9 +246,9 @@ def field_bwd_launches(dy: Tensor, v: Tensor, fld: FieldArgs, izx: Tensor, dv: T
 def problem_launches(grid: tuple[int, int], head_dim: int, atoms: int, mode: str, dtype: torch.dtype, heads: int = 6,
                      batch: int = 2) -> list:  # fmt: skip
     """Every kernel launch of one problem (forward steered and fixed, the shared field's ``inv_zx`` (axial), both
-    backward kernels), built on ``meta`` tensors laid out as the custom ops lay them out, so that a compile sees the
-    launch's constexprs and Triton's specialisation of its arguments (16-byte divisibility, ones) exactly as the
-    JIT would (:mod:`ssog_core.ops.triton_compile`)."""
+    backward kernels, the steering both ways (factorized)), built on ``meta`` tensors laid out as the custom ops lay
+    them out, so that a compile sees the launch's constexprs and Triton's specialisation of its arguments (16-byte
+    divisibility, ones) exactly as the JIT would (:mod:`ssog_core.ops.triton_compile`)."""
     gh, gw = grid
     axial = mode == "axial"
     ro = 1 if axial else atoms
@@ -273,10 +273,24 @@ def problem_launches(grid: tuple[int, int], head_dim: int, atoms: int, mode: str
     shared = FieldArgs(empty(heads, atoms, 2), empty(heads, atoms, 2), empty(heads, atoms), empty(), grid)
     n_rows, n_cols = field_bwd_programs(v, grid, atoms)
     grads = (empty(*lead, 5), empty(batch, heads, n_rows + n_cols))
+    nt, p = batch * gh * gw, 5 * heads * atoms  # every tap
+    raw = empty(nt, p, dt=dtype)
+    fixed = (empty(heads, atoms, 2), empty(heads, atoms, 2), empty(heads, atoms), empty())
+    gates, biases = [empty()] * 3, [empty(2 * heads * atoms), empty(2 * heads * atoms), empty(heads * atoms)]
+    offsets, out = [0, 2 * heads * atoms, 4 * heads * atoms], (empty(*lead, 2), empty(*lead, 2), empty(*lead), empty())
+    dfield = (
+        empty(nt, heads, atoms, 5)[..., 0:2],
+        empty(nt, heads, atoms, 5)[..., 2:4],
+        empty(nt, heads, atoms),
+        empty(),
+    )
+    partials = empty(triton.cdiv(nt, _steer_config(heads, atoms)["BLOCK"]), 10 * heads * atoms + 4)
     return [
         field_fwd_launch(v, steered, empty(*v.shape, dt=dtype), izx),
         field_fwd_launch(v, shared, empty(*v.shape, dt=dtype), None, taby, tabx),
         *field_bwd_launches(empty(*v.shape, dt=dtype), v, steered, izx, empty(*v.shape, dt=dtype), *grads),
+        steer_launch(raw, fixed, gates, biases, offsets, 4.0, 0.25, out),
+        steer_bwd_launch(raw, fixed[1::2], gates, biases, dfield, offsets, 4.0, 0.25, empty(nt, p, dt=dtype), partials),
     ]
 
 
@@ -604,7 +618,7 @@ STEER_TAPS = ("mu", "sigma", "lambda")  # ssog_core.field.TAPS: the order of the
 
 def _steer_config(h: int, r: int) -> dict:
     hr2p, hrp = p2(2 * h * r), p2(h * r)
-    return dict(HR=h * r, HR2P=hr2p, HRP=hrp, BLOCK=max(1, 4096 // hr2p))
+    return dict(HR=h * r, HR2P=hr2p, HRP=hrp, BLOCK=max(1, 1024 // hr2p))  # no spills in the backward (sm_90)
 
 
 def _steer_common(raw: Tensor, gates: list[Tensor | None], biases: list[Tensor | None], offsets: list[int]) -> tuple:
@@ -627,6 +641,24 @@ def steer_launch(raw: Tensor, fixed: tuple[Tensor, ...], gates: list, biases: li
     grid = (triton.cdiv(nt, cfg["BLOCK"]),)
     args = (raw, *fixed, *ptrs, *out, nt, p, *offs, float(max_offset), float(sigma_floor))
     return Launch("steer", KS._steer_fwd_kernel, grid, args, cfg | flags)
+
+
+def steer_bwd_launch(raw: Tensor, fixed: tuple[Tensor, Tensor], gates: list, biases: list, grads: tuple,
+                     offsets: list[int], max_offset: float, sigma_floor: float, draw: Tensor,
+                     partials: Tensor) -> Launch:  # fmt: skip
+    """The steering's backward kernel: ``raw`` ``(T, P)``, ``(raw σ0, raw τ)``, gates and biases as for
+    :func:`steer_launch`, the field's gradients ``(dμ, dσ, dlog λ, dτ)`` (tokens on one axis) into ``draw`` and
+    ``partials``."""
+    from ssog_core.ops import ssog_triton_steer as KS
+
+    nt, p = raw.shape
+    h, r = fixed[0].shape[:2]
+    cfg = _steer_config(h, r)
+    ptrs, offs, flags = _steer_common(raw, gates, biases, offsets)
+    dmu, dsigma, dlog_lam, dtau = grads
+    args = (raw, *fixed, *ptrs, dmu, dsigma, dlog_lam, dtau, draw, partials, nt, p, *offs, float(max_offset),
+            float(sigma_floor), *dmu.stride()[:3], *dlog_lam.stride())  # fmt: skip
+    return Launch("steer-bwd", KS._steer_bwd_kernel, (partials.shape[0],), args, cfg | flags | dict(R=r))
 
 
 def _tokens(t: Tensor, dims: int) -> Tensor:
@@ -678,23 +710,20 @@ def steer_bwd(raw: Tensor, raw_sigma0: Tensor, raw_tau: Tensor, gate_mu: Tensor 
               sigma_floor: float) -> tuple[Tensor, Tensor]:  # fmt: skip
     """``(draw, partials)``: the raw probes' gradient and each program's partial sums of the parameters' gradients
     (layout in :mod:`ssog_core.ops.ssog_triton_steer`; the autograd formula sums them)."""
-    from ssog_core.ops import ssog_triton_steer as KS
 
     b, n, p = raw.shape
     h, r = raw_sigma0.shape[:2]
-    cfg = _steer_config(h, r)
     raw = raw.contiguous()
     dmu, dsigma, dlog_lam = _tokens(dmu, 3), _tokens(dsigma, 3), _tokens(dlog_lam, 2)
     if dmu.stride(-1) != 1 or dsigma.stride() != dmu.stride():
         dmu, dsigma = dmu.contiguous(), dsigma.contiguous()
     draw = torch.empty_like(raw)
-    programs = triton.cdiv(b * n, cfg["BLOCK"])
+    programs = triton.cdiv(b * n, _steer_config(h, r)["BLOCK"])
     partials = torch.empty(programs, 10 * h * r + 4, device=raw.device, dtype=torch.float32)
-    ptrs, offs, flags = _steer_common(raw, [gate_mu, gate_sigma, gate_lam], [bias_mu, bias_sigma, bias_lam], offsets)
-    args = (raw.view(b * n, p), raw_sigma0.contiguous(), raw_tau, *ptrs, dmu, dsigma, dlog_lam, dtau, draw, partials,
-            b * n, p, *offs, float(max_offset), float(sigma_floor), *dmu.stride()[:3], *dlog_lam.stride())  # fmt: skip
     with _device_guard(raw):
-        Launch("steer-bwd", KS._steer_bwd_kernel, (programs,), args, cfg | flags | dict(R=r))()
+        steer_bwd_launch(raw.view(b * n, p), (raw_sigma0.contiguous(), raw_tau), [gate_mu, gate_sigma, gate_lam],
+                         [bias_mu, bias_sigma, bias_lam], (dmu, dsigma, dlog_lam, dtau), offsets, max_offset,
+                         sigma_floor, draw.view(b * n, p), partials)()  # fmt: skip
     return draw, partials
 
 

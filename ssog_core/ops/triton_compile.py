@@ -154,32 +154,11 @@ def _resource_usage(cubin: bytes) -> dict[str, int]:
 def problem_launches(
     grid: tuple[int, int], head_dim: int, atoms: int, mode: str, dtype: torch.dtype, heads: int = 6, batch: int = 2
 ) -> list:
-    """Every kernel launch of one problem (forward steered and fixed, ``inv_zx``, both backward kernels), built on
-    ``meta`` tensors laid out as the custom ops lay them out, so that the compile sees the launch's constexprs and
-    Triton's specialisation of its arguments (16-byte divisibility, ones) exactly as the JIT would."""
+    """Every kernel launch of one problem, built on ``meta`` tensors as the custom ops build them
+    (:func:`ssog_core.ops.ssog_triton.problem_launches`)."""
     from ssog_core.ops import ssog_triton as ts
 
-    gh, gw = grid
-    axial = mode == "axial"
-    f = ts.AXIAL_FIELDS if axial else ts.FACTORIZED_FIELDS
-    ro = 1 if axial else atoms
-
-    def empty(*shape: int, dt: torch.dtype = torch.float32) -> torch.Tensor:
-        return torch.empty(shape, device="meta", dtype=dt)
-
-    v = empty(batch, gh * gw, heads, head_dim, dt=dtype)
-    prm = empty(batch, gh, gw, heads, atoms, f)
-    izx = empty(batch, gh, gw, heads, ro)
-    taby, tabx = empty(heads, ro, gh, gh), empty(heads, ro, gw, gw)
-    shared = (empty(heads, atoms, f)[None, None, None] if axial else empty(1, gh, gw, heads, atoms, f)).expand(
-        batch, gh, gw, heads, atoms, f
-    )  # a shared field as kernel_params lays it out: factorized terms per grid cell, axial per head
-    return [
-        ts.fwd_launch(v, prm, None, None, axial, empty(*v.shape, dt=dtype), izx),
-        ts.fwd_launch(v, shared, taby, tabx, axial, empty(*v.shape, dt=dtype), None),
-        ts.izx_launch(empty(gw, heads, atoms, f), axial, empty(gw, heads, ro)),
-        *ts.bwd_launches(empty(*v.shape, dt=dtype), v, prm, izx, axial, empty(*v.shape, dt=dtype), empty(*prm.shape)),
-    ]
+    return ts.problem_launches(grid, head_dim, atoms, mode, dtype, heads, batch)
 
 
 def _specialise(launch) -> tuple[dict, dict, dict]:
@@ -212,7 +191,7 @@ def compile_kernels(
     arch: int = 90,
     num_warps: int | None = None,
 ) -> list[KernelReport]:
-    """Compile the forward (steered and fixed), ``inv_zx`` and both backward kernels for one problem shape."""
+    """Compile every kernel of one problem shape (:func:`problem_launches`)."""
     if interpreting():
         raise RuntimeError("compile-only checks need a process without TRITON_INTERPRET=1")
     import triton
