@@ -11,7 +11,7 @@ import torch
 
 from ssog_core.nn.attention import DotAttention, SSOGAttention
 from ssog_core.ops import dispatch
-from ssog_core.testing.launches import count_launches
+from tests.launch_count import count_launches
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 

@@ -240,7 +240,7 @@ def test_layer_steering_in_kernels(monkeypatch: pytest.MonkeyPatch, taps) -> Non
     parameter equal the float64 definition's (the same layer in float64 on the ``definition`` backend)."""
     import copy
 
-    from ssog_core.testing.launches import count_launches
+    from tests.launch_count import count_launches
 
     monkeypatch.delenv("SSOG_BACKEND", raising=False)
     torch.manual_seed(3)
