@@ -14,9 +14,9 @@ Factorized fields (the kernels of :mod:`ssog_core.ops.ssog_triton_factorized` re
   :mod:`ssog_core.ops.ssog_triton_steer`).
 
 Axial fields (:mod:`ssog_core.ops.ssog_triton_axial`) are first turned into per-token kernel parameters
-(:func:`kernel_params`): ``ssog::steered_fwd(v, prm, axial) -> (y, inv_zx)``, ``ssog::fixed_fwd(v, prm, taby, tabx,
-axial) -> y``, ``ssog::inv_zx(prm, axial)`` and ``ssog::bwd(dy, v, prm, inv_zx, axial) -> (dv, dprm)``; PyTorch
-autograd carries ``dprm`` on to the field.
+(:func:`kernel_params`): ``ssog::axial_fwd(v, prm) -> (y, inv_zx)``, ``ssog::axial_fixed_fwd(v, prm, taby, tabx)
+-> y``, ``ssog::axial_inv_zx(prm)`` and ``ssog::axial_bwd(dy, v, prm, inv_zx) -> (dv, dprm)``; PyTorch autograd
+carries ``dprm`` on to the field.
 
 The kernels need CUDA tensors, or CPU tensors with ``TRITON_INTERPRET=1`` set before this module is imported.
 """
