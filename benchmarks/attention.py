@@ -6,15 +6,16 @@ against ``F.scaled_dot_product_attention``.
 
 ``--paths`` names the SSOG backends of :func:`ssog_core.ops.ssog_apply` to measure: ``definition``
 (:func:`ssog_core.field.apply_field`, the einsums as defined), ``torch`` (the PyTorch path), ``cpu`` (the fused
-C kernels: steered factorized fields on CPU tensors) and ``triton`` (the fused Triton kernels: CUDA). Each row calls
-``ssog_apply(..., backend=path)``, so a row measures the backend it names or is left out with the dispatcher's
+C kernels: steered factorized fields on CPU tensors) and ``triton`` (the fused Triton kernels: CUDA). Each row runs
+a layer built with ``backend=path``, so a row measures the backend it names or is left out with the dispatcher's
 reason (e.g. ``cpu`` for a fixed or axial field); an unknown name is refused. ``--kinds`` adds ``rbf``: RBF
 attention (:func:`ssog_core.ops.rbf_attention`) with its ``torch`` backend, and ``triton`` where that path is
 asked for.
 
-Each row times the operator alone (no projections): SDPA and RBF on ``q, k, v`` of shape (B, H, N, d); SSOG on
-``v`` of shape (B, N, H, d) plus its field (steered: per-token μ, σ, λ for every head and atom, as the steering
-heads produce them; fixed: the shared field; axial: the steered field mixed per axis). The forward and
+Each row times the operator alone (no projections): SDPA and RBF on ``q, k, v`` of shape (B, H, N, d); SSOG as a
+layer calls it (``benchmarks/common.py:ssog_layer_op``: :meth:`~ssog_core.nn.attention.SSOGAttention.attend` of
+``x`` (B, N, H·d) and ``v`` (B, N, H, d): the probes' GEMM, the steering, the field's preparation and their backward
+included; steered: every tap; fixed: no taps; axial: every tap, atoms mixed per axis). The forward and
 forward+backward latencies are medians (CUDA: ``triton.testing.do_bench`` with CUDA graphs when available;
 CPU: over interleaved rounds, wall clock or, with ``--clock cpu --threads 1``, the thread's CPU time). Memory
 is the peak allocated beyond the live inputs (CUDA: the caching allocator's peak; CPU: the peak of live
@@ -45,9 +46,9 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ssog_core.checkpoint.files import atomic_write
-from ssog_core.ops import dispatch, rbf_attention, ssog_apply
+from ssog_core.ops import dispatch, rbf_attention
 
-from common import add_run_flags, apply_run_flags, provenance, rand_field, write_csv
+from common import add_run_flags, apply_run_flags, provenance, ssog_layer_op, write_csv
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PATHS = ("definition", "torch", "cpu", "triton")  # the SSOG backends, in the order of the tables
@@ -144,15 +145,12 @@ def _ops(path: str, kind: str, b: int, n: int, h: int, d: int, r: int, device, d
                 return F.scaled_dot_product_attention(q, k, v)
             return rbf_attention(q, k, v, backend=path)
 
-    else:
-        grid = grid_of(n)
-        mode = "axial" if kind == "axial" else "factorized"
-        field = rand_field(b, grid, h, r, kind != "fixed", device, train)
-        v = torch.randn(b, n, h, d, device=device, dtype=dtype, requires_grad=train)
+    else:  # the op as a layer calls it: probes, steering and the field's preparation included
         backend = DEFINITION if path == "definition" else path
-
-        def op():
-            return ssog_apply(v, field, grid, mode, backend=backend)
+        mode = "axial" if kind == "axial" else "factorized"
+        op, _ = ssog_layer_op(b, grid_of(n), h, d, r, kind != "fixed", device, dtype, backend, mode)
+        if not train:
+            op = torch.no_grad()(op)
 
     def run():
         y = op()

@@ -73,6 +73,36 @@ def rand_field(b: int, grid: tuple[int, int], h: int, r: int, steered: bool, dev
     return Field(*tensors, torch.tensor(0.8, device=device))
 
 
+def ssog_layer_op(b: int, grid: tuple[int, int], h: int, d: int, r: int, steered: bool, device, dtype,
+                  backend: str | None, mode: str = "factorized"):  # fmt: skip
+    """The SSOG op as a layer calls it: ``(op, params)`` with ``op()`` = an :class:`SSOGAttention`'s
+    :meth:`~ssog_core.nn.attention.SSOGAttention.attend` of fixed random ``x`` and ``v`` ``(B, N, H, d)`` (the probes,
+    the field's preparation and steering included; the value and output projections not), and ``params`` the tensors
+    a training step differentiates (``v``, ``x`` and the layer's parameters but the two projections)."""
+    from ssog_core.field import TAPS
+    from ssog_core.nn.attention import SSOGAttention
+
+    gh, gw = grid
+    g = torch.Generator().manual_seed(0)
+    layer = SSOGAttention(h * d, h, r, field=mode, steer=TAPS if steered else (), cold_init=False, backend=backend)
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if name.split(".")[0] in ("mu_delta", "sigma_delta", "lambda_gate"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+    layer = layer.to(device)
+    x = torch.randn(b, gh * gw, h * d, generator=g).to(device=device, dtype=dtype).requires_grad_(True)
+    v = torch.randn(b, gh * gw, h, d, generator=g).to(device=device, dtype=dtype).requires_grad_(True)
+    params = [v, x, *(p for n, p in layer.named_parameters() if not n.startswith(("v.", "out.")))]
+
+    half = dtype in (torch.bfloat16, torch.float16)
+
+    def op():
+        with torch.autocast(torch.device(device).type, dtype, enabled=half):  # the probe GEMM as in training
+            return layer.attend(x, v, grid)
+
+    return op, params
+
+
 def write_report(out: Path, results: dict, table: str) -> None:
     """The markdown table at ``out`` and the raw results beside it as ``.json``."""
     out.parent.mkdir(parents=True, exist_ok=True)

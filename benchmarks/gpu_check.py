@@ -13,9 +13,10 @@ Steps:
    captured in a CUDA graph (which fails on any per-call host→device copy or synchronisation), and the heavy
    jobs (validation edits, head importance, head fields, accuracy) on a GPU worker against a CPU worker
    (``ssog_core.runtime.jobs.run_job`` with ``device="cuda"`` and ``"cpu"``): their largest differences;
-3. ``bench`` — the attention op (SSOG kernels alone, their host-side parameter preparation timed separately, and
-   SDPA with each backend pinned: flash and cuDNN where available) and the whole d384 ViT, SSOG against its dot
-   twin, both replayed from CUDA graphs (no launch overhead for either; eager times beside them);
+3. ``bench`` — the attention op (SSOG as a layer calls it, the probes, steering and field preparation included,
+   its field kernels alone, and SDPA with each backend pinned: flash and cuDNN where available) and the whole d384
+   ViT, SSOG against its dot twin, both replayed from CUDA graphs (no launch overhead for either; eager times
+   beside them);
 4. ``profile`` — one steered SSOG layer's forward + backward under ``torch.profiler``: its operations and kernels by
    device time (``gpu_profile_cuda.md``), to say where the time the benchmark measures goes;
 5. ``results`` — rewrites the GPU section of ``benchmarks/RESULTS.md`` from what was measured.
@@ -56,7 +57,7 @@ from ssog_core.nn.vit import ViT
 from ssog_core.ops.env import interpreting
 from ssog_core.testing.oracles import FieldLeaves, grads, oracle_apply, oracle_matrix
 
-from common import rand_field, write_csv
+from common import rand_field, ssog_layer_op, write_csv
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -458,7 +459,6 @@ def _op_jobs(n: int, b: int, h: int, d: int, r: int, dtype: torch.dtype, dev: to
     """name → a closure that builds its inputs (once, outside the timing) and returns ``(fwd, fwdbwd)`` closures."""
     from torch.nn.attention import sdpa_kernel
 
-    from ssog_core.field import axis_kernels
     from ssog_core.ops import ssog_triton as ts
 
     grid = GRIDS.get(n, (int(n**0.5), int(n**0.5)))
@@ -483,58 +483,44 @@ def _op_jobs(n: int, b: int, h: int, d: int, r: int, dtype: torch.dtype, dev: to
 
         jobs[f"sdpa-{name}"] = sdpa
 
-    def ssog_kernel(steered: bool):
-        def build():
-            field = rand_field(b, grid, h, r, steered, dev, grad=False)
+    def ssog_layer(steered: bool):
+        def build():  # the op as a layer calls it: probes, steering and the field's preparation, both ways
+            op, params = ssog_layer_op(b, grid, h, d, r, steered, dev, dtype, None)
+            go = torch.randn(b, n, h, d, device=dev, dtype=dtype)
+
+            def fwd():
+                with torch.no_grad():
+                    return op()
+
+            def fwdbwd():
+                return torch.autograd.grad(op(), params, go, allow_unused=True)
+
+            return fwd, fwdbwd
+
+        return build
+
+    def ssog_kernel():
+        def build():  # the field kernels alone, on a given per-token field (ssog::fwd / ssog::bwd)
+            field = rand_field(b, grid, h, r, True, dev, grad=True)
             v = torch.randn(b, n, h, d, device=dev, dtype=dtype, requires_grad=True)
             go = torch.randn(b, n, h, d, device=dev, dtype=dtype)
-            prm = ts.kernel_params(field, "factorized", grid)
-            if steered:
-                prm = prm.contiguous().requires_grad_(True)
+            inputs = (v, field.mu, field.sigma, field.log_lam)
 
-                def fwd():
-                    with torch.no_grad():
-                        return ts.steered_fwd(v, prm, False)[0]
-
-                def fwdbwd():
-                    return torch.autograd.grad(ts.steered_fwd(v, prm, False)[0], (v, prm), go)
-
-                return fwd, fwdbwd
-            k = axis_kernels(field, grid, "factorized")
-            taby = k.ay[0, :, 0].permute(1, 2, 0, 3).contiguous()
-            tabx = (k.ax[0, 0] * k.lam[0, 0, 0, :, :, None]).permute(1, 2, 0, 3).contiguous()
-            prm = prm.expand(b, gh, gw, *prm.shape[-3:]).detach().requires_grad_(True)
-
-            def ffwd():
+            def fwd():
                 with torch.no_grad():
-                    return ts.fixed_fwd(v, prm, taby, tabx, False)
+                    return ts.field_fwd(v, field.mu, field.sigma, field.log_lam, field.tau, gh, gw)[0]
 
-            def ffwdbwd():
-                return torch.autograd.grad(ts.fixed_fwd(v, prm, taby, tabx, False), (v, prm), go)
+            def fwdbwd():
+                y = ts.field_fwd(v, field.mu, field.sigma, field.log_lam, field.tau, gh, gw)[0]
+                return torch.autograd.grad(y, inputs, go)
 
-            return ffwd, ffwdbwd
+            return fwd, fwdbwd
 
         return build
 
-    def ssog_prep(steered: bool):
-        def build():
-            field = rand_field(b, grid, h, r, steered, dev, grad=False)
-
-            def prep():
-                with torch.no_grad():
-                    if steered:
-                        return ts.kernel_params(field, "factorized", grid).contiguous()
-                    k = axis_kernels(field, grid, "factorized")
-                    return ts.kernel_params(field, "factorized", grid), k.ay, k.ax
-
-            return prep, None
-
-        return build
-
-    jobs["ssog-steered kernel"] = ssog_kernel(True)
-    jobs["ssog-steered prep"] = ssog_prep(True)
-    jobs["ssog-fixed kernel"] = ssog_kernel(False)
-    jobs["ssog-fixed prep"] = ssog_prep(False)
+    jobs["ssog-steered op"] = ssog_layer(True)
+    jobs["ssog-fixed op"] = ssog_layer(False)
+    jobs["ssog-steered kernel"] = ssog_kernel()
     return jobs
 
 
@@ -626,7 +612,7 @@ def _op_table(run: Run) -> list[str]:
             continue
         sf, sb = _sdpa_ms(run, r["tokens"], "fwd_ms"), _sdpa_ms(run, r["tokens"], "fwdbwd_ms")
         fb = r.get("fwdbwd_ms")
-        ratio_f = f"{sf / r['fwd_ms']:.2f}" if sf and "prep" not in r["op"] else ""
+        ratio_f = f"{sf / r['fwd_ms']:.2f}" if sf else ""
         ratio_b = f"{sb / fb:.2f}" if sb and fb else ""
         fb_s = f"{fb:.3f}" if fb is not None else "—"
         lines.append(
@@ -676,8 +662,8 @@ PROFILED_STEPS = 5
 def step_profile(run: Run, dry: bool) -> None:
     """Where a steered SSOG layer's time goes: its forward + backward (d384 = 6 heads × d64, R4, 1024 tokens, batch
     64, bf16 autocast; a tiny layer in the dry run) under ``torch.profiler``, the operations and kernels by their own
-    device time per step (top 20) into ``gpu_profile_{device}.md``: the Triton kernels beside the PyTorch kernels
-    that build their parameters and steer them, which the op benchmark times only as a total (``prep``)."""
+    device time per step (top 20) into ``gpu_profile_{device}.md``: the field kernels beside the steering kernels
+    and the PyTorch operations around them."""
     from torch.profiler import ProfilerActivity, profile
 
     dev = run.device
@@ -778,8 +764,8 @@ def step_results(run: Run, command: str, results: Path, dry: bool) -> None:
         "* heavy jobs on a GPU worker against a CPU worker (largest float difference; integers that differ): "
         + ("; ".join(_job_summary(j) for j in run.jobs) or "not run"),
         "* timing: kernels and models replayed from CUDA graphs (the timer column says so; `events` means eager calls "
-        "timed with CUDA events); SDPA pinned to one backend per row; SSOG kernel rows exclude the host-side "
-        "parameter preparation, which has its own `prep` rows",
+        "timed with CUDA events); SDPA pinned to one backend per row; SSOG `op` rows time the op as a layer calls "
+        "it (probe GEMM, steering and field preparation included, both ways), `kernel` rows the field kernels alone",
         "",
         "### Attention op: "
         + ("1 head × d8, R4, batch 1, fp32 (dry run)" if dry else "6 heads × d64, R4, batch 64, bf16"),

@@ -70,10 +70,13 @@ def _compile_report(*args: str) -> tuple[str, dict[str, dict[str, dict]]]:
     return proc.stdout, rows
 
 
-KERNELS = {"fwd-steered", "fwd-fixed", "inv_zx", "bwd-rows", "bwd-cols"}
-# static SASS instructions per MUFU.EX2 at 14×14, 32×32 and 64×64 (d64, R4, bf16): the targets are 30 (forward)
-# and 60 (backward); the kernels reach 28.5, 54.9 and 47.9 at most (docs/KERNELS.md §4): these bounds keep them there
-MAX_SASS_PER_EX2 = {"fwd-steered": 30.0, "bwd-rows": 57.0, "bwd-cols": 50.0}
+KERNELS = {"fwd-steered", "fwd-fixed", "bwd-rows", "bwd-cols", "steer", "steer-bwd"}  # factorized
+AXIAL_KERNELS = {"fwd-steered", "fwd-fixed", "inv_zx", "bwd-rows", "bwd-cols"}
+NO_DOTS = {"inv_zx", "steer", "steer-bwd"}
+# static SASS instructions per MUFU.EX2 at 14×14 and 64×64 (d64, R4, bf16), whole kernel: the kernels build their
+# per-(token, atom) terms from μ, σ, log λ and τ themselves (docs/KERNELS.md §2), and reach 32.0, 64.7 and 57.5 at
+# most (§4; the key loop 12.5–18.0, 19.4–23.6, 31.6–32.6): these bounds keep them there
+MAX_SASS_PER_EX2 = {"fwd-steered": 33.0, "bwd-rows": 66.0, "bwd-cols": 59.0}
 
 
 def test_factorized_kernels_compile_for_sm90_without_spills() -> None:
@@ -88,7 +91,7 @@ def test_factorized_kernels_compile_for_sm90_without_spills() -> None:
         assert set(kernels) == KERNELS, out
         for name, row in kernels.items():
             assert row["spill"] == 0 and row["stack"] == 0, f"{name} {shape} spills registers:\n{out}"
-            assert (row["mma"] > 0) == (name != "inv_zx"), f"{name}: tensor-core use unexpected:\n{out}"
+            assert (row["mma"] > 0) == (name not in NO_DOTS), f"{name}: tensor-core use unexpected:\n{out}"
             assert (row["ex2"] > 0) == (name != "fwd-fixed"), f"{name}: exp2 use unexpected:\n{out}"
             if name in MAX_SASS_PER_EX2:
                 assert row["per_ex2"] <= MAX_SASS_PER_EX2[name], f"{name} {shape}: {row['per_ex2']} SASS/EX2:\n{out}"
@@ -97,7 +100,7 @@ def test_factorized_kernels_compile_for_sm90_without_spills() -> None:
 def test_axial_kernels_compile_for_sm90() -> None:
     """The axial kernels at a small odd shape: they compile within the shared-memory estimate (they still spill)."""
     out, rows = _compile_report("--mode", "axial", "--grid", "7", "5", "--atoms", "3", "--head-dim", "24")
-    assert set(next(iter(rows.values()))) == KERNELS, out
+    assert set(next(iter(rows.values()))) == AXIAL_KERNELS, out
 
 
 def test_dispatch_rejects_shapes_over_the_shared_memory_limit(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -153,7 +153,8 @@ def test_report_and_calibration_on_the_196_token_rows(tmp_path):
     res = report["results"][prob.label]
     names = {job: [k["kernel"] for k in ks] for job, ks in res["jobs"].items()}
     assert names == {"steered forward": ["fwd-steered"], "steered backward": ["bwd-rows", "bwd-cols"],
-                     "fixed forward": ["fwd-fixed"], "fixed backward": ["inv_zx", "bwd-rows", "bwd-cols"]}  # fmt: skip
+                     "fixed forward": ["fwd-fixed"], "fixed backward": ["bwd-rows", "bwd-cols"],
+                     "steer forward": ["steer"], "steer backward": ["steer-bwd"]}  # fmt: skip
     for ks in res["jobs"].values():
         for k in ks:
             assert k["unmatched"] == [], k

@@ -17,6 +17,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover - guarded by t
 
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
+from ssog_core.field import Field  # noqa: E402
 from ssog_core.nn.attention import SSOGAttention  # noqa: E402
 from ssog_core.ops import ssog_triton, triton_tiles  # noqa: E402
 from ssog_core.ops.dispatch import choose_ssog_backend, ssog_apply  # noqa: E402
@@ -27,6 +28,7 @@ from tests.ops_checks import (  # noqa: E402
     assert_compiles_like_eager,
     check_against_definition,
     far_narrow_field,
+    grads,
 )
 
 ALL = ("mu", "sigma", "lambda")
@@ -102,35 +104,51 @@ def test_far_narrow_atoms_and_strided_values(mode: str) -> None:
 
 
 def _op_inputs(mode: str, steered: bool, small: bool = False):
+    """Values and the field's op inputs: factorized ``(μ, σ, log λ, τ)``, axial the kernel parameters."""
     b, (gh, gw), h, r, d = (1, (3, 2), 1, 2, 4) if small else (2, (5, 4), 2, 3, 8)
     taps = ALL if steered else ()
     field = FieldLeaves(b, (gh, gw), h, r, taps, dtype=torch.float32).field()
-    prm = kernel_params(field, mode, (gh, gw)).detach()
-    prm = prm.expand(b, gh, gw, *prm.shape[-3:]).contiguous()
     v = torch.randn(b, gh * gw, h, d)
-    return v, prm, field, (gh, gw)
+    if mode == "factorized":
+        lead = (b, gh, gw, h, r) if steered else (h, r)
+        terms = [field.mu.expand(*lead, 2), field.sigma.expand(*lead, 2), field.log_lam.expand(lead), field.tau]
+        return v, [t.detach().contiguous() for t in terms], field, (gh, gw)
+    prm = kernel_params(field, (gh, gw)).detach()
+    return v, [prm.expand(b, gh, gw, *prm.shape[-3:]).contiguous()], field, (gh, gw)
 
 
 @pytest.mark.parametrize("mode", ["factorized", "axial"])
 def test_opcheck_custom_ops(mode: str) -> None:
-    axial = mode == "axial"
-    v, prm, field, grid = _op_inputs(mode, steered=True, small=True)
-    b, h, r = v.shape[0], v.shape[2], field.num_atoms
+    v, terms, field, grid = _op_inputs(mode, steered=True, small=True)
     v.requires_grad_(True)
-    prm.requires_grad_(True)
-    torch.library.opcheck(torch.ops.ssog.steered_fwd.default, (v, prm, axial))
-    y, izx = torch.ops.ssog.steered_fwd(v.detach(), prm.detach(), axial)
-    torch.library.opcheck(torch.ops.ssog.bwd.default, (torch.randn_like(y), v.detach(), prm.detach(), izx, axial))
-    from ssog_core.field import axis_kernels
-
+    for t in terms:
+        t.requires_grad_(True)
+    if mode == "factorized":
+        torch.library.opcheck(torch.ops.ssog.fwd.default, (v, *terms, *grid))
+        y, izx = torch.ops.ssog.fwd(v.detach(), *(t.detach() for t in terms), *grid)
+        args = (torch.randn_like(y), v.detach(), *(t.detach() for t in terms), izx, *grid)
+        torch.library.opcheck(torch.ops.ssog.bwd.default, args)
+        _, shared, _, _ = _op_inputs(mode, steered=False, small=True)
+        torch.library.opcheck(torch.ops.ssog.fwd.default, (v, *(t.requires_grad_(True) for t in shared), *grid))
+        taby, tabx = ssog_triton.fixed_tables(field_of(shared), grid, mode, v.device)
+        torch.library.opcheck(torch.ops.ssog.table_fwd.default, (v.detach(), taby, tabx))
+        return
+    (prm,) = terms
+    torch.library.opcheck(torch.ops.ssog.axial_fwd.default, (v, prm))
+    y, izx = torch.ops.ssog.axial_fwd(v.detach(), prm.detach())
+    torch.library.opcheck(torch.ops.ssog.axial_bwd.default, (torch.randn_like(y), v.detach(), prm.detach(), izx))
+    b, h, r = v.shape[0], v.shape[2], field.num_atoms
     fixed = FieldLeaves(b, grid, h, r, (), dtype=torch.float32).field()
-    k = axis_kernels(fixed, grid, mode)
-    taby = k.ay[0, :, 0].permute(1, 2, 0, 3).contiguous().detach()
-    tabx = (k.ax[0, 0] * k.lam[0, 0, 0, :, :, None]).permute(1, 2, 0, 3).contiguous().detach()
-    fixed_prm = kernel_params(fixed, mode, grid).detach()
+    taby, tabx = (t.contiguous().detach() for t in ssog_triton.fixed_tables(fixed, grid, mode, v.device))
+    fixed_prm = kernel_params(fixed, grid).detach()
     fixed_prm = fixed_prm.expand(b, *grid, *fixed_prm.shape[-3:]).contiguous().requires_grad_(True)
-    torch.library.opcheck(torch.ops.ssog.fixed_fwd.default, (v, fixed_prm, taby, tabx, axial))
-    torch.library.opcheck(torch.ops.ssog.inv_zx.default, (fixed_prm[0, 0].detach(), axial))
+    torch.library.opcheck(torch.ops.ssog.axial_fixed_fwd.default, (v, fixed_prm, taby, tabx))
+    torch.library.opcheck(torch.ops.ssog.axial_inv_zx.default, (fixed_prm[0, 0].detach(),))
+
+
+def field_of(terms: list[torch.Tensor]) -> Field:
+    """The field of the factorized op inputs ``(μ, σ, log λ, τ)``."""
+    return Field(*(t.detach() for t in terms))
 
 
 def _padded(t: torch.Tensor, pad: int) -> torch.Tensor:
@@ -147,17 +165,20 @@ def _padded(t: torch.Tensor, pad: int) -> torch.Tensor:
 def test_custom_ops_read_padded_strides_as_contiguous_ones(mode: str) -> None:
     """Every input of the steered forward and the backward laid out with padded strides (as Inductor may pass them):
     the same outputs and gradients, bit for bit, as from contiguous inputs."""
-    axial = mode == "axial"
-    v, prm, _, _ = _op_inputs(mode, steered=True)
+    v, terms, _, grid = _op_inputs(mode, steered=True)
     dy = torch.randn_like(v)
-    y, izx = torch.ops.ssog.steered_fwd(v, prm, axial)
-    dv, dprm = torch.ops.ssog.bwd(dy, v, prm, izx, axial)
+    fwd, bwd = (torch.ops.ssog.fwd, torch.ops.ssog.bwd) if mode == "factorized" else (
+        torch.ops.ssog.axial_fwd, torch.ops.ssog.axial_bwd)  # fmt: skip
+    extra = grid if mode == "factorized" else ()
+    y, izx = fwd(v, *terms, *extra)
+    want = bwd(dy, v, *terms, izx, *extra)
     for pad in (1, 3):
-        vp, prmp = _padded(v, pad), _padded(prm, pad)
-        y_p, izx_p = torch.ops.ssog.steered_fwd(vp, prmp, axial)
-        dv_p, dprm_p = torch.ops.ssog.bwd(_padded(dy, pad), vp, prmp, _padded(izx, pad), axial)
-        for got, want in ((y_p, y), (izx_p, izx), (dv_p, dv), (dprm_p, dprm)):
-            assert torch.equal(got, want)
+        vp = _padded(v, pad)
+        tp = [_padded(t, pad) if t.dim() else t for t in terms]
+        y_p, izx_p = fwd(vp, *tp, *extra)
+        got = bwd(_padded(dy, pad), vp, *tp, _padded(izx, pad), *extra)
+        for a, b in zip((y_p, izx_p, *got), (y, izx, *want), strict=True):
+            assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize(("mode", "taps"), [("factorized", ALL), ("axial", ALL), ("factorized", ())])
@@ -201,7 +222,43 @@ def test_flop_formulas_count_the_separable_cost(mode: str, steered: bool) -> Non
     assert counter.get_total_flops() == 2 * ro * b * n * (gh + gw) * h * d
 
 
-def test_kernel_parameters_are_validated() -> None:
-    v, prm, _, _ = _op_inputs("factorized", steered=True)
+def test_kernel_inputs_are_validated() -> None:
+    v, (mu, sigma, log_lam, tau), _, grid = _op_inputs("factorized", steered=True)
     with pytest.raises(ValueError, match="do not match"):
-        ssog_triton.steered_fwd(v, prm[..., :4].contiguous(), False)
+        ssog_triton.field_fwd(v, mu[..., :1, :].contiguous(), sigma, log_lam, tau, *grid)
+    with pytest.raises(ValueError, match="float32"):
+        ssog_triton.field_fwd(v, mu.double(), sigma, log_lam, tau, *grid)
+    v, (prm,), _, _ = _op_inputs("axial", steered=True)
+    with pytest.raises(ValueError, match="do not match"):
+        ssog_triton.axial_fwd(v, prm[..., :4].contiguous())
+
+
+@pytest.mark.parametrize("taps", [ALL, ("sigma",), ("mu", "lambda")], ids=lambda t: "+".join(t))
+def test_layer_steering_in_kernels(monkeypatch: pytest.MonkeyPatch, taps) -> None:
+    """A steered layer on the Triton backend steers in ``ssog::steer`` (probe biases, bound, gates, the fixed
+    field's raw parameters in the kernel, both ways): its output and the gradients of its input and of every
+    parameter equal the float64 definition's (the same layer in float64 on the ``definition`` backend)."""
+    import copy
+
+    from tests.launch_count import count_launches
+
+    monkeypatch.delenv("SSOG_BACKEND", raising=False)
+    torch.manual_seed(3)
+    attn = SSOGAttention(16, 2, 3, steer=taps, cold_init=False)
+    for name, p in attn.named_parameters():
+        if name.split(".")[0] in ("mu_delta", "sigma_delta", "lambda_gate"):
+            torch.nn.init.normal_(p, std=0.3)
+    ref = copy.deepcopy(attn).double()
+    ref.backend = "definition"
+    x = torch.randn(2, 35, 16, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(2, 35, 16, dtype=torch.float64)
+    with count_launches(run_kernels=True) as counts:
+        out = attn(x.float(), (7, 5))
+    assert counts["triton:steer"] == 1 and counts["triton:fwd-steered"] == 1, counts
+    expected = ref(x, (7, 5))
+    assert_close(out, expected, 1e-5, "output")
+    got = grads(out, [x, *attn.parameters()], dy)
+    want = grads(expected, [x, *ref.parameters()], dy)
+    names = ["x", *(n for n, _ in attn.named_parameters())]
+    for name, g, w in zip(names, got, want, strict=True):
+        assert_close(g, w, 1e-4 if w.dim() else SCALAR_GRAD_RTOL, f"d/d{name}")

@@ -29,7 +29,7 @@ from ssog_core.nn.config import LAB_EPS, QK_NORMS, ViTConfig
 from ssog_core.nn.hook_points import HookPoint, is_hooked, is_plain
 from ssog_core.nn.susie import SuSiE
 from ssog_core.ops import rbf_attention, ssog_apply
-from ssog_core.ops.dispatch import steers_in_c
+from ssog_core.ops.dispatch import steering_backend
 from ssog_core.ops.rbf_torch import rbf_gamma
 from ssog_core.ops.ssog_cpu import apply_cpu_steering
 
@@ -150,26 +150,50 @@ class SSOGAttention(nn.Module):
         layers = [getattr(self, _TAP_PARAMS[tap][0]) for tap in self.taps]
         return F.linear(x, torch.cat([m.weight for m in layers]), torch.cat([m.bias for m in layers]))
 
+    def _layout_field(self) -> Field:
+        """The fixed field's raw parameters as a :class:`Field`: the shapes, dtypes and devices the backend choice
+        reads, without computing anything."""
+        return Field(self.mu, self.raw_sigma, self.log_lambda, self.raw_temperature)
+
     def forward(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
         check_grid(x.shape[1], grid)
         x = self.hook_in(x)
         b, n, _ = x.shape
         v = self.v(x).view(b, n, self.num_heads, self.head_dim)
-        fixed = self.fixed_field()
-        if is_hooked(self.pattern):  # read or replaced: the weights formed, the values mixed by what the point gives
-            y = (self.pattern(self._weights(x, self.field_of(x, grid), grid)) @ v.transpose(1, 2)).transpose(1, 2)
-        elif (
-            self.taps
-            and is_plain([self.field, *self.probes.values()])
-            and steers_in_c(v, fixed, grid, self.mode, self.backend)
-        ):  # the C kernels take the raw probes and steer in C: no per-token field in between
-            y = apply_cpu_steering(
-                v, fixed, self._raw_probes(x), self._probe_widths(), self.gate_scales(), self.max_offset, grid
-            )
-        else:
-            y = ssog_apply(v, self.field_of(x, grid), grid, self.mode, self.backend)
-        y = self.head_out(y)
+        y = self.head_out(self.attend(x, v, grid))
         return self.out(y.reshape(b, n, self.dim))
+
+    def attend(self, x: Tensor, v: Tensor, grid: tuple[int, int]) -> Tensor:
+        """The attention of :meth:`forward` between its projections: values ``v`` ``(B, N, H, head_dim)`` mixed by
+        the field of ``x`` (the fixed field steered by ``x``'s probes), ``(B, N, H, head_dim)`` — what the op
+        benchmarks time, the field's preparation included."""
+        if is_hooked(self.pattern):  # read or replaced: the weights formed, the values mixed by what the point gives
+            return (self.pattern(self._weights(x, self.field_of(x, grid), grid)) @ v.transpose(1, 2)).transpose(1, 2)
+        fused = self.taps and is_plain([self.field, *self.probes.values()])
+        chosen = steering_backend(v, self._layout_field(), grid, self.mode, self.backend) if fused else None
+        if chosen == "cpu":  # the C kernels take the raw probes and steer in C: no per-token field in between
+            return apply_cpu_steering(
+                v, self.fixed_field(), self._raw_probes(x), self._probe_widths(), self.gate_scales(), self.max_offset,
+                grid,
+            )  # fmt: skip
+        if chosen == "triton" and self.mode == "factorized":  # the steering in one kernel each way
+            return self._steered_triton(x, v, grid)
+        return ssog_apply(v, self.field_of(x, grid), grid, self.mode, self.backend)
+
+    def _steered_triton(self, x: Tensor, v: Tensor, grid: tuple[int, int]) -> Tensor:
+        """``ssog_apply(v, field_of(x, grid))`` on the Triton kernels in two ops: ``ssog::steer`` builds the per-token
+        field from the raw probe outputs (one GEMM, the biases added in the kernel), the fixed field's and the gates'
+        raw parameters; ``ssog::fwd`` applies it."""
+        from ssog_core.ops.ssog_triton import apply_triton_steering
+
+        layers = {tap: getattr(self, _TAP_PARAMS[tap][0]) for tap in self.taps}
+        raw = F.linear(x, torch.cat([m.weight for m in layers.values()]))
+        gates = {tap: getattr(self, _TAP_PARAMS[tap][1]) for tap in self.taps}
+        biases = {tap: m.bias for tap, m in layers.items()}
+        fixed = (self.mu, self.raw_sigma, self.log_lambda, self.raw_temperature)
+        return apply_triton_steering(
+            v, raw, self._probe_widths(), fixed, gates, biases, self.max_offset, self.sigma_floor, grid
+        )
 
     def attention_matrix(self, x: Tensor, grid: tuple[int, int], steered: bool = True) -> Tensor:
         """Exact ``(B, H, N, N)`` weights for input ``x``, through the ``pattern`` point (what the output is made

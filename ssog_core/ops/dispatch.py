@@ -206,17 +206,27 @@ def choose_ssog_backend(
     return chosen
 
 
-def steers_in_c(
+def steering_backend(
     v: Tensor, fixed: Field, grid: tuple[int, int], mode: FieldMode = "factorized", backend: str | None = None
-) -> bool:
-    """Whether a field steered from ``fixed`` would run on the ``cpu`` backend for values ``v``: then
-    :func:`ssog_core.ops.ssog_cpu.apply_cpu_steering` can take the probes' raw outputs instead of the per-token field.
-    Decided as :func:`choose_ssog_backend` decides it, on the fixed field broadcast to every token (no copy)."""
+) -> str:
+    """The backend a field steered from ``fixed`` would run on for values ``v``, decided as
+    :func:`choose_ssog_backend` decides it on the fixed field broadcast to every token (no copy; only the field's
+    shapes, dtypes and devices matter, so ``fixed`` may hold raw parameters). On ``cpu``
+    :func:`ssog_core.ops.ssog_cpu.apply_cpu_steering`, on ``triton`` (factorized)
+    :func:`ssog_core.ops.ssog_triton.apply_triton_steering` take the probes' raw outputs instead of the per-token
+    field."""
     lead = (v.shape[0], *grid)
     h, r = fixed.num_heads, fixed.num_atoms
     mu, sigma = fixed.mu.expand(*lead, h, r, 2), fixed.sigma.expand(*lead, h, r, 2)
     per_token = Field(mu, sigma, fixed.log_lam.expand(*lead, h, r), fixed.tau)
-    return choose_ssog_backend(v, per_token, grid, mode, backend) == "cpu"
+    return choose_ssog_backend(v, per_token, grid, mode, backend)
+
+
+def steers_in_c(
+    v: Tensor, fixed: Field, grid: tuple[int, int], mode: FieldMode = "factorized", backend: str | None = None
+) -> bool:
+    """Whether a field steered from ``fixed`` would run on the ``cpu`` backend (:func:`steering_backend`)."""
+    return steering_backend(v, fixed, grid, mode, backend) == "cpu"
 
 
 def ssog_apply(

@@ -156,49 +156,19 @@ def _resource_usage(cubin: bytes) -> dict[str, int]:
 def problem_jobs(
     grid: tuple[int, int], head_dim: int, atoms: int, mode: str, dtype: torch.dtype, heads: int = 6, batch: int = 2
 ) -> dict[str, list]:
-    """The kernel launches of each timed job of one problem — ``steered forward`` and ``backward``, ``fixed forward``
-    and ``backward`` (``inv_zx`` and both backward kernels on the shared field) — built on ``meta`` tensors laid
-    out as the custom ops and the benchmark lay them out, so that the compile sees the launch's constexprs and
-    Triton's specialisation of its arguments (16-byte divisibility, ones) exactly as the JIT would."""
+    """The kernel launches of each timed job of one problem (:func:`ssog_core.ops.ssog_triton.problem_jobs`)."""
     from ssog_core.ops import ssog_triton as ts
 
-    gh, gw = grid
-    axial = mode == "axial"
-    f = ts.AXIAL_FIELDS if axial else ts.FACTORIZED_FIELDS
-    ro = 1 if axial else atoms
-
-    def empty(*shape: int, dt: torch.dtype = torch.float32) -> torch.Tensor:
-        return torch.empty(shape, device="meta", dtype=dt)
-
-    v = empty(batch, gh * gw, heads, head_dim, dt=dtype)
-    prm = empty(batch, gh, gw, heads, atoms, f)
-    izx = empty(batch, gh, gw, heads, ro)
-    taby, tabx = empty(heads, ro, gh, gh), empty(heads, ro, gw, gw)
-    shared = (empty(heads, atoms, f)[None, None, None] if axial else empty(1, gh, gw, heads, atoms, f)).expand(
-        batch, gh, gw, heads, atoms, f
-    )  # a shared field as kernel_params lays it out: factorized terms per grid cell, axial per head
-    shared_izx = empty(gw, heads, ro)[None, None].expand(batch, gh, gw, heads, ro)  # as the fixed backward has it
-    return {
-        "steered forward": [ts.fwd_launch(v, prm, None, None, axial, empty(*v.shape, dt=dtype), izx)],
-        "steered backward": ts.bwd_launches(
-            empty(*v.shape, dt=dtype), v, prm, izx, axial, empty(*v.shape, dt=dtype), empty(*prm.shape)
-        ),
-        "fixed forward": [ts.fwd_launch(v, shared, taby, tabx, axial, empty(*v.shape, dt=dtype), None)],
-        "fixed backward": [
-            ts.izx_launch(empty(gw, heads, atoms, f), axial, empty(gw, heads, ro)),
-            *ts.bwd_launches(
-                empty(*v.shape, dt=dtype), v, shared, shared_izx, axial, empty(*v.shape, dt=dtype), empty(*prm.shape)
-            ),
-        ],
-    }
+    return ts.problem_jobs(grid, head_dim, atoms, mode, dtype, heads, batch)
 
 
 def problem_launches(
     grid: tuple[int, int], head_dim: int, atoms: int, mode: str, dtype: torch.dtype, heads: int = 6, batch: int = 2
 ) -> list:
-    """Every distinct kernel of one problem once: forward steered and fixed, ``inv_zx``, both backward kernels."""
-    jobs = problem_jobs(grid, head_dim, atoms, mode, dtype, heads, batch)
-    return [*jobs["steered forward"], *jobs["fixed forward"], jobs["fixed backward"][0], *jobs["steered backward"]]
+    """Every distinct kernel launch of one problem once (:func:`ssog_core.ops.ssog_triton.problem_launches`)."""
+    from ssog_core.ops import ssog_triton as ts
+
+    return ts.problem_launches(grid, head_dim, atoms, mode, dtype, heads, batch)
 
 
 def _specialise(launch) -> tuple[dict, dict, dict]:
