@@ -71,7 +71,7 @@ def test_the_pointer_trio_is_the_sweeps_seed_0_on_the_large_board(monkeypatch):
     rows = {ablation.row_key(r): r for r in ablation.read_results()}
     for variant, meta in zip(("steered", "fixed", "dot"), metas, strict=True):
         assert "pointer:grid=20," in meta["data"] and "--seed 0" in meta["command"]
-        assert rows["pointer", 20, variant, 0, ablation.EPOCHS["large"]]["val_acc"] == pytest.approx(
+        assert rows["pointer", 20, variant, 0, ablation.EPOCHS["large"], None, None]["val_acc"] == pytest.approx(
             meta["accuracy"], abs=1e-4
         )
 

@@ -124,7 +124,7 @@ def test_the_edits_schema_names_every_op_with_its_fields_choices_and_needs():
     assert items["what"]["enum"] == ["output", "steering"]
     assert ops_["move_atom"]["required"] == ["layer", "head", "atom"]
     atoms = ops_["replace_with_field"]["properties"]["atoms"]
-    assert (atoms["type"], atoms["minimum"], atoms["maximum"], atoms["default"]) == ("integer", 1, 4, 4)
+    assert (atoms["type"], atoms["minimum"], atoms["maximum"], atoms["default"]) == ("integer", 1, 8, 4)
     assert ops_["replace_with_field"]["properties"]["replacement"]["enum"] == ["fit", "field"]
 
 
