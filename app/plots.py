@@ -388,7 +388,9 @@ def _per_head(stats: HeadFieldStats, values: np.ndarray, offset: float) -> tuple
 
 def head_field_charts(models: Sequence[tuple[str, HeadFieldStats]]) -> tuple[go.Figure, go.Figure]:
     """Every head of every model against its layer: mean attention distance (pixels; the ViT paper's figure) and
-    the share of the head its K fitted atoms explain (filled) and its positional field explains (hollow)."""
+    the share of the head its K fitted atoms explain (filled), its positional field explains (hollow) and the
+    uniform field explains (a dash: the baseline a field with no geometry reaches; hover gives the normalised shares
+    and marks diffuse heads)."""
     distance, share = go.Figure(), go.Figure()
     for i, (name, stats) in enumerate(models):
         colour = ATOM_COLOURS[i % len(ATOM_COLOURS)]
@@ -397,16 +399,26 @@ def head_field_charts(models: Sequence[tuple[str, HeadFieldStats]]) -> tuple[go.
         distance.add_trace(go.Scatter(x=x, y=y, mode="markers", name=name, text=text, marker=dict(color=colour),
                                       hovertemplate="%{text}<br>%{y:.1f} px<extra>" + name + "</extra>"))  # fmt: skip
         k = stats.fits[0].mu.shape[1]
-        for values, label, symbol in ((stats.share_fit, f"{k} atoms", "circle"),
-                                      (stats.share_field, "positional field", "circle-open")):  # fmt: skip
+        norm = {"fit": stats.normalised_fit.numpy().ravel(), "field": stats.normalised_field.numpy().ravel()}
+        diffuse = stats.diffuse.numpy().ravel()
+        for values, label, symbol, kind in ((stats.share_fit, f"{k} atoms", "circle", "fit"),
+                                            (stats.share_field, "positional field", "circle-open", "field"),
+                                            (stats.share_uniform, "uniform field", "line-ew-open", None)):  # fmt: skip
             x, y, text = _per_head(stats, values.numpy(), nudge)
+            if kind is not None:
+                text = [f"{t}<br>{'diffuse (within 0.1 of uniform)' if d else f'normalised {n:.3f}'}"
+                        for t, n, d in zip(text, norm[kind], diffuse, strict=True)]  # fmt: skip
             share.add_trace(go.Scatter(x=x, y=y, mode="markers", name=f"{name}: {label}", text=text,
-                                       marker=dict(color=colour, symbol=symbol),
+                                       marker=dict(color=colour, symbol=symbol, line=dict(color=colour, width=2)),
                                        hovertemplate="%{text}<br>%{y:.3f}<extra>" + name + "</extra>"))  # fmt: skip
     depth = max((s.mean_distance_px.shape[0] for _, s in models), default=1)
     for fig, title, axis in (
         (distance, "Mean attention distance per head (patch queries, patch keys)", "mean distance (pixels)"),
-        (share, "Share of each head a content-blind field explains (1 − mean TV)", "share explained"),
+        (
+            share,
+            "Share of each head a content-blind field explains (1 − mean TV); dash: the uniform field's",
+            "share explained",
+        ),
     ):
         fig.update_layout(**_LAYOUT, title=dict(text=title, font=dict(size=13)), height=380,
                           margin=dict(l=60, r=20, t=50, b=50), legend=dict(font=dict(size=10)))  # fmt: skip

@@ -368,3 +368,41 @@ def test_the_fitted_atoms_move_where_the_fits_loss_does_not():
     assert max(moved(a.loss, b.loss) for a, b in zip(before.fits, after.fits, strict=True)) < 1e-5
     atoms = max(max(moved(a.mu, b.mu), moved(a.sigma, b.sigma)) for a, b in zip(before.fits, after.fits, strict=True))
     assert atoms > 1e-4  # a hundred times what the loss moved: the objective is flat along these directions
+
+
+def test_shares_are_read_against_the_uniform_field():
+    """A measured model's shares beside the uniform field's: the uniform share is 1 − mean TV to 1/N rows (computed
+    here from the patterns), the normalised share is 0 for the uniform field and 1 for the head itself, a head near
+    uniform is diffuse (no normalised share), and the app's share chart draws the baseline and says so on hover."""
+    from app import plots
+    from ssog_core.analysis.report import heads_json
+    from tests.test_interventions import images
+    from tests.test_pattern_point import GRID, lab_model
+
+    model = lab_model("dot")
+    x = images(6, seed=11)
+    stats = hf.measure_head_fields(model, x, 2)
+    with torch.no_grad():
+        _, cache = run_with_cache(model, x, [f"blocks.{i}.attn.pattern" for i in range(len(model.blocks))])
+    n = GRID[0] * GRID[1]
+    for layer in range(len(model.blocks)):
+        attn = hf.patch_attention(cache[f"blocks.{layer}.attn.pattern"], GRID, model.num_prefix_tokens)[0]
+        tv = 0.5 * (attn - 1.0 / n).abs().sum(-1).mean(dim=(0, 2))
+        torch.testing.assert_close(stats.share_uniform[layer], 1.0 - tv, rtol=1e-9, atol=1e-12)
+        entropy = -(attn * attn.log()).sum(-1).mean(dim=(0, 2))
+        torch.testing.assert_close(stats.entropy[layer], entropy, rtol=1e-9, atol=1e-12)
+    u = stats.share_uniform
+    assert torch.isnan(hf.normalised(u, torch.full_like(u, 0.95))).all()  # within 0.1 of uniform: diffuse
+    torch.testing.assert_close(hf.normalised(u, u)[~stats.diffuse], torch.zeros_like(u)[~stats.diffuse])
+    torch.testing.assert_close(hf.normalised(torch.ones_like(u), u)[~stats.diffuse], torch.ones_like(u)[~stats.diffuse])
+    heads = heads_json(stats)
+    for h in heads:
+        assert h["diffuse"] == (h["normalised_fit"] is None) == (1 - h["share_uniform"] < hf.DIFFUSE_TV)
+        if not h["diffuse"]:
+            want = (h["share_fit"] - h["share_uniform"]) / (1 - h["share_uniform"])
+            assert h["normalised_fit"] == pytest.approx(want, rel=1e-12)
+    _, share = plots.head_field_charts([("m", stats)])
+    (baseline,) = [t for t in share.data if t.name == "m: uniform field"]
+    np.testing.assert_allclose(baseline.y, stats.share_uniform.numpy().ravel())
+    fit_trace = next(t for t in share.data if t.name == "m: 2 atoms")
+    assert all(("diffuse" in t) or ("normalised" in t) for t in fit_trace.text)
