@@ -388,9 +388,11 @@ def _per_head(stats: HeadFieldStats, values: np.ndarray, offset: float) -> tuple
 
 def head_field_charts(models: Sequence[tuple[str, HeadFieldStats]]) -> tuple[go.Figure, go.Figure]:
     """Every head of every model against its layer: mean attention distance (pixels; the ViT paper's figure) and
-    the share of the head its K fitted atoms explain (filled) and its positional field explains (hollow)."""
+    the share of the head its K fitted atoms explain (filled) and its positional field explains (hollow). Each
+    legend entry names the model and the images it was measured on (how many, which)."""
     distance, share = go.Figure(), go.Figure()
-    for i, (name, stats) in enumerate(models):
+    for i, (model, stats) in enumerate(models):
+        name = f"{model} on {stats.measured_on.replace('`', '')}" if stats.measured_on else model
         colour = ATOM_COLOURS[i % len(ATOM_COLOURS)]
         nudge = 0.3 * (i - (len(models) - 1) / 2) / max(len(models), 1)
         x, y, text = _per_head(stats, stats.mean_distance_px.numpy(), nudge)
