@@ -191,17 +191,19 @@ def render(
     elif not gates:
         note += "Its field is fixed (no steering gates): every op but the gate ops."
     sources = [CURRENT, *ctx.bundled_images()]
-    out: Updates = {
+    reset = ckpt != shown
+    cleared = {"value": None} if reset else {}
+    return {
+        **(emptied(ui) if reset else {}),
         ui.note: note,
         ui.op: gr.update(choices=ops) if op in ops else gr.update(choices=ops, value=ops[0]),
-        ui.gates_plot: gr.update(visible=gates),
-        ui.gates_table: gr.update(visible=gates),
+        ui.gates_plot: gr.update(visible=gates, **cleared),
+        ui.gates_table: gr.update(visible=gates, **cleared),
         ui.sweep: gr.update(label=SWEEP_TITLE if gates else SWEEP_TITLE.split(", each layer")[0]),
         ui.shown: ckpt,
         **measured_on(ctx, ui, loaded, chosen),
         **{c: gr.update(choices=sources) for c in ui.image_fields},
     }
-    return out if ckpt == shown else {**out, **emptied(ui)}
 
 
 def emptied(ui: InterveneUI) -> Updates:
