@@ -117,7 +117,8 @@ def test_the_tabs_heavy_work_runs_on_a_worker_with_its_progress_on_the_page(ctx,
     assert not heavy._kept._data  # nothing was computed in this process: the worker memo here stayed empty
     loaded = ctx.model("ssog_shapes.safetensors")
     mine = run_intervention(loaded.model, loaded.meta, EDITS, None, 37).validation.to_dict()
-    assert interventions.run(ctx, loaded, interventions.request(ctx, None, EDITS, 37)).validation.to_dict() == mine  # same numbers (cached)
+    asked = interventions.request(ctx, None, EDITS, 37)
+    assert interventions.run(ctx, loaded, asked).validation.to_dict() == mine  # same numbers (cached)
 
 
 def test_a_stopped_job_is_not_cached_and_frees_its_worker(ctx):

@@ -125,9 +125,10 @@ def test_the_fields_section_shows_no_other_models_numbers(ctx, page):
     assert out[geo.field_shown] is None
     assert geo.field_table not in geometry.render(ctx, geo, "ssog_shapes.safetensors", 0, None, shown)
     waiting = next(geometry.on_measure(ctx, geo, "digits-vit", 3, 2))  # the first page while the job waits
-    assert waiting[geo.field_table]["visible"] is False and "Measuring every head of **digits-vit**" in waiting[
-        geo.field_note
-    ]
+    assert (
+        waiting[geo.field_table]["visible"] is False
+        and "Measuring every head of **digits-vit**" in waiting[geo.field_note]
+    )
 
 
 # ---------------------------------------------------------------------------------------- words match the model
@@ -220,4 +221,3 @@ def test_the_meter_estimates_from_measured_batches(monkeypatch):
     meter.tick()
     meter.tick()  # the second ask: the first batch is done, 10 s after the start
     assert meter.note() == "100 of 500 images, about 40 s left"
-
