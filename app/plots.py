@@ -389,22 +389,23 @@ def _per_head(stats: HeadFieldStats, values: np.ndarray, offset: float) -> tuple
 def head_field_charts(models: Sequence[tuple[str, HeadFieldStats]]) -> tuple[go.Figure, go.Figure]:
     """Every head of every model against its layer: mean attention distance (pixels; the ViT paper's figure) and
     the share of the head its K fitted atoms explain (filled) and its positional field explains (hollow). Each
-    legend entry names the model and the images it was measured on (how many, which)."""
+    model's legend group is titled with the images it was measured on (how many, which)."""
     distance, share = go.Figure(), go.Figure()
-    for i, (model, stats) in enumerate(models):
-        name = f"{model} on {stats.measured_on.replace('`', '')}" if stats.measured_on else model
+    for i, (name, stats) in enumerate(models):
+        on = f"{name} on {stats.measured_on.replace('`', '')}" if stats.measured_on else name
+        group = dict(legendgroup=str(i), legendgrouptitle=dict(text=on))
         colour = ATOM_COLOURS[i % len(ATOM_COLOURS)]
         nudge = 0.3 * (i - (len(models) - 1) / 2) / max(len(models), 1)
         x, y, text = _per_head(stats, stats.mean_distance_px.numpy(), nudge)
-        distance.add_trace(go.Scatter(x=x, y=y, mode="markers", name=name, text=text, marker=dict(color=colour),
-                                      hovertemplate="%{text}<br>%{y:.1f} px<extra>" + name + "</extra>"))  # fmt: skip
+        distance.add_trace(go.Scatter(x=x, y=y, mode="markers", name=name, text=text, marker=dict(color=colour), **group,
+                                      hovertemplate="%{text}<br>%{y:.1f} px<extra>" + on + "</extra>"))  # fmt: skip
         k = stats.fits[0].mu.shape[1]
         for values, label, symbol in ((stats.share_fit, f"{k} atoms", "circle"),
                                       (stats.share_field, "positional field", "circle-open")):  # fmt: skip
             x, y, text = _per_head(stats, values.numpy(), nudge)
             share.add_trace(go.Scatter(x=x, y=y, mode="markers", name=f"{name}: {label}", text=text,
-                                       marker=dict(color=colour, symbol=symbol),
-                                       hovertemplate="%{text}<br>%{y:.3f}<extra>" + name + "</extra>"))  # fmt: skip
+                                       marker=dict(color=colour, symbol=symbol), **group,
+                                       hovertemplate="%{text}<br>%{y:.3f}<extra>" + on + "</extra>"))  # fmt: skip
     depth = max((s.mean_distance_px.shape[0] for _, s in models), default=1)
     for fig, title, axis in (
         (distance, "Mean attention distance per head (patch queries, patch keys)", "mean distance (pixels)"),

@@ -70,10 +70,11 @@ def test_uploaded_pictures_are_a_choice_and_name_every_number_made_from_them(ctx
     recorded = fields.measure(ctx, loaded, 3, 2)
     assert recorded.measured_on.startswith("the first 3 validation images of `shapes:")
     distance, share = geometry.plots.head_field_charts(fields.measured_alike(ctx, 3, 2))
-    names = {t.name for t in distance.data}  # each legend entry names its model's images: how many, which
+    titles = {t.legendgrouptitle.text for t in distance.data}  # each model's legend group names its images
     assert {"ssog_shapes.safetensors on 3 picture(s) of digits", "ssog_shapes.safetensors on 3 bundled picture(s)"} <= (
-        names
+        titles
     )
+    assert {t.legendgrouptitle.text for t in share.data} == titles
     edits = [{"op": "ablate_head", "layer": 0, "head": 1}]
     out = interventions.intervene(ctx, "ssog_shapes.safetensors", "scene.png", edits, 4, pictures=name)
     assert out["validation"]["images"] == {"pictures": "digits", "first": 4, "reference": "unedited prediction"}
