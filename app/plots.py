@@ -397,8 +397,9 @@ def head_field_charts(models: Sequence[tuple[str, HeadFieldStats]]) -> tuple[go.
         colour = ATOM_COLOURS[i % len(ATOM_COLOURS)]
         nudge = 0.3 * (i - (len(models) - 1) / 2) / max(len(models), 1)
         x, y, text = _per_head(stats, stats.mean_distance_px.numpy(), nudge)
-        distance.add_trace(go.Scatter(x=x, y=y, mode="markers", name=name, text=text, marker=dict(color=colour), **group,
-                                      hovertemplate="%{text}<br>%{y:.1f} px<extra>" + on + "</extra>"))  # fmt: skip
+        distance.add_trace(go.Scatter(x=x, y=y, mode="markers", name=name, text=text, marker=dict(color=colour),
+                                      hovertemplate="%{text}<br>%{y:.1f} px<extra>" + on + "</extra>",
+                                      **group))  # fmt: skip
         k = stats.fits[0].mu.shape[1]
         for values, label, symbol in ((stats.share_fit, f"{k} atoms", "circle"),
                                       (stats.share_field, "positional field", "circle-open")):  # fmt: skip
