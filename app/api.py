@@ -24,6 +24,7 @@ from gradio.events import Dependency
 from gradio.utils import get_function_params, get_upload_folder
 
 from app import fields, interventions, queues
+from app import pictures as chooser
 from app import session_protocol as session
 from app.canvas import underlay_url
 from app.common import EXPECTED_ERRORS, error_text
@@ -160,21 +161,24 @@ class Endpoints:
         return history_of(self.ctx, checkpoint).to_json()
 
     def intervene(
-        self, checkpoint: str, image: str, edits: list[dict], eval_images: int = 0, request: gr.Request | None = None
-    ) -> Iterator[dict]:
+        self, checkpoint: str, image: str, edits: list[dict], eval_images: int = 0, pictures: str = "",
+        request: gr.Request | None = None,
+    ) -> Iterator[dict]:  # fmt: skip
         """Apply edits (JSON objects with an "op", in order; the ops are listed below) to a checkpoint for this call
         only: class probabilities (the checkpoint's class order) and accumulated export maps unedited and edited on
         an image (bundled name or SHA-256); with ``eval_images`` > 0 also accuracy and log p(true) on the first
         that many validation images, each change with its paired bootstrap 95% interval, McNemar's p and per-class
-        effects (a model without a validation set: on the bundled pictures, agreement with its unedited prediction
-        and log p of that class, "reference": "unedited prediction"). While the validation work waits or runs it
-        yields ``{"progress": …}`` (see :func:`running`); cancelling the job stops it."""
+        effects. ``pictures`` (as the page's chooser names them: "" or "the model's recorded data", "the bundled
+        pictures", "uploaded: NAME") measures on pictures instead, as does a model without a validation set (the
+        bundled pictures): agreement with its unedited prediction and log p of that class, "reference": "unedited
+        prediction", ``validation.images`` naming them. While the validation work waits or runs it yields
+        ``{"progress": …}`` (see :func:`running`); cancelling the job stops it."""
         try:
             if int(eval_images) <= 0:
-                yield interventions.intervene(self.ctx, checkpoint, image, edits, 0)
+                yield interventions.intervene(self.ctx, checkpoint, image, edits, 0, pictures=pictures)
                 return
             work = lambda stop, watch: interventions.intervene(  # noqa: E731
-                self.ctx, checkpoint, image, edits, int(eval_images), stop, watch=watch
+                self.ctx, checkpoint, image, edits, int(eval_images), stop, watch=watch, pictures=pictures
             )
             for result, progress in heavy_answers(work, request):  # validation work: one job per user at a time
                 yield running(progress) if result is None else result
@@ -184,24 +188,29 @@ class Endpoints:
     intervene.__doc__ += "\n\nOps and their fields:\n" + ops_help()  # from the registry: a new op is listed
 
     def head_importance(
-        self, checkpoint: str, eval_images: int = 500, mode: str = "zero", request: gr.Request | None = None
-    ) -> Iterator[dict]:
+        self, checkpoint: str, eval_images: int = 500, mode: str = "zero", pictures: str = "",
+        request: gr.Request | None = None,
+    ) -> Iterator[dict]:  # fmt: skip
         """Every head ablated (mode zero or dataset_mean) and every layer's μ, σ, λ gates closed, one at a time,
         on the first ``eval_images`` validation images (a model without a validation set: the bundled pictures,
         against its unedited predictions, "reference": "unedited prediction"): drops (unedited − edited) of
-        accuracy and log p(true), the interval of the log p drop and whether it is within noise. While it waits or
-        runs it yields ``{"progress": "computing 120 of 500 images"}``; cancelling the job stops the sweep."""
+        accuracy and log p(true), the interval of the log p drop and whether it is within noise; ``pictures`` as
+        for /intervene. While it waits or runs it yields ``{"progress": "computing 120 of 500 images"}``;
+        cancelling the job stops the sweep."""
         try:
-            loaded = self.ctx.model(checkpoint)
-            work = lambda stop, watch: interventions.importance(self.ctx, loaded, int(eval_images), mode, stop, watch)  # noqa: E731
+            loaded, chosen = self.ctx.model(checkpoint), chooser.chosen(self.ctx, pictures)
+            work = lambda stop, watch: interventions.importance(  # noqa: E731
+                self.ctx, loaded, int(eval_images), mode, stop, watch, chosen
+            )
             for result, progress in heavy_answers(work, request):
                 yield running(progress) if result is None else result.to_dict()
         except EXPECTED_ERRORS as e:
             raise gr.Error(error_text(e)) from None
 
     def head_fields(
-        self, checkpoint: str, images: int = DEFAULT_IMAGES, atoms: int = FIT_ATOMS, request: gr.Request | None = None
-    ) -> Iterator[dict]:
+        self, checkpoint: str, images: int = DEFAULT_IMAGES, atoms: int = FIT_ATOMS, pictures: str = "",
+        request: gr.Request | None = None,
+    ) -> Iterator[dict]:  # fmt: skip
         """Every head of any checkpoint (SSOG, dot, RBF, a standard ViT folder) as a field over displacement, as
         ``python -m ssog_core fields`` writes it: which images (``images``: as their chooser describes them, with
         ``measured`` and ``size``; ``measured_on``: the same in words), ``grid``, ``patch_px``,
@@ -209,11 +218,11 @@ class Endpoints:
         ``head``, ``mean_distance_px``, ``share_fit`` and ``share_field`` (1 − mean TV to its fitted atoms and to
         its positional field), ``prefix_share`` and the ``atoms`` (``mu_y``, ``mu_x``, ``sigma_y``, ``sigma_x``,
         ``weight``; grid cells, μ as query − key); measured on the first ``images`` validation images, or up to
-        that many bundled pictures for a model that records none. A heavy job: ``{"progress": …}`` while it waits
-        or runs; cancelling it stops it."""
+        that many bundled pictures for a model that records none, or up to that many ``pictures`` (as for
+        /intervene). A heavy job: ``{"progress": …}`` while it waits or runs; cancelling it stops it."""
         try:
-            loaded = self.ctx.model(checkpoint)
-            work = lambda stop, watch: fields.measure(self.ctx, loaded, images, atoms, stop, watch)  # noqa: E731
+            loaded, chosen = self.ctx.model(checkpoint), chooser.chosen(self.ctx, pictures)
+            work = lambda stop, watch: fields.measure(self.ctx, loaded, images, atoms, stop, watch, chosen)  # noqa: E731
             for stats, progress in heavy_answers(work, request):
                 yield running(progress) if stats is None else fields.fields_json(checkpoint, stats)
         except EXPECTED_ERRORS as e:

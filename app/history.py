@@ -17,5 +17,10 @@ def history_of(ctx: AppContext, ckpt: str) -> History:
     """The training history of a checkpoint, or a readable error when it has none."""
     history = read(ctx, ctx.model(ckpt))
     if history is None:
-        raise AppError(f"{ckpt} has no training history (trained before histories were recorded, or converted)")
+        why = (
+            "a model folder records none"
+            if ctx.resolve(ckpt).is_dir()
+            else "trained before histories were recorded, or converted"
+        )
+        raise AppError(f"{ckpt} has no training history ({why})")
     return history

@@ -16,6 +16,7 @@ from typing import Any
 import gradio as gr
 from PIL import Image
 
+from app import pictures as chooser
 from app import queues
 from app import session_protocol as session
 from app.api import register_api
@@ -82,6 +83,7 @@ class Page:
     image_upload: gr.UploadButton
     thumb: gr.Image
     status: gr.Markdown
+    pictures: gr.Dropdown  # what measurements on many images are made on (app.pictures)
     image_sha: gr.State  # the SHA-256 of the current picture's file: handlers look pictures up by it
     active: gr.State  # the id of the open tab
     tabs: gr.Tabs
@@ -163,8 +165,16 @@ def checkpoint_updates(ctx: AppContext, page: Page, value: str | None) -> Update
         page.checkpoint: gr.update(choices=checkpoint_choices(names, ctx), value=value),
         page.export.twin: gr.update(choices=[NO_TWIN, *names], value=twin),
         page.compare.a: gr.update(choices=names, value=value),
-        page.compare.b: gr.update(choices=names, value=twin if twin != NO_TWIN else value),
+        page.compare.b: gr.update(choices=names, value=compared_with(names, value, twin)),
     }
+
+
+def compared_with(names: Sequence[str], ckpt: str | None, twin: str) -> str | None:
+    """The second model Compare opens with beside ``ckpt``: its twin, else the first other model (the same one
+    only when there is no other)."""
+    if twin != NO_TWIN:
+        return twin
+    return next((n for n in names if n != ckpt), ckpt)
 
 
 def on_checkpoint_upload(ctx: AppContext, page: Page, files: Any, current: str | None) -> Updates:
@@ -172,6 +182,18 @@ def on_checkpoint_upload(ctx: AppContext, page: Page, files: Any, current: str |
         paths = files if isinstance(files, list) else [files]
         name = ctx.add_upload([str(p) for p in paths if p])
         return {**checkpoint_updates(ctx, page, name), page.status: f"Loaded **{name}**: it is now selected."}
+    except Exception as e:
+        return {page.status: warn(error_text(e))}
+
+
+def on_pictures_upload(ctx: AppContext, page: Page, files: Any) -> Updates:
+    """Keep uploaded pictures (a folder, a .zip or files) and choose them for every measurement on many images."""
+    try:
+        name = chooser.add(ctx, [str(p) for p in (files if isinstance(files, list) else [files]) if p])
+        count = chooser.count(ctx, name)
+        return {page.pictures: gr.update(choices=chooser.choices(ctx), value=name),
+                page.status: f"Kept **{count}** pictures as **{name}**: head fields, edits on N images and head "
+                "importance are now measured on them."}  # fmt: skip
     except Exception as e:
         return {page.status: warn(error_text(e))}
 
@@ -195,7 +217,7 @@ def on_checkpoint_change(ctx: AppContext, page: Page, ckpt: str | None) -> Updat
         **playground.on_checkpoint(ctx, page.playground, ckpt),
         page.export.twin: gr.update(choices=[NO_TWIN, *names], value=twin),
         page.compare.a: gr.update(choices=names, value=ckpt),
-        page.compare.b: gr.update(choices=names, value=twin if twin != NO_TWIN else ckpt),
+        page.compare.b: gr.update(choices=names, value=compared_with(names, ckpt, twin)),
     }
 
 
@@ -431,9 +453,23 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
                 container=False,
                 buttons=[],
             )
+        with gr.Row(equal_height=True):
+            pics = gr.Dropdown(
+                chooser.choices(ctx),
+                value=chooser.RECORDED,
+                label="Pictures to measure on (head fields, edits on N images, head importance)",
+                info="the model's recorded data is its validation set (the bundled pictures for a model that "
+                "records none); or the bundled pictures, or pictures you upload",
+                elem_id="pics",
+                scale=4,
+            )
+            pics_folder = gr.UploadButton("Upload a folder of pictures", file_count="directory", elem_id="pics-folder",
+                                          scale=1, size="sm")  # fmt: skip
+            pics_files = gr.UploadButton("Upload pictures (.zip or files)", file_count="multiple", elem_id="pics-files",
+                                         scale=1, size="sm")  # fmt: skip
         image_sha = gr.State(img0.sha256 if img0 else None)
         active = gr.State("playground")
-        shared = {"checkpoint": ckpt, "image_sha": image_sha}
+        shared = {"checkpoint": ckpt, "image_sha": image_sha, "pictures": pics}
 
         with gr.Tabs(elem_id="tabs") as tabs:
             with gr.Tab("Head playground", id="playground", elem_id="tab-playground") as t_pg:
@@ -457,7 +493,8 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
                 ses = session_tab.build()
         page = Page(
             checkpoint=ckpt, checkpoint_upload=ckpt_up, hub=hub, image_pick=img_pick, image_upload=img_up, thumb=thumb,
-            status=status, image_sha=image_sha, active=active, tabs=tabs, playground=pg, geometry=geo, steering=st,
+            status=status, pictures=pics, image_sha=image_sha, active=active, tabs=tabs, playground=pg, geometry=geo,
+            steering=st,
             export=ex, compare=cmp, scaling=sc, training=tr, intervene=iv, session=ses,
         )  # fmt: skip
         hidden = dict(api_visibility="private")
@@ -471,18 +508,21 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
             partial(on_checkpoint_upload, ctx, page), [ckpt_up, ckpt], [ckpt, ex.twin, cmp.a, cmp.b, status], **hidden
         )
         hub_opened = hub.submit(partial(on_hub_open, ctx, page), [hub], [ckpt, ex.twin, cmp.a, cmp.b, status], **hidden)
+        for button in (pics_folder, pics_files):
+            button.upload(partial(on_pictures_upload, ctx, page), [button], [pics, status], **hidden)
         ckpt.change(partial(playground.on_checkpoint, ctx, pg), [ckpt], [pg.preset, pg.preset_note], **hidden)
         page_loaded = demo.load(partial(on_checkpoint_change, ctx, page), [ckpt], follow, **hidden)
         demo.load(None, None, [ex.layout], js=f"() => window.innerWidth < {NARROW_PX} ? 'narrow' : 'wide'", **hidden)
         views = {
-            "geometry": (t_geo, partial(geometry.render, ctx, geo), [ckpt, geo.layer, image_sha], geo.outputs, []),
+            "geometry": (t_geo, partial(geometry.render, ctx, geo), [ckpt, geo.layer, image_sha, geo.field_shown],
+                         geo.rendered, []),
             "steering": (t_st, partial(steering.render, ctx, st), [ckpt, image_sha, st.layer, st.query, st.head],
                          st.outputs, [st.layer]),
-            "export": (t_ex, partial(export.render, ctx, ex), ex.inputs, ex.outputs, [ex.alpha, ex.layer]),
+            "export": (t_ex, partial(export.render, ctx, ex), ex.inputs, ex.rendered, [ex.alpha, ex.layer]),
             "compare": (t_cmp, partial(compare.render, ctx, cmp), cmp.inputs, cmp.outputs, [cmp.alpha, cmp.layer]),
             "scaling": (t_sc, partial(scaling.render, ctx, sc), [ckpt], sc.outputs, []),
             "training": (t_tr, partial(training.render, ctx, tr), [ckpt, *tr.inputs], tr.outputs, []),
-            "intervene": (t_iv, partial(intervene.render, ctx, iv), [ckpt, iv.op], iv.outputs, []),
+            "intervene": (t_iv, partial(intervene.render, ctx, iv), [ckpt, iv.op, iv.shown, pics], iv.outputs, [pics]),
         }  # fmt: skip
         for tab_id, (tab, render, inputs, outputs, controls) in views.items():
             last = gr.State(None)
@@ -500,9 +540,12 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
                 control.change(run, *args, trigger_mode="always_last", **queue)
         t_ses.select(lambda: "session", None, active, **hidden)
         # plots drawn while their tab was hidden come out narrow: redraw the playground's when it is shown
-        t_pg.select(lambda: "playground", None, active, **hidden).then(
+        shown_pg = t_pg.select(lambda: "playground", None, active, **hidden)
+        shown_pg.then(
             partial(playground.on_details, pg), [pg.canvas], [pg.kernels, pg.table], show_progress="hidden", **hidden
         )
+        # a model without a field gets its heads as presets once measured (Checkpoint geometry): offered on return
+        shown_pg.then(partial(playground.on_checkpoint, ctx, pg), [ckpt], [pg.preset, pg.preset_note], **hidden)
 
         # ---- linked views: a head clicked in the geometry grid opens in the playground --------------------------
         def geometry_click(ckpt: str | None, bg: bool, sha: str | None, evt: gr.SelectData) -> Updates:

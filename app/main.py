@@ -45,8 +45,21 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m app", description="SSOG Lab web app")
     ap.add_argument("--host", default="127.0.0.1", help="interface to bind (default: this machine only)")
     ap.add_argument("--port", type=int, default=7860)
-    ap.add_argument("--checkpoint-dir", default="checkpoints", type=Path, help="folder of .safetensors checkpoints")
-    ap.add_argument("--assets-dir", default="assets", type=Path, help="folder of bundled images")
+    ap.add_argument(
+        "--checkpoint-dir",
+        default="checkpoints",
+        type=Path,
+        help="folder of models: .safetensors checkpoints and model folders (timm or transformers layout: "
+        "config.json + model.safetensors); a model in the local Hugging Face cache opens on the page as "
+        "hf-hub:ORG/NAME",
+    )
+    ap.add_argument(
+        "--assets-dir",
+        default="assets",
+        type=Path,
+        help="folder of bundled images (also the pictures a model without a validation set is measured on; the page "
+        "takes other pictures too)",
+    )
     ap.add_argument(
         "--threads",
         type=int,

@@ -390,14 +390,18 @@ def head_field_charts(models: Sequence[tuple[str, HeadFieldStats]]) -> tuple[go.
     """Every head of every model against its layer: mean attention distance (pixels; the ViT paper's figure) and
     the share of the head its K fitted atoms explain (filled), its positional field explains (hollow) and the
     uniform field explains (a dash: the baseline a field with no geometry reaches; hover gives the normalised shares
-    and marks diffuse heads)."""
+    and marks diffuse heads). Each model's legend group is titled with the images it was measured on (how many,
+    which)."""
     distance, share = go.Figure(), go.Figure()
     for i, (name, stats) in enumerate(models):
+        on = f"{name} on {stats.measured_on.replace('`', '')}" if stats.measured_on else name
+        group = dict(legendgroup=str(i), legendgrouptitle=dict(text=on))
         colour = ATOM_COLOURS[i % len(ATOM_COLOURS)]
         nudge = 0.3 * (i - (len(models) - 1) / 2) / max(len(models), 1)
         x, y, text = _per_head(stats, stats.mean_distance_px.numpy(), nudge)
         distance.add_trace(go.Scatter(x=x, y=y, mode="markers", name=name, text=text, marker=dict(color=colour),
-                                      hovertemplate="%{text}<br>%{y:.1f} px<extra>" + name + "</extra>"))  # fmt: skip
+                                      hovertemplate="%{text}<br>%{y:.1f} px<extra>" + on + "</extra>",
+                                      **group))  # fmt: skip
         k = stats.fits[0].mu.shape[1]
         norm = {"fit": stats.normalised_fit.numpy().ravel(), "field": stats.normalised_field.numpy().ravel()}
         diffuse = stats.diffuse.numpy().ravel()
@@ -410,7 +414,8 @@ def head_field_charts(models: Sequence[tuple[str, HeadFieldStats]]) -> tuple[go.
                         for t, n, d in zip(text, norm[kind], diffuse, strict=True)]  # fmt: skip
             share.add_trace(go.Scatter(x=x, y=y, mode="markers", name=f"{name}: {label}", text=text,
                                        marker=dict(color=colour, symbol=symbol, line=dict(color=colour, width=2)),
-                                       hovertemplate="%{text}<br>%{y:.3f}<extra>" + name + "</extra>"))  # fmt: skip
+                                       **group,
+                                       hovertemplate="%{text}<br>%{y:.3f}<extra>" + on + "</extra>"))  # fmt: skip
     depth = max((s.mean_distance_px.shape[0] for _, s in models), default=1)
     for fig, title, axis in (
         (distance, "Mean attention distance per head (patch queries, patch keys)", "mean distance (pixels)"),

@@ -18,7 +18,7 @@ import torch
 from ssog_core import load_checkpoint, save_checkpoint
 from ssog_core.interventions import heavy
 from ssog_core.interventions.importance import head_importance
-from ssog_core.interventions.result import run_intervention
+from ssog_core.interventions.result import InterventionRequest, run_intervention
 from ssog_core.interventions.validation import load_eval_set
 from ssog_core.runtime.jobs import Cancelled
 from tests.app_fixtures import designed_ssog
@@ -47,10 +47,10 @@ def test_progress_counts_validation_images_pass_by_pass(loaded):
     worker keeps the unedited outcomes); the numbers are the run entry's own."""
     heavy._kept._data.clear()
     seen, progress = recorder()
-    out = heavy.validation(loaded, EDITS, 250, None, None, progress, lambda: False)
+    out = heavy.intervene(loaded, InterventionRequest(EDITS, eval_images=250), progress, lambda: False)
     assert seen == [(0, 500), (100, 500), (200, 500), (250, 500), (350, 500), (450, 500), (500, 500)]
     seen.clear()
-    again = heavy.validation(loaded, EDITS, 250, None, None, progress, lambda: False)
+    again = heavy.intervene(loaded, InterventionRequest(EDITS, eval_images=250), progress, lambda: False)
     assert seen == [(0, 250), (100, 250), (200, 250), (250, 250)]
     model, meta = loaded
     ref = run_intervention(model, meta, EDITS, None, 250).validation.to_dict()
@@ -117,17 +117,18 @@ def test_the_tabs_heavy_work_runs_on_a_worker_with_its_progress_on_the_page(ctx,
     assert not heavy._kept._data  # nothing was computed in this process: the worker memo here stayed empty
     loaded = ctx.model("ssog_shapes.safetensors")
     mine = run_intervention(loaded.model, loaded.meta, EDITS, None, 37).validation.to_dict()
-    assert interventions.run(ctx, loaded, None, EDITS, 37).validation.to_dict() == mine  # same numbers (cached)
+    asked = interventions.request(ctx, None, EDITS, 37)
+    assert interventions.run(ctx, loaded, asked).validation.to_dict() == mine  # same numbers (cached)
 
 
 def test_a_stopped_job_is_not_cached_and_frees_its_worker(ctx):
     """A stop asked once the job was submitted (at the first look at it, 0.2 s in, long before 250 images are
     swept): the job ends Cancelled, nothing is cached, and the next job runs."""
-    from app import interventions, queues
+    from app import interventions, pictures, queues
 
     loaded = ctx.model("ssog_big.safetensors")
     watch = queues.Watch()
-    key = ("importance", loaded.key, 250, "zero")
+    key = ("importance", loaded.key, 250, "zero", pictures.chosen(ctx, None))
     with pytest.raises(Cancelled):
         interventions.importance(ctx, loaded, 250, "zero", stop=lambda: watch.job is not None, watch=watch)
     assert watch.job is not None and watch.job.done() and key not in ctx.cache.effects

@@ -86,20 +86,23 @@ def test_validation_and_head_importance_with_the_fixed_field_model_beside_the_ga
     assert intervene.on_cell(ctx, ui, "ssog_shapes.safetensors", [], "zero", True, (0, 0)) == {ui.status: gr.skip()}
 
 
+def dot_ops(ctx) -> list[str]:
+    """What the dot model takes, as the tab decides it (from what its layers take)."""
+    return intervene.ops_for(ctx.model("dot_shapes.safetensors").model)
+
+
 def test_opening_the_tab_keeps_the_op_a_person_chose_when_the_model_takes_it(ctx, ui):
     """The tab's render can land after the person picked an op (a busy server): it never puts the first op back
     over one the model takes, and replaces one it does not take (an SSOG-only op on a dot model)."""
     kept = intervene.render(ctx, ui, "ssog_shapes.safetensors", "ablate_head")[ui.op]
     assert "value" not in kept and "ablate_head" in [c if isinstance(c, str) else c[0] for c in kept["choices"]]
     assert intervene.render(ctx, ui, "ssog_shapes.safetensors", None)[ui.op]["value"] == next(iter(intervene.EDITS))
-    assert intervene.render(ctx, ui, "dot_shapes.safetensors", "swap_axes")[ui.op]["value"] == intervene.DOT_OPS[0]
+    assert intervene.render(ctx, ui, "dot_shapes.safetensors", "swap_axes")[ui.op]["value"] == dot_ops(ctx)[0]
 
 
 def test_a_dot_model_offers_what_it_can(ctx, ui):
     out = intervene.render(ctx, ui, "dot_shapes.safetensors")
-    assert out[ui.op]["choices"] == [(o, o) for o in intervene.DOT_OPS] or out[ui.op]["choices"] == list(
-        intervene.DOT_OPS
-    )
+    assert out[ui.op]["choices"] == [(o, o) for o in dot_ops(ctx)] or out[ui.op]["choices"] == list(dot_ops(ctx))
     refused = add(ctx, ui, [], "swap_axes", ckpt="dot_shapes.safetensors")
     assert "only ablate_head and patch_head" in refused[ui.status]
     n = out[ui.n]  # a model with a validation set: up to MAX_EVAL_IMAGES of it (a folder: tests/test_app_standard_vit)
@@ -136,7 +139,7 @@ def test_the_edit_list_is_a_session_section_checked_on_restore():
     from app.session_protocol import Restoring
     from app.tabs import intervene
 
-    ui = SimpleNamespace(edits="edits", listing="listing")
+    ui = SimpleNamespace(edits="edits", listing="listing", shown="shown")
     part = intervene.session_part(ui)
     edits = [{"op": "swap_axes", "layer": 1, "head": 0}]
     assert part.save({"edits": edits}) == {"edits": edits} and part.save({"edits": []}) == {}
@@ -210,7 +213,7 @@ def test_a_closed_page_stops_the_evaluation_and_frees_the_users_slot(ctx, ui, mo
 
     stopped = threading.Event()
 
-    def endless(ctx, loaded, sha, edits, n, stop, watch):  # validation work that ends only when told to stop
+    def endless(ctx, loaded, asked, stop, watch):  # validation work that ends only when told to stop
         while not stop():
             time.sleep(0.01)
         stopped.set()

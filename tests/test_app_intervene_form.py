@@ -83,7 +83,7 @@ def test_the_attention_panel_uses_the_centre_query_of_every_other_view(ctx, ui):
     gh, gw = loaded.config.grid
     assert (gh, gw) == (8, 8) and centre_query((gh, gw)) == (3, 3)
     fig = intervene.on_apply(ctx, ui, STEERED, sha, edits)[ui.attention]
-    eff = interventions.run(ctx, loaded, sha, parse_edits(edits)).image
+    eff = interventions.run(ctx, loaded, interventions.request(ctx, sha, parse_edits(edits))).image
     n = 3 * gw + 3
     heads = loaded.model.blocks[0].attn.num_heads
     for h in range(heads):

@@ -216,7 +216,7 @@ def test_the_playgrounds_prediction_change_goes_through_the_run_entry(tmp_path, 
     write_images(tmp_path / "assets")
     ctx = AppContext(tmp_path / "ckpt", tmp_path / "assets", upload_dir=tmp_path / "uploads")
     calls, real = [], app_interventions.run
-    monkeypatch.setattr(app_interventions, "run", lambda *a, **k: calls.append(k) or real(*a, **k))
+    monkeypatch.setattr(app_interventions, "run", lambda *a, **k: calls.append({"maps": a[2].maps}) or real(*a, **k))
     sha, edits = ctx.find_image("scene.png").sha256, [AblateHead(1, 0, "zero")]
     text = playground.prediction_change(ctx, "ssog.safetensors", sha, edits, "Layer 1, head 0")
     assert calls == [{"maps": False}]

@@ -24,6 +24,7 @@ from ssog_core.analysis.controls import (
 )
 from ssog_core.analysis.measures import DEFAULT_ALPHA, DEFAULT_IMAGES
 from ssog_core.analysis.session import NO_TWIN
+from ssog_core.interventions.validation import picture_count
 from ssog_core.viz import figures as viz
 from ssog_core.viz import files as figures
 from ssog_core.viz import raster
@@ -52,6 +53,22 @@ class ExportUI:
     def outputs(self) -> list[Block]:
         """What :func:`render` changes."""
         return [self.text, self.figure, self.accumulated, self.layer, self.control_figure]
+
+    @property
+    def rendered(self) -> list[Block]:
+        """What :func:`render` may change: :attr:`outputs`, and the control picker's help (naming its pictures)."""
+        return [*self.outputs, self.control]
+
+
+def control_info(ctx: AppContext, loaded: LoadedModel) -> str:
+    """The control picker's help for ``loaded``, naming the pictures its validation control is made from."""
+    data = loaded.meta.get("data")
+    if data:
+        images = f"the first {DEFAULT_IMAGES} validation images of `{data}`"
+    else:
+        count = min(DEFAULT_IMAGES, picture_count(ctx.assets_dir))
+        images = f"{count} bundled picture(s), each in the class the model predicts (it records no validation set)"
+    return f"blank: the image's mean colour; validation: the mean over {images} (computed once per checkpoint and α)"
 
 
 def _display(stored: StoredImage, loaded: LoadedModel):
@@ -123,6 +140,7 @@ def render(
             ui.figure: shown,
             ui.accumulated: plot,
             ui.layer: layer_update(asked, depth, keep=True),
+            ui.control: gr.update(info=control_info(ctx, loaded)),
             ui.control_figure: gr.update(value=control_shown, visible=control_shown is not None),
         }
     except Exception as e:
@@ -210,8 +228,8 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> ExportUI:
             list(CONTROLS),
             value="none",
             label="control: compare with a blank image or the validation mean",
-            info=f"blank: the image's mean colour; validation: the mean over {DEFAULT_IMAGES} validation "
-            "images of the checkpoint's data (computed once per checkpoint and α)",
+            info="blank: the image's mean colour; validation: the mean over the checkpoint's validation images (the "
+            "pictures it names once a checkpoint is shown)",
             elem_id="ex-control",
             scale=2,
         )
@@ -275,7 +293,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> ExportUI:
                   control_figure=control_figure, accumulated=accumulated, files=files, files_status=files_status,
                   classes=classes, classes_status=classes_status, inputs=inputs)  # fmt: skip
     for picker in (twin, control, layout):
-        picker.input(partial(render, ctx, ui), inputs, ui.outputs, api_visibility="private")
+        picker.input(partial(render, ctx, ui), inputs, ui.rendered, api_visibility="private")
     made.on_click(partial(downloads, ctx, ui), inputs)
     classes_button.click(
         partial(per_class, ctx, ui), [shared["checkpoint"], alpha, control], [classes, classes_status],

@@ -14,6 +14,7 @@ import numpy as np
 from gradio.blocks import Block
 
 from app import fields, plots, queues, widgets
+from app import pictures as chooser
 from app.common import Updates, error_text, shown_figure, warn, write_downloads
 from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError, LoadedModel
@@ -23,7 +24,7 @@ from ssog_core.analysis.head_as_field import FIT_ATOMS, MAX_FIT_ATOMS, HeadField
 from ssog_core.analysis.head_spec import HeadSpec
 from ssog_core.analysis.measures import DEFAULT_IMAGES, attention_maps, has_keys, key_norms, query_rows
 from ssog_core.field import centre_query
-from ssog_core.interventions.validation import MAX_EVAL_IMAGES
+from ssog_core.interventions.validation import MAX_EVAL_IMAGES, Pictures
 from ssog_core.viz import figures as viz
 from ssog_core.viz import files as figures
 from ssog_core.viz import raster
@@ -85,6 +86,11 @@ class GeometryUI:
         """What :func:`render` changes."""
         return [self.note, self.card, self.figure, self.gates, self.layer_plot, self.stats, self.table, self.layer]
 
+    @property
+    def rendered(self) -> list[Block]:
+        """What :func:`render` may change: :attr:`outputs`, and the head fields when they were another model's."""
+        return [*self.outputs, *self.field_outputs]
+
 
 def card_markdown(ctx: AppContext, loaded: LoadedModel) -> str:
     card = ctx.cache.cards.get(loaded.key, lambda: report.model_card(loaded.model, loaded.meta))
@@ -134,9 +140,17 @@ def shown(value: Any) -> dict[str, Any]:
     return gr.update(value=value, visible=value is not None)
 
 
-def render(ctx: AppContext, ui: GeometryUI, ckpt: str | None, layer: float, sha: str | None) -> Updates:
-    """Everything the tab shows for a checkpoint (:attr:`GeometryUI.outputs`). What a model does not have (a dot
-    model's field, gates and atoms) is hidden, and the note says what is shown instead."""
+def render(
+    ctx: AppContext, ui: GeometryUI, ckpt: str | None, layer: float, sha: str | None, fields_of: dict | None = None
+) -> Updates:
+    """Everything the tab shows for a checkpoint (:attr:`GeometryUI.outputs`), and no head fields measured for
+    another model (``fields_of``: those on show). What a model does not have (a dot model's field, gates and atoms)
+    is hidden, and the note says what is shown instead."""
+    other = fields_of is not None and fields_of.get("checkpoint") != ckpt
+    return {**(fields_hidden(ui) if other else {}), **_render(ctx, ui, ckpt, layer, sha)}
+
+
+def _render(ctx: AppContext, ui: GeometryUI, ckpt: str | None, layer: float, sha: str | None) -> Updates:
     hidden = {c: shown(None) for c in (ui.figure, ui.gates, ui.layer_plot, ui.stats, ui.table)}
     if not ckpt:
         note = "No checkpoint found: put `.safetensors` files in the checkpoint folder or upload one above."
@@ -239,7 +253,7 @@ def downloads(ctx: AppContext, ui: GeometryUI, ckpt: str | None) -> Updates:
 
 
 def field_pngs(
-    ctx: AppContext, loaded: LoadedModel, stats: HeadFieldStats, n: int, atoms: int
+    ctx: AppContext, loaded: LoadedModel, stats: HeadFieldStats, n: int, atoms: int, pictures: Pictures | None = None
 ) -> dict[str, tuple[bytes, list[tuple[float, float, float, float]]]]:
     """The measured fields (``field``) and the fits' own fields (``fit``) as layers × heads figures drawn like an
     SSOG model's geometry, PNG bytes with their panel boxes (cached per model, N and K; :func:`fields.measure`)."""
@@ -263,7 +277,7 @@ def field_pngs(
             out[kind] = png, viz.panel_boxes(fig)
         return out
 
-    return ctx.cache.figures.get(("head fields", loaded.key, n, atoms), draw)
+    return ctx.cache.figures.get(("head fields", loaded.key, n, atoms, pictures), draw)
 
 
 def field_rows_table(stats: HeadFieldStats) -> list[list[float | int]]:
@@ -273,11 +287,14 @@ def field_rows_table(stats: HeadFieldStats) -> list[list[float | int]]:
             for layer in range(per[0].shape[0]) for h in range(per[0].shape[1])]  # fmt: skip
 
 
-def field_view(ctx: AppContext, ui: GeometryUI, loaded: LoadedModel, n: int, atoms: int) -> Updates:
-    """The measured head fields of ``loaded`` drawn: both figures, both charts (with every model measured alike)
-    and the table."""
-    stats = fields.measure(ctx, loaded, n, atoms)
-    pngs = field_pngs(ctx, loaded, stats, n, atoms)
+def field_view(
+    ctx: AppContext, ui: GeometryUI, loaded: LoadedModel, n: int, atoms: int, choice: str | None = None
+) -> Updates:
+    """The measured head fields of ``loaded`` on the chosen pictures (``choice``, the page's chooser) drawn: both
+    figures, both charts (with every model measured alike, each legend entry naming its images) and the table."""
+    pictures = chooser.chosen(ctx, choice)
+    stats = fields.measure(ctx, loaded, n, atoms, pictures=pictures)
+    pngs = field_pngs(ctx, loaded, stats, n, atoms, pictures)
     stem = figures.stem_of(loaded.name)
     files = write_downloads({f"{viz.safe_token(f'head_{kind}_{stem}_K{atoms}_N{n}')}.png": pngs[kind][0]
                              for kind in ("field", "fit")})  # fmt: skip
@@ -294,8 +311,7 @@ def field_view(ctx: AppContext, ui: GeometryUI, loaded: LoadedModel, n: int, ato
             else ""
         )  # fmt: skip
         + ". **Click a panel** to open that head's fit in the playground. The charts hold every model measured "
-        f"here with N = {n} and {atoms} atoms, each on its own images (its legend entry's model: up to N of its "
-        "validation images, or of the bundled pictures)."
+        f"here with N = {n} and {atoms} atoms, each on the images its legend entry names."
     )
     return {
         ui.field_note: note,
@@ -304,27 +320,37 @@ def field_view(ctx: AppContext, ui: GeometryUI, loaded: LoadedModel, n: int, ato
         ui.distance: gr.update(value=distance, visible=True),
         ui.share: gr.update(value=share, visible=True),
         ui.field_table: gr.update(value=field_rows_table(stats), visible=True),
-        ui.field_shown: {"checkpoint": loaded.name, "images": int(n), "atoms": int(atoms)},
+        ui.field_shown: {"checkpoint": loaded.name, "images": int(n), "atoms": int(atoms), "pictures": choice},
     }
 
 
 def on_measure(
-    ctx: AppContext, ui: GeometryUI, ckpt: str | None, n: float, atoms: float, request: Any = None
-) -> Iterator[Updates]:
-    """Measure every head of the checkpoint as a field (a heavy job, its progress on the note), then draw it."""
+    ctx: AppContext, ui: GeometryUI, ckpt: str | None, n: float, atoms: float, request: Any = None,
+    choice: str | None = None,
+) -> Iterator[Updates]:  # fmt: skip
+    """Measure every head of the checkpoint as a field on the chosen pictures (a heavy job, its progress on the
+    note), then draw it."""
     try:
         if not ckpt:
             raise AppError("pick a checkpoint first")
-        loaded = ctx.model(ckpt)
-        yield {ui.field_note: f"Measuring every head of **{ckpt}** as a field…"}
+        loaded, pictures = ctx.model(ckpt), chooser.chosen(ctx, choice)
+        yield {**fields_hidden(ui), ui.field_note: f"Measuring every head of **{ckpt}** as a field…"}
         for done, progress in queues.watched(
-            request, lambda stop, watch: fields.measure(ctx, loaded, int(n), int(atoms), stop, watch)
+            request, lambda stop, watch: fields.measure(ctx, loaded, int(n), int(atoms), stop, watch, pictures)
         ):
             if done is None:
                 yield {ui.field_note: f"Measuring every head of **{ckpt}** as a field: {progress}…"}
-        yield field_view(ctx, ui, loaded, int(n), int(atoms))
+        yield field_view(ctx, ui, loaded, int(n), int(atoms), choice)
     except Exception as e:
         yield {ui.field_note: warn(error_text(e))}
+
+
+def fields_hidden(ui: GeometryUI) -> Updates:
+    """No head fields on show: what the section shows while another measurement waits or runs, and for another
+    model (never the previous numbers under a new name)."""
+    hide = gr.update(value=None, visible=False)
+    return {ui.field_note: "", ui.field_figure: hide, ui.fit_figure: hide, ui.distance: hide, ui.share: hide,
+            ui.field_table: hide, ui.field_shown: None}  # fmt: skip
 
 
 def fitted_head_at(ctx: AppContext, shown: dict | None, kind: str, xy: Any) -> tuple[HeadSpec, str] | None:
@@ -333,9 +359,9 @@ def fitted_head_at(ctx: AppContext, shown: dict | None, kind: str, xy: Any) -> t
     if not shown:
         raise AppError("measure the heads first")
     loaded = ctx.model(shown["checkpoint"])
-    n, atoms = shown["images"], shown["atoms"]
-    stats = fields.measured(ctx, loaded, n, atoms)
-    at = viz.panel_at(*field_pngs(ctx, loaded, stats, n, atoms)[kind], len(stats.fits), xy)
+    n, atoms, pictures = shown["images"], shown["atoms"], chooser.chosen(ctx, shown.get("pictures"))
+    stats = fields.measured(ctx, loaded, n, atoms, pictures)
+    at = viz.panel_at(*field_pngs(ctx, loaded, stats, n, atoms, pictures)[kind], len(stats.fits), xy)
     if at is None:
         return None
     layer, head = at
@@ -395,8 +421,9 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> GeometryUI:
             "Any model's heads (SSOG, dot, RBF, a standard ViT) measured alike over patch queries and patch keys: "
             "each head's attention averaged by displacement (query − key) is its **positional field**; K Gaussian "
             "atoms, an SSOG head's own kind of field, are fitted to it. The **share** a field explains is "
-            "1 − the mean total-variation distance between the head's rows and the field's. Models with a "
-            "validation set are measured on its first N images, the others on the bundled pictures.",
+            "1 − the mean total-variation distance between the head's rows and the field's. Measured on the pictures "
+            "chosen at the top of the page: a model's recorded data is the first N images of its validation set (the "
+            "bundled pictures for a model that records none); or up to N bundled or uploaded pictures.",
             elem_classes="hint",
         )
         with gr.Row():
@@ -425,12 +452,12 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> GeometryUI:
                     field_figure=field_figure, fit_figure=fit_figure, distance=distance, share=share,
                     field_table=field_table, field_shown=gr.State(None))  # fmt: skip
 
-    def measured(c: str | None, n: float, k: float, request: gr.Request) -> Iterator[Updates]:
-        yield from on_measure(ctx, ui, c, n, k, request)  # a plain function: Gradio finds its Request
+    def measured(c: str | None, n: float, k: float, p: str | None, request: gr.Request) -> Iterator[Updates]:
+        yield from on_measure(ctx, ui, c, n, k, request, p)  # a plain function: Gradio finds its Request
 
     running = measure.click(queues.busy_note, None, [field_note], queue=False, show_progress="hidden",
                             api_visibility="private").then(
-        measured, [shared["checkpoint"], field_images_, field_atoms], ui.field_outputs,
+        measured, [shared["checkpoint"], field_images_, field_atoms, shared["pictures"]], ui.field_outputs,
         **queues.heavy(api_visibility="private"),
     )  # fmt: skip
     stop.click(lambda: "Stopped.", None, [field_note], cancels=[running], api_visibility="private")

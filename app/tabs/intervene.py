@@ -19,34 +19,37 @@ import numpy as np
 from gradio.blocks import Block
 
 from app import interventions, plots, queues
-from app.common import Updates, error_text, warn
+from app import pictures as chooser
+from app.common import Updates, error_text, stoppable, warn
 from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError, LoadedModel, default_twin
 from ssog_core.analysis.head_as_field import FIT_ATOMS
 from ssog_core.analysis.measures import query_rows
 from ssog_core.analysis.session import NO_TWIN
 from ssog_core.field import TAPS, centre_query
-from ssog_core.interventions.edit import EDITS, Param, check_edits, describe, dot_product_ops, parse_edits
+from ssog_core.interventions.edit import EDITS, Param, check_edits, describe, ops_for, parse_edits
 from ssog_core.interventions.effects import ValidationEffect
 from ssog_core.interventions.importance import HeadImportance
 from ssog_core.interventions.ops import TAP_NAMES, AblateHead, CloseGate, ReplaceWithField
 from ssog_core.interventions.result import reference
 from ssog_core.interventions.validation import (
+    CHOSEN_BUNDLED,
     DEFAULT_EVAL_IMAGES,
+    FOLDER,
     LABEL,
     MAX_EVAL_IMAGES,
     TERMS,
+    Pictures,
     picture_count,
-    reference_of,
 )
 
-DOT_OPS = tuple(dot_product_ops())  # what a dot-product model can take
 CURRENT = "(the current picture)"
 MODES = AblateHead.params()["mode"].choices  # the head-importance sweep's ablation modes
 MAX_HEADS_SHOWN = 64  # the head-importance table's column titles (Gradio keeps as many as a table has columns)
 FORM_ROW = 4  # form fields per row
 LEFT_OUT = -1  # an optional whole-number field at −1 is left out of the edit
 EVALUATION_TITLE = "The validation set, with a noise floor"
+SWEEP_TITLE = "Head importance: each head ablated or replaced by its fit, each layer's gates closed"
 
 
 def form_fields() -> dict[str, Param]:
@@ -140,58 +143,99 @@ class InterveneUI:
     gates_table: gr.Dataframe
     tables: gr.Column  # the tables, shown once there is a sweep
     sweep_note: gr.Markdown
+    sweep: gr.Accordion  # titled after what the model has (gates or none)
+    shown: gr.State  # the checkpoint whose edits and results are on show: another one resets them
+    pictures: gr.Dropdown  # the page's pictures chooser (app.pictures): what N images are
+
+    @property
+    def results(self) -> list[Block]:
+        """Everything made for one model: emptied when another is picked."""
+        return [self.edits, self.listing, self.status, self.prediction, *self.maps, self.attention, self.validation,
+                self.per_class, self.heads_plot, self.gates_plot, self.heads_table, self.fits_table, self.gates_table,
+                self.tables, self.sweep_note]  # fmt: skip
 
     @property
     def outputs(self) -> list[Block]:
-        """What :func:`render` (a new checkpoint) changes."""
-        return [self.note, self.op, self.n, self.evaluation, *self.image_fields]
+        """What :func:`render` (a new checkpoint, or other pictures) changes."""
+        return list(dict.fromkeys([self.note, self.op, self.n, self.evaluation, self.sweep, self.shown,
+                                   *self.image_fields, *self.results]))  # fmt: skip
 
     @property
     def image_fields(self) -> list[Block]:
         return [c for name, c in self.fields.items() if form_fields()[name].kind == "image"]
 
 
-def render(ctx: AppContext, ui: InterveneUI, ckpt: str | None, op: str | None = None) -> Updates:
-    """The note and the ops a checkpoint can take (a dot-product model: ablation and output patching). The op
-    chosen stays when the model takes it: this answer can land after the person picked another op, and must not
-    put the first one back."""
+def render(
+    ctx: AppContext, ui: InterveneUI, ckpt: str | None, op: str | None = None, shown: str | None = None,
+    pictures: str | None = None,
+) -> Updates:  # fmt: skip
+    """The note and the ops a checkpoint takes (:func:`~ssog_core.interventions.edit.ops_for`: a dot-product model
+    ablation, output patching and replacement by a field; a model without gates no gate ops, plot or table), and
+    what its N images are. Another checkpoint than ``shown`` empties the edit list and every result (they were the
+    previous model's). The op chosen stays when the model takes it: this answer can land after the person picked
+    another op, and must not put the first one back."""
     if not ckpt:
         return {ui.note: "Pick a checkpoint (top of the page) to edit it."}
     try:
         loaded = ctx.model(ckpt)
+        chosen = chooser.chosen(ctx, pictures)
     except Exception as e:
         return {ui.note: warn(error_text(e))}
-    ops = list(EDITS) if loaded.is_ssog else list(DOT_OPS)
+    ops = ops_for(loaded.model)
+    gates = "close_gate" in ops
     depth, heads = len(loaded.model.blocks), loaded.model.blocks[0].attn.num_heads
-    note = (
-        f"**{ckpt}** ({loaded.kind}, {depth} layers × {heads} heads). Edits apply in order, to this request only. "
-        + ("" if loaded.is_ssog else "A dot-product model has no field: it takes ablation and output patching.")
-    )
+    note = f"**{ckpt}** ({loaded.kind}, {depth} layers × {heads} heads). Edits apply in order, to this request only. "
+    if not loaded.is_ssog:
+        takes = " and ".join(EDITS[o].dot_product_words() for o in ops)
+        note += f"A {loaded.kind} model has no field: it takes {takes}."
+    elif not gates:
+        note += "Its field is fixed (no steering gates): every op but the gate ops."
     sources = [CURRENT, *ctx.bundled_images()]
+    reset = ckpt != shown
+    cleared = {"value": None} if reset else {}
     return {
+        **(emptied(ui) if reset else {}),
         ui.note: note,
         ui.op: gr.update(choices=ops) if op in ops else gr.update(choices=ops, value=ops[0]),
-        **measured_on(ctx, ui, loaded),
+        ui.gates_plot: gr.update(visible=gates, **cleared),
+        ui.gates_table: gr.update(visible=gates, **cleared),
+        ui.sweep: gr.update(label=SWEEP_TITLE if gates else SWEEP_TITLE.split(", each layer")[0]),
+        ui.shown: ckpt,
+        **measured_on(ctx, ui, loaded, chosen),
         **{c: gr.update(choices=sources) for c in ui.image_fields},
     }
 
 
-def measured_on(ctx: AppContext, ui: InterveneUI, loaded: LoadedModel) -> Updates:
-    """The image-count slider and its section's title for what ``loaded`` is measured on: its validation set (up to
-    :data:`MAX_EVAL_IMAGES`), or, for a model that records none, the bundled pictures (all of them, the most there
-    are), against the unedited model's predictions."""
-    if reference_of(loaded.meta, ctx.assets_dir) == LABEL:
+def emptied(ui: InterveneUI) -> Updates:
+    """No edits and no results: what the tab shows for a model just picked."""
+    empty: Updates = {ui.edits: [], ui.listing: listing([]), ui.status: "", ui.prediction: "", ui.attention: None,
+                      ui.validation: "", ui.per_class: None, ui.heads_plot: None, ui.gates_plot: None,
+                      ui.heads_table: None, ui.fits_table: None, ui.gates_table: None,
+                      ui.tables: gr.update(visible=False), ui.sweep_note: ""}  # fmt: skip
+    return {**empty, **{m: None for m in ui.maps}}
+
+
+def measured_on(ctx: AppContext, ui: InterveneUI, loaded: LoadedModel, pictures: Pictures) -> Updates:
+    """The image-count slider and its section's title for what ``loaded`` is measured on (the page's pictures
+    chooser): its validation set (up to :data:`MAX_EVAL_IMAGES`), or pictures (all of them, the most there are),
+    against the unedited model's predictions."""
+    if pictures.reference(loaded.meta) == LABEL:
         return {
             ui.n: gr.update(minimum=10, maximum=MAX_EVAL_IMAGES, step=10, value=DEFAULT_EVAL_IMAGES,
                             label="validation images (N)"),
             ui.evaluation: gr.update(label=EVALUATION_TITLE),
         }  # fmt: skip
-    count = picture_count(ctx.assets_dir)
+    folder = pictures.folder or pictures.bundled
+    count = picture_count(folder)
+    source = pictures.eval_source(loaded.meta)
+    what = {FOLDER: f"pictures of {folder.name}", CHOSEN_BUNDLED: "bundled pictures"}.get(source, "bundled pictures")
+    why = "" if source in (FOLDER, CHOSEN_BUNDLED) else ": this model records no validation set, so its edits are"
+    why = why or ", as chosen at the top of the page: edits are"
     return {
         ui.n: gr.update(minimum=1, maximum=max(count, 1), step=1, value=max(count, 1),
-                        label=f"bundled pictures (N, of {count})"),
-        ui.evaluation: gr.update(label="The bundled pictures, with a noise floor: this model records no validation "
-                                 "set, so its edits are measured against the unedited model's predictions"),
+                        label=f"{what} (N, of {count})"),
+        ui.evaluation: gr.update(label=f"The {what}, with a noise floor{why} measured against the unedited model's "
+                                 "predictions"),
     }  # fmt: skip
 
 
@@ -262,13 +306,42 @@ def top_table(names: list[str], unedited: np.ndarray, edited: np.ndarray) -> str
     return "\n".join(rows) + f"\n\nEdited prediction: **{names[top]}** ({edited[top]:.4f})."
 
 
-def on_apply(ctx: AppContext, ui: InterveneUI, ckpt: str | None, sha: str | None, edits: list[dict]) -> Updates:
+def on_prepare(
+    ctx: AppContext, ui: InterveneUI, ckpt: str | None, sha: str | None, edits: list[dict], pictures: str | None = None
+) -> Iterator[Updates]:
+    """What *Apply* must make once per model and pictures before its first image (head means for ``dataset_mean``
+    ablation, mean attention for ``replace_with_field``: a pass over hundreds of images), with its progress and a
+    time left measured on the batches done. A separate step, so the one-image step's own time estimate (Gradio's, from
+    its past runs) holds."""
+    try:
+        if not ckpt or not sha:
+            return
+        loaded = ctx.model(ckpt)
+        asked = interventions.request(ctx, sha, edits or [], 0, chooser.chosen(ctx, pictures))
+        images = interventions.preparing(ctx, loaded, asked)
+        if not images:
+            return
+        meter = interventions.Meter(images)
+        made = " and ".join(interventions.PREPARING[w] for w in interventions.core.preparing(
+            asked.parsed(), interventions.memo(ctx, loaded), loaded.meta, asked.pictures))  # fmt: skip
+        for _ in stoppable(lambda stop: interventions.prepare(ctx, loaded, asked, meter, stop)):
+            yield {ui.status: f"Measuring {made} over {images} images (once for this model and pictures): "
+                   f"{meter.note()}…"}  # fmt: skip
+        yield {ui.status: ""}
+    except Exception as e:
+        yield {ui.status: warn(error_text(e))}
+
+
+def on_apply(
+    ctx: AppContext, ui: InterveneUI, ckpt: str | None, sha: str | None, edits: list[dict], pictures: str | None = None
+) -> Updates:
     """The one-image panels: probabilities, Δ log p, accumulated export maps and the first edited layer."""
     try:
         if not ckpt or not sha:
             raise AppError("pick a checkpoint and an image (top of the page)")
         loaded = ctx.model(ckpt)
-        eff = interventions.run(ctx, loaded, sha, parse_edits(edits or [])).image
+        asked = interventions.request(ctx, sha, edits or [], 0, chooser.chosen(ctx, pictures))
+        eff = interventions.run(ctx, loaded, asked).image
         names = loaded.class_names
         text = top_table(names, eff.probs_unedited.numpy(), eff.probs_edited.numpy())
         text += f" Δ log p of the unedited prediction: **{eff.dlogp:+.4f}**."
@@ -313,18 +386,21 @@ def class_rows(v: ValidationEffect) -> list[list[Any]]:
 
 
 def on_evaluate(
-    ctx: AppContext, ui: InterveneUI, ckpt: str | None, edits: list[dict], n: float, request: gr.Request | None = None
-) -> Iterator[Updates]:
-    """The edits on the validation set, as a generator so a closed page stops the work between batches and frees
-    the user's heavy slot (the first value is yielded before the slot is taken: a cancel there holds nothing)."""
+    ctx: AppContext, ui: InterveneUI, ckpt: str | None, edits: list[dict], n: float, request: gr.Request | None = None,
+    pictures: str | None = None,
+) -> Iterator[Updates]:  # fmt: skip
+    """The edits on N images of the chosen pictures (the page's chooser; by default the validation set), as a
+    generator so a closed page stops the work between batches and frees the user's heavy slot (the first value is
+    yielded before the slot is taken: a cancel there holds nothing)."""
     try:
         if not ckpt:
             raise AppError("pick a checkpoint first")
-        loaded, parsed = ctx.model(ckpt), parse_edits(edits or [])
-        images = TERMS[reference_of(loaded.meta, ctx.assets_dir)][2]
+        loaded, chosen = ctx.model(ckpt), chooser.chosen(ctx, pictures)
+        asked = interventions.request(ctx, None, parse_edits(edits or []), int(n), chosen)
+        images = TERMS[chosen.reference(loaded.meta)][2]
         yield {ui.validation: f"Evaluating the edits on {int(n)} {images}…"}
         for result, progress in queues.watched(
-            request, lambda stop, watch: interventions.run(ctx, loaded, None, parsed, int(n), stop, watch=watch)
+            request, lambda stop, watch: interventions.run(ctx, loaded, asked, stop, watch=watch)
         ):
             if result is None:  # a value now and then is also when Gradio can stop it
                 yield {ui.validation: f"Evaluating the edits: {progress}…"}
@@ -375,16 +451,18 @@ def importance_updates(ctx: AppContext, ui: InterveneUI, loaded: LoadedModel, im
 
 
 def on_sweep(
-    ctx: AppContext, ui: InterveneUI, ckpt: str | None, n: float, mode: str, request: gr.Request | None = None
-) -> Iterator[Updates]:
-    """Head importance, as a generator so a Stop press (or a closed page) stops the sweep between batches."""
+    ctx: AppContext, ui: InterveneUI, ckpt: str | None, n: float, mode: str, request: gr.Request | None = None,
+    pictures: str | None = None,
+) -> Iterator[Updates]:  # fmt: skip
+    """Head importance on N of the chosen pictures, as a generator so a Stop press (or a closed page) stops the
+    sweep between batches."""
     try:
         if not ckpt:
             raise AppError("pick a checkpoint first")
-        loaded = ctx.model(ckpt)
+        loaded, chosen = ctx.model(ckpt), chooser.chosen(ctx, pictures)
         yield {ui.sweep_note: f"Sweeping every head and gate of **{ckpt}** on {int(n)} images…"}
         for imp, progress in queues.watched(
-            request, lambda stop, watch: interventions.importance(ctx, loaded, int(n), mode, stop, watch)
+            request, lambda stop, watch: interventions.importance(ctx, loaded, int(n), mode, stop, watch, chosen)
         ):
             if imp is None:
                 yield {ui.sweep_note: f"Sweeping every head and gate of **{ckpt}**: {progress}…"}
@@ -450,9 +528,7 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> InterveneUI:
             headers=["class", "n", "unedited", "edited", "Δ log p", "95% interval", ""],
             interactive=False, elem_id="iv-classes",
         )  # fmt: skip
-    with gr.Accordion(
-        "Head importance: each head ablated or replaced by its fit, each layer's gates closed", open=True
-    ):
+    with gr.Accordion(SWEEP_TITLE, open=True) as sweep_section:
         with gr.Row():
             sweep_mode = gr.Dropdown(list(MODES), value=MODES[0], label="ablation", elem_id="iv-smode")
             sweep = gr.Button("Run head importance", elem_id="iv-sweep")
@@ -479,8 +555,9 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> InterveneUI:
                      validation=validation,
                      per_class=per_class, sweep_mode=sweep_mode, heads_plot=heads_plot, gates_plot=gates_plot,
                      heads_table=heads_table, fits_table=fits_table, gates_table=gates_table, tables=tables,
-                     sweep_note=sweep_note)  # fmt: skip
-    ckpt, sha = shared["checkpoint"], shared["image_sha"]
+                     sweep_note=sweep_note, sweep=sweep_section, shown=gr.State(None),
+                     pictures=shared["pictures"])  # fmt: skip
+    ckpt, sha, pictures = shared["checkpoint"], shared["image_sha"], shared["pictures"]
     list_out = [edits, listing_md, status]
     builder = [ckpt, sha, edits, op, *fields.values()]
     add.click(partial(on_add, ctx, ui), builder, list_out, **hidden)
@@ -491,22 +568,26 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> InterveneUI:
         button.click(partial(on_move, ctx, ui, by=by), [ckpt, edits, index], list_out, **hidden)
     clear.click(lambda: {edits: [], listing_md: listing([]), status: ""}, None, list_out, **hidden)
     one_image = [prediction, *maps, attention, status]
-    apply.click(partial(on_apply, ctx, ui), [ckpt, sha, edits], one_image, **queues.light(**hidden))
+    # what a first use needs (hundreds of images) has its own step, progress and estimate: Gradio's estimate of the
+    # one-image step, from its past runs, then holds
+    apply.click(partial(on_prepare, ctx, ui), [ckpt, sha, edits, pictures], [status], show_progress="hidden",
+                **queues.light(**hidden)).then(
+        partial(on_apply, ctx, ui), [ckpt, sha, edits, pictures], one_image, **queues.light(**hidden))  # fmt: skip
     heavy = queues.heavy(**hidden)
     waiting = dict(queue=False, show_progress="hidden", **hidden)  # at once, before the job joins the queue
 
-    def evaluated(c: str | None, e: list[dict], k: float, request: gr.Request) -> Iterator[Updates]:
-        yield from on_evaluate(ctx, ui, c, e, k, request)  # plain functions: Gradio finds their Request
+    def evaluated(c: str | None, e: list[dict], k: float, p: str | None, request: gr.Request) -> Iterator[Updates]:
+        yield from on_evaluate(ctx, ui, c, e, k, request, p)  # plain functions: Gradio finds their Request
 
-    def swept(c: str | None, k: float, m: str, request: gr.Request) -> Iterator[Updates]:
-        yield from on_sweep(ctx, ui, c, k, m, request)
+    def swept(c: str | None, k: float, m: str, p: str | None, request: gr.Request) -> Iterator[Updates]:
+        yield from on_sweep(ctx, ui, c, k, m, request, p)
 
     evaluating = evaluate.click(queues.busy_note, None, [validation], **waiting).then(
-        evaluated, [ckpt, edits, n], [validation, per_class, status], **heavy
+        evaluated, [ckpt, edits, n, pictures], [validation, per_class, status], **heavy
     )
     sweep_outputs = [heads_plot, gates_plot, heads_table, fits_table, gates_table, tables, sweep_note]
     running = sweep.click(queues.busy_note, None, [sweep_note], **waiting).then(
-        swept, [ckpt, n, sweep_mode], sweep_outputs, **heavy
+        swept, [ckpt, n, sweep_mode, pictures], sweep_outputs, **heavy
     )
     stop.click(lambda: {sweep_note: "Stopped."}, None, [sweep_note], cancels=[running, evaluating], **hidden)
 
@@ -539,6 +620,7 @@ def session_part(ui: InterveneUI) -> SessionPart:
         except ValueError as e:
             restoring.notes.append(f"intervene edits: {e}")
             edits = []
-        return {ui.edits: edits, ui.listing: listing(edits)}
+        # the edits are the restored checkpoint's: the tab keeps them when it renders it
+        return {ui.edits: edits, ui.listing: listing(edits), ui.shown: restoring.checkpoint}
 
-    return SessionPart("intervene", {"edits": ui.edits}, restore, [ui.edits, ui.listing], save)
+    return SessionPart("intervene", {"edits": ui.edits}, restore, [ui.edits, ui.listing, ui.shown], save)

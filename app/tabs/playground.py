@@ -14,7 +14,8 @@ from app import interventions, plots, queues
 from app.canvas import CANVAS_SIZE, CSS_TEMPLATE, HTML_TEMPLATE, JS_ON_LOAD, canvas_props, underlay_url
 from app.common import Updates, error_text, warn, write_downloads
 from app.session_protocol import Restoring, SessionPart
-from app.state import AppContext, AppError
+from app.state import AppContext, AppError, LoadedModel
+from ssog_core.analysis.head_as_field import fit_spec
 from ssog_core.analysis.head_spec import (
     DEFAULT_SPEC,
     MAX_ATOMS,
@@ -313,13 +314,42 @@ def preset_choices(ctx: AppContext, ckpt: str | None) -> tuple[list[str], str]:
     except AppError as e:
         return [], f"Presets unavailable: {e}"
     if not loaded.is_ssog:
-        return [], f"{ckpt} is a {loaded.kind} attention model: it has no field, so it gives no presets."
+        fits, said = fitted_presets(ctx, loaded)
+        if fits:
+            return list(fits), f"Presets are the heads of **{ckpt}** ({loaded.kind}) as fields: {said}."
+        return [], (
+            f"{ckpt} is a {loaded.kind} attention model: it has no field of its own, so its heads become presets once "
+            "measured as fields (Checkpoint geometry → Every head as a field: each head's fitted atoms). The canvas "
+            "holds the demo head until then, not one of this model's."
+        )
     shown = {p.kind for p in loaded.presets}
     missing = [k for k in KINDS if "elongated" not in k and k not in shown]
     note = f"Presets are heads of **{ckpt}**, named by the measured shape of their fixed field ({RULES})."
     if missing:
         note += f" No head of this model is a {' or '.join(missing)}."
     return [p.label for p in loaded.presets], note
+
+
+def fitted_presets(ctx: AppContext, loaded: LoadedModel) -> tuple[dict[str, tuple[HeadSpec, str]], str]:
+    """The heads of a model without a field as presets: each head's fitted atoms (:func:`fit_spec`) from its latest
+    measurement as fields on this server (:func:`app.fields.measure`), by label with the note shown when one is
+    opened; and what they were measured on, in words. Empty before any measurement."""
+    mine = [(key, stats) for key, stats in ctx.cache.head_fields.items() if key[:2] == (loaded.name, loaded.key)]
+    if not mine:
+        return {}, ""
+    key, stats = mine[-1]
+    atoms = key[3]
+    out = {}
+    for layer in range(len(stats.fits)):
+        for head in range(stats.fits[layer].mu.shape[0]):
+            share, d = float(stats.share_fit[layer, head]), float(stats.mean_distance_px[layer, head])
+            label = (
+                f"fit: layer {layer} · head {head} (its {atoms} atoms explain {share:.0%}, mean distance {d:.0f} px)"
+            )
+            note = (f"Layer {layer}, head {head} of {loaded.name} as its {atoms} fitted atoms (τ = 1), measured on "
+                    f"{stats.measured_on}: they explain {share:.0%} of the head.")  # fmt: skip
+            out[label] = fit_spec(stats.fits[layer], head, stats.grid), note
+    return out, f"each head's {atoms}-atom fit, measured on {stats.measured_on}"
 
 
 def on_checkpoint(ctx: AppContext, ui: PlaygroundUI, ckpt: str | None) -> Updates:
@@ -336,6 +366,12 @@ def on_preset(
         if not label:
             return gr.skip()
         loaded = ctx.model(ckpt)
+        if not loaded.is_ssog:
+            fits, _ = fitted_presets(ctx, loaded)
+            if label not in fits:
+                raise AppError(f"preset {label!r} is not a measured head of {ckpt}: measure its heads again")
+            spec, note = fits[label]
+            return load_head(ctx, ui, head_value(spec), bg, sha, note)
         match = [p for p in loaded.presets if p.label == label]
         if not match:
             raise AppError(f"preset {label!r} is not a head of {ckpt}")
@@ -396,7 +432,7 @@ def prediction_change(ctx: AppContext, ckpt: str, sha: str | None, edits: list[E
     if not sha:
         raise AppError("pick an image (top of the page) to see the model's prediction change")
     loaded = ctx.model(ckpt)
-    change = interventions.run(ctx, loaded, sha, edits, maps=False).image.change
+    change = interventions.run(ctx, loaded, interventions.request(ctx, sha, edits, maps=False)).image.change
     names, top, new = loaded.class_names, change.top, change.winner
     return (
         f"{what}: prediction **{names[top]}** {float(change.unedited[top]):.4f} → **{names[new]}** "

@@ -216,6 +216,14 @@ def snapshot_index(history: History, step: Any) -> int:
     return max(0, sum(1 for s in history.steps if s <= int(step)) - 1)
 
 
+def recorded(ctx: AppContext, name: str) -> bool:
+    """Whether picker name ``name`` is a checkpoint with a training history (False for one that cannot be found)."""
+    try:
+        return has_history(ctx.resolve(name))
+    except AppError:
+        return False
+
+
 def render(ctx: AppContext, ui: TrainingUI, ckpt: str | None, pending: Any = None) -> Updates:
     """The tab for a checkpoint: plots, and the step slider's range with its value (the last snapshot, or the step a
     restored session asked for) in one update."""
@@ -228,10 +236,14 @@ def render(ctx: AppContext, ui: TrainingUI, ckpt: str | None, pending: Any = Non
         loaded = ctx.model(ckpt)
         view = training_view(ctx, loaded)
         if view is None:
-            others = [n for n in ctx.checkpoint_names() if n != ckpt and has_history(ctx.resolve(n))]
+            others = [n for n in ctx.checkpoint_names() if n != ckpt and recorded(ctx, n)]
             hint = f" Checkpoints here with one: {', '.join(others)}." if others else ""
-            return {**empty, ui.note: f"**{ckpt}** has no training history (it was trained before histories were "
-                    f"recorded, or converted from another implementation).{hint}"}  # fmt: skip
+            why = (
+                "it is a model folder in timm's or transformers' layout, which records none"
+                if ctx.resolve(ckpt).is_dir()
+                else "it was trained before histories were recorded, or converted from another implementation"
+            )
+            return {**empty, ui.note: f"**{ckpt}** has no training history ({why}).{hint}"}  # fmt: skip
         h = view.history
         chance = 1.0 / max(loaded.config.num_classes, 1)
         out: Updates = {

@@ -100,7 +100,10 @@ def read_checkpoint(path: str | Path) -> tuple[ViTConfig, dict[str, Tensor], dic
 
 
 def has_history(path: str | Path) -> bool:
-    """Whether a safetensors checkpoint stores a training history (reads the header only; False if unreadable)."""
+    """Whether a safetensors checkpoint stores a training history (reads the header only; False if unreadable or a
+    model folder)."""
+    if Path(path).is_dir():
+        return False
     try:
         with safe_open(str(path), framework="pt") as f:
             return any(k.startswith(HISTORY_PREFIX) for k in f.keys())  # noqa: SIM118 (safe_open is not a dict)
@@ -109,7 +112,10 @@ def has_history(path: str | Path) -> bool:
 
 
 def read_history(path: str | Path) -> History | None:
-    """The training history stored in a checkpoint, or ``None`` (trained before histories, or converted)."""
+    """The training history stored in a checkpoint, or ``None`` (trained before histories, or converted; a model
+    folder in timm's or transformers' layout records none)."""
+    if Path(path).is_dir():
+        return None
     return read_checkpoint_with_history(path)[3]
 
 

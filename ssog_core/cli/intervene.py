@@ -13,8 +13,8 @@ and McNemar's test. A model that records no data (a timm or transformers folder)
 pictures of ``--pictures`` (default: ``--assets``) instead: they have no labels, so the unedited model's own
 prediction is the reference, and the report gives agreement with the unedited model and log p(the unedited model's
 class) in place of accuracy and log p(true). ``--json`` writes the same JSON as the app's ``/intervene`` endpoint.
-``--cluster ADDRESS`` runs the validation part on a worker of that Dask scheduler (the checkpoint and patch
-sources are sent to it).
+``--cluster ADDRESS`` runs the request on a worker of that Dask scheduler (the checkpoint, the picture and the
+patch sources are sent to it).
 """
 
 from __future__ import annotations
@@ -24,20 +24,19 @@ import hashlib
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
-
-from torch import Tensor, nn
 
 from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.format import CheckpointError, load_checkpoint
 from ssog_core.cli import CLUSTER_HELP, on_cluster
-from ssog_core.data.images import ImageError, list_images, model_input
+from ssog_core.data.images import ImageError, list_images, load_image
 from ssog_core.data.sources import DataError
 from ssog_core.interventions import heavy
-from ssog_core.interventions.edit import Edit, EditError, ops_help, parse_edits
-from ssog_core.interventions.result import InterventionResult, run_intervention
-from ssog_core.interventions.validation import MAX_EVAL_IMAGES
+from ssog_core.interventions.edit import EditError, ops_help
+from ssog_core.interventions.result import InterventionRequest, intervene
+from ssog_core.interventions.validation import MAX_EVAL_IMAGES, Pictures
 from ssog_core.runtime.jobs import JobError
 
 DEFAULT_ASSETS = Path("assets")  # the bundled images, from the repository root (as `python -m app` reads them)
@@ -59,11 +58,16 @@ def find_image(ref: str, folders: Sequence[Path]) -> Path:
     raise EditError(f"patch source image {ref!r} is not there (looked in {', '.join(map(str, folders))})")
 
 
-def sources_for(edits: Sequence[Edit], model: nn.Module, meta: dict, folders: Sequence[Path]) -> dict[str, Tensor]:
-    """Model inputs of every patch source image the edits name."""
-    names = sorted({name for e in edits for name in e.sources()})
-    size = tuple(model.config.img_size)
-    return {n: model_input([find_image(n, folders)], size, meta)[0] for n in names}
+def sources_for(edits: list[Any], folders: Sequence[Path]) -> dict[str, Path]:
+    """The picture file of every patch source the edits name."""
+    names = InterventionRequest(edits).source_names()
+    return {n: find_image(n, folders) for n in names}
+
+
+def carried(picture: str | Path) -> bytes:
+    """A picture file's bytes, once it opens as a picture (else :class:`ImageError` naming it)."""
+    load_image(picture)
+    return Path(picture).read_bytes()
 
 
 def run(
@@ -78,21 +82,18 @@ def run(
     pictures: Path | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Apply ``edits`` (JSON list) to a checkpoint; returns the ``/intervene`` JSON and the text report. With
-    ``cluster`` the validation images are evaluated on a worker of that Dask scheduler. A model without a
-    validation set is measured on ``pictures`` (default: ``assets``)."""
-    model, meta = load_checkpoint(checkpoint)
-    parsed = parse_edits(edits)
+    ``cluster`` the request runs on a worker of that Dask scheduler. A model without a validation set is measured
+    on ``pictures`` (default: ``assets``)."""
     folders = [f for f in (edits_dir, Path.cwd(), assets) if f is not None]
-    x = None if image is None else model_input([image], tuple(model.config.img_size), meta)[0]
-    sources = sources_for(parsed, model, meta, folders)
-    pictures = assets if pictures is None else pictures
-    if cluster and eval_images:
-        val = on_cluster(cluster, heavy.validation, checkpoint, parsed, eval_images, sources, pictures)
-        here = None if x is None else run_intervention(model, meta, parsed, x, sources=sources, pictures=pictures)
-        result = InterventionResult(val.edits, val.class_names, here and here.image, val.validation)
+    request = InterventionRequest(edits, image, eval_images, Pictures(bundled=assets if pictures is None else pictures),
+                                  sources_for(edits, folders))  # fmt: skip
+    if cluster:  # the worker need not share this machine's files: its pictures travel as bytes
+        request = replace(request, image=None if image is None else carried(image),
+                          sources={n: carried(f) for n, f in request.sources.items()})  # fmt: skip
+        result = on_cluster(cluster, heavy.intervene, checkpoint, request)
     else:
-        result = run_intervention(model, meta, parsed, x, eval_images, sources=sources, progress=progress,
-                                  pictures=pictures)  # fmt: skip
+        model, meta = load_checkpoint(checkpoint)
+        result = intervene(model, meta, request, progress=progress)
     return result.to_dict(), result.report()
 
 

@@ -242,6 +242,12 @@ class Edit:
         return only is not None and all(getattr(self, k) == v for k, v in only.items())
 
     @classmethod
+    def takes(cls, attn: nn.Module) -> bool:
+        """Whether a layer with attention ``attn`` can take some edit of this op (what a page offers for a model:
+        :func:`ops_for`); an edit's own values are checked by :meth:`problems`."""
+        return isinstance(attn, SSOGAttention) or cls.dot_product is not None
+
+    @classmethod
     def dot_product_words(cls) -> str:
         """What of this op a dot-product layer takes, in words ("" if nothing)."""
         if cls.dot_product is None:
@@ -332,6 +338,11 @@ def edits_key(edits: Sequence[Edit]) -> str:
 def dot_product_ops() -> list[str]:
     """The ops a dot-product model takes (it has no field: only head outputs)."""
     return [op for op, cls in EDITS.items() if cls.dot_product is not None]
+
+
+def ops_for(model: nn.Module) -> list[str]:
+    """The ops some layer of ``model`` takes (:meth:`Edit.takes`), in registry order."""
+    return [op for op, cls in EDITS.items() if any(cls.takes(block.attn) for block in model.blocks)]
 
 
 OP_SAID = "the op; allOf says which fields each op takes (if op is …, then …) and which it needs"

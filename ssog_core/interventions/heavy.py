@@ -1,4 +1,4 @@
-"""The interventions' heavy work as jobs for :class:`ssog_core.runtime.jobs.Engine`: validation edits, head
+"""The interventions' heavy work as jobs for :class:`ssog_core.runtime.jobs.Engine`: a whole intervention request, head
 importance, a model's validation accuracy and every head as a field (the geometry tab's), each
 ``fn(loaded, ..., progress, stopped)`` at module level, so a worker process (local or on a Dask cluster) imports it
 by name and receives the model as ``(model, meta)``.
@@ -11,7 +11,7 @@ images, and :class:`Batches` turns those asks into "120 of 500 images"."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,11 +21,10 @@ from torch import Tensor, nn
 from ssog_core.analysis.controls import ValidationMaps, maps_over, validation_maps
 from ssog_core.analysis.head_as_field import HeadFieldStats, measure_head_fields
 from ssog_core.interventions import result
-from ssog_core.interventions.edit import Edit, parse_edits
 from ssog_core.interventions.importance import HeadImportance, head_importance
 from ssog_core.interventions.ops import AblateHead
 from ssog_core.interventions.result import InterventionResult, Memo
-from ssog_core.interventions.validation import BATCH, EvalSet, pictures_for
+from ssog_core.interventions.validation import BATCH, EvalSet, Pictures, pictures_for
 from ssog_core.runtime.jobs import Cancelled
 from ssog_core.runtime.lru import LRU
 
@@ -69,36 +68,35 @@ def warm(progress: Progress, stopped: Stopped) -> int:
     return os.getpid()
 
 
-def validation(
-    loaded: Loaded,
-    edits: Sequence[Edit | dict],
-    n: int,
-    sources: dict[str, Tensor] | None,
-    pictures: Path | None,
-    progress: Progress,
-    stopped: Stopped,
+def intervene(
+    loaded: Loaded, request: result.InterventionRequest, progress: Progress, stopped: Stopped
 ) -> InterventionResult:
-    """``edits`` on the first ``n`` validation images, or on ``pictures`` for a model without them
-    (:func:`~ssog_core.interventions.result.run_intervention`); ``sources``: the patch sources' model inputs."""
+    """The whole ``request`` (:func:`~ssog_core.interventions.result.intervene`) on a worker, with this worker's
+    memo: progress counts the passes over its ``eval_images`` images (the unedited ones the first time for a model,
+    N and pictures; then the edited one)."""
     model, meta = loaded
     memo = _memo(model)
-    data = pictures_for(model, meta, n, bundled=pictures)
-    unedited = 1 if data.labels is not None else 2  # unlabelled pictures: their reference pass, then the outcomes
-    kept = ("eval", model, int(n), result.pictures_key(meta, pictures)) in _kept  # kept per model, N and pictures
-    batches = Batches(len(data), 1 + (0 if kept else unedited), progress, stopped)
-    out = result.run_intervention(model, meta, parse_edits(list(edits)), None, n, sources=sources, memo=memo,
-                                  stop=batches, pictures=pictures)  # fmt: skip
+    n, pictures = int(request.eval_images), request.pictures
+    kept = ("eval", model, n, result.pictures_key(meta, pictures)) in _kept  # kept per model, N and pictures
+    passes = 0
+    if n:
+        data = pictures.eval_set(model, meta, n)
+        unedited = 1 if data.labels is not None else 2  # unlabelled pictures: their reference pass, then outcomes
+        passes = 1 + (0 if kept else unedited)
+    batches = Batches(n, passes, progress, stopped)
+    out = result.intervene(model, meta, request, memo=memo, stop=batches)
     batches.finished()
     return out
 
 
 def importance(
-    loaded: Loaded, n: int, mode: str, pictures: Path | None, progress: Progress, stopped: Stopped
+    loaded: Loaded, n: int, mode: str, pictures: Pictures | Path | None, progress: Progress, stopped: Stopped
 ) -> HeadImportance:
-    """Head importance on the first ``n`` validation images, or on ``pictures`` labelled by the unedited model's
-    predictions for a model without them (:func:`~ssog_core.interventions.importance.head_importance`)."""
+    """Head importance (:func:`~ssog_core.interventions.importance.head_importance`) on the first ``n`` validation
+    images, or on ``pictures`` (chosen, or for a model without them: :class:`~ssog_core.interventions.validation.
+    Pictures`) labelled by the unedited model's predictions."""
     model, meta = loaded
-    data = pictures_for(model, meta, n, bundled=pictures)
+    data = Pictures.of(pictures).eval_set(model, meta, n)
     means = result.head_means(model, meta, _memo(model), pictures) if AblateHead(0, 0, mode).needs_means() else None
     batches = Batches(len(data), 1 + (data.labels is None), progress, stopped)
     if data.labels is None:  # unlabelled pictures: the unedited model's predictions are the reference
@@ -125,13 +123,13 @@ def fields_on(
 
 
 def head_fields(
-    loaded: Loaded, n: int, pictures: Path | None, atoms: int, progress: Progress, stopped: Stopped
+    loaded: Loaded, n: int, pictures: Pictures | Path | None, atoms: int, progress: Progress, stopped: Stopped
 ) -> HeadFieldStats:
     """Every head as a field (:func:`fields_on`) on the first ``n`` validation images, or up to ``n`` of
-    ``pictures`` for a model without them (:func:`~ssog_core.interventions.validation.pictures_for`). Progress
-    counts the images of both passes."""
+    ``pictures`` (chosen, or for a model without them: :class:`~ssog_core.interventions.validation.Pictures`).
+    Progress counts the images of both passes."""
     model, meta = loaded
-    data = pictures_for(model, meta, n, bundled=pictures, up_to=True)
+    data = Pictures.of(pictures).eval_set(model, meta, n, up_to=True)
     batches = Batches(len(data), 2, progress, stopped)
     out = fields_on(model, data, atoms, batches)
     batches.finished()
@@ -150,18 +148,24 @@ def accuracy(loaded: Loaded, n: int, progress: Progress, stopped: Stopped) -> fl
 
 
 def export_maps(
-    loaded: Loaded, alpha: float, n: int, blank: bool, pictures: Path | None, progress: Progress, stopped: Stopped
+    loaded: Loaded,
+    alpha: float,
+    n: int,
+    blank: bool,
+    pictures: Pictures | Path | None,
+    progress: Progress,
+    stopped: Stopped,
 ) -> ValidationMaps:
     """The export maps of the first ``n`` validation images (``blank``: of their blank images), for the validation
-    control and the per-class view (:func:`~ssog_core.analysis.controls.validation_maps`); for a model without
-    them, of up to ``n`` of ``pictures``, each labelled by the unedited model's prediction."""
+    control and the per-class view (:func:`~ssog_core.analysis.controls.validation_maps`); of up to ``n`` of
+    ``pictures`` when chosen or for a model without them, each labelled by the unedited model's prediction."""
     model, meta = loaded
     if result.pictures_key(meta, pictures) is None:
         progress(0, n)
         out = validation_maps(model, meta, alpha, n, blank=blank)
         progress(n, n)
         return out
-    data = pictures_for(model, meta, n, bundled=pictures, up_to=True)
+    data = Pictures.of(pictures).eval_set(model, meta, n, up_to=True)
     batches = Batches(len(data), 2, progress, stopped)
     data = result.labelled_by(data, model, batches)
 

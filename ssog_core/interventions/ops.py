@@ -27,6 +27,7 @@ from ssog_core.analysis.head_as_field import FIT_ATOMS, MAX_FIT_ATOMS
 from ssog_core.analysis.head_spec import HeadSpec
 from ssog_core.field import TAPS, Field
 from ssog_core.interventions.edit import CheckContext, Edit, EditError, LayerInputs, param
+from ssog_core.nn.attention import SSOGAttention
 
 MAX_GATE_FACTOR = 10.0  # beyond this the bounded offsets saturate every atom: a typo, not an experiment
 DROPPED_LOG_LAMBDA = -1.0e4  # a dropped atom's log λ: its weight underflows to exactly 0 in every float type,
@@ -43,6 +44,10 @@ class _Gate(Edit):
 
     tap: str = param("all", kind="choice", choices=(*TAPS, "all"), help="the steering tap whose gate it acts on")
     head: int | None = param(None, kind="int", low=0, optional=True, help="one head; left out: every head")
+
+    @classmethod
+    def takes(cls, attn: nn.Module) -> bool:
+        return isinstance(attn, SSOGAttention) and bool(attn.taps)  # a gate is a steering tap's
 
     def _taps(self, tap: str) -> bool:
         return self.tap in (tap, "all")
@@ -362,8 +367,12 @@ class ReplaceWithField(Edit):
         whose = "attention" if self.head is not None else "every head's attention"
         return f"{self._where(self.head)}: {whose} replaced by its {by}"
 
+    @classmethod
+    def takes(cls, attn: nn.Module) -> bool:
+        return isinstance(getattr(attn, "pattern", None), nn.Module)
+
     def problems(self, attn: nn.Module, model: nn.Module, ctx: CheckContext) -> list[str]:
-        if not isinstance(getattr(attn, "pattern", None), nn.Module):
+        if not self.takes(attn):
             return [f"layer {self.layer} has no attention pattern point (blocks.{self.layer}.attn.pattern)"]
         if not ctx.has_attention:
             return ["replace_with_field needs the mean attention of the validation images (pass attention)"]

@@ -1,37 +1,41 @@
-"""One run entry for the app, the CLI, the notebook and MCP: a model, an image and/or a number of validation images,
-and edits → one :class:`InterventionResult` (probabilities, Δ log p, maps, validation effect), whose JSON form
-(:meth:`InterventionResult.to_dict`) is the app's ``/intervene`` answer and the CLI's ``--json``.
+"""One run entry for the app, the CLI, the heavy jobs, the notebook and MCP: a model and one
+:class:`InterventionRequest` (edits, an image and/or a number of images to evaluate, what they are, the patch
+sources' pictures) → one :class:`InterventionResult` (probabilities, Δ log p, maps, validation effect), whose JSON
+form (:meth:`InterventionResult.to_dict`) is the app's ``/intervene`` answer and the CLI's ``--json``.
 
-The entry takes the request whole and gathers what it needs itself: the patch sources (from a mapping or a
-callback), the head means, the validation images and the unedited model's outcomes on them, and the image's
-unedited maps. A caller that keeps these between calls (the app) hands over a :class:`Memo`; every such value is
-made by the functions here, so the app's sweeps and views share them."""
+:func:`intervene` takes the request whole and gathers what it needs itself: the model inputs of its pictures, the
+head means, the validation images (or chosen pictures) and the unedited model's outcomes on them, and the image's
+unedited maps; :func:`run_intervention` is the same on model inputs already made. A caller that keeps these between
+calls (the app, a worker) hands over a :class:`Memo`; every such value is made by the functions here, so the app's
+sweeps and views share them. :func:`prepare` makes the head means and mean attention an edit list needs ahead of
+the call, for a caller that shows the progress of that pass over hundreds of images."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import torch
+from PIL import Image
 from torch import Tensor, nn
 
 from ssog_core.analysis.head_as_field import MeanAttention
 from ssog_core.analysis.measures import attention_maps
-from ssog_core.interventions.edit import Edit, check_edits, describe, parse_edits
+from ssog_core.data.images import model_input
+from ssog_core.interventions.edit import Edit, EditError, check_edits, describe, edits_key, parse_edits
 from ssog_core.interventions.effects import (
     ImageEffect,
     Outcomes,
     ValidationEffect,
-    dataset_means,
     image_effect,
     logits_of,
     validation_effect,
 )
 from ssog_core.interventions.effects import outcomes as outcomes_on
-from ssog_core.interventions.run import mean_attention
-from ssog_core.interventions.validation import LABEL, TERMS, EvalSet, class_names, pictures_for, reference_of
+from ssog_core.interventions.run import mean_attention, mean_head_outputs
+from ssog_core.interventions.validation import LABEL, TERMS, EvalSet, Pictures, class_names
 from ssog_core.runtime.jobs import Cancelled
 
 T = TypeVar("T")
@@ -65,59 +69,112 @@ def eval_outcomes(
     memo: Memo = Memo(),
     progress: bool = False,
     stop: Callable[[], bool] | None = None,
-    pictures: Path | None = None,
+    pictures: Pictures | Path | None = None,
 ) -> tuple[EvalSet, Outcomes]:
-    """What the model is measured on (:func:`~ssog_core.interventions.validation.pictures_for`: the first ``n``
-    validation images, or ``pictures`` labelled by the unedited model's predictions) and the unedited model's
-    outcomes on them (kept per model, ``n`` and pictures; ``stop`` cancels the first computation between batches)."""
+    """What the model is measured on (:class:`~ssog_core.interventions.validation.Pictures`: a chosen folder, the
+    first ``n`` validation images, or the bundled pictures; pictures are labelled by the unedited model's
+    predictions) and the unedited model's outcomes on them (kept per model, ``n`` and pictures; ``stop`` cancels the
+    first computation between batches)."""
+    chosen = Pictures.of(pictures)
 
     def make() -> tuple[EvalSet, Outcomes]:
-        data = pictures_for(model, meta, n, bundled=pictures)
+        data = chosen.eval_set(model, meta, n)
         if data.labels is None:
             data = labelled_by(data, model, stop)
         return data, outcomes_on(model, data, progress=progress, stop=stop)
 
-    return memo.get("eval", int(n), pictures_key(meta, pictures), make=make)
+    return memo.get("eval", int(n), chosen.key(meta), make=make)
 
 
 def labelled_by(data: EvalSet, model: nn.Module, stop: Callable[[], bool] | None = None) -> EvalSet:
     """Unlabelled pictures labelled with the unedited ``model``'s top-1 predictions, their reference (``stop`` is
     asked before each batch, as in every pass over images)."""
     preds = []
-    for x in data.batches(model):
-        if stop is not None and stop():
-            raise Cancelled("the pass over the pictures was stopped")
+    for x in asking(data.batches(model), stop):
         preds.append(logits_of(model, x).argmax(-1).cpu())
     return replace(data, labels=torch.cat(preds))
 
 
-def pictures_key(meta: Mapping[str, Any], pictures: Path | None) -> str | None:
-    """The pictures folder in a memo key, where the model is measured on it (``None``: its validation set)."""
-    return None if reference_of(dict(meta), pictures) == LABEL else str(pictures)
+def asking(batches: Iterable[Tensor], stop: Callable[[], bool] | None) -> Iterator[Tensor]:
+    """``batches``, ``stop`` asked before each (true: :class:`~ssog_core.runtime.jobs.Cancelled`)."""
+    for x in batches:
+        if stop is not None and stop():
+            raise Cancelled("the pass over the pictures was stopped")
+        yield x
+
+
+def pictures_key(meta: Mapping[str, Any], pictures: Pictures | Path | None) -> str | None:
+    """The pictures in a memo key, where the model is measured on pictures (``None``: its validation set)."""
+    return Pictures.of(pictures).key(meta)
+
+
+def fixed_set(model: nn.Module, meta: Mapping[str, Any], pictures: Pictures | Path | None) -> EvalSet:
+    """The images head means and mean attention are made from: the first
+    :data:`~ssog_core.interventions.validation.DEFAULT_EVAL_IMAGES` of what the model is measured on (a fixed set,
+    so they do not depend on N)."""
+    return Pictures.of(pictures).eval_set(model, meta)
 
 
 def head_means(
-    model: nn.Module, meta: Mapping[str, Any], memo: Memo = Memo(), pictures: Path | None = None
+    model: nn.Module,
+    meta: Mapping[str, Any],
+    memo: Memo = Memo(),
+    pictures: Pictures | Path | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> list[Tensor]:
-    """The per-position head means ``dataset_mean`` ablation needs, over the first
-    :data:`~ssog_core.interventions.validation.DEFAULT_EVAL_IMAGES` validation images, or as many of ``pictures`` for
-    a model without them (kept per model and pictures)."""
-    make = lambda: dataset_means(model, dict(meta), pictures_for(model, meta, bundled=pictures))  # noqa: E731
+    """The per-position head means ``dataset_mean`` ablation needs, over :func:`fixed_set` (kept per model and
+    pictures; ``stop`` is asked before each batch)."""
+
+    def make() -> list[Tensor]:
+        return mean_head_outputs(model, asking(fixed_set(model, meta, pictures).batches(model), stop))
+
     return memo.get("means", pictures_key(meta, pictures), make=make)
 
 
 def validation_attention(
-    model: nn.Module, meta: Mapping[str, Any], memo: Memo = Memo(), pictures: Path | None = None
+    model: nn.Module,
+    meta: Mapping[str, Any],
+    memo: Memo = Memo(),
+    pictures: Pictures | Path | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> list[MeanAttention]:
-    """The mean patch attention ``replace_with_field`` reads, over the head means' images (the first
-    :data:`~ssog_core.interventions.validation.DEFAULT_EVAL_IMAGES` validation images, or as many of ``pictures``
-    for a model without them: a fixed set, so the fields do not depend on N); kept per model, with the fits made
-    from it."""
+    """The mean patch attention ``replace_with_field`` reads, over :func:`fixed_set` (so the fields do not depend
+    on N); kept per model and pictures, with the fits made from it; ``stop`` is asked before each batch."""
 
     def make() -> list[MeanAttention]:
-        return mean_attention(model, pictures_for(model, meta, bundled=pictures).batches(model))
+        return mean_attention(model, asking(fixed_set(model, meta, pictures).batches(model), stop))
 
     return memo.get("attention", pictures_key(meta, pictures), make=make)
+
+
+def kept(memo: Memo, what: str, meta: Mapping[str, Any], pictures: Pictures | Path | None) -> bool:
+    """Whether ``memo`` already holds the head means (``what`` "means") or mean attention ("attention") for these
+    pictures."""
+    return memo.cache is not None and (what, memo.model_key, pictures_key(meta, pictures)) in memo.cache
+
+
+def preparing(
+    edits: Sequence[Edit], memo: Memo, meta: Mapping[str, Any], pictures: Pictures | Path | None
+) -> list[str]:
+    """What a call with ``edits`` must make before its first image, in passes over :func:`fixed_set`: "means"
+    and/or "attention", those ``memo`` does not hold yet (each is one pass, made once per model and pictures)."""
+    need = [("means", any(e.needs_means() for e in edits)), ("attention", any(e.needs_attention() for e in edits))]
+    return [what for what, needed in need if needed and not kept(memo, what, meta, pictures)]
+
+
+def prepare(
+    model: nn.Module,
+    meta: Mapping[str, Any],
+    edits: Sequence[Edit | dict],
+    memo: Memo,
+    pictures: Pictures | Path | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> None:
+    """Make, into ``memo``, the head means and mean attention ``edits`` need (:func:`preparing`), ``stop`` asked
+    before each batch of every pass: a caller that reports progress runs this first, counting batches."""
+    parsed = parse_edits(list(edits))
+    for what in preparing(parsed, memo, meta, pictures):
+        (head_means if what == "means" else validation_attention)(model, meta, memo, pictures, stop)
 
 
 def patch_sources(edits: Sequence[Edit], sources: Sources | None) -> dict[str, Tensor]:
@@ -202,7 +259,7 @@ def run_intervention(
     maps: bool = True,
     progress: bool = False,
     stop: Callable[[], bool] | None = None,
-    pictures: Path | None = None,
+    pictures: Pictures | Path | None = None,
 ) -> InterventionResult:
     """Apply ``edits`` to ``model`` for this call: on ``image`` (a model input ``(1, C, H, W)``) and/or on the first
     ``eval_images`` validation images of the checkpoint's data (:mod:`ssog_core.interventions.validation`).
@@ -211,9 +268,9 @@ def run_intervention(
     ``memo`` keeps the validation images and their unedited outcomes, the head means and (with ``image_key`` naming
     the image) the image's unedited maps or logits between calls. ``maps=False`` asks for the image's prediction
     only (no maps: one forward pass each side). ``stop`` is asked between batches of validation images (true:
-    :class:`~ssog_core.runtime.jobs.Cancelled`). ``pictures``: a folder of pictures a model without a
-    validation set is measured on instead, against its unedited predictions
-    (:func:`~ssog_core.interventions.validation.pictures_for`).
+    :class:`~ssog_core.runtime.jobs.Cancelled`). ``pictures``: what the model is measured on instead of
+    its validation set (:class:`~ssog_core.interventions.validation.Pictures`: a chosen folder, or a folder for a
+    model without a validation set), against its unedited predictions.
     """
     parsed = parse_edits(list(edits))
     src = patch_sources(parsed, sources)
@@ -236,3 +293,64 @@ def run_intervention(
                 model, data, parsed, src, means, unedited_outcomes, progress=progress, stop=stop, attention=attention
             )
     return InterventionResult(parsed, class_names(model, meta), img, val)
+
+
+ImageLike = str | Path | bytes | Image.Image  # a picture as a request carries it: a file, its bytes, or decoded
+
+
+@dataclass(frozen=True)
+class InterventionRequest:
+    """One intervention request, whole: what the app's ``/intervene``, the Intervene tab, the intervene command and
+    the heavy job hand to :func:`intervene` (picklable, so a worker receives it as it is).
+
+    ``edits``: the edit list as JSON (or :class:`Edit` objects); ``image``: the picture whose prediction and maps
+    change (or ``None``); ``eval_images``: how many images the validation effect is measured on (0: none);
+    ``pictures``: what they are (:class:`~ssog_core.interventions.validation.Pictures`); ``sources``: every patch
+    source the edits name → its picture; ``maps=False`` asks for the image's prediction only; ``image_key`` names
+    the image in a :class:`Memo` (the app's SHA-256)."""
+
+    edits: Sequence[Edit | dict]
+    image: ImageLike | None = None
+    eval_images: int = 0
+    pictures: Pictures = Pictures()
+    sources: Mapping[str, ImageLike] = field(default_factory=dict)
+    maps: bool = True
+    image_key: Hashable = None
+
+    def parsed(self) -> list[Edit]:
+        return parse_edits(list(self.edits))
+
+    def source_names(self) -> list[str]:
+        """The patch sources the edits name, for a caller that finds their pictures."""
+        return sorted({name for e in self.parsed() for name in e.sources()})
+
+    def key(self) -> tuple[Hashable, ...]:
+        """What the result depends on besides the model, for a cache key (the image by ``image_key``)."""
+        return ("image" if self.image is not None else None, self.image_key, edits_key(self.parsed()),
+                int(self.eval_images), self.pictures, self.maps)  # fmt: skip
+
+
+def intervene(
+    model: nn.Module,
+    meta: Mapping[str, Any],
+    request: InterventionRequest,
+    *,
+    memo: Memo = Memo(),
+    progress: bool = False,
+    stop: Callable[[], bool] | None = None,
+) -> InterventionResult:
+    """The one entry for an :class:`InterventionRequest`: its pictures made the model's inputs (at the model's size,
+    on its device), then :func:`run_intervention`. ``memo``, ``progress`` and ``stop`` as there."""
+    if request.image is None and not request.eval_images:
+        raise EditError("give an image, a number of images to evaluate, or both")
+    p = next(model.parameters())
+    size = tuple(model.config.img_size)
+
+    def as_input(picture: ImageLike) -> Tensor:
+        return model_input([picture], size, meta)[0].to(p.device)
+
+    x = None if request.image is None else as_input(request.image)
+    sources = {name: as_input(picture) for name, picture in request.sources.items()}
+    return run_intervention(model, meta, request.parsed(), x, int(request.eval_images), sources=sources, memo=memo,
+                            image_key=request.image_key, maps=request.maps, progress=progress, stop=stop,
+                            pictures=request.pictures)  # fmt: skip

@@ -38,6 +38,7 @@ TERMS = {  # reference → (what "accuracy" is, what "log p(true)" is, what the 
     PREDICTION: ("agreement with the unedited model", "log p(the unedited model's class)", "pictures"),
 }
 VALIDATION, FOLDER, BUNDLED = "validation", "folder", "bundled"  # where an eval set's images come from
+CHOSEN_BUNDLED = "bundled, chosen"  # the bundled pictures, chosen in place of a model's recorded data
 
 
 @dataclass
@@ -52,7 +53,8 @@ class EvalSet:
     spec: str
     normalization: dict[str, list[float]] | None = None
     reference: str = LABEL
-    source: str = VALIDATION  # VALIDATION, FOLDER (named by the user) or BUNDLED (for a model without data)
+    source: str = VALIDATION  # VALIDATION, FOLDER (named by the user), BUNDLED (for a model without data) or
+    # CHOSEN_BUNDLED (the bundled pictures, named by the user)
 
     def __len__(self) -> int:
         return len(self.images)
@@ -63,6 +65,8 @@ class EvalSet:
             return f"the first {len(self)} validation images of `{self.spec}`"
         if self.source == BUNDLED:
             return f"{len(self)} bundled picture(s) (the model records no validation set)"
+        if self.source == CHOSEN_BUNDLED:
+            return f"{len(self)} bundled picture(s)"
         return f"{len(self)} picture(s) of `{self.spec}`"
 
     def describe(self) -> dict[str, Any]:
@@ -191,5 +195,43 @@ def pictures_for(
     size = tuple(model.config.img_size) if size is None else size
     if folder is None and (meta.get("data") or bundled is None):
         return load_eval_set(dict(meta), size, n)
-    source, where = (FOLDER, folder) if folder is not None else (BUNDLED, bundled)
-    return load_pictures(where, size, class_names(model, meta), dict(meta), n, up_to, source)
+    source = Pictures(None if folder is None else Path(folder), None if bundled is None else Path(bundled))
+    where = bundled if folder is None else folder
+    return load_pictures(where, size, class_names(model, meta), dict(meta), n, up_to, source.eval_source(meta))
+
+
+@dataclass(frozen=True)
+class Pictures:
+    """What a model is measured on, as a caller chose it (:func:`pictures_for`): ``folder`` when the user named
+    one (it wins over the recorded data), else the model's recorded validation set, else ``bundled`` (the pictures
+    for a model that records none). ``Pictures()`` is the recorded data only."""
+
+    folder: Path | None = None
+    bundled: Path | None = None
+
+    @classmethod
+    def of(cls, given: Pictures | str | Path | None) -> Pictures:
+        """``given`` as a choice: a :class:`Pictures` as it is, a folder as the bundled pictures (the
+        pictures for a model without data, as the app's and the intervene command's ``--pictures`` are)."""
+        return given if isinstance(given, Pictures) else cls(bundled=None if given is None else Path(given))
+
+    def eval_set(self, model: nn.Module, meta: Mapping[str, Any], n: int | None = None, up_to: bool = False) -> EvalSet:
+        """The first ``n`` of them for ``model`` (:func:`pictures_for`)."""
+        return pictures_for(model, meta, n, folder=self.folder, bundled=self.bundled, up_to=up_to)
+
+    def key(self, meta: Mapping[str, Any]) -> str | None:
+        """Which images these are for a model with ``meta``, in a memo key (``None``: its validation set)."""
+        if self.folder is not None:
+            return str(self.folder)
+        return None if reference_of(dict(meta), self.bundled) == LABEL else str(self.bundled)
+
+    def eval_source(self, meta: Mapping[str, Any]) -> str:
+        """Where the images come from for a model with ``meta`` (:attr:`EvalSet.source`), without loading them."""
+        if self.folder is None:
+            return BUNDLED if self.key(meta) is not None else VALIDATION
+        same = self.bundled is not None and Path(self.folder).resolve() == Path(self.bundled).resolve()
+        return CHOSEN_BUNDLED if same else FOLDER
+
+    def reference(self, meta: Mapping[str, Any]) -> str:
+        """What outcomes on them are measured against (:data:`LABEL` or :data:`PREDICTION`)."""
+        return PREDICTION if self.key(meta) is not None else LABEL
