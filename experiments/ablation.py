@@ -645,6 +645,12 @@ def verdict(early: tuple | None, late: tuple | None) -> str:
     return "decided now" if after else "open"
 
 
+def accuracy_cell(accs: list[float]) -> str:
+    """Accuracies (%) of a row's seeds as "mean ± std (n=k)"; "—" without any."""
+    std = f" ± {np.std(accs, ddof=1):.1f}" if len(accs) > 1 else ""
+    return f"{np.mean(accs):.1f}{std} (n={len(accs)})" if accs else "—"
+
+
 def _contrast_cell(c: tuple | None) -> str:
     if c is None:
         return "—"
@@ -679,8 +685,7 @@ def converged_section(task: str, rows: list[dict]) -> list[str]:
         for g in grids:
             mine = sorted((r for r in conv if r["grid"] == g and r["variant"] == variant), key=lambda r: r["seed"])
             accs = [100 * r["val_acc"] for r in mine]
-            std = f" ± {np.std(accs, ddof=1):.1f}" if len(accs) > 1 else ""
-            cells.append(f"{np.mean(accs):.1f}{std} (n={len(accs)})" if accs else "—")
+            cells.append(accuracy_cell(accs))
             cells.append("; ".join(f"s{r['seed']}: {_steps(plateau_exit(r), r['steps'])}" for r in mine) or "—")
         out.append(f"| {variant} | " + " | ".join(cells) + " |")
     out += ["", f"Paired differences (points) at convergence, as in the early table below, each judged against the "
@@ -814,8 +819,7 @@ def early_section(task: str, rows: list[dict]) -> list[str]:
         cells = []
         for g in grids:
             accs = [100 * r["val_acc"] for r in rows if r["grid"] == g and r["variant"] == variant]
-            std = f" ± {np.std(accs, ddof=1):.1f}" if len(accs) > 1 else ""
-            cells.append(f"{np.mean(accs):.1f}{std} (n={len(accs)})" if accs else "—")
+            cells.append(accuracy_cell(accs))
         out.append(f"| {variant} | " + " | ".join(cells) + " |")
     out += [
         "",
