@@ -6,8 +6,8 @@
     client.predict("ssog_layouts.safetensors", "layouts_val0008_plus.png", 0.5, "blank", api_name="/export_summary")
 
 Endpoints: ``/checkpoints``, ``/head_field``, ``/geometry_summary``, ``/export_summary``, ``/history``,
-``/upload_image``, ``/upload_checkpoint``, ``/intervene``, ``/head_importance``, ``/head_fields``, ``/save_session``,
-``/restore_session`` (docs/APP.md lists what each returns).
+``/upload_image``, ``/upload_checkpoint``, ``/intervene``, ``/head_importance``, ``/head_fields``, ``/target_share``,
+``/save_session``, ``/restore_session`` (docs/APP.md lists what each returns).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from gradio.utils import get_function_params, get_upload_folder
 from app import fields, interventions, queues
 from app import pictures as chooser
 from app import session_protocol as session
+from app import target_share as shares
 from app.canvas import underlay_url
 from app.common import EXPECTED_ERRORS, error_text
 from app.export_maps import maps_with_control
@@ -53,6 +54,7 @@ def register_api(ctx: AppContext, parts: Sequence[session.SessionPart]) -> None:
     typed_parameter(edit, api.intervene, "edits", edits_schema())  # each op's fields, from the registry
     gr.api(api.head_importance, api_name="head_importance", **queues.heavy())
     gr.api(api.head_fields, api_name="head_fields", **queues.heavy())
+    gr.api(api.target_share, api_name="target_share", **queues.heavy())
 
 
 def expected(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -225,6 +227,25 @@ class Endpoints:
             work = lambda stop, watch: fields.measure(self.ctx, loaded, images, atoms, stop, watch, chosen)  # noqa: E731
             for stats, progress in heavy_answers(work, request):
                 yield running(progress) if stats is None else fields.fields_json(checkpoint, stats)
+        except EXPECTED_ERRORS as e:
+            raise gr.Error(error_text(e)) from None
+
+    def target_share(
+        self, checkpoint: str, eval_images: int = shares.DEFAULT_IMAGES, request: gr.Request | None = None
+    ) -> Iterator[dict]:
+        """Where a ``pointer`` model's attention goes, as ``python -m ssog_core target-share --json`` writes it: of the
+        attention patch queries put on the three discs' patches, the share on the disc the cue points at, per layer
+        over the first ``eval_images`` validation images of its recorded data: ``chance`` (1/3: the discs not told
+        apart), ``images``, ``layers`` (per layer its ``share``, ``ci95`` and each head's pooled share ``heads``) and
+        ``closed_mu`` (for a model that steers μ: ``layers`` with every μ gate closed and the paired ``change``,
+        closed − unedited, with its ``ci95``; else null). A model of other data is refused in words. A heavy job:
+        ``{"progress": …}`` while it waits or runs; cancelling it stops it."""
+        try:
+            loaded = self.ctx.model(checkpoint)
+            shares.scenes(loaded)  # refused in words before a heavy slot is taken
+            work = lambda stop, watch: shares.readout(self.ctx, loaded, int(eval_images), stop, watch)  # noqa: E731
+            for report, progress in heavy_answers(work, request):
+                yield running(progress) if report is None else report
         except EXPECTED_ERRORS as e:
             raise gr.Error(error_text(e)) from None
 

@@ -23,7 +23,7 @@ from app.api import register_api
 from app.canvas import underlay_url
 from app.common import Updates, error_text, warn, write_downloads
 from app.state import AppContext, AppError, StoredImage, default_image, default_twin
-from app.tabs import compare, export, geometry, intervene, playground, scaling, steering, training
+from app.tabs import compare, export, geometry, intervene, playground, scaling, steering, target_share, training
 from app.tabs import session as session_tab
 from ssog_core.analysis.session import NO_TWIN, dumps
 from ssog_core.checkpoint.standard import HUB_PREFIX
@@ -489,6 +489,8 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
                 tr = training.build(ctx, shared)
             with gr.Tab("Intervene", id="intervene", elem_id="tab-intervene") as t_iv:
                 iv = intervene.build(ctx, shared)
+            with gr.Tab("Target share", id="target_share", elem_id="tab-target_share") as t_ts:
+                ts = target_share.build(ctx, shared)
             with gr.Tab("Session", id="session", elem_id="tab-session") as t_ses:
                 ses = session_tab.build()
         page = Page(
@@ -523,6 +525,8 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
             "scaling": (t_sc, partial(scaling.render, ctx, sc), [ckpt], sc.outputs, []),
             "training": (t_tr, partial(training.render, ctx, tr), [ckpt, *tr.inputs], tr.outputs, []),
             "intervene": (t_iv, partial(intervene.render, ctx, iv), [ckpt, iv.op, iv.shown, pics], iv.outputs, [pics]),
+            "target_share": (t_ts, partial(target_share.render, ctx, ts), [ckpt, ts.index, ts.shown], ts.outputs,
+                             [ts.index]),
         }  # fmt: skip
         for tab_id, (tab, render, inputs, outputs, controls) in views.items():
             last = gr.State(None)

@@ -431,3 +431,32 @@ def head_field_charts(models: Sequence[tuple[str, HeadFieldStats]]) -> tuple[go.
         fig.update_yaxes(title_text=axis, rangemode="tozero")
     share.update_yaxes(range=[0, 1.02])
     return distance, share
+
+
+def target_share_plot(report: dict, title: str) -> go.Figure:
+    """The target share per layer (a ``/target_share`` answer) with its 95% intervals, the share with every μ gate
+    closed beside it (a model that steers μ) and the line at chance (the discs not told apart)."""
+    fig = go.Figure()
+    closed = report["closed_mu"]
+    rows = [("unedited", report["layers"], "#1f77b4")]
+    if closed is not None:
+        rows.append(("μ gates closed", closed["layers"], "#7f7f7f"))
+    for k, (name, layers, colour) in enumerate(rows):
+        share = np.array([r["share"] for r in layers])
+        low, high = (np.array([r["ci95"][i] for r in layers]) for i in (0, 1))
+        fig.add_trace(go.Scatter(
+            x=np.arange(len(layers)) + 0.12 * (k - (len(rows) - 1) / 2), y=share, mode="markers+lines", name=name,
+            marker=dict(color=colour, size=9), line=dict(color=colour, width=1),
+            error_y=dict(type="data", symmetric=False, array=high - share, arrayminus=share - low, thickness=1.4),
+            customdata=np.stack([np.arange(len(layers)), low, high], -1),
+            hovertemplate=f"{name}<br>layer %{{customdata[0]}}<br>share %{{y:.3f}} "
+                          "[%{customdata[1]:.3f}, %{customdata[2]:.3f}]<extra></extra>",
+        ))  # fmt: skip
+    chance = report["chance"]
+    fig.add_hline(y=chance, line=dict(dash="dash", color="#333"), annotation_text=f"{chance:.2f}: not told apart",
+                  annotation_position="bottom right")  # fmt: skip
+    fig.update_xaxes(title_text="layer", tickvals=list(range(len(report["layers"]))))
+    fig.update_yaxes(title_text="attention on the pointed disc / on all three", range=[0, 1.02])
+    fig.update_layout(**_LAYOUT, height=380, margin=dict(l=60, r=20, t=60, b=50), legend=dict(font=dict(size=11)),
+                      title=dict(text=title, font=dict(size=13)))  # fmt: skip
+    return fig

@@ -1,5 +1,6 @@
 """The interventions' heavy work as jobs for :class:`ssog_core.runtime.jobs.Engine`: a whole intervention request, head
-importance, a model's validation accuracy and every head as a field (the geometry tab's), each
+importance, a model's validation accuracy, every head as a field (the geometry tab's) and the target share on
+``pointer``, each
 ``fn(loaded, ..., progress, stopped)`` at module level, so a worker process (local or on a Dask cluster) imports it
 by name and receives the model as ``(model, meta)``.
 
@@ -24,7 +25,9 @@ from ssog_core.interventions import result
 from ssog_core.interventions.importance import HeadImportance, head_importance
 from ssog_core.interventions.ops import AblateHead
 from ssog_core.interventions.result import InterventionResult, Memo
-from ssog_core.interventions.validation import BATCH, EvalSet, Pictures, pictures_for
+from ssog_core.interventions.target_share import BATCH as SHARE_BATCH
+from ssog_core.interventions.target_share import close_mu, pointer_scenes, target_share_report
+from ssog_core.interventions.validation import BATCH, EvalSet, Pictures, eval_images, pictures_for
 from ssog_core.runtime.jobs import Cancelled
 from ssog_core.runtime.lru import LRU
 
@@ -176,5 +179,17 @@ def export_maps(
             yield x
 
     out = maps_over(model, each(), data.labels, data.class_names, alpha, blank)
+    batches.finished()
+    return out
+
+
+def target_share(loaded: Loaded, n: int, progress: Progress, stopped: Stopped) -> dict[str, Any]:
+    """The target-share readout on the first ``n`` validation images of a ``pointer`` model's data, as the CLI
+    writes it (:func:`~ssog_core.interventions.target_share.target_share_report`): one pass over them, two for a
+    model that steers μ (its μ gates closed)."""
+    model, meta = loaded
+    images = eval_images(n, len(pointer_scenes(meta, model.config.img_size)))
+    batches = Batches(images, 1 + bool(close_mu(model)), progress, stopped, SHARE_BATCH)
+    out = target_share_report(model, meta, images, stop=batches)
     batches.finished()
     return out

@@ -14,7 +14,7 @@ compared image by image.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,15 +23,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ssog_core.data.pointer import PointerDataset
+from ssog_core.data.pointer import PointerDataset, Scene
 from ssog_core.data.sources import DataError, open_data
 from ssog_core.interventions.effects import bootstrap_ci
 from ssog_core.interventions.hooks import hook_points, run_with_cache
 from ssog_core.interventions.run import edited
 from ssog_core.interventions.validation import EvalSet, load_eval_set
+from ssog_core.runtime.jobs import Cancelled
 
 CHANCE = 1 / 3  # three discs, none told apart
 BATCH = 50
+Stop = Callable[[], bool]
 
 
 def close_mu(model: nn.Module) -> list[dict]:
@@ -42,14 +44,21 @@ def close_mu(model: nn.Module) -> list[dict]:
     return [{"op": "close_gate", "layer": layer, "tap": "mu"} for layer in range(config.depth)]
 
 
-def scene_discs(meta: dict[str, Any], img_size: Sequence[int], n: int) -> Tensor:
-    """Each disc's coverage ``(n, 3, H, W)`` (the pointed disc first) of the first ``n`` validation images of a
-    ``pointer`` checkpoint's recorded data at ``img_size``: the images that ``load_eval_set`` loads."""
+def pointer_scenes(meta: dict[str, Any], img_size: Sequence[int]) -> PointerDataset:
+    """The validation split of a ``pointer`` checkpoint's recorded data at ``img_size``; any other model is refused
+    in words (:class:`DataError`)."""
     spec = meta.get("data") or ""
     source = open_data(spec, (int(img_size[0]), int(img_size[1]))) if spec.startswith("pointer") else None
     if source is None or not isinstance(source.val, PointerDataset):
         raise DataError(f"the target share is defined on pointer scenes; this model's data is {spec or 'not recorded'}")
-    return torch.from_numpy(np.stack([source.val.scene(i).discs for i in range(n)]))
+    return source.val
+
+
+def scene_discs(meta: dict[str, Any], img_size: Sequence[int], n: int) -> Tensor:
+    """Each disc's coverage ``(n, 3, H, W)`` (the pointed disc first) of the first ``n`` validation images of a
+    ``pointer`` checkpoint's recorded data at ``img_size``: the images that ``load_eval_set`` loads."""
+    scenes = pointer_scenes(meta, img_size)
+    return torch.from_numpy(np.stack([scenes.scene(i).discs for i in range(n)]))
 
 
 def patch_cover(discs: Tensor, patch: int) -> Tensor:
@@ -94,9 +103,11 @@ class TargetShare:
         return {"chance": CHANCE, "images": self.images, "edits": self.edits, "layers": self.layers()}
 
 
-def target_share(model: nn.Module, data: EvalSet, cover: Tensor, edits: Sequence[dict] = ()) -> TargetShare:
+def target_share(
+    model: nn.Module, data: EvalSet, cover: Tensor, edits: Sequence[dict] = (), stop: Stop | None = None
+) -> TargetShare:
     """The target share of ``model`` (with ``edits`` applied, e.g. :func:`close_mu`) on ``data``, whose discs cover
-    the patches as ``cover`` ``(n, 3, N)`` says."""
+    the patches as ``cover`` ``(n, 3, N)`` says; ``stop`` is asked before each batch (true: :class:`Cancelled`)."""
     if cover.shape[0] != len(data) or cover.shape[1] != 3:
         raise ValueError(f"cover must be (n={len(data)}, 3, patches), got {tuple(cover.shape)}")
     names = [n for n in hook_points(model) if n.endswith(".attn.pattern")]
@@ -105,6 +116,8 @@ def target_share(model: nn.Module, data: EvalSet, cover: Tensor, edits: Sequence
     on_target, on_discs, start = [], [], 0
     with torch.no_grad(), edited(model, list(edits)):
         for x in data.batches(model, BATCH):
+            if stop is not None and stop():
+                raise Cancelled("the target share was stopped")
             _, cache = run_with_cache(model, x, names)
             c = cover[start : start + len(x)]
             start += len(x)
@@ -122,14 +135,20 @@ def target_share(model: nn.Module, data: EvalSet, cover: Tensor, edits: Sequence
     return TargetShare(torch.cat(on_target).numpy(), torch.cat(on_discs).numpy(), data.describe(), list(edits))
 
 
+def pointer_eval_set(model: nn.Module, meta: dict[str, Any], n: int | None = None) -> tuple[EvalSet, Tensor]:
+    """The first ``n`` validation images of a ``pointer`` checkpoint's recorded data and their discs' patch
+    coverage ``(n, 3, N)``; any other model is refused in words before an image is made."""
+    size = model.config.img_size
+    pointer_scenes(meta, size)
+    data = load_eval_set(meta, size, n)
+    return data, patch_cover(scene_discs(meta, size, len(data)), model.config.patch_size)
+
+
 def read_target_share(
     model: nn.Module, meta: dict[str, Any], n: int | None = None, edits: Sequence[dict] = ()
 ) -> TargetShare:
     """:func:`target_share` on the first ``n`` validation images of a ``pointer`` checkpoint's recorded data."""
-    size = model.config.img_size
-    data = load_eval_set(meta, size, n)
-    cover = patch_cover(scene_discs(meta, size, len(data)), model.config.patch_size)
-    return target_share(model, data, cover, edits)
+    return target_share(model, *pointer_eval_set(model, meta, n), edits)
 
 
 def paired(a: TargetShare, b: TargetShare) -> list[dict[str, Any]]:
@@ -143,19 +162,54 @@ def paired(a: TargetShare, b: TargetShare) -> list[dict[str, Any]]:
 
 
 def target_share_report(
-    model: nn.Module, meta: dict[str, Any], n: int | None = None, per_image: bool = False
+    model: nn.Module, meta: dict[str, Any], n: int | None = None, per_image: bool = False, stop: Stop | None = None
 ) -> dict[str, Any]:
     """The readout as the CLI and the app give it: per layer the share, and for a model that steers μ the share with
     every μ gate closed and the paired change (does steering send attention to the pointed disc?); ``per_image``
-    adds each image's share per layer ``(n, L)``, rounded, for pairing two models image by image later."""
-    unedited = read_target_share(model, meta, n)
+    adds each image's share per layer ``(n, L)``, rounded, for pairing two models image by image later. ``stop``
+    is asked before each batch of each pass (one, or two for a model that steers μ)."""
+    data, cover = pointer_eval_set(model, meta, n)
+    unedited = target_share(model, data, cover, stop=stop)
     out: dict[str, Any] = {**unedited.to_dict(), "closed_mu": None}
     if per_image:
         out["per_image"] = np.round(unedited.per_image(), 5).tolist()
     if edits := close_mu(model):
-        closed = read_target_share(model, meta, n, edits)
+        closed = target_share(model, data, cover, edits, stop)
         out["closed_mu"] = {"layers": closed.layers(), "change": paired(closed, unedited)}
     return out
+
+
+@dataclass(frozen=True)
+class ImageShare:
+    """One validation image of a ``pointer`` model's data: its scene (the discs' coverage, the pointed one first)
+    and its share per layer, unedited and, for a model that steers μ, with every μ gate closed."""
+
+    index: int
+    scene: Scene
+    class_name: str
+    shares: list[float]
+    closed_mu: list[float] | None
+
+
+def image_target_share(model: nn.Module, meta: dict[str, Any], index: int) -> ImageShare:
+    """Validation image ``index``'s target share per layer: the row :meth:`TargetShare.per_image` gives that image
+    among the first ``index + 1``, read from its scene alone."""
+    size = model.config.img_size
+    scenes = pointer_scenes(meta, size)
+    try:
+        scene = scenes.scene(int(index))
+    except IndexError:
+        raise ValueError(f"pick a validation image from 0 to {len(scenes) - 1}, not {index}") from None
+    names = list(scenes.class_names)
+    data = EvalSet(torch.from_numpy(scene.image[None].copy()), torch.tensor([scene.label]), names,
+                   str(meta["data"]), meta.get("normalization"))  # fmt: skip
+    cover = patch_cover(torch.from_numpy(scene.discs[None]), model.config.patch_size)
+
+    def shares(edits: list[dict]) -> list[float]:
+        return target_share(model, data, cover, edits).per_image()[0].tolist()
+
+    edits = close_mu(model)
+    return ImageShare(int(index), scene, names[scene.label], shares([]), shares(edits) if edits else None)
 
 
 def report_text(report: dict[str, Any]) -> str:

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from matplotlib import patheffects
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
@@ -660,4 +661,57 @@ def class_maps_figure(label: str, c: ClassMaps, title: str = "") -> Figure:
     legend = f"{label}: mean accumulated net export per class over {n} validation images, α = {c.alpha:.2f}; "
     legend += f"control: {describe(c.control, n)}"
     suptitle(fig, title, legend, 9)
+    return fig
+
+
+# --------------------------------------------------------------------------------------- target share
+
+# the pointed disc's outline: solid white on black, seen on every disc colour and background; the other two: dashed
+POINTED = dict(color="white", lw=2.4, ls="solid", path_effects=[patheffects.withStroke(linewidth=4.4, foreground="k")])
+OTHERS = dict(color="white", lw=1.3, ls="dashed")
+
+
+def target_share_figure(
+    image: np.ndarray,
+    discs: np.ndarray,
+    shares: Sequence[float],
+    closed: Sequence[float] | None,
+    label: str,
+    chance: float,
+    title: str = "",
+) -> Figure:
+    """A ``pointer`` scene (``(H, W, 3)``) with its three discs outlined where their coverage ``(3, H, W)`` is half
+    (the pointed one first: highlighted, the others dashed) beside its target share per layer, and with every μ gate
+    closed (``closed``, when the model steers μ) beside it; the dashed line is ``chance`` (not told apart)."""
+    fig = new_figure(8.4, 3.8)
+    pic, bars = fig.subplots(1, 2, width_ratios=[1, 1.35])
+    h, w = image.shape[:2]
+    pic.imshow(image, extent=(-0.5, w - 0.5, h - 0.5, -0.5), interpolation="nearest")
+    for d in range(len(discs) - 1, -1, -1):  # the pointed disc's outline on top
+        style = POINTED if d == 0 else OTHERS
+        contour = pic.contour(discs[d], levels=[0.5], colors=[style["color"]], linewidths=style["lw"],
+                              linestyles=style["ls"], zorder=4)  # fmt: skip
+        contour.set(path_effects=style.get("path_effects", []))
+    pic.plot([], [], **POINTED, label=f"pointed at ({label})")
+    pic.plot([], [], **{**OTHERS, "color": "0.4"}, label="the other two")
+    pic.legend(loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=2, fontsize=8, frameon=False)
+    pic.set_xlim(-0.5, w - 0.5)
+    pic.set_ylim(h - 0.5, -0.5)
+    _no_ticks(pic)
+    layers = np.arange(len(shares))
+    rows = [("unedited", shares, "C0")] + ([] if closed is None else [("μ gates closed", closed, "0.6")])
+    width = 0.8 / len(rows)
+    for k, (name, values, colour) in enumerate(rows):
+        x = layers + (k - (len(rows) - 1) / 2) * width
+        drawn = bars.bar(x, values, width, color=colour, label=name)
+        bars.bar_label(drawn, [f"{v:.2f}" for v in values], fontsize=7, padding=1)
+    bars.axhline(chance, color="0.2", ls="--", lw=1, label=f"{chance:.2f}: not told apart")
+    bars.set_xticks(layers, [f"layer {i}" for i in layers], fontsize=8)
+    bars.set_ylim(0, 1.08)
+    bars.set_ylabel("attention on the pointed disc / on all three", fontsize=8)
+    bars.tick_params(axis="y", labelsize=7)
+    bars.legend(fontsize=7, loc="upper left", frameon=False)
+    bars.set_title("this image, per layer", fontsize=9)
+    suptitle(fig, title, "the share of the attention patch queries put on the three discs that lands on the pointed "
+             "one, every head pooled", 9)  # fmt: skip
     return fig
