@@ -489,10 +489,10 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
                 tr = training.build(ctx, shared)
             with gr.Tab("Intervene", id="intervene", elem_id="tab-intervene") as t_iv:
                 iv = intervene.build(ctx, shared)
-            with gr.Tab("Target share", id="target_share", elem_id="tab-target_share") as t_ts:
-                ts = target_share.build(ctx, shared)
             with gr.Tab("Session", id="session", elem_id="tab-session") as t_ses:
                 ses = session_tab.build()
+            with gr.Tab("Target share", id="target_share", elem_id="tab-target_share") as t_ts:  # after Session:
+                ts = target_share.build(ctx, shared)  # at 1400 px the tab bar then keeps Session in view
         page = Page(
             checkpoint=ckpt, checkpoint_upload=ckpt_up, hub=hub, image_pick=img_pick, image_upload=img_up, thumb=thumb,
             status=status, pictures=pics, image_sha=image_sha, active=active, tabs=tabs, playground=pg, geometry=geo,

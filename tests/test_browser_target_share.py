@@ -12,7 +12,7 @@ from ssog_core import save_checkpoint
 from ssog_core.interventions.target_share import image_target_share, target_share_report
 from ssog_core.testing.app_process import AppProcess
 from tests.app_fixtures import write_images
-from tests.test_browser import CHROMIUM, STARTUP, browser_page, img_src, open_tab, shot, wait_src_change
+from tests.test_browser import CHROMIUM, STARTUP, browser_page, img_src, shot, wait_src_change
 from tests.test_target_share import META, model_of
 
 playwright = pytest.importorskip("playwright.sync_api")
@@ -48,7 +48,8 @@ def test_the_target_share_tab_shows_one_image_and_the_mean_per_layer(server):
     with browser_page(server["log"], "target_share_failure", 120_000) as page:
         page.goto(server["url"])
         page.wait_for_selector("#pg-canvas .atom")
-        open_tab(page, "target_share")
+        page.click("button[aria-label='More tabs']")  # the last tab: at 1400 px in Gradio's overflow menu
+        page.locator(".overflow-dropdown button", has_text="Target share").click()
         page.wait_for_function("() => document.querySelector('#ts-note').innerText.includes('validation image')")
         page.wait_for_selector("#ts-figure img")
         one = image_target_share(model, META, 0)
