@@ -192,8 +192,8 @@ def on_pictures_upload(ctx: AppContext, page: Page, files: Any) -> Updates:
         name = chooser.add(ctx, [str(p) for p in (files if isinstance(files, list) else [files]) if p])
         count = chooser.count(ctx, name)
         return {page.pictures: gr.update(choices=chooser.choices(ctx), value=name),
-                page.status: f"Kept **{count}** pictures as **{name}**: head fields, edits on N images and head "
-                "importance are now measured on them."}  # fmt: skip
+                page.status: f"Kept **{count}** pictures as **{name}**: head fields, edits on N images, head "
+                "importance and the export maps' validation control are now measured on them."}  # fmt: skip
     except Exception as e:
         return {page.status: warn(error_text(e))}
 
@@ -457,7 +457,8 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
             pics = gr.Dropdown(
                 chooser.choices(ctx),
                 value=chooser.RECORDED,
-                label="Pictures to measure on (head fields, edits on N images, head importance)",
+                label="Pictures to measure on (head fields, edits on N images, head importance, the export maps' "
+                "validation control)",
                 info="the model's recorded data is its validation set (the bundled pictures for a model that "
                 "records none); or the bundled pictures, or pictures you upload",
                 elem_id="pics",
@@ -518,7 +519,7 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
                          geo.rendered, []),
             "steering": (t_st, partial(steering.render, ctx, st), [ckpt, image_sha, st.layer, st.query, st.head],
                          st.outputs, [st.layer]),
-            "export": (t_ex, partial(export.render, ctx, ex), ex.inputs, ex.rendered, [ex.alpha, ex.layer]),
+            "export": (t_ex, partial(export.render, ctx, ex), ex.inputs, ex.rendered, [ex.alpha, ex.layer, pics]),
             "compare": (t_cmp, partial(compare.render, ctx, cmp), cmp.inputs, cmp.outputs, [cmp.alpha, cmp.layer]),
             "scaling": (t_sc, partial(scaling.render, ctx, sc), [ckpt], sc.outputs, []),
             "training": (t_tr, partial(training.render, ctx, tr), [ckpt, *tr.inputs], tr.outputs, []),
