@@ -8,7 +8,7 @@ the others catch up when they are opened (:func:`lazy`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -511,7 +511,8 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
         hub_opened = hub.submit(partial(on_hub_open, ctx, page), [hub], [ckpt, ex.twin, cmp.a, cmp.b, status], **hidden)
         for button in (pics_folder, pics_files):
             button.upload(partial(on_pictures_upload, ctx, page), [button], [pics, status], **hidden)
-        ckpt.change(partial(playground.on_checkpoint, ctx, pg), [ckpt], [pg.preset, pg.preset_note], **hidden)
+        changed = ckpt.change(partial(playground.on_checkpoint, ctx, pg), [ckpt], [pg.preset, pg.preset_note],
+                              **hidden)  # fmt: skip
         page_loaded = demo.load(partial(on_checkpoint_change, ctx, page), [ckpt], follow, **hidden)
         demo.load(None, None, [ex.layout], js=f"() => window.innerWidth < {NARROW_PX} ? 'narrow' : 'wide'", **hidden)
         views = {
@@ -545,8 +546,22 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
         shown_pg.then(
             partial(playground.on_details, pg), [pg.canvas], [pg.kernels, pg.table], show_progress="hidden", **hidden
         )
-        # a model without a field gets its heads as presets once measured (Checkpoint geometry): offered on return
-        shown_pg.then(partial(playground.on_checkpoint, ctx, pg), [ckpt], [pg.preset, pg.preset_note], **hidden)
+
+        # the playground opened on a model without a field measures its heads once (a heavy job) to offer their
+        # fits as presets; on every opening, on a new model while it is open, and on the page's first load. A new
+        # model stops a measurement under way: its presets would not be the new model's
+        def open_playground(tab: str, c: str | None, p: str | None, request: gr.Request) -> Iterator[Updates]:
+            if tab != "playground":  # another tab is open: the playground measures once it is opened
+                yield gr.skip()
+                return
+            yield from playground.on_open(ctx, pg, c, p, request)  # a plain function: Gradio finds its Request
+
+        opening = [
+            event.then(open_playground, [active, ckpt, pics], [pg.preset, pg.preset_note], show_progress="hidden",
+                       **queues.may_wait(**hidden))
+            for event in (shown_pg, changed, page_loaded)
+        ]  # fmt: skip
+        ckpt.change(None, None, None, cancels=opening, **hidden)
 
         # ---- linked views: a head clicked in the geometry grid opens in the playground --------------------------
         def geometry_click(ckpt: str | None, bg: bool, sha: str | None, evt: gr.SelectData) -> Updates:

@@ -10,12 +10,13 @@ import json
 import zipfile
 from pathlib import Path
 
+import gradio as gr
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from app import fields, interventions
+from app import fields, interventions, queues
 from app import pictures as chooser
 from app.api import Endpoints
 from app.export_maps import control_for, maps_for, validation_for
@@ -249,6 +250,34 @@ def test_a_dot_models_heads_become_presets_from_their_fits(ctx, page):
     assert stats.measured_on in note
     opened = playground.on_preset(ctx, pg, "dot_shapes.safetensors", choices[5], False)
     assert "Layer 1, head 1 of dot_shapes.safetensors as its 2 fitted atoms" in opened[pg.preset_note]
+
+
+def test_opening_a_dot_models_playground_measures_its_heads_and_offers_their_fits(ctx, page, tmp_path):
+    pg = page.playground
+    torch.manual_seed(7)
+    dot = ViT(num_classes=5, img_size=32, patch_size=4, dim=32, depth=2, num_heads=2, attn="dot")
+    name = ctx.add_upload([str(save_checkpoint(tmp_path / "never_measured.safetensors", dot))])  # records no data
+    assert playground.preset_choices(ctx, name)[0] == []
+    with queues.one_per_user(None):  # a heavy job of this user's runs: the presets wait, and the note says why
+        *_, busy = playground.on_open(ctx, pg, name)
+    assert "become presets once measured" in busy[pg.preset_note] and queues.BUSY in busy[pg.preset_note]
+    steps = list(playground.on_open(ctx, pg, name))
+    doing = (
+        f"Measuring the heads' fields of **{name}** (dot-product) on 4 bundled picture(s) (the model records no "
+        "validation set), once: each head's 4-atom fit becomes a preset. The canvas holds the demo head until then, "
+        "not one of this model's"
+    )
+    assert steps[0] == {pg.preset: gr.update(choices=[], value=None, visible=False), pg.preset_note: f"{doing}…"}
+    assert all(s[pg.preset_note].startswith(f"{doing}: ") for s in steps[1:-1])  # its progress while it runs
+    done = steps[-1]
+    assert done[pg.preset]["visible"] and len(done[pg.preset]["choices"]) == 2 * 2
+    assert done[pg.preset]["choices"][0].startswith("fit: layer 0 · head 0 (its 4 atoms explain")
+    assert "measured on 4 bundled picture(s)" in done[pg.preset_note]
+    again = list(playground.on_open(ctx, pg, name))  # measured once: the presets at once
+    assert again == [playground.on_checkpoint(ctx, pg, name)]
+    assert list(playground.on_open(ctx, pg, "ssog_shapes.safetensors")) == [
+        playground.on_checkpoint(ctx, pg, "ssog_shapes.safetensors")
+    ]  # an SSOG model's presets are its own heads: nothing to measure
 
 
 def test_apply_measures_its_first_pass_with_an_estimate_from_the_batches_done(ctx, page):
