@@ -29,7 +29,7 @@ from app import session_protocol as session
 from app import target_share as shares
 from app.canvas import underlay_url
 from app.common import EXPECTED_ERRORS, error_text
-from app.export_maps import maps_with_control
+from app.export_maps import maps_with_control, validation_words
 from app.history import history_of
 from app.state import AppContext, AppError
 from ssog_core.analysis import report
@@ -118,17 +118,20 @@ class Endpoints:
         }
 
     def export_summary(
-        self, checkpoint: str, image: str, alpha: float = 0.5, control: str = "none", request: gr.Request | None = None
-    ) -> dict:
+        self, checkpoint: str, image: str, alpha: float = 0.5, control: str = "none", pictures: str = "",
+        request: gr.Request | None = None,
+    ) -> dict:  # fmt: skip
         """Export-map summary of a checkpoint on a bundled image (by name) or a seen one (by SHA-256), over patch
         tokens; ``prefix_share``: per layer, the attention patch queries put on prefix tokens (class, distillation,
         register), left out of the maps.
         ``accumulated`` is always the raw map; a ``control`` (``blank``: a blank image of the image's mean colour,
         ``validation``: the mean over validation images of the checkpoint's data, or over the bundled pictures for a
-        model that records none) adds ``accumulated_control`` and
-        ``accumulated_difference`` (raw − control)."""
+        model that records none, or over up to 64 ``pictures`` as for /intervene) adds ``accumulated_control`` and
+        ``accumulated_difference`` (raw − control), ``control_images`` (how many) and, for ``validation``,
+        ``control_pictures`` (which, in words)."""
         loaded, stored = self.ctx.model(checkpoint), self.ctx.find_image(image)
-        maps, c = maps_with_control(self.ctx, loaded, stored, float(alpha), check_control(control), request)
+        chosen = chooser.chosen(self.ctx, pictures)
+        maps, c = maps_with_control(self.ctx, loaded, stored, float(alpha), check_control(control), request, chosen)
         out = {
             **maps.summary(),
             "alpha": maps.alpha,
@@ -141,6 +144,8 @@ class Endpoints:
             out["control_images"] = c.images
             out["accumulated_control"] = c.accumulated[0].tolist()
             out["accumulated_difference"] = differences(maps, c)["accumulated_difference"][0].tolist()
+        if control == "validation":
+            out["control_pictures"] = validation_words(loaded, chosen, c.images)
         return out
 
     def upload_image(self, image: FileData) -> dict:

@@ -8,7 +8,7 @@ the others catch up when they are opened (:func:`lazy`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -192,8 +192,8 @@ def on_pictures_upload(ctx: AppContext, page: Page, files: Any) -> Updates:
         name = chooser.add(ctx, [str(p) for p in (files if isinstance(files, list) else [files]) if p])
         count = chooser.count(ctx, name)
         return {page.pictures: gr.update(choices=chooser.choices(ctx), value=name),
-                page.status: f"Kept **{count}** pictures as **{name}**: head fields, edits on N images and head "
-                "importance are now measured on them."}  # fmt: skip
+                page.status: f"Kept **{count}** pictures as **{name}**: head fields, edits on N images, head "
+                "importance and the export maps' validation control are now measured on them."}  # fmt: skip
     except Exception as e:
         return {page.status: warn(error_text(e))}
 
@@ -457,7 +457,8 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
             pics = gr.Dropdown(
                 chooser.choices(ctx),
                 value=chooser.RECORDED,
-                label="Pictures to measure on (head fields, edits on N images, head importance)",
+                label="Pictures to measure on (head fields, edits on N images, head importance, the export maps' "
+                "validation control)",
                 info="the model's recorded data is its validation set (the bundled pictures for a model that "
                 "records none); or the bundled pictures, or pictures you upload",
                 elem_id="pics",
@@ -512,7 +513,8 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
         hub_opened = hub.submit(partial(on_hub_open, ctx, page), [hub], [ckpt, ex.twin, cmp.a, cmp.b, status], **hidden)
         for button in (pics_folder, pics_files):
             button.upload(partial(on_pictures_upload, ctx, page), [button], [pics, status], **hidden)
-        ckpt.change(partial(playground.on_checkpoint, ctx, pg), [ckpt], [pg.preset, pg.preset_note], **hidden)
+        changed = ckpt.change(partial(playground.on_checkpoint, ctx, pg), [ckpt], [pg.preset, pg.preset_note],
+                              **hidden)  # fmt: skip
         page_loaded = demo.load(partial(on_checkpoint_change, ctx, page), [ckpt], follow, **hidden)
         demo.load(None, None, [ex.layout], js=f"() => window.innerWidth < {NARROW_PX} ? 'narrow' : 'wide'", **hidden)
         views = {
@@ -520,7 +522,7 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
                          geo.rendered, []),
             "steering": (t_st, partial(steering.render, ctx, st), [ckpt, image_sha, st.layer, st.query, st.head],
                          st.outputs, [st.layer]),
-            "export": (t_ex, partial(export.render, ctx, ex), ex.inputs, ex.rendered, [ex.alpha, ex.layer]),
+            "export": (t_ex, partial(export.render, ctx, ex), ex.inputs, ex.rendered, [ex.alpha, ex.layer, pics]),
             "compare": (t_cmp, partial(compare.render, ctx, cmp), cmp.inputs, cmp.outputs, [cmp.alpha, cmp.layer]),
             "scaling": (t_sc, partial(scaling.render, ctx, sc), [ckpt], sc.outputs, []),
             "training": (t_tr, partial(training.render, ctx, tr), [ckpt, *tr.inputs], tr.outputs, []),
@@ -548,8 +550,22 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
         shown_pg.then(
             partial(playground.on_details, pg), [pg.canvas], [pg.kernels, pg.table], show_progress="hidden", **hidden
         )
-        # a model without a field gets its heads as presets once measured (Checkpoint geometry): offered on return
-        shown_pg.then(partial(playground.on_checkpoint, ctx, pg), [ckpt], [pg.preset, pg.preset_note], **hidden)
+
+        # the playground opened on a model without a field measures its heads once (a heavy job) to offer their
+        # fits as presets; on every opening, on a new model while it is open, and on the page's first load. A new
+        # model stops a measurement under way: its presets would not be the new model's
+        def open_playground(tab: str, c: str | None, p: str | None, request: gr.Request) -> Iterator[Updates]:
+            if tab != "playground":  # another tab is open: the playground measures once it is opened
+                yield gr.skip()
+                return
+            yield from playground.on_open(ctx, pg, c, p, request)  # a plain function: Gradio finds its Request
+
+        opening = [
+            event.then(open_playground, [active, ckpt, pics], [pg.preset, pg.preset_note], show_progress="hidden",
+                       **queues.may_wait(**hidden))
+            for event in (shown_pg, changed, page_loaded)
+        ]  # fmt: skip
+        ckpt.change(None, None, None, cancels=opening, **hidden)
 
         # ---- linked views: a head clicked in the geometry grid opens in the playground --------------------------
         def geometry_click(ckpt: str | None, bg: bool, sha: str | None, evt: gr.SelectData) -> Updates:

@@ -518,7 +518,7 @@ def test_export_maps_against_a_control_and_per_class(ctx, sha, page, tmp_path):
     npz = np.load(next(f for f in files if Path(f).name.startswith("export_maps_ssog_test") and f.endswith(".npz")))
     np.testing.assert_array_equal(npz["accumulated_difference"], npz["accumulated"] - npz["accumulated_control"])
     assert json.loads(str(npz["settings"]))["control"] == "validation"
-    made = ctx.cache.validation.peek((loaded.key, DEFAULT_IMAGES, 0.5, False))
+    made = ctx.cache.validation.peek((loaded.key, DEFAULT_IMAGES, 0.5, False, None))  # None: the recorded data
     assert made is not None and validation_for(ctx, loaded, 0.5) is made  # computed once per checkpoint, α
     for control in ("none", "blank", "validation"):
         out = export.per_class(ctx, ex, ckpt, 0.5, control)

@@ -6,19 +6,27 @@ opens on two models."""
 
 from __future__ import annotations
 
+import json
 import zipfile
 from pathlib import Path
 
+import gradio as gr
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
-from app import fields, interventions
+from app import fields, interventions, queues
 from app import pictures as chooser
+from app.api import Endpoints
+from app.export_maps import control_for, maps_for, validation_for
 from app.layout import build_page, compared_with
 from app.main import parser
 from app.state import AppContext, AppError
 from app.tabs import export, geometry, intervene, playground, training
 from ssog_core import ViT, save_checkpoint
+from ssog_core.analysis.controls import describe
+from ssog_core.analysis.measures import export_maps
 from ssog_core.analysis.session import NO_TWIN
 from ssog_core.checkpoint.standard import save_timm_folder, timm_twin
 from ssog_core.interventions.edit import ops_for
@@ -164,6 +172,51 @@ def test_the_export_controls_help_names_the_pictures_used(ctx, page):
     assert "the first 64 validation images of `shapes:" in recorded
 
 
+def pictures_batch(folder: Path, size: int) -> torch.Tensor:
+    """Every picture of ``folder`` as a model input at ``size`` (in [0, 1], no normalisation), by hand."""
+    arrays = [np.asarray(Image.open(p).convert("RGB").resize((size, size), Image.Resampling.BICUBIC))
+              for p in sorted(folder.iterdir())]  # fmt: skip
+    return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).float() / 255
+
+
+def test_the_validation_control_stands_on_the_chosen_pictures_and_names_them(ctx, page, tmp_path):
+    ex, ckpt, alpha = page.export, "ssog_shapes.safetensors", 0.5
+    name = chooser.add(ctx, [str(picture_zip(tmp_path / "mine.zip", 5))])
+    loaded, stored, chosen = ctx.model(ckpt), ctx.find_image("scene.png"), chooser.chosen(ctx, name)
+    x = pictures_batch(chosen.folder, 32)  # a model with recorded data: the chosen pictures win
+    with torch.no_grad():
+        direct = export_maps(loaded.model, x, alpha)
+        predicted = loaded.model(x).argmax(-1)
+    want = direct.accumulated.double().mean(0)
+    out = export.render(ctx, ex, ckpt, NO_TWIN, stored.sha256, alpha, 0, None, "validation", "wide", name)
+    mine = "5 picture(s) of `mine`, each in the class the model predicts"
+    assert f"Control: **the mean over {mine}**" in out[ex.text] and mine in out[ex.control]["info"]
+    raw = maps_for(ctx, loaded, stored, alpha)
+    got = control_for(ctx, loaded, stored, raw, "validation", pictures=chosen)
+    assert got.images == 5
+    np.testing.assert_allclose(got.accumulated[0].double().numpy(), want.numpy(), atol=1e-5)
+    bundled = control_for(ctx, loaded, stored, raw, "validation", pictures=chooser.chosen(ctx, chooser.BUNDLED))
+    recorded = control_for(ctx, loaded, stored, raw, "validation")
+    for other, images in ((bundled, 4), (recorded, 60)):  # each its own images, not the chosen ones
+        assert other.images == images and not torch.allclose(other.accumulated[0].double(), want, atol=1e-3)
+    assert torch.equal(validation_for(ctx, loaded, alpha, pictures=chosen).labels, predicted)
+    classes = export.per_class(ctx, ex, ckpt, alpha, "validation", name)
+    assert classes[ex.classes_status] == f"{mine} (chosen at the top of the page)."
+    assert json.loads(Image.open(classes[ex.classes]).info["Description"])["pictures"] == mine
+    api = Endpoints(ctx, page.session_parts(ctx)).export_summary(ckpt, "scene.png", alpha, "validation", name)
+    assert api["control_images"] == 5 and api["control_pictures"] == mine
+    np.testing.assert_allclose(np.array(api["accumulated_control"]), want.numpy(), atol=1e-5)
+    # the recorded data: the help, the summary line and the per-class note as they were
+    out = export.render(ctx, ex, ckpt, NO_TWIN, stored.sha256, alpha, 0, None, "validation", "wide", chooser.RECORDED)
+    assert f"Control: **{describe('validation', 60)}**" in out[ex.text]
+    assert "the first 64 validation images of `shapes:" in out[ex.control]["info"]
+    recorded_api = Endpoints(ctx, page.session_parts(ctx)).export_summary(ckpt, "scene.png", alpha, "validation")
+    np.testing.assert_array_equal(np.array(recorded_api["accumulated_control"]), recorded.accumulated[0].numpy())
+    assert export.per_class(ctx, ex, ckpt, alpha, "none")[ex.classes_status] == "60 validation images of `" + (
+        SHAPES["data"] + "`."
+    )
+
+
 def test_the_training_tab_says_a_model_folder_records_no_history(ctx, page):
     tr = page.training
     note = training.render(ctx, tr, "digits-vit")[tr.note]
@@ -197,6 +250,34 @@ def test_a_dot_models_heads_become_presets_from_their_fits(ctx, page):
     assert stats.measured_on in note
     opened = playground.on_preset(ctx, pg, "dot_shapes.safetensors", choices[5], False)
     assert "Layer 1, head 1 of dot_shapes.safetensors as its 2 fitted atoms" in opened[pg.preset_note]
+
+
+def test_opening_a_dot_models_playground_measures_its_heads_and_offers_their_fits(ctx, page, tmp_path):
+    pg = page.playground
+    torch.manual_seed(7)
+    dot = ViT(num_classes=5, img_size=32, patch_size=4, dim=32, depth=2, num_heads=2, attn="dot")
+    name = ctx.add_upload([str(save_checkpoint(tmp_path / "never_measured.safetensors", dot))])  # records no data
+    assert playground.preset_choices(ctx, name)[0] == []
+    with queues.one_per_user(None):  # a heavy job of this user's runs: the presets wait, and the note says why
+        *_, busy = playground.on_open(ctx, pg, name)
+    assert "become presets once measured" in busy[pg.preset_note] and queues.BUSY in busy[pg.preset_note]
+    steps = list(playground.on_open(ctx, pg, name))
+    doing = (
+        f"Measuring the heads' fields of **{name}** (dot-product) on 4 bundled picture(s) (the model records no "
+        "validation set), once: each head's 4-atom fit becomes a preset. The canvas holds the demo head until then, "
+        "not one of this model's"
+    )
+    assert steps[0] == {pg.preset: gr.update(choices=[], value=None, visible=False), pg.preset_note: f"{doing}…"}
+    assert all(s[pg.preset_note].startswith(f"{doing}: ") for s in steps[1:-1])  # its progress while it runs
+    done = steps[-1]
+    assert done[pg.preset]["visible"] and len(done[pg.preset]["choices"]) == 2 * 2
+    assert done[pg.preset]["choices"][0].startswith("fit: layer 0 · head 0 (its 4 atoms explain")
+    assert "measured on 4 bundled picture(s)" in done[pg.preset_note]
+    again = list(playground.on_open(ctx, pg, name))  # measured once: the presets at once
+    assert again == [playground.on_checkpoint(ctx, pg, name)]
+    assert list(playground.on_open(ctx, pg, "ssog_shapes.safetensors")) == [
+        playground.on_checkpoint(ctx, pg, "ssog_shapes.safetensors")
+    ]  # an SSOG model's presets are its own heads: nothing to measure
 
 
 def test_apply_measures_its_first_pass_with_an_estimate_from_the_batches_done(ctx, page):

@@ -86,3 +86,34 @@ def test_the_tour_in_the_browser(server):
         _has(page, "#status", "Kept **5** pictures as **uploaded: digits**".replace("**", ""))
         assert page.input_value("#pics input") == "uploaded: digits"
         _has(page, "#iv-n", "pictures of digits (N, of 5)")
+
+
+def test_a_dot_models_playground_measures_its_heads_then_offers_their_fits(server, tmp_path):
+    """A dot model uploaded while the playground is open: its heads are measured as fields (the note names the
+    pictures and shows the progress), then their fits are the presets, and one opens on the canvas."""
+    torch.manual_seed(11)
+    dot = ViT(num_classes=5, img_size=32, patch_size=4, dim=32, depth=2, num_heads=2, attn="dot")
+    path = save_checkpoint(tmp_path / "fresh_dot.safetensors", dot)  # records no data: the bundled pictures
+    with browser_page(server["log"], "tour_presets_failure", 300_000) as page:
+        page.goto(server["url"])
+        page.wait_for_selector("#pg-canvas .atom")
+        page.evaluate(  # every text the note shows, however briefly
+            """() => { window.notes = []; const note = document.querySelector('#pg-preset-note');
+            new MutationObserver(() => window.notes.push(note.innerText)).observe(note,
+            {childList: true, subtree: true, characterData: true}); }"""
+        )
+        with page.expect_file_chooser() as chooser:
+            page.click("#ckpt-upload")
+        chooser.value.set_files(str(path))
+        _has(page, "#pg-preset-note", "Presets are the heads of uploaded/fresh_dot.safetensors (dot-product) as fields")
+        notes = page.evaluate("() => window.notes")
+        measuring = (
+            "Measuring the heads' fields of uploaded/fresh_dot.safetensors (dot-product) on 4 bundled picture(s)"
+        )
+        assert any(n.startswith(measuring) and "not one of this model's" in n for n in notes), notes
+        assert page.locator("#pg-preset").is_visible()
+        page.click("#pg-preset input")
+        offered = page.locator("[role=option]").all_inner_texts()
+        assert len(offered) == 2 * 2 and offered[0].strip().startswith("fit: layer 0 · head 0 (its 4 atoms explain")
+        page.locator("[role=option]").nth(3).click()
+        _has(page, "#pg-preset-note", "Layer 1, head 1 of uploaded/fresh_dot.safetensors as its 4 fitted atoms")

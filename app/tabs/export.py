@@ -1,6 +1,8 @@
 """Tab 4, export maps: which patches the others read from (sources) and which gather (per layer and summed),
 the SSOG model beside its dot twin, and attention rollout for comparison; against a control (a blank image, or the
-mean over validation images: :mod:`ssog_core.analysis.controls`), and per class over the validation images."""
+mean over validation images: :mod:`ssog_core.analysis.controls`), and per class over the validation images. The
+validation images are the pictures chosen at the top of the page (:mod:`app.pictures`; by default the model's
+recorded data), named wherever a number made from them is shown."""
 
 from __future__ import annotations
 
@@ -11,9 +13,10 @@ from typing import Any
 import gradio as gr
 from gradio.blocks import Block
 
+from app import pictures as chooser
 from app import plots, widgets
 from app.common import Updates, error_text, shown_figure, warn, write_downloads
-from app.export_maps import maps_with_control, summary, validation_for
+from app.export_maps import maps_with_control, summary, validation_for, validation_words
 from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError, LoadedModel, StoredImage, resize_note
 from app.widgets import layer_update, model_depth
@@ -22,9 +25,9 @@ from ssog_core.analysis.controls import (
     class_maps,
     describe,
 )
-from ssog_core.analysis.measures import DEFAULT_ALPHA, DEFAULT_IMAGES
+from ssog_core.analysis.measures import DEFAULT_ALPHA
 from ssog_core.analysis.session import NO_TWIN
-from ssog_core.interventions.validation import picture_count
+from ssog_core.interventions.validation import Pictures
 from ssog_core.viz import figures as viz
 from ssog_core.viz import files as figures
 from ssog_core.viz import raster
@@ -47,7 +50,8 @@ class ExportUI:
     files_status: gr.Markdown
     classes: gr.Image
     classes_status: gr.Markdown
-    inputs: list[Block]  # checkpoint, twin, image, α, layer, the query picked in Steering, the control
+    inputs: list[Block]  # checkpoint, twin, image, α, layer, the query picked in Steering, the control, the layout,
+    # the pictures chosen at the top of the page
 
     @property
     def outputs(self) -> list[Block]:
@@ -60,15 +64,19 @@ class ExportUI:
         return [*self.outputs, self.control]
 
 
-def control_info(ctx: AppContext, loaded: LoadedModel) -> str:
+def control_info(loaded: LoadedModel, pictures: Pictures) -> str:
     """The control picker's help for ``loaded``, naming the pictures its validation control is made from."""
-    data = loaded.meta.get("data")
-    if data:
-        images = f"the first {DEFAULT_IMAGES} validation images of `{data}`"
-    else:
-        count = min(DEFAULT_IMAGES, picture_count(ctx.assets_dir))
-        images = f"{count} bundled picture(s), each in the class the model predicts (it records no validation set)"
-    return f"blank: the image's mean colour; validation: the mean over {images} (computed once per checkpoint and α)"
+    return (
+        f"blank: the image's mean colour; validation: the mean over {validation_words(loaded, pictures)} (computed "
+        "once per checkpoint, α and pictures; the pictures are chosen at the top of the page)"
+    )
+
+
+def chosen_words(loaded: LoadedModel, pictures: Pictures, n: int) -> str | None:
+    """The ``n`` pictures of the validation control in words where they were chosen in place of the recorded data
+    (None for the recorded data, which :func:`~ssog_core.analysis.controls.describe` and :func:`images_text`
+    name)."""
+    return validation_words(loaded, pictures, n) if pictures.folder is not None else None
 
 
 def _display(stored: StoredImage, loaded: LoadedModel):
@@ -91,19 +99,21 @@ def render(
     query: Any = None,
     control: str = "none",
     layout: str = "wide",
+    pictures: str | None = None,
     request: gr.Request | None = None,
 ) -> Updates:
     """The summary, the figure, the accumulated-map plot, the layer slider, and with a control the figure of raw,
     control and raw − control; ``query``, the patch picked in Steering, is outlined on every map; ``layout``
-    "narrow" draws one layer in two columns (a phone's width)."""
+    "narrow" draws one layer in two columns (a phone's width); ``pictures`` (the page's chooser) are what the
+    validation control is the mean over."""
     if not ckpt or not sha:
         missing = "a checkpoint" if not ckpt else "an image (top of the page)"
         return {ui.text: f"Pick {missing} to compute export maps.", ui.figure: None, ui.accumulated: None,
                 ui.control_figure: None}  # fmt: skip
     try:
-        loaded, stored = ctx.model(ckpt), ctx.image(sha)
+        loaded, stored, chosen = ctx.model(ckpt), ctx.image(sha), chooser.chosen(ctx, pictures)
         pairs = with_twin(ctx, ckpt, loaded, twin)
-        computed = [maps_with_control(ctx, lm, stored, alpha, control, request) for _, lm in pairs]
+        computed = [maps_with_control(ctx, lm, stored, alpha, control, request, chosen) for _, lm in pairs]
         models = [(n, lm, m) for (n, lm), (m, _) in zip(pairs, computed, strict=True)]
         controls = [c for _, c in computed]
         depth = max(m.net.shape[1] for _, _, m in models)
@@ -120,16 +130,17 @@ def render(
         stem = f"export_{names}_{sha[:8]}_L{layer}_alpha{alpha:.2f}_{viz.NET_CMAP}" + ("_narrow" if narrow else "")
         shown = shown_figure(fig, stem, meta)
         control_shown = None
+        named = chosen_words(loaded, chosen, controls[0].images) if controls[0] is not None else None
         if controls[0] is not None:
             rows = [(figures.stem_of(n), m, c) for (n, _, m), c in zip(models, controls, strict=True)]
-            cfig = viz.control_figure(_display(stored, loaded), rows, f"on {stored.name}")
+            cfig = viz.control_figure(_display(stored, loaded), rows, f"on {stored.name}", named)
             cmeta = {**meta, "figure": "export maps against a control", "control": control}
             control_shown = shown_figure(cfig, f"export_control_{control}_{names}_{sha[:8]}_alpha{alpha:.2f}", cmeta)
         text = (
             f"α = **{alpha:.2f}** (Â = α·Ā + (1−α)·I). Red = source (others read it), blue = gatherer. "
             f"{resize_note(stored, loaded)}"
             + (f"The query patch {q} picked in Steering is outlined in yellow. " if q else "")
-            + f"Control: **{describe(control, controls[0].images if controls[0] else 0)}**. "
+            + f"Control: **{describe(control, controls[0].images if controls[0] else 0, named)}**. "
             + " \n"
             + "  \n".join(summary(n, m, c) for (n, _, m), c in zip(models, controls, strict=True))
         )
@@ -140,37 +151,55 @@ def render(
             ui.figure: shown,
             ui.accumulated: plot,
             ui.layer: layer_update(asked, depth, keep=True),
-            ui.control: gr.update(info=control_info(ctx, loaded)),
+            ui.control: gr.update(info=control_info(loaded, chosen)),
             ui.control_figure: gr.update(value=control_shown, visible=control_shown is not None),
         }
     except Exception as e:
         return {ui.text: warn(error_text(e)), ui.figure: None, ui.accumulated: None, ui.control_figure: None}
 
 
-def images_text(count: int, data: str | None) -> str:
-    """Which images the per-class view averaged: validation images, or bundled pictures for a model without them."""
+def images_text(count: int, data: str | None, chosen: str | None = None) -> str:
+    """Which images the per-class view averaged: validation images, or bundled pictures for a model without them;
+    ``chosen``: the pictures chosen at the top of the page in their place, in words."""
+    if chosen:
+        return f"{chosen} (chosen at the top of the page)."
     if data:
         return f"{count} validation images of `{data}`."
     return f"{count} bundled pictures, each in the class the model predicts for it (no validation set recorded)."
 
 
 def per_class(
-    ctx: AppContext, ui: ExportUI, ckpt: str | None, alpha: float, control: str, request: gr.Request | None = None
+    ctx: AppContext,
+    ui: ExportUI,
+    ckpt: str | None,
+    alpha: float,
+    control: str,
+    pictures: str | None = None,
+    request: gr.Request | None = None,
 ) -> Updates:
-    """Mean accumulated export per class over the checkpoint's validation images, raw and against the control
-    (the validation maps are cached per checkpoint and α, so this is computed once)."""
+    """Mean accumulated export per class over the checkpoint's validation images (or the ``pictures`` chosen on
+    the page, each in the class the model predicts), raw and against the control (the validation maps are cached
+    per checkpoint, α and pictures, so this is computed once)."""
     try:
         if not ckpt:
             raise AppError("pick a checkpoint first")
-        loaded = ctx.model(ckpt)
-        raw = validation_for(ctx, loaded, alpha, request=request)
-        blank = validation_for(ctx, loaded, alpha, blank=True, request=request) if control == "blank" else None
+        loaded, chosen = ctx.model(ckpt), chooser.chosen(ctx, pictures)
+        raw = validation_for(ctx, loaded, alpha, request=request, pictures=chosen)
+        blank = (
+            validation_for(ctx, loaded, alpha, blank=True, request=request, pictures=chosen)
+            if control == "blank"
+            else None
+        )
         c = class_maps(raw, control, blank)
+        count = int(c.counts.sum())
+        words = chosen_words(loaded, chosen, count)
         stem = figures.stem_of(ckpt)
         meta = {"figure": "export maps per class", "checkpoint": ckpt, "alpha": float(alpha), "control": control,
-                "images": int(c.counts.sum()), "data": loaded.meta.get("data")}  # fmt: skip
-        shown = shown_figure(viz.class_maps_figure(stem, c), f"export_classes_{stem}_{control}_alpha{alpha:.2f}", meta)
-        return {ui.classes: shown, ui.classes_status: images_text(int(c.counts.sum()), meta["data"])}
+                "images": count, "data": loaded.meta.get("data"), "pictures": words}  # fmt: skip
+        shown = shown_figure(
+            viz.class_maps_figure(stem, c, pictures=words), f"export_classes_{stem}_{control}_alpha{alpha:.2f}", meta
+        )
+        return {ui.classes: shown, ui.classes_status: images_text(count, meta["data"], words)}
     except Exception as e:
         return {ui.classes: None, ui.classes_status: warn(error_text(e))}
 
@@ -186,17 +215,20 @@ def downloads(
     query: Any = None,
     control: str = "none",
     layout: str = "wide",
+    pictures: str | None = None,
 ) -> Updates:
     """The figure (PNG + SVG) and every model's raw maps (.npz + CSV); with a control also the figure against it
     and the control's maps in each .npz; settings in file names and metadata. The files are the wide figure
     whatever the screen's ``layout``: they are for papers, not phones."""
     try:
-        loaded, stored = ctx.model(ckpt), ctx.image(sha)
+        loaded, stored, chosen = ctx.model(ckpt), ctx.image(sha), chooser.chosen(ctx, pictures)
         pairs = with_twin(ctx, ckpt, loaded, twin)
-        computed = [maps_with_control(ctx, lm, stored, alpha, control) for _, lm in pairs]
+        computed = [maps_with_control(ctx, lm, stored, alpha, control, pictures=chosen) for _, lm in pairs]
         models = [(n, m) for (n, _), (m, _) in zip(pairs, computed, strict=True)]
         controls = [c for _, c in computed]
         settings = {"image": stored.name, "image_sha256": sha}
+        if controls[0] is not None and (named := chosen_words(loaded, chosen, controls[0].images)):
+            settings["control_pictures"] = named  # the validation control's chosen pictures, in words
         q = (int(query[0]), int(query[1])) if query else None
         layer = int(layer or 0)
         files = figures.export_files(
@@ -228,8 +260,8 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> ExportUI:
             list(CONTROLS),
             value="none",
             label="control: compare with a blank image or the validation mean",
-            info="blank: the image's mean colour; validation: the mean over the checkpoint's validation images (the "
-            "pictures it names once a checkpoint is shown)",
+            info="blank: the image's mean colour; validation: the mean over the pictures chosen at the top of the page "
+            "(by default the checkpoint's validation images; named once a checkpoint is shown)",
             elem_id="ex-control",
             scale=2,
         )
@@ -274,7 +306,8 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> ExportUI:
             made = widgets.downloads("Make files: figure PNG + SVG, maps .npz + CSV", "ex-dl", "ex-files")
             files, files_status = made.files, made.status
     classes_button = gr.Button(
-        "Per class: mean accumulated export over the validation images (raw and against the control)",
+        "Per class: mean accumulated export over the validation images or the chosen pictures (raw and against the "
+        "control)",
         size="sm",
         elem_id="ex-classes-button",
     )
@@ -288,7 +321,8 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> ExportUI:
         show_label=False,
         buttons=["download", "fullscreen"],
     )
-    inputs = [shared["checkpoint"], twin, shared["image_sha"], alpha, layer, shared["query"], control, layout]
+    inputs = [shared["checkpoint"], twin, shared["image_sha"], alpha, layer, shared["query"], control, layout,
+              shared["pictures"]]  # fmt: skip
     ui = ExportUI(twin=twin, alpha=alpha, layer=layer, control=control, layout=layout, text=text, figure=figure,
                   control_figure=control_figure, accumulated=accumulated, files=files, files_status=files_status,
                   classes=classes, classes_status=classes_status, inputs=inputs)  # fmt: skip
@@ -296,7 +330,8 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> ExportUI:
         picker.input(partial(render, ctx, ui), inputs, ui.rendered, api_visibility="private")
     made.on_click(partial(downloads, ctx, ui), inputs)
     classes_button.click(
-        partial(per_class, ctx, ui), [shared["checkpoint"], alpha, control], [classes, classes_status],
+        partial(per_class, ctx, ui), [shared["checkpoint"], alpha, control, shared["pictures"]],
+        [classes, classes_status],
         api_visibility="private",
     )  # fmt: skip
     return ui

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -10,12 +11,13 @@ import gradio as gr
 import numpy as np
 from gradio.blocks import Block
 
-from app import interventions, plots, queues
+from app import fields, interventions, plots, queues
+from app import pictures as chooser
 from app.canvas import CANVAS_SIZE, CSS_TEMPLATE, HTML_TEMPLATE, JS_ON_LOAD, canvas_props, underlay_url
 from app.common import Updates, error_text, warn, write_downloads
 from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError, LoadedModel
-from ssog_core.analysis.head_as_field import fit_spec
+from ssog_core.analysis.head_as_field import FIT_ATOMS, fit_spec
 from ssog_core.analysis.head_spec import (
     DEFAULT_SPEC,
     MAX_ATOMS,
@@ -26,6 +28,7 @@ from ssog_core.analysis.head_spec import (
     evaluate,
     spec_from_head,
 )
+from ssog_core.analysis.measures import DEFAULT_IMAGES
 from ssog_core.analysis.presets import KINDS, RULES
 from ssog_core.interventions.edit import Edit
 from ssog_core.interventions.ops import head_edits
@@ -356,6 +359,41 @@ def on_checkpoint(ctx: AppContext, ui: PlaygroundUI, ckpt: str | None) -> Update
     """New presets for a new checkpoint; the picker is hidden when the model has none (the note says why)."""
     choices, note = preset_choices(ctx, ckpt)
     return {ui.preset: gr.update(choices=choices, value=None, visible=bool(choices)), ui.preset_note: note}
+
+
+def on_open(
+    ctx: AppContext, ui: PlaygroundUI, ckpt: str | None, choice: str | None = None, request: Any = None
+) -> Iterator[Updates]:
+    """The playground opened on ``ckpt``: its presets (:func:`on_checkpoint`). For a model without a field whose
+    heads were never measured on this server, first measure them: the heavy job of Checkpoint geometry's *Every
+    head as a field* (:func:`app.fields.measure`, with its default N and K, on the pictures chosen on the page,
+    ``choice``), its progress on the note, then each head's fit as a preset. The canvas keeps the demo head, and
+    the note says it is not one of this model's."""
+    choices, _ = preset_choices(ctx, ckpt)
+    try:
+        loaded = ctx.model(ckpt) if ckpt and not choices else None
+    except AppError:
+        loaded = None
+    if loaded is None or loaded.is_ssog:
+        yield on_checkpoint(ctx, ui, ckpt)
+        return
+    try:
+        pictures = chooser.chosen(ctx, choice)
+        doing = (
+            f"Measuring the heads' fields of **{ckpt}** ({loaded.kind}) on "
+            f"{pictures.words(loaded.meta, DEFAULT_IMAGES)}, once: each head's {FIT_ATOMS}-atom fit becomes a "
+            "preset. The canvas holds the demo head until then, not one of this model's"
+        )
+        yield {ui.preset: gr.update(choices=[], value=None, visible=False), ui.preset_note: f"{doing}…"}
+        work = lambda stop, watch: fields.measure(  # noqa: E731
+            ctx, loaded, DEFAULT_IMAGES, FIT_ATOMS, stop, watch, pictures
+        )
+        for done, progress in queues.watched(request, work):
+            if done is None:
+                yield {ui.preset_note: f"{doing}: {progress}…"}
+        yield on_checkpoint(ctx, ui, ckpt)
+    except Exception as e:  # e.g. another heavy job of this user's runs: the presets wait for a measurement
+        yield {ui.preset_note: f"{preset_choices(ctx, ckpt)[1]} {warn(error_text(e))}"}
 
 
 def on_preset(

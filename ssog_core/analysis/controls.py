@@ -10,7 +10,8 @@ position alone. A control separates the two; the difference raw − control is w
   blank map can move by a tenth of its range for less than that), so a difference within it is not read as an
   effect of the image;
 * ``validation`` — the mean maps over N images of the checkpoint's validation data (its metadata's ``data``): what
-  the model does on a typical image of its task.
+  the model does on a typical image of its task; or over pictures chosen in its place (:func:`maps_over`, each
+  labelled by the model's own prediction).
 
 :func:`class_maps` gives the dataset-level view: the mean accumulated export per class over the validation images,
 raw and against a control.
@@ -72,12 +73,14 @@ class ValidationMaps:
         return ControlMaps("validation", mean[0], mean[1], len(self.labels))
 
 
-def describe(control: str, images: int = 0) -> str:
-    """The control in words, for figure legends and summaries."""
+def describe(control: str, images: int = 0, pictures: str | None = None) -> str:
+    """The control in words, for figure legends and summaries; ``pictures``: which images the validation control
+    was made from, in words, where they were chosen in place of the validation set."""
+    validation = f"the mean over {images} validation images (a model that records none: the bundled pictures)"
     return {
         "none": "none (raw maps)",
         "blank": "a blank image of the image's mean colour",
-        "validation": f"the mean over {images} validation images (a model that records none: the bundled pictures)",
+        "validation": f"the mean over {pictures}" if pictures else validation,
     }[check_control(control)]
 
 

@@ -61,13 +61,7 @@ class EvalSet:
 
     def words(self) -> str:
         """Which images these are, in words, for every note and chart made from them."""
-        if self.source == VALIDATION:
-            return f"the first {len(self)} validation images of `{self.spec}`"
-        if self.source == BUNDLED:
-            return f"{len(self)} bundled picture(s) (the model records no validation set)"
-        if self.source == CHOSEN_BUNDLED:
-            return f"{len(self)} bundled picture(s)"
-        return f"{len(self)} picture(s) of `{self.spec}`"
+        return images_words(self.source, len(self), self.spec)
 
     def describe(self) -> dict[str, Any]:
         """Which images these are, as a result records them."""
@@ -91,6 +85,18 @@ class EvalSet:
         p = next(model.parameters())
         for s in range(0, len(self), batch_size):
             yield self.batch(s, min(s + batch_size, len(self)), p.device, p.dtype)
+
+
+def images_words(source: str, n: int, spec: str) -> str:
+    """``n`` images from ``source`` (:attr:`EvalSet.source`; ``spec`` the data or the folder's name), in words:
+    :meth:`EvalSet.words` of loaded ones, :meth:`Pictures.words` of chosen ones before they are loaded."""
+    if source == VALIDATION:
+        return f"the first {n} validation images of `{spec}`"
+    if source == BUNDLED:
+        return f"{n} bundled picture(s) (the model records no validation set)"
+    if source == CHOSEN_BUNDLED:
+        return f"{n} bundled picture(s)"
+    return f"{n} picture(s) of `{spec}`"
 
 
 def eval_images(n: int | None, split: int) -> int:
@@ -231,6 +237,15 @@ class Pictures:
             return BUNDLED if self.key(meta) is not None else VALIDATION
         same = self.bundled is not None and Path(self.folder).resolve() == Path(self.bundled).resolve()
         return CHOSEN_BUNDLED if same else FOLDER
+
+    def words(self, meta: Mapping[str, Any], n: int) -> str:
+        """The first ``n`` of them for a model with ``meta`` (up to ``n`` pictures), in words, without loading them:
+        what :meth:`EvalSet.words` of :meth:`eval_set` with ``up_to`` says."""
+        source = self.eval_source(meta)
+        if source == VALIDATION:
+            return images_words(source, n, str(meta.get("data")))
+        folder = Path(self.folder or self.bundled)
+        return images_words(source, min(n, picture_count(folder)), folder.name)
 
     def reference(self, meta: Mapping[str, Any]) -> str:
         """What outcomes on them are measured against (:data:`LABEL` or :data:`PREDICTION`)."""

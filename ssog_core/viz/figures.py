@@ -597,11 +597,15 @@ def compare_figure(
 
 
 def control_figure(
-    image: Image.Image, models: Sequence[tuple[str, ExportMaps, ControlMaps]], title: str = ""
+    image: Image.Image,
+    models: Sequence[tuple[str, ExportMaps, ControlMaps]],
+    title: str = "",
+    pictures: str | None = None,
 ) -> Figure:
     """Per model a row: the accumulated net export raw, its control and raw − control, then the same for
     attention rollout. Raw and control share a colour scale, so they compare by eye; a difference has its own,
-    centred on 0. The control panels are drawn without the picture: the control is not this image."""
+    centred on 0. The control panels are drawn without the picture: the control is not this image. ``pictures``:
+    the validation control's images in words, where they were chosen in place of the validation set."""
     fig = new_figure(15.0, 2.9 * len(models) + 1.0)
     rows = np.atleast_2d(fig.subplots(len(models), 6))
     img = backdrop(image, 230)
@@ -630,8 +634,8 @@ def control_figure(
             axes[2].scatter(xs, ys, marker="x", s=12, c="0.25", linewidths=0.7, zorder=4)
     c = models[0][2]
     legend = (
-        f"Control: {describe(c.control, c.images)}, α = {models[0][1].alpha:.2f}. Raw and control share one colour "
-        "scale; each difference (raw − control: what this image changes) has its own, centred on 0."
+        f"Control: {describe(c.control, c.images, pictures)}, α = {models[0][1].alpha:.2f}. Raw and control share "
+        "one colour scale; each difference (raw − control: what this image changes) has its own, centred on 0."
     )
     if c.noise is not None:
         legend += (
@@ -642,9 +646,10 @@ def control_figure(
     return fig
 
 
-def class_maps_figure(label: str, c: ClassMaps, title: str = "") -> Figure:
+def class_maps_figure(label: str, c: ClassMaps, title: str = "", pictures: str | None = None) -> Figure:
     """One column per class: the mean accumulated net export over its validation images, and below it the mean
-    against the control. One colour scale per row, centred on 0."""
+    against the control. One colour scale per row, centred on 0. ``pictures``: the images in words, where they
+    were chosen in place of the validation set."""
     rows = [("raw", c.raw.numpy())] + ([] if c.difference is None else [("raw − control", c.difference.numpy())])
     classes = len(c.class_names)
     fig = new_figure(1.55 * classes + 1.2, 1.9 * len(rows) + 1.1)
@@ -658,8 +663,8 @@ def class_maps_figure(label: str, c: ClassMaps, title: str = "") -> Figure:
                 ax.set_ylabel(what, fontsize=8)
         _colorbar(fig, im, list(axes[r]), "Σ net")
     n = int(c.counts.sum())
-    legend = f"{label}: mean accumulated net export per class over {n} validation images, α = {c.alpha:.2f}; "
-    legend += f"control: {describe(c.control, n)}"
+    legend = f"{label}: mean accumulated net export per class over {pictures or f'{n} validation images'}, "
+    legend += f"α = {c.alpha:.2f}; control: {describe(c.control, n, pictures)}"
     suptitle(fig, title, legend, 9)
     return fig
 

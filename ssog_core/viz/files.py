@@ -144,7 +144,8 @@ def export_files(
 ) -> Files:
     """The export-maps figure of one or more checkpoints (PNG + SVG, ``query`` outlined) and each one's raw maps
     (.npz + CSV); with ``controls`` (one per model) also the figure against the control, and in each .npz the
-    control's maps and raw − control."""
+    control's maps and raw − control; ``settings["control_pictures"]``, where given, names the validation control's
+    chosen pictures in its figure."""
     alpha = models[0][1].alpha
     sha = str(settings.get("image_sha256", ""))[:8]
     names = "+".join(stem_of(n) for n, _ in models)
@@ -160,7 +161,8 @@ def export_files(
     if controls:
         meta["control"] = controls[0].control
         rows = [(stem_of(n), m, c) for (n, m), c in zip(models, controls, strict=True)]
-        cfig = viz.control_figure(display, rows, f"on {settings['image']}" if settings.get("image") else "")
+        title = f"on {settings['image']}" if settings.get("image") else ""
+        cfig = viz.control_figure(display, rows, title, settings.get("control_pictures"))
         files |= _figure_files(cfig, viz.safe_token(f"export_control_{controls[0].control}_{names}_{sha}"), meta)
     for k, (name, m) in enumerate(models):
         one = viz.safe_token(f"export_maps_{stem_of(name)}_{sha}_alpha{alpha:.2f}")
