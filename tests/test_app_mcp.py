@@ -168,7 +168,13 @@ def test_without_a_valid_login_no_mcp_route_answers_or_names_a_tool(with_login, 
 def test_the_schema_route_describes_the_tools_to_a_logged_in_client(with_login):
     r = httpx.get(with_login.local_url + "gradio_api/mcp/schema", headers=basic(*LOGIN))
     tools: dict[str, Any] = {t["name"]: t for t in r.raise_for_status().json()}
-    assert set(tools["intervene"]["inputSchema"]["properties"]) == {"checkpoint", "image", "edits", "eval_images", "pictures"}
+    assert set(tools["intervene"]["inputSchema"]["properties"]) == {
+        "checkpoint",
+        "image",
+        "edits",
+        "eval_images",
+        "pictures",
+    }
     check_edits_schema(tools["intervene"]["inputSchema"]["properties"]["edits"])
 
 
