@@ -340,6 +340,7 @@ def _check_jobs_on_gpu(run: Run) -> str | None:
     differs (a prediction on a near-tie may flip)."""
     from ssog_core.checkpoint.format import load_checkpoint
     from ssog_core.interventions import heavy
+    from ssog_core.interventions.result import InterventionRequest
     from ssog_core.runtime.jobs import ModelRef, run_job
 
     ref = ModelRef.of(ROOT / "checkpoints" / "matched_ssog_layouts.safetensors", load_checkpoint)
@@ -347,7 +348,7 @@ def _check_jobs_on_gpu(run: Run) -> str | None:
     device = "cuda" if run.device.type == "cuda" else "cpu"  # the dry run: the plumbing, CPU against CPU
     n = 64 if device == "cuda" else 4
     jobs = {
-        f"validation edits ({n} images)": (heavy.validation, (ref, edits, n, None, None)),
+        f"validation edits ({n} images)": (heavy.intervene, (ref, InterventionRequest(edits, eval_images=n))),
         f"head importance ({n // 2} images, zero)": (heavy.importance, (ref, n // 2, "zero", None)),
         f"head fields ({n // 4} images, 2 atoms)": (heavy.head_fields, (ref, n // 4, None, 2)),
         f"accuracy ({n} images)": (heavy.accuracy, (ref, n)),

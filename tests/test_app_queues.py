@@ -85,7 +85,7 @@ def test_light_work_passes_heavy_work_which_is_capped_per_queue_and_per_user(dem
         with pytest.raises(Exception, match="already have a heavy job running"):  # batch export is heavy too
             ada.predict(CKPT, "scene.png", 0.5, "validation", api_name="/export_summary")
 
-        join_and_leave(demo, "head_importance", [CKPT, 20, "zero"], (queues.HEAVY_LIMIT, 2))  # waits behind eve
+        join_and_leave(demo, "head_importance", [CKPT, 20, "zero", ""], (queues.HEAVY_LIMIT, 2))  # waits behind eve
         until(lambda: heavy_state(demo) == (queues.HEAVY_LIMIT, 1))  # the page that left gave its place back
         grace_sweep = sweeps[1]
         grace_sweep.cancel()  # a running sweep stops and frees its worker: eve's waiting sweep starts
@@ -102,7 +102,7 @@ def test_light_work_passes_heavy_work_which_is_capped_per_queue_and_per_user(dem
         for _ in range(queues.HEAVY_LIMIT):
             queues.heavy_gate.acquire()
         released = False
-        join_and_leave(demo, "head_importance", [CKPT, 16, "zero"], (1, 0))  # runs (N 16: not cached)
+        join_and_leave(demo, "head_importance", [CKPT, 16, "zero", ""], (1, 0))  # runs (N 16: not cached)
         until(lambda: heavy_state(demo) == (0, 0))  # Gradio closed the sweep's generator: its worker is free
     finally:
         if not released:

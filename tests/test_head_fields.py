@@ -292,7 +292,8 @@ def test_the_fields_command_writes_the_heads_and_both_charts(tmp_path, capsys):
     result = json.loads(out.read_text())
     heads = result["heads"]
     assert [(h["layer"], h["head"]) for h in heads] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    keys = {"layer", "head", "mean_distance_px", "share_fit", "share_field", "prefix_share", "atoms"}
+    keys = {"layer", "head", "mean_distance_px", "share_fit", "share_field", "prefix_share", "atoms", "share_uniform",
+            "normalised_fit", "normalised_field", "diffuse", "entropy"}  # fmt: skip
     assert all(set(h) == keys and len(h["atoms"]) == 2 for h in heads)
     assert all(set(a) == {"mu_y", "mu_x", "sigma_y", "sigma_x", "weight"} for h in heads for a in h["atoms"])
     names = keys | {"mu_y", "mu_x", "sigma_y", "sigma_x", "weight"}
