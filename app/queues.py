@@ -163,12 +163,15 @@ def submitted(
     return cache.get(key, make)
 
 
-def watched(request: Any, work: Callable[[Callable[[], bool], Watch], T]) -> Iterator[tuple[T | None, str]]:
-    """Run ``work(stop, watch)`` as the user's one heavy job (:func:`one_per_user`), in a thread a closed page
-    stops (:func:`app.common.stoppable`): yields ``(None, progress in words)`` while it runs, then ``(result, "")``.
-    A handler yields its own first value before calling this, so a job cancelled before it starts holds no slot."""
+def watched(
+    request: Any, work: Callable[[Callable[[], bool], Watch], T], holds: bool = True
+) -> Iterator[tuple[T | None, str]]:
+    """Run ``work(stop, watch)`` as the user's one heavy job (:func:`one_per_user`; ``holds=False`` for a job the
+    page starts by itself), in a thread a closed page stops (:func:`app.common.stoppable`): yields
+    ``(None, progress in words)`` while it runs, then ``(result, "")``. A handler yields its own first value before
+    calling this, so a job cancelled before it starts holds no slot."""
     watch = Watch()
-    with one_per_user(request):
+    with one_per_user(request, holds):
         for result in stoppable(lambda stop: work(stop, watch)):
             yield result, watch.note() if result is None else ""
 
@@ -183,18 +186,20 @@ class Busy(ValueError):
 
 
 @contextmanager
-def one_per_user(request: Any) -> Iterator[None]:
-    """Run a heavy job for the user of ``request``, refused with :class:`Busy` while another of theirs runs."""
+def one_per_user(request: Any, holds: bool = True) -> Iterator[None]:
+    """Run a heavy job for the user of ``request``, refused with :class:`Busy` while another of theirs runs. A job
+    the page starts by itself (``holds=False``: the playground measuring a new model's heads) is refused alike but
+    holds no turn, so a job the user asks for meanwhile is not refused because of it."""
     user = user_of(request)
     with _lock:
         if _running[user]:
             raise Busy(BUSY)
-        _running[user] += 1
+        _running[user] += holds
     try:
         yield
     finally:
         with _lock:
-            _running[user] -= 1
+            _running[user] -= holds
             if not _running[user]:
                 del _running[user]
         memory.return_free_memory()  # the job's activations, freed, leave the resident set

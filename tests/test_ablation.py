@@ -26,6 +26,7 @@ def ablation(tmp_path, monkeypatch):
     monkeypatch.setattr(module, "RUNS", tmp_path / "runs")
     monkeypatch.setattr(module, "MODELS", tmp_path / "results" / "models")
     monkeypatch.setattr(module, "READINGS", tmp_path / "results" / "readings.jsonl")
+    monkeypatch.setattr(module, "PARKED", tmp_path / "results" / "parked")
     monkeypatch.setattr(module, "DOC", tmp_path / "RESULTS.md")
     monkeypatch.setattr(module, "FIGURE", tmp_path / "figures" / "ablation_curves.png")
     return module

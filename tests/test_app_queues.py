@@ -147,6 +147,19 @@ def test_one_heavy_job_per_user_is_released_whatever_happens():
         pass
 
 
+def test_a_job_the_page_starts_holds_no_turn_but_waits_for_the_users_own():
+    """The playground measuring a new model's heads by itself never refuses the measurement the user then asks for
+    (the browser test's race: a busy machine kept the page's job running when the user clicked *Measure*)."""
+    request = SimpleNamespace(username=None, session_hash="s9")
+    with queues.one_per_user(request, holds=False):
+        with queues.one_per_user(request):  # the user's own job runs beside the page's
+            with pytest.raises(queues.Busy), queues.one_per_user(request, holds=False):
+                pass  # ... and while it runs, the page's next one waits
+        assert queues.user_of(request) not in queues._running
+    with queues.one_per_user(request), pytest.raises(queues.Busy), queues.one_per_user(request):
+        pass
+
+
 def test_a_cancelled_heavy_job_frees_its_worker_and_its_users_slot(demo):
     """A client that cancels (or drops) a running validation edit or sweep gives back its worker and its user's
     heavy slot at once, and its computation stops: the user's next heavy job is not refused."""

@@ -388,7 +388,7 @@ def on_open(
         work = lambda stop, watch: fields.measure(  # noqa: E731
             ctx, loaded, DEFAULT_IMAGES, FIT_ATOMS, stop, watch, pictures
         )
-        for done, progress in queues.watched(request, work):
+        for done, progress in queues.watched(request, work, holds=False):  # started by the page, not asked for
             if done is None:
                 yield {ui.preset_note: f"{doing}: {progress}…"}
         yield on_checkpoint(ctx, ui, ckpt)
