@@ -151,9 +151,10 @@ def test_a_job_the_page_starts_holds_no_turn_but_waits_for_the_users_own():
     """The playground measuring a new model's heads by itself never refuses the measurement the user then asks for
     (the browser test's race: a busy machine kept the page's job running when the user clicked *Measure*)."""
     request = SimpleNamespace(username=None, session_hash="s9")
-    with queues.one_per_user(request, holds=False), queues.one_per_user(request):  # the user's job runs beside it
-        with pytest.raises(queues.Busy), queues.one_per_user(request, holds=False):
-            pass  # ... and while it runs, the page's next one waits
+    with queues.one_per_user(request, holds=False):
+        # the user's job runs beside the page's, and while it runs the page's next one waits
+        with queues.one_per_user(request), pytest.raises(queues.Busy), queues.one_per_user(request, holds=False):
+            pass
         assert queues.user_of(request) not in queues._running
     with queues.one_per_user(request), pytest.raises(queues.Busy), queues.one_per_user(request):
         pass
