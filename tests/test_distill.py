@@ -70,10 +70,14 @@ def lab_teacher(path: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = ViT(num_classes=CLASSES, img_size=SIZE, patch_size=4, dim=24, depth=2, num_heads=3, attn="dot",
                 dropout=0.0, mlp_ratio=2.0)  # fmt: skip
-    with torch.no_grad():  # sharp attention: heads a field cannot be without content
+    with torch.no_grad():  # sharp heads whose keys carry their position: where a query looks follows its content
+        model.pos_embed.mul_(50.0)
         for block in model.blocks:
-            block.attn.qkv.weight.mul_(6.0)
+            block.attn.qkv.weight[: 2 * 24].mul_(5.0)
     train(model, lambda m, x: m(x))
+    with torch.no_grad():  # a confident teacher: its top class is worth agreeing with
+        model.head.weight.mul_(4.0)
+        model.head.bias.mul_(4.0)
     save_checkpoint(path, model, {"class_names": [f"quadrant {i}" for i in range(CLASSES)]})
     return path
 
@@ -98,8 +102,8 @@ def made(tmp_path_factory) -> dict[str, Path]:
     return {
         "lab": lab_teacher(root / "dot.safetensors"),
         "hf": hf_teacher(root / "hf_vit"),
-        "train": picture_folder(root / "train", 48, 2),
-        "held": picture_folder(root / "held", 24, 3),
+        "train": picture_folder(root / "train", 96, 2),
+        "held": picture_folder(root / "held", 96, 3),
     }
 
 
@@ -177,7 +181,7 @@ def test_step0_field_is_what_fields_reports_and_the_student_reloads_bit_for_bit(
             assert torch.equal(value, kept[name]), name
     assert student.config.sigma_floor == STUDENT_SIGMA_FLOOR and student.config.prefix_dot
     d = meta["distill"]
-    assert d["teacher_licence"] == "apache-2.0" and d["pictures"]["first"] == 48 and d["recipe"]["steps"] == 2
+    assert d["teacher_licence"] == "apache-2.0" and d["pictures"]["first"] == 96 and d["recipe"]["steps"] == 2
     assert meta["step"] == 2 and meta["finished"]
     again = tmp_path / "again.safetensors"
     save_checkpoint(again, student, {k: v for k, v in meta.items() if k != "config"})
@@ -206,15 +210,15 @@ def test_after_training_agreement_and_share_steered_rise_and_kl_falls_on_held_ou
     distillation the student agrees more with the teacher, its KL falls and its steered heads explain more of the
     teacher's than their fitted fields, on pictures it never trained on; a chart beside the report."""
     out = tmp_path / "s.safetensors"
-    assert distill(made, "lab", out, "--steps", "40", "--rows-weight", "1") == 0
+    assert distill(made, "lab", out, "--steps", "100", "--lr", "1e-2") == 0
     report = json.loads((tmp_path / "s.report.json").read_text())
-    a0, a1 = report["step0"], report["final"]
-    assert a1["kl"] < 0.8 * a0["kl"] and a1["agreement"] > a0["agreement"], (a0, a1)
-    heads = report["heads"]
-    assert np.mean([h["share_steered"] for h in heads]) > np.mean([h["share_fit"] for h in heads]) + 0.02
+    a0, a1 = report["step0"], report["final"]  # seen once: agreement 0.48 -> 0.72, KL 0.90 -> 0.58
+    assert a1["kl"] < 0.8 * a0["kl"] and a1["agreement"] > a0["agreement"] + 0.1, (a0, a1)
+    heads = report["heads"]  # seen once: share_steered − share_fit +0.05 to +0.15 on every head
+    assert all(h["share_steered"] > h["share_fit"] + 0.02 for h in heads), heads
     assert all(h["difference"] == pytest.approx(h["share_steered"] - h["share_fit"]) for h in heads)
     assert all(h["steering_reach"] > 0 for h in heads)
-    assert report["content_scored"].startswith("nothing") and report["held_out"]["first"] == 24
+    assert report["content_scored"].startswith("nothing") and report["held_out"]["first"] == 96
     assert (tmp_path / "s.report.png").stat().st_size > 0 and (tmp_path / "s.report.svg").stat().st_size > 0
 
 

@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--weight-decay", type=float, help=f"AdamW's (default {d.weight_decay})")
     ap.add_argument("--temperature", type=float, help=f"of the KL to the teacher's logits (default {d.temperature})")
     ap.add_argument("--rows-weight", type=float,
-                    help=f"weight of the per-head patch-row term (default {d.rows_weight}: off)")  # fmt: skip
+                    help=f"weight of the per-head patch-row term (default {d.rows_weight}; 0: off)")  # fmt: skip
     ap.add_argument("--train", choices=("steering", "fields", "all"),
                     help="steering (probes, gates: the default); fields: also atoms, prefix mass; all")  # fmt: skip
     ap.add_argument("--seed", type=int, help=f"the pictures each step draws (default {d.seed})")
