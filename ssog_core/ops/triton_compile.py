@@ -580,8 +580,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="--report: also write it as JSON to this file")
     ap.add_argument("--workers", type=int, help="--report: compile processes (default: one per CPU)")
     ap.add_argument("--measured", type=Path, default=MEASURED, help="--report: the measured GPU rows")
-    ap.add_argument("--fit", action="store_true", help="--report: fit the constants on the measured rows (default: "
-                    "the H200 run's, triton_cost.H200_CALIBRATION; refit only on rows measured from today's kernels)")
+    ap.add_argument(
+        "--fit",
+        action="store_true",
+        help="--report: fit the constants on the measured rows (default: "
+        "the H200 run's, triton_cost.H200_CALIBRATION; refit only on rows measured from today's kernels)",
+    )
     ap.add_argument("--batch", type=int, default=64, help="--report: images (the benchmark's 64)")
     ap.add_argument("--heads", type=int, default=6, help="--report: heads (the benchmark's 6)")
     args = ap.parse_args(argv)
