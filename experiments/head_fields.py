@@ -67,6 +67,8 @@ STEERED = ("ssog_mu", "ssog", "ssog_offset2")
 VARIANT = {"dot": "dot twin", "ssog_fixed": "fixed field", "ssog_mu": "+μδ", "ssog": "steered",
            "ssog_offset2": "steered ±2"}  # fmt: skip
 CLAIM = "content only needs to steer"
+SOLVED = 2 / 3  # accuracy at which a pointer model has solved its task (experiments/ablation.py's PLATEAU_EXIT)
+FLAT = 0.05  # a normalised fit within ±FLAT of 0: the field explains no more of the head than the uniform field
 
 
 def checkpoints_of(data: str, checkpoints: Path, models: Path) -> dict[str, Path]:
@@ -176,15 +178,15 @@ def run_all(
     results: dict[str, dict[str, Any]] = {}
     for data in datasets:
         for kind, ckpt in checkpoints_of(data, checkpoints, models or out / "models").items():
+            shown = ckpt.relative_to(ROOT).as_posix() if ckpt.is_relative_to(ROOT) else str(ckpt)
             if not ckpt.is_file():
-                print(f"skipping {kind}_{data}: no {ckpt} (yet)", flush=True)
+                print(f"skipping {kind}_{data}: no {shown} (yet)", flush=True)
                 continue
             part = out / "head_fields" / f"{kind}_{data}.json"
             entry = kept(part, ckpt, n)
             if entry is None:
                 print(f"measuring {ckpt.name} on {n} images", flush=True)
                 model, meta = load_checkpoint(ckpt)
-                shown = ckpt.relative_to(ROOT).as_posix() if ckpt.is_relative_to(ROOT) else str(ckpt)
                 entry = measure(model, load_eval_set(meta, tuple(model.config.img_size), n), shown)
                 text = json.dumps(entry, indent=1)
                 part.parent.mkdir(parents=True, exist_ok=True)
@@ -281,7 +283,7 @@ def section(results: dict[str, dict[str, Any]], n: int, command: str) -> str:
         definitions(n, command),
         "",
         "| model | unedited accuracy | diffuse heads | uniform | share_fit | normalised fit | share_field | "
-        "normalised field | fixed part (normalised) | distance px | every head → fit: Δ accuracy [95%] | "
+        "normalised field | fixed part; normalised | distance px | every head → fit: Δ accuracy [95%] | "
         "Δ log p(true) [95%] | every head → positional field: Δ log p(true) [95%] |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -290,7 +292,7 @@ def section(results: dict[str, dict[str, Any]], n: int, command: str) -> str:
         fixed = "—"
         if e["steered"]:
             parts = _fixed_part(heads)
-            fixed = f"{_span(parts, 'share_fixed_part')} ({_mean(parts, 'normalised_fixed_part'):.3f})"
+            fixed = f"{_span(parts, 'share_fixed_part')}; {_mean(parts, 'normalised_fixed_part'):.3f}"
         lines.append(
             f"| `{name}` | {e['unedited_accuracy']:.4f} | {sum(h['diffuse'] for h in heads)} of {len(heads)} | "
             f"{_span(heads, 'share_uniform')} | {_span(heads, 'share_fit')} | {_span(heads, 'normalised_fit')} | "
@@ -361,16 +363,17 @@ def _quiet(entry: dict[str, Any]) -> tuple[list[int], list[int]]:
 
 
 def _diffuse(entry: dict[str, Any]) -> str:
-    """Which heads are diffuse, with their entropy against the uniform field's."""
+    """A sentence: which heads are diffuse, with their entropy against the uniform field's."""
     diffuse = [h for h in entry["heads"] if h["diffuse"]]
     if not diffuse:
-        return "no head is diffuse"
+        return "No head is diffuse."
     low, high = min(h["entropy"] for h in diffuse), max(h["entropy"] for h in diffuse)
     return (
         f"{len(diffuse)} of {len(entry['heads'])} heads are diffuse ({_heads_named(diffuse)}: entropy "
         f"{low:.2f}–{high:.2f} nats against ln N = {_max_entropy(entry):.2f}, share_fit "
         f"{min(h['share_fit'] for h in diffuse):.3f}–{max(h['share_fit'] for h in diffuse):.3f} against the uniform "
-        f"field's {min(h['share_uniform'] for h in diffuse):.3f}–{max(h['share_uniform'] for h in diffuse):.3f})"
+        f"field's {min(h['share_uniform'] for h in diffuse):.3f}–{max(h['share_uniform'] for h in diffuse):.3f}): "
+        "a high share of theirs says they are flat, not that they are geometric."
     )
 
 
@@ -391,10 +394,10 @@ def verdict(results: dict[str, dict[str, Any]]) -> list[str]:
             f"- **{data}, dot twin.** Replaced one at a time by its fit, {len(free)} of {len(heads)} heads change "
             f"log p(true) within noise and {len(hurt)} cost measurably (largest: "
             + "; ".join(f"L{h['layer']}H{h['head']} {0.0 - h['replace_with_fit']['logp_drop']:+.3f}" for h in costly)
-            + f"). {_diffuse(dot)[0].upper()}{_diffuse(dot)[1:]}: a high share of theirs says they are flat, not "
-            "that they are geometric. "
+            + f"). {_diffuse(dot)} "
             + (
-                f"The other {len(geometric)} heads' fits close a mean {_mean(geometric, 'normalised_fit'):.3f} of "
+                ("Its" if len(geometric) == len(heads) else f"The other {len(geometric)}")
+                + f" heads' fits close a mean {_mean(geometric, 'normalised_fit'):.3f} of "
                 f"their distance from uniform (positional field {_mean(geometric, 'normalised_field'):.3f}; "
                 f"share_fit {_mean(geometric, 'share_fit'):.3f} against the uniform field's "
                 f"{_mean(geometric, 'share_uniform'):.3f}); what the fit leaves is attention that depends on the "
@@ -465,18 +468,26 @@ def summary(results: dict[str, dict[str, Any]]) -> list[str]:
             continue
         quiet, loud = _quiet(dot)
         if quiet:
-            pro.append(f"{data}: the dot twin's {_names(quiet)}, each made content-blind, keep accuracy within noise")
+            heads = [h for h in dot["heads"] if h["layer"] in quiet]
+            flat = sum(h["diffuse"] for h in heads)
+            pro.append(
+                f"{data}: the dot twin's {_names(quiet)}, each made content-blind, keep accuracy within noise "
+                f"({flat} of {len(heads)} of their heads diffuse)"
+            )
         if loud:
             verb = "needs" if len(loud) == 1 else "need"
             con.append(f"{data}: the dot twin's {_names(loud)} {verb} content (content-blind, each costs accuracy)")
-        for kind in STEERED:
-            steered = results.get(f"{kind}_{data}")
-            if steered is None:
+        for kind in ("ssog_fixed", *STEERED):
+            other = results.get(f"{kind}_{data}")
+            if other is None:
                 continue
-            a, b = steered["unedited_accuracy"], dot["unedited_accuracy"]
+            a, b = other["unedited_accuracy"], dot["unedited_accuracy"]
+            name = "fixed-field SSOG model, whose attention never sees content"
+            if kind != "ssog_fixed":
+                name = f"{VARIANT[kind]} SSOG model, whose content only steers fixed atoms"
             (pro if a >= b else con).append(
-                f"{data}: the {VARIANT[kind]} SSOG model, whose content only steers fixed atoms, scores {a:.4f} "
-                f"against the dot twin's {b:.4f} (same images; no interval between two models)"
+                f"{data}: the {name}, scores {a:.4f} against the dot twin's {b:.4f} (same "
+                "images; no interval between two models)"
             )
     tasks = len({d.split("-")[0].rstrip("0123456789") for d in DATASETS if f"dot_{d}" in results})
     return [
@@ -555,6 +566,46 @@ def converged_reading(results: dict[str, dict[str, Any]], kinds: list[str], n: i
             )
             + "."
         )
+    return out + solved_reading(results)
+
+
+def solved_reading(results: dict[str, dict[str, Any]]) -> list[str]:
+    """What the 10,000-step models say, by rules on the numbers: which solved the task (at least :data:`SOLVED` of
+    the images right), what a solved steered one loses made content-blind when the fixed field solved it too, and
+    whether the dot twin's heads have any geometric part at either schedule."""
+    late = {k: results[f"{k}_{CONVERGED}"] for k in ABLATION if f"{k}_{CONVERGED}" in results}
+    if not late:
+        return []
+    solved = [k for k, e in late.items() if e["unedited_accuracy"] >= SOLVED]
+    unsolved = [k for k in late if k not in solved]
+    out = [
+        "- **At 10,000 steps** "
+        + (", ".join(VARIANT[k] for k in solved) + " solved the task" if solved else "no variant solved the task")
+        + f" (at least {SOLVED:.3g} of these images right)"
+        + ("; " + ", ".join(VARIANT[k] for k in unsolved) + " did not" if unsolved else "")
+        + "."
+    ]
+    fixed = late.get("ssog_fixed")
+    for kind in (k for k in solved if k in STEERED):
+        blind = late[kind]["content_blind"]["fit"]
+        if blind["accuracy_ci95"][1] < 0 and "ssog_fixed" in solved:
+            out.append(
+                f"- **{VARIANT[kind]}**, every head made content-blind, loses {-blind['accuracy_change']:.3f} of "
+                f"accuracy ({ci(blind['accuracy_change'], blind['accuracy_ci95'])}), although the fixed field solves "
+                f"the same task with content-blind attention ({fixed['unedited_accuracy']:.4f}): the task does not "
+                "need steering at this schedule (one seed), but this model, trained with it, rests on it."
+            )
+    early = results.get(f"dot_{EARLY}")
+    if "dot" in late and early is not None:
+        values = [h["normalised_fit"] for e in (early, late["dot"]) for h in e["heads"] if not h["diffuse"]]
+        first = [h["entropy"] for h in late["dot"]["heads"] if h["layer"] == 0]
+        if values and max(abs(v) for v in values) < FLAT:
+            out.append(
+                "- **The dot twin's heads have no geometric part** at either schedule: every head that is not diffuse "
+                f"has a normalised fit within ±{FLAT} ({min(values):+.3f} to {max(values):+.3f}), however sharp (layer "
+                f"0's entropy {min(first):.2f}–{max(first):.2f} nats against ln N = {_max_entropy(late['dot']):.2f} "
+                "at 10,000 steps): where they look is not a fixed displacement."
+            )
     return out
 
 
