@@ -510,7 +510,7 @@ def pointer14(results: dict[str, dict[str, Any]], n: int) -> list[str]:
         "",
         f"`{EARLY}`: the ablation's seed-0 runs of 12 epochs (3,000 steps, the early-learning table); "
         f"`{CONVERGED}`: the same recipe for 40 epochs (10,000 steps; `python experiments/ablation.py train`), "
-        f"models in `experiments/results/models/pointer-g14-*-s0[-e40].safetensors`. Per layer, the mean over its "
+        f"models in `experiments/results/models/pointer-g14-*-s0{{,-e40}}.safetensors`. Per layer, the mean over its "
         "heads; normalised fit over the heads that are not diffuse."
         + (f" Not there yet at 10,000 steps: {', '.join(missing)} (still training)." if missing else ""),
         "",
