@@ -96,6 +96,7 @@ class Page:
     training: training.TrainingUI
     intervene: intervene.InterveneUI
     session: session_tab.SessionUI
+    target_share: target_share.TargetShareUI
 
     def session_parts(self, ctx: AppContext) -> list[session.SessionPart]:
         """Each tab's section of a session file (:mod:`app.session_protocol`); a new tab adds its part here."""
@@ -107,6 +108,7 @@ class Page:
             compare.session_part(ctx, self.compare),
             training.session_part(ctx, self.training),
             intervene.session_part(self.intervene),
+            target_share.session_part(self.target_share),
         ]
 
 
@@ -498,7 +500,7 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
             checkpoint=ckpt, checkpoint_upload=ckpt_up, hub=hub, image_pick=img_pick, image_upload=img_up, thumb=thumb,
             status=status, pictures=pics, image_sha=image_sha, active=active, tabs=tabs, playground=pg, geometry=geo,
             steering=st,
-            export=ex, compare=cmp, scaling=sc, training=tr, intervene=iv, session=ses,
+            export=ex, compare=cmp, scaling=sc, training=tr, intervene=iv, session=ses, target_share=ts,
         )  # fmt: skip
         hidden = dict(api_visibility="private")
 

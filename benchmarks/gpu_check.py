@@ -461,6 +461,7 @@ def _op_jobs(n: int, b: int, h: int, d: int, r: int, dtype: torch.dtype, dev: to
     from torch.nn.attention import sdpa_kernel
 
     from ssog_core.ops import ssog_triton as ts
+    from ssog_core.ops import triton_tiles
 
     grid = GRIDS.get(n, (int(n**0.5), int(n**0.5)))
     gh, gw = grid
@@ -500,7 +501,7 @@ def _op_jobs(n: int, b: int, h: int, d: int, r: int, dtype: torch.dtype, dev: to
 
         return build
 
-    def ssog_kernel():
+    def ssog_kernel(half_rows: bool = True):
         def build():  # the field kernels alone, on a given per-token field (ssog::fwd / ssog::bwd)
             field = rand_field(b, grid, h, r, True, dev, grad=True)
             v = torch.randn(b, n, h, d, device=dev, dtype=dtype, requires_grad=True)
@@ -508,11 +509,12 @@ def _op_jobs(n: int, b: int, h: int, d: int, r: int, dtype: torch.dtype, dev: to
             inputs = (v, field.mu, field.sigma, field.log_lam)
 
             def fwd():
-                with torch.no_grad():
+                with torch.no_grad(), mock.patch.object(triton_tiles, "STEERED_HALF_ROWS", half_rows):
                     return ts.field_fwd(v, field.mu, field.sigma, field.log_lam, field.tau, gh, gw)[0]
 
             def fwdbwd():
-                y = ts.field_fwd(v, field.mu, field.sigma, field.log_lam, field.tau, gh, gw)[0]
+                with mock.patch.object(triton_tiles, "STEERED_HALF_ROWS", half_rows):
+                    y = ts.field_fwd(v, field.mu, field.sigma, field.log_lam, field.tau, gh, gw)[0]
                 return torch.autograd.grad(y, inputs, go)
 
             return fwd, fwdbwd
@@ -522,6 +524,7 @@ def _op_jobs(n: int, b: int, h: int, d: int, r: int, dtype: torch.dtype, dev: to
     jobs["ssog-steered op"] = ssog_layer(True)
     jobs["ssog-fixed op"] = ssog_layer(False)
     jobs["ssog-steered kernel"] = ssog_kernel()
+    jobs["ssog-steered kernel, full rows"] = ssog_kernel(half_rows=False)  # the tiling before STEERED_HALF_ROWS
     return jobs
 
 

@@ -657,7 +657,8 @@ def session_values(v: dict, **sections: dict) -> dict:
     base = {"playground": {"head": v, "underlay": False}, "geometry": {"layer": 0},
             "steering": {"layer": 0, "query": None}, "export": {"twin": NO_TWIN, "alpha": 0.5, "layer": 0},
             "compare": {"a": None, "b": None, "alpha": 0.5, "layer": 0},
-            "training": {"snapshot": 0, "checkpoint": None}, "intervene": {"edits": []}}  # fmt: skip
+            "training": {"snapshot": 0, "checkpoint": None}, "intervene": {"edits": []},
+            "target_share": {"index": 0, "images": 100}}  # fmt: skip
     return {k: {**base[k], **sections.get(k, {})} for k in base}
 
 
@@ -744,6 +745,24 @@ def test_a_tab_the_session_module_does_not_know_records_its_own_section(ctx, sha
     assert restored.more == {"lens": {"level": 7}}
     out = session.restore_parts(parts, restored, session.Restoring("ssog_test.safetensors", sha))
     assert out[level]["maximum"] == 7 and out[level]["value"] == 7
+
+
+def test_the_target_share_tab_saves_its_image_and_n_and_refuses_bad_ones(ctx, sha, page, tmp_path):
+    ts, parts = page.target_share, page.session_parts(ctx)
+    plain = session.make_session(ctx, parts, "ssog_test.safetensors", sha, session_values(playground.initial_value()))
+    assert "target_share" not in plain.to_dict()  # the defaults write no section
+    values = session_values(playground.initial_value(), target_share={"index": 17, "images": 250})
+    path = tmp_path / "s.json"
+    path.write_text(dumps(session.make_session(ctx, parts, "ssog_test.safetensors", sha, values)))
+    assert json.loads(path.read_text())["target_share"] == {"index": 17, "images": 250}
+    out = layout.restore_session(ctx, page, str(path))
+    assert out[ts.index] == 17 and out[ts.n] == 250 and out[page.session.status] == "Session restored."
+    data = json.loads(path.read_text())
+    data["target_share"] = {"index": -3, "images": 5}
+    path.write_text(json.dumps(data))
+    out = layout.restore_session(ctx, page, str(path))
+    assert ts.index not in out and ts.n not in out
+    assert "target share image -3" in out[page.session.status] and "target share images 5" in out[page.session.status]
 
 
 def test_messages_use_no_emoji_a_plain_font_cannot_draw(ctx, page, folders):

@@ -18,6 +18,7 @@ from ssog_core.nn.vit import ViT
 from ssog_core.ops import dispatch, ssog_cpu
 from ssog_core.ops.dispatch import BackendUnavailable, can_run_triton_ssog, choose_ssog_backend, ssog_apply
 from ssog_core.ops.ssog_torch import apply_torch
+from ssog_core.ops.triton_tiles import shared_memory_estimate
 from tests.ops_checks import FieldLeaves, assert_compiles_like_eager, oracle_matrix
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -229,3 +230,18 @@ def test_whether_triton_is_installed_is_known_without_a_lookup_at_call_time(monk
 
     monkeypatch.setattr(importlib.util, "find_spec", no_lookup)
     assert env.triton_installed() is found
+
+
+@pytest.mark.parametrize(
+    ("grid", "atoms", "compiled"),
+    [((32, 32), 6, 247808), ((32, 32), 8, 296960), ((64, 64), 6, 164864), ((64, 64), 8, 189440)],
+)
+def test_axial_shared_memory_estimate_bounds_the_compiled_column_backward(grid, atoms, compiled) -> None:
+    """The axial column backward's shared memory as sm_90 compiles it (d64, bf16; `python -m
+    ssog_core.ops.triton_compile --mode axial --grid 32 32 --grid 64 64 --atoms 6 8`, triton 3.9): the estimate
+    is never below it, so the dispatcher refuses exactly the shapes that would fail at launch (32×32 with six or
+    eight atoms) and runs the others."""
+    need = shared_memory_estimate(*grid, 64, atoms, True, 2)
+    assert compiled <= need
+    problem = dispatch.shared_memory_problem(grid, 64, atoms, "axial", torch.bfloat16, SM90_SHARED)
+    assert (problem is None) == (compiled <= SM90_SHARED), problem

@@ -181,3 +181,23 @@ def test_the_measured_rows_exist():
     rows = tcmp.measured_rows(tcmp.MEASURED)
     assert len(rows) == 12 and {r["problem"].grid for r in rows} == {(14, 14), (32, 32), (64, 64)}
     assert tcmp.measured_rows(Path("no-such-file.csv")) == []
+
+
+def test_predictions_use_the_fixed_h200_constants_unless_refitted():
+    """Today's kernels are predicted with the constants fitted on the kernels the H200 measured (a refit on the old
+    times would absorb any kernel change into the constants): one wave of a two-program-per-SM kernel takes one
+    warp's instructions × CPI plus its global accesses × CPG; a refit moves the prediction onto the measured row."""
+    from ssog_core.ops import triton_compile as tcmp
+
+    kernel = dict(mix=vars(tc.Mix(instr=1000, global_accesses=10)), regs=128, shared=0, warps=8,
+                  programs=2 * tc.SMS, memory_bytes=0)  # fmt: skip
+    prob = tcmp.Problem((14, 14), 64, 4)
+    results = {prob.label: dict(jobs={"steered forward": [kernel]})}
+    rows = [dict(op="ssog-steered kernel", field="steered", what="forward", problem=prob, ms=0.05)]
+    cal = tc.H200_CALIBRATION
+    (row,) = tcmp.predicted_rows(rows, results, cal)
+    cycles = 1000 * cal.cycles_per_instruction + 10 * cal.cycles_per_global_access
+    assert row["predicted_ms"] == pytest.approx(cycles / tc.CLOCK_HZ * 1e3)
+    assert row["error"] == pytest.approx(row["predicted_ms"] / 0.05 - 1)
+    refit, (fitted,) = tcmp.calibrate(rows, results)
+    assert refit != cal and abs(fitted["error"]) < 0.01

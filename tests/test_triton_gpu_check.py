@@ -48,7 +48,13 @@ def test_dry_run_checks_benchmarks_and_writes_results(tmp_path: Path) -> None:
     assert checks and all(r["ok"] for r in checks)
     assert any("on meta" in r["check"] for r in checks) and any("on cpu" in r["check"] for r in checks)
     ops = {r["op"] for r in records if r["kind"] == "op"}
-    assert {"ssog-steered op", "ssog-fixed op", "ssog-steered kernel", "sdpa-math"} <= ops
+    assert {
+        "ssog-steered op",
+        "ssog-fixed op",
+        "ssog-steered kernel",
+        "ssog-steered kernel, full rows",
+        "sdpa-math",
+    } <= ops
     assert {r["model"] for r in records if r["kind"] == "model" and "error" not in r} == {"ssog", "dot"}
     assert (tmp_path / "gpu_ops_cpu.csv").exists() and (tmp_path / "gpu_model_cpu.csv").exists()
     profile = [r for r in records if r["kind"] == "profile"]  # one steered layer's own time, by operation

@@ -89,6 +89,23 @@ def test_tiled_and_chunked_programs(monkeypatch: pytest.MonkeyPatch, grid: tuple
     )
 
 
+@pytest.mark.parametrize("half", [True, False], ids=["half-rows", "previous"])
+def test_steered_forward_tiled_with_half_the_rows_or_the_previous_tiling(
+    monkeypatch: pytest.MonkeyPatch, half: bool
+) -> None:
+    """The steered forward takes half the query rows per program at four or more atoms on grids up to 32 rows
+    (triton_tiles.STEERED_HALF_ROWS; a 7-row grid then ends in a partial tile); with the flag off it keeps the
+    fixed forward's rows. Either way the layer matches the definition."""
+    monkeypatch.setattr(triton_tiles, "STEERED_HALF_ROWS", half)
+    cfg = ssog_triton._config(7, 5, 8, 4, False, torch.float32)
+    assert (cfg["TS"], cfg["T"]) == ((4, 8) if half else (8, 8))
+    assert ssog_triton._config(7, 5, 8, 2, False, torch.float32)["TS"] == 8  # two atoms: not split
+    assert ssog_triton._config(64, 64, 8, 4, False, torch.float32)["TS"] == 8  # 64 rows: not split
+    check_against_definition(
+        apply_triton, FieldLeaves(2, (7, 5), 3, 4, ALL), "factorized", 2, 8, torch.float32, 1e-5, SCALAR_GRAD_RTOL
+    )
+
+
 @pytest.mark.parametrize("mode", ["factorized", "axial"])
 def test_far_narrow_atoms_and_strided_values(mode: str) -> None:
     """Atoms far off the grid with tiny widths (all weights underflow but the peak), values read through strides."""

@@ -18,6 +18,7 @@ from gradio.blocks import Block
 from app import plots, queues
 from app import target_share as shares
 from app.common import Updates, error_text, shown_figure, warn
+from app.session_protocol import Restoring, SessionPart
 from app.state import AppContext, AppError, LoadedModel
 from ssog_core.interventions.target_share import CHANCE, close_mu
 from ssog_core.interventions.validation import MAX_EVAL_IMAGES
@@ -187,3 +188,28 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> TargetShareUI:
     )  # fmt: skip
     stop.click(lambda: "Stopped.", None, [mean_note], cancels=[running], api_visibility="private")
     return ui
+
+
+def session_part(ui: TargetShareUI) -> SessionPart:
+    """The Target share tab's section: the validation image shown and the mean's N (written only when either differs
+    from its default). A restored value outside its range is left out and named in the restore's notes; the tab
+    shows the image when it renders the restored checkpoint."""
+
+    def save(values: dict[str, Any]) -> dict[str, Any]:
+        index, n = int(values.get("index") or 0), int(values.get("images") or shares.DEFAULT_IMAGES)
+        return {"index": index, "images": n} if (index, n) != (0, shares.DEFAULT_IMAGES) else {}
+
+    def restore(section: dict[str, Any], restoring: Restoring) -> Updates:
+        out: Updates = {}
+        index, n = section.get("index", 0), section.get("images", shares.DEFAULT_IMAGES)
+        if isinstance(index, int) and not isinstance(index, bool) and index >= 0:
+            out[ui.index] = index
+        else:
+            restoring.notes.append(f"target share image {index!r}: not a validation image's index")
+        if isinstance(n, int) and not isinstance(n, bool) and 10 <= n <= MAX_EVAL_IMAGES:
+            out[ui.n] = n
+        else:
+            restoring.notes.append(f"target share images {n!r}: use 10 to {MAX_EVAL_IMAGES}")
+        return out
+
+    return SessionPart("target_share", {"index": ui.index, "images": ui.n}, restore, [ui.index, ui.n], save)

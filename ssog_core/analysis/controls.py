@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from ssog_core.analysis.measures import DEFAULT_ALPHA, DEFAULT_IMAGES, ExportMaps, export_maps
 from ssog_core.data.images import to_tensor
-from ssog_core.data.sources import DataError, Transformed, fixed_subset, open_data
+from ssog_core.data.sources import DataError, Transformed, open_data
 
 CONTROLS = ("none", "blank", "validation")
 BATCH = 16
@@ -118,8 +118,10 @@ def blank_control(
 
 
 def validation_batch(meta: dict[str, Any], size: tuple[int, int], n: int) -> tuple[Tensor, Tensor, list[str]]:
-    """``n`` validation images of the checkpoint's recorded data at ``size`` (the fixed random subset accuracy
-    evaluation uses, so every class is in it), normalised as the metadata says; with their labels and class names."""
+    """The first ``n`` validation images of the checkpoint's recorded data at ``size`` (the images every effect is
+    measured on, :mod:`ssog_core.interventions.validation`: the procedural data sets label image ``i`` as class
+    ``i mod K``, so a prefix holds every class), normalised as the metadata says; with their labels and class
+    names."""
     spec = meta.get("data")
     if not isinstance(spec, str) or not spec:
         raise DataError("the checkpoint does not record its training data (metadata 'data'): no validation control")
@@ -128,7 +130,7 @@ def validation_batch(meta: dict[str, Any], size: tuple[int, int], n: int) -> tup
     except (ValueError, OSError) as e:
         raise DataError(f"the checkpoint's recorded data {spec!r} cannot be opened here: {e}") from None
     data = Transformed(source.val, size)
-    keep = fixed_subset(len(data), n)
+    keep = range(min(n, len(data)))
     norm = meta.get("normalization")
     pairs = [data[i] for i in keep]
     x = torch.stack([to_tensor(Image.fromarray(a), normalization=norm) for a, _ in pairs])

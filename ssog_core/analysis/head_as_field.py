@@ -20,12 +20,12 @@ queries, with rows restricted to patch keys and renormalised (``measures._patch_
 * :func:`mean_attention` — each layer's patch attention averaged over images (:class:`MeanAttention`, the one
   reduction every head field and ``replace_with_field`` are made from), with the prefix queries' mean rows and the
   patch queries' mean mass on each prefix token;
-
-The positional field is the head's mean over the query–key pairs of each displacement: a description of the head,
-not the content-blind field closest to it, which is why a fit can explain more of the head than it does.
 * :func:`measure_head_fields` — all of it for every layer of a model with ``blocks.{l}.attn.pattern`` hook points,
   on a batch of images or a batch iterator (grid, patch size and prefix read from the model and the images);
   :func:`fit_spec` opens a fitted head in the playground.
+
+The positional field is the head's mean over the query–key pairs of each displacement: a description of the head,
+not the content-blind field closest to it, which is why a fit can explain more of the head than it does.
 """
 
 from __future__ import annotations

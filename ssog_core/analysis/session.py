@@ -11,7 +11,8 @@ Format ``ssog-lab-session/1``::
      "steering": {"layer": 0, "query": [row, col] or null},
      "export": {"twin": "dot_layouts.safetensors" or "(none)", "alpha": 0.5, "layer": 0},
      "compare": {"a": "…", "b": "…", "alpha": 0.5, "layer": 0},
-     "intervene": {"edits": [{"op": "swap_axes", "layer": 5, "head": 0}, …]}}   # ssog_core.interventions
+     "intervene": {"edits": [{"op": "swap_axes", "layer": 5, "head": 0}, …]},  # ssog_core.interventions
+     "target_share": {"index": 17, "images": 100}}        # the validation image shown, the mean's N
 
 Only ``format`` and ``playground.head`` are required: a missing section or entry takes its default, so files
 written by hand (or by an older app) still load. Any other top-level object is a section of a tab this module does

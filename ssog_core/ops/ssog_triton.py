@@ -184,6 +184,7 @@ def field_fwd_launch(v: Tensor, fld: FieldArgs, y: Tensor, izx: Tensor | None, t
     gh, gw = fld.grid
     cfg = _config(gh, gw, d, fld.atoms, False, v.dtype)
     fixed = taby is not None
+    cfg["T"] = cfg["T"] if fixed else cfg["TS"]
     sty = (taby.stride(0), taby.stride(1), taby.stride(2)) if fixed else (0, 0, 0)
     stx = (tabx.stride(0), tabx.stride(1), tabx.stride(2)) if fixed else (0, 0, 0)
     sz = tuple(izx.stride())[:4] if izx is not None else (0, 0, 0, 0)

@@ -394,19 +394,27 @@ def calibrate(rows: list[dict], results: dict[str, dict]):
         best = min(pts, key=loss)
         step /= 4
     cal = tc.Calibration(10 ** best[0], 10 ** best[1])
-    fitted = []
-    for ks, r in zip(kernels, rows, strict=True):
-        pred = job_seconds(ks, cal) * 1e3
-        fitted.append(dict(op=r["op"], what=r["what"], shape=r["problem"].label, measured_ms=r["ms"],
-                           predicted_ms=pred, error=pred / r["ms"] - 1))  # fmt: skip
-    return cal, fitted
+    return cal, predicted_rows(rows, results, cal)
+
+
+def predicted_rows(rows: list[dict], results: dict[str, dict], cal) -> list[dict]:
+    """Each measured row (of the problems compiled and not refused) with the prediction of ``cal`` beside it."""
+    rows = [r for r in rows if r["problem"].label in results and "refused" not in results[r["problem"].label]]
+    out = []
+    for r in rows:
+        pred = job_seconds(_job_kernels(results[r["problem"].label], r["field"], r["what"]), cal) * 1e3
+        out.append(dict(op=r["op"], what=r["what"], shape=r["problem"].label, measured_ms=r["ms"],
+                        predicted_ms=pred, error=pred / r["ms"] - 1))  # fmt: skip
+    return out
 
 
 def cost_report(problems: list[Problem], arch: int = 90, workers: int | None = None,
-                measured: Path | None = MEASURED) -> dict:  # fmt: skip
+                measured: Path | None = MEASURED, calibration=None) -> dict:  # fmt: skip
     """Compile every kernel of every problem (a process pool; Triton's on-disk cache makes repeats cheap), read
-    their cost and predict each job's time, calibrated on the measured rows of ``measured`` (their problems are
-    compiled too). A problem the dispatcher refuses is reported with the reason."""
+    their cost and predict each job's time with ``calibration`` (a :class:`ssog_core.ops.triton_cost.Calibration`),
+    else with the constants fitted on the measured rows of ``measured`` (their problems are compiled too; the rows
+    are shown beside today's predictions either way). A problem the dispatcher refuses is reported with the
+    reason."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
@@ -441,6 +449,8 @@ def cost_report(problems: list[Problem], arch: int = 90, workers: int | None = N
     for label, job, _, key in slots:
         results[label]["jobs"].setdefault(job, []).append(done[key])
     cal, fitted = calibrate(rows, results)
+    if calibration is not None:
+        cal, fitted = calibration, predicted_rows(rows, results, calibration)
     for res in results.values():
         if cal is None or "refused" in res:
             continue
@@ -461,8 +471,8 @@ def cost_report(problems: list[Problem], arch: int = 90, workers: int | None = N
         problems=[p.label for p in problems],
         calibration=None if cal is None else dict(
             cycles_per_instruction=cal.cycles_per_instruction, cycles_per_global_access=cal.cycles_per_global_access,
-            measured=_shown(measured), rows=fitted,
-            max_error=max(errors), rms_error=math.sqrt(sum(e * e for e in errors) / len(errors))),
+            fitted=calibration is None, measured=_shown(measured), rows=fitted,
+            max_error=max(errors, default=0.0), rms_error=math.sqrt(sum(e * e for e in errors) / max(len(errors), 1))),
         results=results,
         constants={k: getattr(tc, k) for k in ("SMS", "CLOCK_HZ", "HBM_BYTES_PER_S", "ISSUE_PER_CLOCK",
                                                "MUFU_LANES_PER_CLOCK", "TENSOR_MACS_PER_CLOCK",
@@ -497,11 +507,22 @@ def cost_markdown(report: dict, command: str) -> str:
     cal = report["calibration"]
     if cal is None:
         out += ["No measured rows to calibrate on: no predicted times.", ""]
+    elif not cal["rows"]:
+        out += [f"No measured rows to compare with; CPI = {cal['cycles_per_instruction']:.2f}, CPG = "
+                f"{cal['cycles_per_global_access']:.0f} (the H200 run's constants).", ""]  # fmt: skip
     else:
+        source = Path(cal["measured"]).name
+        how = (
+            f"Calibration on {len(cal['rows'])} measured rows of `{source}` (H200)"
+            if cal.get("fitted", True)
+            else f"Constants fitted on the kernels the H200 rows of `{source}` measured (`--fit` refits them on "
+            "today's kernels: only right once the rows are measured from them); the rows are those kernels' times, "
+            "the predictions today's kernels'"
+        )
         out += [
-            f"Calibration on {len(cal['rows'])} measured rows of `{Path(cal['measured']).name}` (H200): CPI = "
-            f"{cal['cycles_per_instruction']:.2f} cycles per warp-instruction, CPG = "
-            f"{cal['cycles_per_global_access']:.0f} cycles per global-memory access; error max {cal['max_error']:.0%}, "
+            f"{how}: CPI = {cal['cycles_per_instruction']:.2f} cycles per warp-instruction, CPG = "
+            f"{cal['cycles_per_global_access']:.0f} cycles per global-memory access; "
+            f"{'error' if cal.get('fitted', True) else 'difference'} max {cal['max_error']:.0%}, "
             f"RMS {cal['rms_error']:.0%}.",
             "",
             "| op | shape | measured ms | predicted ms | error |",
@@ -558,7 +579,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", action="store_true", help="the cost report (docs/KERNELS.md §3) instead")
     ap.add_argument("--json", type=Path, help="--report: also write it as JSON to this file")
     ap.add_argument("--workers", type=int, help="--report: compile processes (default: one per CPU)")
-    ap.add_argument("--measured", type=Path, default=MEASURED, help="--report: the GPU rows to calibrate on")
+    ap.add_argument("--measured", type=Path, default=MEASURED, help="--report: the measured GPU rows")
+    ap.add_argument(
+        "--fit",
+        action="store_true",
+        help="--report: fit the constants on the measured rows (default: "
+        "the H200 run's, triton_cost.H200_CALIBRATION; refit only on rows measured from today's kernels)",
+    )
     ap.add_argument("--batch", type=int, default=64, help="--report: images (the benchmark's 64)")
     ap.add_argument("--heads", type=int, default=6, help="--report: heads (the benchmark's 6)")
     args = ap.parse_args(argv)
@@ -624,7 +651,10 @@ def _report_main(args: argparse.Namespace, command: str) -> int:
     modes = ("factorized", "axial") if args.mode == "both" else (args.mode or "factorized",)
     problems = [Problem(g, args.head_dim, a, m, args.dtype, args.heads, args.batch)
                 for g in grids for a in (args.atoms or REPORT_ATOMS) for m in modes]  # fmt: skip
-    report = cost_report(problems, args.arch, args.workers, args.measured)
+    from ssog_core.ops import triton_cost as tc
+
+    calibration = None if args.fit else tc.H200_CALIBRATION
+    report = cost_report(problems, args.arch, args.workers, args.measured, calibration)
     text = cost_markdown(report, command)
     print(text, end="", flush=True)
     if args.out:

@@ -356,6 +356,13 @@ class Calibration:
     cycles_per_global_access: float
 
 
+# Fitted (``python -m ssog_core.ops.triton_compile --report --fit``, commit 474e441) on the 12 H200 rows of
+# benchmarks/results/gpu_ops_cuda.csv against the kernels that run measured (those of commit f70cf68). Kept fixed,
+# so that a change to the kernels is predicted with the constants of the machine's behaviour, not refitted to the
+# old times; refit only on rows measured from the kernels being compiled.
+H200_CALIBRATION = Calibration(cycles_per_instruction=2.1288, cycles_per_global_access=588.21)
+
+
 def wave_cycles(mix: Mix, warps: int, programs_per_sm: int, cal: Calibration) -> dict[str, float]:
     """Cycles one wave of ``programs_per_sm`` programs takes on an SM, by bound: what the SM's issue slots,
     MUFU, tensor cores and shared memory need for all of them, and the latency of one warp's instruction

@@ -12,6 +12,10 @@ TILE_BUDGET = 16384  # elements of the largest register / shared-memory tile of 
 NUM_WARPS = 4  # the axial kernels (they still spill from 14×14 up: docs/KERNELS.md)
 FACTORIZED_WARPS = 8  # the factorized kernels: no spills from 14×14 to 64×64 at d64, R4 (docs/KERNELS.md)
 AXIAL_ATOM_SCRATCH = 384  # shared-memory bytes per atom and (key column, query row) of the axial column backward
+# The steered forward takes half the query rows per program where that brings it to two or three programs per SM
+# (≤ 128 registers at eight warps, no spills; sm_90 compiles of the benchmark shapes, docs/KERNELS.md §3): four or
+# more atoms on grids up to 32 rows. False: the previous tiling (benchmarks/gpu_check.py times both).
+STEERED_HALF_ROWS = True
 FACTORIZED_STAGES = 2  # software-pipeline stages of the factorized kernels: loads one step ahead (Triton's default
 # three holds a second copy of every staged tile: more shared memory and setup code for no more overlap here)
 
@@ -22,7 +26,8 @@ def p2(n: int, floor: int = 1) -> int:
 
 
 def tiles(gh: int, gw: int, d: int, r: int, axial: bool) -> dict:
-    """Tile sizes for one problem shape (constexprs of the forward and row-backward kernels) and warps."""
+    """Tile sizes for one problem shape (constexprs of the forward and row-backward kernels) and warps: query rows
+    per program ``T`` (fixed forward), ``TS`` (steered forward), ``TR`` (row backward)."""
     ro = 1 if axial else r
     rp = p2(ro)
     ghp, gwp, dhp = p2(gh, 16), p2(gw, 16), p2(d, 16)
@@ -48,7 +53,8 @@ def tiles(gh: int, gw: int, d: int, r: int, axial: bool) -> dict:
         # the row backward keeps five running sums live across the column pass: half the rows for tall columns
         tr = t // 2 if t > 1 and kc * t * rp * ghp > TILE_BUDGET // 4 else t
         warps = FACTORIZED_WARPS
-    return dict(R=r, RO=ro, RP=rp, GHP=ghp, GWP=gwp, DHP=dhp, T=t, TR=tr, KC=kc, JC=jc, WT=wt, D=d,
+    ts = t // 2 if STEERED_HALF_ROWS and not axial and t > 1 and rp >= 4 and ghp <= 32 else t
+    return dict(R=r, RO=ro, RP=rp, GHP=ghp, GWP=gwp, DHP=dhp, T=t, TS=ts, TR=tr, KC=kc, JC=jc, WT=wt, D=d,
                 EVEN_K=gw % kc == 0, WARPS=warps)  # fmt: skip
 
 
