@@ -21,6 +21,10 @@ COMMANDS = {  # command → (its module in ssog_core.cli, what it does)
     "intervene": ("intervene", "edit a model for one run: the prediction and validation accuracy, unedited / edited"),
     "lm-train": ("lm_train", "a byte/char-level causal LM with dot or RBF attention"),
     "fields": ("fields", "every head as a field: mean attention distance, share a field explains, fitted atoms"),
+    "distill": (
+        "distill",
+        "an SSOG student of a dot-attention ViT: fitted fields, steered, distilled; per-head report",
+    ),
     "target-share": (
         "target_share",
         "pointer: the share of disc attention on the pointed disc, per layer, μ gates closed",

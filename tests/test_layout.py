@@ -27,6 +27,7 @@ LAYERS = {
     "analysis": 4,
     "interventions": 5,
     "viz": 5,
+    "distill": 6,  # an SSOG student of any ViT: builds on train, analysis, interventions' pictures and viz
     "cli": 7,
     "entry": 8,  # `python -m ssog_core <command>` and `python -m ssog_core.train`: they only call ssog_core.cli
 }

@@ -3,8 +3,9 @@
 Every module has the same interface, so one :class:`~ssog_core.nn.vit.Block` serves them all and the attention is a
 part of the one :class:`~ssog_core.nn.vit.ViT` that its config chooses (:func:`build_attention`):
 ``forward(x, grid)`` maps ``(B, P + N, dim)`` to ``(B, P + N, dim)``, and ``attention_matrix(x, grid)`` returns the
-exact ``(B, H, P + N, P + N)`` post-softmax weights (prefix tokens first; SSOG has none). A new kind of attention is
-one module here with that interface and its float64 test (docs/DESIGN.md §2).
+exact ``(B, H, P + N, P + N)`` post-softmax weights (prefix tokens first; SSOG has none, but a distilled student's,
+``prefix_dot``). A new kind of attention is one module here with that interface and its float64 test
+(docs/DESIGN.md §2).
 
 Each module's hook point ``pattern`` holds those weights. The fast paths (fused SDPA, the RBF kernels, SSOG's field
 operator) never form them, so a module forms them only while something is installed at the point
@@ -68,6 +69,11 @@ class SSOGAttention(nn.Module):
         cold_init: gates start at −8 (cold) instead of −2 (warm).
         backend: ``"triton"``, ``"cpu"``, ``"torch"``, ``"definition"`` or ``None`` for automatic
             (:mod:`ssog_core.ops.dispatch`).
+        num_prefix: prefix tokens (class, distillation, registers) before the grid, a distilled student's
+            (docs/DESIGN.md §2.5): their queries score content by dot product over every token (``qk``, the
+            teacher's query and key projections); each patch query puts a content-blind mass on each prefix key,
+            ``softmax([prefix_logits, 0])`` per head, and the rest on the field's patch row.
+        qkv_bias, proj_bias: biases of the value (and ``qk``) and output projections (a standard ViT's).
     """
 
     def __init__(
@@ -81,6 +87,9 @@ class SSOGAttention(nn.Module):
         sigma_floor: float = 0.25,
         cold_init: bool = True,
         backend: str | None = None,
+        num_prefix: int = 0,
+        qkv_bias: bool = False,
+        proj_bias: bool = False,
     ):
         super().__init__()
         self.dim, self.num_heads, self.num_atoms = dim, num_heads, num_atoms
@@ -89,9 +98,13 @@ class SSOGAttention(nn.Module):
         self.mode = field
         self.taps = tuple(t for t in TAPS if t in steer)
         self.max_offset, self.sigma_floor = max_offset, sigma_floor
+        self.num_prefix = num_prefix
 
-        self.v = nn.Linear(dim, dim, bias=False)
-        self.out = nn.Linear(dim, dim, bias=False)
+        self.v = nn.Linear(dim, dim, bias=qkv_bias)
+        self.out = nn.Linear(dim, dim, bias=proj_bias)
+        if num_prefix:
+            self.qk = nn.Linear(dim, 2 * dim, bias=qkv_bias)  # the prefix queries' q, every token's k
+            self.prefix_logits = nn.Parameter(torch.zeros(num_heads, num_prefix))  # against the field's logit 0
         self.mu = nn.Parameter(torch.randn(num_heads, num_atoms, 2) * 0.5)
         self.raw_sigma = nn.Parameter(torch.full((num_heads, num_atoms, 2), -0.5))
         self.log_lambda = nn.Parameter(torch.zeros(num_heads, num_atoms))
@@ -119,10 +132,17 @@ class SSOGAttention(nn.Module):
         """The positive scale ``s`` of each enabled tap."""
         return {tap: positive(getattr(self, _TAP_PARAMS[tap][1])) for tap in self.taps}
 
+    def prefix_mass(self) -> Tensor:
+        """``(H, P + 1)``: the mass every patch query puts on each prefix key, then on its field row (sums to 1)."""
+        logits = self.prefix_logits
+        return torch.softmax(torch.cat([logits, logits.new_zeros(logits.shape[0], 1)], -1), -1)
+
     def field_of(self, x: Tensor, grid: tuple[int, int], steered: bool = True) -> Field:
-        """The field each query of ``x`` (``(B, N, dim)``, LayerNormed block input) applies, through the hook
-        points ``field`` and ``probes.{tap}`` (where this call's interventions act; a probe point that returns
-        ``None`` closes that tap)."""
+        """The field each patch query of ``x`` (``(B, N, dim)`` or, prefix first, ``(B, P + N, dim)``: LayerNormed
+        block input) applies, through the hook points ``field`` and ``probes.{tap}`` (where this call's
+        interventions act; a probe point that returns ``None`` closes that tap)."""
+        if self.num_prefix and x.shape[1] == self.num_prefix + grid[0] * grid[1]:
+            x = x[:, self.num_prefix :]
         fixed = self.field(self.fixed_field())
         if not (steered and self.taps):
             return fixed
@@ -156,12 +176,48 @@ class SSOGAttention(nn.Module):
         return Field(self.mu, self.raw_sigma, self.log_lambda, self.raw_temperature)
 
     def forward(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
-        check_grid(x.shape[1], grid)
+        check_grid(x.shape[1] - self.num_prefix, grid)
         x = self.hook_in(x)
         b, n, _ = x.shape
         v = self.v(x).view(b, n, self.num_heads, self.head_dim)
-        y = self.head_out(self.attend(x, v, grid))
+        y = self.head_out(self._attend_prefixed(x, v, grid) if self.num_prefix else self.attend(x, v, grid))
         return self.out(y.reshape(b, n, self.dim))
+
+    def _prefix_queries_keys(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The prefix queries ``(B, H, P, head_dim)`` and every token's keys ``(B, H, P + N, head_dim)``."""
+        b, n, _ = x.shape
+        p, h, d = self.num_prefix, self.num_heads, self.head_dim
+        wq, wk = self.qk.weight.split(self.dim)
+        bq, bk = (None, None) if self.qk.bias is None else self.qk.bias.split(self.dim)
+        q = F.linear(x[:, :p], wq, bq).view(b, p, h, d).transpose(1, 2)
+        return q, F.linear(x, wk, bk).view(b, n, h, d).transpose(1, 2)
+
+    def _attend_prefixed(self, x: Tensor, v: Tensor, grid: tuple[int, int]) -> Tensor:
+        """:meth:`attend` with prefix tokens first (``(B, P + N, H, head_dim)`` in and out): the prefix queries by
+        dot product over every key, each patch query ``Σ_p m_p·v_p + m_field·(field row · patch values)``."""
+        p = self.num_prefix
+        if is_hooked(self.pattern):  # read or replaced: the weights formed, the values mixed by what the point gives
+            return (self.pattern(self._prefixed_weights(x, grid)) @ v.transpose(1, 2)).transpose(1, 2)
+        q, k = self._prefix_queries_keys(x)
+        heads = v.transpose(1, 2)  # (B, H, P + N, head_dim)
+        prefix_out = F.scaled_dot_product_attention(q, k, heads).transpose(1, 2)  # (B, P, H, head_dim)
+        mass = self.prefix_mass().to(v.dtype)  # (H, P + 1)
+        on_field = self.attend(x[:, p:], v[:, p:].contiguous(), grid) * mass[:, p, None]
+        on_prefix = torch.einsum("hp,bphd->bhd", mass[:, :p], v[:, :p])[:, None]
+        return torch.cat([prefix_out, on_field + on_prefix], 1)
+
+    def _prefixed_weights(self, x: Tensor, grid: tuple[int, int], steered: bool = True) -> Tensor:
+        """``(B, H, P + N, P + N)``: the prefix queries' softmax rows, then each patch query's prefix masses and its
+        field row (the definition operator) scaled by the field's mass."""
+        p, b = self.num_prefix, x.shape[0]
+        q, k = self._prefix_queries_keys(x)
+        wide = torch.promote_types(q.dtype, torch.float32)
+        prefix_rows = torch.softmax((q.to(wide) @ k.to(wide).transpose(-2, -1)) * q.shape[-1] ** -0.5, -1)
+        mass = self.prefix_mass().to(x.dtype)
+        field_rows = self._weights(x[:, p:], self.field_of(x, grid, steered), grid) * mass[None, :, p, None, None]
+        n = field_rows.shape[-1]
+        patch_rows = torch.cat([mass[None, :, None, :p].expand(b, -1, n, -1), field_rows], -1)
+        return torch.cat([prefix_rows.to(x.dtype), patch_rows], 2)
 
     def attend(self, x: Tensor, v: Tensor, grid: tuple[int, int]) -> Tensor:
         """The attention of :meth:`forward` between its projections: values ``v`` ``(B, N, H, head_dim)`` mixed by
@@ -196,15 +252,19 @@ class SSOGAttention(nn.Module):
         )
 
     def attention_matrix(self, x: Tensor, grid: tuple[int, int], steered: bool = True) -> Tensor:
-        """Exact ``(B, H, N, N)`` weights for input ``x``, through the ``pattern`` point (what the output is made
+        """Exact ``(B, H, P + N, P + N)`` weights for input ``x`` (prefix rows first, :meth:`_prefixed_weights`),
+        through the ``pattern`` point (what the output is made
         from, under any edit); ``steered=False`` gives the fixed field's, which no point sees.
 
         Always the explicit definition operator (:func:`~ssog_core.field.apply_field` on an identity basis),
         whatever backend :func:`~ssog_core.ops.ssog_apply` picks for ``forward``; a test proves ``A·V``
         equals the dispatched output.
         """
-        check_grid(x.shape[1], grid)
-        weights = self._weights(x, self.field_of(x, grid, steered), grid)
+        check_grid(x.shape[1] - self.num_prefix, grid)
+        if self.num_prefix:
+            weights = self._prefixed_weights(x, grid, steered)
+        else:
+            weights = self._weights(x, self.field_of(x, grid, steered), grid)
         return self.pattern(weights) if steered else weights
 
     def _weights(self, x: Tensor, field: Field, grid: tuple[int, int]) -> Tensor:
@@ -355,8 +415,9 @@ def build_attention(cfg: ViTConfig) -> nn.Module:
     """The attention module a config asks for."""
     if cfg.attn == "ssog":
         return SSOGAttention(
-            cfg.dim, cfg.num_heads, cfg.num_atoms, cfg.field, cfg.steer, cfg.max_offset, cfg.sigma_floor, cfg.cold_init
-        )
+            cfg.dim, cfg.num_heads, cfg.num_atoms, cfg.field, cfg.steer, cfg.max_offset, cfg.sigma_floor, cfg.cold_init,
+            num_prefix=cfg.num_prefix_tokens, qkv_bias=cfg.qkv_bias, proj_bias=cfg.proj_bias,
+        )  # fmt: skip
     susie = "2d" if cfg.susie else None
     if cfg.attn == "dot":
         return DotAttention(

@@ -56,6 +56,8 @@ class ViTConfig:
     max_offset: float = 4.0  # bound on how far content may move an atom, in grid cells
     sigma_floor: float = 0.25  # narrowest atom, in grid cells
     cold_init: bool = True  # gates start at softplus(-8) + 1e-4 = 4.35e-4 (frozen geometry); False: softplus(-2)
+    prefix_dot: bool = False  # prefix tokens with SSOG: their queries score content (dot product over every token),
+    # patch queries put a learned content-blind mass on each (a distilled student's; docs/DESIGN.md §2.5)
     # dot / rbf only
     num_registers: int = 0  # learned prefix tokens, stripped after the last block (zero-init for rbf)
     susie: bool = False  # add the 2D SuSiE position code to q and k (RoPE would break RBF's distances)
@@ -155,11 +157,13 @@ class ViTConfig:
         for name in ("num_classes", "num_registers", "mlp_hidden", "pos_prefix"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
-        if self.num_prefix_tokens and self.attn == "ssog":
+        if self.num_prefix_tokens and self.attn == "ssog" and not self.prefix_dot:
             problems.append(
                 "register tokens have no grid position (nor have class and distillation tokens): use them with "
-                "attn='dot' or 'rbf'"
+                "attn='dot' or 'rbf', or with SSOG's prefix_dot (their queries scored by dot product)"
             )
+        if self.prefix_dot and self.attn != "ssog":
+            problems.append("prefix_dot is for attn='ssog' only (dot and RBF score every query already)")
         if (self.susie or self.susie_dim) and self.attn == "ssog":
             problems.append("SuSiE codes positions into queries and keys, which SSOG does not have")
         head_dim = self.dim // self.num_heads if self.num_heads >= 1 else 0

@@ -75,14 +75,14 @@ def gate_summary(model: nn.Module) -> dict[str, list[float]]:
     return out
 
 
-class _StopRequest:
+class StopRequest:
     """Turns the first SIGINT/SIGTERM into a request to save and stop after the current step."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
         self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> _StopRequest:
+    def __enter__(self) -> StopRequest:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -330,7 +330,7 @@ class Trainer:
         if self.d.is_primary:
             tqdm.write(text, file=sys.stderr)
 
-    def _train_step(self, x: torch.Tensor, y: torch.Tensor, stop: _StopRequest) -> tuple[float, float, bool]:
+    def _train_step(self, x: torch.Tensor, y: torch.Tensor, stop: StopRequest) -> tuple[float, float, bool]:
         """One optimizer step; returns (summed loss, correct, stop requested), all reduced over processes."""
         x, y = to_float(x.to(self.d.device, non_blocking=True)), y.to(self.d.device, non_blocking=True)
         with autocast(self.d.device, self.amp):
@@ -406,7 +406,7 @@ class Trainer:
         if self.resumed_from is not None:
             self.log(f"resuming at step {self.step} (epoch {self.step // spe + 1}, batch {self.step % spe})")
         try:
-            with _StopRequest() as stop:
+            with StopRequest() as stop:
                 if self.step == 0:
                     self._snapshot()
                 while self.step < self.total_steps:
@@ -422,7 +422,7 @@ class Trainer:
             if self.tensorboard is not None:
                 self.tensorboard.close()
 
-    def _run_epoch(self, stop: _StopRequest) -> int | None:
+    def _run_epoch(self, stop: StopRequest) -> int | None:
         """Train from the current step to the end of its epoch, then evaluate and save; an exit code if stopped."""
         a, spe = self.cfg, self.steps_per_epoch
         epoch, batch0 = divmod(self.step, spe)

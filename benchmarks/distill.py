@@ -1,0 +1,130 @@
+"""Distillation at ViT-S/16 size: the fit of all 72 heads, distillation steps, and memory against the teacher's own
+training step (issue 45's targets: 100 steps of batch 16 at 224² in ≤ 10 minutes on 2 cores, memory ≤ 2× the
+teacher's training step, the fits inside that).
+
+    python benchmarks/distill.py                        # 100 steps, the row term on (the recipe's default)
+    python benchmarks/distill.py --steps 10 --rows-weight 0
+
+The teacher is a randomly initialised ViT-S/16 in timm's conventions (dim 384, 12 layers, 6 heads, class token,
+1000 classes) and the pictures random uint8 images of 224²: time and memory depend on the sizes, not the weights.
+Each phase runs in its own process (``--phase``), so each peak resident memory (``ru_maxrss``) is that phase's
+alone: ``teacher`` (one training step of the teacher: forward, cross-entropy, backward, AdamW), ``fit`` (the mean
+attention over the pictures and all 72 fits) and ``distill`` (the student built from the fits, then ``--steps``
+steps of :class:`~ssog_core.distill.loop.Distiller`). Wall times, with the 1-minute load average: on a shared
+2-core machine they move with what else runs. Writes ``distill_cpu.md`` (+ ``.json``) into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import RESULTS, load_average, provenance, write_report
+from ssog_core.analysis.head_as_field import fit_layers, mean_attention
+from ssog_core.distill.loop import Distiller, Recipe
+from ssog_core.distill.student import build_student
+from ssog_core.interventions.validation import FOLDER, PREDICTION, EvalSet
+from ssog_core.nn.config import standard_config
+from ssog_core.nn.vit import ViT
+
+SIZE, PATCH = 224, 16
+
+
+def teacher() -> ViT:
+    torch.manual_seed(0)
+    cfg = standard_config("timm", num_classes=1000, img_size=SIZE, patch_size=PATCH, dim=384, depth=12, num_heads=6,
+                          mlp_ratio=4.0)  # fmt: skip
+    return ViT(cfg).eval()
+
+
+def pictures(n: int, seed: int) -> EvalSet:
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (n, SIZE, SIZE, 3), generator=g, dtype=torch.uint8)
+    return EvalSet(images, None, [str(i) for i in range(1000)], "random", None, PREDICTION, FOLDER)
+
+
+def phase(name: str, args: argparse.Namespace) -> dict[str, float]:
+    """One phase (module doc) in this process; its times and this process's peak resident memory."""
+    model, out = teacher(), {}
+    data = pictures(args.images, 1)
+    if name == "teacher":
+        opt = torch.optim.AdamW(model.parameters(), 1e-4)
+        x = data.batch(0, args.batch)
+        t0 = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(model.train()(x), torch.zeros(args.batch, dtype=torch.long))
+        loss.backward()
+        opt.step()
+        out["step_s"] = time.perf_counter() - t0
+    elif name == "fit":
+        t0 = time.perf_counter()
+        attention = mean_attention(model, data.batches(model, 16))
+        out["mean_attention_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        fit_layers(attention, 4)
+        out["fit_s"] = time.perf_counter() - t0
+    else:
+        attention = mean_attention(model, data.batches(model, 16))
+        student = build_student(model, attention, fit_layers(attention, 4), ("mu", "sigma", "lambda"))
+        recipe = Recipe(steps=args.steps, batch_size=args.batch, rows_weight=args.rows_weight)
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Distiller(model, student, [], data, pictures(1, 2), recipe, Path(tmp) / "s.safetensors",
+                          {"teacher_meta": {}, "command": "benchmark"}, progress=False)  # fmt: skip
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                d.train_step()
+            out["steps_s"] = time.perf_counter() - t0
+            out["step_s"] = out["steps_s"] / args.steps
+    out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--images", type=int, default=32, help="pictures the fit and the steps draw from")
+    ap.add_argument("--rows-weight", type=float, default=Recipe().rows_weight)
+    ap.add_argument("--phase", choices=("teacher", "fit", "distill"), help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    if args.phase:
+        print(json.dumps(phase(args.phase, args)))
+        return
+    command, stamp = provenance(argv)
+    rest = ["--steps", str(args.steps), "--batch", str(args.batch), "--images", str(args.images), "--rows-weight",
+            str(args.rows_weight)]  # fmt: skip
+    results = {"threads": torch.get_num_threads(), "load_before": load_average()}
+    for name in ("teacher", "fit", "distill"):
+        done = subprocess.run([sys.executable, "-m", "benchmarks.distill", "--phase", name, *rest], check=True,
+                              capture_output=True, text=True)  # fmt: skip
+        results[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    results["load_after"] = load_average()
+    t, f, d = results["teacher"], results["fit"], results["distill"]
+    table = "\n".join([
+        f"# Distillation at ViT-S/16, 224², batch {args.batch} (`{command}`, {stamp})",
+        "",
+        f"{results['threads']} torch threads; load average {results['load_before']} before, "
+        f"{results['load_after']} after. Row term weight {args.rows_weight}.",
+        "",
+        "| phase | time | peak memory (MiB) | target |",
+        "|---|---|---|---|",
+        f"| teacher training step | {t['step_s']:.2f} s | {t['peak_rss_mib']:.0f} | (the memory baseline) |",
+        f"| mean attention on {args.images} pictures + 72 fits | {f['mean_attention_s']:.1f} s + {f['fit_s']:.1f} s | "
+        f"{f['peak_rss_mib']:.0f} | inside the 10 minutes |",
+        f"| {args.steps} distillation steps | {d['steps_s']:.0f} s ({d['step_s']:.2f} s/step) | "
+        f"{d['peak_rss_mib']:.0f} ({d['peak_rss_mib'] / t['peak_rss_mib']:.2f}× the teacher's step) | ≤ 600 s, ≤ 2× |",
+        "",
+    ])  # fmt: skip
+    write_report(args.out / "distill_cpu.md", results, table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""What a student says about its teacher, on held-out pictures (docs/DESIGN.md §2.5): agreement (top-1) and the KL
+divergence between their predictions, accuracy where the pictures have labels, and per head
+
+* ``share_fit``: 1 − mean TV between the teacher's patch rows and its fitted field's (geometry alone);
+* ``share_steered``: 1 − mean TV between the teacher's patch rows and the student's steered ones (geometry that
+  content steers);
+* ``share_uniform``: the uniform field's share, the baseline both are normalised against
+  (:func:`~ssog_core.analysis.head_as_field.normalised`; a head within ``DIFFUSE_TV`` of uniform is *diffuse*);
+* ``steering_reach``: how far content moves the head's atoms, the mean ``‖Δμ‖`` in grid cells over patch queries,
+  atoms and pictures (:func:`~ssog_core.analysis.measures.steering_offsets`).
+
+Rows are over patch keys, renormalised (as every head field's are); what remains content-scored (the prefix
+queries) is said in words.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+from matplotlib.figure import Figure
+from torch import Tensor
+
+from ssog_core.analysis.head_as_field import (
+    AtomFit,
+    normalised,
+    patch_attention,
+    pattern_points,
+    share_of,
+    uniform_rows,
+)
+from ssog_core.analysis.measures import steering_offsets
+from ssog_core.distill.student import content_scored
+from ssog_core.interventions.validation import EvalSet
+from ssog_core.nn.hook_points import reading
+from ssog_core.nn.vit import ViT
+from ssog_core.viz.figures import new_figure
+
+REPORT_BATCH = 16  # held-out pictures per forward pass
+
+
+def kl_per_image(teacher_logits: Tensor, student_logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """``(B,)`` ``KL(p_teacher ‖ p_student)`` of the predictions at ``temperature``, in nats (float32 or wider)."""
+    t = torch.log_softmax(teacher_logits.float() / temperature, -1)
+    s = torch.log_softmax(student_logits.float() / temperature, -1)
+    return (t.exp() * (t - s)).sum(-1)
+
+
+@torch.no_grad()
+def compare(teacher: ViT, student: ViT, data: EvalSet, batch_size: int = REPORT_BATCH) -> dict[str, float | None]:
+    """``agreement`` (top-1, student with teacher), ``kl`` (mean ``KL(teacher ‖ student)``, nats) and, where the
+    pictures have labels, ``accuracy`` of the student and ``teacher_accuracy`` (else ``None``)."""
+    p = next(student.parameters())
+    agree = kl = correct = teacher_correct = 0.0
+    for start in range(0, len(data), batch_size):
+        stop = min(start + batch_size, len(data))
+        x = data.batch(start, stop, p.device, p.dtype)
+        t, s = teacher(x), student(x)
+        agree += float((t.argmax(-1) == s.argmax(-1)).sum())
+        kl += float(kl_per_image(t, s).sum())
+        if data.labels is not None:
+            y = data.labels[start:stop].to(p.device)
+            correct += float((s.argmax(-1) == y).sum())
+            teacher_correct += float((t.argmax(-1) == y).sum())
+    n = len(data)
+    labelled = data.labels is not None
+    return {
+        "agreement": agree / n,
+        "kl": kl / n,
+        "accuracy": correct / n if labelled else None,
+        "teacher_accuracy": teacher_correct / n if labelled else None,
+    }
+
+
+@dataclasses.dataclass
+class HeadShares:
+    """Per head ``(L, H)``, float64, over ``images`` held-out pictures (module doc)."""
+
+    share_fit: Tensor
+    share_steered: Tensor
+    share_uniform: Tensor
+    steering_reach: Tensor
+    images: int
+
+    @property
+    def diffuse(self) -> Tensor:
+        """Whether a head lies too close to uniform for a share to normalise (NaN in the normalised shares)."""
+        return normalised(self.share_fit, self.share_uniform).isnan()
+
+    @property
+    def normalised_fit(self) -> Tensor:
+        return normalised(self.share_fit, self.share_uniform)
+
+    @property
+    def normalised_steered(self) -> Tensor:
+        return normalised(self.share_steered, self.share_uniform)
+
+
+@torch.no_grad()
+def head_shares(
+    teacher: ViT, student: ViT, fits: list[AtomFit], data: EvalSet, batch_size: int = REPORT_BATCH
+) -> HeadShares:
+    """Every head's shares and steering reach on ``data`` (module doc)."""
+    p = next(student.parameters())
+    grid, prefix = student.grid_for(*data.images.shape[1:3]), student.num_prefix_tokens
+    fit_rows = [f.rows(grid) for f in fits]
+    flat = uniform_rows(grid)
+    t_points = dict(enumerate(pattern_points(teacher)))
+    s_points = dict(enumerate(pattern_points(student)))
+    sums = torch.zeros(4, len(fits), fits[0].mu.shape[0], dtype=torch.float64)
+    for start in range(0, len(data), batch_size):
+        x = data.batch(start, min(start + batch_size, len(data)), p.device, p.dtype)
+        with reading(t_points, replace=True) as taught:
+            teacher(x)
+        with reading(s_points, replace=True) as learnt:
+            student(x)
+        offsets = steering_offsets(student, x)
+        for layer in range(len(fits)):
+            t = patch_attention(taught[layer], grid, prefix)[0]
+            s = patch_attention(learnt[layer], grid, prefix)[0]
+            sums[0, layer] += share_of(t, fit_rows[layer].to(t.device)).cpu() * len(x)
+            sums[1, layer] += share_of(t, s).cpu() * len(x)
+            sums[2, layer] += share_of(t, flat.to(t.device)).cpu() * len(x)
+            reach = offsets.dmu[layer].double().norm(dim=-1)  # (B, Gh, Gw, H, R)
+            sums[3, layer] += reach.mean(dim=(1, 2, 4)).sum(0)
+    sums /= len(data)
+    return HeadShares(sums[0], sums[1], sums[2], sums[3], len(data))
+
+
+def _number(value: Tensor) -> float | None:
+    v = float(value)
+    return None if math.isnan(v) else v
+
+
+def report_json(
+    shares: HeadShares,
+    step0: dict[str, Any],
+    final: dict[str, Any],
+    student: ViT,
+    setup: dict[str, Any],
+    step: int,
+) -> dict[str, Any]:
+    """The report ``python -m ssog_core distill`` writes: ``setup`` (teacher, pictures, recipe), ``step``,
+    ``step0`` and ``final`` (:func:`compare` on the held-out pictures), ``content_scored`` (in words), and
+    ``heads``: per head ``layer``, ``head``, ``share_fit``, ``share_steered``, ``share_uniform``,
+    ``normalised_fit``, ``normalised_steered`` (``null`` for a ``diffuse`` head), ``difference`` (share_steered −
+    share_fit), ``normalised_difference`` and ``steering_reach`` (grid cells)."""
+    heads = []
+    nf, ns, diffuse = shares.normalised_fit, shares.normalised_steered, shares.diffuse
+    for layer in range(shares.share_fit.shape[0]):
+        for head in range(shares.share_fit.shape[1]):
+            fit, steered = float(shares.share_fit[layer, head]), float(shares.share_steered[layer, head])
+            d = bool(diffuse[layer, head])
+            heads.append(
+                {
+                    "layer": layer,
+                    "head": head,
+                    "share_fit": fit,
+                    "share_steered": steered,
+                    "share_uniform": float(shares.share_uniform[layer, head]),
+                    "normalised_fit": None if d else _number(nf[layer, head]),
+                    "normalised_steered": None if d else _number(ns[layer, head]),
+                    "difference": steered - fit,
+                    "normalised_difference": None if d else float(ns[layer, head] - nf[layer, head]),
+                    "diffuse": d,
+                    "steering_reach": float(shares.steering_reach[layer, head]),
+                }
+            )
+    return {
+        **setup,
+        "step": step,
+        "held_out_images": shares.images,
+        "step0": step0,
+        "final": final,
+        "content_scored": content_scored(student.config),
+        "heads": heads,
+    }
+
+
+def report_figure(report: dict[str, Any], title: str) -> Figure:
+    """Per head against its layer: the fitted field's and the steered student's normalised shares (diffuse heads
+    left out), agreement and KL at step 0 and at the end in the title."""
+    fig = new_figure(6.4, 4.0)
+    ax = fig.add_subplot()
+    heads = [h for h in report["heads"] if not h["diffuse"]]
+    per_layer = max((h["head"] for h in report["heads"]), default=0) + 1
+    for key, offset, style in (
+        ("normalised_fit", -0.15, dict(color="tab:orange", marker="o", label="fitted field (geometry)")),
+        ("normalised_steered", 0.15, dict(color="tab:green", marker="^", label="student (geometry + steering)")),
+    ):
+        x = [h["layer"] + offset + 0.2 * (h["head"] / max(per_layer - 1, 1) - 0.5) for h in heads]
+        ax.scatter(x, [h[key] for h in heads], s=16, **style)
+    ax.axhline(0.0, color="k", lw=0.8, label="uniform field (baseline)")
+    ax.set_xlabel("layer (0-based)")
+    ax.set_ylabel("normalised share of the teacher's head")
+    layers = max((h["layer"] for h in report["heads"]), default=0) + 1
+    ax.set_xticks(range(layers))
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower left", fontsize=8)
+    a0, a1 = report["step0"], report["final"]
+    fig.suptitle(
+        f"{title}\nagreement {a0['agreement']:.3f} → {a1['agreement']:.3f}, KL {a0['kl']:.4f} → {a1['kl']:.4f} "
+        f"(step 0 → {report['step']}, {report['held_out_images']} held-out pictures)",
+        fontsize=9,
+    )
+    return fig
