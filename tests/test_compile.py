@@ -102,6 +102,7 @@ INPUTS: dict[str, Callable[[], tuple]] = {
     "ssog_core.ops.ssog_cpu._FusedSteered": _fused_steered,
     "ssog_core.ops.ssog_cpu._SteeringTerms": _steering_terms,
     "ssog_core.analysis.head_as_field._CrossEntropy": _cross_entropy,
+    "ssog_core.distill.loop.RowCross": lambda: (*_cross_entropy()[:2], torch.rand(3, 25, 16)),
 }
 FUNCTIONS = package_functions()
 C_KERNELS = {"ssog_core.ops.ssog_cpu._FusedSteered", "ssog_core.ops.ssog_cpu._SteeringTerms"}

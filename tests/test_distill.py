@@ -18,7 +18,8 @@ from ssog_core.checkpoint.format import load_checkpoint, save_checkpoint
 from ssog_core.cli.distill import main as distill_main
 from ssog_core.cli.fields import main as fields_main
 from ssog_core.cli.info import main as info_main
-from ssog_core.distill.student import STUDENT_SIGMA_FLOOR, build_student
+from ssog_core.distill.loop import attention_inputs, rows_loss, teacher_rows
+from ssog_core.distill.student import STUDENT_SIGMA_FLOOR, build_student, steering_parameters, student_config
 from ssog_core.interventions.validation import MAX_EVAL_IMAGES, pictures_for
 from ssog_core.nn.attention import SSOGAttention
 from ssog_core.nn.vit import ViT
@@ -143,6 +144,46 @@ def test_student_attention_matches_a_float64_reference_with_prefix_tokens():
     v = (x @ attn.v.weight.T + attn.v.bias).view(2, p + 35, heads, d).transpose(1, 2)
     y = (want @ v).transpose(1, 2).reshape(2, p + 35, dim) @ attn.out.weight.T + attn.out.bias
     torch.testing.assert_close(attn(x, grid), y, rtol=1e-10, atol=1e-12)
+
+
+def test_rows_loss_matches_a_float64_reference_with_prefix_tokens():
+    """The row term on a two-layer student with a class token, gates open and probes random, on a 7×5 grid, against
+    random teacher patterns: its value and its gradients are those of the mean over layers, heads, patch queries
+    and pictures of KL(teacher row ‖ student row), the student's patch rows (renormalised over patch keys) made
+    from its steered field by the float64 oracle."""
+    torch.manual_seed(0)
+    teacher = ViT(num_classes=CLASSES, img_size=SIZE, patch_size=4, dim=12, depth=2, num_heads=3, attn="dot",
+                  class_token=True, pool="token")  # fmt: skip
+    student = ViT(student_config(teacher.config, 3, ("mu", "sigma", "lambda"), 4.0)).double()
+    with torch.no_grad():
+        for name, param in student.named_parameters():
+            if ".attn." in name:  # atoms of a cell or more: no row underflows the term's clamp at 1e-30
+                param.copy_(torch.randn_like(param) * 0.5 + (1.0 if name.endswith("raw_sigma") else 0.0))
+    grid, p, b = (7, 5), 1, 2
+    patterns = [torch.softmax(torch.randn(b, 3, p + 35, p + 35, dtype=torch.float64) * 3, -1) for _ in range(2)]
+    targets = {layer: teacher_rows(pattern, grid, p) for layer, pattern in enumerate(patterns)}
+    with attention_inputs(student) as seen:
+        student(torch.rand(b, 3, *SIZE, dtype=torch.float64))
+    got = rows_loss(student, seen, targets, grid)
+    want = []
+    for layer, block in enumerate(student.blocks):
+        t = patterns[layer][:, :, p:, p:]
+        t = t / t.sum(-1, keepdim=True)
+        s = oracle_matrix(block.attn.field_of(seen[layer], grid), grid, "factorized", b)
+        assert float(s.detach().min()) > 1e-30
+        s = s / s.sum(-1, keepdim=True)
+        want.append((t * (t.log() - s.log())).sum(-1).mean())
+    want = torch.stack(want).mean()
+    assert got.dtype == torch.float32 and float(want.detach()) > 0.1
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=0)
+    chosen = [param for _, param in steering_parameters(student, "all")]
+    grads = torch.autograd.grad(got, chosen, retain_graph=True, allow_unused=True)
+    wanted = torch.autograd.grad(want.float(), chosen, allow_unused=True)
+    assert sum(w is not None and float(w.abs().max()) > 0 for w in wanted) > 20
+    for g, w in zip(grads, wanted, strict=True):
+        assert (g is None) == (w is None)
+        if w is not None:
+            torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-12)
 
 
 @pytest.mark.slow

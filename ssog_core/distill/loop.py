@@ -13,26 +13,30 @@ dropout: the teacher's outputs are the target, not the labels'); the learning ra
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import signal
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 from tqdm import tqdm
 
-from ssog_core.analysis.head_as_field import AtomFit, patch_attention, pattern_points
+from ssog_core.analysis.head_as_field import AtomFit, pattern_points
 from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.format import save_checkpoint
 from ssog_core.checkpoint.history import History
 from ssog_core.distill.report import compare, kl_per_image
 from ssog_core.distill.student import DistillError, steering_parameters
+from ssog_core.field import Field, axis_kernels
 from ssog_core.interventions.validation import EvalSet
-from ssog_core.nn.hook_points import reading
+from ssog_core.nn.hook_points import hooked
 from ssog_core.nn.vit import ViT
 from ssog_core.train.optim import lr_factor
 from ssog_core.train.tensorboard import TensorBoardLog
@@ -102,15 +106,91 @@ def load_state(out: Path) -> dict[str, Any]:
     return state
 
 
-def rows_loss(teacher_patterns: dict[int, Tensor], student_patterns: dict[int, Tensor], grid: tuple[int, int],
-              prefix: int) -> Tensor:  # fmt: skip
-    """Mean over layers, heads, patch queries and pictures of ``KL(teacher row ‖ student row)`` over patch keys."""
+ROW_FLOOR = 1e-30  # a student row value below it counts as it (log finite, no gradient): float32 underflows there
+
+
+def teacher_rows(pattern: Tensor, grid: tuple[int, int], prefix: int) -> tuple[Tensor, Tensor]:
+    """What the row term needs of one teacher layer's ``(B, H, P + N, P + N)`` pattern, in its dtype: the patch rows
+    renormalised over patch keys (as :func:`~ssog_core.analysis.head_as_field.patch_attention` makes them), laid
+    out as :class:`RowCross` takes them, ``(B·Gh·H·Gw, Gw, Gh)`` with ``[(b, i, h, k), w, j] = t[b, h, (i, w),
+    (j, k)]``, and their ``Σ t·log t`` (accumulated in float64)."""
+    b, h = pattern.shape[:2]
+    gh, gw = grid
+    rows = pattern[:, :, prefix:, prefix:]
+    t = rows / rows.sum(-1, keepdim=True).clamp_min(1e-30)
+    t_log_t = (t * t.clamp_min(1e-30).log()).sum(dtype=torch.float64)
+    return t.view(b, h, gh, gw, gh, gw).permute(0, 2, 1, 5, 3, 4).reshape(-1, gw, gh), t_log_t
+
+
+class RowCross(torch.autograd.Function):
+    """``Σ t·log s`` (float64) with ``s = ax @ ay`` a batch of student rows: ``ax`` ``(M, Gw, R)``, ``ay``
+    ``(M, R, Gh)``, ``t`` ``(M, Gw, Gh)`` the teacher's (:func:`teacher_rows`), ``s`` clamped at :data:`ROW_FLOOR`.
+    The rows are formed again in the backward pass instead of kept (they are the size of the attention, for every
+    layer until the backward), and the backward is one division and two products: autograd's chain of the clamp,
+    log, product and sum keeps four such tables per layer and passes over them as many times."""
+
+    @staticmethod
+    def forward(ctx, ax: Tensor, ay: Tensor, t: Tensor) -> Tensor:
+        ctx.save_for_backward(ax, ay, t)
+        return (t * torch.bmm(ax, ay).clamp_min(ROW_FLOOR).log()).sum(dtype=torch.float64)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+        ax, ay, t = ctx.saved_tensors
+        s = torch.bmm(ax, ay)
+        g = torch.where(s >= ROW_FLOOR, t / s, 0.0).mul_(grad.to(t.dtype))
+        return torch.bmm(g, ay.transpose(1, 2)), torch.bmm(ax.transpose(1, 2), g), None
+
+
+def row_kernels(field: Field, grid: tuple[int, int], mode: str, batch: int) -> tuple[Tensor, Tensor]:
+    """The factors of a field's rows as :class:`RowCross` takes them: ``s[(i, w), (j, k)] = Σ_r λ_r(i, w)·
+    ax_r(i, w)[k]·ay_r(i, k)[j]``, the weights :func:`~ssog_core.field.apply_field` applies (its row kernel for key
+    column ``k`` is token ``(i, k)``'s), as ``(B·Gh·H·Gw, Gw, R)`` ``[(b, i, h, k), w, r]`` and
+    ``(B·Gh·H·Gw, R, Gh)`` ``[(b, i, h, k), r, j]``: no identity basis of values (14× fewer products at 14×14)."""
+    gh, gw = grid
+    k = axis_kernels(field, grid, mode)
+    h, r = k.ay.shape[-3:-1]
+    ay = k.ay.expand(batch, gh, gw, h, r, gh).permute(0, 1, 3, 2, 4, 5).reshape(-1, r, gh)
+    ax = (k.ax * k.lam[..., None]).expand(batch, gh, gw, h, r, gw).permute(0, 1, 3, 5, 2, 4).reshape(-1, gw, r)
+    return ax, ay
+
+
+@contextlib.contextmanager
+def attention_inputs(student: ViT) -> Iterator[dict[int, Tensor]]:
+    """Each layer's attention input (``blocks.{l}.attn.hook_in``) in this block's forward calls, by layer, read by
+    plain forward hooks on the points: a function installed in the call's context would take every SSOG layer off
+    its fused path (:func:`~ssog_core.nn.hook_points.is_plain`), hooks on ``hook_in`` do not."""
+    seen: dict[int, Tensor] = {}
+
+    def keep(layer: int) -> Callable[[nn.Module, Any, Tensor], None]:
+        def fn(module: nn.Module, args: Any, out: Tensor) -> None:
+            seen[layer] = out
+
+        return fn
+
+    handles = [b.attn.hook_in.register_forward_hook(keep(layer)) for layer, b in enumerate(student.blocks)]
+    try:
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def rows_loss(student: ViT, inputs: dict[int, Tensor], targets: dict[int, tuple[Tensor, Tensor]],
+              grid: tuple[int, int]) -> Tensor:  # fmt: skip
+    """Mean over layers, heads, patch queries and pictures of ``KL(teacher row ‖ student row)`` over patch keys.
+
+    A student patch query's row over patch keys, renormalised, is its steered field's row (the prefix masses
+    cancel): each layer's are made by :class:`RowCross` from the field of its recorded input ``inputs[layer]``
+    (:func:`attention_inputs`) and never kept. ``targets`` are :func:`teacher_rows`."""
     total = []
-    for layer, s in student_patterns.items():
-        t = patch_attention(teacher_patterns[layer], grid, prefix)[0]
-        rows = s[:, :, prefix:, prefix:]
-        rows = rows / rows.sum(-1, keepdim=True).clamp_min(1e-30)
-        total.append((t * (t.clamp_min(1e-30).log() - rows.double().clamp_min(1e-30).log())).sum(-1).mean())
+    for layer, block in enumerate(student.blocks):
+        t, t_log_t = targets[layer]
+        attn = block.attn
+        batch = inputs[layer].shape[0]
+        cross = RowCross.apply(*row_kernels(attn.field_of(inputs[layer], grid), grid, attn.mode, batch), t)
+        total.append((t_log_t - cross) / (t.numel() / (grid[0] * grid[1])))  # per row
     return torch.stack(total).mean().float()
 
 
@@ -210,15 +290,24 @@ class Distiller:
         for group in self.optimizer.param_groups:
             group["lr"] = group["base"] * lr_factor(self.step, self.warmup, r.steps)
         rows = r.rows_weight > 0
-        t_points = dict(enumerate(pattern_points(self.teacher))) if rows else {}
-        s_points = dict(enumerate(pattern_points(self.student))) if rows else {}
-        with torch.no_grad(), reading(t_points, replace=True) as taught:
+        targets: dict[int, tuple[Tensor, Tensor]] = {}
+        prefix = self.student.num_prefix_tokens
+
+        def keep(layer: int) -> Callable[[Tensor], Tensor]:  # each layer's pattern reduced as its block runs
+            def fn(pattern: Tensor) -> Tensor:
+                targets[layer] = teacher_rows(pattern, self.grid, prefix)
+                return pattern
+
+            return fn
+
+        taught = {id(p): keep(layer) for layer, p in enumerate(pattern_points(self.teacher))} if rows else {}
+        with torch.no_grad(), hooked(taught, replace=True):
             t_logits = self.teacher(x)
-        with reading(s_points, replace=True) as learnt:
+        with hooked({}, replace=True), attention_inputs(self.student) if rows else contextlib.nullcontext({}) as seen:
             s_logits = self.student(x)
         loss = r.temperature**2 * kl_per_image(t_logits, s_logits, r.temperature).mean()
         if rows:
-            loss = loss + r.rows_weight * rows_loss(taught, learnt, self.grid, self.student.num_prefix_tokens)
+            loss = loss + r.rows_weight * rows_loss(self.student, seen, targets, self.grid)
         value = float(loss.detach())
         if not math.isfinite(value):
             raise DistillError(
