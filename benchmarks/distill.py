@@ -10,8 +10,9 @@ The teacher is a randomly initialised ViT-S/16 in timm's conventions (dim 384, 1
 Each phase runs in its own process (``--phase``), so each peak resident memory (``ru_maxrss``) is that phase's
 alone: ``teacher`` (one training step of the teacher: forward, cross-entropy, backward, AdamW), ``fit`` (the mean
 attention over the pictures and all 72 fits) and ``distill`` (the student built from the fits, then ``--steps``
-steps of :class:`~ssog_core.distill.loop.Distiller`). Wall times, with the 1-minute load average: on a shared
-2-core machine they move with what else runs. Writes ``distill_cpu.md`` (+ ``.json``) into ``--out``.
+steps of :class:`~ssog_core.distill.loop.Distiller`). Wall and CPU times (the process's, all threads), with the
+1-minute load average: on a shared 2-core machine the wall time moves with what else runs, so the targets are judged
+on CPU time. Writes ``distill_cpu.md`` (+ ``.json``) into ``--out``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ssog_core.nn.config import standard_config
 from ssog_core.nn.vit import ViT
 
 SIZE, PATCH = 224, 16
+BUDGET_STEPS = 100  # issue 45: 100 steps of batch 16, with the fits, in 10 minutes on 2 cores
 
 
 def teacher() -> ViT:
@@ -51,25 +53,38 @@ def pictures(n: int, seed: int) -> EvalSet:
     return EvalSet(images, None, [str(i) for i in range(1000)], "random", None, PREDICTION, FOLDER)
 
 
+def clocks() -> tuple[float, float]:
+    """Wall time and this process's CPU time (all threads)."""
+    return time.perf_counter(), time.process_time()
+
+
+def since(start: tuple[float, float]) -> tuple[float, float]:
+    """Wall and CPU seconds since ``start`` (:func:`clocks`)."""
+    wall, cpu = clocks()
+    return wall - start[0], cpu - start[1]
+
+
 def phase(name: str, args: argparse.Namespace) -> dict[str, float]:
-    """One phase (module doc) in this process; its times and this process's peak resident memory."""
+    """One phase (module doc) in this process; its wall and CPU times and this process's peak resident memory."""
     model, out = teacher(), {}
     data = pictures(args.images, 1)
     if name == "teacher":
         opt = torch.optim.AdamW(model.parameters(), 1e-4)
         x = data.batch(0, args.batch)
-        t0 = time.perf_counter()
-        loss = torch.nn.functional.cross_entropy(model.train()(x), torch.zeros(args.batch, dtype=torch.long))
-        loss.backward()
-        opt.step()
-        out["step_s"] = time.perf_counter() - t0
+        for _ in range(2):  # the second step is timed: the first also allocates what every later step reuses
+            t0 = clocks()
+            loss = torch.nn.functional.cross_entropy(model.train()(x), torch.zeros(args.batch, dtype=torch.long))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            out["step_s"], out["step_cpu_s"] = since(t0)
     elif name == "fit":
-        t0 = time.perf_counter()
+        t0 = clocks()
         attention = mean_attention(model, data.batches(model, 16))
-        out["mean_attention_s"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        out["mean_attention_s"], out["mean_attention_cpu_s"] = since(t0)
+        t0 = clocks()
         fit_layers(attention, 4)
-        out["fit_s"] = time.perf_counter() - t0
+        out["fit_s"], out["fit_cpu_s"] = since(t0)
     else:
         attention = mean_attention(model, data.batches(model, 16))
         student = build_student(model, attention, fit_layers(attention, 4), ("mu", "sigma", "lambda"))
@@ -77,12 +92,12 @@ def phase(name: str, args: argparse.Namespace) -> dict[str, float]:
         with tempfile.TemporaryDirectory() as tmp:
             d = Distiller(model, student, [], data, pictures(1, 2), recipe, Path(tmp) / "s.safetensors",
                           {"teacher_meta": {}, "command": "benchmark"}, progress=False)  # fmt: skip
-            t0 = time.perf_counter()
+            t0 = clocks()
             for _ in range(args.steps):
                 d.train_step()
-            out["steps_s"] = time.perf_counter() - t0
-            out["step_s"] = out["steps_s"] / args.steps
+            out["steps_s"], out["steps_cpu_s"] = since(t0)
     out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["load"] = load_average()
     return out
 
 
@@ -108,19 +123,33 @@ def main(argv: list[str] | None = None) -> None:
         results[name] = json.loads(done.stdout.strip().splitlines()[-1])
     results["load_after"] = load_average()
     t, f, d = results["teacher"], results["fit"], results["distill"]
+    ok = lambda v, target: "met" if v <= target else "**missed**"  # noqa: E731
+    prepare = f["mean_attention_cpu_s"] + f["fit_cpu_s"]
+    total = prepare + d["steps_cpu_s"] * BUDGET_STEPS / args.steps
+    per_step = d["steps_cpu_s"] / args.steps
+    memory = d["peak_rss_mib"] / t["peak_rss_mib"]
     table = "\n".join([
         f"# Distillation at ViT-S/16, 224², batch {args.batch} (`{command}`, {stamp})",
         "",
-        f"{results['threads']} torch threads; load average {results['load_before']} before, "
-        f"{results['load_after']} after. Row term weight {args.rows_weight}.",
+        f"{results['threads']} torch threads; 1-minute load average {results['load_before']} before, "
+        f"{t['load']} / {f['load']} / {d['load']} after each phase. Row term weight {args.rows_weight}. Wall time "
+        "(CPU time: this process's, all threads); targets are judged on CPU time, a bound on an idle machine's wall "
+        "time with its threads busy, since on a shared machine the wall time measures the neighbours.",
         "",
-        "| phase | time | peak memory (MiB) | target |",
-        "|---|---|---|---|",
-        f"| teacher training step | {t['step_s']:.2f} s | {t['peak_rss_mib']:.0f} | (the memory baseline) |",
-        f"| mean attention on {args.images} pictures + 72 fits | {f['mean_attention_s']:.1f} s + {f['fit_s']:.1f} s | "
-        f"{f['peak_rss_mib']:.0f} | inside the 10 minutes |",
-        f"| {args.steps} distillation steps | {d['steps_s']:.0f} s ({d['step_s']:.2f} s/step) | "
-        f"{d['peak_rss_mib']:.0f} ({d['peak_rss_mib'] / t['peak_rss_mib']:.2f}× the teacher's step) | ≤ 600 s, ≤ 2× |",
+        "| what | measured: wall (CPU) | peak memory (MiB) | target | |",
+        "|---|---:|---:|---|---|",
+        f"| teacher training step (the second of two) | {t['step_s']:.2f} s ({t['step_cpu_s']:.2f} s) | "
+        f"{t['peak_rss_mib']:.0f} | the baseline | |",
+        f"| mean attention on {args.images} pictures + 72 fits | {f['mean_attention_s']:.1f} s + {f['fit_s']:.1f} s "
+        f"({f['mean_attention_cpu_s']:.1f} s + {f['fit_cpu_s']:.1f} s) | {f['peak_rss_mib']:.0f} | "
+        "inside the 10 minutes | |",
+        f"| {args.steps} distillation steps | {d['steps_s']:.0f} s ({d['steps_cpu_s']:.0f} s) | "
+        f"{d['peak_rss_mib']:.0f} | | |",
+        f"| one distillation step | {d['steps_s'] / args.steps:.2f} s ({per_step:.2f} s), "
+        f"{per_step / t['step_cpu_s']:.2f}× the teacher's step (CPU) | | about 1× the teacher's step | |",
+        f"| fits + {BUDGET_STEPS} steps (CPU) | {total:.0f} s ({prepare:.0f} s + {total - prepare:.0f} s) | | "
+        f"≤ 600 s on 2 cores | {ok(total, 600)} |",
+        f"| distillation memory / the teacher's step | | {memory:.2f}× | ≤ 2× | {ok(memory, 2.0)} |",
         "",
     ])  # fmt: skip
     write_report(args.out / "distill_cpu.md", results, table)

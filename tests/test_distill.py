@@ -18,7 +18,7 @@ from ssog_core.checkpoint.format import load_checkpoint, save_checkpoint
 from ssog_core.cli.distill import main as distill_main
 from ssog_core.cli.fields import main as fields_main
 from ssog_core.cli.info import main as info_main
-from ssog_core.distill.loop import attention_inputs, rows_loss, teacher_rows
+from ssog_core.distill.loop import ROW_FLOOR, RowCross, attention_inputs, rows_loss, teacher_rows
 from ssog_core.distill.student import STUDENT_SIGMA_FLOOR, build_student, steering_parameters, student_config
 from ssog_core.interventions.validation import MAX_EVAL_IMAGES, pictures_for
 from ssog_core.nn.attention import SSOGAttention
@@ -184,6 +184,25 @@ def test_rows_loss_matches_a_float64_reference_with_prefix_tokens():
         assert (g is None) == (w is None)
         if w is not None:
             torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-12)
+
+
+def test_row_cross_clamps_rows_below_the_floor_as_the_clamp_does():
+    """RowCross against autograd through ``t·log(max(ax @ ay, floor))`` in float64, with some rows' entries below
+    the floor (exact zeros and about 1e-35): the same value and the same gradients (none through clamped entries)."""
+    torch.manual_seed(1)
+    ax = torch.rand(5, 7, 3, dtype=torch.float64)
+    ay = torch.rand(5, 3, 4, dtype=torch.float64)
+    ax[0, 2] = 0.0  # a row of zeros: s = 0
+    ay[1, :, 3] = 1e-35  # s ≈ 1e-35 in that column
+    ax, ay = ax.requires_grad_(), ay.requires_grad_()
+    t = torch.rand(5, 7, 4, dtype=torch.float64)
+    got = RowCross.apply(ax, ay, t)
+    want = (t * (ax @ ay).clamp_min(ROW_FLOOR).log()).sum()
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+    grads = torch.autograd.grad(got * 0.7, (ax, ay))
+    for g, w in zip(grads, torch.autograd.grad(want * 0.7, (ax, ay)), strict=True):
+        assert bool(torch.isfinite(g).all())
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.slow
