@@ -49,6 +49,7 @@ def kl_per_image(teacher_logits: Tensor, student_logits: Tensor, temperature: fl
 
 
 @torch.no_grad()
+@torch.no_grad()
 def compare(teacher: ViT, student: ViT, data: EvalSet, batch_size: int = REPORT_BATCH) -> dict[str, float | None]:
     """``agreement`` (top-1, student with teacher), ``kl`` (mean ``KL(teacher ‖ student)``, nats) and, where the
     pictures have labels, ``accuracy`` of the student and ``teacher_accuracy`` (else ``None``)."""
