@@ -4,6 +4,7 @@ teacher's training step, the fits inside that).
 
     python benchmarks/distill.py                        # 100 steps, the row term on (the recipe's default)
     python benchmarks/distill.py --steps 10 --rows-weight 0
+    python benchmarks/distill.py --threads 1 --tag 1thread   # on a shared machine: one thread's CPU time
 
 The teacher is a randomly initialised ViT-S/16 in timm's conventions (dim 384, 12 layers, 6 heads, class token,
 1000 classes) and the pictures random uint8 images of 224²: time and memory depend on the sizes, not the weights.
@@ -66,6 +67,8 @@ def since(start: tuple[float, float]) -> tuple[float, float]:
 
 def phase(name: str, args: argparse.Namespace) -> dict[str, float]:
     """One phase (module doc) in this process; its wall and CPU times and this process's peak resident memory."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model, out = teacher(), {}
     data = pictures(args.images, 1)
     if name == "teacher":
@@ -107,6 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--images", type=int, default=32, help="pictures the fit and the steps draw from")
     ap.add_argument("--rows-weight", type=float, default=Recipe().rows_weight)
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave the default)")
+    ap.add_argument("--tag", default="", help="output file suffix: distill_cpu_TAG.md")
     ap.add_argument("--phase", choices=("teacher", "fit", "distill"), help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
@@ -115,8 +120,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     command, stamp = provenance(argv)
     rest = ["--steps", str(args.steps), "--batch", str(args.batch), "--images", str(args.images), "--rows-weight",
-            str(args.rows_weight)]  # fmt: skip
-    results = {"threads": torch.get_num_threads(), "load_before": load_average()}
+            str(args.rows_weight), "--threads", str(args.threads)]  # fmt: skip
+    results = {"threads": args.threads or torch.get_num_threads(), "load_before": load_average()}
     for name in ("teacher", "fit", "distill"):
         done = subprocess.run([sys.executable, "-m", "benchmarks.distill", "--phase", name, *rest], check=True,
                               capture_output=True, text=True)  # fmt: skip
@@ -152,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
         f"| distillation memory / the teacher's step | | {memory:.2f}× | ≤ 2× | {ok(memory, 2.0)} |",
         "",
     ])  # fmt: skip
-    write_report(args.out / "distill_cpu.md", results, table)
+    write_report(args.out / f"distill_cpu{'_' + args.tag if args.tag else ''}.md", results, table)
 
 
 if __name__ == "__main__":
