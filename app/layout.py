@@ -53,18 +53,22 @@ HEADER = (
 )
 THUMB_HEIGHT = 96  # px of the picked image's thumbnail in the top row
 
-DEMO_CHECKPOINTS = (  # the first one present opens: a model that learned its task (the pointer one is partly trained)
+# The first one present opens (README says why): the converged pointer model whose accuracy rests on its steering
+# (closing its μ gates costs most of it, and its last layer sends attention to the pointed disc), its matched twins
+# one pick away; then a layouts model.
+DEMO_CHECKPOINTS = (
+    "matched_ssog_mu_pointer14.safetensors",
     "matched_ssog_layouts.safetensors",
     "ssog_layouts.safetensors",
-    "matched_ssog_pointer20.safetensors",
 )
-# What the checkpoint picker says beside a bundled file's name (checkpoints/MODEL_CARD.md has the numbers): whoever
-# picks the pointer trio knows it is partly trained before its hesitant answers read as a broken tool.
+# What the checkpoint picker says beside a bundled file's name (checkpoints/MODEL_CARD.md has the numbers), so that
+# whoever picks a model knows what it is before reading its answers.
 TRIO_MEMBERS = {"ssog": "steered SSOG", "ssog_fixed": "fixed field", "dot": "dot twin"}
+POINTER_MEMBERS = {"ssog_mu": "+μδ (steers μ only)", "ssog": "steered SSOG", "ssog_fixed": "fixed field"}
 CHECKPOINT_NOTES = {
     **{f"matched_{k}_layouts.safetensors": f"layouts trio, {v}: fully trained" for k, v in TRIO_MEMBERS.items()},
-    **{f"matched_{k}_pointer20.safetensors": f"pointer trio, {v}: partly trained, on a task where content must "
-       "decide where to look" for k, v in TRIO_MEMBERS.items()},
+    **{f"matched_{k}_pointer14.safetensors": f"pointer, {v}: 10,000 steps, solved" for k, v in POINTER_MEMBERS.items()},
+    "matched_dot_pointer14.safetensors": "pointer, dot twin: 10,000 steps, still on its plateau (about half right)",
 }  # fmt: skip
 
 
