@@ -43,6 +43,7 @@ def folder_files(ctx) -> set[str]:
     return {p.name for p in ctx.checkpoint_dir.iterdir()}
 
 
+@pytest.mark.slow
 def test_the_job_trains_on_what_the_fields_measure_and_reports_on_the_pictures_after_them(ctx, tmp_path):
     """The student's field is the fields' fit on the same N and K (training steers it, never moves it); progress
     counts the steps with their loss; the report is on the 12 pictures after the first 12."""
@@ -68,6 +69,7 @@ def test_the_job_trains_on_what_the_fields_measure_and_reports_on_the_pictures_a
     assert report["content_scored"].startswith("nothing")
 
 
+@pytest.mark.slow
 def test_a_stop_ends_the_job_and_a_picture_set_with_nothing_to_hold_out_is_refused(ctx):
     loaded = ctx.model(DOT)
     steps: list[int] = []
