@@ -301,6 +301,32 @@ def on_field_click(
         return {status: warn(error_text(e))}
 
 
+def on_new_student(ctx: AppContext, page: Page, ckpt: str | None) -> Updates:
+    """A distillation wrote a student into the checkpoint folder: every picker offers it (the selection stays)."""
+    return checkpoint_updates(ctx, page, ckpt)
+
+
+def on_compare_student(
+    ctx: AppContext, page: Page, shown: dict | None, sha: str | None, alpha: float, layer: float
+) -> Updates:
+    """Open Compare with the student just distilled as A and its teacher as B."""
+    cmp = page.compare
+    try:
+        if not shown:
+            raise AppError("distill a model first: its student then opens beside it")
+        names = ctx.checkpoint_names()
+        a, b = shown["student"], shown["teacher"]
+        return {
+            cmp.a: gr.update(choices=names, value=a),
+            cmp.b: gr.update(choices=names, value=b),
+            **compare.render(ctx, cmp, a, b, sha, alpha, layer),
+            page.tabs: gr.Tabs(selected="compare"),
+            page.active: "compare",
+        }
+    except Exception as e:
+        return {page.geometry.distill_note: warn(error_text(e))}
+
+
 def on_open_steered(
     ctx: AppContext, page: Page, ckpt: str | None, sha: str | None, layer: float, query: Any, head: Any, bg: bool
 ) -> Updates:
@@ -524,8 +550,8 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
         page_loaded = demo.load(partial(on_checkpoint_change, ctx, page), [ckpt], follow, **hidden)
         demo.load(None, None, [ex.layout], js=f"() => window.innerWidth < {NARROW_PX} ? 'narrow' : 'wide'", **hidden)
         views = {
-            "geometry": (t_geo, partial(geometry.render, ctx, geo), [ckpt, geo.layer, image_sha, geo.field_shown],
-                         geo.rendered, []),
+            "geometry": (t_geo, partial(geometry.render, ctx, geo),
+                         [ckpt, geo.layer, image_sha, geo.field_shown, geo.distill_shown], geo.rendered, []),
             "steering": (t_st, partial(steering.render, ctx, st), [ckpt, image_sha, st.layer, st.query, st.head],
                          st.outputs, [st.layer]),
             "export": (t_ex, partial(export.render, ctx, ex), ex.inputs, ex.rendered, [ex.alpha, ex.layer, pics]),
@@ -591,6 +617,12 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
         for kind, image in (("field", geo.field_figure), ("fit", geo.fit_figure)):  # any model's fitted heads too
             image.select(field_click(kind), [geo.field_shown, pg.underlay, image_sha],
                          [*pg.head_out, *to_playground, geo.field_note], **hidden)  # fmt: skip
+        # a distilled student: every picker offers it, and Compare opens it beside its teacher
+        geo.distill_shown.change(partial(on_new_student, ctx, page), [ckpt], [ckpt, ex.twin, cmp.a, cmp.b], **hidden)
+        geo.distill_compare.click(
+            partial(on_compare_student, ctx, page), [geo.distill_shown, image_sha, cmp.alpha, cmp.layer],
+            [cmp.a, cmp.b, *cmp.outputs, tabs, active, geo.distill_note], **hidden,
+        )  # fmt: skip
         # ... and a query clicked in Steering opens its head there, steered by the image's content
         st.open.click(
             partial(on_open_steered, ctx, page),
