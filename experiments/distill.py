@@ -96,6 +96,7 @@ DIGITS = {"size": 16, "patch": 2, "hidden": 64, "layers": 4, "heads": 4, "mlp": 
           "lr": 1e-3, "seed": 0}  # fmt: skip
 DIGITS_VAL_SHARE = 0.2
 EVAL_BATCH = 16
+TRAINING_UNIT = "digits-vit-training.json"  # the digits teacher's training, beside its teacher unit digits-teacher.json
 
 # The rule, written down before any result was read (docs/RESULTS.md repeats it):
 # * a head is *recovered by steering* in a student configuration when its normalised share_steered − normalised
@@ -398,7 +399,7 @@ def teacher_source(plan: Plan, name: str) -> tuple[str, dict[str, Any]]:
         return str(ROOT / TEACHERS[name]), {}
     folder, epochs = plan.work / "digits_vit", plan.digits_epochs
     settings = {"format": FORMAT, "recipe": {**DIGITS, "epochs": epochs}}
-    path = plan.units / "digits-teacher.json"
+    path = plan.units / TRAINING_UNIT
     entry = kept(path, settings)
     if entry is None or not folder.is_dir() or fingerprint(folder) != entry["fingerprint"]:
         print(f"training the digits ViT ({epochs} epochs)", flush=True)
@@ -948,7 +949,7 @@ def gather(plan: Plan) -> dict[str, Any]:
         if not path.is_file():
             continue
         t = json.loads(path.read_text(encoding="utf-8"))
-        trained = plan.units / "digits-teacher.json"
+        trained = plan.units / TRAINING_UNIT
         e = {"teacher": t, "trained": json.loads(trained.read_text()) if name == "digits" and trained.is_file()
              else {}, "students": {}, "scratch": {}}  # fmt: skip
         for file in SCRATCH[name]:
@@ -965,7 +966,8 @@ def gather(plan: Plan) -> dict[str, Any]:
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
+def options(argv: list[str] | None = None) -> tuple[argparse.Namespace, Plan]:
+    """The command line and the plan it makes (the section's command, parsed again, makes the same plan)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=STEPS, help="distillation steps per student")
     ap.add_argument("--images", type=int, default=IMAGES, help="pictures the fits and the training use")
@@ -989,9 +991,14 @@ def main(argv: list[str] | None = None) -> int:
     for flag in ("steps", "images", "eval_images", "digits_epochs", "ckpt_every", "threads"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be at least 1")
-    torch.set_num_threads(args.threads)
     plan = Plan(args.steps, args.images, args.eval_images, list(args.seeds), list(args.teachers), args.digits_epochs,
                 args.out, args.work, args.ckpt_every)  # fmt: skip
+    return args, plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, plan = options(argv)
+    torch.set_num_threads(args.threads)
     finished = True if args.report_only else run_all(plan)
     replace_section(args.results, MARKS, section(plan, gather(plan), command_of(plan, args.threads)))
     print(f"wrote {plan.units} and the section in {args.results}", flush=True)
