@@ -767,6 +767,21 @@ def content(students: dict) -> str:
     return "; ".join(sorted(said)) if said else "—"
 
 
+def step0_line(t: dict[str, Any]) -> str:
+    """The step-0 student (the fitted fields, content steering nothing) against its teacher."""
+    s0, heads = t["step0"], t["heads"]
+    judged = [h["normalised_fit"] for h in heads if not h["diffuse"]]
+    return (
+        f"**Step 0** (every head its fitted field, content steering nothing): agreement {s0['agreement']:.3f}, KL "
+        f"{s0['kl']:.4f}"
+        + (f", accuracy {s0['accuracy']:.3f}" if s0["accuracy"] is not None else "")
+        + f"; share_fit {_mean([h['share_fit'] for h in heads]):.3f} against the uniform field's "
+        f"{_mean([h['share_uniform'] for h in heads]):.3f} (mean over {len(heads)} heads), normalised "
+        + (f"{_mean(judged):.3f} ({min(judged):.3f}–{max(judged):.3f})" if judged else "—")
+        + f"; {len(heads) - len(judged)} diffuse."
+    )
+
+
 def teacher_lines(plan: Plan, name: str, e: dict[str, Any]) -> list[str]:
     t, students, model = e["teacher"], e["students"], e["teacher"]["model"]
     source = t["settings"]["teacher"]
@@ -786,6 +801,8 @@ def teacher_lines(plan: Plan, name: str, e: dict[str, Any]) -> list[str]:
         f"{_n(model['teacher_batch'])} labelled images; held-out accuracy {_f(acc, 4)}. Fitted and distilled on "
         f"{pictures_words(t['pictures']['pictures'])}; measured on {pictures_words(t['pictures']['held_out'])}. "
         f"Still content-scored in its students: {content(students)}.",
+        "",
+        step0_line(t),
         "",
     ]
     if not students:
