@@ -6,8 +6,8 @@
     client.predict("ssog_layouts.safetensors", "layouts_val0008_plus.png", 0.5, "blank", api_name="/export_summary")
 
 Endpoints: ``/checkpoints``, ``/head_field``, ``/geometry_summary``, ``/export_summary``, ``/history``,
-``/upload_image``, ``/upload_checkpoint``, ``/intervene``, ``/head_importance``, ``/head_fields``, ``/target_share``,
-``/save_session``, ``/restore_session`` (docs/APP.md lists what each returns).
+``/upload_image``, ``/upload_checkpoint``, ``/intervene``, ``/head_importance``, ``/head_fields``, ``/distill``,
+``/target_share``, ``/save_session``, ``/restore_session`` (docs/APP.md lists what each returns).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from gradio.data_classes import FileData
 from gradio.events import Dependency
 from gradio.utils import get_function_params, get_upload_folder
 
+from app import distill as distilling
 from app import fields, interventions, queues
 from app import pictures as chooser
 from app import session_protocol as session
@@ -54,6 +55,7 @@ def register_api(ctx: AppContext, parts: Sequence[session.SessionPart]) -> None:
     typed_parameter(edit, api.intervene, "edits", edits_schema())  # each op's fields, from the registry
     gr.api(api.head_importance, api_name="head_importance", **queues.heavy())
     gr.api(api.head_fields, api_name="head_fields", **queues.heavy())
+    gr.api(api.distill, api_name="distill", **queues.heavy())
     gr.api(api.target_share, api_name="target_share", **queues.heavy())
 
 
@@ -71,13 +73,15 @@ def expected(fn: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-def heavy_answers(work: Callable[[Any, Any], Any], request: gr.Request | None) -> Iterator[tuple[Any, str | None]]:
+def heavy_answers(
+    work: Callable[[Any, Any], Any], request: gr.Request | None, unit: str = "images"
+) -> Iterator[tuple[Any, str | None]]:
     """A heavy endpoint's progress and result: first ``(None, "waiting for a heavy slot")``, then
-    :func:`app.queues.watched`'s ``(None, progress)`` pairs and ``(result, None)``. Gradio can close (cancel) a
-    generator only once its first value came back: that value comes before the user's slot is taken, so a job
-    cancelled at any time gives the slot back."""
+    :func:`app.queues.watched`'s ``(None, progress)`` pairs (counted in ``unit``) and ``(result, None)``. Gradio can
+    close (cancel) a generator only once its first value came back: that value comes before the user's slot is
+    taken, so a job cancelled at any time gives the slot back."""
     yield None, "waiting for a heavy slot"
-    yield from queues.watched(request, work)
+    yield from queues.watched(request, work, unit=unit)
 
 
 class Endpoints:
@@ -232,6 +236,31 @@ class Endpoints:
             work = lambda stop, watch: fields.measure(self.ctx, loaded, images, atoms, stop, watch, chosen)  # noqa: E731
             for stats, progress in heavy_answers(work, request):
                 yield running(progress) if stats is None else fields.fields_json(checkpoint, stats)
+        except EXPECTED_ERRORS as e:
+            raise gr.Error(error_text(e)) from None
+
+    def distill(
+        self, checkpoint: str, images: int = DEFAULT_IMAGES, atoms: int = FIT_ATOMS, steer: str = "mu,sigma,lambda",
+        steps: int = distilling.DEFAULT_STEPS, pictures: str = "", request: gr.Request | None = None,
+    ) -> Iterator[dict]:  # fmt: skip
+        """Distil a model with dot-product heads (a dot twin, a standard ViT folder) into an SSOG student, as
+        ``python -m ssog_core distill`` does: each head's ``atoms``-atom fit on up to ``images`` pictures (those
+        /head_fields measures with the same N and ``pictures``) steered by content (``steer``: mu or mu,sigma,lambda),
+        trained for ``steps`` steps to match the model's outputs on them, and reported on up to ``images`` pictures
+        after them, held out. The student is written into the checkpoint folder as ``NAME_distilled.safetensors``
+        (``_2``, … when that exists: nothing is replaced) with its report beside it, and every picker offers it.
+        Returns ``student`` (its name for the other endpoints), ``existed`` (the names that were already there) and
+        ``report`` (the command's report JSON: ``step0`` and ``final`` agreement and KL on the held-out pictures,
+        and per head ``share_fit``, ``share_steered``, ``share_uniform``, both normalised, ``difference``,
+        ``steering_reach``). A model without dot heads is refused in words. A heavy job: ``{"progress": "computing
+        40 of 300 steps: loss …"}`` while it waits or runs; cancelling it stops it, and nothing is written."""
+        try:
+            loaded = self.ctx.model(checkpoint)
+            asked = distilling.request(self.ctx, loaded, images, atoms, steer, steps,
+                                       chooser.chosen(self.ctx, pictures))  # fmt: skip
+            work = lambda stop, watch: distilling.run(self.ctx, loaded, asked, stop, watch)  # noqa: E731
+            for student, progress in heavy_answers(work, request, unit="steps"):
+                yield running(progress) if student is None else student.to_dict()
         except EXPECTED_ERRORS as e:
             raise gr.Error(error_text(e)) from None
 

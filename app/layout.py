@@ -53,18 +53,22 @@ HEADER = (
 )
 THUMB_HEIGHT = 96  # px of the picked image's thumbnail in the top row
 
-DEMO_CHECKPOINTS = (  # the first one present opens: a model that learned its task (the pointer one is partly trained)
+# The first one present opens (README says why): the converged pointer model whose accuracy rests on its steering
+# (closing its μ gates costs most of it, and its last layer sends attention to the pointed disc), its matched twins
+# one pick away; then a layouts model.
+DEMO_CHECKPOINTS = (
+    "matched_ssog_mu_pointer14.safetensors",
     "matched_ssog_layouts.safetensors",
     "ssog_layouts.safetensors",
-    "matched_ssog_pointer20.safetensors",
 )
-# What the checkpoint picker says beside a bundled file's name (checkpoints/MODEL_CARD.md has the numbers): whoever
-# picks the pointer trio knows it is partly trained before its hesitant answers read as a broken tool.
+# What the checkpoint picker says beside a bundled file's name (checkpoints/MODEL_CARD.md has the numbers), so that
+# whoever picks a model knows what it is before reading its answers.
 TRIO_MEMBERS = {"ssog": "steered SSOG", "ssog_fixed": "fixed field", "dot": "dot twin"}
+POINTER_MEMBERS = {"ssog_mu": "+μδ (steers μ only)", "ssog": "steered SSOG", "ssog_fixed": "fixed field"}
 CHECKPOINT_NOTES = {
     **{f"matched_{k}_layouts.safetensors": f"layouts trio, {v}: fully trained" for k, v in TRIO_MEMBERS.items()},
-    **{f"matched_{k}_pointer20.safetensors": f"pointer trio, {v}: partly trained, on a task where content must "
-       "decide where to look" for k, v in TRIO_MEMBERS.items()},
+    **{f"matched_{k}_pointer14.safetensors": f"pointer, {v}: 10,000 steps, solved" for k, v in POINTER_MEMBERS.items()},
+    "matched_dot_pointer14.safetensors": "pointer, dot twin: 10,000 steps, still on its plateau (about half right)",
 }  # fmt: skip
 
 
@@ -297,6 +301,32 @@ def on_field_click(
         return {status: warn(error_text(e))}
 
 
+def on_new_student(ctx: AppContext, page: Page, ckpt: str | None) -> Updates:
+    """A distillation wrote a student into the checkpoint folder: every picker offers it (the selection stays)."""
+    return checkpoint_updates(ctx, page, ckpt)
+
+
+def on_compare_student(
+    ctx: AppContext, page: Page, shown: dict | None, sha: str | None, alpha: float, layer: float
+) -> Updates:
+    """Open Compare with the student just distilled as A and its teacher as B."""
+    cmp = page.compare
+    try:
+        if not shown:
+            raise AppError("distill a model first: its student then opens beside it")
+        names = ctx.checkpoint_names()
+        a, b = shown["student"], shown["teacher"]
+        return {
+            cmp.a: gr.update(choices=names, value=a),
+            cmp.b: gr.update(choices=names, value=b),
+            **compare.render(ctx, cmp, a, b, sha, alpha, layer),
+            page.tabs: gr.Tabs(selected="compare"),
+            page.active: "compare",
+        }
+    except Exception as e:
+        return {page.geometry.distill_note: warn(error_text(e))}
+
+
 def on_open_steered(
     ctx: AppContext, page: Page, ckpt: str | None, sha: str | None, layer: float, query: Any, head: Any, bg: bool
 ) -> Updates:
@@ -520,8 +550,8 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
         page_loaded = demo.load(partial(on_checkpoint_change, ctx, page), [ckpt], follow, **hidden)
         demo.load(None, None, [ex.layout], js=f"() => window.innerWidth < {NARROW_PX} ? 'narrow' : 'wide'", **hidden)
         views = {
-            "geometry": (t_geo, partial(geometry.render, ctx, geo), [ckpt, geo.layer, image_sha, geo.field_shown],
-                         geo.rendered, []),
+            "geometry": (t_geo, partial(geometry.render, ctx, geo),
+                         [ckpt, geo.layer, image_sha, geo.field_shown, geo.distill_shown], geo.rendered, []),
             "steering": (t_st, partial(steering.render, ctx, st), [ckpt, image_sha, st.layer, st.query, st.head],
                          st.outputs, [st.layer]),
             "export": (t_ex, partial(export.render, ctx, ex), ex.inputs, ex.rendered, [ex.alpha, ex.layer, pics]),
@@ -587,6 +617,12 @@ def build_page(ctx: AppContext, login: bool = False) -> tuple[gr.Blocks, Page]:
         for kind, image in (("field", geo.field_figure), ("fit", geo.fit_figure)):  # any model's fitted heads too
             image.select(field_click(kind), [geo.field_shown, pg.underlay, image_sha],
                          [*pg.head_out, *to_playground, geo.field_note], **hidden)  # fmt: skip
+        # a distilled student: every picker offers it, and Compare opens it beside its teacher
+        geo.distill_shown.change(partial(on_new_student, ctx, page), [ckpt], [ckpt, ex.twin, cmp.a, cmp.b], **hidden)
+        geo.distill_compare.click(
+            partial(on_compare_student, ctx, page), [geo.distill_shown, image_sha, cmp.alpha, cmp.layer],
+            [cmp.a, cmp.b, *cmp.outputs, tabs, active, geo.distill_note], **hidden,
+        )  # fmt: skip
         # ... and a query clicked in Steering opens its head there, steered by the image's content
         st.open.click(
             partial(on_open_steered, ctx, page),

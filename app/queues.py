@@ -2,7 +2,8 @@
 
 - :data:`LIGHT`: one-image edits and previews (the Intervene tab's *Apply*), tens of milliseconds.
 - :data:`HEAVY`: validation effects and head importance (the tab's *Evaluate* and *Run head importance*,
-  ``/head_importance``), seconds to minutes, and batch export (the Export tab's validation batch).
+  ``/head_importance``), head fields and distillations (the geometry tab, ``/head_fields``, ``/distill``), seconds
+  to minutes, and batch export (the Export tab's validation batch).
 - :func:`may_wait`: requests that are light unless they need a heavy job's result: an export map against the
   validation control (the Export tab, ``/export_summary``), ``/intervene`` (one call, with or without validation
   images). Such a request may wait minutes for its heavy job, so it holds no worker of a bounded queue (a few of
@@ -47,7 +48,8 @@ heavy_gate = threading.BoundedSemaphore(HEAVY_LIMIT)  # held while a heavy compu
 _light_slots = threading.BoundedSemaphore(LIGHT_LIMIT)  # the light part of a request that may wait (light_slot)
 
 BUSY = (  # Busy's message
-    "you already have a heavy job running (validation, head importance, head fields or batch export); "
+    "you already have a heavy job running (validation, head importance, head fields, a distillation or batch "
+    "export); "
     "wait for it or stop it"
 )
 _running: Counter[str] = Counter()  # heavy jobs running per user
@@ -142,38 +144,45 @@ def submitted(
     stop: Callable[[], bool] | None = None,
     watch: Watch | None = None,
 ) -> T:
+    """:func:`ran`, its value kept in ``cache`` under ``key`` once complete (a stopped or failed job raises and
+    keeps nothing)."""
+    return cache.get(key, lambda: ran(fn, checkpoint, *args, stop=stop, watch=watch))
+
+
+def ran(
+    fn: Callable[..., T],
+    checkpoint: str,
+    *args: Any,
+    stop: Callable[[], bool] | None = None,
+    watch: Watch | None = None,
+) -> T:
     """``fn((model, meta), *args)`` of the checkpoint at path ``checkpoint`` as a heavy job (under
-    :data:`heavy_gate`), its value kept in ``cache`` under ``key`` once complete (a stopped or failed job raises
-    and keeps nothing); ``stop`` stops it, also while it waits for a slot; ``watch`` receives the job."""
-
-    def make() -> T:
-        with heavy_gate:
-            if stop is not None and stop():
-                raise Cancelled("the job was stopped before it started")
-            eng = engine()
-            job = eng.submit(fn, eng.model(checkpoint, load_checkpoint), *args)
-            if watch is not None:
-                watch.job = job
-            try:
-                return job.result(stop=stop)
-            finally:
-                if not job.done():  # the wait ended in an error of its own: the worker is freed all the same
-                    job.stop()
-
-    return cache.get(key, make)
+    :data:`heavy_gate`); ``stop`` stops it, also while it waits for a slot; ``watch`` receives the job."""
+    with heavy_gate:
+        if stop is not None and stop():
+            raise Cancelled("the job was stopped before it started")
+        eng = engine()
+        job = eng.submit(fn, eng.model(checkpoint, load_checkpoint), *args)
+        if watch is not None:
+            watch.job = job
+        try:
+            return job.result(stop=stop)
+        finally:
+            if not job.done():  # the wait ended in an error of its own: the worker is freed all the same
+                job.stop()
 
 
 def watched(
-    request: Any, work: Callable[[Callable[[], bool], Watch], T], holds: bool = True
+    request: Any, work: Callable[[Callable[[], bool], Watch], T], holds: bool = True, unit: str = "images"
 ) -> Iterator[tuple[T | None, str]]:
     """Run ``work(stop, watch)`` as the user's one heavy job (:func:`one_per_user`; ``holds=False`` for a job the
     page starts by itself), in a thread a closed page stops (:func:`app.common.stoppable`): yields
-    ``(None, progress in words)`` while it runs, then ``(result, "")``. A handler yields its own first value before
-    calling this, so a job cancelled before it starts holds no slot."""
+    ``(None, progress in words)`` while it runs (counted in ``unit``), then ``(result, "")``. A handler yields its
+    own first value before calling this, so a job cancelled before it starts holds no slot."""
     watch = Watch()
     with one_per_user(request, holds):
         for result in stoppable(lambda stop: work(stop, watch)):
-            yield result, watch.note() if result is None else ""
+            yield result, watch.note(unit) if result is None else ""
 
 
 def user_of(request: Any) -> str:

@@ -417,9 +417,9 @@ def default_image(ctx: AppContext, ckpt: str | None = None) -> StoredImage | Non
 def default_twin(ctx: AppContext, ckpt: str | None, variant: str | None = None) -> str:
     """The model of ``variant`` to show beside ``ckpt`` (by default the other attention kind: ``dot`` beside an
     SSOG model, ``ssog`` beside the others; ``ssog_fixed``: the fixed-field model matched to a steered one): its
-    metadata's ``twin``, else its own name with its variant's word swapped (``ssog_layouts`` → ``dot_layouts``,
-    ``ssog_fixed_layouts``), else the first checkpoint of that variant trained on the same data. Each candidate
-    must be of that variant; ``NO_TWIN`` when none is."""
+    metadata's ``twin`` (a distilled student's: its teacher, :func:`teacher_of`), else its own name with its
+    variant's word swapped (``ssog_layouts`` → ``dot_layouts``, ``ssog_fixed_layouts``), else the first checkpoint
+    of that variant trained on the same data. Each candidate must be of that variant; ``NO_TWIN`` when none is."""
     if not ckpt:
         return NO_TWIN
     names = ctx.checkpoint_names()
@@ -436,7 +436,23 @@ def default_twin(ctx: AppContext, ckpt: str | None, variant: str | None = None) 
             return False
         return other.variant == want and (not same_data or other.meta.get("data") == loaded.meta.get("data"))
 
-    hinted = loaded.meta.get("twin")
+    hinted = loaded.meta.get("twin") or teacher_of(ctx, loaded)
     swapped = ckpt.replace(loaded.variant, want, 1)
     named = [n for n in (hinted, swapped) if isinstance(n, str) and n != ckpt and n in names]
     return next((n for n in named if of(n)), None) or next((n for n in names if n != ckpt and of(n, True)), NO_TWIN)
+
+
+def teacher_of(ctx: AppContext, loaded: LoadedModel) -> str | None:
+    """The picker name of the teacher a distilled student's metadata names (``distill.teacher``: a picker name, or
+    the path the command line was given, matched by its file or folder name), when the pickers offer it."""
+    distilled = loaded.meta.get("distill")
+    teacher = distilled.get("teacher") if isinstance(distilled, dict) else None
+    if not isinstance(teacher, str) or not teacher:
+        return None
+    names = ctx.checkpoint_names()
+    if teacher in names:
+        return teacher
+    if teacher.startswith(HUB_PREFIX):
+        return teacher if ctx.offers(teacher) else None
+    base = Path(teacher.rstrip("/")).name
+    return base if base in names else None

@@ -3,10 +3,11 @@ experiments/results/head_fields.json and that section of docs/RESULTS.md.
 
     python experiments/head_fields.py [--images 200] [--threads 1] [--data layouts pointer20 ...]
 
-The data sets (:data:`DATASETS`): each bundled matched trio (``checkpoints/matched_{dot,ssog_fixed,ssog}_{data}``),
-and the 14×14 pointer ablation's seed-0 models (``experiments/results/models/pointer-g14-{variant}-s0…``, as
-``experiments/ablation.py`` names them) after 3,000 steps (``pointer14-early``) and after 10,000
-(``pointer14-converged``); a model whose file is not there yet (a run still training) is skipped with a note.
+The data sets (:data:`DATASETS`): the bundled `layouts` trio (``checkpoints/matched_{dot,ssog_fixed,ssog}_layouts``),
+the 20×20 pointer ablation's seed-0 trio after 3,000 + 1,500 steps (``pointer20``) and the 14×14 pointer ablation's
+seed-0 models (``experiments/results/models/pointer-g14-{variant}-s0…``, as ``experiments/ablation.py`` names them)
+after 3,000 steps (``pointer14-early``) and after 10,000 (``pointer14-converged``); a model whose file is not there
+yet (a run still training) is skipped with a note.
 On the first N validation images of each model's data: every head's share explained by its 4-atom fit, by its
 positional field and by the uniform field, the normalised shares, its entropy and its mean attention distance
 (:mod:`ssog_core.analysis.head_as_field`); on every model the whole model made content-blind (every head replaced
@@ -52,7 +53,8 @@ ROOT = Path(__file__).resolve().parent.parent
 MARKS = section_markers("head-fields")
 FORMAT = 2  # what a kept entry holds and how it was measured; an entry of another format is measured again
 KINDS = ("dot", "ssog_fixed", "ssog")  # a matched trio: the twin, the fixed-field model, the steered model
-MATCHED = ("layouts", "pointer20")  # the bundled matched trios
+LARGE = "pointer20"  # the 20×20 board's seed-0 trio, 12 + 6 epochs (in experiments/results/models/)
+MATCHED = ("layouts", LARGE)  # the matched trios (dot twin, fixed field, steered)
 # The 14×14 pointer ablation's rows, twin first, by the file names experiments/ablation.py gives its seed-0 models.
 ABLATION = {
     "dot": "dot",
@@ -72,8 +74,11 @@ FLAT = 0.05  # a normalised fit within ±FLAT of 0: the field explains no more o
 
 
 def checkpoints_of(data: str, checkpoints: Path, models: Path) -> dict[str, Path]:
-    """Each model of data set ``data`` by kind: a matched trio's bundled checkpoints, or the 14×14 pointer ablation's
-    seed-0 models after 12 epochs (:data:`EARLY`) or 40 (:data:`CONVERGED`)."""
+    """Each model of data set ``data`` by kind: a matched trio's bundled checkpoints, the 20×20 pointer ablation's
+    seed-0 trio (:data:`LARGE`), or the 14×14 pointer ablation's seed-0 models after 12 epochs (:data:`EARLY`) or 40
+    (:data:`CONVERGED`)."""
+    if data == LARGE:
+        return {k: models / f"pointer-g20-{ABLATION[k]}-s0.safetensors" for k in KINDS}
     if data in MATCHED:
         return {k: checkpoints / f"matched_{k}_{data}.safetensors" for k in KINDS}
     if data not in (EARLY, CONVERGED):

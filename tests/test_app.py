@@ -781,10 +781,12 @@ def test_lazy_rendering_and_checkpoint_defaults(ctx, page, tmp_path):
     bundled = tmp_path / "bundled"
     bundled.mkdir()
     names = ("dot_layouts.safetensors", "ssog_layouts.safetensors", "matched_ssog_layouts.safetensors",
-             "matched_ssog_pointer20.safetensors")  # fmt: skip
+             "matched_ssog_mu_pointer14.safetensors")  # fmt: skip
     for name in names:
         shutil.copy(ctx.checkpoint_dir / "ssog_test.safetensors", bundled / name)
     demo = AppContext(bundled, ctx.assets_dir, upload_dir=tmp_path / "up")
+    assert layout.default_checkpoint(demo, demo.checkpoint_names()) == "matched_ssog_mu_pointer14.safetensors"
+    (bundled / "matched_ssog_mu_pointer14.safetensors").unlink()
     assert layout.default_checkpoint(demo, demo.checkpoint_names()) == "matched_ssog_layouts.safetensors"
     (bundled / "matched_ssog_layouts.safetensors").unlink()
     assert layout.default_checkpoint(demo, demo.checkpoint_names()) == "ssog_layouts.safetensors"
@@ -806,24 +808,25 @@ def test_lazy_rendering_and_checkpoint_defaults(ctx, page, tmp_path):
 BUNDLED = Path(__file__).resolve().parents[1] / "checkpoints"
 
 
-@pytest.mark.skipif(not (BUNDLED / "matched_ssog_layouts.safetensors").is_file(), reason="no bundled checkpoints")
-def test_the_first_screen_opens_the_layouts_trio_and_labels_the_pointer_trio(tmp_path):
-    """The bundled folder opens on the steered layouts model, on a picture of its data set (the pointer model,
-    partly trained, answered its first picture about evenly over three colours); the picker names the pointer trio
-    as partly trained."""
+@pytest.mark.skipif(not (BUNDLED / "matched_ssog_mu_pointer14.safetensors").is_file(), reason="no bundled checkpoints")
+def test_the_first_screen_opens_the_converged_pointer_model_and_labels_every_bundled_model(tmp_path):
+    """The bundled folder opens on the converged +μδ pointer model, on a picture of its data set, with its fixed-field
+    model as the matched twin for steering and the dot twin as the other attention kind; the picker says what each
+    bundled model is (solved, or still on its plateau)."""
     ctx = AppContext(BUNDLED, BUNDLED.parent / "assets", upload_dir=tmp_path)
     names = ctx.checkpoint_names()
     first = layout.default_checkpoint(ctx, names)
-    assert first == "matched_ssog_layouts.safetensors"
-    assert default_image(ctx, first).name.startswith("layouts_")
+    assert first == "matched_ssog_mu_pointer14.safetensors"
+    assert default_image(ctx, first).name.startswith("pointer_")
+    assert default_twin(ctx, first) == "matched_dot_pointer14.safetensors"
+    assert default_twin(ctx, first, "ssog_fixed") == "matched_ssog_fixed_pointer14.safetensors"
     labels = {name: label for label, name in layout.checkpoint_choices(names)}
     assert set(labels) == set(names)
+    for kind in ("ssog_mu", "ssog", "ssog_fixed"):
+        assert labels[f"matched_{kind}_pointer14.safetensors"].endswith(": 10,000 steps, solved)")
+    assert "still on its plateau" in labels["matched_dot_pointer14.safetensors"]
     for kind in ("ssog", "ssog_fixed", "dot"):
-        pointer = labels[f"matched_{kind}_pointer20.safetensors"]
-        assert pointer.startswith(f"matched_{kind}_pointer20.safetensors (pointer trio, ")
-        assert "partly trained" in pointer
         assert "fully trained" in labels[f"matched_{kind}_layouts.safetensors"]
-    assert "content must decide where to look" in labels["matched_ssog_pointer20.safetensors"]
     assert labels["ssog_layouts.safetensors"] == "ssog_layouts.safetensors"  # a file without a note: its name
 
 

@@ -123,7 +123,9 @@ def test_mcp_is_off_by_default_and_lists_the_typed_endpoints(tmp_path_factory):
     demo = serve(tmp_path_factory, None)
     try:
         names, _ = session_run(demo.local_url, "http", None, [])
-        assert {"checkpoints", "intervene", "head_importance", "geometry_summary", "target_share"} <= set(names)
+        assert {"checkpoints", "intervene", "head_importance", "geometry_summary", "target_share", "distill"} <= set(
+            names
+        )
     finally:
         demo.close()
 

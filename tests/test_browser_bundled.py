@@ -1,5 +1,5 @@
-"""The app as a user first meets it: the bundled checkpoints, the layouts trio open first, then the pointer trio picked
-from the checkpoint picker and every instrument on it in a real browser (Playwright driving Debian's Chromium,
+"""The app as a user first meets it: the bundled checkpoints, the converged +μδ pointer model open first, its
+matched twins one pick away, and every instrument on it in a real browser (Playwright driving Debian's Chromium,
 offline), validation work at 50 images."""
 
 from __future__ import annotations
@@ -23,17 +23,15 @@ from tests.test_browser import (
 playwright = pytest.importorskip("playwright.sync_api")
 
 ROOT = Path(__file__).resolve().parents[1]
-FIRST = "matched_ssog_layouts.safetensors"  # the first screen: a model that learned its task
-POINTER = "matched_ssog_pointer20.safetensors"  # one click away, partly trained
-TRIO = [ROOT / "checkpoints" / f"matched_{k}_pointer20.safetensors" for k in ("ssog", "ssog_fixed", "dot")]
+POINTER = "matched_ssog_mu_pointer14.safetensors"  # the first screen: converged, its accuracy rests on its steering
+FIXED = "matched_ssog_fixed_pointer14.safetensors"  # its matched twin without steering, one pick away
+MODELS = [ROOT / "checkpoints" / f"matched_{k}_pointer14.safetensors" for k in ("ssog_mu", "ssog", "ssog_fixed", "dot")]
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
     pytest.mark.timeout(1500),
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed"),
-    pytest.mark.skipif(
-        not all(p.is_file() for p in [*TRIO, ROOT / "checkpoints" / FIRST]), reason="the bundled trios are not here"
-    ),
+    pytest.mark.skipif(not all(p.is_file() for p in MODELS), reason="the bundled pointer models are not here"),
 ]
 
 
@@ -46,12 +44,11 @@ def server(tmp_path_factory):
         yield {"url": app.url, "log": log}
 
 
-def test_the_pointer_trio_in_the_browser(server):
+def test_the_converged_pointer_models_in_the_browser(server):
     with browser_page(server["log"], "bundled_failure", 120_000) as page:
         page.goto(server["url"])
         page.wait_for_selector("#pg-canvas .atom")
-        opens_on_the_layouts_trio(page)
-        pick_the_pointer_trio(page)
+        opens_on_the_pointer_model(page)
         a_trained_head_as_preset(page)
         training_history(page)
         geometry_with_gates(page)
@@ -59,32 +56,21 @@ def test_the_pointer_trio_in_the_browser(server):
         export_maps_with_the_blank_control(page)
         an_edit_on_the_picture_and_on_50_validation_images(page)
         the_transfer_curve_the_bundle_stored(page)
+        the_twin_without_steering_one_pick_away(page)
 
 
-def opens_on_the_layouts_trio(page) -> None:
-    """The first model is the steered layouts model, fully trained, shown on a picture of its own data set."""
+def opens_on_the_pointer_model(page) -> None:
+    """The first model is the converged +μδ pointer model, its label saying it solved its task, shown on a picture of
+    its own data set."""
     shown = page.input_value("#ckpt input")  # the picker shows the file's name with its note
-    assert shown.startswith(f"{FIRST} (") and "fully trained" in shown, shown
-    assert page.input_value("#img-pick input").startswith("layouts_val")
+    assert shown.startswith(f"{POINTER} (") and "solved" in shown, shown
+    assert page.input_value("#img-pick input").startswith("pointer_val")
+    page.wait_for_function(f"() => document.querySelector('#pg-preset-note').innerText.includes('{POINTER}')")
     shot(page, "bundled_01_open")
 
 
-def pick_the_pointer_trio(page) -> None:
-    """The pointer trio is one click away, its label saying it is partly trained; picked, with a picture of its own
-    data set."""
-    page.click("#ckpt input")
-    option = page.locator("[role=option]", has_text=POINTER)
-    assert "partly trained" in option.inner_text() and "content must decide where to look" in option.inner_text()
-    option.click()
-    page.wait_for_function(f"() => document.querySelector('#pg-preset-note').innerText.includes('{POINTER}')")
-    page.click("#img-pick input")
-    page.locator("[role=option]", has_text="pointer_val0000").click()
-    page.wait_for_function("() => document.querySelector('#status').innerText.includes('pointer_val0000')")
-    assert page.input_value("#ckpt input").startswith(POINTER)
-
-
 def a_trained_head_as_preset(page) -> None:
-    """Presets are the 20×20 model's own heads; picking one redraws the field with its atoms."""
+    """Presets are the model's own heads; picking one redraws the field with its atoms."""
     page.click("#pg-preset input")
     options = page.locator("[role=option]")
     assert options.count() >= 1
@@ -115,11 +101,11 @@ def geometry_with_gates(page) -> None:
 
 
 def steering_at_a_patch(page) -> None:
-    """A click on the 80×80 picture picks a patch of the 20×20 grid."""
+    """A click on the 56×56 picture picks a patch of the 14×14 grid."""
     open_tab(page, "steering")
     page.wait_for_selector("#st-click img[src]", state="attached")
-    click_image_until(page, "#st-click img", 0.525, 0.275, "#st-qfig img[src]")  # patch (5, 10) of 20×20
-    page.wait_for_function("() => document.querySelector('#st-query').innerText.includes('query patch (5, 10)')")
+    click_image_until(page, "#st-click img", 0.536, 0.25, "#st-qfig img[src]")  # patch (3, 7) of 14×14
+    page.wait_for_function("() => document.querySelector('#st-query').innerText.includes('query patch (3, 7)')")
     assert "%" in page.inner_text("#st-pred")
     shot(page, "bundled_04_steering")
 
@@ -128,7 +114,7 @@ def export_maps_with_the_blank_control(page) -> None:
     """Export maps beside the dot twin, then the blank control with its noise floor."""
     open_tab(page, "export")
     page.wait_for_selector("#ex-figure img[src]", state="attached")
-    assert "matched_dot_pointer20" in page.inner_text("#ex-summary")
+    assert "matched_dot_pointer14" in page.inner_text("#ex-summary")
     page.click("#ex-control input")
     page.locator("[role=option]", has_text="blank").first.click()
     page.wait_for_selector("#ex-control-figure img[src]", state="attached")
@@ -152,7 +138,7 @@ def an_edit_on_the_picture_and_on_50_validation_images(page) -> None:
     open_tab(page, "intervene")
     # as a person does: the tab has shown its model before an op is picked (its answer keeps a later pick:
     # tests/test_app_intervene.py), so the open list is not redrawn under the click
-    page.wait_for_function("() => document.querySelector('#iv-note').innerText.includes('matched_ssog_pointer20')")
+    page.wait_for_function("() => document.querySelector('#iv-note').innerText.includes('matched_ssog_mu_pointer14')")
     pick_op(page, "ablate_head", ("layer", "head", "mode"), ("tap", "factor", "source", "what", "atom", "dy", "dx"))
     pick_op(page, "close_gate", ("layer", "tap", "head"), ("mode", "factor", "source", "what", "atom", "dy", "dx"))
     page.click("#iv-add")
@@ -176,3 +162,14 @@ def the_transfer_curve_the_bundle_stored(page) -> None:
     page.wait_for_selector("#sc-transfer .js-plotly-plot", state="attached")
     assert POINTER in page.inner_text("#sc-transfer-note")
     shot(page, "bundled_07_transfer")
+
+
+def the_twin_without_steering_one_pick_away(page) -> None:
+    """The fixed-field model of the same recipe is one pick in the checkpoint picker, its label saying it solved the
+    task too."""
+    page.click("#ckpt input")
+    option = page.locator("[role=option]", has_text=FIXED)
+    assert "fixed field" in option.inner_text() and "solved" in option.inner_text()
+    option.click()
+    page.wait_for_function(f"() => document.querySelector('#sc-transfer-note').innerText.includes('{FIXED}')")
+    assert page.input_value("#ckpt input").startswith(FIXED)

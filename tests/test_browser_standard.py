@@ -1,6 +1,7 @@
 """A standard ViT in a real browser: a transformers folder in the checkpoint folder is picked by its label, its
 heads are measured as fields in the Checkpoint-geometry tab (both figures, both charts, the table), a fitted head
-opens in the playground from a click on its panel, and its export maps name the class token's share.
+opens in the playground from a click on its panel, its export maps name the class token's share, and it is distilled
+into SSOG (the report beside its fields, the student in the picker, Compare with its teacher).
 
 Same Chromium, flags and server as :mod:`tests.test_browser`."""
 
@@ -101,3 +102,24 @@ def test_a_standard_vit_in_the_browser(server):
         page.press("#ex-alpha input[type=number]", "Enter")
         wait_src_change(page, "#ex-figure img", before)
         shot(page, "standard_03_export")
+
+        open_tab(page, "geometry")  # distilled into SSOG: trains on 2 pictures, holds the other 2 out
+        page.fill("#geo-field-images input[type=number]", "2")
+        page.press("#geo-field-images input[type=number]", "Enter")
+        page.fill("#geo-distill-steps input[type=number]", "3")
+        page.press("#geo-distill-steps input[type=number]", "Enter")
+        page.click("#geo-distill")
+        page.wait_for_selector("#geo-distill-figure img[src]", state="attached")
+        note = page.inner_text("#geo-distill-note")
+        assert "Wrote hf_vit_distilled.safetensors into the checkpoint folder" in note and "2 held-out" in note, note
+        assert len(re.findall(r"^[01]\s+[012]\s+\d", page.inner_text("#geo-distill-table"), re.M)) == 6
+        shot(page, "standard_04_distilled")
+        page.click("#geo-distill-compare")
+        page.wait_for_selector("#cmp-figure img[src]", state="attached")
+        assert page.get_attribute("#tab-compare-button", "aria-selected") == "true"
+        assert (
+            page.input_value("#cmp-a input").startswith("hf_vit_distilled")
+            and page.input_value("#cmp-b input") == "hf_vit"
+        )
+        page.click("#ckpt input")
+        assert page.locator("[role=option]", has_text="hf_vit_distilled.safetensors").count() == 1

@@ -44,9 +44,13 @@ def test_the_steered_model_meets_the_standard_and_its_history_shows_the_gates_op
     assert np.abs(mu[-1] - mu[0]).max() > 0.5  # some atom moved by more than half a cell
 
 
-POINTER = [CKPTS / f"{stem}_pointer20.safetensors" for stem in ("matched_ssog", "matched_ssog_fixed", "matched_dot")]
-pointer_trio = pytest.mark.skipif(
-    not all(p.is_file() for p in POINTER), reason="the pointer trio is not in checkpoints/"
+POINTER = {  # the converged pointer models by their ablation row
+    variant: CKPTS / f"{stem}_pointer14.safetensors"
+    for variant, stem in (("+mu", "matched_ssog_mu"), ("steered", "matched_ssog"), ("fixed", "matched_ssog_fixed"),
+                          ("dot", "matched_dot"))
+}  # fmt: skip
+pointer_models = pytest.mark.skipif(
+    not all(p.is_file() for p in POINTER.values()), reason="the pointer models are not in checkpoints/"
 )
 
 
@@ -59,29 +63,34 @@ def _module(name: str, monkeypatch: pytest.MonkeyPatch):
     return module
 
 
-@pointer_trio
-def test_the_pointer_trio_is_the_sweeps_seed_0_on_the_large_board(monkeypatch):
-    """Same command but --attn / --steer (and the small-board model each started from), same steps, small files,
-    and the accuracy each file records is the one the sweep's results file holds for that run."""
+@pointer_models
+def test_the_pointer_models_are_the_sweeps_converged_seed_0_with_their_history(monkeypatch):
+    """Same command but --attn / --steer, 10,000 steps from scratch on the 14×14 board, small files, the accuracy
+    each file records the one the sweep's results file holds for that run, and a history from step 0 that shows
+    where each left its plateau (or that the dot twin did not)."""
     ablation = _module("ablation", monkeypatch)
-    metas = [load_checkpoint(p)[1] for p in POINTER]
-    differ = _module("matched_trio", monkeypatch).differing_flags([m["command"] for m in metas])
-    assert {f.split(" ")[0] for f in differ} <= {"--attn", "--steer", "--init-from"}, differ
-    assert len({m["step"] for m in metas}) == 1 and sum(p.stat().st_size for p in POINTER) <= 15 * 2**20
+    metas = {v: load_checkpoint(p)[1] for v, p in POINTER.items()}
+    differ = _module("matched_trio", monkeypatch).differing_flags([m["command"] for m in metas.values()])
+    assert {f.split(" ")[0] for f in differ} <= {"--attn", "--steer"}, differ
+    assert {m["step"] for m in metas.values()} == {10_000}
+    assert sum(p.stat().st_size for p in POINTER.values()) <= 15 * 2**20
     rows = {ablation.row_key(r): r for r in ablation.read_results()}
-    for variant, meta in zip(("steered", "fixed", "dot"), metas, strict=True):
-        assert "pointer:grid=20," in meta["data"] and "--seed 0" in meta["command"]
-        assert rows["pointer", 20, variant, 0, ablation.EPOCHS["large"], None, None]["val_acc"] == pytest.approx(
-            meta["accuracy"], abs=1e-4
-        )
+    for variant, meta in metas.items():
+        assert "pointer:grid=14," in meta["data"] and "--seed 0" in meta["command"]
+        row = rows["pointer", 14, variant, 0, ablation.CONVERGED, None, None]
+        assert row["val_acc"] == pytest.approx(meta["accuracy"], abs=1e-4)
+        history = read_history(POINTER[variant])
+        assert history.steps[0] == 0 and history.steps[-1] == 10_000
+        left = ablation.plateau_exit(row)
+        assert (left is None) == (variant == "dot"), (variant, left)
 
 
-@pointer_trio
+@pointer_models
 @pytest.mark.slow
-def test_the_pointer_trio_evaluates_to_its_recorded_accuracy():
+def test_the_pointer_models_evaluate_to_their_recorded_accuracy():
     from ssog_core.train.accuracy import evaluate_model_sizes
 
-    for path in POINTER:
+    for path in POINTER.values():
         model, meta = load_checkpoint(path)
         (row,) = evaluate_model_sizes(model, meta["data"], [tuple(model.config.img_size)], meta["class_names"])
         assert row["n"] == 2000 and row["accuracy"] == pytest.approx(meta["accuracy"], abs=1.5e-3), path.name

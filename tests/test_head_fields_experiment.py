@@ -221,7 +221,7 @@ def test_the_data_sets_files_are_the_ones_the_ablation_keeps_and_the_matched_tri
         want = {k: ablation.Run("pointer", "small", v, 0, tuple(rows[v]), epochs).model for k, v in names.items()}
         assert got == want
     trio = hf.checkpoints_of("pointer20", ROOT / "checkpoints", ablation.MODELS)
-    assert trio == {k: ROOT / "checkpoints" / f"matched_{k}_pointer20.safetensors" for k in hf.KINDS}
+    assert trio == {k: ablation.Run("pointer", "large", names[k], 0, tuple(rows[names[k]])).model for k in hf.KINDS}
     with pytest.raises(ValueError, match="unknown data set 'pointer7'"):
         hf.checkpoints_of("pointer7", ROOT / "checkpoints", ablation.MODELS)
 

@@ -42,7 +42,7 @@ def wait_for(path: Path, seconds: float = WAIT) -> None:
 def counted(total: int, acks: str, progress, stopped) -> int:
     """Reports each step and waits for the test to have seen it: progress is read, not guessed."""
     for i in range(1, total + 1):
-        progress(i, total)
+        progress(i, total, *(["the last"] if i == total else []))  # a detail, once
         wait_for(Path(acks) / str(i))
     return os.getpid()
 
@@ -174,7 +174,7 @@ def test_progress_crosses_the_process_boundary(engine, tmp_path):
         while job.progress != (i, 3):
             assert time.monotonic() < deadline, f"progress stayed {job.progress}, expected ({i}, 3)"
             time.sleep(0.02)
-        assert job.note() == f"computing {i} of 3 images"
+        assert job.note() == f"computing {i} of 3 images" + (": the last" if i == 3 else "")
         (tmp_path / str(i)).touch()
     assert job.result(timeout=WAIT) != os.getpid()  # it ran in a worker process
 

@@ -1,6 +1,7 @@
 """Tab 2, checkpoint geometry: every head's learned field, the gates, the atom table and the model card; and, for any
 model (SSOG, dot, RBF or a standard ViT alike), every head measured as a field over displacement with its K-atom fit
-(:mod:`ssog_core.analysis.head_as_field`, run as a heavy job)."""
+(:mod:`ssog_core.analysis.head_as_field`, run as a heavy job); a dot-attention model distilled into an SSOG student
+from there (:mod:`app.distill`, a heavy job) and the student's report beside its teacher's fields."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import gradio as gr
 import numpy as np
 from gradio.blocks import Block
 
+from app import distill as distilling
 from app import fields, plots, queues, widgets
 from app import pictures as chooser
 from app.common import Updates, error_text, shown_figure, warn, write_downloads
@@ -34,6 +36,18 @@ FIELD_LEGEND = (
     "d = mean attention distance (pixels), fit = share of the head its atoms explain (1 − mean TV), over patch "
     "queries and patch keys."
 )
+DISTILL_HEADERS = [
+    "layer",
+    "head",
+    "share: fit",
+    "share: steered",
+    "share: uniform",
+    "normalised: fit",
+    "normalised: steered",
+    "steered − fit",
+    "steering reach (cells)",
+]
+STOPPED = "Stopped: the distillation ended there and nothing was written (the checkpoint folder is as it was)."
 ATOM_HEADERS = [
     "layer",
     "head",
@@ -74,6 +88,13 @@ class GeometryUI:
     share: gr.Plot
     field_table: gr.Dataframe
     field_shown: gr.State  # {"checkpoint", "images", "atoms"} of the head fields on show (what a click opens)
+    distill_steps: gr.Slider
+    distill_steer: gr.Radio
+    distill_note: gr.Markdown
+    distill_figure: gr.Image  # the student's report: shares per head, raw and normalised
+    distill_table: gr.Dataframe
+    distill_compare: gr.Button  # opens the student beside its teacher in Compare (wired by app/layout.py)
+    distill_shown: gr.State  # {"student", "teacher"} of the report on show; a new one refreshes the pickers
 
     @property
     def field_outputs(self) -> list[Block]:
@@ -82,14 +103,20 @@ class GeometryUI:
                 self.field_shown]  # fmt: skip
 
     @property
+    def distill_outputs(self) -> list[Block]:
+        """What :func:`on_distill` changes."""
+        return [self.distill_note, self.distill_figure, self.distill_table, self.distill_compare, self.distill_shown]
+
+    @property
     def outputs(self) -> list[Block]:
         """What :func:`render` changes."""
         return [self.note, self.card, self.figure, self.gates, self.layer_plot, self.stats, self.table, self.layer]
 
     @property
     def rendered(self) -> list[Block]:
-        """What :func:`render` may change: :attr:`outputs`, and the head fields when they were another model's."""
-        return [*self.outputs, *self.field_outputs]
+        """What :func:`render` may change: :attr:`outputs`, and the head fields and a distillation report when they
+        were another model's."""
+        return [*self.outputs, *self.field_outputs, *self.distill_outputs]
 
 
 def card_markdown(ctx: AppContext, loaded: LoadedModel) -> str:
@@ -141,13 +168,17 @@ def shown(value: Any) -> dict[str, Any]:
 
 
 def render(
-    ctx: AppContext, ui: GeometryUI, ckpt: str | None, layer: float, sha: str | None, fields_of: dict | None = None
-) -> Updates:
+    ctx: AppContext, ui: GeometryUI, ckpt: str | None, layer: float, sha: str | None, fields_of: dict | None = None,
+    distilled: dict | None = None,
+) -> Updates:  # fmt: skip
     """Everything the tab shows for a checkpoint (:attr:`GeometryUI.outputs`), and no head fields measured for
-    another model (``fields_of``: those on show). What a model does not have (a dot model's field, gates and atoms)
-    is hidden, and the note says what is shown instead."""
+    another model (``fields_of``: those on show), nor a distillation report of neither this teacher nor its student
+    (``distilled``). What a model does not have (a dot model's field, gates and atoms) is hidden, and the note says
+    what is shown instead."""
     other = fields_of is not None and fields_of.get("checkpoint") != ckpt
-    return {**(fields_hidden(ui) if other else {}), **_render(ctx, ui, ckpt, layer, sha)}
+    unrelated = distilled is not None and ckpt not in (distilled.get("teacher"), distilled.get("student"))
+    hidden = {**(fields_hidden(ui) if other else {}), **(distill_hidden(ui) if unrelated else {})}
+    return {**hidden, **_render(ctx, ui, ckpt, layer, sha)}
 
 
 def _render(ctx: AppContext, ui: GeometryUI, ckpt: str | None, layer: float, sha: str | None) -> Updates:
@@ -376,6 +407,84 @@ def fitted_head_at(ctx: AppContext, shown: dict | None, kind: str, xy: Any) -> t
     return spec, note
 
 
+# ------------------------------------------------------------------------------ distill into SSOG
+
+
+def distill_rows(report: dict[str, Any]) -> list[list[Any]]:
+    """One row per head of a distillation report: :data:`DISTILL_HEADERS` (a diffuse head's normalised shares
+    say *diffuse*)."""
+
+    def normalised(value: float | None) -> float | str:
+        return "diffuse" if value is None else round(value, 4)
+
+    return [[h["layer"], h["head"], round(h["share_fit"], 4), round(h["share_steered"], 4),
+             round(h["share_uniform"], 4), normalised(h["normalised_fit"]), normalised(h["normalised_steered"]),
+             round(h["difference"], 4), round(h["steering_reach"], 4)] for h in report["heads"]]  # fmt: skip
+
+
+def distill_view(ui: GeometryUI, student: distilling.Student) -> Updates:
+    """A finished distillation drawn: where the student was written, agreement and KL at step 0 and at the end,
+    the chart (:func:`ssog_core.viz.figures.distill_figure`) and the table of every head's shares."""
+    report, name = student.report, student.name
+    a0, a1 = report["step0"], report["final"]
+    held = report["held_out"]
+    kept = ", ".join(f"`{n}`" for n in student.existed)
+    existed = f" ({kept} already there: nothing was replaced)" if kept else ""
+    accuracy = (
+        f" Accuracy {a0['accuracy']:.3f} → {a1['accuracy']:.3f} (the teacher's {a1['teacher_accuracy']:.3f})."
+        if a1.get("accuracy") is not None
+        else ""
+    )
+    note = (
+        f"Wrote **{name}** into the checkpoint folder{existed}: an SSOG student of **{student.teacher}**, "
+        f"{report['step']} steps on {report['pictures'].get('first')} pictures, its step 0 the fits above. "
+        f"Agreement with the teacher **{a0['agreement']:.3f} → {a1['agreement']:.3f}**, KL "
+        f"**{a0['kl']:.4f} → {a1['kl']:.4f}** on {held['count']} held-out pictures (after the first {held['after']})."
+        f"{accuracy} Still content-scored: {report['content_scored']}. It is in the picker now; **Compare with its "
+        "teacher** opens them side by side. Per head: the share of the teacher's head its fitted field explains "
+        "(geometry alone) and the steered student's (geometry that content steers), both also normalised against "
+        "the uniform field."
+    )
+    fig = viz.distill_figure(report, f"{name} from {student.teacher}")
+    settings = {"figure": "distillation report", "student": name, "teacher": student.teacher}
+    stem = f"distill_{figures.stem_of(name)}"
+    return {
+        ui.distill_note: note,
+        ui.distill_figure: gr.update(value=shown_figure(fig, stem, settings), visible=True),
+        ui.distill_table: gr.update(value=distill_rows(report), visible=True),
+        ui.distill_compare: gr.update(visible=True),
+        ui.distill_shown: {"student": name, "teacher": student.teacher},
+    }
+
+
+def distill_hidden(ui: GeometryUI) -> Updates:
+    """No distillation report on show (while another runs, and for an unrelated model)."""
+    hide = gr.update(value=None, visible=False)
+    return {ui.distill_note: "", ui.distill_figure: hide, ui.distill_table: hide,
+            ui.distill_compare: gr.update(visible=False), ui.distill_shown: None}  # fmt: skip
+
+
+def on_distill(
+    ctx: AppContext, ui: GeometryUI, ckpt: str | None, n: float, atoms: float, steer: str, steps: float,
+    request: Any = None, choice: str | None = None,
+) -> Iterator[Updates]:  # fmt: skip
+    """Distil the checkpoint into an SSOG student on the chosen pictures (a heavy job, its steps on the note), then
+    show its report; refusals (no dot heads, bad steps) come before any slot is taken."""
+    try:
+        if not ckpt:
+            raise AppError("pick a checkpoint first")
+        loaded = ctx.model(ckpt)
+        asked = distilling.request(ctx, loaded, n, atoms, steer, steps, chooser.chosen(ctx, choice))
+        yield {**distill_hidden(ui), ui.distill_note: f"Distilling **{ckpt}** into SSOG…"}
+        work = lambda stop, watch: distilling.run(ctx, loaded, asked, stop, watch)  # noqa: E731
+        for done, progress in queues.watched(request, work, unit="steps"):
+            if done is None:
+                yield {ui.distill_note: f"Distilling **{ckpt}** into SSOG: {progress}…"}
+        yield distill_view(ui, done)
+    except Exception as e:
+        yield {ui.distill_note: warn(error_text(e))}
+
+
 def session_part(ctx: AppContext, ui: GeometryUI) -> SessionPart:
     """The geometry tab's section: the interactive view's layer, within the restored checkpoint's depth."""
 
@@ -446,11 +555,37 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> GeometryUI:
             share = gr.Plot(show_label=False, label="Share per head vs layer", elem_id="geo-field-share", visible=False)
         field_table = gr.Dataframe(headers=FIELD_HEADERS, label="Every head as a field", interactive=False,
                                    elem_id="geo-field-table", max_height=360, visible=False)  # fmt: skip
+        gr.Markdown(
+            "**Distill into SSOG** (a model with dot-product heads: a dot twin, a standard ViT): an SSOG student "
+            "whose heads are these fits (N and K above), steered by content, trained to match this model's outputs "
+            "on the N pictures, then reported on up to N pictures after them, held out. The student is written into "
+            "the checkpoint folder as `NAME_distilled.safetensors` (`_2`, … when that exists: nothing is replaced).",
+            elem_classes="hint",
+        )
+        with gr.Row():
+            distill_steps = gr.Slider(1, distilling.MAX_STEPS, value=distilling.DEFAULT_STEPS, step=1,
+                                      label="steps", elem_id="geo-distill-steps", scale=2)  # fmt: skip
+            distill_steer = gr.Radio(list(distilling.STEER_CHOICES), value="mu,sigma,lambda", label="content steers",
+                                     elem_id="geo-distill-steer", scale=2)  # fmt: skip
+            distill = gr.Button("Distill into SSOG", elem_id="geo-distill", scale=1)
+            distill_stop = gr.Button("Stop", size="sm", elem_id="geo-distill-stop", scale=0, min_width=70)
+        distill_note = gr.Markdown(elem_id="geo-distill-note")
+        distill_figure = gr.Image(label="The student's report", type="filepath", format="png", interactive=False,
+                                  elem_id="geo-distill-figure", show_label=False, visible=False,
+                                  buttons=["download", "fullscreen"])  # fmt: skip
+        distill_table = gr.Dataframe(headers=DISTILL_HEADERS, label="Every head: teacher vs fit vs student",
+                                     interactive=False, elem_id="geo-distill-table", max_height=360,
+                                     visible=False)  # fmt: skip
+        distill_compare = gr.Button("Compare with its teacher", elem_id="geo-distill-compare", visible=False,
+                                    size="sm")  # fmt: skip
     ui = GeometryUI(note=note, card=card, figure=figure, gates=gates, layer=layer, layer_plot=layer_plot,
                     stats=stats, table=table, files=files, files_status=files_status, status=status,
                     field_images=field_images_, field_atoms=field_atoms, field_note=field_note,
                     field_figure=field_figure, fit_figure=fit_figure, distance=distance, share=share,
-                    field_table=field_table, field_shown=gr.State(None))  # fmt: skip
+                    field_table=field_table, field_shown=gr.State(None), distill_steps=distill_steps,
+                    distill_steer=distill_steer, distill_note=distill_note, distill_figure=distill_figure,
+                    distill_table=distill_table, distill_compare=distill_compare,
+                    distill_shown=gr.State(None))  # fmt: skip
 
     def measured(c: str | None, n: float, k: float, p: str | None, request: gr.Request) -> Iterator[Updates]:
         yield from on_measure(ctx, ui, c, n, k, request, p)  # a plain function: Gradio finds its Request
@@ -461,6 +596,17 @@ def build(ctx: AppContext, shared: dict[str, Any]) -> GeometryUI:
         **queues.heavy(api_visibility="private"),
     )  # fmt: skip
     stop.click(lambda: "Stopped.", None, [field_note], cancels=[running], api_visibility="private")
+
+    def distilled(c: str | None, n: float, k: float, steer: str, steps: float, p: str | None,
+                  request: gr.Request) -> Iterator[Updates]:  # fmt: skip
+        yield from on_distill(ctx, ui, c, n, k, steer, steps, request, p)  # a plain function: Gradio finds its Request
+
+    distilling_ = distill.click(queues.busy_note, None, [distill_note], queue=False, show_progress="hidden",
+                                api_visibility="private").then(
+        distilled, [shared["checkpoint"], field_images_, field_atoms, distill_steer, distill_steps, shared["pictures"]],
+        ui.distill_outputs, **queues.heavy(api_visibility="private"),
+    )  # fmt: skip
+    distill_stop.click(lambda: STOPPED, None, [distill_note], cancels=[distilling_], api_visibility="private")
     layer.change(  # release, typed value and keyboard alike (a release alone missed the last two)
         partial(on_layer, ctx),
         [shared["checkpoint"], layer],

@@ -40,11 +40,11 @@ from ssog_core.checkpoint.format import CheckpointError, load_checkpoint
 from ssog_core.checkpoint.standard import is_standard_source, resolve
 from ssog_core.data.images import ImageError
 from ssog_core.data.sources import DataError
+from ssog_core.distill.job import final_report
 from ssog_core.distill.loop import Distiller, Recipe, load_state
-from ssog_core.distill.report import compare, head_shares, report_figure, report_json
 from ssog_core.distill.student import DistillError, build_student, check_teacher, teacher_licence
 from ssog_core.interventions.validation import MAX_EVAL_IMAGES, EvalSet, pictures_for
-from ssog_core.viz.figures import figure_bytes
+from ssog_core.viz.figures import distill_figure, figure_bytes
 
 FIT_BATCH = 16  # the fields command's batch: the same batches make the same mean attention, hence the same fit
 RECIPE_FLAGS = {f.name for f in dataclasses.fields(Recipe)}
@@ -109,13 +109,11 @@ def _fits(state: dict[str, Any]) -> list[AtomFit]:
 def write_report(distiller: Distiller, path: Path) -> dict[str, Any]:
     """The report JSON at ``path`` and its chart beside it (PNG + SVG), from the held-out pictures."""
     d = distiller
-    shares = head_shares(d.teacher, d.student, d.fits, d.held_out)
-    final = compare(d.teacher, d.student, d.held_out)
     setup = {k: v for k, v in d.setup.items() if k != "teacher_meta"}
-    report = report_json(shares, d.step0, final, d.student, {**setup, "student": str(d.out)}, d.step)
+    report = final_report(d, {**setup, "student": str(d.out)})
     text = json.dumps(report, indent=1)
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-    fig = report_figure(report, f"{d.out.name} from {Path(str(setup['teacher']).rstrip('/')).name}")
+    fig = distill_figure(report, f"{d.out.name} from {Path(str(setup['teacher']).rstrip('/')).name}")
     for fmt in ("png", "svg"):
         data = figure_bytes(fig, fmt, {"report": str(path), "figure": "distill"})
         atomic_write(path.with_suffix(f".{fmt}"), lambda tmp, b=data: Path(tmp).write_bytes(b))

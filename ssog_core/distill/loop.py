@@ -327,9 +327,10 @@ class Distiller:
         if self.tensorboard is not None:
             self.tensorboard.snapshot(self.history)
 
-    def run(self, stop_after: int | None = None) -> int:
+    def run(self, stop_after: int | None = None, on_step: Callable[[int, float, float], None] | None = None) -> int:
         """Train to the recipe's last step (or ``stop_after`` steps), saving every ``ckpt_every`` steps and at the
-        end; 0 when done or stopped as asked, 130 when a signal stopped it."""
+        end; 0 when done or stopped as asked, 130 when a signal stopped it. ``on_step(step, loss, agreement)`` is
+        called after every step (a heavy job's progress; it may raise to end the run there)."""
         r = self.recipe
         try:
             if self.step0 is None:  # a fresh run: step 0's comparison, and a student to resume from at once
@@ -344,6 +345,8 @@ class Distiller:
                         self.save()
                         return 0
                     loss, agreement = self.train_step()
+                    if on_step is not None:
+                        on_step(self.step, loss, agreement)
                     bar.set_postfix(loss=f"{loss:.4f}", agree=f"{agreement:.2f}", refresh=False)
                     bar.update()
                     if self.step in self.snapshot_steps:

@@ -20,7 +20,6 @@ import math
 from typing import Any
 
 import torch
-from matplotlib.figure import Figure
 from torch import Tensor
 
 from ssog_core.analysis.head_as_field import (
@@ -36,7 +35,6 @@ from ssog_core.distill.student import content_scored
 from ssog_core.interventions.validation import EvalSet
 from ssog_core.nn.hook_points import reading
 from ssog_core.nn.vit import ViT
-from ssog_core.viz.figures import new_figure
 
 REPORT_BATCH = 16  # held-out pictures per forward pass
 
@@ -178,32 +176,3 @@ def report_json(
         "content_scored": content_scored(student.config),
         "heads": heads,
     }
-
-
-def report_figure(report: dict[str, Any], title: str) -> Figure:
-    """Per head against its layer: the fitted field's and the steered student's normalised shares (diffuse heads
-    left out), agreement and KL at step 0 and at the end in the title."""
-    fig = new_figure(6.4, 4.0)
-    ax = fig.add_subplot()
-    heads = [h for h in report["heads"] if not h["diffuse"]]
-    per_layer = max((h["head"] for h in report["heads"]), default=0) + 1
-    for key, offset, style in (
-        ("normalised_fit", -0.15, dict(color="tab:orange", marker="o", label="fitted field (geometry)")),
-        ("normalised_steered", 0.15, dict(color="tab:green", marker="^", label="student (geometry + steering)")),
-    ):
-        x = [h["layer"] + offset + 0.2 * (h["head"] / max(per_layer - 1, 1) - 0.5) for h in heads]
-        ax.scatter(x, [h[key] for h in heads], s=16, **style)
-    ax.axhline(0.0, color="k", lw=0.8, label="uniform field (baseline)")
-    ax.set_xlabel("layer (0-based)")
-    ax.set_ylabel("normalised share of the teacher's head")
-    layers = max((h["layer"] for h in report["heads"]), default=0) + 1
-    ax.set_xticks(range(layers))
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower left", fontsize=8)
-    a0, a1 = report["step0"], report["final"]
-    fig.suptitle(
-        f"{title}\nagreement {a0['agreement']:.3f} → {a1['agreement']:.3f}, KL {a0['kl']:.4f} → {a1['kl']:.4f} "
-        f"(step 0 → {report['step']}, {report['held_out_images']} held-out pictures)",
-        fontsize=9,
-    )
-    return fig

@@ -3,9 +3,10 @@
 (``distributed.Client(address).get_executor()``), behind one submit API.
 
 A job is a module-level function ``fn(*args, progress, stopped, **kwargs)``: it calls ``progress(done, total)``
-as it goes and returns soon after ``stopped()`` turns true (raising :class:`Cancelled`). Both callables cross the
-process boundary: a multiprocessing manager's objects for the local pool, the scheduler's ``Variable`` and ``Event``
-for Dask (remote workers share no file system and no memory with the server). A :class:`ModelRef` among the
+(or ``progress(done, total, detail)``, a few words on where it is: "loss 0.12") as it goes and returns soon after
+``stopped()`` turns true (raising :class:`Cancelled`). Both callables cross the process boundary: a multiprocessing
+manager's objects for the local pool, the scheduler's ``Variable`` and ``Event`` for Dask (remote workers share no
+file system and no memory with the server). A :class:`ModelRef` among the
 arguments arrives on the worker as the ``(model, meta)`` its loader opens (the caller's, e.g.
 ``ssog_core.checkpoint.format.load_checkpoint``: this module imports no domain module), found by path or sent as
 bytes, checked against its SHA-256 and cached per worker by it.
@@ -163,10 +164,11 @@ def _load(ref: ModelRef, device: torch.device) -> Loaded:
 class Channel:
     """A job's progress and stop flag, shared by the server and the worker that runs it."""
 
-    def report(self, done: int, total: int) -> None:
+    def report(self, done: int, total: int, detail: str = "") -> None:
         raise NotImplementedError
 
-    def read(self) -> tuple[int, int]:
+    def read(self) -> tuple[int, int, str]:
+        """(done, total, detail) as the job last reported them."""
         raise NotImplementedError
 
     def stop(self) -> None:
@@ -185,14 +187,14 @@ class PoolChannel(Channel):
 
     def __init__(self, manager: Any) -> None:
         self._stop = manager.Event()
-        self._state = manager.list([0, 0])
+        self._state = manager.list([0, 0, ""])
 
-    def report(self, done: int, total: int) -> None:
-        self._state[:] = [int(done), int(total)]
+    def report(self, done: int, total: int, detail: str = "") -> None:
+        self._state[:] = [int(done), int(total), str(detail)]
 
-    def read(self) -> tuple[int, int]:
-        done, total = self._state._getvalue()
-        return done, total
+    def read(self) -> tuple[int, int, str]:
+        done, total, detail = self._state._getvalue()
+        return done, total, detail
 
     def stop(self) -> None:
         self._stop.set()
@@ -209,16 +211,16 @@ class DaskChannel(Channel):
 
         name = f"ssog-job-{uuid.uuid4().hex}"
         self._stop, self._state = Event(name, client), Variable(name, client)
-        self._state.set([0, 0])
-        self._last = (0, 0)
+        self._state.set([0, 0, ""])
+        self._last = (0, 0, "")
 
-    def report(self, done: int, total: int) -> None:
-        self._state.set([int(done), int(total)])
+    def report(self, done: int, total: int, detail: str = "") -> None:
+        self._state.set([int(done), int(total), str(detail)])
 
-    def read(self) -> tuple[int, int]:
+    def read(self) -> tuple[int, int, str]:
         try:
-            done, total = self._state.get(timeout=1)
-            self._last = (done, total)
+            done, total, detail = self._state.get(timeout=1)
+            self._last = (done, total, detail)
         except Exception:  # the scheduler is gone: the last figure seen (the job itself ends in words)
             pass
         return self._last
@@ -488,12 +490,15 @@ class Job(Generic[T]):
     @property
     def progress(self) -> tuple[int, int]:
         """(done, total) as the job last reported it; (0, 0) before it started."""
-        return self._channel.read()
+        return self._channel.read()[:2]
 
     def note(self, unit: str = "images") -> str:
-        """The job's state in words, e.g. "computing 120 of 500 images"."""
-        done, total = self.progress
-        return f"computing {done} of {total} {unit}" if total else "waiting for a worker"
+        """The job's state in words, e.g. "computing 120 of 500 images", and its detail when it gave one
+        ("computing 40 of 300 steps: loss 0.12")."""
+        done, total, detail = self._channel.read()
+        if not total:
+            return "waiting for a worker"
+        return f"computing {done} of {total} {unit}" + (f": {detail}" if detail else "")
 
     def stop(self) -> None:
         """Ask the job to stop: a waiting one ends as it starts, a running one at its next ``stopped()`` check.

@@ -720,3 +720,52 @@ def target_share_figure(
     suptitle(fig, title, "the share of the attention patch queries put on the three discs that lands on the pointed "
              "one, every head pooled", 9)  # fmt: skip
     return fig
+
+
+# --------------------------------------------------------------------------------------- distilled students
+
+DISTILL_MARKS = (  # (report key, offset within a layer, style): geometry alone, then geometry that content steers
+    ("fit", -0.15, {"color": "tab:orange", "marker": "o", "label": "fitted field (geometry)"}),
+    ("steered", 0.15, {"color": "tab:green", "marker": "^", "label": "student (geometry + steering)"}),
+)
+
+
+def distill_figure(report: Mapping[str, Any], title: str) -> Figure:
+    """A distillation report (``python -m ssog_core distill``'s JSON, :func:`ssog_core.distill.report.report_json`)
+    per head against its layer: the share of the teacher's head its fitted field and the steered student explain,
+    with the uniform field's share (the baseline), and both normalised against it (diffuse heads left out of the
+    right panel); agreement and KL at step 0 and at the end in the title."""
+    fig = new_figure(9.6, 4.0)
+    raw, norm = fig.subplots(1, 2)
+    heads = list(report["heads"])
+    per_layer = max((h["head"] for h in heads), default=0) + 1
+    layers = max((h["layer"] for h in heads), default=0) + 1
+
+    def x(chosen: Sequence[Mapping[str, Any]], offset: float) -> list[float]:
+        return [h["layer"] + offset + 0.2 * (h["head"] / max(per_layer - 1, 1) - 0.5) for h in chosen]
+
+    shaped = [h for h in heads if not h["diffuse"]]
+    for key, offset, style in DISTILL_MARKS:
+        raw.scatter(x(heads, offset), [h[f"share_{key}"] for h in heads], s=16, **style)
+        norm.scatter(x(shaped, offset), [h[f"normalised_{key}"] for h in shaped], s=16, **style)
+    raw.scatter(x(heads, 0.0), [h["share_uniform"] for h in heads], s=14, color="0.45", marker="_",
+                label="uniform field (baseline)")  # fmt: skip
+    norm.axhline(0.0, color="0.45", lw=0.8, label="uniform field (baseline)")
+    diffuse = len(heads) - len(shaped)
+    for ax, label, what in (
+        (raw, "share of the teacher's head (1 − mean TV)", "shares"),
+        (norm, "normalised share (0: uniform, 1: the head)", f"normalised ({diffuse} diffuse left out)"),
+    ):
+        ax.set_xlabel("layer (0-based)")
+        ax.set_ylabel(label, fontsize=8)
+        ax.set_xticks(range(layers))
+        ax.grid(alpha=0.3)
+        ax.set_title(what, fontsize=9)
+        ax.legend(loc="lower left", fontsize=7)
+    a0, a1 = report["step0"], report["final"]
+    fig.suptitle(
+        f"{title}\nagreement {a0['agreement']:.3f} → {a1['agreement']:.3f}, KL {a0['kl']:.4f} → {a1['kl']:.4f} "
+        f"(step 0 → {report['step']}, {report['held_out_images']} held-out pictures)",
+        fontsize=9,
+    )
+    return fig

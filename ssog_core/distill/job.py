@@ -1,0 +1,139 @@
+"""A distillation as a heavy job (:class:`ssog_core.runtime.jobs.Engine`): the app's "Distill into SSOG" and
+``/distill``. The worker fits every head of the teacher on the chosen pictures, builds the student, trains it
+(:class:`~ssog_core.distill.loop.Distiller`, in a folder of its own that goes with the job) and returns the student
+file's bytes with its report; whoever submitted the job writes them where it keeps checkpoints, so a worker needs no
+access to that folder and a stopped job leaves nothing behind.
+
+The pictures are what *Every head as a field* measures (:meth:`~ssog_core.interventions.validation.Pictures.eval_set`
+with ``up_to``): the student trains on up to N of them, so its field at step 0 is the fields' fit for the same N
+and K, and the report is made on up to N more held out after them (the validation images after the first N, or a
+folder's pictures after its first N).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor, nn
+
+from ssog_core.analysis.head_as_field import check_atoms, fit_layers, mean_attention
+from ssog_core.distill.loop import Distiller, Recipe
+from ssog_core.distill.report import compare, head_shares, report_json
+from ssog_core.distill.student import DistillError, build_student, check_teacher
+from ssog_core.interventions.validation import BATCH, MAX_EVAL_IMAGES, EvalSet, Pictures
+from ssog_core.runtime.jobs import Cancelled
+
+MAX_IMAGES = MAX_EVAL_IMAGES // 2  # pictures to train on: as many again may be held out
+Loaded = tuple[nn.Module, dict[str, Any]]
+Progress = Callable[..., None]  # progress(done, total[, detail])
+Stopped = Callable[[], bool]
+
+
+@dataclass(frozen=True)
+class DistillRequest:
+    """One distillation: the ``teacher`` by the name its caller knows it by (recorded in the student), up to
+    ``images`` of ``pictures`` to train on (as many again held out), ``atoms`` per head, the taps content steers,
+    the recipe, and the teacher's licence where its folder states one."""
+
+    teacher: str
+    pictures: Pictures
+    images: int
+    atoms: int
+    steer: tuple[str, ...]
+    recipe: Recipe
+    licence: str | None = None
+    max_offset: float = 4.0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.images, int) and 1 <= self.images <= MAX_IMAGES):
+            raise DistillError(f"train on 1 to {MAX_IMAGES} pictures (as many again are held out), not {self.images}")
+        check_atoms(self.atoms)
+
+
+@dataclass(frozen=True)
+class Distilled:
+    """What the job returns: the student's ``.safetensors`` bytes (an ordinary lab checkpoint) and its report
+    (:func:`report_json`, ``student`` not yet named)."""
+
+    student: bytes
+    report: dict[str, Any]
+
+
+def split_pictures(
+    teacher: nn.Module, meta: dict[str, Any], pictures: Pictures, n: int
+) -> tuple[EvalSet, EvalSet, dict[str, Any]]:
+    """Up to ``n`` of ``pictures`` to train on (those *Every head as a field* measures with N = ``n``), up to ``n``
+    after them held out, and both as the student's metadata and its report record them; none left to hold out is
+    refused in words."""
+    data = pictures.eval_set(teacher, meta, n, up_to=True)
+    both = pictures.eval_set(teacher, meta, 2 * len(data), up_to=True)
+    held = dataclasses.replace(
+        both, images=both.images[len(data) :], labels=None if both.labels is None else both.labels[len(data) :]
+    )
+    if not len(held):
+        raise DistillError(
+            f"{data.words()} leave none to hold out: the student trains on the first N and is reported on the ones "
+            f"after them; set N below {len(data)} or choose more pictures"
+        )
+    kept = {k: v for k, v in data.describe().items() if k != "first"}
+    return data, held, {"pictures": data.describe(), "held_out": {**kept, "after": len(data), "count": len(held)}}
+
+
+def final_report(d: Distiller, setup: dict[str, Any]) -> dict[str, Any]:
+    """The report of a finished run on its held-out pictures (:func:`report_json`), ``setup`` recorded in it."""
+    shares = head_shares(d.teacher, d.student, d.fits, d.held_out)
+    return report_json(shares, d.step0, compare(d.teacher, d.student, d.held_out), d.student, setup, d.step)
+
+
+def distill(loaded: Loaded, request: DistillRequest, progress: Progress, stopped: Stopped) -> Distilled:
+    """The whole distillation of ``request`` on a worker (module doc). Progress counts optimizer steps, each with
+    its loss and the batch's agreement with the teacher; a stop ends it at the next batch or step
+    (:class:`Cancelled`), and nothing it made survives it."""
+    teacher, meta = loaded
+    check_teacher(teacher, request.teacher)
+    steps = request.recipe.steps
+    data, held, words = split_pictures(teacher, meta, request.pictures, request.images)
+    progress(0, steps, f"fitting {request.atoms} atoms to every head on {data.words()}")
+
+    def batches() -> Iterator[Tensor]:
+        for x in data.batches(teacher, BATCH):  # the fields' batches: the same mean attention, the same fit
+            if stopped():
+                raise Cancelled("the distillation was stopped")
+            yield x
+
+    attention = mean_attention(teacher, batches())
+    fits = fit_layers(attention, request.atoms)
+    student = build_student(teacher, attention, fits, request.steer, request.max_offset)
+    setup = {
+        "teacher": request.teacher,
+        "images": request.images,
+        "atoms": request.atoms,
+        "steer": ",".join(request.steer),
+        "max_offset": request.max_offset,
+        **words,
+        "teacher_licence": request.licence,
+        "recipe": request.recipe.to_dict(),
+        "command": f"SSOG Lab app: distill {request.teacher} into SSOG on {data.words()}, K = {request.atoms}, "
+        f"steer {','.join(request.steer)}, {steps} steps",
+    }
+    progress(0, steps, f"the student at step 0 on {len(held)} held-out pictures")
+
+    def on_step(step: int, loss: float, agreement: float) -> None:
+        progress(step, steps, f"loss {loss:.4g}, agreement with the teacher {agreement:.2f} on the batch")
+        if stopped():
+            raise Cancelled("the distillation was stopped")
+
+    with tempfile.TemporaryDirectory(prefix="ssog-distill-") as tmp:
+        out = Path(tmp) / "student.safetensors"
+        d = Distiller(teacher, student, fits, data, held, request.recipe, out, {**setup, "teacher_meta": meta},
+                      progress=False, ckpt_every=0)  # fmt: skip
+        if d.run(on_step=on_step) != 0:  # a signal to the worker: stopped as a Stop would
+            raise Cancelled("the distillation was interrupted")
+        progress(steps, steps, f"the report on {len(held)} held-out pictures")
+        report = final_report(d, setup)
+        return Distilled(out.read_bytes(), report)
