@@ -182,7 +182,9 @@ def test_a_report_that_is_not_the_students_own_is_named_in_words(ctx, student, p
 
 
 def test_the_commands_student_brings_its_report_through_the_same_reader(ctx, page, sha, tmp_path):
-    """``python -m ssog_core distill`` writes its student and report into the folder: the app opens both."""
+    """``python -m ssog_core distill`` writes its student and report into the folder: the app opens both, and Compare
+    opens the student beside its teacher."""
+    from app import layout
     from app.tabs import geometry
 
     held = picture_folder(tmp_path / "held", 8, 5)
@@ -196,6 +198,10 @@ def test_the_commands_student_brings_its_report_through_the_same_reader(ctx, pag
         and "on 8 held-out pictures." in (shown[page.geometry.distill_note])
     )
     assert len(shown[page.geometry.distill_table]["value"]) == 6
+    on_show = shown[page.geometry.distill_shown]  # its metadata names the teacher by path: the picker's name opens
+    assert on_show == {"student": out.name, "teacher": TEACHER} and shown[page.geometry.distill_compare]["visible"]
+    opened = layout.on_compare_student(ctx, page, on_show, sha, 0.5, 0)
+    assert opened[page.compare.a]["value"] == out.name and opened[page.compare.b]["value"] == TEACHER
 
 
 # ------------------------------------------------------------------------------------------- every view

@@ -19,7 +19,7 @@ from app import fields, plots, queues, widgets
 from app import pictures as chooser
 from app.common import Updates, error_text, shown_figure, warn, write_downloads
 from app.session_protocol import Restoring, SessionPart
-from app.state import AppContext, AppError, LoadedModel
+from app.state import AppContext, AppError, LoadedModel, teacher_of
 from app.widgets import layer_update, model_depth
 from ssog_core.analysis import report
 from ssog_core.analysis.head_as_field import FIT_ATOMS, MAX_FIT_ATOMS, HeadFieldStats, fit_spec
@@ -187,12 +187,13 @@ def student_report(ctx: AppContext, ui: GeometryUI, ckpt: str) -> Updates:
     """A distilled student's report (:func:`app.distill.opened`) in the *Distill into SSOG* section, or, when it has
     none of its own, why, in that section's note; nothing for any other model."""
     try:
-        student = distilling.opened(ctx, ctx.model(ckpt))
+        loaded = ctx.model(ckpt)
+        student = distilling.opened(ctx, loaded)
     except AppError as e:
         return {**distill_hidden(ui), ui.distill_note: warn(error_text(e))}
     except Exception:  # an unreadable checkpoint: _render says why in the tab's note
         return {}
-    return {} if student is None else distill_view(ui, student)
+    return {} if student is None else distill_view(ui, student, teacher_of(ctx, loaded))
 
 
 def _render(ctx: AppContext, ui: GeometryUI, ckpt: str | None, layer: float, sha: str | None) -> Updates:
@@ -436,10 +437,11 @@ def distill_rows(report: dict[str, Any]) -> list[list[Any]]:
              round(h["difference"], 4), round(h["steering_reach"], 4)] for h in report["heads"]]  # fmt: skip
 
 
-def distill_view(ui: GeometryUI, student: distilling.Student) -> Updates:
+def distill_view(ui: GeometryUI, student: distilling.Student, teacher: str | None) -> Updates:
     """A distillation's report drawn, of a student just written (where, and what was there) or opened (read beside
     its file): agreement and KL at step 0 and at the end, the chart (:func:`ssog_core.viz.figures.distill_figure`)
-    and the table of every head's shares."""
+    and the table of every head's shares. ``teacher`` is the teacher's picker name, None when the pickers do not
+    offer it (then there is no *Compare with its teacher*)."""
     report, name = student.report, student.name
     a0, a1 = report["step0"], report["final"]
     held = report.get("held_out")
@@ -457,7 +459,8 @@ def distill_view(ui: GeometryUI, student: distilling.Student) -> Updates:
             f"**{name}** is an SSOG student of **{student.teacher}** ({trained}): its report, read from beside its "
             "file. "
         )
-        tail = "**Compare with its teacher** opens them side by side."
+        compare = "**Compare with its teacher** opens them side by side."
+        tail = compare if teacher else "Its teacher is not among the checkpoints here."
     else:
         kept = ", ".join(f"`{n}`" for n in student.existed)
         existed = f" ({kept} already there: nothing was replaced)" if kept else ""
@@ -481,8 +484,8 @@ def distill_view(ui: GeometryUI, student: distilling.Student) -> Updates:
         ui.distill_note: note,
         ui.distill_figure: gr.update(value=shown_figure(fig, stem, settings), visible=True),
         ui.distill_table: gr.update(value=distill_rows(report), visible=True),
-        ui.distill_compare: gr.update(visible=True),
-        ui.distill_shown: {"student": name, "teacher": student.teacher},
+        ui.distill_compare: gr.update(visible=teacher is not None),
+        ui.distill_shown: {"student": name, "teacher": teacher},
     }
 
 
@@ -509,7 +512,7 @@ def on_distill(
         for done, progress in queues.watched(request, work, unit="steps"):
             if done is None:
                 yield {ui.distill_note: f"Distilling **{ckpt}** into SSOG: {progress}…"}
-        yield distill_view(ui, done)
+        yield distill_view(ui, done, done.teacher)  # the picker name it was distilled from
     except Exception as e:
         yield {ui.distill_note: warn(error_text(e))}
 
