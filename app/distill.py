@@ -8,6 +8,10 @@ fit, for the same K) and is reported on up to N pictures after them. It is writt
 its report first (``STUDENT.report.json``, what the CLI writes beside a student), then the student, each atomically,
 under a name made from the teacher's (``TEACHER_distilled.safetensors``, then ``_2``, ``_3``, …: an existing file
 is never replaced, and the answer names those that were there). A stopped or failed job writes nothing.
+
+A student opened later (its metadata names its teacher) brings its report back (:func:`opened`): the one reader,
+:func:`ssog_core.distill.report.read_report`, checks that the report is one and is this very file's (by SHA-256), and
+says in words what is wrong when it is not.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.standard import HUB_PREFIX
 from ssog_core.distill import job
 from ssog_core.distill.loop import Recipe
+from ssog_core.distill.report import read_report, report_path
 from ssog_core.distill.student import check_teacher, teacher_licence
 from ssog_core.field import TAPS
 from ssog_core.interventions.validation import Pictures
@@ -39,12 +44,13 @@ _writing = threading.Lock()  # a name chosen and its files written by one job at
 
 @dataclass(frozen=True)
 class Student:
-    """A student written into the checkpoint folder: its picker ``name``, its ``report`` (the CLI's JSON, with
-    ``student``) and the names derived from the teacher's that were already there (``existed``, kept as they were)."""
+    """A student with its report: written into the checkpoint folder by :func:`keep` (``existed``: the names derived
+    from the teacher's that were already there, kept as they were) or opened (:func:`opened`, ``existed`` None). Its
+    picker ``name`` and its ``report`` (the CLI's JSON, with ``student`` and ``student_sha256``)."""
 
     name: str
     report: dict[str, Any]
-    existed: list[str]
+    existed: list[str] | None = None
 
     @property
     def teacher(self) -> str:
@@ -100,11 +106,6 @@ def stem(teacher: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name).strip("._") or "model"
 
 
-def report_path(student: Path) -> Path:
-    """The report beside a student file (the CLI's ``STUDENT.report.json``)."""
-    return student.with_name(student.name.removesuffix(".safetensors") + ".report.json")
-
-
 def keep(ctx: AppContext, teacher: str, out: job.Distilled) -> Student:
     """Write ``out`` into the checkpoint folder under a new name made from ``teacher``'s: the report, then the
     student, each atomically."""
@@ -125,3 +126,20 @@ def keep(ctx: AppContext, teacher: str, out: job.Distilled) -> Student:
         except OSError as e:
             raise AppError(f"the student could not be written into {folder}: {e.strerror or e}") from None
     return Student(name, report, existed)
+
+
+def opened(ctx: AppContext, loaded: LoadedModel) -> Student | None:
+    """The report of a student opened from the pickers (read beside its file, checked by :func:`read_report`), None
+    for a model that is no student; a student without a report of its own is an :class:`AppError` saying why."""
+    teacher = loaded.teacher
+    if teacher is None:
+        return None
+    path = ctx.resolve(loaded.name)
+    if not path.is_file():
+        raise AppError(f"{loaded.name} is not a student file: its report is read from beside a .safetensors file")
+    cfg = loaded.config
+    try:
+        report = read_report(path, teacher, cfg.depth, cfg.num_heads)
+    except ValueError as e:
+        raise AppError(str(e)) from None
+    return Student(loaded.name, report)

@@ -100,6 +100,14 @@ class LoadedModel:
             return [str(n) for n in names]
         return [f"class {i}" for i in range(self.config.num_classes)]
 
+    @property
+    def teacher(self) -> str | None:
+        """The teacher a distilled student's metadata names (``distill.teacher``: a picker name, or the path the
+        command line was given); None for any other model."""
+        distilled = self.meta.get("distill")
+        teacher = distilled.get("teacher") if isinstance(distilled, dict) else None
+        return teacher if isinstance(teacher, str) and teacher else None
+
     @cached_property
     def fields(self) -> list[LayerField]:
         return layer_fields(self.model)
@@ -445,9 +453,8 @@ def default_twin(ctx: AppContext, ckpt: str | None, variant: str | None = None) 
 def teacher_of(ctx: AppContext, loaded: LoadedModel) -> str | None:
     """The picker name of the teacher a distilled student's metadata names (``distill.teacher``: a picker name, or
     the path the command line was given, matched by its file or folder name), when the pickers offer it."""
-    distilled = loaded.meta.get("distill")
-    teacher = distilled.get("teacher") if isinstance(distilled, dict) else None
-    if not isinstance(teacher, str) or not teacher:
+    teacher = loaded.teacher
+    if teacher is None:
         return None
     names = ctx.checkpoint_names()
     if teacher in names:

@@ -19,7 +19,7 @@ from app import fields, plots, queues, widgets
 from app import pictures as chooser
 from app.common import Updates, error_text, shown_figure, warn, write_downloads
 from app.session_protocol import Restoring, SessionPart
-from app.state import AppContext, AppError, LoadedModel
+from app.state import AppContext, AppError, LoadedModel, teacher_of
 from app.widgets import layer_update, model_depth
 from ssog_core.analysis import report
 from ssog_core.analysis.head_as_field import FIT_ATOMS, MAX_FIT_ATOMS, HeadFieldStats, fit_spec
@@ -173,12 +173,27 @@ def render(
 ) -> Updates:  # fmt: skip
     """Everything the tab shows for a checkpoint (:attr:`GeometryUI.outputs`), and no head fields measured for
     another model (``fields_of``: those on show), nor a distillation report of neither this teacher nor its student
-    (``distilled``). What a model does not have (a dot model's field, gates and atoms) is hidden, and the note says
-    what is shown instead."""
+    (``distilled``); a distilled student brings its own report (:func:`student_report`). What a model does not have
+    (a dot model's field, gates and atoms) is hidden, and the note says what is shown instead."""
     other = fields_of is not None and fields_of.get("checkpoint") != ckpt
     unrelated = distilled is not None and ckpt not in (distilled.get("teacher"), distilled.get("student"))
+    own = distilled is not None and ckpt == distilled.get("student")  # its report is on show already
+    report = {} if own or not ckpt else student_report(ctx, ui, ckpt)
     hidden = {**(fields_hidden(ui) if other else {}), **(distill_hidden(ui) if unrelated else {})}
-    return {**hidden, **_render(ctx, ui, ckpt, layer, sha)}
+    return {**hidden, **report, **_render(ctx, ui, ckpt, layer, sha)}
+
+
+def student_report(ctx: AppContext, ui: GeometryUI, ckpt: str) -> Updates:
+    """A distilled student's report (:func:`app.distill.opened`) in the *Distill into SSOG* section, or, when it has
+    none of its own, why, in that section's note; nothing for any other model."""
+    try:
+        loaded = ctx.model(ckpt)
+        student = distilling.opened(ctx, loaded)
+    except AppError as e:
+        return {**distill_hidden(ui), ui.distill_note: warn(error_text(e))}
+    except Exception:  # an unreadable checkpoint: _render says why in the tab's note
+        return {}
+    return {} if student is None else distill_view(ui, student, teacher_of(ctx, loaded))
 
 
 def _render(ctx: AppContext, ui: GeometryUI, ckpt: str | None, layer: float, sha: str | None) -> Updates:
@@ -422,28 +437,45 @@ def distill_rows(report: dict[str, Any]) -> list[list[Any]]:
              round(h["difference"], 4), round(h["steering_reach"], 4)] for h in report["heads"]]  # fmt: skip
 
 
-def distill_view(ui: GeometryUI, student: distilling.Student) -> Updates:
-    """A finished distillation drawn: where the student was written, agreement and KL at step 0 and at the end,
-    the chart (:func:`ssog_core.viz.figures.distill_figure`) and the table of every head's shares."""
+def distill_view(ui: GeometryUI, student: distilling.Student, teacher: str | None) -> Updates:
+    """A distillation's report drawn, of a student just written (where, and what was there) or opened (read beside
+    its file): agreement and KL at step 0 and at the end, the chart (:func:`ssog_core.viz.figures.distill_figure`)
+    and the table of every head's shares. ``teacher`` is the teacher's picker name, None when the pickers do not
+    offer it (then there is no *Compare with its teacher*)."""
     report, name = student.report, student.name
     a0, a1 = report["step0"], report["final"]
-    held = report["held_out"]
-    kept = ", ".join(f"`{n}`" for n in student.existed)
-    existed = f" ({kept} already there: nothing was replaced)" if kept else ""
+    held = report.get("held_out")
+    after = held.get("after") if isinstance(held, dict) else None
     accuracy = (
         f" Accuracy {a0['accuracy']:.3f} → {a1['accuracy']:.3f} (the teacher's {a1['teacher_accuracy']:.3f})."
-        if a1.get("accuracy") is not None
+        if a1.get("accuracy") is not None and a0.get("accuracy") is not None and a1.get("teacher_accuracy") is not None
         else ""
     )
+    pictures = report.get("pictures")
+    first = pictures.get("first") if isinstance(pictures, dict) else None
+    trained = f"{report['step']} steps" + (f" on {first} pictures" if first is not None else "")
+    if student.existed is None:
+        head = (
+            f"**{name}** is an SSOG student of **{student.teacher}** ({trained}): its report, read from beside its "
+            "file. "
+        )
+        compare = "**Compare with its teacher** opens them side by side."
+        tail = compare if teacher else "Its teacher is not among the checkpoints here."
+    else:
+        kept = ", ".join(f"`{n}`" for n in student.existed)
+        existed = f" ({kept} already there: nothing was replaced)" if kept else ""
+        head = (
+            f"Wrote **{name}** into the checkpoint folder{existed}: an SSOG student of **{student.teacher}**, "
+            f"{trained}, its step 0 the fits above. "
+        )
+        tail = "It is in the picker now; **Compare with its teacher** opens them side by side."
     note = (
-        f"Wrote **{name}** into the checkpoint folder{existed}: an SSOG student of **{student.teacher}**, "
-        f"{report['step']} steps on {report['pictures'].get('first')} pictures, its step 0 the fits above. "
-        f"Agreement with the teacher **{a0['agreement']:.3f} → {a1['agreement']:.3f}**, KL "
-        f"**{a0['kl']:.4f} → {a1['kl']:.4f}** on {held['count']} held-out pictures (after the first {held['after']})."
-        f"{accuracy} Still content-scored: {report['content_scored']}. It is in the picker now; **Compare with its "
-        "teacher** opens them side by side. Per head: the share of the teacher's head its fitted field explains "
-        "(geometry alone) and the steered student's (geometry that content steers), both also normalised against "
-        "the uniform field."
+        f"{head}Agreement with the teacher **{a0['agreement']:.3f} → {a1['agreement']:.3f}**, KL "
+        f"**{a0['kl']:.4f} → {a1['kl']:.4f}** on {report['held_out_images']} held-out pictures"
+        + (f" (after the first {after})" if after is not None else "")
+        + f".{accuracy} Still content-scored: {report['content_scored']}. {tail} Per head: the share of the "
+        "teacher's head its fitted field explains (geometry alone) and the steered student's (geometry that content "
+        "steers), both also normalised against the uniform field."
     )
     fig = viz.distill_figure(report, f"{name} from {student.teacher}")
     settings = {"figure": "distillation report", "student": name, "teacher": student.teacher}
@@ -452,8 +484,8 @@ def distill_view(ui: GeometryUI, student: distilling.Student) -> Updates:
         ui.distill_note: note,
         ui.distill_figure: gr.update(value=shown_figure(fig, stem, settings), visible=True),
         ui.distill_table: gr.update(value=distill_rows(report), visible=True),
-        ui.distill_compare: gr.update(visible=True),
-        ui.distill_shown: {"student": name, "teacher": student.teacher},
+        ui.distill_compare: gr.update(visible=teacher is not None),
+        ui.distill_shown: {"student": name, "teacher": teacher},
     }
 
 
@@ -480,7 +512,7 @@ def on_distill(
         for done, progress in queues.watched(request, work, unit="steps"):
             if done is None:
                 yield {ui.distill_note: f"Distilling **{ckpt}** into SSOG: {progress}…"}
-        yield distill_view(ui, done)
+        yield distill_view(ui, done, done.teacher)  # the picker name it was distilled from
     except Exception as e:
         yield {ui.distill_note: warn(error_text(e))}
 

@@ -49,7 +49,8 @@ from ssog_core.nn.hook_points import HookPoint, hooked
 
 FIT_ATOMS = 4  # Gaussian atoms fitted per head unless asked otherwise: the fields command, the app, replace_with_field
 MAX_FIT_ATOMS = MAX_ATOMS  # a fit is an SSOG layer's field: the model's own cap
-FIELD_BATCH = 16  # images per forward pass when measure_head_fields is given the images as one tensor
+FIELD_BATCH = 16  # images per forward pass of every fit: the fields command, the app's fields, a distillation's
+# (the same batches make the same mean attention bit for bit, hence the same atoms; other batches differ by rounding)
 PATTERN_POINT = "blocks.{layer}.attn.pattern"  # the hook point holding a layer's post-softmax attention (B, H, T, T)
 _PATTERN_NAME = re.compile(r"blocks\.(\d+)\.attn\.pattern")
 FIT_STEPS = (20, 200)  # L-BFGS steps with every start, then with each head's best start only

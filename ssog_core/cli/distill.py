@@ -13,8 +13,9 @@ of a folder; ``--eval-images M`` the M validation images after those (or the fir
 the pictures of another folder. The student (``--out``) is an ordinary lab checkpoint whose metadata names the
 teacher (and the licence its folder states), the pictures and the recipe; ``--out`` is rewritten every
 ``--ckpt-every`` steps beside ``STUDENT.state.pt`` (``--resume`` continues from it, bit for bit; the first
-Ctrl-C saves and stops). At the end the report (``--report``, default ``STUDENT.report.json``) and its chart (PNG +
-SVG beside it) are written: agreement with the teacher (top-1), KL and accuracy (where the pictures have labels) on
+Ctrl-C saves and stops). At the end the report (``--report``, default ``STUDENT.report.json``, the file the app
+reads when it opens the student) and its chart (PNG + SVG beside it) are written, naming the student by its file's
+SHA-256: agreement with the teacher (top-1), KL and accuracy (where the pictures have labels) on
 the held-out pictures at step 0 and at the end, and per head ``share_fit``, ``share_steered``, both normalised
 against the uniform field, their difference and the steering reach
 (:func:`~ssog_core.distill.report.report_json`).
@@ -34,7 +35,15 @@ from typing import Any
 
 import torch
 
-from ssog_core.analysis.head_as_field import FIT_ATOMS, MAX_FIT_ATOMS, AtomFit, check_atoms, fit_layers, mean_attention
+from ssog_core.analysis.head_as_field import (
+    FIELD_BATCH,
+    FIT_ATOMS,
+    MAX_FIT_ATOMS,
+    AtomFit,
+    check_atoms,
+    fit_layers,
+    mean_attention,
+)
 from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.format import CheckpointError, load_checkpoint
 from ssog_core.checkpoint.standard import is_standard_source, resolve
@@ -42,11 +51,11 @@ from ssog_core.data.images import ImageError
 from ssog_core.data.sources import DataError
 from ssog_core.distill.job import final_report
 from ssog_core.distill.loop import Distiller, Recipe, load_state
+from ssog_core.distill.report import report_path, stamped
 from ssog_core.distill.student import DistillError, build_student, check_teacher, teacher_licence
 from ssog_core.interventions.validation import MAX_EVAL_IMAGES, EvalSet, pictures_for
 from ssog_core.viz.figures import distill_figure, figure_bytes
 
-FIT_BATCH = 16  # the fields command's batch: the same batches make the same mean attention, hence the same fit
 RECIPE_FLAGS = {f.name for f in dataclasses.fields(Recipe)}
 SETUP_FLAGS = ("teacher", "images", "eval_images", "atoms", "steer", "max_offset")
 
@@ -107,10 +116,11 @@ def _fits(state: dict[str, Any]) -> list[AtomFit]:
 
 
 def write_report(distiller: Distiller, path: Path) -> dict[str, Any]:
-    """The report JSON at ``path`` and its chart beside it (PNG + SVG), from the held-out pictures."""
+    """The report JSON at ``path`` (stamped with the student file's SHA-256) and its chart beside it (PNG + SVG),
+    from the held-out pictures."""
     d = distiller
     setup = {k: v for k, v in d.setup.items() if k != "teacher_meta"}
-    report = final_report(d, {**setup, "student": str(d.out)})
+    report = stamped(final_report(d, {**setup, "student": str(d.out)}), d.out.read_bytes())
     text = json.dumps(report, indent=1)
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     fig = distill_figure(report, f"{d.out.name} from {Path(str(setup['teacher']).rstrip('/')).name}")
@@ -152,7 +162,7 @@ def run(args: argparse.Namespace, command: str) -> int:
     check_teacher(teacher, setup["teacher"])
     data, held_out, words = choose_pictures(teacher, teacher_meta, setup["images"], setup["eval_images"])
     if state is None:
-        attention = mean_attention(teacher, data.batches(teacher, FIT_BATCH))
+        attention = mean_attention(teacher, data.batches(teacher, FIELD_BATCH))
         fits = fit_layers(attention, setup["atoms"])
         student = build_student(teacher, attention, fits, _steer(setup["steer"]), setup["max_offset"])
         licence = teacher_licence(resolve(setup["teacher"])) if is_standard_source(setup["teacher"]) else None
@@ -166,13 +176,11 @@ def run(args: argparse.Namespace, command: str) -> int:
     code = distiller.run(args.stop_after)
     if code or distiller.step < recipe.steps:
         return code
-    report_path = (
-        Path(args.report) if args.report else out.with_name(out.name.removesuffix(".safetensors") + ".report.json")
-    )
-    report = write_report(distiller, report_path)
+    path = Path(args.report) if args.report else report_path(out)
+    report = write_report(distiller, path)
     a0, a1 = report["step0"], report["final"]
     print(
-        f"wrote {out} and {report_path}: agreement with the teacher {a0['agreement']:.3f} -> {a1['agreement']:.3f}, "
+        f"wrote {out} and {path}: agreement with the teacher {a0['agreement']:.3f} -> {a1['agreement']:.3f}, "
         f"KL {a0['kl']:.4f} -> {a1['kl']:.4f} on {report['held_out_images']} held-out pictures; still content-scored: "
         f"{report['content_scored']}"
     )

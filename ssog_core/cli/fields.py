@@ -33,7 +33,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from ssog_core.analysis.head_as_field import FIT_ATOMS, MAX_FIT_ATOMS, HeadFieldStats, check_atoms
+from ssog_core.analysis.head_as_field import FIELD_BATCH, FIT_ATOMS, MAX_FIT_ATOMS, HeadFieldStats, check_atoms
 from ssog_core.analysis.report import fields_json
 from ssog_core.checkpoint.files import atomic_write
 from ssog_core.checkpoint.format import CheckpointError, load_checkpoint
@@ -92,7 +92,7 @@ def run(
     json_out: str | Path,
     out_dir: str | Path | None = None,
     img_size: tuple[int, int] | None = None,
-    batch_size: int = 16,
+    batch_size: int = FIELD_BATCH,
 ) -> dict[str, Any]:
     """Measure every head, write the JSON (:func:`~ssog_core.analysis.report.fields_json`) and the two charts;
     returns what the JSON holds."""
@@ -134,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", required=True, help="output JSON path")
     ap.add_argument("--out-dir", help="folder for the two charts (PNG + SVG; default: the JSON's folder)")
     ap.add_argument("--img-size", type=parse_size, help="resize images to N or HxW (default: the model's size)")
-    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--batch-size", type=int, default=FIELD_BATCH,
+                    help=f"images per forward pass (default {FIELD_BATCH}, the app's and distill's: the same atoms bit "
+                    "for bit; another batch size changes them by float rounding)")  # fmt: skip
     args = ap.parse_args(argv)
     try:
         result = run(args.checkpoint, args.images, args.atoms, args.json, args.out_dir, args.img_size, args.batch_size)

@@ -21,11 +21,11 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ssog_core.analysis.head_as_field import check_atoms, fit_layers, mean_attention
+from ssog_core.analysis.head_as_field import FIELD_BATCH, check_atoms, fit_layers, mean_attention
 from ssog_core.distill.loop import Distiller, Recipe
-from ssog_core.distill.report import compare, head_shares, report_json
+from ssog_core.distill.report import compare, head_shares, report_json, stamped
 from ssog_core.distill.student import DistillError, build_student, check_teacher
-from ssog_core.interventions.validation import BATCH, MAX_EVAL_IMAGES, EvalSet, Pictures
+from ssog_core.interventions.validation import MAX_EVAL_IMAGES, EvalSet, Pictures
 from ssog_core.runtime.jobs import Cancelled
 
 MAX_IMAGES = MAX_EVAL_IMAGES // 2  # pictures to train on: as many again may be held out
@@ -58,7 +58,7 @@ class DistillRequest:
 @dataclass(frozen=True)
 class Distilled:
     """What the job returns: the student's ``.safetensors`` bytes (an ordinary lab checkpoint) and its report
-    (:func:`report_json`, ``student`` not yet named)."""
+    (:func:`report_json`, stamped with those bytes' SHA-256; ``student``, its name, not yet given)."""
 
     student: bytes
     report: dict[str, Any]
@@ -101,7 +101,7 @@ def distill(loaded: Loaded, request: DistillRequest, progress: Progress, stopped
     progress(0, steps, f"fitting {request.atoms} atoms to every head on {data.words()}")
 
     def batches() -> Iterator[Tensor]:
-        for x in data.batches(teacher, BATCH):  # the fields' batches: the same mean attention, the same fit
+        for x in data.batches(teacher, FIELD_BATCH):  # the fields' batches: the same mean attention, the same fit
             if stopped():
                 raise Cancelled("the distillation was stopped")
             yield x
@@ -135,5 +135,5 @@ def distill(loaded: Loaded, request: DistillRequest, progress: Progress, stopped
         if d.run(on_step=on_step) != 0:  # a signal to the worker: stopped as a Stop would
             raise Cancelled("the distillation was interrupted")
         progress(steps, steps, f"the report on {len(held)} held-out pictures")
-        report = final_report(d, setup)
-        return Distilled(out.read_bytes(), report)
+        data = out.read_bytes()
+        return Distilled(data, stamped(final_report(d, setup), data))

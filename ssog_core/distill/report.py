@@ -11,12 +11,19 @@ divergence between their predictions, accuracy where the pictures have labels, a
 
 Rows are over patch keys, renormalised (as every head field's are); what remains content-scored (the prefix
 queries) is said in words.
+
+The report is written beside its student (:func:`report_path`) by ``python -m ssog_core distill`` and the app alike,
+and names the student it belongs to by the SHA-256 of its file (``student_sha256``), so :func:`read_report` (the one
+reader: the app's geometry tab when a student is opened) tells a report that is a replaced file's from its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,12 +38,17 @@ from ssog_core.analysis.head_as_field import (
     uniform_rows,
 )
 from ssog_core.analysis.measures import steering_offsets
-from ssog_core.distill.student import content_scored
+from ssog_core.distill.student import DistillError, content_scored
 from ssog_core.interventions.validation import EvalSet
 from ssog_core.nn.hook_points import reading
 from ssog_core.nn.vit import ViT
+from ssog_core.runtime.jobs import file_sha256
 
 REPORT_BATCH = 16  # held-out pictures per forward pass
+MAX_REPORT_BYTES = 16 * 2**20  # a report of 12 × 16 heads is ~100 KB: anything far larger is not one
+COMPARED = ("agreement", "kl")  # what step0 and final hold as numbers (accuracy too, or null, where labels exist)
+HEAD_NUMBERS = ("share_fit", "share_steered", "share_uniform", "difference", "steering_reach")
+HEAD_OPTIONAL = ("normalised_fit", "normalised_steered", "normalised_difference")  # null for a diffuse head
 
 
 def kl_per_image(teacher_logits: Tensor, student_logits: Tensor, temperature: float = 1.0) -> Tensor:
@@ -176,3 +188,86 @@ def report_json(
         "content_scored": content_scored(student.config),
         "heads": heads,
     }
+
+
+def report_path(student: str | Path) -> Path:
+    """The report beside a student file: ``STUDENT.report.json`` (its chart: ``STUDENT.report.png`` / ``.svg``)."""
+    path = Path(student)
+    return path.with_name(path.name.removesuffix(".safetensors") + ".report.json")
+
+
+def stamped(report: dict[str, Any], student: bytes) -> dict[str, Any]:
+    """``report`` naming the student it belongs to by the SHA-256 of its file's bytes (``student_sha256``)."""
+    return {**report, "student_sha256": hashlib.sha256(student).hexdigest()}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _problems(report: Any, depth: int, heads: int) -> list[str]:
+    """What keeps ``report`` from being a distillation report of a student of ``depth`` × ``heads`` heads."""
+    if not isinstance(report, dict):
+        return [f"it holds a JSON {type(report).__name__}, not an object"]
+    out = [f"no {k!r}" for k in ("teacher", "content_scored") if not isinstance(report.get(k), str)]
+    if not (isinstance(report.get("step"), int) and report["step"] >= 0):
+        out.append("no whole 'step'")
+    if not (isinstance(report.get("held_out_images"), int) and report["held_out_images"] >= 1):
+        out.append("no 'held_out_images' count")
+    for when in ("step0", "final"):
+        part = report.get(when)
+        if not (isinstance(part, dict) and all(_is_number(part.get(k)) for k in COMPARED)):
+            out.append(f"no agreement and KL at {when!r}")
+        elif not all(part.get(k) is None or _is_number(part.get(k)) for k in ("accuracy", "teacher_accuracy")):
+            out.append(f"a non-number accuracy at {when!r}")
+    rows = report.get("heads")
+    if not isinstance(rows, list):
+        return [*out, "no 'heads' list"]
+    seen = set()
+    for row in rows:
+        ok = isinstance(row, dict) and all(_is_number(row.get(k)) for k in HEAD_NUMBERS)
+        ok = ok and all(row.get(k) is None or _is_number(row.get(k)) for k in HEAD_OPTIONAL)
+        ok = ok and isinstance(row.get("layer"), int) and isinstance(row.get("head"), int)
+        ok = ok and isinstance(row.get("diffuse"), bool) and 0 <= row["layer"] < depth and 0 <= row["head"] < heads
+        if not ok:
+            return [*out, f"a head row that is not one of this student's {depth} layers × {heads} heads: {row!r:.120}"]
+        seen.add((row["layer"], row["head"]))
+    if len(seen) != len(rows) or len(rows) != depth * heads:
+        out.append(f"{len(rows)} head rows for a student of {depth} layers × {heads} heads")
+    return out
+
+
+def read_report(student: str | Path, teacher: str, depth: int, heads: int) -> dict[str, Any]:
+    """The report beside the student file ``student`` (:func:`report_path`), checked: JSON only (nothing is
+    unpickled), a distillation report of a student of ``depth`` layers × ``heads`` heads whose metadata names
+    ``teacher``, stamped with this very file's SHA-256. Anything else is a :class:`DistillError` naming what is
+    wrong (missing, malformed, another student's)."""
+    student = Path(student)
+    path = report_path(student)
+    if not path.is_file():
+        raise DistillError(
+            f"no report beside {student.name}: {path.name} is not there (the distillation writes it when it finishes; "
+            "a run stopped early, or a student copied without it, has none)"
+        )
+    if path.stat().st_size > MAX_REPORT_BYTES:
+        raise DistillError(f"{path.name} is not a distillation report: {path.stat().st_size:,} bytes is far too large")
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise DistillError(f"{path.name} is not a readable distillation report (not JSON: {e})") from None
+    problems = _problems(report, depth, heads)
+    if problems:
+        raise DistillError(f"{path.name} is not a distillation report of this student: {'; '.join(problems)}")
+    if report["teacher"] != teacher:
+        raise DistillError(
+            f"{path.name} reports a student of {report['teacher']}, but {student.name} was distilled from {teacher}"
+        )
+    stamp, own = report.get("student_sha256"), file_sha256(student)
+    if not isinstance(stamp, str):
+        raise DistillError(f"{path.name} does not name the student it belongs to (no student_sha256)")
+    if stamp != own:
+        raise DistillError(
+            f"{path.name} belongs to another student (SHA-256 {stamp[:12]}…, this file's is {own[:12]}…): "
+            f"{student.name} was replaced after the report was written; distil it again for a report of its own"
+        )
+    return report

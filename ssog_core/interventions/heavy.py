@@ -6,8 +6,9 @@ by name and receives the model as ``(model, meta)``.
 
 A worker keeps the values every such job of a model shares (the validation images' unedited outcomes, the head
 means) between jobs, keyed by the model object it keeps per content hash. Progress is counted in validation images:
-the passes over them ask ``stop`` once before each batch of :data:`~ssog_core.interventions.validation.BATCH`
-images, and :class:`Batches` turns those asks into "120 of 500 images"."""
+the passes over them ask ``stop`` once before each batch (of :data:`~ssog_core.interventions.validation.BATCH`
+images; the head fields' of :data:`~ssog_core.analysis.head_as_field.FIELD_BATCH`, the fit's), and :class:`Batches`
+turns those asks into "120 of 500 images"."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from ssog_core.analysis.controls import ValidationMaps, maps_over, validation_maps
-from ssog_core.analysis.head_as_field import HeadFieldStats, measure_head_fields
+from ssog_core.analysis.head_as_field import FIELD_BATCH, HeadFieldStats, measure_head_fields
 from ssog_core.interventions import result
 from ssog_core.interventions.importance import HeadImportance, head_importance
 from ssog_core.interventions.ops import AblateHead
@@ -110,10 +111,11 @@ def importance(
 
 
 def fields_on(
-    model: nn.Module, data: EvalSet, atoms: int, stop: Stopped | None = None, batch_size: int = BATCH
+    model: nn.Module, data: EvalSet, atoms: int, stop: Stopped | None = None, batch_size: int = FIELD_BATCH
 ) -> HeadFieldStats:
     """Every head of ``model`` as a field (:func:`~ssog_core.analysis.head_as_field.measure_head_fields`, ``atoms``
-    per head) on ``data``, the result naming those images; ``stop`` is asked before each batch of both passes."""
+    per head) on ``data`` in batches of ``batch_size`` (the fit's batches by default), the result naming those
+    images; ``stop`` is asked before each batch of both passes."""
 
     def each() -> Iterator[Tensor]:
         for x in data.batches(model, batch_size):
@@ -133,7 +135,7 @@ def head_fields(
     Progress counts the images of both passes."""
     model, meta = loaded
     data = Pictures.of(pictures).eval_set(model, meta, n, up_to=True)
-    batches = Batches(len(data), 2, progress, stopped)
+    batches = Batches(len(data), 2, progress, stopped, FIELD_BATCH)
     out = fields_on(model, data, atoms, batches)
     batches.finished()
     return out

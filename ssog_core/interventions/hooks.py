@@ -1,8 +1,9 @@
 """Read or replace any named activation for one call: :func:`run_with_cache` and :func:`run_with_hooks`.
 
 The points are the model's :class:`~ssog_core.nn.hook_points.HookPoint` submodules, named by module path. ``P`` is
-the number of prefix (register) tokens, first in the sequence (0 for SSOG, whose tokens all sit on the grid), ``N``
-the grid's ``Gh·Gw`` tokens (a language model's ``T`` tokens, on a ``1 × T`` grid):
+the number of prefix tokens (class, distillation, register), first in the sequence (0 for SSOG but a distilled
+student's, ``prefix_dot``), ``N`` the grid's ``Gh·Gw`` tokens (a language model's ``T`` tokens, on a ``1 × T``
+grid):
 
 | point | activation |
 |---|---|
