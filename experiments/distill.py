@@ -42,6 +42,7 @@ from PIL import Image
 
 from ssog_core.analysis.head_as_field import (
     DIFFUSE_TV,
+    FIELD_BATCH,
     FIT_ATOMS,
     AtomFit,
     fit_layers,
@@ -52,9 +53,9 @@ from ssog_core.analysis.head_as_field import (
 )
 from ssog_core.checkpoint.files import atomic_write, replace_section, section_markers
 from ssog_core.checkpoint.format import load_checkpoint
-from ssog_core.cli.distill import FIT_BATCH, choose_pictures
+from ssog_core.cli.distill import choose_pictures
 from ssog_core.cli.distill import main as distill_main
-from ssog_core.distill.loop import load_state, state_path
+from ssog_core.distill.loop import Recipe, load_state, state_path
 from ssog_core.distill.report import kl_per_image
 from ssog_core.distill.student import build_student
 from ssog_core.interventions.effects import BOOTSTRAP, bootstrap_ci
@@ -442,7 +443,7 @@ def teacher_unit(plan: Plan, name: str, source: str, trained: dict[str, Any]) ->
     t0 = time.process_time()
     teacher, meta = load_checkpoint(source)
     data, held, words = held_out(teacher, meta, images, eval_images, labels)
-    attention = mean_attention(teacher, data.batches(teacher, FIT_BATCH))
+    attention = mean_attention(teacher, data.batches(teacher, FIELD_BATCH))
     fits = fit_layers(attention, FIT_ATOMS)
     student = build_student(teacher, attention, fits, ("mu",))
     m = per_image(teacher, student, fits, held)
@@ -489,12 +490,19 @@ def distill_command(source: str, images: str, eval_images: str, steer: str, seed
             "--steer", steer, "--steps", str(steps), "--seed", str(seed), "--out", str(out)]  # fmt: skip
 
 
+def student_settings(teacher: dict[str, Any], steer: str, seed: int, steps: int) -> dict[str, Any]:
+    """What a student unit is measured under: its teacher's settings, its own, and the distill command's default
+    recipe (so a changed default, e.g. ``max_gate``, measures the students again)."""
+    recipe = {k: v for k, v in Recipe().to_dict().items() if k not in ("steps", "seed")}
+    return {**teacher, "steer": steer, "seed": seed, "steps": steps, "recipe": recipe}
+
+
 def student_unit(plan: Plan, name: str, source: str, teacher: dict[str, Any], steer: str, seed: int) -> dict | None:
     """One student: distilled (or resumed, or kept), then measured image by image against its teacher. ``None``
     when the distillation was stopped by a signal (it saved; the next run resumes it)."""
     images, eval_images, labels = picture_specs(plan, name)
     unit = unit_name(name, steer, seed)
-    settings = {**teacher["settings"], "steer": steer, "seed": seed, "steps": plan.steps}
+    settings = student_settings(teacher["settings"], steer, seed, plan.steps)
     path = plan.units / f"{unit}.json"
     entry = kept(path, settings)
     if entry is not None:
@@ -976,7 +984,7 @@ def gather(plan: Plan) -> dict[str, Any]:
         for steer in STEERS:
             for seed in plan.seeds:
                 p = plan.units / f"{unit_name(name, steer, seed)}.json"
-                want = {**t["settings"], "steer": steer, "seed": seed, "steps": plan.steps}
+                want = student_settings(t["settings"], steer, seed, plan.steps)
                 if p.is_file() and (s := json.loads(p.read_text(encoding="utf-8")))["settings"] == want:
                     e["students"][(steer, seed)] = s
         results[name] = e

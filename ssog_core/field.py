@@ -42,6 +42,12 @@ def positive(raw: Tensor, floor: float = 0.0) -> Tensor:
     return F.softplus(raw) + EPS + floor
 
 
+def softplus_inverse(y: Tensor) -> Tensor:
+    """``raw`` with ``softplus(raw) = y`` (``y > 0``), stable for small and large ``y``: the raw parameter of a
+    :func:`positive` value ``y + ε + floor``."""
+    return y + torch.log(-torch.expm1(-y))
+
+
 def temperature(raw: Tensor) -> Tensor:
     """The layer's softmax temperature ``τ = softplus(raw) + 0.5`` (≥ 0.5)."""
     return F.softplus(raw) + TAU_MIN

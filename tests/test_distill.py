@@ -296,6 +296,26 @@ def test_step0_student_is_its_fitted_field_on_held_out_pictures(made, tmp_path):
 
 
 @pytest.mark.slow
+def test_gates_stay_at_most_max_gate_so_content_moves_atoms_at_most_max_gate_times_max_offset(made, tmp_path):
+    """At a gate rate that lets gates grow past the bound (the control, --max-gate 1e9), the bounded run keeps every
+    gate scale at the bound or below, some at it, and no head's steering reach beyond max_gate × max_offset."""
+    fast = ("--steps", "30", "--lr", "1e-2", "--gate-lr-mult", "1000", "--max-offset", "4")
+    free, bounded = tmp_path / "free.safetensors", tmp_path / "bounded.safetensors"
+    assert distill(made, "lab", free, *fast, "--max-gate", "1e9") == 0
+    assert distill(made, "lab", bounded, *fast, "--max-gate", "0.5") == 0
+
+    def gates(path: Path) -> torch.Tensor:
+        model, _ = load_checkpoint(path)
+        return torch.cat([s.flatten() for blk in model.blocks for s in blk.attn.gate_scales().values()]).detach()
+
+    assert gates(free).max() > 0.6  # the control: unbounded, they grow past the bound
+    g = gates(bounded)
+    assert g.max() <= 0.5 + 1e-6 and g.max() >= 0.5 - 1e-4, g
+    reach = [h["steering_reach"] for h in json.loads((tmp_path / "bounded.report.json").read_text())["heads"]]
+    assert max(reach) <= 0.5 * 4 + 1e-4 and max(reach) > 0, reach
+
+
+@pytest.mark.slow
 def test_resume_continues_bit_for_bit(made, tmp_path):
     """Stopped after 2 steps and resumed, the student ends where the uninterrupted run does, weight for weight; a
     resumed run that changes its recipe is refused."""

@@ -204,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, help=f"pictures per step (default {d.batch_size})")
     ap.add_argument("--lr", type=float, help=f"peak learning rate (default {d.lr})")
     ap.add_argument("--gate-lr-mult", type=float, help=f"the gates' learning rate over --lr (default {d.gate_lr_mult})")
+    ap.add_argument("--max-gate", type=float,
+                    help=f"the most a gate scale may grow to, so content moves an atom at most that × --max-offset "
+                    f"cells (default {d.max_gate})")  # fmt: skip
     ap.add_argument("--weight-decay", type=float, help=f"AdamW's (default {d.weight_decay})")
     ap.add_argument("--temperature", type=float, help=f"of the KL to the teacher's logits (default {d.temperature})")
     ap.add_argument("--rows-weight", type=float,

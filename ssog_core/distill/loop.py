@@ -34,7 +34,7 @@ from ssog_core.checkpoint.format import save_checkpoint
 from ssog_core.checkpoint.history import History
 from ssog_core.distill.report import compare, kl_per_image
 from ssog_core.distill.student import DistillError, steering_parameters
-from ssog_core.field import Field, axis_kernels
+from ssog_core.field import EPS, Field, axis_kernels, softplus_inverse
 from ssog_core.interventions.validation import EvalSet
 from ssog_core.nn.hook_points import hooked
 from ssog_core.nn.vit import ViT
@@ -42,7 +42,7 @@ from ssog_core.train.optim import lr_factor
 from ssog_core.train.tensorboard import TensorBoardLog
 from ssog_core.train.trainer import StopRequest
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: the recipe holds max_gate
 TRAIN_CHOICES = ("steering", "fields", "all")
 WARMUP_FRACTION = 0.05
 SNAPSHOTS = 20  # history snapshots (fields, gates, loss) over a run
@@ -56,6 +56,10 @@ class Recipe:
     batch_size: int = 16
     lr: float = 3e-3
     gate_lr_mult: float = 100.0  # a cold gate has no gradient until its probes move; then it opens in tens of steps
+    # Each gate scale s is kept at most this after every step, so content moves an atom at most max_gate·M cells: at
+    # 100× the rate, unbounded gates grew to s ≈ 60 and moved a digits student's layer-0 atoms 230–290 cells off its
+    # 8×8 grid (deleting them, not steering them). 1 is the most the lab's trained models reached within 50%.
+    max_gate: float = 1.0
     weight_decay: float = 0.0
     temperature: float = 1.0
     rows_weight: float = 1.0  # without the row term the KL can fall while the steered rows move away from the teacher's
@@ -67,7 +71,7 @@ class Recipe:
         for name in ("steps", "batch_size"):
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
                 problems.append(f"--{name.replace('_', '-')} must be a whole number of at least 1")
-        for name in ("lr", "gate_lr_mult", "temperature"):
+        for name in ("lr", "gate_lr_mult", "temperature", "max_gate"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 problems.append(f"--{name.replace('_', '-')} must be a positive number")
@@ -75,6 +79,8 @@ class Recipe:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 problems.append(f"--{name.replace('_', '-')} must be a number of at least 0")
+        if not self.max_gate > EPS:
+            problems.append(f"--max-gate must be above {EPS}")
         if self.train not in TRAIN_CHOICES:
             problems.append(f"--train takes {', '.join(TRAIN_CHOICES)}, not {self.train!r}")
         if problems:
@@ -224,7 +230,7 @@ class Distiller:
         names = {n for n, _ in chosen}
         for name, p in student.named_parameters():
             p.requires_grad_(name in names)
-        gates = [p for n, p in chosen if n.endswith("_scale")]
+        self.gates = gates = [p for n, p in chosen if n.endswith("_scale")]
         rest = [p for n, p in chosen if not n.endswith("_scale")]
         groups = [{"params": rest, "lr": recipe.lr, "base": recipe.lr}]
         if gates:
@@ -317,10 +323,18 @@ class Distiller:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
+        self._bound_gates()
         self.step += 1
         agreement = float((t_logits.argmax(-1) == s_logits.argmax(-1)).float().mean())
         self.history.add_batch(value * len(x), agreement * len(x), len(x))
         return value, agreement
+
+    @torch.no_grad()
+    def _bound_gates(self) -> None:
+        """Every trained gate scale back to at most :attr:`Recipe.max_gate` (its raw parameter clamped)."""
+        ceiling = float(softplus_inverse(torch.tensor(self.recipe.max_gate - EPS, dtype=torch.float64)))
+        for p in self.gates:
+            p.clamp_(max=ceiling)
 
     def _snapshot(self) -> None:
         self.history.snapshot(self.student, self.step)

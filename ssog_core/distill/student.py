@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ssog_core.analysis.head_as_field import AtomFit, MeanAttention
-from ssog_core.field import EPS, TAPS, TAU_MIN
+from ssog_core.field import EPS, TAPS, TAU_MIN, softplus_inverse
 from ssog_core.nn.config import ViTConfig
 from ssog_core.nn.vit import ViT
 from ssog_core.train.optim import FIELD_PARAMETERS
@@ -73,11 +73,6 @@ def student_config(teacher: ViTConfig, atoms: int, steer: tuple[str, ...], max_o
         raise DistillError(f"the student cannot be built: {e}") from None
 
 
-def _softplus_inverse(y: Tensor) -> Tensor:
-    """``raw`` with ``softplus(raw) = y`` (``y > 0``), stable for small and large ``y``."""
-    return y + torch.log(-torch.expm1(-y))
-
-
 def field_parameters(fit: AtomFit, floor: float) -> dict[str, Tensor]:
     """An SSOG layer's raw fixed-field parameters whose field is ``fit`` (τ = 1), float64."""
     sigma = fit.sigma.double() - EPS - floor
@@ -85,9 +80,9 @@ def field_parameters(fit: AtomFit, floor: float) -> dict[str, Tensor]:
         raise DistillError(f"a fitted σ below the student's floor {floor + EPS} cells")
     return {
         "mu": fit.mu.double(),
-        "raw_sigma": _softplus_inverse(sigma),
+        "raw_sigma": softplus_inverse(sigma),
         "log_lambda": fit.lam.double().clamp_min(1e-300).log(),
-        "raw_temperature": _softplus_inverse(torch.tensor(1.0 - TAU_MIN, dtype=torch.float64)),
+        "raw_temperature": softplus_inverse(torch.tensor(1.0 - TAU_MIN, dtype=torch.float64)),
     }
 
 
