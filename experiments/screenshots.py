@@ -4,8 +4,8 @@
 
 Starts ``python -m app`` on a free port, drives Debian's Chromium with Playwright (offline) through the tabs of the
 model the app opens first — a trained preset drawn over the picture, the learned geometry, a clicked patch in the
-steering tab, the export maps beside the dot twin, the comparison, the fields at the last step of its training —
-and writes one PNG per tab (default: docs/figures/screenshots/, where the README shows them).
+steering tab's deepest layer, the export maps beside the dot twin, the comparison, the fields at the last step of its
+training — and writes one PNG per tab (default: docs/figures/screenshots/, where the README shows them).
 """
 
 from __future__ import annotations
@@ -64,12 +64,11 @@ def tour(url: str, out: Path, image: str | None) -> None:
         strips = page.locator("[role=option]", has_text="strip")
         if not strips.count():  # no head is a strip by the presets' thresholds: the most elongated one reads best
             strips = page.locator("[role=option]", has_text="elongated")
-        if strips.count():  # a trained strip reads better than a blob; otherwise keep the three-atom example head
-            before = page.get_attribute("#pg-canvas img.fld", "src")
-            strips.first.click()
-            wait_image(page, "#pg-canvas img.fld", before)
-        else:
-            page.keyboard.press("Escape")
+        if not strips.count():  # else the first of the model's own heads: any of them beats the example head
+            strips = page.locator("[role=option]")
+        before = page.get_attribute("#pg-canvas img.fld", "src")
+        strips.first.click()
+        wait_image(page, "#pg-canvas img.fld", before)
         page.check("#pg-underlay input")
         page.wait_for_function("() => document.querySelector('#pg-canvas img.bg').src.startsWith('data:image/jpeg')")
         snap(page, out, "1_playground")
@@ -78,6 +77,11 @@ def tour(url: str, out: Path, image: str | None) -> None:
         snap(page, out, "2_geometry")
         page.click("#tab-steering-button")
         wait_image(page, "#st-click img")
+        last = page.get_attribute("#st-layer input[type=range]", "max")  # the deepest layer steers the most
+        before = page.get_attribute("#st-steer img", "src") or ""
+        page.fill("#st-layer input[type=number]", last)
+        page.press("#st-layer input[type=number]", "Enter")
+        wait_image(page, "#st-steer img", before)
         for attempt in range(3):  # on a busy machine a click that lands while the picture is replaced is lost
             box = page.locator("#st-click img").bounding_box()
             page.mouse.click(box["x"] + box["width"] * 0.55, box["y"] + box["height"] * 0.45)
