@@ -78,6 +78,34 @@ def test_compare_puts_each_model_on_its_own_scale():
     assert limits[0] == 0.5 and limits[1] == 20.0
 
 
+def test_the_steering_figure_draws_a_row_per_steered_tap_only():
+    """A μ-only model's layer gets the μδ row alone (no empty σδ / λ rows reading "max 0.00"); a model steering every
+    tap gets three; the files' figure takes the taps from the layer's gates."""
+    import torch
+
+    from ssog_core.analysis import steering_offsets
+    from ssog_core.analysis.measures import layer_fields
+    from ssog_core.viz.files import steering_figure
+
+    model = designed_ssog(depth=1)
+    offsets = steering_offsets(model, torch.rand(1, 3, 32, 32))
+    image = Image.new("RGB", (32, 32), (90, 120, 160))
+
+    def panels(fig) -> list[str]:
+        return [ax.get_ylabel() for ax in fig.axes if ax.get_title().startswith("head 0:")]
+
+    assert panels(viz.steering_figure(image, offsets, 0, 1.0)) == ["μδ: looks elsewhere", "σδ: widen / tighten",
+                                                                  "λ: re-weighting"]  # fmt: skip
+    assert panels(viz.steering_figure(image, offsets, 0, 1.0, taps=("mu",))) == ["μδ: looks elsewhere"]
+    field = layer_fields(model)[0]
+    assert panels(steering_figure(image, offsets, 0, field, 4.0)) == [
+        {"mu": "μδ: looks elsewhere", "sigma": "σδ: widen / tighten", "lambda": "λ: re-weighting"}[t]
+        for t in ("mu", "sigma", "lambda") if t in field.gates
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="at least one steered tap"):
+        viz.steering_figure(image, offsets, 0, 1.0, taps=())
+
+
 def test_the_steering_arrow_key_overlaps_no_title():
     import torch
 

@@ -130,11 +130,17 @@ def render(
             )
             meta = {**settings(loaded, stored, layer), "figure": "steering", "colormap": viz.OFFSET_CMAP}
             steer = shown_figure(fig, figure_stem(loaded, stored, layer), meta)
+            rows = {
+                "mu": "where content moves each head's gaze (μδ, λ-weighted mean shift of its atoms; arrows scaled "
+                "with a key)",
+                "sigma": "how it widens or tightens the atoms (σδ)",
+                "lambda": "how much weight it moves between them (λ)",
+            }
+            steered = [text for tap, text in rows.items() if tap in loaded.fields[layer].gates]
             note = (
                 f"**{loaded.name}** on **{stored.name}** ({s.grid[0]}×{s.grid[1]} patches), layer **{layer}**. "
-                "Rows: where content moves each head's gaze (μδ, λ-weighted mean shift of its atoms; arrows "
-                "scaled with a key), how it widens or tightens the atoms (σδ) and how much weight it moves between "
-                f"them (λ). {resize_note(stored, loaded)}**Click a patch** to see that query's field, fixed vs steered."
+                f"Rows, one per tap this layer steers: {'; '.join(steered)}. {resize_note(stored, loaded)}"
+                "**Click a patch** to see that query's field, fixed vs steered."
             )
         else:
             steer = None

@@ -368,17 +368,21 @@ def steering_figure(
     bound: float | None,
     title: str = "",
     fixed_lam: np.ndarray | None = None,
+    taps: Sequence[str] = ("mu", "sigma", "lambda"),
 ) -> Figure:
-    """One layer, one column per head, one row per content tap: μδ (where the head looks moves; arrows scaled to
-    stay inside a cell, with a key giving their length in cells), σδ (widen / tighten) and λ (re-weighting).
-    Each row has one colour scale for all heads. ``bound`` is the layer's per-axis limit on an atom's μδ,
-    ``s_μ·M`` (None when μ is not steered)."""
+    """One layer, one column per head, one row per content tap the layer steers (``taps``): μδ (where the head looks
+    moves; arrows scaled to stay inside a cell, with a key giving their length in cells), σδ (widen / tighten) and λ
+    (re-weighting). Each row has one colour scale for all heads. ``bound`` is the layer's per-axis limit on an
+    atom's μδ, ``s_μ·M`` (None when μ is not steered)."""
     summary = steering_summary(offsets, layer, fixed_lam)
     shift = offsets.shift[layer][0].numpy()  # (Gh, Gw, H, 2), key-space direction (dy, dx)
     heads, gh, gw = summary["mu"].shape
-    fig = new_figure(2.6 * heads + 1.2, 3 * 2.4 * gh / gw + 1.5)
+    shown = [t for t in ("mu", "sigma", "lambda") if t in taps]
+    if not shown:
+        raise ValueError("steering_figure needs at least one steered tap")
+    fig = new_figure(2.6 * heads + 1.2, len(shown) * 2.4 * gh / gw + 1.5)
     fig.get_layout_engine().set(rect=(0, 0.04, 1, 0.96))  # a bottom margin for the arrow key
-    axes = fig.subplots(3, heads, squeeze=False)
+    axes = fig.subplots(len(shown), heads, squeeze=False)
     faded = backdrop(image, 260, 0.55)
     yy, xx = np.mgrid[0:gh, 0:gw]
     longest = max(float(summary["mu"].max()), 1e-9)
@@ -390,6 +394,7 @@ def steering_figure(
         ("sigma", "PuOr_r", -lim_sigma, lim_sigma, "σδ: log₂ σ ratio\n(+ wider, − tighter)"),
         ("lambda", "Greens", 0.0, max(float(summary["lambda"].max()), 1e-9), "λ moved between atoms (share)"),
     ]
+    rows = [row for row in rows if row[0] in shown]
     for r, (key, cmap, lo, hi, label) in enumerate(rows):
         for h in range(heads):
             ax = axes[r, h]

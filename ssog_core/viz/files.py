@@ -102,9 +102,10 @@ def steering_figure(
     max_offset: float,
     title: str = "",
 ):
-    """The steering figure exactly as the app shows it."""
+    """The steering figure exactly as the app shows it: a row for each tap the layer steers."""
     lam = field.lam.numpy() if field is not None else None
-    return viz.steering_figure(display, offsets, layer, mu_bound(field, max_offset), title, lam)
+    taps = tuple(field.gates) if field is not None and field.gates else ("mu", "sigma", "lambda")
+    return viz.steering_figure(display, offsets, layer, mu_bound(field, max_offset), title, lam, taps)
 
 
 def named_export_maps_figure(
