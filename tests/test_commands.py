@@ -32,7 +32,7 @@ def test_help_lists_every_command():
     listed = [line.split()[0] for line in proc.stdout.split("commands:\n")[1].splitlines() if line.startswith("  ")]
     assert listed == list(COMMANDS) == [
         "train", "evaluate", "convert", "export-maps", "figures", "info", "intervene", "lm-train", "fields",
-        "target-share",
+        "distill", "target-share",
     ]  # fmt: skip
 
 
