@@ -145,8 +145,10 @@ class RowCross(torch.autograd.Function):
     def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None]:
         ax, ay, t = ctx.saved_tensors
         s = torch.bmm(ax, ay)
-        g = torch.where(s >= ROW_FLOOR, t / s, 0.0).mul_(grad.to(t.dtype))
-        return torch.bmm(g, ay.transpose(1, 2)), torch.bmm(ax.transpose(1, 2), g), None
+        below = s < ROW_FLOOR
+        g = torch.div(t, s, out=s).masked_fill_(below, 0.0)  # in place: the backward's one table of that size
+        grad = grad.to(t.dtype)
+        return torch.bmm(g, ay.transpose(1, 2)).mul_(grad), torch.bmm(ax.transpose(1, 2), g).mul_(grad), None
 
 
 def row_kernels(field: Field, grid: tuple[int, int], mode: str, batch: int) -> tuple[Tensor, Tensor]:
