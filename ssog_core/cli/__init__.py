@@ -14,7 +14,7 @@ from ssog_core.runtime.jobs import Engine, Job
 
 T = TypeVar("T")
 SAY_EVERY = 10.0  # seconds between progress lines of a job on a cluster
-CLUSTER_HELP = "run the heavy work on a worker of this Dask scheduler (tcp://HOST:PORT), on its CPU"
+CLUSTER_HELP = "run the heavy work on a worker of this Dask scheduler (tcp://HOST:PORT), on its GPU if it has one"
 
 
 def on_cluster(address: str, fn: Callable[..., T], checkpoint: str | Path, *args: Any, unit: str = "images") -> T:

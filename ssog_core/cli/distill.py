@@ -19,6 +19,16 @@ SHA-256: agreement with the teacher (top-1), KL and accuracy (where the pictures
 the held-out pictures at step 0 and at the end, and per head ``share_fit``, ``share_steered``, both normalised
 against the uniform field, their difference and the steering reach
 (:func:`~ssog_core.distill.report.report_json`).
+
+``--cluster ADDRESS`` runs the whole distillation (fits, student, training, report) as one job on a worker of that
+Dask scheduler (:func:`ssog_core.distill.job.trained`, the app's job): the teacher is sent as bytes (``hf-hub:`` as
+its folder in this machine's cache), a folder's pictures too, and recorded validation images are opened there, so
+the worker needs none of this machine's files. Progress lines come on stderr; the student, then its report and
+chart, are written here when the job returns, each atomically: on a CPU worker the same tensors, metadata and report
+as a local run with the same flags (the recorded command leaves ``--cluster`` out) and one torch thread, the job's
+(a worker with a GPU computes on it: float32 rounding apart); Ctrl-C stops the job there and writes nothing. Such a
+run saves nothing on the way, so ``--resume``, ``--stop-after``, ``--ckpt-every`` and ``--tensorboard`` (events
+written on the worker) are refused with it.
 """
 
 from __future__ import annotations
