@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -154,7 +155,7 @@ def test_flags_a_job_cannot_honour_are_refused(flags, named, tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_bad_addresses_and_teachers_fail_in_words(made, tmp_path, capsys):
+def test_bad_addresses_teachers_and_folders_fail_in_words(made, tmp_path, capsys, monkeypatch):
     from ssog_core.testing.app_process import free_port
 
     out = tmp_path / "s.safetensors"
@@ -174,3 +175,7 @@ def test_bad_addresses_and_teachers_fail_in_words(made, tmp_path, capsys):
     assert distill_main(argv) == 2
     assert "held-out pictures must differ" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: Path(p) != tmp_path and access(p, mode))
+    assert distill_main(["--teacher", str(made["lab"]), *pictures, "--cluster", address]) == 2
+    assert f"cannot write into {tmp_path}: the student and its report go there" in capsys.readouterr().err

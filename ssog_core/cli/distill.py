@@ -56,7 +56,7 @@ from ssog_core.checkpoint.standard import is_standard_source, resolve
 from ssog_core.cli import CLUSTER_HELP, on_cluster
 from ssog_core.data.images import ImageError, list_images
 from ssog_core.data.sources import DataError
-from ssog_core.distill.job import Distilled, final_report, fitted_student, setup_of, trained
+from ssog_core.distill.job import Distilled, final_report, fitted_student, setup_of, taps, trained
 from ssog_core.distill.loop import Distiller, Recipe, load_state
 from ssog_core.distill.report import report_path, stamped
 from ssog_core.distill.student import DistillError, check_teacher, teacher_licence
@@ -122,11 +122,6 @@ def choose_pictures(
         out = _recorded(teacher, meta, held, "--eval-images")
         held_words = out.describe()
     return data, out, {"pictures": data.describe(), "held_out": held_words}
-
-
-def taps(text: str) -> tuple[str, ...]:
-    """``--steer`` as the taps it names (recorded as ``mu,sigma``: one spelling)."""
-    return tuple(t.strip() for t in text.split(",") if t.strip())
 
 
 def _fits(state: dict[str, Any]) -> list[AtomFit]:
@@ -250,8 +245,12 @@ def run_on_cluster(args: argparse.Namespace, given: dict[str, Any], command: str
     teacher = head["teacher"]
     asked = Asked(head, *(Sent.of(s) if isinstance(s, Path) else s for s in (train, held)), _licence(teacher),
                   recipe, command, str(out))  # fmt: skip
-    got = on_cluster(args.cluster, distill_job, teacher, asked, unit="steps")
     path = Path(args.report) if args.report else report_path(out)
+    for folder in {out.parent, path.parent}:  # a run's result is lost if it cannot be written: found out first
+        folder.mkdir(parents=True, exist_ok=True)
+        if not os.access(folder, os.W_OK):
+            raise DistillError(f"cannot write into {folder}: the student and its report go there")
+    got = on_cluster(args.cluster, distill_job, teacher, asked, unit="steps")
     atomic_write(out, lambda tmp: Path(tmp).write_bytes(got.student))
     write_report(got.report, path)
     _told(out, path, got.report)

@@ -1,13 +1,14 @@
 """A distillation as a heavy job (:class:`ssog_core.runtime.jobs.Engine`): the app's "Distill into SSOG" and
-``/distill``. The worker fits every head of the teacher on the chosen pictures, builds the student, trains it
+``/distill`` (:func:`distill`), and ``python -m ssog_core distill --cluster`` (the command's pictures, the same
+:func:`trained`). The worker fits every head of the teacher on the chosen pictures, builds the student, trains it
 (:class:`~ssog_core.distill.loop.Distiller`, in a folder of its own that goes with the job) and returns the student
 file's bytes with its report; whoever submitted the job writes them where it keeps checkpoints, so a worker needs no
 access to that folder and a stopped job leaves nothing behind.
 
-The pictures are what *Every head as a field* measures (:meth:`~ssog_core.interventions.validation.Pictures.eval_set`
-with ``up_to``): the student trains on up to N of them, so its field at step 0 is the fields' fit for the same N
-and K, and the report is made on up to N more held out after them (the validation images after the first N, or a
-folder's pictures after its first N).
+The app's pictures are what *Every head as a field* measures
+(:meth:`~ssog_core.interventions.validation.Pictures.eval_set` with ``up_to``): the student trains on up to N of
+them, so its field at step 0 is the fields' fit for the same N and K, and the report is made on up to N more held
+out after them (the validation images after the first N, or a folder's pictures after its first N).
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ class DistillRequest:
 @dataclass(frozen=True)
 class Distilled:
     """What the job returns: the student's ``.safetensors`` bytes (an ordinary lab checkpoint) and its report
-    (:func:`report_json`, stamped with those bytes' SHA-256; ``student``, its name, not yet given)."""
+    (:func:`report_json`, stamped with those bytes' SHA-256; ``student``, its name, only where the caller gave it:
+    the command's)."""
 
     student: bytes
     report: dict[str, Any]
@@ -89,6 +91,11 @@ def final_report(d: Distiller, setup: dict[str, Any]) -> dict[str, Any]:
     """The report of a finished run on its held-out pictures (:func:`report_json`), ``setup`` recorded in it."""
     shares = head_shares(d.teacher, d.student, d.fits, d.held_out)
     return report_json(shares, d.step0, compare(d.teacher, d.student, d.held_out), d.student, setup, d.step)
+
+
+def taps(text: str) -> tuple[str, ...]:
+    """The taps a ``steer`` text names (``mu,sigma``; spaces ignored)."""
+    return tuple(t.strip() for t in text.split(",") if t.strip())
 
 
 def setup_of(
@@ -134,8 +141,7 @@ def trained(
     it at the next batch or step (:class:`Cancelled`), and nothing it made survives it."""
     steps = recipe.steps
     progress(0, steps, f"fitting {setup['atoms']} atoms to every head on {data.words()}")
-    steer = tuple(t for t in str(setup["steer"]).split(",") if t)
-    fits, model = fitted_student(teacher, data, setup["atoms"], steer, setup["max_offset"], stopped)
+    fits, model = fitted_student(teacher, data, setup["atoms"], taps(setup["steer"]), setup["max_offset"], stopped)
     progress(0, steps, f"the student at step 0 on {len(held)} held-out pictures")
 
     def on_step(step: int, loss: float, agreement: float) -> None:
