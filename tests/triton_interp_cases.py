@@ -109,8 +109,8 @@ def test_steered_forward_tiled_with_half_the_rows_or_the_previous_tiling(
 @pytest.mark.parametrize("taps", [ALL, ()], ids=["steered", "fixed"])
 def test_kernels_tiled_with_four_warps(monkeypatch: pytest.MonkeyPatch, taps: tuple[str, ...]) -> None:
     """Where triton_tiles.FOUR_WARP_TILES names a tiling, every factorized field kernel launches with four warps
-    and its row split follows (half as many warps share a (token, atom)'s key rows); fp32
-    values keep eight. The layer still matches the definition."""
+    and its row split follows (half as many warps share a (token, atom)'s key rows, down to one); fp32 values keep
+    eight. The layer still matches the definition."""
     tiling = (16, 16, 16, 4)  # a 7×5 grid, d16, R4
     monkeypatch.setattr(triton_tiles, "FOUR_WARP_TILES", {k: {tiling} for k in triton_tiles.FOUR_WARP_TILES})
     for dtype, warps in ((torch.bfloat16, 4), (torch.float32, 8)):

@@ -233,7 +233,7 @@ def field_bwd_launches(dy: Tensor, v: Tensor, fld: FieldArgs, izx: Tensor, dv: T
         rw,
         FACTORIZED_STAGES,
     )  # fmt: skip
-    kt, ic, wc = col_tiles(cfg, False)
+    kt, ic, wc = col_tiles(cfg, False, cw)
     cols = Launch(
         "bwd-cols", KF._fact_bwd_cols_kernel, (triton.cdiv(gw, kt), h, b),
         (v, *field, dv, dmu, dsigma, dtau[:, :, n_rows:], gh, gw, *common, dv.stride(0), dv.stride(1), dv.stride(2),

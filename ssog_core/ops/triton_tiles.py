@@ -22,12 +22,16 @@ STEERED_HALF_ROWS = True
 # bf16; docs/KERNELS.md §3). Elsewhere four warps spill or predict slower, and fp32 dots hold twice the operand
 # registers. False: eight warps everywhere (benchmarks/gpu_check.py times both).
 FOUR_WARPS = True
-FOUR_WARP_TILES = {
-    "fwd-steered": {(16, 16, 64, 2)},  # 14×14 R2: 155 → 217 registers, 1 → 2 programs, 56.8 → 48.9 µs
-    "fwd-fixed": set(),  # 14×14 R1 predicts 45.2 → 43.6 µs: within the model's error for this kernel at two programs
-    "bwd-rows": {(16, 16, 64, 1), (16, 16, 64, 2), (64, 64, 64, 4)},  # 14×14 R1, R2; 64×64 R4
-    "bwd-cols": {(16, 16, 64, 8)},  # 14×14 R8: 179 → 247 registers, 1 → 2 programs, 368.1 → 276.9 µs
+FOUR_WARP_TILES = {  # registers and programs per SM at eight → four warps, predicted µs per launch
+    "fwd-steered": {(16, 16, 64, 2)},  # 14×14 R2: 155 → 217, 1 → 2, 56.8 → 48.9
+    "fwd-fixed": set(),  # 14×14 R1 predicts 45.2 → 43.6: within the model's error for this kernel at two programs
+    "bwd-rows": {(16, 16, 64, 1), (16, 16, 64, 2), (64, 64, 64, 4)},  # 14×14 R1 105.4 → 52.1, R2 64.3 → 55.1, 64×64 R4
+    "bwd-cols": {(16, 16, 64, 4), (32, 32, 64, 4), (16, 16, 64, 8)},  # 14×14 R4, 32×32 R4 (COLS_ONE_IC), 14×14 R8
 }
+# ... where the column backward at four warps also takes 16/RP query rows per step instead of twice that: twice
+# spills there (14×14 R4: 255 → 255 registers, 125.5 → 109.5 µs; 32×32 R4: 237 → 251, 1352.7 → 1199.1 µs; both
+# 1 → 2 programs); at 14×14 R8 twice is faster (368.1 → 276.9 µs, against 301.9 with one IC).
+COLS_ONE_IC = {(16, 16, 64, 4), (32, 32, 64, 4)}
 FACTORIZED_STAGES = 2  # software-pipeline stages of the factorized kernels: loads one step ahead (Triton's default
 # three holds a second copy of every staged tile: more shared memory and setup code for no more overlap here)
 
@@ -84,9 +88,9 @@ def row_split(tokens: int, ghp: int, warps: int = FACTORIZED_WARPS) -> int:
     return max(1, min(ghp, warps * 32 // tokens))
 
 
-def col_tiles(cfg: dict, axial: bool) -> tuple[int, int, int]:
-    """Column-backward tiles: key columns per program (KT), query rows per step (IC, K = IC·RP of the dV dot
-    must be ≥ 16) and query columns per dy1 step (WC)."""
+def col_tiles(cfg: dict, axial: bool, warps: int = FACTORIZED_WARPS) -> tuple[int, int, int]:
+    """Column-backward tiles for programs of ``warps`` warps: key columns per program (KT), query rows per step (IC,
+    K = IC·RP of the dV dot must be ≥ 16) and query columns per dy1 step (WC)."""
     ic = max(1, 16 // cfg["RP"])
     if axial:
         kt = 4
@@ -99,6 +103,8 @@ def col_tiles(cfg: dict, axial: bool) -> tuple[int, int, int]:
         # the fp32 register tiles dV [KT, GHP, DHP] and dy1 [IC, KT·RP, DHP] share one and a half budgets
         while kt > 1 and kt * (cfg["GHP"] + ic * cfg["RP"]) * cfg["DHP"] > 3 * TILE_BUDGET // 2:
             kt //= 2
+        if warps == 4 and (cfg["GHP"], cfg["GWP"], cfg["DHP"], cfg["RP"]) in COLS_ONE_IC:
+            ic = max(1, 16 // cfg["RP"])
     wc = cfg["GWP"]
     while wc > 16 and ic * wc * cfg["DHP"] > TILE_BUDGET:
         wc //= 2
