@@ -501,7 +501,11 @@ def _op_jobs(n: int, b: int, h: int, d: int, r: int, dtype: torch.dtype, dev: to
 
         return build
 
-    def ssog_kernel(half_rows: bool = True):
+    kept = {"STEERED_HALF_ROWS": triton_tiles.STEERED_HALF_ROWS, "FOUR_WARPS": triton_tiles.FOUR_WARPS}
+
+    def ssog_kernel(**tiling: bool):
+        flags = kept | tiling  # triton_tiles' switches, the forward and the backward launched under them
+
         def build():  # the field kernels alone, on a given per-token field (ssog::fwd / ssog::bwd)
             field = rand_field(b, grid, h, r, True, dev, grad=True)
             v = torch.randn(b, n, h, d, device=dev, dtype=dtype, requires_grad=True)
@@ -509,13 +513,13 @@ def _op_jobs(n: int, b: int, h: int, d: int, r: int, dtype: torch.dtype, dev: to
             inputs = (v, field.mu, field.sigma, field.log_lam)
 
             def fwd():
-                with torch.no_grad(), mock.patch.object(triton_tiles, "STEERED_HALF_ROWS", half_rows):
+                with torch.no_grad(), mock.patch.multiple(triton_tiles, **flags):
                     return ts.field_fwd(v, field.mu, field.sigma, field.log_lam, field.tau, gh, gw)[0]
 
             def fwdbwd():
-                with mock.patch.object(triton_tiles, "STEERED_HALF_ROWS", half_rows):
+                with mock.patch.multiple(triton_tiles, **flags):
                     y = ts.field_fwd(v, field.mu, field.sigma, field.log_lam, field.tau, gh, gw)[0]
-                return torch.autograd.grad(y, inputs, go)
+                    return torch.autograd.grad(y, inputs, go)
 
             return fwd, fwdbwd
 
@@ -524,7 +528,10 @@ def _op_jobs(n: int, b: int, h: int, d: int, r: int, dtype: torch.dtype, dev: to
     jobs["ssog-steered op"] = ssog_layer(True)
     jobs["ssog-fixed op"] = ssog_layer(False)
     jobs["ssog-steered kernel"] = ssog_kernel()
-    jobs["ssog-steered kernel, full rows"] = ssog_kernel(half_rows=False)  # the tiling before STEERED_HALF_ROWS
+    jobs["ssog-steered kernel, full rows"] = ssog_kernel(STEERED_HALF_ROWS=False)  # before STEERED_HALF_ROWS
+    cfg = ts._config(gh, gw, d, r, False, dtype)
+    if any(triton_tiles.kernel_warps(cfg, k, dtype.itemsize) == 4 for k in triton_tiles.FOUR_WARP_TILES):
+        jobs["ssog-steered kernel, eight warps"] = ssog_kernel(FOUR_WARPS=False)  # where FOUR_WARPS changes a kernel
     return jobs
 
 

@@ -74,8 +74,8 @@ KERNELS = {"fwd-steered", "fwd-fixed", "bwd-rows", "bwd-cols", "steer", "steer-b
 AXIAL_KERNELS = {"fwd-steered", "fwd-fixed", "inv_zx", "bwd-rows", "bwd-cols"}
 NO_DOTS = {"inv_zx", "steer", "steer-bwd"}
 # static SASS instructions per MUFU.EX2 at 14×14 and 64×64 (d64, R4, bf16), whole kernel: the kernels build their
-# per-(token, atom) terms from μ, σ, log λ and τ themselves (docs/KERNELS.md §2), and reach 47.1, 64.7 and 57.5 at
-# most (§4; the key loop 12.5–25.4, 19.4–23.6, 31.6–32.6): these bounds keep them there. The steered forward's 47.1
+# per-(token, atom) terms from μ, σ, log λ and τ themselves (docs/KERNELS.md §2), and reach 47.1, 64.7 and 58.0 at
+# most (§4; the key loop 12.5–25.4, 17.8–23.6, 32.2–32.4): these bounds keep them there. The steered forward's 47.1
 # (32.0 before) is at 14×14, where it takes half the query rows per program (triton_tiles.STEERED_HALF_ROWS: the
 # same setup over half the exponentials, for two programs per SM; docs/KERNELS.md §3)
 MAX_SASS_PER_EX2 = {"fwd-steered": 48.0, "bwd-rows": 66.0, "bwd-cols": 59.0}

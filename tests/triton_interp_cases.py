@@ -106,6 +106,24 @@ def test_steered_forward_tiled_with_half_the_rows_or_the_previous_tiling(
     )
 
 
+@pytest.mark.parametrize("taps", [ALL, ()], ids=["steered", "fixed"])
+def test_kernels_tiled_with_four_warps(monkeypatch: pytest.MonkeyPatch, taps: tuple[str, ...]) -> None:
+    """Where triton_tiles.FOUR_WARP_TILES names a tiling, every factorized field kernel launches with four warps
+    and its row split follows (half as many warps share a (token, atom)'s key rows, down to one); fp32 values keep
+    eight. The layer still matches the definition."""
+    tiling = (16, 16, 16, 4)  # a 7×5 grid, d16, R4
+    monkeypatch.setattr(triton_tiles, "FOUR_WARP_TILES", {k: {tiling} for k in triton_tiles.FOUR_WARP_TILES})
+    for dtype, warps in ((torch.bfloat16, 4), (torch.float32, 8)):
+        jobs = ssog_triton.problem_jobs((7, 5), 16, 4, "factorized", dtype)
+        field = [launch for job in ("steered forward", "fixed forward", "steered backward") for launch in jobs[job]]
+        assert [launch.num_warps for launch in field] == [warps] * 4
+        if warps == 4:
+            assert [launch.constexprs["JS"] for launch in field] == [2, 1, 1, 1]  # eight warps: 4, 2, 2, 1
+    check_against_definition(
+        apply_triton, FieldLeaves(2, (7, 5), 3, 4, taps), "factorized", 2, 16, torch.bfloat16, 2e-2, SCALAR_GRAD_RTOL
+    )
+
+
 @pytest.mark.parametrize("mode", ["factorized", "axial"])
 def test_far_narrow_atoms_and_strided_values(mode: str) -> None:
     """Atoms far off the grid with tiny widths (all weights underflow but the peak), values read through strides."""

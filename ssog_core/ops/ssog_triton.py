@@ -35,7 +35,7 @@ from ssog_core.field import Field, FieldMode, axis_kernels, check_grid, exp2_log
 from ssog_core.ops import ssog_triton_axial as KA
 from ssog_core.ops import ssog_triton_factorized as KF
 from ssog_core.ops.env import interpreting
-from ssog_core.ops.triton_tiles import FACTORIZED_STAGES, NUM_WARPS, col_tiles, p2, row_split, tiles
+from ssog_core.ops.triton_tiles import FACTORIZED_STAGES, NUM_WARPS, col_tiles, kernel_warps, p2, row_split, tiles
 
 triton = KA.triton
 
@@ -193,11 +193,12 @@ def field_fwd_launch(v: Tensor, fld: FieldArgs, y: Tensor, izx: Tensor | None, t
     strides = (v.stride(0), v.stride(1), v.stride(2), *fld.strides, y.stride(0), y.stride(1), y.stride(2), *sz, *sty,
                *stx)  # fmt: skip
     grid = (triton.cdiv(gh, cfg["T"]) * triton.cdiv(gw, cfg["WT"]), h, b)
-    consts = _pick(cfg, "D", "R", "RP", "T", "WT", "KC", "GHP", "DHP", "EVEN_K", "DOT", "PREC") | dict(
-        FIXED=fixed, JS=row_split(cfg["KC"] * cfg["T"] * cfg["RP"], cfg["GHP"], cfg["WARPS"])
-    )
     name = "fwd-fixed" if fixed else "fwd-steered"
-    return Launch(name, KF._fact_fwd_kernel, grid, (*ptrs, gh, gw, *strides), consts, cfg["WARPS"], FACTORIZED_STAGES)
+    warps = kernel_warps(cfg, name, v.element_size())
+    consts = _pick(cfg, "D", "R", "RP", "T", "WT", "KC", "GHP", "DHP", "EVEN_K", "DOT", "PREC") | dict(
+        FIXED=fixed, JS=row_split(cfg["KC"] * cfg["T"] * cfg["RP"], cfg["GHP"], warps)
+    )
+    return Launch(name, KF._fact_fwd_kernel, grid, (*ptrs, gh, gw, *strides), consts, warps, FACTORIZED_STAGES)
 
 
 def field_bwd_programs(v: Tensor, grid: tuple[int, int], atoms: int) -> tuple[int, int]:
@@ -223,22 +224,23 @@ def field_bwd_launches(dy: Tensor, v: Tensor, fld: FieldArgs, izx: Tensor, dv: T
     common = (v.stride(0), v.stride(1), v.stride(2), *fld.strides, *sz, dy.stride(0), dy.stride(1), dy.stride(2))
     field = (fld.mu, fld.sigma, fld.log_lam, fld.tau, izx, dy)
     dmu, dsigma, dlog_lam = grads[..., 0], grads[..., 2], grads[..., 4]
+    rw, cw = kernel_warps(cfg, "bwd-rows", v.element_size()), kernel_warps(cfg, "bwd-cols", v.element_size())
     rows = Launch(
         "bwd-rows", KF._fact_bwd_rows_kernel, (n_rows, h, b),
         (v, *field, dmu, dsigma, dlog_lam, dtau, gh, gw, *common, *sg, *st),
         _pick(cfg, "D", "R", "RP", "WT", "KC", "GHP", "DHP", "EVEN_K", "DOT", "PREC")
-        | dict(T=cfg["TR"], JS=row_split(cfg["KC"] * cfg["TR"] * cfg["RP"], cfg["GHP"], cfg["WARPS"])),
-        cfg["WARPS"],
+        | dict(T=cfg["TR"], JS=row_split(cfg["KC"] * cfg["TR"] * cfg["RP"], cfg["GHP"], rw)),
+        rw,
         FACTORIZED_STAGES,
     )  # fmt: skip
-    kt, ic, wc = col_tiles(cfg, False)
+    kt, ic, wc = col_tiles(cfg, False, cw)
     cols = Launch(
         "bwd-cols", KF._fact_bwd_cols_kernel, (triton.cdiv(gw, kt), h, b),
         (v, *field, dv, dmu, dsigma, dtau[:, :, n_rows:], gh, gw, *common, dv.stride(0), dv.stride(1), dv.stride(2),
          *sg, *st),
         _pick(cfg, "D", "R", "RP", "GHP", "DHP", "DOT", "PREC")
-        | dict(KT=kt, IC=ic, WC=wc, W_CHUNKS=wc < gw, JS=row_split(kt * ic * cfg["RP"], cfg["GHP"], cfg["WARPS"])),
-        cfg["WARPS"],
+        | dict(KT=kt, IC=ic, WC=wc, W_CHUNKS=wc < gw, JS=row_split(kt * ic * cfg["RP"], cfg["GHP"], cw)),
+        cw,
         FACTORIZED_STAGES,
     )  # fmt: skip
     return [rows, cols]

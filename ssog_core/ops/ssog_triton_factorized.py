@@ -79,7 +79,8 @@ def _fact_tile(v_ptr, GW, svb, svh, T: tl.constexpr, WT: tl.constexpr):
 def _fact_column_weights(mb, sb, tau, k0, i0, GH, GW, smi, smw, smr, ssi, ssw, ssr, R: tl.constexpr,
                          RP: tl.constexpr, T: tl.constexpr, KC: tl.constexpr, GHP: tl.constexpr, JS: tl.constexpr):
     """Column-pass weights of tokens (i0 + t, k0 + kc), every atom, over all key rows j, normalised, as
-    ``[GHP, KC, T·RP]`` (index t·RP + r); also ``e = j* − j`` and the token mask ``[1, KC, T·RP]``.
+    ``[GHP, KC, T·RP]`` (index t·RP + r); also ``e = j* − j``, the token mask ``[1, KC, T·RP]`` and the tokens' μy
+    and σy as ``[KC, T·RP]`` (the column backward's gradients need them: taken from this load, not loaded again).
 
     The tile is built as ``[JS, GHP/JS, KC, T·RP]`` with μy and σy loaded as a ``[JS, 1, KC, T·RP]`` tile
     (JS = :func:`ssog_core.ops.triton_tiles.row_split`): a load of at least one element per thread fixes its
@@ -100,7 +101,8 @@ def _fact_column_weights(mb, sb, tau, k0, i0, GH, GW, smi, smw, smr, ssi, ssw, s
     e = js - j.to(tl.float32)
     p = tl.exp2(e * (ca * e + cb) + tl.where(j < GH, 0.0, NEG_INF))
     p = p * tl.fdiv(1.0, tl.sum(tl.sum(p, axis=1), axis=0))[None, None]  # Z ≥ 1; fdiv: non-IEEE division, within 2 ulp
-    return tl.reshape(p, (GHP, KC, T * RP)), tl.reshape(e, (GHP, KC, T * RP)), tl.reshape(tok, (1, KC, T * RP))
+    terms = (tl.reshape(tl.max(mu, axis=0), (KC, T * RP)), tl.reshape(tl.max(sig, axis=0), (KC, T * RP)))
+    return tl.reshape(p, (GHP, KC, T * RP)), tl.reshape(e, (GHP, KC, T * RP)), tl.reshape(tok, (1, KC, T * RP)), terms
 
 
 @triton.jit
@@ -109,7 +111,7 @@ def _fact_column_pass(vb, mb, sb, tau, k0, i0, GH, GW, svn, smi, smw, smr, ssi, 
                       JS: tl.constexpr, DHP: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
     """Normalised ``y1`` of tokens (i0 + t, k0 + kc) for every atom as ``[KC, T·RP, DHP]`` (index t·RP + r); all key
     rows j in one dot."""
-    p, _, _ = _fact_column_weights(mb, sb, tau, k0, i0, GH, GW, smi, smw, smr, ssi, ssw, ssr, R, RP, T, KC, GHP, JS)
+    p, _, _, _ = _fact_column_weights(mb, sb, tau, k0, i0, GH, GW, smi, smw, smr, ssi, ssw, ssr, R, RP, T, KC, GHP, JS)
     k = k0 + tl.arange(0, KC)[:, None, None]
     vj = tl.arange(0, GHP)[None, :, None]
     vd = tl.arange(0, DHP)[None, None, :]
@@ -444,8 +446,8 @@ def _fact_bwd_cols_kernel(v_ptr, mu_ptr, sig_ptr, ll_ptr, tau_ptr, izx_ptr, dy_p
                                  IC, WC, DHP, DOT, PREC)
         dy1 = tl.reshape(tl.permute(tl.reshape(dy1, (IC, KT, RP, DHP)), (1, 0, 2, 3)), (KT, IC * RP, DHP)).to(DOT)
 
-        py, ey, _ = _fact_column_weights(mb, sb, tau, k0, i0, GH, GW, smi, smw, smr, ssi, ssw, ssr, R, RP, IC, KT,
-                                         GHP, JS)
+        py, ey, _, (muy, sigy) = _fact_column_weights(mb, sb, tau, k0, i0, GH, GW, smi, smw, smr, ssi, ssw, ssr, R, RP,
+                                                      IC, KT, GHP, JS)
         pe = py * ey
         m1 = tl.sum(pe, axis=0)  # Σ_j P·e and Σ_j P·e², in the weights' own layout
         m2 = tl.sum(pe * ey, axis=0)
@@ -457,12 +459,10 @@ def _fact_bwd_cols_kernel(v_ptr, mu_ptr, sig_ptr, ll_ptr, tau_ptr, izx_ptr, dy_p
         s = tl.sum(pg, axis=0)
         dcb = LN2 * (tl.sum(pge, axis=0) - s * m1)  # Σ_j dL/dl_j · e_j
         dca = LN2 * (tl.sum(pge * ey, axis=0) - s * m2)  # Σ_j dL/dl_j · e_j²
-        # the y terms of these tokens again, in the gradients' layout [KT, IC·RP]
+        # the y terms of these tokens in the gradients' layout [KT, IC·RP], μy and σy from the weights' load
         ic = i0 + mc // RP
         rc = mc % RP
         tok = (ic < GH) & (kc < GW) & (rc < R)
-        muy = tl.load(mb + ic * smi + kc * smw + rc * smr, mask=tok, other=0.0)
-        sigy = tl.load(sb + ic * ssi + kc * ssw + rc * ssr, mask=tok, other=1.0)
         iq = ic.to(tl.float32)
         js, ca, cb, _ = _axis_terms(muy, sigy, tau, iq, GH)
         dmu, dsig, dt = _raw_grads(dca, dcb, ca, cb, js, sigy, tau, iq, muy)

@@ -471,7 +471,7 @@ def cost_report(problems: list[Problem], arch: int = 90, workers: int | None = N
         problems=[p.label for p in problems],
         calibration=None if cal is None else dict(
             cycles_per_instruction=cal.cycles_per_instruction, cycles_per_global_access=cal.cycles_per_global_access,
-            fitted=calibration is None, measured=_shown(measured), rows=fitted,
+            fitted=calibration is None, measured=_shown(measured) if measured else None, rows=fitted,
             max_error=max(errors, default=0.0), rms_error=math.sqrt(sum(e * e for e in errors) / max(len(errors), 1))),
         results=results,
         constants={k: getattr(tc, k) for k in ("SMS", "CLOCK_HZ", "HBM_BYTES_PER_S", "ISSUE_PER_CLOCK",

@@ -16,6 +16,22 @@ AXIAL_ATOM_SCRATCH = 384  # shared-memory bytes per atom and (key column, query 
 # (≤ 128 registers at eight warps, no spills; sm_90 compiles of the benchmark shapes, docs/KERNELS.md §3): four or
 # more atoms on grids up to 32 rows. False: the previous tiling (benchmarks/gpu_check.py times both).
 STEERED_HALF_ROWS = True
+# Four warps instead of eight for a factorized kernel at these tilings (GHP, GWP, DHP, RP) with 16-bit values: each
+# thread then holds twice the tile, and where the sm_90 compile still fits it in ≤ 255 registers without spills, two
+# programs share an SM where one did, and the cost report predicts the kernel ≥ 9% faster (the benchmark shapes, d64,
+# bf16; docs/KERNELS.md §3). Elsewhere four warps spill or predict slower, and fp32 dots hold twice the operand
+# registers. False: eight warps everywhere (benchmarks/gpu_check.py times both).
+FOUR_WARPS = True
+FOUR_WARP_TILES = {  # registers and programs per SM at eight → four warps, predicted µs per launch
+    "fwd-steered": {(16, 16, 64, 2)},  # 14×14 R2: 155 → 217, 1 → 2, 56.8 → 48.9
+    "fwd-fixed": set(),  # 14×14 R1 predicts 45.2 → 43.6: within the model's error for this kernel at two programs
+    "bwd-rows": {(16, 16, 64, 1), (16, 16, 64, 2), (64, 64, 64, 4)},  # 14×14 R1 105.4 → 52.1, R2 64.3 → 55.1, 64×64 R4
+    "bwd-cols": {(16, 16, 64, 4), (32, 32, 64, 4), (16, 16, 64, 8)},  # 14×14 R4, 32×32 R4 (COLS_ONE_IC), 14×14 R8
+}
+# ... where the column backward at four warps also takes 16/RP query rows per step instead of twice that: twice
+# spills there (14×14 R4: 255 → 255 registers, 125.5 → 109.5 µs; 32×32 R4: 237 → 251, 1352.7 → 1199.1 µs; both
+# 1 → 2 programs); at 14×14 R8 twice is faster (368.1 → 276.9 µs, against 301.9 with one IC).
+COLS_ONE_IC = {(16, 16, 64, 4), (32, 32, 64, 4)}
 FACTORIZED_STAGES = 2  # software-pipeline stages of the factorized kernels: loads one step ahead (Triton's default
 # three holds a second copy of every staged tile: more shared memory and setup code for no more overlap here)
 
@@ -26,8 +42,8 @@ def p2(n: int, floor: int = 1) -> int:
 
 
 def tiles(gh: int, gw: int, d: int, r: int, axial: bool) -> dict:
-    """Tile sizes for one problem shape (constexprs of the forward and row-backward kernels) and warps: query rows
-    per program ``T`` (fixed forward), ``TS`` (steered forward), ``TR`` (row backward)."""
+    """Tile sizes for one problem shape (constexprs of the forward and row-backward kernels): query rows per
+    program ``T`` (fixed forward), ``TS`` (steered forward), ``TR`` (row backward)."""
     ro = 1 if axial else r
     rp = p2(ro)
     ghp, gwp, dhp = p2(gh, 16), p2(gw, 16), p2(d, 16)
@@ -42,8 +58,8 @@ def tiles(gh: int, gw: int, d: int, r: int, axial: bool) -> dict:
         wt = gwp  # query columns per program: the accumulator [T, WT, D]
         while wt > 16 and t * wt * dhp > TILE_BUDGET // 2:
             wt //= 2
-        tr, warps = t, NUM_WARPS
-    else:  # eight warps hold twice the tiles without spilling: more weights per thread for the same overheads
+        tr = t
+    else:  # eight warps (kernel_warps) hold twice the tiles without spilling: more weights per thread
         t = min(8, max(1, 32 // rp))  # the column pass takes all key rows at once: the weight tile [KC, T·RP, GHP]
         while t > 1 and kc * t * rp * ghp > TILE_BUDGET:
             t //= 2
@@ -52,10 +68,17 @@ def tiles(gh: int, gw: int, d: int, r: int, axial: bool) -> dict:
             wt //= 2
         # the row backward keeps five running sums live across the column pass: half the rows for tall columns
         tr = t // 2 if t > 1 and kc * t * rp * ghp > TILE_BUDGET // 4 else t
-        warps = FACTORIZED_WARPS
     ts = t // 2 if STEERED_HALF_ROWS and not axial and t > 1 and rp >= 4 and ghp <= 32 else t
     return dict(R=r, RO=ro, RP=rp, GHP=ghp, GWP=gwp, DHP=dhp, T=t, TS=ts, TR=tr, KC=kc, JC=jc, WT=wt, D=d,
-                EVEN_K=gw % kc == 0, WARPS=warps)  # fmt: skip
+                EVEN_K=gw % kc == 0)  # fmt: skip
+
+
+def kernel_warps(cfg: dict, kernel: str, value_bytes: int) -> int:
+    """Warps per program of the factorized ``kernel`` (``fwd-steered``, ``fwd-fixed``, ``bwd-rows``, ``bwd-cols``)
+    for the tiling ``cfg`` of :func:`tiles` and values of ``value_bytes`` bytes: four at :data:`FOUR_WARP_TILES`."""
+    tiling = (cfg["GHP"], cfg["GWP"], cfg["DHP"], cfg["RP"])
+    four = FOUR_WARPS and value_bytes == 2 and tiling in FOUR_WARP_TILES[kernel]
+    return 4 if four else FACTORIZED_WARPS
 
 
 def row_split(tokens: int, ghp: int, warps: int = FACTORIZED_WARPS) -> int:
@@ -65,9 +88,9 @@ def row_split(tokens: int, ghp: int, warps: int = FACTORIZED_WARPS) -> int:
     return max(1, min(ghp, warps * 32 // tokens))
 
 
-def col_tiles(cfg: dict, axial: bool) -> tuple[int, int, int]:
-    """Column-backward tiles: key columns per program (KT), query rows per step (IC, K = IC·RP of the dV dot
-    must be ≥ 16) and query columns per dy1 step (WC)."""
+def col_tiles(cfg: dict, axial: bool, warps: int = FACTORIZED_WARPS) -> tuple[int, int, int]:
+    """Column-backward tiles for programs of ``warps`` warps: key columns per program (KT), query rows per step (IC,
+    K = IC·RP of the dV dot must be ≥ 16) and query columns per dy1 step (WC)."""
     ic = max(1, 16 // cfg["RP"])
     if axial:
         kt = 4
@@ -80,6 +103,8 @@ def col_tiles(cfg: dict, axial: bool) -> tuple[int, int, int]:
         # the fp32 register tiles dV [KT, GHP, DHP] and dy1 [IC, KT·RP, DHP] share one and a half budgets
         while kt > 1 and kt * (cfg["GHP"] + ic * cfg["RP"]) * cfg["DHP"] > 3 * TILE_BUDGET // 2:
             kt //= 2
+        if warps == 4 and (cfg["GHP"], cfg["GWP"], cfg["DHP"], cfg["RP"]) in COLS_ONE_IC:
+            ic = max(1, 16 // cfg["RP"])
     wc = cfg["GWP"]
     while wc > 16 and ic * wc * cfg["DHP"] > TILE_BUDGET:
         wc //= 2
