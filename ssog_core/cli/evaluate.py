@@ -11,8 +11,8 @@ end of a run); ``--json`` writes ``[{"img_size": [H, W], "tokens": N, "accuracy"
 puts the same list in the checkpoint's header (``resolution_transfer``). ``--data`` defaults to the data the
 checkpoint was trained on (from its metadata); procedural sets render natively at each size; CIFAR images and
 files of another size are resized (ImageFolder: resize + centre crop), images of the model's size are used as is.
-``--cluster ADDRESS`` evaluates on a worker of that Dask scheduler, on its GPU if it has one (the checkpoint is sent to it; data
-read from files must be at the same path there).
+``--cluster ADDRESS`` evaluates on a worker of that Dask scheduler, on its GPU if it has one (the checkpoint is
+sent to it; data read from files must be at the same path there).
 """
 
 from __future__ import annotations
