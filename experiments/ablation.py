@@ -535,6 +535,8 @@ def read(run: Run) -> dict:
         "variant": run.variant,
         "seed": run.seed,
         "epochs": run.schedule,
+        "lr": run.lr,  # the learning-rate check's runs are read too, and kept apart from the table's by these two
+        "start_epochs": run.start_epochs,
         "layers": layer_geometry(model) if ssog else None,
         "gates_closed": [gate_closing(model, data, taps) for taps in closings],
         "transfer": transfer_until_it_falls(model, meta, run.task, run.grid),

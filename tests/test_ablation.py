@@ -508,3 +508,31 @@ def test_a_parked_run_resumes_in_a_fresh_checkout(ablation, monkeypatch, tmp_pat
     monkeypatch.setattr(ablation, "read", _row)
     assert ablation.train_run(run, 1)
     assert "--resume" in called[0] and not parked.exists()
+
+
+def test_a_learning_rate_checks_reading_does_not_replace_the_tables(ablation, monkeypatch):
+    """A run of the learning-rate check is read like any other; its reading carries its rate, so it is kept beside
+    the same variant and seed's reading at the recipe's rate instead of replacing it (it once did: readings had no
+    rate, and the two runs shared a key)."""
+    from ssog_core import save_checkpoint
+    from ssog_core.data.pointer import CLASS_NAMES
+    from tests.helpers import steered_vit
+
+    config = dict(num_classes=6, img_size=48, patch_size=4, dim=16, depth=2, num_heads=2, mlp_ratio=2.0, dropout=0.0)
+    monkeypatch.setitem(ablation.GRIDS, "small", 12)
+    monkeypatch.setattr(ablation, "READ_IMAGES", 20)
+    monkeypatch.setattr(ablation, "transfer_until_it_falls", lambda *a: [])
+    monkeypatch.setattr(ablation, "target_shares", lambda *a: {})
+    runs = [r for r in ablation.plan("pointer", ("small",)) if r.variant == "dot" and r.seed == 0]
+    recipe = next(r for r in runs if r.schedule == ablation.CONVERGED and r.lr is None)
+    checked = next(r for r in runs if r.lr is not None)
+    meta = {"data": "pointer:grid=12,train=20,val=20", "class_names": list(CLASS_NAMES)}
+    for seed, run in enumerate((recipe, checked)):
+        run.model.parent.mkdir(parents=True, exist_ok=True)
+        save_checkpoint(run.model, steered_vit({**config, "attn": "dot"}, seed=seed).float(), meta)
+        ablation.append_row(ablation.READINGS, ablation.read(run))
+
+    rows = ablation.read_rows(ablation.READINGS)
+    assert [ablation.row_key(r) for r in rows] == [recipe.key(), checked.key()]
+    assert [r["lr"] for r in rows] == [None, checked.lr]
+    assert [ablation.is_converged(r) for r in rows] == [True, False]
