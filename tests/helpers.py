@@ -3,6 +3,8 @@ shows whether it was ever loaded."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -46,3 +48,20 @@ def steered_vit(config: dict, seed: int) -> torch.nn.Module:
             elif name.endswith(".mu"):
                 p.normal_(0, 1.5)
     return model
+
+
+@contextmanager
+def one_thread_cluster() -> Iterator[str]:
+    """A Dask scheduler with one worker thread in this process, yielding its address; torch's thread count (a job
+    sets it to the engine's 1, and the in-process runs compared with it use the same: a sum split over more threads
+    may round otherwise) restored after."""
+    from distributed import LocalCluster
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with LocalCluster(n_workers=1, processes=False, threads_per_worker=1, dashboard_address=":0",
+                          silence_logs=50) as c:  # fmt: skip
+            yield c.scheduler_address
+    finally:
+        torch.set_num_threads(threads)

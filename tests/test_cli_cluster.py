@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from ssog_core import save_checkpoint
 from ssog_core.cli import evaluate, intervene
 from tests.app_fixtures import designed_ssog
+from tests.helpers import one_thread_cluster
 
 SHAPES = {"data": "shapes:train=4,val=60,classes=5", "class_names": ["circle", "square", "triangle", "star", "cross"]}
 EDITS = [
@@ -21,15 +21,9 @@ EDITS = [
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A scheduler with one worker thread in this process; torch's thread count (a job sets it to the engine's 1,
-    and the in-process runs use the same) restored after."""
-    from distributed import LocalCluster
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with LocalCluster(n_workers=1, processes=False, threads_per_worker=1, dashboard_address=":0", silence_logs=50) as c:
-        yield c.scheduler_address
-    torch.set_num_threads(threads)
+    """A scheduler with one worker thread in this process (:func:`tests.helpers.one_thread_cluster`)."""
+    with one_thread_cluster() as address:
+        yield address
 
 
 @pytest.fixture(scope="module")

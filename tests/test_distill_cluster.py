@@ -17,6 +17,7 @@ from ssog_core.checkpoint.weights import read_safetensors
 from ssog_core.cli.distill import main as distill_main
 from ssog_core.nn.vit import ViT
 from ssog_core.runtime.jobs import Job
+from tests.helpers import one_thread_cluster
 from tests.test_distill import SIZE, hf_teacher, lab_teacher, picture_folder
 
 SHAPES = {"data": "shapes:train=4,val=60,classes=5", "class_names": ["circle", "square", "triangle", "star", "cross"]}
@@ -25,15 +26,9 @@ RECIPE = ["--atoms", "2", "--steps", "3", "--batch-size", "8", "--no-progress"]
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A scheduler with one worker thread in this process; torch's thread count (a job sets it to the engine's 1,
-    and the local runs use the same: a sum split over more threads may round otherwise) restored after."""
-    from distributed import LocalCluster
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with LocalCluster(n_workers=1, processes=False, threads_per_worker=1, dashboard_address=":0", silence_logs=50) as c:
-        yield c.scheduler_address
-    torch.set_num_threads(threads)
+    """A scheduler with one worker thread in this process (:func:`tests.helpers.one_thread_cluster`)."""
+    with one_thread_cluster() as address:
+        yield address
 
 
 @pytest.fixture(scope="module")
