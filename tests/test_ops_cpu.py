@@ -223,6 +223,40 @@ def test_vanishing_mixture_weights_stay_finite_in_fp32() -> None:
         assert_close(got, w, 1e-4, f"d/d{name}")
 
 
+def test_a_sharp_field_with_small_values_matches_the_definition_in_fp32() -> None:
+    """A trained field's case (σ at its floor, keys up to 8 cells away, values of 1e-3): most weights are the
+    exponential's floor 2^-126 and their products denormal, which the float kernels flush to zero; the output and
+    every gradient still match the float64 definition."""
+    leaves = FieldLeaves(2, (9, 7), 2, 3, TAPS)
+    with torch.no_grad():
+        leaves.leaves["raw_sigma"] -= 6.0  # σ → the 0.25 floor: c ≈ 11.5 / τ per squared cell
+    v = (1e-3 * torch.randn(2, 63, 2, 8, dtype=torch.float64)).requires_grad_()
+    dy = torch.randn(2, 63, 2, 8, dtype=torch.float64)
+    inputs = [v, *leaves.tensors()]
+    expected = oracle_apply(v.float().double(), leaves.field(), leaves.grid, "factorized")
+    out = apply_cpu(v.float(), leaves.field(torch.float32), leaves.grid)
+    assert_close(out, expected, 2e-6, "output")
+    want = grads(expected, inputs, dy)
+    for name, got, w in zip(["v", *leaves.names()], grads(out, inputs, dy), want, strict=True):
+        assert_close(got, w, 1e-4, f"d/d{name}")
+
+
+def test_the_kernels_leave_the_callers_denormals_alone() -> None:
+    """The float kernels flush denormals only inside their call: on the calling thread (one OpenMP thread runs the
+    region there) arithmetic afterwards still produces denormals."""
+    tiny = torch.tensor([2.0**-130], dtype=torch.float32)  # a float32 denormal
+    leaves = FieldLeaves(2, (7, 5), 2, 3, TAPS, dtype=torch.float32)
+    v = torch.randn(2, 35, 2, 8, requires_grad=True)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert (tiny * 0.5).item() > 0
+        apply_cpu(v, leaves.field(), (7, 5)).square().sum().backward()
+        assert (tiny * 0.5).item() > 0 and tiny.item() > 0
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_model_trains_the_same_on_the_c_kernels_and_the_torch_path() -> None:
     """A whole ViT training step (loss and every parameter's gradient) through both CPU backends."""
     results = []
