@@ -2,6 +2,7 @@
 
     python benchmarks/train_step.py                          # 1 thread, CPU clock: grids 14, 20 (the sweep's), 24
     python benchmarks/train_step.py --grid 24 --rounds 15    # one grid, more rounds
+    python benchmarks/train_step.py --trained                # the bundled converged pointer14 models, 14×14
 
 The sweep's model (dim 64, 4 layers, 4 heads, 4 atoms, mlp 2, patch 4, dropout 0, cold gates; batch 64) at each
 grid of ``--grid`` (``G`` → ``4G`` px images, ``G²`` tokens), in its three variants: ``steered`` (all three taps,
@@ -13,6 +14,11 @@ The sweep's runs use one thread each, two runs at once on a 2-core machine, so t
 variants run interleaved (the order rotating every round) so that load hits all alike; the table reports each
 variant's median and the median (IQR) of the per-round ratios to the dot twin of the same round. Writes
 ``train_step_<tag>.csv`` and ``.md`` into ``--out`` (tag: ``cpu_<threads>thread``).
+
+``--trained`` starts the three variants from the bundled converged seed-0 runs of the sweep
+(``checkpoints/matched_{ssog,ssog_fixed,dot}_pointer14``, 14×14) instead of a fresh initialisation: a trained field
+is sharp, and what its far weights cost (denormal arithmetic in the C kernels before they flushed it) a fresh
+model never shows. Tag ``cpu_<threads>thread_trained``.
 """
 
 from __future__ import annotations
@@ -20,11 +26,13 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
+import sys
 from pathlib import Path
 
 import torch
 
 from ssog_core.checkpoint.files import atomic_write
+from ssog_core.checkpoint.format import load_checkpoint
 from ssog_core.nn.config import ViTConfig
 from ssog_core.nn.vit import ViT
 from ssog_core.train.config import TrainConfig
@@ -37,20 +45,33 @@ PATCH = 4
 SWEEP = ViTConfig(num_classes=10, dim=64, depth=4, num_heads=4, num_atoms=4, mlp_ratio=2.0, patch_size=PATCH,
                   dropout=0.0)  # fmt: skip
 VARIANTS = {"steered": {}, "fixed": {"steer": ()}, "dot": {"attn": "dot"}}  # what the sweep's commands change
+CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
+TRAINED = {"steered": "matched_ssog_pointer14", "fixed": "matched_ssog_fixed_pointer14", "dot": "matched_dot_pointer14"}
+TRAINED_GRID = 14
 OPTIMIZER = TrainConfig(gate_lr_mult=10.0, field_lr_mult=3.0)  # the matched trio's groups (one fused step each)
 
 
-def measure(grid: int, batch: int, rounds: int, device: torch.device, clock: str) -> dict[str, float | str]:
-    """Interleaved training-step times of the three variants on a ``grid × grid`` token grid."""
+def models_for(grid: int, trained: bool) -> dict[str, torch.nn.Module]:
+    """The three variants, fresh (seed 0) at ``grid``, or the bundled converged runs (their own 14×14 grid)."""
+    if trained:
+        return {name: load_checkpoint(CHECKPOINTS / f"{TRAINED[name]}.safetensors")[0] for name in VARIANTS}
     img = grid * PATCH
-    models, optims = {}, {}
+    models = {}
     for name, change in VARIANTS.items():
         torch.manual_seed(0)
-        models[name] = ViT(SWEEP.replace(img_size=(img, img), **change)).to(device).train()
-        optims[name] = make_optimizer(models[name], OPTIMIZER)
+        models[name] = ViT(SWEEP.replace(img_size=(img, img), **change))
+    return models
+
+
+def measure(grid: int, batch: int, rounds: int, device: torch.device, clock: str, trained: bool = False) -> dict:
+    """Interleaved training-step times of the three variants on a ``grid × grid`` token grid."""
+    img = grid * PATCH
+    models = {name: m.to(device).train() for name, m in models_for(grid, trained).items()}
+    optims = {name: make_optimizer(m, OPTIMIZER) for name, m in models.items()}
+    classes = models["dot"].config.num_classes
     g = torch.Generator().manual_seed(0)
     x = torch.rand(batch, 3, img, img, generator=g).to(device)
-    labels = torch.randint(0, SWEEP.num_classes, (batch,), generator=g).to(device)
+    labels = torch.randint(0, classes, (batch,), generator=g).to(device)
 
     def step(name: str) -> None:
         loss = loss_fn(models[name](x), labels)
@@ -81,10 +102,11 @@ def measure(grid: int, batch: int, rounds: int, device: torch.device, clock: str
 
 def table(rows: list[dict], args: argparse.Namespace, command: str, stamp: str) -> list[str]:
     cpu = platform.processor() or "cpu"
+    start = "the bundled converged pointer14 models (10,000 steps)" if args.trained else "fresh, seed 0"
     lines = [
         f"Training step of the ablation sweep's ViT (dim {SWEEP.dim}, {SWEEP.depth} layers, {SWEEP.num_heads} heads, "
         f"{SWEEP.num_atoms} atoms, mlp {SWEEP.mlp_ratio:g}, patch {PATCH}, dropout 0, cold gates), batch {args.batch}, "
-        f"fp32, {cpu}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.clock} clock, "
+        f"{start}, fp32, {cpu}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.clock} clock, "
         f"{args.rounds} interleaved rounds; ratios: median (IQR) of the per-round ratios to the dot twin. "
         f"{stamp}, `{command}`.",
         "",
@@ -105,18 +127,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--grid", type=int, nargs="+", default=[14, 20, 24], help="token grid sides (image side = 4×)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=9, help="interleaved rounds per grid (≥ 2)")
+    ap.add_argument("--trained", action="store_true", help="the bundled converged pointer14 models (14×14 only)")
     add_run_flags(ap)
     ap.set_defaults(threads=1, clock="cpu")
     args = ap.parse_args(argv)
     if args.rounds < 2:
         ap.error("--rounds must be at least 2 (the table reports an IQR)")
+    if args.trained:
+        if "--grid" in (argv if argv is not None else sys.argv[1:]) and args.grid != [TRAINED_GRID]:
+            ap.error(f"--trained measures the bundled models at their own grid, {TRAINED_GRID}×{TRAINED_GRID}")
+        args.grid = [TRAINED_GRID]
     command, stamp = provenance(argv)
     device = torch.device("cpu")
     apply_run_flags(ap, args, device)
 
     rows = []
     for grid in args.grid:
-        row = measure(grid, args.batch, args.rounds, device, args.clock)
+        row = measure(grid, args.batch, args.rounds, device, args.clock, args.trained)
         rows.append(row)
         print(
             f"{row['grid']}: steered {row['steered_ms']:.1f} ms, fixed {row['fixed_ms']:.1f} ms, dot "
@@ -124,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
             f"load {row['load_avg']}",
             flush=True,
         )
-    tag = args.tag or f"cpu_{torch.get_num_threads()}thread"
+    tag = args.tag or f"cpu_{torch.get_num_threads()}thread" + ("_trained" if args.trained else "")
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / f"train_step_{tag}.csv", rows, list(rows[0]))
     lines = table(rows, args, command, stamp)
