@@ -201,3 +201,48 @@ def test_predictions_use_the_fixed_h200_constants_unless_refitted():
     assert row["error"] == pytest.approx(row["predicted_ms"] / 0.05 - 1)
     refit, (fitted,) = tcmp.calibrate(rows, results)
     assert refit != cal and abs(fitted["error"]) < 0.01
+
+
+def _enumerated_work(gh: int, gw: int, atoms: int, d: int) -> dict[str, tuple[int, int, int]]:
+    """Each design's (tensor MACs, exponentials, fp32 lanes) counted weight by weight on the grid, not by formula."""
+    tokens = [(i, k) for i in range(gh) for k in range(gw)]
+    col = sum(gh for _ in tokens for _ in range(atoms))  # a (token, atom)'s weights over its key column's rows
+    row = sum(gw for _ in tokens for _ in range(atoms))  # a (query, atom)'s weights over its query row's columns
+    prologue = row  # the factorized forward sums Z_x over the same row weights first
+    pairs = len(tokens) * len(tokens)  # (query, key)
+    return {
+        "sdpa": (2 * pairs * d, pairs, tc.SOFTMAX_FP32_OPS * pairs),
+        "dense SSOG tile": (pairs * d + (col + row) * d, col + row, atoms * pairs + tc.WEIGHT_FP32_OPS * (col + row)),
+        "factorized": ((col + row) * d, col + row + prologue, tc.WEIGHT_FP32_OPS * (col + row + prologue)),
+    }
+
+
+@pytest.mark.parametrize(("grid", "atoms"), [((7, 5), 3), ((14, 14), 4), ((3, 11), 1)])
+def test_ceilings_count_the_work_weight_by_weight(grid, atoms):
+    counted = _enumerated_work(*grid, atoms, 24)
+    for c in tc.ceilings(grid, atoms, 24):
+        assert (c.tensor_macs, c.exponentials, c.fp32_lanes) == counted[c.design], c.design
+        units = {"tensor": c.tensor_macs / 2048, "MUFU": c.exponentials / 16, "fp32": c.fp32_lanes / 128}
+        assert c.clocks == max(units.values()) and units[c.binding] == c.clocks
+
+
+def test_a_dense_tile_cannot_reach_twice_sdpa_at_the_benchmark_shapes():
+    """docs/KERNELS.md §3's reason for not building it: at d64 its ceiling is below 2× SDPA's at every benchmark
+    shape and R, so below the 1024- and 4096-token targets (2×, 4×), which the factorized ceilings clear at R4."""
+    for grid in ((14, 14), (32, 32), (64, 64)):
+        for atoms in (1, 2, 4, 8):
+            sdpa, dense, fact = tc.ceilings(grid, atoms, 64)
+            assert sdpa.clocks / dense.clocks < 2
+    targets = {(14, 14): 1, (32, 32): 2, (64, 64): 4}
+    for grid, target in targets.items():
+        sdpa, _, fact = tc.ceilings(grid, 4, 64)
+        assert sdpa.clocks / fact.clocks > target
+
+
+def test_ceilings_cli_writes_its_table(tmp_path):
+    from ssog_core.ops.triton_compile import main
+
+    out = tmp_path / "ceilings.md"
+    assert main(["--ceilings", "--grid", "7", "5", "--atoms", "2", "3", "--out", str(out)]) == 0
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| 7×5 (35)")]
+    assert [row.split("|")[2].strip() for row in rows] == ["2", "3"]

@@ -586,10 +586,33 @@ def main(argv: list[str] | None = None) -> int:
         help="--report: fit the constants on the measured rows (default: "
         "the H200 run's, triton_cost.H200_CALIBRATION; refit only on rows measured from today's kernels)",
     )
-    ap.add_argument("--batch", type=int, default=64, help="--report: images (the benchmark's 64)")
-    ap.add_argument("--heads", type=int, default=6, help="--report: heads (the benchmark's 6)")
+    ap.add_argument("--batch", type=int, default=64, help="--report, --ceilings: images (the benchmark's 64)")
+    ap.add_argument("--heads", type=int, default=6, help="--report, --ceilings: heads (the benchmark's 6)")
+    ap.add_argument(
+        "--ceilings",
+        action="store_true",
+        help="the forward's throughput ceilings of SDPA, a dense SSOG tile and the factorized kernels (no compile; "
+        "docs/KERNELS.md §3)",
+    )
     args = ap.parse_args(argv)
     command = " ".join(["python -m ssog_core.ops.triton_compile", *(argv if argv is not None else sys.argv[1:])])
+    if args.ceilings:
+        grids = [tuple(g) for g in args.grid] if args.grid else list(REPORT_GRIDS)
+        from ssog_core.ops.triton_cost import CLOCK_HZ, SMS, ceilings_table
+
+        atoms = args.atoms or list(REPORT_ATOMS)
+        lines = [
+            f"`{command}`",
+            "",
+            f"Forward pass, {args.batch} images × {args.heads} heads, d{args.head_dim}, on {SMS} SMs at "
+            f"{CLOCK_HZ / 1e9:g} GHz: each design's throughput ceiling (docs/KERNELS.md §3), not a prediction.",
+            "",
+            *ceilings_table(grids, atoms, args.head_dim, args.batch * args.heads),
+        ]
+        print("\n".join(lines))
+        if args.out:
+            _write(args.out, "\n".join(lines) + "\n")
+        return 0
     if args.report:
         return _report_main(args, command)
     args.atoms = args.atoms or [4]

@@ -389,3 +389,74 @@ def kernel_time(
     t = waves * bounds[binding] / CLOCK_HZ
     hbm = hbm_bytes / HBM_BYTES_PER_S
     return (t, binding) if t >= hbm else (hbm, "HBM")
+
+
+# ------------------------------------------------------------------ throughput ceilings of three tilings
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """One design's forward work per (image, head) and the SM clocks its busiest unit needs for it."""
+
+    design: str
+    tensor_macs: int  # tensor-core multiply-adds
+    exponentials: int  # MUFU.EX2 lanes
+    fp32_lanes: int  # fp32 add / multiply / FMA lanes outside the tensor cores
+
+    @property
+    def clocks(self) -> float:
+        """The throughput bound: the busiest of tensor cores, MUFU and fp32 lanes, with perfect overlap."""
+        return max(self.tensor_macs / TENSOR_MACS_PER_CLOCK, self.exponentials / MUFU_LANES_PER_CLOCK,
+                   self.fp32_lanes / FP32_LANES_PER_CLOCK)  # fmt: skip
+
+    @property
+    def binding(self) -> str:
+        units = {"tensor": self.tensor_macs / TENSOR_MACS_PER_CLOCK, "MUFU": self.exponentials / MUFU_LANES_PER_CLOCK,
+                 "fp32": self.fp32_lanes / FP32_LANES_PER_CLOCK}  # fmt: skip
+        return max(units, key=lambda k: units[k])
+
+
+WEIGHT_FP32_OPS = 3  # per SSOG kernel weight besides its exp2: e·(ca·e + cb) and the 1/Z scale (docs/KERNELS.md §1)
+SOFTMAX_FP32_OPS = 2  # per score of SDPA besides its exp2: the scaled max subtraction and the row sum
+
+
+def ceilings(grid: tuple[int, int], atoms: int, head_dim: int) -> list[Ceiling]:
+    """The forward pass's throughput ceilings, per (image, head), of
+
+    * ``sdpa``: FlashAttention (``Q·Kᵀ`` and ``P·V`` on the tensor cores, one exponential per score);
+    * ``dense SSOG tile``: the separable factors of the steered field built per query (the same exponentials as
+      the factorized kernels, without the ``Z_x`` prologue), the dense weight of every (query, key) pair formed as
+      ``Σ_r λ_r·P_r·A_r`` (``R`` FMAs on the fp32 lanes), then one 2-D ``W·V`` dot per tile (issue 46's
+      FlashAttention-style alternative, which could use ``wgmma``);
+    * ``factorized``: today's kernels (column pass, row pass and the ``Z_x`` prologue, docs/KERNELS.md §1–§2).
+
+    What a tiling can reach at best, not a prediction: the kernels today are latency-bound far below it (§3)."""
+    gh, gw = grid
+    n, r, d = gh * gw, atoms, head_dim
+    weights = r * n * (gh + gw)  # column pass: Gh per (token, atom); row pass: Gw per (query, atom)
+    return [
+        Ceiling("sdpa", 2 * n * n * d, n * n, SOFTMAX_FP32_OPS * n * n),
+        Ceiling("dense SSOG tile", n * n * d + weights * d, weights, r * n * n + WEIGHT_FP32_OPS * weights),
+        Ceiling("factorized", weights * d, weights + r * n * gw, WEIGHT_FP32_OPS * (weights + r * n * gw)),
+    ]
+
+
+def ceilings_table(grids: list[tuple[int, int]], atoms: list[int], head_dim: int, pairs: int) -> list[str]:
+    """Markdown: each design's ceiling for ``pairs`` (image, head) pairs spread over every SM of the measured H200
+    (ms, and the unit that binds), and SDPA's ceiling over it."""
+
+    def ms(c: Ceiling) -> str:
+        return f"{c.clocks * pairs / SMS / CLOCK_HZ * 1e3:.4f} ({c.binding})"
+
+    lines = [
+        "| grid (tokens) | R | sdpa ms | dense SSOG tile ms | sdpa ÷ it | factorized ms | sdpa ÷ it |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for grid in grids:
+        for r in atoms:
+            sdpa, dense, fact = ceilings(grid, r, head_dim)
+            lines.append(
+                f"| {grid[0]}×{grid[1]} ({grid[0] * grid[1]}) | {r} | {ms(sdpa)} | {ms(dense)} | "
+                f"**{sdpa.clocks / dense.clocks:.2f}** | {ms(fact)} | **{sdpa.clocks / fact.clocks:.2f}** |"
+            )
+    return lines
