@@ -438,11 +438,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     engine = Engine.cluster(args.cluster, args.threads, shared_files=True) if args.cluster else None
 
     def one(run: Run) -> None:
+        refuse_if_stopping()  # a stopping sweep starts (and logs) nothing
         print(f"start  {run.out.name}" + (f" on {engine.where}" if engine else ""), flush=True)
         if engine is None:
             trained = train_run(run, args.threads)
         else:
-            refuse_if_stopping()  # a stopping sweep submits nothing
             try:
                 trained = engine.submit(train_job, run, args.threads).result(stop=stopping)
             except Cancelled:  # stopped before a worker took it

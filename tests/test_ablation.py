@@ -424,6 +424,28 @@ def test_train_runs_the_command_under_the_launcher_logging_and_recording_each_st
     assert len(ablation.read_rows(run.out / "provenance.jsonl")) == 2
 
 
+def test_a_stopped_sweep_starts_and_logs_nothing_more(ablation, monkeypatch, capsys):
+    """SIGTERM while a run trains: that run ends, and the worker that would take the next run neither logs its
+    start nor takes its lock (it used to print "start" for runs it never trained)."""
+    import signal
+
+    def stopped_child(cmd: list[str], log, **kw) -> tuple[int, float]:
+        os.kill(os.getpid(), signal.SIGTERM)  # the stop handler (main thread) marks the sweep as stopping
+        return 143, 0.0
+
+    monkeypatch.setattr(ablation, "run_child", stopped_child)
+    args = ablation.argparse.Namespace(
+        task="pointer", jobs=1, threads=1, cluster=None, only="small", variant=["dot"], seeds={0, 1, 2}
+    )
+    with pytest.raises(SystemExit) as stop:
+        ablation.cmd_train(args)
+    assert stop.value.code == 143
+    starts = [line for line in capsys.readouterr().out.splitlines() if line.startswith("start")]
+    assert starts == ["start  pointer-g14-dot-s0"]
+    second = ablation.plan("pointer", ("small",))[1]
+    assert not second.out.with_name(second.out.name + ".lock").exists()
+
+
 @pytest.fixture
 def cluster():
     """A Dask scheduler with two worker threads in this process (so the tests' monkeypatched training is what the
