@@ -289,7 +289,7 @@ def analyse_launch(problem: Problem, job: str, index: int, arch: int) -> dict:
     runtime = [n for n in launch.kernel.arg_names if n not in launch.constexprs]
     ints = {n: a for n, a in zip(runtime, launch.args, strict=True) if isinstance(a, int)}
     loops, ir_straight = tc.ir_loops(k.asm["ttir"], ints)
-    sloops, straight = tc.sass_loops(_nvidia_tool("nvdisasm", k.asm["cubin"], "-c"))
+    sloops, straight = tc.sass_loops(_nvidia_tool("nvdisasm", k.asm["cubin"], "-c", "-hex"))
     dyn = tc.dynamic_mix(loops, ir_straight, sloops, straight, warps)
     ir_exp2 = ir_straight.exp2 + sum(lp.trips * lp.exp2 for lp in loops)
     sass_exp2 = dyn.per_thread.ex2 * warps * tc.WARP
