@@ -106,6 +106,66 @@ def test_a_loop_without_matching_ir_work_is_reported():
     assert len(dyn.unmatched) == 1 and "machine loop" in dyn.unmatched[0]
 
 
+def _sass_hex(lines: list[tuple[str, int, int]]) -> str:
+    """nvdisasm ``-c -hex``-like text: each instruction ``(text, write scoreboard, wait mask)`` followed by its
+    control word (scoreboard in bits 46–48, 7 for none; wait mask in bits 52–57); labels as ``(label, 0, 0)``."""
+    out, addr = [], 0
+    for text, board, wait in lines:
+        if text.endswith(":"):
+            out.append(text)
+            continue
+        out.append(f"        /*{addr:04x}*/                   {text} ;   /* 0x000fe20000000a00 */")
+        out.append(f"                                                   /* 0x{board << 46 | wait << 52:016x} */")
+        addr += 16
+    return "\n".join(out)
+
+
+def test_where_a_loop_waits_for_its_global_loads():
+    """Per pass of a 12-instruction loop: an LDG (scoreboard 2) used three instructions later is waited for in its
+    own iteration; an LDG (scoreboard 3) read only by the first instruction of the next pass is issued ahead but
+    not overlapped (one instruction between); of two async-copy groups, the one waited for by ``DEPBAR.LE SB0,
+    0x0`` right after the back edge is ahead but not overlapped, and with ``DEPBAR.LE SB0, 0x1`` waiting for
+    the older group only, the copies of the newer one run a whole pass ahead: overlapped. Stores: one STS.U16, one
+    32-bit STS, one STS.64 and one STSM."""
+    no = 7
+    body = [
+        ("FADD R9, R7, R7", no, 1 << 3),  # waits for the LDG of the previous pass (scoreboard 3)
+        ("DEPBAR.LE SB0, 0x1", no, 0),
+        ("@P0 LDG.E R4, desc[UR4][R2.64]", 2, 0),
+        ("FMUL R5, R5, R5", no, 0),
+        ("STS.U16 [R1], R5", no, 0),
+        ("FADD R6, R4, R4", no, 1 << 2),  # waits for scoreboard 2
+        ("STS [R1+0x4], R6", no, 0),
+        ("STS.64 [R1+0x8], R4", no, 0),
+        ("STSM.16.M88.4 [R1+0x10], R4", no, 0),
+        ("LDG.E R7, desc[UR4][R2.64+0x4]", 3, 0),
+        ("LDGSTS.E [R1+0x100], desc[UR4][R2.64]", no, 0),
+        ("LDGDEPBAR", no, 0),
+        ("@P0 BRA `(.L_x_0)", no, 0),
+    ]
+    one_group = _sass_hex([(".L_x_0:", 0, 0), *body, ("EXIT", no, 0)])
+    (loop,), _ = tc.sass_loops(one_group)
+    own = loop.own
+    assert (own.loads_same_iteration, own.loads_ahead, own.loads_overlapped) == (1, 2, 1)  # the copy: LE 0x1
+    assert (own.stores_narrow, own.stores_vector) == (2, 2)
+    top = [(".L_x_0:", 0, 0), ("DEPBAR.LE SB0, 0x0", no, 0), body[0], *body[2:], ("EXIT", no, 0)]
+    (loop,), _ = tc.sass_loops(_sass_hex(top))
+    assert (loop.own.loads_same_iteration, loop.own.loads_ahead, loop.own.loads_overlapped) == (1, 2, 0)
+    (loop,), _ = tc.sass_loops(_sass(["MOV R1, R2", ".L_x_0:", "LDG.E R7, desc[UR4][R2.64]", "@P0 BRA `(.L_x_0)"]))
+    assert loop.own.loads_same_iteration == 1  # without control bits an LDG counts as waited for at once
+
+
+def test_the_overlap_bound_charges_only_loads_not_overlapped():
+    """The uncalibrated reading takes the overlapped loads off the latency term and nothing else."""
+    cal = tc.Calibration(cycles_per_instruction=2.0, cycles_per_global_access=500.0)
+    mix = tc.Mix(instr=1000, mufu=10, global_accesses=10, loads_ahead=6, loads_overlapped=4)
+    assert tc.kernel_time(mix, 8, tc.SMS, 1, 0, cal)[0] == pytest.approx((2000 + 10 * 500) / tc.CLOCK_HZ)
+    assert tc.overlapped_time(mix, 8, tc.SMS, 1, 0, cal)[0] == pytest.approx((2000 + 6 * 500) / tc.CLOCK_HZ)
+    issue = tc.Mix(instr=10000, global_accesses=4, loads_overlapped=4)  # issue-bound: the reading changes nothing
+    cal = tc.Calibration(cycles_per_instruction=1.0, cycles_per_global_access=500.0)  # latency 12000 < issue 20000
+    assert tc.overlapped_time(issue, 8, tc.SMS, 1, 0, cal) == tc.kernel_time(issue, 8, tc.SMS, 1, 0, cal)
+
+
 def test_kernel_time_takes_the_binding_bound():
     mix = tc.Mix(instr=1000, mufu=100, global_accesses=10)
     cal = tc.Calibration(cycles_per_instruction=2.0, cycles_per_global_access=500.0)

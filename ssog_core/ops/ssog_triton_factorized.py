@@ -186,12 +186,18 @@ def _fact_fwd_kernel(
     mb = mu_ptr + b * smb + h * smh
     sb = sig_ptr + b * ssb + h * ssh
 
-    # row-pass tile [T, WT, KC, RP]: query (i0 + t, w0 + w), key k0 + kc, atom r; the per-(query, atom) terms are
-    # [T, WT, 1, RP] tiles, so each thread builds the weights of all KC keys of its (query, atom)
+    # row-pass tile: query (i0 + t, w0 + w), atom r, key k0 + kc. Steered: [T, WT, RP, KC], the per-(query, atom)
+    # terms [T, WT, RP, 1] tiles, so each thread builds the weights of all KC keys of its (query, atom), adjacent in
+    # the dot's K (index r·KC + kc): staged for the dot as one vector store, not KC single ones. Fixed: [T, WT, KC,
+    # RP] (index kc·RP + r), the tables' order that keeps the fixed forward at its registers (docs/KERNELS.md §3)
     i = i0 + tl.arange(0, T)[:, None, None, None]
     w = w0 + tl.arange(0, WT)[None, :, None, None]
-    kc = tl.arange(0, KC)[None, None, :, None]
-    r = tl.arange(0, RP)[None, None, None, :]
+    if FIXED:
+        kc = tl.arange(0, KC)[None, None, :, None]
+        r = tl.arange(0, RP)[None, None, None, :]
+    else:
+        r = tl.arange(0, RP)[None, None, :, None]
+        kc = tl.arange(0, KC)[None, None, None, :]
     qmask = (i < GH) & (w < GW) & (r < R)
 
     if FIXED:
@@ -204,9 +210,9 @@ def _fact_fwd_kernel(
         sigx = tl.load(sb + i * ssi + w * ssw + r * ssr + 1, mask=qmask, other=1.0)
         js, ca, cb, _ = _axis_terms(mux, sigx, tau, w.to(tl.float32), GW)
         ll = tl.load(ll_ptr + b * slb + h * slh + i * sli + w * slw + r * slr, mask=qmask, other=0.0)
-        lam = _softmax_atoms(ll, r < R, 3)
+        lam = _softmax_atoms(ll, r < R, 2)
         kf = kc.to(tl.float32)
-        z = tl.zeros((T, WT, KC, RP), dtype=tl.float32)
+        z = tl.zeros((T, WT, RP, KC), dtype=tl.float32)
         for k0 in range(0, GW - KC + 1, KC):
             e = (js - k0) - kf
             z += tl.exp2(e * (ca * e + cb))
@@ -214,7 +220,7 @@ def _fact_fwd_kernel(
             k0 = GW - GW % KC
             e = (js - k0) - kf
             z += tl.where(kc < GW - k0, tl.exp2(e * (ca * e + cb)), 0.0)
-        izx = tl.fdiv(1.0, tl.sum(z, axis=2)[:, :, None, :])  # Z_x ≥ 1; fdiv: non-IEEE, within 2 ulp
+        izx = tl.fdiv(1.0, tl.sum(z, axis=3)[:, :, :, None])  # Z_x ≥ 1; fdiv: non-IEEE, within 2 ulp
         tl.store(izx_ptr + b * szb + i * szi + w * szw + h * szh + r, izx, mask=qmask)
         scale = izx * lam  # λ/Z_x
 
@@ -225,6 +231,7 @@ def _fact_fwd_kernel(
                 vb, taby_ptr, h, k0, i0, GH, GW, svn, sty_h, sty_r, sty_i, D, R, RP, T, KC, GHP, DHP, DOT, PREC
             )
             p = tl.broadcast_to(tl.load(tx + k0, mask=tmask & (kc < GW - k0), other=0.0), (T, WT, KC, RP))
+            y1 = tl.reshape(tl.permute(tl.reshape(y1, (KC, T, RP, DHP)), (1, 0, 2, 3)), (T, KC * RP, DHP))
         else:
             y1 = _fact_column_pass(vb, mb, sb, tau, k0, i0, GH, GW, svn, smi, smw, smr, ssi, ssw, ssr, D, R, RP, T, KC,
                                    GHP, JS, DHP, DOT, PREC)
@@ -233,7 +240,7 @@ def _fact_fwd_kernel(
             if not EVEN_K:  # ≤ 0 on every real key; capped so that padded keys (y1 = 0 there) cannot overflow
                 lg = tl.minimum(lg, 0.0)
             p = tl.exp2(lg) * scale
-        y1 = tl.reshape(tl.permute(tl.reshape(y1, (KC, T, RP, DHP)), (1, 0, 2, 3)), (T, KC * RP, DHP))
+            y1 = tl.reshape(tl.permute(tl.reshape(y1, (KC, T, RP, DHP)), (1, 2, 0, 3)), (T, RP * KC, DHP))
         acc = tl.dot(tl.reshape(p, (T, WT, KC * RP)).to(DOT), y1.to(DOT), acc, input_precision=PREC)
 
     i = i0 + tl.arange(0, T)[:, None, None]

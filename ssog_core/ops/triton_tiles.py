@@ -32,8 +32,9 @@ FOUR_WARP_TILES = {  # registers and programs per SM at eight → four warps, pr
 # spills there (14×14 R4: 255 → 255 registers, 125.5 → 109.5 µs; 32×32 R4: 237 → 251, 1352.7 → 1199.1 µs; both
 # 1 → 2 programs); at 14×14 R8 twice is faster (368.1 → 276.9 µs, against 301.9 with one IC).
 COLS_ONE_IC = {(16, 16, 64, 4), (32, 32, 64, 4)}
-FACTORIZED_STAGES = 2  # software-pipeline stages of the factorized kernels: loads one step ahead (Triton's default
-# three holds a second copy of every staged tile: more shared memory and setup code for no more overlap here)
+FACTORIZED_STAGES = 2  # software-pipeline stages of the factorized kernels: each step's loads are copies issued at the
+# end of the step before and waited for at the top of theirs (no overlap); three issue them a step earlier, which the
+# calibrated cost model predicts slower at every benchmark shape (more copies and setup): docs/KERNELS.md §3
 
 
 def p2(n: int, floor: int = 1) -> int:
