@@ -5,7 +5,7 @@ From one compiled kernel (:func:`ssog_core.ops.triton_compile.compile_launch`) i
 * the Triton IR (TTIR): every ``scf.for`` loop's trip count, evaluated from the launch's arguments, and the exact
   per-program work of each loop (``math.exp2`` lanes, ``tt.dot`` multiply-adds);
 * the machine code (SASS, from Triton's bundled ``nvdisasm``): every loop's instructions, ``MUFU`` operations,
-  ``HMMA`` tensor-core instructions, barriers and shared-memory accesses per iteration.
+  tensor-core instructions (``HMMA``; ``HGMMA``, sm_90's ``wgmma``), barriers and shared-memory accesses per iteration.
 
 Machine-code loops do not map one-to-one onto IR loops (the compiler unrolls and splits them), so each machine loop
 is matched to the IR loop whose work it carries (same exponential and multiply-add content, up to a whole unroll
@@ -162,9 +162,12 @@ def ir_loops(ttir: str, args: dict[str, int]) -> tuple[list[IRLoop], IRLoop]:
 
 # ---------------------------------------------------------------------------------------------- the SASS
 
-_INSTR = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+# an opcode and its modifiers; HGMMA's shape is written in lower case (HGMMA.64x16x16.F32.BF16)
+_INSTR = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*(?:x[0-9A-Z_.]+)*)")
 _BRANCH = re.compile(r"\bBRA\s+`\((\.L_x_\d+)\)")
 _HMMA = re.compile(r"HMMA\.(16)(8)(8|16)\b")
+_HGMMA = re.compile(r"HGMMA\.(\d+)x(\d+)x(\d+)\b")  # sm_90 wgmma: one instruction of a warp group (4 warps)
+WARP_GROUP = 4
 _SHARED_BYTES = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16}  # per lane; no suffix: 4
 
 
@@ -175,7 +178,7 @@ class Mix:
     instr: float = 0
     ex2: float = 0
     mufu: float = 0  # every MUFU operation (EX2, RCP, ...): they share the unit
-    hmma_macs: float = 0  # multiply-adds of the warp's HMMA instructions, per warp
+    hmma_macs: float = 0  # multiply-adds of the warp's HMMA (and its part of HGMMA) instructions, per warp
     barriers: float = 0
     global_accesses: float = 0  # global-memory load and store instructions (LDG, LDGSTS, STG)
     shared_bytes: float = 0  # per warp
@@ -209,6 +212,8 @@ def _count(op: str, mix: Mix) -> None:
         mix.ex2 += op == "MUFU.EX2"
     elif m := _HMMA.match(op):
         mix.hmma_macs += math.prod(int(g) for g in m.groups())  # m·n·k of one warp's instruction
+    elif m := _HGMMA.match(op):  # every warp of the group issues it: a quarter of its m·n·k each
+        mix.hmma_macs += math.prod(int(g) for g in m.groups()) / WARP_GROUP
     elif op.startswith("BAR.SYNC") or op == "BAR.RED":
         mix.barriers += 1
     if parts[0] in ("LDG", "LDGSTS", "STG"):
