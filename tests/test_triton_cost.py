@@ -96,7 +96,6 @@ def test_machine_loops_are_anchored_on_the_ir_work():
     assert dyn.per_thread.shared_wavefronts == pytest.approx(2)  # LDS.64: 256 bytes per warp, two wavefronts
 
 
-
 def test_hopper_wgmma_counts_a_quarter_of_its_work_per_warp():
     """sm_90's ``wgmma`` is ``HGMMA.MxNxK`` in SASS, issued by each of a warp group's four warps: an IR loop of 3
     iterations of a 64×16×16 dot on eight warps (two groups, each taking N = 8) runs one ``HGMMA.64x8x16`` per warp
@@ -110,6 +109,7 @@ def test_hopper_wgmma_counts_a_quarter_of_its_work_per_warp():
     assert dyn.unmatched == []
     assert dyn.key.trips == 3 and dyn.per_thread.hmma_macs * 8 == pytest.approx(3 * 64 * 16 * 16)
     assert dyn.per_thread.instr == pytest.approx(2 + 3 * 5)
+
 
 def test_a_loop_without_matching_ir_work_is_reported():
     """Two machine loops for one IR loop of 256 lanes: the first holds one iteration (2 EX2 × 128 threads), the
