@@ -195,10 +195,8 @@ def field_fwd_launch(v: Tensor, fld: FieldArgs, y: Tensor, izx: Tensor | None, t
     grid = (triton.cdiv(gh, cfg["T"]) * triton.cdiv(gw, cfg["WT"]), h, b)
     name = "fwd-fixed" if fixed else "fwd-steered"
     warps = kernel_warps(cfg, name, v.element_size())
-    import os as _os
-    wg = 0 if fixed else int(_os.environ.get("SSOG_WG", "0"))
     consts = _pick(cfg, "D", "R", "RP", "T", "WT", "KC", "GHP", "DHP", "EVEN_K", "DOT", "PREC") | dict(
-        FIXED=fixed, JS=row_split(cfg["KC"] * cfg["T"] * cfg["RP"], cfg["GHP"], warps), WG=wg
+        FIXED=fixed, JS=row_split(cfg["KC"] * cfg["T"] * cfg["RP"], cfg["GHP"], warps)
     )
     return Launch(name, KF._fact_fwd_kernel, grid, (*ptrs, gh, gw, *strides), consts, warps, FACTORIZED_STAGES)
 

@@ -123,76 +123,6 @@ def _fact_column_pass(vb, mb, sb, tau, k0, i0, GH, GW, svn, smi, smw, smr, ssi, 
 
 
 @triton.jit
-def _join_half(ys, HALF: tl.constexpr):
-    """Pairs ``ys[i]`` with ``ys[i + HALF]`` (:func:`tl.join`): one level of :func:`_stack_columns`."""
-    out = ()
-    for i in tl.static_range(HALF):
-        out = out + (tl.join(ys[i], ys[i + HALF]),)
-    return out
-
-
-@triton.jit
-def _stack_columns(ys, KC: tl.constexpr):
-    """The ``KC`` (a power of two) tiles of ``ys``, each ``[A, B]``, stacked as ``[A, B, KC]`` (index kc last): a
-    tree of joins, each level pairing the halves, so that the last join's axis is the lowest bit of kc."""
-    for lvl in tl.static_range(4):
-        if (KC >> lvl) > 1:
-            ys = _join_half(ys, KC >> (lvl + 1))
-    return tl.reshape(ys[0], (ys[0].shape[0], ys[0].shape[1], KC))
-
-
-@triton.jit
-def _split_level(ys, N: tl.constexpr):
-    """One level of :func:`_split_columns`: each ``[A, B, n]`` of ``ys`` (``N`` of them) split into its even and
-    odd ``n`` (``tl.split``); all the even halves first, so that the tuple stays in the order of the last index."""
-    lo = ()
-    hi = ()
-    for j in tl.static_range(N):
-        t = ys[j]
-        a, b = tl.split(tl.reshape(t, (t.shape[0], t.shape[1], t.shape[2] // 2, 2)))
-        lo = lo + (a,)
-        hi = hi + (b,)
-    return lo + hi
-
-
-@triton.jit
-def _split_columns(x, KC: tl.constexpr):
-    """``x`` ``[A, B, KC]`` (KC a power of two) as the tuple of its KC ``[A, B]`` slices, in order."""
-    ys = (x,)
-    for lvl in tl.static_range(4):
-        if (KC >> lvl) > 1:
-            ys = _split_level(ys, 1 << lvl)
-    out = ()
-    for kc in tl.static_range(KC):
-        out = out + (tl.reshape(ys[kc], (x.shape[0], x.shape[1])),)
-    return out
-
-
-@triton.jit
-def _fact_column_pass_t(vb, mb, sb, tau, k0, i0, GH, GW, svn, smi, smw, smr, ssi, ssw, ssr, D: tl.constexpr,
-                        R: tl.constexpr, RP: tl.constexpr, T: tl.constexpr, KC: tl.constexpr, GHP: tl.constexpr,
-                        JS: tl.constexpr, DHP: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
-    """:func:`_fact_column_pass` as one 2-D dot per key column, transposed so that M is the head dimension:
-    ``y1ᵀ[k] = vᵀ[k] [DHP, GHP] @ P[k] [GHP, T·RP]`` (M = DHP ≥ 64 lets the sm_90 compiler use ``wgmma``). The
-    weights and values are loaded as one tile each, as there, and split per key column; the KC results stacked as
-    ``[DHP, T·RP, KC]``."""
-    p, _, _, _ = _fact_column_weights(mb, sb, tau, k0, i0, GH, GW, smi, smw, smr, ssi, ssw, ssr, R, RP, T, KC, GHP, JS)
-    k = k0 + tl.arange(0, KC)[:, None, None]
-    vj = tl.arange(0, GHP)[None, :, None]
-    vd = tl.arange(0, DHP)[None, None, :]
-    vmask = (vj < GH) & (k < GW)
-    if D != DHP:
-        vmask = vmask & (vd < D)
-    vals = tl.load(vb + (vj * GW + k) * svn + vd, mask=vmask, other=0.0)
-    ps = _split_columns(tl.permute(p.to(DOT), (0, 2, 1)), KC)  # [GHP, T·RP] each
-    vs = _split_columns(tl.permute(vals.to(DOT), (2, 1, 0)), KC)  # [DHP, GHP] each
-    ys = ()
-    for kc in tl.static_range(KC):
-        ys = ys + (tl.dot(vs[kc], ps[kc], input_precision=PREC),)
-    return _stack_columns(ys, KC)
-
-
-@triton.jit
 def _fact_fwd_kernel(
     v_ptr,
     mu_ptr,
@@ -249,7 +179,6 @@ def _fact_fwd_kernel(
     JS: tl.constexpr,
     DOT: tl.constexpr,
     PREC: tl.constexpr,
-    WG: tl.constexpr = 0,
 ):
     """Factorized ``y`` for one (row tile, column tile) × (h, b). Unless the field is ``FIXED`` (its per-head kernels
     loaded from ``taby``/``tabx``), the weights are built from μ, σ, log λ and τ, and ``1/Z_x`` is stored."""
@@ -295,12 +224,7 @@ def _fact_fwd_kernel(
         tl.store(izx_ptr + b * szb + i * szi + w * szw + h * szh + r, izx, mask=qmask)
         scale = izx * lam  # λ/Z_x
 
-    if WG == 2:
-        acc = tl.zeros((T * WT, DHP), dtype=tl.float32)
-        tq = tl.arange(0, T)[:, None, None, None, None]
-        tk = tl.arange(0, T)[None, None, :, None, None]
-    else:
-        acc = tl.zeros((T, WT, DHP), dtype=tl.float32)
+    acc = tl.zeros((T, WT, DHP), dtype=tl.float32)
     for k0 in range(0, GW, KC):
         if FIXED:
             y1 = _fixed_column_pass(
@@ -309,27 +233,15 @@ def _fact_fwd_kernel(
             p = tl.broadcast_to(tl.load(tx + k0, mask=tmask & (kc < GW - k0), other=0.0), (T, WT, KC, RP))
             y1 = tl.reshape(tl.permute(tl.reshape(y1, (KC, T, RP, DHP)), (1, 0, 2, 3)), (T, KC * RP, DHP))
         else:
-            if WG == 1:
-                y1 = _fact_column_pass_t(vb, mb, sb, tau, k0, i0, GH, GW, svn, smi, smw, smr, ssi, ssw, ssr, D, R, RP,
-                                         T, KC, GHP, JS, DHP, DOT, PREC)
-                y1 = tl.reshape(tl.permute(tl.reshape(y1, (DHP, T, RP, KC)), (1, 2, 3, 0)), (T, RP * KC, DHP))
-            else:
-                y1 = _fact_column_pass(vb, mb, sb, tau, k0, i0, GH, GW, svn, smi, smw, smr, ssi, ssw, ssr, D, R, RP,
-                                       T, KC, GHP, JS, DHP, DOT, PREC)
-                y1 = tl.reshape(tl.permute(tl.reshape(y1, (KC, T, RP, DHP)), (1, 2, 0, 3)), (T, RP * KC, DHP))
+            y1 = _fact_column_pass(vb, mb, sb, tau, k0, i0, GH, GW, svn, smi, smw, smr, ssi, ssw, ssr, D, R, RP, T, KC,
+                                   GHP, JS, DHP, DOT, PREC)
             e = (js - k0) - kf
             lg = e * (ca * e + cb)
             if not EVEN_K:  # ≤ 0 on every real key; capped so that padded keys (y1 = 0 there) cannot overflow
                 lg = tl.minimum(lg, 0.0)
             p = tl.exp2(lg) * scale
-        if WG == 2:
-            pb = tl.where(tq == tk, tl.expand_dims(p, 2), 0.0)
-            acc = tl.dot(tl.reshape(pb, (T * WT, T * RP * KC)).to(DOT), tl.reshape(y1, (T * RP * KC, DHP)).to(DOT), acc,
-                         input_precision=PREC)
-        else:
-            acc = tl.dot(tl.reshape(p, (T, WT, KC * RP)).to(DOT), y1.to(DOT), acc, input_precision=PREC)
-    if WG == 2:
-        acc = tl.reshape(acc, (T, WT, DHP))
+            y1 = tl.reshape(tl.permute(tl.reshape(y1, (KC, T, RP, DHP)), (1, 2, 0, 3)), (T, RP * KC, DHP))
+        acc = tl.dot(tl.reshape(p, (T, WT, KC * RP)).to(DOT), y1.to(DOT), acc, input_precision=PREC)
 
     i = i0 + tl.arange(0, T)[:, None, None]
     w = w0 + tl.arange(0, WT)[None, :, None]
