@@ -428,9 +428,21 @@ def test_a_stopped_sweep_starts_and_logs_nothing_more(ablation, monkeypatch, cap
     """SIGTERM while a run trains: that run ends, and the worker that would take the next run neither logs its
     start nor takes its lock (it used to print "start" for runs it never trained)."""
     import signal
+    import time
+
+    from ssog_core.train.child_runs import Stopped, refuse_if_stopping
 
     def stopped_child(cmd: list[str], log, **kw) -> tuple[int, float]:
-        os.kill(os.getpid(), signal.SIGTERM)  # the stop handler (main thread) marks the sweep as stopping
+        """A run that gets the sweep's SIGTERM and ends by it: it returns once the stop handler (which Python runs
+        in the main thread, a moment later) has marked the sweep as stopping."""
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                refuse_if_stopping()
+            except Stopped:
+                break
+            time.sleep(0.01)
         return 143, 0.0
 
     monkeypatch.setattr(ablation, "run_child", stopped_child)
