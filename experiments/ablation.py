@@ -759,6 +759,18 @@ def rate_table(rows: list[dict]) -> list[str]:
     for r in sorted(mine, key=lambda r: (LR_CHECK["variants"].index(r["variant"]), float(r.get("lr") or 6e-4))):
         out.append(f"| {r['variant']} | {r.get('lr') or '6e-4'} | {100 * r['val_acc']:.1f} | "
                    f"{_steps(plateau_exit(r), r['steps'])} |")  # fmt: skip
+    checked = {r["lr"]: r for r in mine if r["variant"] == "dot" and r.get("lr") in LR_CHECK["rates"]}
+    if len(checked) == len(LR_CHECK["rates"]):  # the rule's verdict once the dot twin ran at every checked rate
+        freed = [lr for lr, r in checked.items() if plateau_exit(r) is not None]
+        rates = ", ".join(sorted([*checked, "6e-4"], key=float))
+        out += [
+            "",
+            f"The dot twin leaves its plateau at lr {', '.join(freed)}: by the rule, dot and +mu run three "
+            "seeds at that rate, reported beside the same-recipe table."
+            if freed
+            else f"The dot twin leaves its plateau at none of the rates ({rates}; seed {seed}): over that range "
+            "its plateau is not its learning rate, and by the rule no dot / +mu pair runs at another rate.",
+        ]
     return out
 
 

@@ -264,6 +264,13 @@ def test_the_converged_table_judges_each_early_claim_by_the_rule(ablation):
     assert verdicts["| steered − dot"] == "survives"  # −10 early, −5 late
     assert verdicts["| steered ±2 − steered"] == "open (0 of 3 seeds)"
     assert "| dot | 1.2e-3 | 50.0 | not within 10,000 |" in text and "| dot | 6e-4 | 50.0 | not within 10,000 |" in text
+    assert "The dot twin leaves its plateau" not in text  # one of the two checked rates still to run
+    ablation.append_result(row("dot", 0, 0.5, 40, lr="3e-4"))
+    assert "leaves its plateau at none of the rates (3e-4, 6e-4, 1.2e-3; seed 0)" in ablation.render(
+        "pointer", ablation.read_results()
+    )
+    ablation.append_result(row("dot", 0, 0.9, 40, lr="3e-4", exit_at=3000))  # a later row of the same run replaces it
+    assert "leaves its plateau at lr 3e-4: by the rule" in ablation.render("pointer", ablation.read_results())
     assert text.index("**At convergence.**") < text.index("**Early learning.**")
     ablation.DOC.write_text(f"{ablation.MARKS[0]}\n{ablation.MARKS[1]}\n")
     ablation.cmd_report(ablation.argparse.Namespace(task="pointer"))
