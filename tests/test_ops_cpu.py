@@ -207,13 +207,8 @@ def test_backward_runs_twice_and_accepts_strided_inputs() -> None:
     assert_close(out, expected, 2e-6, "output")
 
 
-def test_vanishing_mixture_weights_stay_finite_in_fp32() -> None:
-    """An atom whose λ underflows in fp32 (log λ 120 below the others): no division by λ anywhere."""
-    leaves = FieldLeaves(2, (7, 5), 2, 3, TAPS)
-    with torch.no_grad():
-        leaves.leaves["log_lambda"][:, 0] -= 120.0
-    v = torch.randn(2, 35, 2, 8, dtype=torch.float64, requires_grad=True)
-    dy = torch.randn(2, 35, 2, 8, dtype=torch.float64)
+def _assert_fp32_matches_definition(leaves: FieldLeaves, v: torch.Tensor, dy: torch.Tensor) -> None:
+    """The fp32 C kernels on ``v`` rounded to fp32 against the float64 definition: output and every gradient."""
     inputs = [v, *leaves.tensors()]
     expected = oracle_apply(v.float().double(), leaves.field(), leaves.grid, "factorized")
     out = apply_cpu(v.float(), leaves.field(torch.float32), leaves.grid)
@@ -221,6 +216,16 @@ def test_vanishing_mixture_weights_stay_finite_in_fp32() -> None:
     want = grads(expected, inputs, dy)
     for name, got, w in zip(["v", *leaves.names()], grads(out, inputs, dy), want, strict=True):
         assert_close(got, w, 1e-4, f"d/d{name}")
+
+
+def test_vanishing_mixture_weights_stay_finite_in_fp32() -> None:
+    """An atom whose λ underflows in fp32 (log λ 120 below the others): no division by λ anywhere."""
+    leaves = FieldLeaves(2, (7, 5), 2, 3, TAPS)
+    with torch.no_grad():
+        leaves.leaves["log_lambda"][:, 0] -= 120.0
+    v = torch.randn(2, 35, 2, 8, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(2, 35, 2, 8, dtype=torch.float64)
+    _assert_fp32_matches_definition(leaves, v, dy)
 
 
 def test_a_sharp_field_with_small_values_matches_the_definition_in_fp32() -> None:
@@ -232,13 +237,7 @@ def test_a_sharp_field_with_small_values_matches_the_definition_in_fp32() -> Non
         leaves.leaves["raw_sigma"] -= 6.0  # σ → the 0.25 floor: c ≈ 11.5 / τ per squared cell
     v = (1e-3 * torch.randn(2, 63, 2, 8, dtype=torch.float64)).requires_grad_()
     dy = torch.randn(2, 63, 2, 8, dtype=torch.float64)
-    inputs = [v, *leaves.tensors()]
-    expected = oracle_apply(v.float().double(), leaves.field(), leaves.grid, "factorized")
-    out = apply_cpu(v.float(), leaves.field(torch.float32), leaves.grid)
-    assert_close(out, expected, 2e-6, "output")
-    want = grads(expected, inputs, dy)
-    for name, got, w in zip(["v", *leaves.names()], grads(out, inputs, dy), want, strict=True):
-        assert_close(got, w, 1e-4, f"d/d{name}")
+    _assert_fp32_matches_definition(leaves, v, dy)
 
 
 def test_the_kernels_leave_the_callers_denormals_alone() -> None:
