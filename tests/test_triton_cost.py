@@ -321,3 +321,13 @@ def test_ceilings_cli_writes_its_table(tmp_path):
     assert main(["--ceilings", "--grid", "7", "5", "--atoms", "2", "3", "--out", str(out)]) == 0
     rows = [line for line in out.read_text().splitlines() if line.startswith("| 7×5 (35)")]
     assert [row.split("|")[2].strip() for row in rows] == ["2", "3"]
+
+
+@pytest.mark.parametrize("bad", [["--grid", "0", "5"], ["--atoms", "0"], ["--head-dim", "-1"]])
+def test_ceilings_cli_refuses_empty_sizes(tmp_path, capsys, bad):
+    from ssog_core.ops.triton_compile import main
+
+    out = tmp_path / "ceilings.md"
+    with pytest.raises(SystemExit) as stop:
+        main(["--ceilings", *bad, "--out", str(out)])
+    assert stop.value.code == 2 and "at least 1" in capsys.readouterr().err and not out.exists()

@@ -623,6 +623,8 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["python -m ssog_core.ops.triton_compile", *(argv if argv is not None else sys.argv[1:])])
     if args.ceilings:
         grids = [tuple(g) for g in args.grid] if args.grid else list(REPORT_GRIDS)
+        if min([*(n for g in grids for n in g), *(args.atoms or [1]), args.head_dim, args.batch, args.heads]) < 1:
+            ap.error("--ceilings: grid sides, atoms, --head-dim, --batch and --heads must be at least 1")
         from ssog_core.ops.triton_cost import CLOCK_HZ, SMS, ceilings_table
 
         atoms = args.atoms or list(REPORT_ATOMS)
