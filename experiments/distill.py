@@ -796,8 +796,8 @@ def teacher_lines(plan: Plan, name: str, e: dict[str, Any]) -> list[str]:
     acc = t["step0"]["teacher_accuracy"]
     what = {
         "layouts": "the matched trio's dot twin",
-        "pointer": "the converged 14×14 pointer dot twin, still on its plateau at about 50% (docs/RESULTS.md: the "
-        "plateau); its students are judged against the teacher (agreement, KL), and accuracy says little",
+        "pointer": "the converged 14×14 pointer dot twin, still on its plateau at about 50% (the ablation's "
+        "converged table above); its students are judged against the teacher (agreement, KL), and accuracy says little",
         "digits": "transformers' ViT with a class token, trained here on scikit-learn's digits and written as a "
         "transformers folder",
     }[name]
