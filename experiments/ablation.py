@@ -712,8 +712,8 @@ def converged_section(task: str, rows: list[dict]) -> list[str]:
 
 
 def curves_figure(task: str, rows: list[dict], path: Path) -> None:
-    """Validation accuracy against step per variant (seeds as thin lines, early runs dashed), one panel per board:
-    when each variant leaves its plateau."""
+    """Validation accuracy against step, one panel per variant and board (seeds as thin lines, converged runs solid,
+    early runs dashed): when each variant leaves its plateau, and how far its seeds spread."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -721,25 +721,28 @@ def curves_figure(task: str, rows: list[dict], path: Path) -> None:
 
     order = [*VARIANTS, OFFSET_ROW[0]]
     colours = dict(zip(order, ("#7f7f7f", "#d62728", "#1f77b4", "#2ca02c", "#9467bd"), strict=True))
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    labelled: set[str] = set()
-    for ax, board in zip(axes, ("small", "large"), strict=True):
+    fig, axes = plt.subplots(2, len(order), figsize=(3.2 * len(order), 6.4), sharey=True, squeeze=False)
+    for i, board in enumerate(("small", "large")):
         g = GRIDS[board]
-        for r in [r for r in rows if r["task"] == task and r["grid"] == g and r.get("lr") is None]:
-            curve = curve_of(r)
-            if not curve or r["variant"] not in colours:
-                continue
-            early, label = is_table_row(r), None if r["variant"] in labelled else r["variant"]
-            labelled.add(r["variant"])
-            ax.plot(*zip(*curve, strict=True), color=colours[r["variant"]], lw=0.9, alpha=0.45 if early else 0.9,
-                    ls="--" if early else "-", label=label)  # fmt: skip
-        ax.axhline(PLATEAU_EXIT, color="k", lw=0.6, ls=":")
-        ax.axhline(1 / 3, color="k", lw=0.4, ls="-.")
-        ax.set_title(f"{g}×{g} board" + (" (continued from the 14×14 models)" if board == "large" else ""))
-        ax.set_xlabel("step (of this board's run)")
-    axes[0].set_ylabel("validation accuracy")
-    axes[0].legend(loc="lower right", fontsize=8)
-    fig.suptitle(f"{task}: converged runs solid, early runs dashed; dotted: 2/3 (left the plateau), dash-dot: 1/3")
+        for j, variant in enumerate(order):
+            ax = axes[i, j]
+            mine = [r for r in rows if r["task"] == task and r["grid"] == g and r["variant"] == variant
+                    and r.get("lr") is None]  # fmt: skip
+            for r in sorted(mine, key=lambda r: r["seed"]):
+                curve = curve_of(r)
+                if curve:
+                    early = is_table_row(r)
+                    ax.plot(*zip(*curve, strict=True), color=colours[variant], lw=0.9, alpha=0.45 if early else 0.9,
+                            ls="--" if early else "-")  # fmt: skip
+            ax.axhline(PLATEAU_EXIT, color="k", lw=0.6, ls=":")
+            ax.axhline(1 / 3, color="k", lw=0.4, ls="-.")
+            ax.set_title(f"{variant}, {g}×{g}" + (" (from 14×14)" if board == "large" else ""), fontsize=9)
+            ax.tick_params(labelsize=7)
+            if i == 1:
+                ax.set_xlabel("step (of this board's run)", fontsize=8)
+        axes[i, 0].set_ylabel("validation accuracy", fontsize=8)
+    fig.suptitle(f"{task}: each seed a thin line; converged runs solid, early runs dashed; "
+                 "dotted: 2/3 (left the plateau), dash-dot: 1/3", fontsize=10)  # fmt: skip
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
