@@ -513,7 +513,7 @@ def ceilings(grid: tuple[int, int], atoms: int, head_dim: int) -> list[Ceiling]:
     * ``sdpa``: FlashAttention (``Q·Kᵀ`` and ``P·V`` on the tensor cores, one exponential per score);
     * ``dense SSOG tile``: the separable factors of the steered field built per query (the same exponentials as
       the factorized kernels, without the ``Z_x`` prologue), the dense weight of every (query, key) pair formed as
-      ``Σ_r λ_r·P_r·A_r`` (``R`` FMAs on the fp32 lanes), then one 2-D ``W·V`` dot per tile (issue 46's
+      ``Σ_r λ_r·P_r·A_r`` (``R`` FMAs on the fp32 lanes), then one 2-D ``W·V`` dot per tile (the
       FlashAttention-style alternative, which could use ``wgmma``);
     * ``factorized``: today's kernels (column pass, row pass and the ``Z_x`` prologue, docs/KERNELS.md §1–§2).
 
